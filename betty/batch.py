@@ -1,0 +1,180 @@
+"""Framework-neutral containers for a sampled batch and its micro-batches.
+
+A *sampled batch* of an L-layer GNN is a chain of L bipartite blocks. Layer 0 is the
+input layer (it reads raw node features), layer L-1 produces the outputs. Every block
+follows DGL's convention that the destination nodes are the first ``num_dst`` of its
+source nodes, and consecutive blocks chain::
+
+    layers[l].src_nid == layers[l - 1].dst_nid     (for l = 1..L-1)
+
+so the local index space of layer l's sources *is* the local index space of layer
+l-1's destinations. Edges are stored in local indices, sorted by (destination local
+index, source global ID): that is the *canonical neighbour order* every aggregator sees
+(see :mod:`betty.microbatch`), independent of how the batch is later split.
+
+Everything here is plain ``torch.int64`` CPU tensors; DGL blocks are built only at the
+last moment by :meth:`MicroBatch.to_blocks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["LayerEdges", "SampledBatch", "MicroBatch"]
+
+
+@dataclass
+class LayerEdges:
+    """One bipartite block in local indices.
+
+    Attributes:
+        src_nid: ``(n_src,)`` global IDs of the source nodes; the first ``num_dst`` are
+            the destination nodes, in destination order.
+        num_dst: number of destination nodes.
+        edge_src: ``(E,)`` local source index of each sampled edge, in ``[0, n_src)``.
+        edge_dst: ``(E,)`` local destination index of each edge, in ``[0, num_dst)``.
+        edge_id: ``(E,)`` global (raw-graph) edge ID of each edge; used to key
+            per-edge randomness such as attention dropout.
+    """
+
+    src_nid: torch.Tensor
+    num_dst: int
+    edge_src: torch.Tensor
+    edge_dst: torch.Tensor
+    edge_id: torch.Tensor
+
+    @property
+    def num_src(self) -> int:
+        return int(self.src_nid.numel())
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_src.numel())
+
+    @property
+    def dst_nid(self) -> torch.Tensor:
+        """``(num_dst,)`` global IDs of the destination nodes."""
+        return self.src_nid[: self.num_dst]
+
+    def in_degrees(self) -> torch.Tensor:
+        """``(num_dst,)`` number of sampled in-edges of each destination node."""
+        return torch.bincount(self.edge_dst, minlength=self.num_dst)
+
+    def nbytes(self) -> int:
+        """Bytes held by this block's index tensors."""
+        return sum(
+            t.element_size() * t.numel()
+            for t in (self.src_nid, self.edge_src, self.edge_dst, self.edge_id)
+        )
+
+
+def _check_chain(layers: list[LayerEdges]) -> None:
+    for l in range(1, len(layers)):
+        if layers[l].num_src != layers[l - 1].num_dst:
+            raise ValueError(
+                f"layer {l} has {layers[l].num_src} source nodes but layer {l - 1} "
+                f"has {layers[l - 1].num_dst} destination nodes; blocks must chain"
+            )
+
+
+@dataclass
+class SampledBatch:
+    """The full batch: all output nodes and their sampled L-hop neighbourhood.
+
+    Attributes:
+        layers: the L blocks, ``layers[0]`` reads the input features.
+        fanouts: per-layer fanouts used to sample it (same order as ``layers``).
+    """
+
+    layers: list[LayerEdges]
+    fanouts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check_chain(self.layers)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def output_nid(self) -> torch.Tensor:
+        """``(n_out,)`` global IDs of the output nodes."""
+        return self.layers[-1].dst_nid
+
+    @property
+    def input_nid(self) -> torch.Tensor:
+        """``(n_in,)`` global IDs of the layer-0 input nodes (features to load)."""
+        return self.layers[0].src_nid
+
+    @property
+    def num_outputs(self) -> int:
+        return self.layers[-1].num_dst
+
+    def output_to_input_incidence(self):
+        """Sparse ``(n_in, n_out)`` 0/1 matrix: input node i lies in the L-hop sampled
+        neighbourhood of output node j. Local indices (``input_nid``/``output_nid``)."""
+        from betty.partition.incidence import multi_hop_incidence
+
+        return multi_hop_incidence(self)
+
+
+@dataclass
+class MicroBatch:
+    """One piece of a split batch, carved from the full batch (no re-sampling).
+
+    Attributes:
+        layers: the micro-batch's own L blocks (local indices, same conventions as
+            :class:`SampledBatch`). ``layers[l].src_nid`` holds global IDs.
+        output_index: ``(n_out_k,)`` positions of this piece's outputs in the full
+            batch's ``output_nid`` (so labels and predictions can be scattered back).
+        full_src_index: per layer, ``(n_src,)`` positions of this block's source nodes
+            among the full batch's layer-l source nodes: the explicit micro-batch-local
+            -> full-batch map (``full.layers[l].src_nid[full_src_index[l]] ==
+            layers[l].src_nid``).
+    """
+
+    layers: list[LayerEdges]
+    output_index: torch.Tensor
+    full_src_index: list[torch.Tensor]
+
+    def __post_init__(self) -> None:
+        _check_chain(self.layers)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def output_nid(self) -> torch.Tensor:
+        return self.layers[-1].dst_nid
+
+    @property
+    def input_nid(self) -> torch.Tensor:
+        return self.layers[0].src_nid
+
+    @property
+    def num_outputs(self) -> int:
+        return self.layers[-1].num_dst
+
+    def to_blocks(self, device: torch.device | str = "cpu") -> list:
+        """Build the DGL blocks on ``device``.
+
+        Uses ``dgl.create_block`` with explicit node counts, so destination nodes
+        without in-edges are kept and the source order is exactly ``src_nid``.
+        """
+        return [layer_to_block(layer, device) for layer in self.layers]
+
+
+def layer_to_block(layer: LayerEdges, device: torch.device | str = "cpu"):
+    """One :class:`LayerEdges` as a DGL block (edge order preserved)."""
+    import dgl
+
+    return dgl.create_block(
+        (layer.edge_src.to(device), layer.edge_dst.to(device)),
+        num_src_nodes=layer.num_src,
+        num_dst_nodes=layer.num_dst,
+        idtype=torch.int64,
+        device=device,
+    )

@@ -1,0 +1,91 @@
+"""The partitioner interface and registry."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from betty.batch import SampledBatch
+from betty.microbatch import validate_groups
+
+__all__ = ["PartitionResult", "PARTITIONERS", "register", "partition_batch"]
+
+
+@dataclass
+class PartitionResult:
+    """A K-way split of a batch's output nodes.
+
+    Attributes:
+        groups: ``(n_out,)`` int64 piece index of each output node, in the order of
+            ``batch.output_nid``.
+        k: number of pieces.
+        method: the partitioner's registry name.
+        time_build_s: seconds spent building the graph/hypergraph the partitioner cuts.
+        time_partition_s: seconds spent in the partitioner itself.
+        info: method-specific extras (e.g. the cut or km1 the partitioner reports).
+    """
+
+    groups: torch.Tensor
+    k: int
+    method: str
+    time_build_s: float = 0.0
+    time_partition_s: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+PartitionFn = Callable[..., PartitionResult]
+PARTITIONERS: dict[str, PartitionFn] = {}
+
+
+def register(name: str) -> Callable[[PartitionFn], PartitionFn]:
+    """Decorator: make a partition function available under ``name``."""
+
+    def deco(fn: PartitionFn) -> PartitionFn:
+        PARTITIONERS[name] = fn
+        return fn
+
+    return deco
+
+
+def partition_batch(
+    batch: SampledBatch,
+    k: int,
+    method: str = "random",
+    *,
+    seed: int = 0,
+    weights: torch.Tensor | None = None,
+    graph=None,
+) -> PartitionResult:
+    """Split ``batch``'s output nodes into ``k`` non-empty pieces with ``method``.
+
+    Args:
+        batch: the full sampled batch.
+        k: number of pieces, ``1 <= k <= batch.num_outputs``.
+        method: a key of :data:`PARTITIONERS`.
+        seed: seed for randomized methods.
+        weights: optional ``(n_out,)`` non-negative vertex weights to balance
+            (default: balance the number of output nodes).
+        graph: the original graph, needed by methods that cut it (``metis``).
+
+    Raises:
+        ValueError: unknown method, or ``k`` outside ``[1, n_out]``.
+    """
+    if method not in PARTITIONERS:
+        raise ValueError(
+            f"unknown partition method {method!r}; allowed: {sorted(PARTITIONERS)}"
+        )
+    k = int(k)
+    n = batch.num_outputs
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be between 1 and the number of output nodes ({n}), got {k}")
+    if k == 1:
+        return PartitionResult(torch.zeros(n, dtype=torch.int64), 1, method)
+    start = time.perf_counter()
+    result = PARTITIONERS[method](batch, k, seed=seed, weights=weights, graph=graph)
+    if result.time_build_s == 0.0 and result.time_partition_s == 0.0:
+        result.time_partition_s = time.perf_counter() - start
+    result.groups = validate_groups(result.groups, n, k)
+    return result
