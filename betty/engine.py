@@ -1,0 +1,279 @@
+"""The epoch loop: sample, partition, train with exact accumulation, measure.
+
+One *epoch* runs over the training nodes in one or more *batches* (one batch, the
+whole training set, by default: Betty's full-batch setting). Each batch is sampled once,
+split into K micro-batches, and turned into exactly one optimizer step.
+
+Batches are a fixed, seeded split of the training nodes (so a batch's output nodes are
+the same every epoch and its partition can be reused); their order is reshuffled each
+epoch. Sampling is re-done every epoch with seed ``(seed, epoch, batch index)``.
+
+Partition reuse (``reuse``): the output nodes of a batch never change, only their
+sampled neighbours do, so a partition can be kept for ``reuse`` epochs (``None``:
+forever) and applied to each fresh sample; micro-batch blocks are always carved from
+the current sample.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from betty.batch import SampledBatch
+from betty.models.dropout import dropout_key
+from betty.partition import PartitionResult, partition_batch
+from betty.partition.metrics import split_metrics
+from betty.sampling import sample_full_batch
+from betty.train import MicroBatchRecord, train_step
+
+__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches"]
+
+
+@dataclass
+class PartitionPlan:
+    """How each batch is split.
+
+    Attributes:
+        method: a registered partitioner name.
+        k: number of micro-batches, or ``"auto"`` (search K with the memory model so the
+            largest piece fits ``memory_budget * (1 - safety_margin)``).
+        reuse: keep a batch's partition for this many epochs (``None``: for the run).
+        balance: ``"nodes"`` (equal output nodes per piece) or ``"memory"`` (equal
+            estimated memory per piece).
+        memory_budget: bytes available on the device (needed for ``k="auto"``).
+        safety_margin: fraction of the budget kept free.
+    """
+
+    method: str = "random"
+    k: int | str = 1
+    reuse: int | None = None
+    balance: str = "nodes"
+    memory_budget: int | None = None
+    safety_margin: float = 0.05
+
+
+@dataclass
+class BatchRecord:
+    """One batch (= one optimizer step) of an epoch."""
+
+    index: int
+    k: int
+    loss: float
+    train_acc: float
+    num_outputs: int
+    redundancy: float
+    repartitioned: bool
+    time_sample_s: float
+    time_partition_s: float
+    time_block_s: float
+    time_compute_s: float
+    peak_mem_measured_bytes: int | None
+    peak_mem_estimated_bytes: int | None
+    micro: list[MicroBatchRecord] = field(default_factory=list)
+    micro_estimated_bytes: list[int] | None = None
+
+
+@dataclass
+class EpochRecord:
+    """Everything measured in one epoch (sums/maxima over its batches)."""
+
+    epoch: int
+    loss: float
+    train_acc: float
+    k: int
+    redundancy: float
+    time_sample_s: float
+    time_partition_s: float
+    time_block_s: float
+    time_compute_s: float
+    epoch_time_s: float
+    peak_mem_measured_bytes: int | None
+    peak_mem_estimated_bytes: int | None
+    batches: list[BatchRecord] = field(default_factory=list)
+
+    @property
+    def mem_estimate_error(self) -> float | None:
+        """max over micro-batches of |estimated - measured| / measured."""
+        errs = []
+        for b in self.batches:
+            if b.micro_estimated_bytes is None:
+                continue
+            for m, est in zip(b.micro, b.micro_estimated_bytes):
+                if m.peak_bytes:
+                    errs.append(abs(est - m.peak_bytes) / m.peak_bytes)
+        return max(errs) if errs else None
+
+    def metrics(self) -> dict[str, float]:
+        """The per-epoch metrics with their stable MLflow names."""
+        out = {
+            "loss": self.loss,
+            "train_acc": self.train_acc,
+            "k": float(self.k),
+            "redundancy": self.redundancy,
+            "time_sample_s": self.time_sample_s,
+            "time_partition_s": self.time_partition_s,
+            "time_block_s": self.time_block_s,
+            "time_compute_s": self.time_compute_s,
+            "epoch_time_s": self.epoch_time_s,
+        }
+        if self.peak_mem_measured_bytes is not None:
+            out["peak_mem_measured_bytes"] = float(self.peak_mem_measured_bytes)
+        if self.peak_mem_estimated_bytes is not None:
+            out["peak_mem_estimated_bytes"] = float(self.peak_mem_estimated_bytes)
+        err = self.mem_estimate_error
+        if err is not None:
+            out["mem_estimate_error"] = err
+        return out
+
+
+def fixed_batches(train_idx: torch.Tensor, batch_size: int | None, seed: int) -> list[torch.Tensor]:
+    """Split the training nodes into fixed batches (sorted IDs inside each batch).
+
+    ``batch_size=None`` gives one batch holding every training node.
+    """
+    train_idx = torch.as_tensor(train_idx, dtype=torch.int64)
+    if train_idx.numel() == 0:
+        raise ValueError("no training nodes")
+    if batch_size is None or batch_size >= train_idx.numel():
+        return [torch.sort(train_idx).values]
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    gen = torch.Generator().manual_seed(seed)
+    perm = train_idx[torch.randperm(train_idx.numel(), generator=gen)]
+    return [torch.sort(chunk).values for chunk in torch.split(perm, batch_size)]
+
+
+KChooser = Callable[[SampledBatch, PartitionPlan, int], tuple[PartitionResult, list[int] | None]]
+"""``(batch, plan, seed) -> (partition, per-piece estimated bytes or None)``."""
+
+Estimator = Callable[[SampledBatch, torch.Tensor, int], list[int]]
+"""``(batch, groups, k) -> estimated peak bytes of every piece``."""
+
+
+class Trainer:
+    """Runs epochs of exact micro-batch training on one dataset.
+
+    Args:
+        model: a :class:`betty.models.BlockGNN` on ``device``.
+        optimizer: its optimizer.
+        dataset: a :class:`betty.data.GraphDataset`.
+        fanouts: per-layer fanouts, input layer first.
+        plan: how to split each batch.
+        batch_size: output nodes per batch (``None``: all training nodes).
+        device: where micro-batches run.
+        seed: seeds batches, sampling, partitioning and dropout.
+        dtype: compute dtype (default float32).
+        meter: optional memory meter (one region per micro-batch).
+        k_chooser: required for ``plan.k == "auto"``: picks K (and the partition) for a
+            batch, see :mod:`betty.memory.ksearch`.
+        estimator: optional per-piece memory estimate, logged next to the measurement
+            and used to decide when a reused partition must be recomputed.
+    """
+
+    def __init__(self, model, optimizer, dataset, fanouts, plan: PartitionPlan, *,
+                 batch_size: int | None = None, device="cpu", seed: int = 0,
+                 dtype: torch.dtype = torch.float32, meter=None,
+                 k_chooser: KChooser | None = None, estimator: Estimator | None = None,
+                 dropout_seed: int | None = None) -> None:
+        if len(fanouts) != model.num_layers:
+            raise ValueError(f"{len(fanouts)} fanouts for a {model.num_layers}-layer model")
+        if plan.k == "auto" and k_chooser is None:
+            raise ValueError("k='auto' needs a k_chooser (see betty.memory.ksearch)")
+        self.model, self.optimizer, self.dataset = model, optimizer, dataset
+        self.fanouts = list(fanouts)
+        self.plan = plan
+        self.device, self.seed, self.dtype = device, seed, dtype
+        self.meter = meter
+        self.k_chooser, self.estimator = k_chooser, estimator
+        self.dropout_seed = seed if dropout_seed is None else dropout_seed
+        self.batches = fixed_batches(dataset.train_idx, batch_size, seed)
+        self._partitions: dict[int, tuple[PartitionResult, int]] = {}  # batch -> (result, epoch made)
+
+    # -- pieces ---------------------------------------------------------------------
+    def sample(self, epoch: int, batch_index: int = 0) -> SampledBatch:
+        """The sampled neighbourhood of batch ``batch_index`` at ``epoch``."""
+        seed = dropout_key(self.seed, epoch, batch_index) & 0x7FFFFFFF
+        return sample_full_batch(self.dataset.graph, self.batches[batch_index], self.fanouts, seed=seed)
+
+    def _fresh_partition(self, batch: SampledBatch, epoch: int, batch_index: int):
+        seed = self.seed + 1000 * epoch + batch_index
+        if self.plan.k == "auto":
+            return self.k_chooser(batch, self.plan, seed)
+        return partition_batch(batch, int(self.plan.k), self.plan.method, seed=seed,
+                               graph=self.dataset.graph), None
+
+    def partition(self, batch: SampledBatch, epoch: int, batch_index: int):
+        """(partition, per-piece estimates or None, whether it was recomputed)."""
+        cached = self._partitions.get(batch_index)
+        expired = cached is None or (
+            self.plan.reuse is not None and epoch - cached[1] >= self.plan.reuse)
+        estimates = None
+        if not expired and self.estimator is not None:
+            result = cached[0]
+            estimates = self.estimator(batch, result.groups, result.k)
+            budget = self._usable_budget()
+            if budget is not None and max(estimates) > budget:
+                expired = True  # the fresh sample grew past the budget: re-partition
+        if expired:
+            result, estimates = self._fresh_partition(batch, epoch, batch_index)
+            self._partitions[batch_index] = (result, epoch)
+            return result, estimates, True
+        return cached[0], estimates, False
+
+    def _usable_budget(self) -> float | None:
+        if self.plan.memory_budget is None:
+            return None
+        return self.plan.memory_budget * (1.0 - self.plan.safety_margin)
+
+    # -- epochs ---------------------------------------------------------------------
+    def train_epoch(self, epoch: int, progress: Callable[[int, int], None] | None = None) -> EpochRecord:
+        """One epoch; ``progress(done_batches, total_batches)`` is called after each step."""
+        start_epoch = time.perf_counter()
+        gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+        order = torch.randperm(len(self.batches), generator=gen).tolist()
+        records = []
+        for done, b in enumerate(order, 1):
+            t0 = time.perf_counter()
+            batch = self.sample(epoch, b)
+            t1 = time.perf_counter()
+            result, estimates, fresh = self.partition(batch, epoch, b)
+            if estimates is None and self.estimator is not None:
+                estimates = self.estimator(batch, result.groups, result.k)
+            t2 = time.perf_counter()
+            step = train_step(self.model, self.optimizer, batch, result.groups,
+                              self.dataset.feat, self.dataset.label, k=result.k,
+                              device=self.device, dropout_key=dropout_key(self.dropout_seed, epoch, b),
+                              multilabel=self.dataset.multilabel, meter=self.meter, dtype=self.dtype)
+            redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]
+            records.append(BatchRecord(
+                index=b, k=result.k, loss=step.loss, train_acc=step.train_acc,
+                num_outputs=batch.num_outputs, redundancy=redundancy, repartitioned=fresh,
+                time_sample_s=t1 - t0, time_partition_s=t2 - t1,
+                time_block_s=step.time_block_s, time_compute_s=step.time_compute_s,
+                peak_mem_measured_bytes=step.peak_bytes,
+                peak_mem_estimated_bytes=max(estimates) if estimates else None,
+                micro=step.micro, micro_estimated_bytes=estimates,
+            ))
+            if progress is not None:
+                progress(done, len(order))
+        n = sum(r.num_outputs for r in records)
+        measured = [r.peak_mem_measured_bytes for r in records if r.peak_mem_measured_bytes is not None]
+        estimated = [r.peak_mem_estimated_bytes for r in records if r.peak_mem_estimated_bytes is not None]
+        return EpochRecord(
+            epoch=epoch,
+            loss=sum(r.loss * r.num_outputs for r in records) / n,
+            train_acc=sum(r.train_acc * r.num_outputs for r in records) / n,
+            k=max(r.k for r in records),
+            redundancy=sum(r.redundancy * r.num_outputs for r in records) / n,
+            time_sample_s=sum(r.time_sample_s for r in records),
+            time_partition_s=sum(r.time_partition_s for r in records),
+            time_block_s=sum(r.time_block_s for r in records),
+            time_compute_s=sum(r.time_compute_s for r in records),
+            epoch_time_s=time.perf_counter() - start_epoch,
+            peak_mem_measured_bytes=max(measured) if measured else None,
+            peak_mem_estimated_bytes=max(estimated) if estimated else None,
+            batches=records,
+        )
