@@ -117,9 +117,13 @@ class StepResult:
         return max(peaks) if peaks else None
 
 
-def _device_ids(mb: MicroBatch, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    src = [layer.src_nid.to(device, copy=True) for layer in mb.layers]
-    eid = [layer.edge_id.to(device, copy=True) for layer in mb.layers]
+def _device_ids(model, mb: MicroBatch, device):
+    """Global node/edge IDs on the device, only when the model's dropout needs them."""
+    src = eid = None
+    if model.training and getattr(model, "needs_node_ids", True):
+        src = [layer.src_nid.to(device, copy=True) for layer in mb.layers]
+    if model.training and getattr(model, "needs_edge_ids", True):
+        eid = [layer.edge_id.to(device, copy=True) for layer in mb.layers]
     return src, eid
 
 
@@ -193,7 +197,7 @@ def accumulate_gradients(
         with region as reading:
             start = time.perf_counter()
             blocks = _to_device_blocks(mb, device)
-            src_nids, edge_ids = _device_ids(mb, device)
+            src_nids, edge_ids = _device_ids(model, mb, device)
             t_block = t_carve + time.perf_counter() - start
 
             start = time.perf_counter()

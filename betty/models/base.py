@@ -47,6 +47,16 @@ class BlockGNN(nn.Module):
         self.dropout = float(dropout)
         self.dropout_mode = dropout_mode
 
+    @property
+    def needs_node_ids(self) -> bool:
+        """Whether training forward passes need ``src_nids`` (deterministic dropout)."""
+        return self.dropout > 0 and self.dropout_mode == "deterministic"
+
+    @property
+    def needs_edge_ids(self) -> bool:
+        """Whether training forward passes need ``edge_ids`` (per-edge dropout)."""
+        return False
+
     # -- to implement -------------------------------------------------------------
     def conv(self, layer: int, block, h: torch.Tensor, *, edge_id: torch.Tensor | None,
              dropout_key: int | None) -> torch.Tensor:

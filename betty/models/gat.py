@@ -91,6 +91,10 @@ class GAT(BlockGNN):
         for layer in self.layers:
             layer.reset_parameters()
 
+    @property
+    def needs_edge_ids(self) -> bool:
+        return self.attn_dropout > 0 and self.dropout_mode == "deterministic"
+
     def conv(self, layer: int, block, h: torch.Tensor, *, edge_id=None, dropout_key=None) -> torch.Tensor:
         attn_drop = None
         if self.training and self.attn_dropout > 0:
