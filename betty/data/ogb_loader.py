@@ -1,0 +1,296 @@
+"""OGB node-property datasets through ``ogb.nodeproppred.DglNodePropPredDataset``, offline.
+
+OGB's class downloads a missing dataset, and asks ``input()`` first when the download is
+large or when the folder lacks its ``RELEASE_v<version>.txt``. Here nothing may block:
+:func:`check_ogb_files` verifies the on-disk layout first and raises
+:class:`DatasetNotFoundError` naming every missing path and where it must go; the OGB
+class then runs with its download and prompt functions replaced by ones that raise.
+
+Layout OGB reads, under ``<root>/<dir>`` with ``<dir>`` = the name with ``-`` -> ``_``
+(``ogbn_products``; OGB prefers ``<dir>_dgl`` when that folder exists)::
+
+    RELEASE_v<version>.txt
+    raw/edge.csv.gz, num-node-list.csv.gz, num-edge-list.csv.gz, node-label.csv.gz,
+        node-feat.csv.gz (when the dataset has node features), edge-feat.csv.gz (proteins),
+        <additional node files>.csv.gz          (csv datasets)
+    raw/data.npz, raw/node-label.npz           (binary datasets: papers100M)
+    split/<split type>/{train,valid,test}.csv.gz   (or split_dict.pt)
+
+(``processed/dgl_data_processed``, written by OGB on first load, replaces ``raw/``.)
+
+Processing after OGB has built its DGL graph (the *recipe* of each dataset):
+
+* every dataset: self-loops removed (as Betty does for products), bare int64 graph;
+* ``ogbn-arxiv``, ``ogbn-papers100M`` (directed citation graphs): made bidirected,
+  ``E' = {(u,v)} ∪ {(v,u)}`` without duplicates;
+* ``ogbn-proteins``: OGB ships no node features; ``feat[v] = mean_{(u→v)∈E} efeat[u→v]``
+  over the (E, 8) edge features (zeros for a node without in-edges), computed before
+  self-loops are dropped; labels ``(N, 112)`` as float32 0/1, ``multilabel=True``;
+* ``ogbn-papers100M``: labels are float with NaN for unlabeled nodes; they become int64
+  with ``-1`` for NaN, and every train/valid/test node must be labelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from betty.data.graph_build import bare_graph, canonical_edges
+from betty.data.types import GraphDataset
+
+__all__ = [
+    "OGB_RECIPES",
+    "OgbRecipe",
+    "DatasetNotFoundError",
+    "ogb_meta",
+    "ogb_dataset_dir",
+    "check_ogb_files",
+    "ogb_source_fingerprint",
+    "load_ogb",
+]
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset's files are not on disk (and nothing will be downloaded)."""
+
+
+@dataclass(frozen=True)
+class OgbRecipe:
+    """How a raw OGB dataset becomes a :class:`GraphDataset`.
+
+    Attributes:
+        to_bidirected: store both directions of every edge, without duplicates.
+        feat_from_edges: node features = mean of in-edge features (no node features).
+        multilabel: labels are ``(N, T)`` binary targets.
+    """
+
+    to_bidirected: bool = False
+    feat_from_edges: bool = False
+    multilabel: bool = False
+
+
+OGB_RECIPES: dict[str, OgbRecipe] = {
+    "ogbn-products": OgbRecipe(),
+    "ogbn-arxiv": OgbRecipe(to_bidirected=True),
+    "ogbn-proteins": OgbRecipe(feat_from_edges=True, multilabel=True),
+    "ogbn-papers100M": OgbRecipe(to_bidirected=True),
+}
+
+
+def ogb_meta(name: str) -> dict:
+    """OGB's own meta information for ``name`` (its ``master.csv`` column)."""
+    import ogb.nodeproppred
+    import pandas as pd
+
+    master = pd.read_csv(
+        os.path.join(os.path.dirname(ogb.nodeproppred.__file__), "master.csv"),
+        index_col=0,
+        keep_default_na=False,
+    )
+    if name not in master:
+        raise ValueError(f"{name!r} is not an OGB node-property dataset; known: {list(master)}")
+    return dict(master[name])
+
+
+def ogb_dataset_dir(name: str, root: str | Path, meta_dict: dict | None = None) -> Path:
+    """The folder OGB's class reads for ``name`` under ``root`` (same rule as OGB)."""
+    if meta_dict is not None:
+        return Path(meta_dict["dir_path"])
+    base = Path(root) / "_".join(name.split("-"))
+    dgl_variant = base.with_name(base.name + "_dgl")
+    return dgl_variant if dgl_variant.exists() else base
+
+
+def _required_files(meta: dict) -> tuple[list[str], list[str]]:
+    """(raw files needed when no processed file exists, split files) relative to the
+    dataset folder."""
+    if meta["binary"] == "True":
+        raw = ["raw/data.npz", "raw/node-label.npz"]
+    else:
+        raw = [
+            "raw/edge.csv.gz",
+            "raw/num-node-list.csv.gz",
+            "raw/num-edge-list.csv.gz",
+            "raw/node-label.csv.gz",
+        ]
+        if meta.get("has_node_attr") == "True":
+            raw.append("raw/node-feat.csv.gz")
+        if meta.get("has_edge_attr") == "True":
+            raw.append("raw/edge-feat.csv.gz")
+        extra = meta.get("additional node files", "None")
+        if extra != "None":
+            raw += [f"raw/{f}.csv.gz" for f in extra.split(",")]
+    split = [f"split/{meta['split']}/{part}.csv.gz" for part in ("train", "valid", "test")]
+    return raw, split
+
+
+def check_ogb_files(name: str, root: str | Path, meta_dict: dict | None = None) -> Path:
+    """Verify everything OGB's class will read is on disk; return the dataset folder.
+
+    Raises:
+        DatasetNotFoundError: listing each missing path and where the download goes.
+    """
+    meta = meta_dict if meta_dict is not None else ogb_meta(name)
+    folder = ogb_dataset_dir(name, root, meta_dict)
+    missing: list[str] = []
+    release = folder / f"RELEASE_v{meta['version']}.txt"
+    if not release.is_file():
+        missing.append(str(release))
+    if not (folder / "processed" / "dgl_data_processed").is_file():
+        raw, _ = _required_files(meta)
+        missing += [str(folder / f) for f in raw if not (folder / f).is_file()]
+    _, split = _required_files(meta)
+    split_dir = folder / "split" / str(meta["split"])
+    if not (split_dir / "split_dict.pt").is_file():
+        missing += [str(folder / f) for f in split if not (folder / f).is_file()]
+    if missing:
+        where = (
+            f"Download {meta.get('url', 'the dataset zip')} on a machine with network "
+            f"access, unzip it and move the extracted folder "
+            f"'{meta.get('download_name', '?')}' to {folder} "
+            "(it must contain RELEASE_v*.txt, raw/ and split/)."
+        )
+        raise DatasetNotFoundError(
+            f"dataset {name!r} is not available offline under {Path(root)}: missing "
+            + ", ".join(missing)
+            + ". "
+            + where
+        )
+    return folder
+
+
+def ogb_source_fingerprint(name: str, root: str | Path, meta_dict: dict | None = None) -> list:
+    """``[(relative path, size, mtime_ns)]`` of the release, raw and split files (not
+    OGB's processed file, which OGB writes on first load), for the cache key."""
+    folder = ogb_dataset_dir(name, root, meta_dict)
+    if not folder.is_dir():
+        return []
+    out = []
+    for sub in ("raw", "split"):
+        for path in sorted((folder / sub).rglob("*")) if (folder / sub).is_dir() else []:
+            if path.is_file():
+                st = path.stat()
+                out.append((str(path.relative_to(folder)), st.st_size, st.st_mtime_ns))
+    out += [(p.name, 0, 0) for p in sorted(folder.glob("RELEASE_v*.txt"))]
+    return out
+
+
+def _refuse_download(*_args, **_kwargs):
+    raise DatasetNotFoundError(
+        "refusing to download an OGB dataset (betty loads datasets offline only)"
+    )
+
+
+def _read_with_ogb(name: str, root: Path, meta_dict: dict | None):
+    """Run OGB's class with its download and prompt paths disabled."""
+    import ogb.nodeproppred.dataset_dgl as ogb_dgl
+
+    with (
+        mock.patch.object(ogb_dgl, "decide_download", _refuse_download),
+        mock.patch.object(ogb_dgl, "download_url", _refuse_download),
+        mock.patch.object(ogb_dgl, "input", _refuse_download, create=True),
+        contextlib.redirect_stdout(io.StringIO()),  # OGB's progress prints and tqdm bars
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
+        dataset = ogb_dgl.DglNodePropPredDataset(name, root=str(root), meta_dict=meta_dict)
+        graph, labels = dataset[0]
+        split = dataset.get_idx_split()
+    return dataset, graph, labels, split
+
+
+def _node_features(graph, recipe: OgbRecipe, name: str) -> torch.Tensor:
+    """``(N, F)`` float32 features; for proteins the mean of in-edge features."""
+    if recipe.feat_from_edges:
+        if "feat" not in graph.edata:
+            raise ValueError(f"{name}: the recipe averages edge features but the graph has none")
+        efeat = graph.edata["feat"].to(torch.float32)
+        _, dst = graph.edges()
+        n = graph.num_nodes()
+        total = torch.zeros(n, efeat.shape[1], dtype=torch.float32).index_add_(0, dst, efeat)
+        deg = torch.bincount(dst, minlength=n).clamp(min=1).to(torch.float32)
+        return total / deg[:, None]
+    if "feat" not in graph.ndata:
+        raise ValueError(f"{name}: OGB graph has no node features ('feat')")
+    return graph.ndata["feat"].to(torch.float32).contiguous()
+
+
+def _labels(
+    labels: torch.Tensor, recipe: OgbRecipe, split_nodes: torch.Tensor, name: str
+) -> torch.Tensor:
+    """OGB labels -> ``(N,)`` int64 (``-1`` where OGB has NaN) or ``(N, T)`` float32."""
+    if recipe.multilabel:
+        return labels.to(torch.float32).reshape(labels.shape[0], -1).contiguous()
+    flat = labels.reshape(labels.shape[0], -1)
+    if flat.shape[1] != 1:
+        raise ValueError(f"{name}: expected one label column, got shape {tuple(labels.shape)}")
+    flat = flat[:, 0]
+    if not flat.is_floating_point():
+        return flat.to(torch.int64).contiguous()
+    known = ~torch.isnan(flat)
+    out = torch.full(flat.shape, -1, dtype=torch.int64)
+    out[known] = flat[known].to(torch.int64)
+    unlabelled = int((~known[split_nodes]).sum())
+    if unlabelled:
+        raise ValueError(f"{name}: {unlabelled} train/valid/test nodes have NaN labels")
+    return out
+
+
+def load_ogb(
+    name: str,
+    root: str | Path = "data",
+    *,
+    meta_dict: dict | None = None,
+    recipe: str | None = None,
+) -> GraphDataset:
+    """Load an OGB node-property dataset offline and apply its recipe.
+
+    Args:
+        name: an OGB name (``ogbn-products`` ...), or any name with ``meta_dict``.
+        root: folder holding ``<root>/ogbn_<name>/``.
+        meta_dict: OGB's custom-dataset hook (keys of OGB's ``master.csv`` plus
+            ``dir_path``); used to run the real OGB reader on hand-made files.
+        recipe: which dataset's processing to apply (default: ``name``); required with
+            a ``meta_dict`` whose name is not an OGB dataset.
+
+    Raises:
+        DatasetNotFoundError: files missing (checked before OGB runs; never downloads).
+        ValueError: unknown recipe or inconsistent data.
+    """
+    recipe_name = recipe if recipe is not None else name
+    if recipe_name not in OGB_RECIPES:
+        raise ValueError(f"recipe={recipe_name!r} is not one of {sorted(OGB_RECIPES)}")
+    rec = OGB_RECIPES[recipe_name]
+    check_ogb_files(name, root, meta_dict)
+    dataset, graph, labels, split = _read_with_ogb(name, Path(root), meta_dict)
+
+    train_idx, valid_idx, test_idx = (
+        torch.as_tensor(split[k], dtype=torch.int64).reshape(-1) for k in ("train", "valid", "test")
+    )
+    n = int(graph.num_nodes())
+    feat = _node_features(graph, rec, name)
+    label = _labels(labels, rec, torch.cat([train_idx, valid_idx, test_idx]), name)
+    src, dst = graph.edges()
+    del graph
+    src, dst = canonical_edges(
+        src, dst, n, remove_self_loops=True, to_bidirected=rec.to_bidirected
+    )
+    num_classes = int(dataset.num_tasks) if rec.multilabel else int(dataset.num_classes)
+    return GraphDataset(
+        name=name,
+        graph=bare_graph(src, dst, n),
+        feat=feat,
+        label=label,
+        train_idx=train_idx,
+        valid_idx=valid_idx,
+        test_idx=test_idx,
+        num_classes=num_classes,
+        multilabel=rec.multilabel,
+        is_ogb=True,
+        ogb_name=recipe_name,
+    )

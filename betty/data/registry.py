@@ -1,0 +1,214 @@
+"""Dataset names, their options, and the single entry point :func:`load_dataset`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from betty.data import cache as _cache
+from betty.data import dgl_builtin, dgl_file, ogb_loader, synthetic
+from betty.data.types import GraphDataset
+
+__all__ = ["DatasetSpec", "DATASETS", "dataset_names", "resolve_options", "cache_path", "load_dataset"]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """How one dataset name is loaded.
+
+    Attributes:
+        name: the name given to :func:`load_dataset`.
+        defaults: every allowed option and its default.
+        build: ``(name, root, options) -> GraphDataset``.
+        normalize: checks option values and returns them in canonical form (so equal
+            settings give equal cache keys); raises ``ValueError`` on bad values.
+        fingerprint: ``(name, root, options) -> JSON-able`` identity of the source files
+            for the cache key; ``None`` means the dataset is not cached by betty
+            (cheap to load, or already cached by its library).
+        description: one line for listings.
+    """
+
+    name: str
+    defaults: Mapping[str, Any]
+    build: Callable[[str, Path, dict], GraphDataset]
+    normalize: Callable[[dict], dict] = dict
+    fingerprint: Callable[[str, Path, dict], Any] | None = None
+    description: str = ""
+
+
+def _synthetic_normalize(preset: str) -> Callable[[dict], dict]:
+    float_fields = {
+        k for k, v in synthetic.SYNTHETIC_PRESETS[preset].to_dict().items() if isinstance(v, float)
+    } | {"max_degree"}
+
+    def normalize(opts: dict) -> dict:
+        out = {
+            k: float(v)
+            if k in float_fields and isinstance(v, int) and not isinstance(v, bool)
+            else v
+            for k, v in opts.items()
+        }
+        return synthetic.SyntheticConfig(**out).to_dict()  # validates
+
+    return normalize
+
+
+def _synthetic_build(name: str, root: Path, opts: dict) -> GraphDataset:
+    # looked up at call time, so tests can observe whether the generator ran
+    return synthetic.generate_synthetic(synthetic.SyntheticConfig(**opts), name=name)
+
+
+def _no_source(name: str, root: Path, opts: dict) -> list:
+    return []
+
+
+def _ogb_build(name: str, root: Path, opts: dict) -> GraphDataset:
+    return ogb_loader.load_ogb(name, root)
+
+
+def _ogb_fingerprint(name: str, root: Path, opts: dict) -> list:
+    return ogb_loader.ogb_source_fingerprint(name, root)
+
+
+def _dgl_builtin_build(name: str, root: Path, opts: dict) -> GraphDataset:
+    return dgl_builtin.load_dgl_builtin(name, root)
+
+
+def _dgl_file_normalize(opts: dict) -> dict:
+    if opts["path"] is None:
+        raise ValueError("dataset 'dgl-file' needs option path=<file written by dgl.save_graphs>")
+    nc = opts["num_classes"]
+    if nc is not None and (not isinstance(nc, int) or isinstance(nc, bool) or nc < 1):
+        raise ValueError(f"num_classes={nc!r} (allowed: None or integer >= 1)")
+    return {"path": str(opts["path"]), "num_classes": nc}
+
+
+def _dgl_file_build(name: str, root: Path, opts: dict) -> GraphDataset:
+    return dgl_file.load_dgl_file(opts["path"], name=name, num_classes=opts["num_classes"])
+
+
+def _build_registry() -> dict[str, DatasetSpec]:
+    specs: list[DatasetSpec] = []
+    for preset, config in synthetic.SYNTHETIC_PRESETS.items():
+        specs.append(
+            DatasetSpec(
+                name=preset,
+                defaults=config.to_dict(),
+                build=_synthetic_build,
+                normalize=_synthetic_normalize(preset),
+                fingerprint=_no_source,
+                description=f"generated ({config.scaled_num_nodes:,} nodes at scale 1)",
+            )
+        )
+    for ogb_name in ogb_loader.OGB_RECIPES:
+        specs.append(
+            DatasetSpec(
+                name=ogb_name,
+                defaults={},
+                build=_ogb_build,
+                fingerprint=_ogb_fingerprint,
+                description="OGB, read offline with ogb's DglNodePropPredDataset",
+            )
+        )
+    for dgl_name in dgl_builtin.DGL_BUILTINS:
+        specs.append(
+            DatasetSpec(
+                name=dgl_name,
+                defaults={},
+                build=_dgl_builtin_build,
+                description="DGL built-in dataset class, offline",
+            )
+        )
+    specs.append(
+        DatasetSpec(
+            name="dgl-file",
+            defaults={"path": None, "num_classes": None},
+            build=_dgl_file_build,
+            normalize=_dgl_file_normalize,
+            description="a dgl.save_graphs file with feat/label/train_mask/val_mask/test_mask",
+        )
+    )
+    return {s.name: s for s in specs}
+
+
+DATASETS: dict[str, DatasetSpec] = _build_registry()
+
+
+def dataset_names() -> list[str]:
+    """All names :func:`load_dataset` accepts."""
+    return list(DATASETS)
+
+
+def _spec(name: str) -> DatasetSpec:
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset name={name!r}; allowed: {', '.join(DATASETS)}")
+    return DATASETS[name]
+
+
+def resolve_options(name: str, options: Mapping[str, Any]) -> dict:
+    """Defaults of ``name`` overridden by ``options``, validated and normalized.
+
+    Raises:
+        ValueError: unknown dataset, unknown option (naming it and listing the allowed
+            ones) or a bad option value.
+    """
+    spec = _spec(name)
+    unknown = [k for k in options if k not in spec.defaults]
+    if unknown:
+        allowed = ", ".join(spec.defaults) if spec.defaults else "none"
+        raise ValueError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for dataset {name!r}; "
+            f"allowed options: {allowed}"
+        )
+    return spec.normalize({**spec.defaults, **options})
+
+
+def cache_path(name: str, root: str | Path = "data", **options) -> Path | None:
+    """The cache file :func:`load_dataset` uses for these arguments (``None`` for
+    datasets betty does not cache)."""
+    spec = _spec(name)
+    opts = resolve_options(name, options)
+    if spec.fingerprint is None:
+        return None
+    root = Path(root)
+    payload = {"name": name, "options": opts, "source": spec.fingerprint(name, root, opts)}
+    return _cache.cache_file(root, name, payload)
+
+
+def load_dataset(
+    name: str, root: str | Path = "data", *, cache: bool = True, **options
+) -> GraphDataset:
+    """Load a node-classification dataset by name.
+
+    Args:
+        name: one of :func:`dataset_names`: ``synthetic``, ``synthetic-products``,
+            ``ogbn-arxiv``, ``ogbn-products``, ``ogbn-proteins``, ``ogbn-papers100M``,
+            ``cora``, ``citeseer``, ``pubmed``, ``reddit``, ``dgl-file``.
+        root: data folder: OGB folders (``ogbn_products/``), DGL folders
+            (``cora_v2_d697a464/``) and betty's cache (``betty-cache/``) live here.
+        cache: read/write betty's processed-dataset cache (synthetic and OGB datasets).
+        **options: dataset options (see :class:`betty.data.synthetic.SyntheticConfig`;
+            ``dgl-file`` takes ``path`` and ``num_classes``; the others take none).
+
+    Returns:
+        A :class:`GraphDataset`.
+
+    Raises:
+        ValueError: unknown name or option, bad option value, malformed data.
+        betty.data.DatasetNotFoundError: a real dataset's files are not under ``root``
+            (raised immediately; nothing is ever downloaded).
+    """
+    spec = _spec(name)
+    opts = resolve_options(name, options)
+    root = Path(root)
+    path = cache_path(name, root, **opts) if cache else None
+    if path is not None:
+        hit = _cache.load_cached(path)
+        if hit is not None:
+            return hit
+    ds = spec.build(name, root, opts)
+    if path is not None:
+        _cache.save_cached(ds, path)
+    return ds

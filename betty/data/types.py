@@ -1,0 +1,163 @@
+"""The one container every dataset loader returns.
+
+Conventions (shared by every loader, checked in :meth:`GraphDataset.__post_init__`):
+
+* ``graph`` is a homogeneous ``dgl.DGLGraph`` with ``int64`` IDs on the CPU. An edge
+  ``u -> v`` means *u is a neighbour of v*: a node aggregates over its **in**-edges.
+  It carries no node or edge data; features and labels live beside it.
+* ``feat`` is ``(N, F)`` float32.
+* ``label`` is ``(N,)`` int64 class IDs for single-label tasks (``-1`` marks a node
+  without a label, e.g. most of ogbn-papers100M), or ``(N, T)`` float32 0/1 targets for
+  multi-label tasks (ogbn-proteins, T = 112 binary tasks).
+* ``train_idx`` / ``valid_idx`` / ``test_idx`` are ``(n,)`` int64 node IDs.
+* ``num_classes`` is C for single-label, T (number of tasks) for multi-label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import dgl
+import torch
+
+__all__ = ["GraphDataset"]
+
+
+@dataclass
+class GraphDataset:
+    """A node-classification dataset: graph, features, labels and split.
+
+    Attributes:
+        name: dataset name as passed to :func:`betty.data.load_dataset`.
+        graph: homogeneous int64 CPU graph, edges ``src -> dst`` (in-edges are a
+            node's neighbours), no ndata/edata.
+        feat: ``(N, F)`` float32 node features.
+        label: ``(N,)`` int64 (single-label, ``-1`` = unlabeled) or ``(N, T)`` float32
+            0/1 (multi-label).
+        train_idx, valid_idx, test_idx: ``(n,)`` int64 node IDs of each split.
+        num_classes: C classes (single-label) or T tasks (multi-label).
+        multilabel: whether ``label`` is ``(N, T)`` binary targets.
+        is_ogb: whether the official ``ogb.nodeproppred.Evaluator`` applies.
+        ogb_name: the OGB dataset name for that evaluator (``None`` otherwise).
+    """
+
+    name: str
+    graph: dgl.DGLGraph
+    feat: torch.Tensor
+    label: torch.Tensor
+    train_idx: torch.Tensor
+    valid_idx: torch.Tensor
+    test_idx: torch.Tensor
+    num_classes: int
+    multilabel: bool = False
+    is_ogb: bool = False
+    ogb_name: str | None = None
+
+    def __post_init__(self) -> None:
+        problems = _contract_violations(self)
+        if problems:
+            raise ValueError(
+                f"dataset {self.name!r} breaks the GraphDataset contract: "
+                + "; ".join(problems)
+            )
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.graph.num_nodes())
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.graph.num_edges())
+
+    @property
+    def num_features(self) -> int:
+        return int(self.feat.shape[1])
+
+    def in_degrees(self) -> torch.Tensor:
+        """``(N,)`` int64 in-degree of every node (``bincount`` of edge destinations)."""
+        _, dst = self.graph.edges()
+        return torch.bincount(dst, minlength=self.num_nodes)
+
+    def edge_homophily(self) -> float:
+        """Fraction of edges whose endpoints share a label, over edges with both ends
+        labelled: ``|{(u,v) : y_u = y_v}| / |E_labelled|``. NaN for multi-label data or
+        when no edge has two labelled ends."""
+        if self.multilabel:
+            return float("nan")
+        src, dst = self.graph.edges()
+        ls, ld = self.label[src], self.label[dst]
+        both = (ls >= 0) & (ld >= 0)
+        n = int(both.sum())
+        if n == 0:
+            return float("nan")
+        return float(((ls == ld) & both).sum()) / n
+
+    def stats(self) -> dict[str, float | int]:
+        """Plain-number summary for logging.
+
+        Keys: num_nodes, num_edges, num_features, num_classes, multilabel (0/1),
+        num_train, num_valid, num_test, mean_in_degree (= E / N), median_in_degree,
+        max_in_degree, num_distinct_in_degrees, num_zero_in_degree, num_self_loops,
+        edge_homophily (NaN for multi-label).
+        """
+        deg = self.in_degrees()
+        src, dst = self.graph.edges()
+        n = self.num_nodes
+        return {
+            "num_nodes": n,
+            "num_edges": self.num_edges,
+            "num_features": self.num_features,
+            "num_classes": int(self.num_classes),
+            "multilabel": int(self.multilabel),
+            "num_train": int(self.train_idx.numel()),
+            "num_valid": int(self.valid_idx.numel()),
+            "num_test": int(self.test_idx.numel()),
+            "mean_in_degree": self.num_edges / n if n else 0.0,
+            "median_in_degree": float(deg.median()) if n else 0.0,
+            "max_in_degree": int(deg.max()) if n else 0,
+            "num_distinct_in_degrees": int(torch.unique(deg).numel()),
+            "num_zero_in_degree": int((deg == 0).sum()),
+            "num_self_loops": int((src == dst).sum()),
+            "edge_homophily": self.edge_homophily(),
+        }
+
+
+def _contract_violations(ds: GraphDataset) -> list[str]:
+    """Every way ``ds`` departs from the conventions in the module docstring (cheap
+    checks only: shapes, dtypes, device, index ranges)."""
+    g = ds.graph
+    if not isinstance(g, dgl.DGLGraph):
+        return [f"graph must be a dgl.DGLGraph, got {type(g).__name__}"]
+    out: list[str] = []
+    if not g.is_homogeneous:
+        out.append("graph must be homogeneous (one node type, one edge type)")
+    if g.idtype != torch.int64:
+        out.append(f"graph idtype must be torch.int64, got {g.idtype}")
+    if g.device.type != "cpu":
+        out.append(f"graph must be on the CPU, got {g.device}")
+    n = int(g.num_nodes())
+    if ds.feat.dim() != 2 or ds.feat.shape[0] != n or ds.feat.dtype != torch.float32:
+        out.append(
+            f"feat must be ({n}, F) float32, got {tuple(ds.feat.shape)} {ds.feat.dtype}"
+        )
+    if ds.multilabel:
+        want = f"({n}, {ds.num_classes}) float32"
+        ok = (
+            ds.label.dim() == 2
+            and tuple(ds.label.shape) == (n, ds.num_classes)
+            and ds.label.dtype == torch.float32
+        )
+    else:
+        want = f"({n},) int64"
+        ok = ds.label.dim() == 1 and ds.label.shape[0] == n and ds.label.dtype == torch.int64
+    if not ok:
+        out.append(f"label must be {want}, got {tuple(ds.label.shape)} {ds.label.dtype}")
+    if ds.num_classes < 1:
+        out.append(f"num_classes must be >= 1, got {ds.num_classes}")
+    for split in ("train_idx", "valid_idx", "test_idx"):
+        idx = getattr(ds, split)
+        if idx.dim() != 1 or idx.dtype != torch.int64:
+            out.append(f"{split} must be (n,) int64, got {tuple(idx.shape)} {idx.dtype}")
+        elif idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            out.append(f"{split} holds node IDs outside [0, {n})")
+    return out

@@ -1,0 +1,105 @@
+"""betty's processed-dataset cache: hits, misses on option changes, atomic writes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import betty.data.synthetic as synthetic_module
+from betty.data import cache_path, load_dataset
+from betty.data import cache as cache_module
+
+OPTS = dict(num_nodes=600, avg_degree=6.0, num_communities=10, num_classes=4)
+
+
+def _same(a, b) -> None:
+    sa, da = a.graph.edges()
+    sb, db = b.graph.edges()
+    assert torch.equal(sa, sb) and torch.equal(da, db)
+    for f in ("feat", "label", "train_idx", "valid_idx", "test_idx"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    assert (a.name, a.num_classes, a.multilabel, a.is_ogb, a.ogb_name) == (
+        b.name, b.num_classes, b.multilabel, b.is_ogb, b.ogb_name,
+    )
+
+
+@pytest.fixture
+def generator_calls(monkeypatch):
+    """Count runs of the synthetic generator."""
+    calls = []
+    real = synthetic_module.generate_synthetic
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(synthetic_module, "generate_synthetic", counting)
+    return calls
+
+
+def test_second_load_hits_cache(tmp_path, generator_calls):
+    first = load_dataset("synthetic", root=tmp_path, **OPTS)
+    path = cache_path("synthetic", tmp_path, **OPTS)
+    assert path.is_file() and path.parent == tmp_path / "betty-cache"
+    assert len(generator_calls) == 1
+    second = load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert len(generator_calls) == 1, "the generator ran again"
+    _same(first, second)
+    second.stats()  # memory-mapped tensors are usable
+
+
+def test_changed_option_misses_and_equal_settings_hit(tmp_path, generator_calls):
+    load_dataset("synthetic", root=tmp_path, **OPTS)
+    base = cache_path("synthetic", tmp_path, **OPTS)
+    changed = cache_path("synthetic", tmp_path, **{**OPTS, "seed": 1})
+    assert changed != base
+    other = load_dataset("synthetic", root=tmp_path, **{**OPTS, "seed": 1})
+    assert len(generator_calls) == 2 and changed.is_file()
+    assert not torch.equal(other.feat, load_dataset("synthetic", root=tmp_path, **OPTS).feat)
+    assert len(generator_calls) == 2
+    # the same settings spelled differently: an explicit default, an int for a float
+    same = {**OPTS, "avg_degree": 6, "scale": 1, "seed": 0}
+    assert cache_path("synthetic", tmp_path, **same) == base
+    load_dataset("synthetic", root=tmp_path, **same)
+    assert len(generator_calls) == 2
+    # the two presets never share a cache entry
+    assert cache_path("synthetic-products", tmp_path, **OPTS) != base
+
+
+def test_cache_false_neither_reads_nor_writes(tmp_path, generator_calls):
+    load_dataset("synthetic", root=tmp_path, cache=False, **OPTS)
+    assert not (tmp_path / "betty-cache").exists()
+    load_dataset("synthetic", root=tmp_path, **OPTS)
+    load_dataset("synthetic", root=tmp_path, cache=False, **OPTS)
+    assert len(generator_calls) == 3
+
+
+def test_interrupted_write_leaves_no_cache_file(tmp_path, monkeypatch, generator_calls):
+    def crash_midway(obj, fh, *args, **kwargs):
+        fh.write(b"partial bytes of a cache file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache_module.torch, "save", crash_midway)
+    with pytest.raises(KeyboardInterrupt):
+        load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert list((tmp_path / "betty-cache").iterdir()) == []  # no final file, no temp file
+    monkeypatch.undo()
+    load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert cache_path("synthetic", tmp_path, **OPTS).is_file()
+
+
+def test_damaged_cache_is_recomputed(tmp_path, generator_calls):
+    first = load_dataset("synthetic", root=tmp_path, **OPTS)
+    path = cache_path("synthetic", tmp_path, **OPTS)
+    path.write_bytes(b"not a torch file")
+    with pytest.warns(UserWarning, match="unreadable dataset cache"):
+        again = load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert len(generator_calls) == 2
+    _same(first, again)
+    load_dataset("synthetic", root=tmp_path, **OPTS)  # the rewritten file is good
+    assert len(generator_calls) == 2
+
+
+def test_uncached_datasets_have_no_cache_path(tmp_path):
+    assert cache_path("cora", tmp_path) is None
+    assert cache_path("dgl-file", tmp_path, path="x.bin") is None

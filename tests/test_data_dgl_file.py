@@ -1,0 +1,99 @@
+"""``dgl-file``: a graph saved with ``dgl.save_graphs`` using DGL's node-data names."""
+
+from __future__ import annotations
+
+import dgl
+import pytest
+import torch
+
+from betty.data import DatasetNotFoundError, load_dataset
+
+N = 8
+
+
+def _graph(**ndata) -> dgl.DGLGraph:
+    src = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 1], dtype=torch.int32)
+    dst = torch.tensor([1, 2, 3, 4, 5, 6, 7, 0, 0], dtype=torch.int32)
+    g = dgl.graph((src, dst), num_nodes=N, idtype=torch.int32)
+    for k, v in ndata.items():
+        g.ndata[k] = v
+    return g
+
+
+def _good_fields() -> dict:
+    train = torch.zeros(N, dtype=torch.bool)
+    train[:3] = True
+    return {
+        "feat": torch.arange(N * 4, dtype=torch.float64).reshape(N, 4),
+        "label": torch.tensor([0, 1, 2, 0, 1, 2, 0, 1], dtype=torch.int32),
+        "train_mask": train,
+        "val_mask": torch.tensor([0, 0, 0, 1, 1, 0, 0, 0], dtype=torch.uint8),
+        "test_mask": torch.tensor([0, 0, 0, 0, 0, 1, 1, 1], dtype=torch.int64),
+    }
+
+
+def _save(tmp_path, graphs, name="g.bin"):
+    path = tmp_path / name
+    dgl.save_graphs(str(path), graphs)
+    return path
+
+
+def test_good_file_is_converted_to_conventions(tmp_path):
+    path = _save(tmp_path, [_graph(**_good_fields())])
+    ds = load_dataset("dgl-file", path=path)
+    assert ds.graph.idtype == torch.int64 and len(ds.graph.ndata) == 0
+    src, dst = ds.graph.edges()
+    assert src.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 1] and dst.tolist() == [1, 2, 3, 4, 5, 6, 7, 0, 0]
+    assert ds.feat.dtype == torch.float32 and torch.equal(ds.feat, _good_fields()["feat"].float())
+    assert ds.label.dtype == torch.int64 and ds.num_classes == 3
+    assert ds.train_idx.tolist() == [0, 1, 2]
+    assert ds.valid_idx.tolist() == [3, 4]
+    assert ds.test_idx.tolist() == [5, 6, 7]
+    assert ds.name == "dgl-file" and not ds.multilabel
+    assert load_dataset("dgl-file", path=str(path), num_classes=5).num_classes == 5
+
+
+def test_multilabel_file(tmp_path):
+    fields = _good_fields()
+    fields["label"] = (torch.arange(N * 3).reshape(N, 3) % 2).to(torch.float32)
+    ds = load_dataset("dgl-file", path=_save(tmp_path, [_graph(**fields)]))
+    assert ds.multilabel and ds.num_classes == 3 and ds.label.shape == (N, 3)
+
+
+def test_every_bad_field_is_named_with_its_expected_shape(tmp_path):
+    fields = _good_fields()
+    del fields["label"]
+    fields["feat"] = torch.zeros(N)  # 1-D
+    fields["val_mask"] = torch.rand(N)  # float mask
+    fields["test_mask"] = torch.tensor([0, 2, 0, 0, 0, 1, 1, 1])  # not 0/1
+    path = _save(tmp_path, [_graph(**fields)])
+    with pytest.raises(ValueError) as err:
+        load_dataset("dgl-file", path=path)
+    msg = str(err.value)
+    assert f"feat: got ({N},) torch.float32 (expected ({N}, F) floating point)" in msg
+    assert f"label: missing (expected ({N},) integer or ({N}, T) 0/1)" in msg
+    assert f"val_mask: got ({N},) torch.float32 (expected ({N},) bool or 0/1 integer)" in msg
+    assert "test_mask: got" in msg
+    assert "train_mask" not in msg
+
+
+def test_float_single_label_and_too_small_num_classes_are_rejected(tmp_path):
+    fields = _good_fields()
+    fields["label"] = fields["label"].float()
+    with pytest.raises(ValueError, match=r"label: got \(8,\) torch.float32"):
+        load_dataset("dgl-file", path=_save(tmp_path, [_graph(**fields)]))
+    good = _save(tmp_path, [_graph(**_good_fields())], "good.bin")
+    with pytest.raises(ValueError, match="num_classes=2 but 'label' holds class 2"):
+        load_dataset("dgl-file", path=good, num_classes=2)
+
+
+def test_file_with_two_graphs_or_none(tmp_path):
+    two = _save(tmp_path, [_graph(**_good_fields()), _graph(**_good_fields())])
+    with pytest.raises(ValueError, match="exactly one graph, found 2"):
+        load_dataset("dgl-file", path=two)
+    with pytest.raises(DatasetNotFoundError, match="absent.bin"):
+        load_dataset("dgl-file", path=tmp_path / "absent.bin")
+    with pytest.raises(ValueError, match="needs option path="):
+        load_dataset("dgl-file")
+    with pytest.raises(ValueError, match=r"'feat'.*allowed options: path, num_classes"):
+        load_dataset("dgl-file", path=two, feat="x")

@@ -1,0 +1,232 @@
+"""OGB datasets read offline through ogb's own DglNodePropPredDataset.
+
+Small graphs are written in OGB's raw on-disk layout (``betty.data.ogb_format``) under
+the folder names OGB uses, so the real reader and betty's per-dataset processing run
+exactly as they would on the downloaded files.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from betty.data import DatasetNotFoundError, cache_path, load_dataset
+from betty.data.ogb_format import write_ogb_node_dataset
+from betty.data.ogb_loader import _read_with_ogb, load_ogb, ogb_meta
+
+N = 10
+# a ring 0->1->...->9->0, a chord 2->7, a self-loop 3->3, and 5->4 (reverse of 4->5)
+EDGES = np.array(
+    [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 7, 3, 4]]
+)
+SPLIT = {"train": np.array([0, 1, 2, 3]), "valid": np.array([4, 5]), "test": np.array([6, 7, 8, 9])}
+FEAT = (np.arange(N * 3).reshape(N, 3) % 7) / 4.0  # exactly representable in CSV
+
+
+@pytest.fixture(autouse=True)
+def no_prompt(monkeypatch):
+    """Any call to input() (OGB's download prompt) fails the test instead of blocking."""
+
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("input() was called: the loader would block on a prompt")
+
+    monkeypatch.setattr(builtins, "input", forbidden)
+
+
+def _pairs(src: torch.Tensor, dst: torch.Tensor) -> set[tuple[int, int]]:
+    return set(zip(src.tolist(), dst.tolist()))
+
+
+def _write(root, name, **kw):
+    meta = ogb_meta(name)
+    folder = root / "_".join(name.split("-"))
+    args = dict(
+        edge_index=EDGES,
+        num_nodes=N,
+        node_label=(np.arange(N) % 3)[:, None],
+        split=SPLIT,
+        split_name=meta["split"],
+        node_feat=FEAT,
+        binary=meta["binary"] == "True",
+        version=int(meta["version"]),
+    )
+    args.update(kw)
+    return write_ogb_node_dataset(folder, **args)
+
+
+def test_products_self_loops_removed_inverse_edges_from_ogb(tmp_path):
+    _write(tmp_path, "ogbn-products")
+    ds = load_dataset("ogbn-products", root=tmp_path)
+    src, dst = ds.graph.edges()
+    directed = {(u, v) for u, v in EDGES.T.tolist() if u != v}
+    # OGB adds the inverse of every stored edge for products (add_inverse_edge)
+    assert _pairs(src, dst) == directed | {(v, u) for u, v in directed}
+    assert not bool((src == dst).any())
+    assert ds.graph.idtype == torch.int64 and len(ds.graph.ndata) == 0
+    assert torch.equal(ds.feat, torch.tensor(FEAT, dtype=torch.float32))
+    assert torch.equal(ds.label, torch.arange(N) % 3) and ds.label.dtype == torch.int64
+    for part, idx in zip(("train", "valid", "test"), (ds.train_idx, ds.valid_idx, ds.test_idx)):
+        assert torch.equal(idx, torch.as_tensor(SPLIT[part])) and idx.dtype == torch.int64
+    assert (ds.is_ogb, ds.ogb_name, ds.multilabel, ds.num_classes) == (True, "ogbn-products", False, 47)
+
+
+def test_arxiv_is_made_bidirected_without_duplicates(tmp_path):
+    _write(tmp_path, "ogbn-arxiv", extra_node_files={"node_year": 2000 + np.arange(N)})
+    ds = load_dataset("ogbn-arxiv", root=tmp_path)
+    src, dst = ds.graph.edges()
+    directed = {(u, v) for u, v in EDGES.T.tolist() if u != v}
+    expected = directed | {(v, u) for u, v in directed}
+    assert _pairs(src, dst) == expected
+    assert ds.num_edges == len(expected)  # 4->5 and 5->4 were both stored: no duplicate
+    assert ds.num_classes == 40 and ds.ogb_name == "ogbn-arxiv"
+
+
+def test_proteins_features_are_mean_of_incident_edge_features(tmp_path):
+    rng = np.random.default_rng(0)
+    edge_feat = rng.integers(0, 9, size=(EDGES.shape[1], 8)) / 8.0
+    labels = rng.integers(0, 2, size=(N, 112))
+    _write(
+        tmp_path,
+        "ogbn-proteins",
+        node_feat=None,
+        edge_feat=edge_feat,
+        node_label=labels,
+        extra_node_files={"node_species": np.full(N, 3702)},
+    )
+    ds = load_dataset("ogbn-proteins", root=tmp_path)
+    # reference: OGB stores each edge in both directions with the same features, so a
+    # node's in-edges are all edges touching it (a self-loop touches it twice)
+    expected = np.zeros((N, 8))
+    count = np.zeros(N)
+    for (u, v), f in zip(EDGES.T, edge_feat):
+        for end in (u, v):
+            expected[end] += f
+            count[end] += 1
+    expected /= count[:, None]
+    assert torch.allclose(ds.feat, torch.tensor(expected, dtype=torch.float32), atol=1e-6)
+    assert ds.multilabel and ds.num_classes == 112 and ds.ogb_name == "ogbn-proteins"
+    assert ds.label.dtype == torch.float32 and torch.equal(ds.label, torch.tensor(labels, dtype=torch.float32))
+    src, dst = ds.graph.edges()
+    assert not bool((src == dst).any())
+
+
+def test_papers100m_nan_labels_become_minus_one(tmp_path):
+    labels = np.full((N, 1), np.nan)
+    labelled = np.concatenate(list(SPLIT.values()))[:-1]  # node 9: in test, labelled below
+    labels[labelled, 0] = labelled % 5
+    labels[9, 0] = 171.0
+    # an extra unlabelled node outside every split
+    extra_split = {k: v for k, v in SPLIT.items()}
+    extra_split["test"] = np.array([6, 7, 8, 9])
+    _write(
+        tmp_path,
+        "ogbn-papers100M",
+        num_nodes=N + 1,
+        node_feat=np.vstack([FEAT, np.zeros((1, 3))]).astype(np.float32),
+        node_label=np.vstack([labels, [[np.nan]]]),
+        split=extra_split,
+        extra_node_files={"node_year": 2000 + np.arange(N + 1)},
+    )
+    ds = load_dataset("ogbn-papers100M", root=tmp_path)
+    assert ds.num_nodes == N + 1 and ds.label.dtype == torch.int64
+    assert int(ds.label[N]) == -1  # unlabelled node
+    assert ds.label[torch.as_tensor(labelled)].tolist() == (labelled % 5).tolist()
+    assert int(ds.label[9]) == 171
+    assert ds.num_classes == 172
+    src, dst = ds.graph.edges()
+    assert _pairs(src, dst) == _pairs(dst, src)  # bidirected
+
+
+def test_papers100m_split_node_without_label_is_an_error(tmp_path):
+    labels = np.zeros((N, 1))
+    labels[SPLIT["train"][0], 0] = np.nan
+    _write(
+        tmp_path,
+        "ogbn-papers100M",
+        node_label=labels,
+        node_feat=FEAT.astype(np.float32),
+        extra_node_files={"node_year": 2000 + np.arange(N)},
+    )
+    with pytest.raises(ValueError, match="1 train/valid/test nodes have NaN labels"):
+        load_dataset("ogbn-papers100M", root=tmp_path)
+
+
+def test_custom_meta_dict_runs_the_same_processing(tmp_path):
+    folder = tmp_path / "toy"
+    write_ogb_node_dataset(
+        folder,
+        edge_index=EDGES,
+        num_nodes=N,
+        node_label=(np.arange(N) % 2)[:, None],
+        split=SPLIT,
+        split_name="custom",
+        node_feat=FEAT,
+    )
+    meta = {
+        **ogb_meta("ogbn-arxiv"),
+        "dir_path": str(folder),
+        "split": "custom",
+        "additional node files": "None",
+        "num classes": 2,
+    }
+    ds = load_ogb("toy-arxiv", tmp_path, meta_dict=meta, recipe="ogbn-arxiv")
+    src, dst = ds.graph.edges()
+    assert _pairs(src, dst) == _pairs(dst, src) and not bool((src == dst).any())
+    assert ds.num_classes == 2 and ds.name == "toy-arxiv" and ds.ogb_name == "ogbn-arxiv"
+    with pytest.raises(ValueError, match="recipe='toy'"):
+        load_ogb("toy", tmp_path, meta_dict=meta)
+
+
+def test_second_ogb_load_uses_betty_cache(tmp_path, monkeypatch):
+    _write(tmp_path, "ogbn-products")
+    first = load_dataset("ogbn-products", root=tmp_path)
+    assert cache_path("ogbn-products", tmp_path).is_file()
+    import betty.data.ogb_loader as ogb_loader
+
+    monkeypatch.setattr(ogb_loader, "load_ogb", lambda *a, **k: pytest.fail("not cached"))
+    second = load_dataset("ogbn-products", root=tmp_path)
+    assert torch.equal(first.feat, second.feat) and second.is_ogb
+    # changed source files change the key
+    before = cache_path("ogbn-products", tmp_path)
+    _write(tmp_path, "ogbn-products", node_feat=FEAT + 1)
+    assert cache_path("ogbn-products", tmp_path) != before
+
+
+@pytest.mark.parametrize("name", ["ogbn-products", "ogbn-arxiv", "ogbn-proteins", "ogbn-papers100M"])
+def test_missing_dataset_fails_fast_naming_the_place(tmp_path, name):
+    start = time.perf_counter()
+    with pytest.raises(DatasetNotFoundError) as err:
+        load_dataset(name, root=tmp_path)
+    assert time.perf_counter() - start < 20  # fails fast: no download, no prompt
+    folder = tmp_path / "_".join(name.split("-"))
+    msg = str(err.value)
+    assert repr(name) in msg and str(folder) in msg and "RELEASE_v1.txt" in msg
+    raw = "raw/data.npz" if name == "ogbn-papers100M" else "raw/edge.csv.gz"
+    assert str(folder / raw) in msg
+    assert str(folder / "split" / ogb_meta(name)["split"] / "train.csv.gz") in msg
+
+
+def test_folder_without_release_file_does_not_prompt(tmp_path):
+    folder = _write(tmp_path, "ogbn-products")
+    (folder / "RELEASE_v1.txt").unlink()  # OGB would ask input() to update the dataset
+    with pytest.raises(DatasetNotFoundError, match="RELEASE_v1.txt"):
+        load_dataset("ogbn-products", root=tmp_path)
+
+
+def test_partial_download_lists_only_missing_files(tmp_path):
+    folder = _write(tmp_path, "ogbn-arxiv", extra_node_files={"node_year": 2000 + np.arange(N)})
+    (folder / "raw" / "node-feat.csv.gz").unlink()
+    with pytest.raises(DatasetNotFoundError) as err:
+        load_dataset("ogbn-arxiv", root=tmp_path)
+    assert "node-feat.csv.gz" in str(err.value) and "edge.csv.gz" not in str(err.value)
+
+
+def test_ogb_reader_itself_never_downloads(tmp_path):
+    """Even past betty's file check, OGB's download path raises instead of prompting."""
+    meta = {**ogb_meta("ogbn-products"), "dir_path": str(tmp_path / "absent")}
+    with pytest.raises(DatasetNotFoundError, match="refusing to download"):
+        _read_with_ogb("ogbn-products", tmp_path, meta)

@@ -1,0 +1,101 @@
+"""Cora and CiteSeer through DGL's own dataset classes, offline, from the real raw files.
+
+The Planetoid files live in the read-only ``shared/data/planetoid`` beside the repository
+(``BETTY_PLANETOID_DIR`` overrides); they are staged (symlinked) into a pytest tmp dir.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from betty.data import DatasetNotFoundError, dgl_raw_path, load_dataset, stage_planetoid
+
+PLANETOID = Path(
+    os.environ.get(
+        "BETTY_PLANETOID_DIR", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "planetoid"
+    )
+)
+
+
+@pytest.fixture(scope="module")
+def planetoid_dir() -> Path:
+    assert (PLANETOID / "ind.cora.graph").is_file(), (
+        f"real Planetoid files not found in {PLANETOID} (set BETTY_PLANETOID_DIR)"
+    )
+    return PLANETOID
+
+
+@pytest.fixture(scope="module")
+def staged_root(tmp_path_factory, planetoid_dir) -> Path:
+    root = tmp_path_factory.mktemp("dgl_raw")
+    stage_planetoid(planetoid_dir, root, "cora")
+    stage_planetoid(planetoid_dir, root, "citeseer")
+    return root
+
+
+def test_staging_uses_dgl_folder_names(staged_root, planetoid_dir):
+    cora = dgl_raw_path("cora", staged_root)
+    assert cora == staged_root / "cora_v2_d697a464"
+    assert dgl_raw_path("citeseer", staged_root) == staged_root / "citeseer_d6836239"
+    link = cora / "ind.cora_v2.graph"
+    assert link.is_symlink() and link.resolve() == (planetoid_dir / "ind.cora.graph").resolve()
+    # staging again is harmless
+    assert stage_planetoid(planetoid_dir, staged_root, "cora") == cora
+
+
+def test_cora_through_dgl_class(staged_root):
+    ds = load_dataset("cora", root=staged_root)
+    assert (ds.num_nodes, ds.num_edges, ds.num_classes) == (2708, 10556, 7)
+    assert (ds.train_idx.numel(), ds.valid_idx.numel(), ds.test_idx.numel()) == (140, 500, 1000)
+    assert ds.feat.shape == (2708, 1433) and ds.feat.dtype == torch.float32
+    assert ds.label.dtype == torch.int64 and int(ds.label.max()) == 6
+    assert ds.graph.idtype == torch.int64 and len(ds.graph.ndata) == 0
+    src, dst = ds.graph.edges()
+    assert set(zip(src.tolist(), dst.tolist())) == set(zip(dst.tolist(), src.tolist()))
+    assert not ds.is_ogb and not ds.multilabel
+
+
+def test_citeseer_through_dgl_class(staged_root):
+    ds = load_dataset("citeseer", root=staged_root)
+    assert (ds.num_nodes, ds.num_edges, ds.num_classes) == (3327, 9228, 6)
+    assert ds.train_idx.numel() == 120 and ds.feat.shape[1] == 3703
+
+
+def test_copy_staging_loads_the_same_graph(tmp_path, planetoid_dir, staged_root):
+    folder = stage_planetoid(planetoid_dir, tmp_path, "cora", symlink=False)
+    assert not (folder / "ind.cora_v2.x").is_symlink()
+    a = load_dataset("cora", root=tmp_path)
+    b = load_dataset("cora", root=staged_root)
+    assert torch.equal(a.feat, b.feat) and torch.equal(a.graph.edges()[0], b.graph.edges()[0])
+
+
+@pytest.mark.parametrize(
+    "name, folder, a_file",
+    [
+        ("cora", "cora_v2_d697a464", "ind.cora_v2.x"),
+        ("citeseer", "citeseer_d6836239", "ind.citeseer.graph"),
+        ("pubmed", "pubmed_", "ind.pubmed.x"),
+        ("reddit", "reddit_", "reddit_data.npz"),
+    ],
+)
+def test_missing_dgl_dataset_fails_fast_naming_the_place(tmp_path, monkeypatch, name, folder, a_file):
+    monkeypatch.setattr(builtins, "input", lambda *a: pytest.fail("prompted"))
+    start = time.perf_counter()
+    with pytest.raises(DatasetNotFoundError) as err:
+        load_dataset(name, root=tmp_path)
+    assert time.perf_counter() - start < 20  # fails fast: no download, no prompt
+    msg = str(err.value)
+    assert str(tmp_path / folder) in msg and a_file in msg
+
+
+def test_stage_planetoid_rejects_bad_input(tmp_path, planetoid_dir):
+    with pytest.raises(ValueError, match="name='reddit'"):
+        stage_planetoid(planetoid_dir, tmp_path, "reddit")
+    with pytest.raises(FileNotFoundError, match="ind.cora.x"):
+        stage_planetoid(tmp_path, tmp_path, "cora")

@@ -1,0 +1,162 @@
+"""The synthetic generator: determinism, structure, label/feature signal, scale, options."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from betty.data import SYNTHETIC_PRESETS, SyntheticConfig, generate_synthetic, load_dataset
+
+
+def _gen(**kw):
+    return generate_synthetic(dataclasses.replace(SYNTHETIC_PRESETS["synthetic"], **kw))
+
+
+@pytest.fixture(scope="module")
+def small():
+    return _gen()
+
+
+def _edge_keys(ds) -> torch.Tensor:
+    src, dst = ds.graph.edges()
+    return src * ds.num_nodes + dst
+
+
+def _class_mean_accuracy(ds) -> tuple[float, float]:
+    """Nearest class-mean classifier fitted on train, scored on test; and the
+    majority-class rate on test (chance level)."""
+    f, y, tr, te = ds.feat, ds.label, ds.train_idx, ds.test_idx
+    k = ds.num_classes
+    counts = torch.bincount(y[tr], minlength=k).clamp(min=1)
+    means = torch.zeros(k, f.shape[1]).index_add_(0, y[tr], f[tr]) / counts[:, None]
+    pred = torch.cdist(f[te], means).argmin(1)
+    acc = float((pred == y[te]).float().mean())
+    chance = float(torch.bincount(y[te], minlength=k).max()) / te.numel()
+    return acc, chance
+
+
+def test_same_seed_same_dataset_different_seed_differs(small):
+    again = _gen()
+    assert torch.equal(_edge_keys(small), _edge_keys(again))
+    for field in ("feat", "label", "train_idx", "valid_idx", "test_idx"):
+        assert torch.equal(getattr(small, field), getattr(again, field)), field
+    other = _gen(seed=1)
+    assert not torch.equal(small.feat, other.feat)
+    a, b = set(_edge_keys(small).tolist()), set(_edge_keys(other).tolist())
+    assert len(a ^ b) > 0.5 * len(a)  # most edges differ
+
+
+def test_dataset_contract_and_exact_sizes(small):
+    c = SYNTHETIC_PRESETS["synthetic"]
+    g = small.graph
+    assert g.idtype == torch.int64 and g.device.type == "cpu"
+    assert len(g.ndata) == 0 and len(g.edata) == 0
+    assert small.num_nodes == c.num_nodes
+    assert small.num_edges == 2 * round(c.num_nodes * c.avg_degree / 2)
+    assert small.feat.shape == (c.num_nodes, c.num_features) and small.feat.dtype == torch.float32
+    assert small.label.dtype == torch.int64 and set(small.label.unique().tolist()) == set(range(c.num_classes))
+    splits = torch.cat([small.train_idx, small.valid_idx, small.test_idx])
+    assert torch.equal(torch.sort(splits).values, torch.arange(c.num_nodes))  # disjoint cover
+    assert small.train_idx.numel() == round(c.train_fraction * c.num_nodes)
+    assert small.valid_idx.numel() == round(c.valid_fraction * c.num_nodes)
+    assert not small.multilabel and not small.is_ogb and small.ogb_name is None
+
+
+def test_simple_symmetric_graph(small):
+    src, dst = small.graph.edges()
+    assert not bool((src == dst).any()), "self-loop"
+    keys = _edge_keys(small)
+    assert torch.unique(keys).numel() == keys.numel(), "duplicate edge"
+    reverse = dst * small.num_nodes + src
+    assert torch.equal(torch.sort(keys).values, torch.sort(reverse).values), "not symmetric"
+
+
+def test_heavy_tailed_in_degrees(small):
+    deg = small.in_degrees().double()
+    assert deg.max() > 10 * deg.mean()
+    assert deg.median() < deg.mean()  # right-skewed
+    assert torch.unique(deg).numel() >= 100  # many distinct degree buckets
+    # the top 1% of nodes hold a disproportionate share of the edge endpoints
+    top = torch.topk(deg, k=small.num_nodes // 100).values.sum() / deg.sum()
+    assert top > 0.05
+    # a lighter tail (larger exponent) concentrates degrees
+    light = _gen(degree_exponent=6.0).in_degrees().double()
+    assert light.max() < deg.max() and light.std() < deg.std()
+
+
+def test_labels_follow_edges(small):
+    h = small.edge_homophily()
+    assert h > 0.6 > 3.0 / small.num_classes
+    mixed = _gen(intra_community_fraction=0.0)
+    assert mixed.edge_homophily() < 0.35  # chance level: sum of squared class shares
+
+
+def test_features_carry_label_signal(small):
+    acc, chance = _class_mean_accuracy(small)
+    assert acc > 0.45 and acc > 2 * chance
+    acc0, chance0 = _class_mean_accuracy(_gen(feature_snr=0.0))
+    assert acc0 < chance0 + 0.05
+
+
+def test_popularity_split_trains_on_high_degree_nodes(small):
+    deg = small.in_degrees().double()
+    assert deg[small.train_idx].mean() > 2 * deg[small.test_idx].mean()
+    rand = _gen(split_by="random")
+    rdeg = rand.in_degrees().double()
+    ratio = rdeg[rand.train_idx].mean() / rdeg[rand.test_idx].mean()
+    assert 0.8 < ratio < 1.25
+
+
+def test_scale_multiplies_nodes_and_keeps_degree():
+    half = _gen(scale=0.5)
+    c = SYNTHETIC_PRESETS["synthetic"]
+    assert half.num_nodes == c.num_nodes // 2
+    assert half.num_edges / half.num_nodes == pytest.approx(c.avg_degree, rel=1e-3)
+
+
+def test_products_preset_follows_ogbn_products_statistics():
+    c = SYNTHETIC_PRESETS["synthetic-products"]
+    assert c.num_nodes == 2_449_029
+    assert round(c.num_nodes * c.avg_degree / 2) == 61_859_140
+    assert round(c.train_fraction * c.num_nodes) == 196_615
+    assert round(c.valid_fraction * c.num_nodes) == 39_323
+    assert (c.num_features, c.num_classes) == (100, 47)
+    ds = load_dataset("synthetic-products", cache=False, scale=0.01)
+    n = round(2_449_029 * 0.01)
+    assert ds.num_nodes == n and ds.num_edges == 2 * round(n * c.avg_degree / 2)
+    assert ds.train_idx.numel() == round(c.train_fraction * n)
+    assert ds.valid_idx.numel() == round(c.valid_fraction * n)
+    assert ds.test_idx.numel() == n - ds.train_idx.numel() - ds.valid_idx.numel()
+    assert ds.feat.shape == (n, 100) and ds.num_classes == 47
+    deg = ds.in_degrees().double()
+    assert deg.max() > 10 * deg.mean()
+    assert ds.edge_homophily() > 0.7
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match=r"'num_nodez'.*allowed options: num_nodes, avg_degree"):
+        load_dataset("synthetic", cache=False, num_nodez=10)
+    with pytest.raises(ValueError, match=r"intra_community_fraction=1.5 \(allowed: number in \[0, 1\]\)"):
+        load_dataset("synthetic", cache=False, intra_community_fraction=1.5)
+    with pytest.raises(ValueError, match="split_by='time'"):
+        SyntheticConfig(split_by="time")
+    with pytest.raises(ValueError, match="train_fraction \\+ valid_fraction"):
+        SyntheticConfig(train_fraction=0.7, valid_fraction=0.3)
+
+
+def test_unknown_dataset_lists_allowed_names():
+    with pytest.raises(ValueError, match=r"name='ogbn-mag'.*synthetic, synthetic-products.*cora"):
+        load_dataset("ogbn-mag")
+
+
+def test_stats_are_plain_numbers(small):
+    stats = small.stats()
+    assert all(type(v) in (int, float) for v in stats.values()), stats
+    assert stats["num_edges"] == small.num_edges
+    assert stats["max_in_degree"] == int(small.in_degrees().max())
+    assert stats["num_self_loops"] == 0
+    assert stats["mean_in_degree"] == pytest.approx(SYNTHETIC_PRESETS["synthetic"].avg_degree)
+    assert np.isfinite(stats["edge_homophily"])
