@@ -1,0 +1,226 @@
+"""Training and inference regime for reversible GNNs: full graph or K induced subgraphs.
+
+A reversible block needs the same node set at its input and output, so RevGNN cannot
+run on shrinking sampled blocks (``betty.sampling``). It trains either on the full graph
+or, as in the paper's ogbn-proteins runs, on K parts of a node partition per step:
+
+* :func:`cluster_partition` splits the nodes into K parts (uniformly random, or METIS
+  clusters) and returns each part's *induced* subgraph; edges between parts are dropped,
+  so this is a different (cheaper, lossy) computation than the full graph;
+* :func:`train_step_partitions` runs forward+backward on each part and accumulates the
+  gradients, with per-part loss ``sum of its training-node losses / total training
+  nodes``: the accumulated gradient is that of the mean training loss of the
+  partitioned model (K = 1: exactly the full-graph gradient), and one optimizer step is
+  taken per call;
+* :func:`full_graph_inference` and :func:`multiview_inference` (average of the
+  predictions over several random partitions, RevGNN's "multi-view" evaluation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import dgl
+import numpy as np
+import pymetis
+import scipy.sparse as sp
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "GraphPart",
+    "cluster_partition",
+    "full_graph_inference",
+    "multiview_inference",
+    "train_step_partitions",
+]
+
+PARTITION_METHODS = ("random", "metis")
+
+
+@dataclass(frozen=True)
+class GraphPart:
+    """One part of a node partition.
+
+    Attributes:
+        graph: the induced subgraph on ``node_ids`` (local node ``i`` is global node
+            ``node_ids[i]``; also in ``graph.ndata[dgl.NID]``).
+        node_ids: ``(n_part,)`` int64 global node IDs, increasing.
+    """
+
+    graph: dgl.DGLGraph
+    node_ids: Tensor
+
+
+def _metis_labels(graph: dgl.DGLGraph, k: int, seed: int) -> np.ndarray:
+    """METIS part of every node, on the symmetrised graph without self-loops."""
+    n = graph.num_nodes()
+    src, dst = (t.cpu().numpy() for t in graph.edges())
+    adj = sp.coo_matrix((np.ones(src.shape[0], dtype=np.int8), (src, dst)), shape=(n, n)).tocsr()
+    adj = (adj + adj.T).tocsr()
+    adj.setdiag(0)
+    adj.eliminate_zeros()
+    adj.sort_indices()
+    result = pymetis.part_graph(
+        k,
+        adjacency=pymetis.CSRAdjacency(adj.indptr.astype(np.int64), adj.indices.astype(np.int64)),
+        options=pymetis.Options(seed=seed),
+    )
+    return np.asarray(result.vertex_part, dtype=np.int64)
+
+
+def cluster_partition(
+    graph: dgl.DGLGraph, k: int, method: str = "random", seed: int = 0
+) -> list[GraphPart]:
+    """Split the nodes of ``graph`` into ``k`` parts and return their induced subgraphs.
+
+    Args:
+        graph: the full graph (``N`` nodes).
+        k: number of parts, ``1 <= k <= N``.
+        method: ``"random"`` (a random permutation cut into ``k`` parts of sizes
+            ``floor(N/k)`` or ``ceil(N/k)``, as RevGNN's random partitions) or ``"metis"``
+            (METIS on the symmetrised graph; a part may be empty and is then omitted).
+        seed: seeds the permutation or METIS.
+
+    Returns:
+        ``k`` :class:`GraphPart` (fewer if METIS left parts empty), whose ``node_ids``
+        cover every node exactly once.
+    """
+    n = graph.num_nodes()
+    if not 1 <= k <= max(n, 1):
+        raise ValueError(f"k must be in [1, num_nodes={n}], got {k}")
+    if method not in PARTITION_METHODS:
+        raise ValueError(f"method must be one of {PARTITION_METHODS}, got {method!r}")
+    if method == "random" or k == 1:
+        gen = torch.Generator().manual_seed(seed)
+        parts = [p.sort().values for p in torch.randperm(n, generator=gen).tensor_split(k)]
+    else:
+        labels = _metis_labels(graph, k, seed)
+        order = np.argsort(labels, kind="stable")  # node ids increasing within a part
+        bounds = np.cumsum(np.bincount(labels, minlength=k))[:-1]
+        parts = [torch.from_numpy(p) for p in np.split(order, bounds) if p.size]
+    device = graph.device
+    return [
+        GraphPart(dgl.node_subgraph(graph, ids.to(device)), ids.to(device)) for ids in parts
+    ]
+
+
+def _check_sum_reduction(loss_fn: Callable[..., Tensor]) -> None:
+    reduction = getattr(loss_fn, "reduction", "sum")
+    if reduction != "sum":
+        raise ValueError(
+            f"loss_fn must sum over rows (reduction='sum'), got reduction={reduction!r}: "
+            "train_step_partitions divides by the total number of training nodes itself"
+        )
+
+
+def train_step_partitions(
+    model: nn.Module,
+    parts: Sequence[GraphPart],
+    feat: Tensor,
+    label: Tensor,
+    train_mask: Tensor,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    *,
+    device: Optional[torch.device] = None,
+    clip_grad_norm: Optional[float] = None,
+    model_kwargs: Optional[Mapping[str, Any]] = None,
+) -> float:
+    """One optimizer step with gradients accumulated over the parts.
+
+    For part ``P`` with training nodes ``T_P`` (``T`` = all training nodes):
+
+        loss_P = sum_{v in T_P} loss_fn(out_v, y_v) / |T|,    grad = sum_P d loss_P / d theta
+
+    Args:
+        model: called as ``model(part.graph, feat[ids], node_ids=ids, **model_kwargs)``,
+            returning ``(n_part, C)``; put in training mode.
+        parts: from :func:`cluster_partition` (or one part holding the full graph).
+        feat, label, train_mask: ``(N, F)``, ``(N, ...)``, ``(N,)`` bool, global order.
+        optimizer: stepped once, after all parts.
+        loss_fn: summed loss over rows, e.g. ``nn.CrossEntropyLoss(reduction="sum")``.
+        device: where the model runs (default: ``feat``'s device); parts and slices are
+            moved there.
+        clip_grad_norm: clip the accumulated gradient norm before the step.
+        model_kwargs: extra keyword arguments for the model (e.g. ``mask_fn``).
+
+    Returns:
+        The mean training loss over all training nodes (sum of the ``loss_P``).
+    """
+    _check_sum_reduction(loss_fn)
+    if train_mask.dtype != torch.bool:
+        raise ValueError(f"train_mask must be bool, got dtype {train_mask.dtype}")
+    n_train = int(train_mask.sum())
+    if n_train == 0:
+        raise ValueError("train_mask selects no training nodes")
+    device = torch.device(device) if device is not None else feat.device
+    kwargs = dict(model_kwargs or {})
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for part in parts:
+        ids = part.node_ids.to(feat.device)
+        local_train = train_mask[ids].to(device)
+        if not bool(local_train.any()):
+            continue
+        out = model(part.graph.to(device), feat[ids].to(device), node_ids=ids.to(device), **kwargs)
+        loss = loss_fn(out[local_train], label[ids].to(device)[local_train]) / n_train
+        loss.backward()
+        total += float(loss.detach())
+        del out, loss
+    if clip_grad_norm is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+    optimizer.step()
+    return total
+
+
+@torch.no_grad()
+def full_graph_inference(
+    model: nn.Module, graph: dgl.DGLGraph, feat: Tensor, *, device: Optional[torch.device] = None
+) -> Tensor:
+    """``model(graph, feat)`` in eval mode without gradients: ``(N, C)``."""
+    device = torch.device(device) if device is not None else feat.device
+    model.eval()
+    return model(graph.to(device), feat.to(device))
+
+
+@torch.no_grad()
+def multiview_inference(
+    model: nn.Module,
+    graph: dgl.DGLGraph,
+    feat: Tensor,
+    k: int,
+    num_views: int,
+    *,
+    method: str = "random",
+    seed: int = 0,
+    device: Optional[torch.device] = None,
+    transform: Optional[Callable[[Tensor], Tensor]] = None,
+) -> Tensor:
+    """Average of the predictions over ``num_views`` partitions into ``k`` parts.
+
+    View ``v`` partitions with ``cluster_partition(graph, k, method, seed + v)``, runs the
+    model on every part and scatters the outputs back to global order; the result is
+    ``(1 / V) sum_v transform(out_v)``, ``(N, C)`` (``transform`` e.g. ``torch.sigmoid``
+    to average probabilities; default: raw outputs). ``k = 1`` is full-graph inference.
+    """
+    if num_views < 1:
+        raise ValueError(f"num_views must be >= 1, got {num_views}")
+    device = torch.device(device) if device is not None else feat.device
+    model.eval()
+    total: Optional[Tensor] = None
+    for view in range(num_views):
+        out: Optional[Tensor] = None
+        for part in cluster_partition(graph, k, method, seed + view):
+            ids = part.node_ids.to(feat.device)
+            pred = model(part.graph.to(device), feat[ids].to(device))
+            if out is None:
+                out = pred.new_empty((graph.num_nodes(),) + pred.shape[1:])
+            out[ids.to(device)] = pred
+        assert out is not None
+        out = transform(out) if transform is not None else out
+        total = out if total is None else total + out
+    assert total is not None
+    return total / num_views

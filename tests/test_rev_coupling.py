@@ -1,0 +1,166 @@
+"""Grouped reversible coupling: exact inverse, mask handling, construction checks."""
+
+import dgl
+import pytest
+import torch
+from torch import nn
+
+from betty.models.rev import GroupedReversibleStack, RevGNN, make_coupling
+from betty.models.rev_coupling import (
+    GroupFunction,
+    ReversibleCoupling,
+    find_stochastic_modules,
+    split_group_masks,
+)
+
+
+def _rand_graph(n: int, e: int) -> dgl.DGLGraph:
+    """Random graph from torch's RNG (``dgl.rand_graph`` uses DGL's own RNG) plus self-loops."""
+    src, dst = torch.randint(n, (e,)), torch.randint(n, (e,))
+    return dgl.add_self_loop(dgl.graph((src, dst), num_nodes=n))
+
+
+def _graph(n: int = 30, e: int = 90, seed: int = 0) -> dgl.DGLGraph:
+    torch.manual_seed(seed)
+    return _rand_graph(n, e)
+
+
+@pytest.mark.parametrize("conv", ["gcn", "sage", "gat"])
+@pytest.mark.parametrize("groups", [2, 3, 4])
+def test_coupling_inverse_recovers_input(conv, groups):
+    g = _graph()
+    coupling = make_coupling(12, groups, conv, heads=2).double()
+    x = torch.randn(30, 12, dtype=torch.float64)
+    mask = (torch.rand(30, 12) > 0.3).double() / 0.7
+    with torch.no_grad():
+        y = coupling(g, x, mask)
+        x_rec = coupling.inverse(g, y, mask)
+    assert (y - x).abs().max() > 1e-3  # the coupling does something
+    assert (x_rec - x).abs().max() < 1e-13
+
+
+def test_coupling_matches_the_formula_for_three_groups():
+    """X'_0 = X_2 + X_3; X'_i = f_i(X'_{i-1}) + X_i, written out by hand."""
+    g = _graph()
+    coupling = make_coupling(9, 3, "sage").double()
+    x = torch.randn(30, 9, dtype=torch.float64)
+    f = coupling.functions
+    x1, x2, x3 = x.split(3, dim=1)
+    y1 = f[0](g, x2 + x3) + x1
+    y2 = f[1](g, y1) + x2
+    y3 = f[2](g, y2) + x3
+    torch.testing.assert_close(coupling(g, x), torch.cat([y1, y2, y3], dim=1), rtol=0, atol=0)
+
+
+def test_reconstruction_after_100_blocks_float64():
+    g = _graph(40, 160)
+    stack = GroupedReversibleStack([make_coupling(8, 2, "gcn") for _ in range(100)]).double()
+    x = torch.randn(40, 8, dtype=torch.float64)
+    mask = (torch.rand(40, 8) > 0.2).double() / 0.8
+    with torch.no_grad():
+        y = stack(g, x.clone(), mask)
+        x_rec = stack.inverse(g, y, mask)
+    assert (y - x).abs().max() > 1e-2
+    err = (x_rec - x).abs().max().item()
+    assert err < 1e-10, err
+
+
+def test_inverse_with_a_different_mask_is_wrong():
+    """Negative control for the reconstruction test: the mask matters."""
+    g = _graph()
+    stack = GroupedReversibleStack([make_coupling(8, 2, "gcn") for _ in range(5)]).double()
+    x = torch.randn(30, 8, dtype=torch.float64)
+    mask = (torch.rand(30, 8) > 0.5).double() * 2
+    with torch.no_grad():
+        y = stack(g, x.clone(), mask)
+        x_wrong = stack.inverse(g, y, torch.ones_like(mask))
+    assert (x_wrong - x).abs().max() > 1e-3
+
+
+def test_group_masks_split_or_shared():
+    m_full = torch.arange(12.0).reshape(2, 6)
+    parts = split_group_masks(m_full, 3, 2)
+    assert [p.tolist() for p in parts] == [[[0, 1], [6, 7]], [[2, 3], [8, 9]], [[4, 5], [10, 11]]]
+    m_group = torch.ones(2, 2)
+    assert all(p is m_group for p in split_group_masks(m_group, 3, 2))
+    assert split_group_masks(None, 3, 2) == [None, None, None]
+    with pytest.raises(ValueError, match="fits neither"):
+        split_group_masks(torch.ones(2, 5), 3, 2)
+
+
+def test_per_group_mask_equals_repeated_full_mask():
+    g = _graph()
+    coupling = make_coupling(8, 2, "gcn").double()
+    x = torch.randn(30, 8, dtype=torch.float64)
+    m = (torch.rand(30, 4) > 0.5).double() * 2
+    with torch.no_grad():
+        torch.testing.assert_close(coupling(g, x, m), coupling(g, x, m.repeat(1, 2)))
+
+
+def test_construction_refuses_stochastic_dropout():
+    class DropoutF(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = GroupFunction(4)
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, graph, h, mask=None):
+            return self.inner(graph, self.drop(h), mask)
+
+    with pytest.raises(ValueError, match="nn.Dropout"):
+        ReversibleCoupling([DropoutF(), DropoutF()])
+    assert find_stochastic_modules(DropoutF()) == ["drop"]
+    # DGL convs hold nn.Dropout(p=0) modules: harmless, accepted
+    assert find_stochastic_modules(make_coupling(8, 2, "gat")) == []
+
+
+def test_batchnorm_warns_about_statistics():
+    with pytest.warns(RuntimeWarning, match="three times per training step"):
+        make_coupling(8, 2, "gcn", norm="batch")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(hidden=10, num_groups=3), "divisible"),
+        (dict(hidden=8, num_groups=1), "num_groups must be >= 2"),
+        (dict(hidden=8, num_groups=2, conv="gin"), "conv must be one of"),
+        (dict(hidden=8, num_groups=2, norm="group"), "norm must be one of"),
+        (dict(hidden=8, num_groups=2, conv="gat", heads=3, gat_merge="concat"), "heads to divide"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_coupling(**kwargs)
+
+
+def test_model_argument_errors():
+    with pytest.raises(ValueError, match="dropout must be in"):
+        RevGNN(4, 8, 2, num_layers=2, dropout=1.0)
+    with pytest.raises(ValueError, match="checkpoint=True applies to the residual"):
+        RevGNN(4, 8, 2, num_layers=2, reversible=True, checkpoint=True)
+    model = RevGNN(4, 8, 2, num_layers=2)
+    with pytest.raises(ValueError, match=r"x must be \(num_nodes=30, in_feats=4\)"):
+        model(_graph(), torch.randn(30, 5))
+
+
+def test_architecture_reports_what_an_estimator_needs():
+    deep = RevGNN(8, 80, 112, num_layers=1001, num_groups=2, dropout=0.1)  # RevGNN-Deep
+    arch = deep.architecture()
+    assert (arch.num_layers, arch.num_groups, arch.group_width) == (1001, 2, 40)
+    assert arch.conv == "gcn" and arch.reversible and not arch.weight_tied
+    # per group: LayerNorm 2*40 + GraphConv 40*40 + 40
+    per_block = 2 * (2 * 40 + 40 * 40 + 40)
+    assert arch.num_parameters == 1001 * per_block + (8 * 80 + 80) + 2 * 80 + (80 * 112 + 112)
+    tied = RevGNN(8, 80, 112, num_layers=1001, weight_tied=True).architecture()
+    assert tied.weight_tied and tied.num_distinct_blocks == 1
+    assert tied.num_parameters == per_block + (8 * 80 + 80) + 2 * 80 + (80 * 112 + 112)
+
+
+def test_reset_parameters_changes_weights():
+    torch.manual_seed(0)
+    model = RevGNN(4, 8, 2, num_layers=3, conv="gat")
+    before = [p.detach().clone() for p in model.parameters()]
+    model.reset_parameters()
+    changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters())]
+    assert sum(changed) >= len(changed) // 2
