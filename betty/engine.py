@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import torch
 
 from betty.batch import SampledBatch
+from betty.memory import (apply_budget, default_backend, make_estimator, make_k_chooser,
+                          memory_balance_weights, oom_guard)
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
@@ -167,22 +169,38 @@ class Trainer:
         seed: seeds batches, sampling, partitioning and dropout.
         dtype: compute dtype (default float32).
         meter: optional memory meter (one region per micro-batch).
-        k_chooser: required for ``plan.k == "auto"``: picks K (and the partition) for a
-            batch, see :mod:`betty.memory.ksearch`.
-        estimator: optional per-piece memory estimate, logged next to the measurement
-            and used to decide when a reused partition must be recomputed.
+        k_chooser: picks K (and the partition) for a batch when ``plan.k == "auto"``;
+            default: :func:`betty.memory.make_k_chooser` for this model and device.
+        estimator: per-piece memory estimate, logged next to the measurement and used to
+            decide when a reused partition must be recomputed; default:
+            :func:`betty.memory.make_estimator` when ``estimate_memory`` is set.
+        estimate_memory: build the default estimator (the analytic memory model).
+        on_search: called with every :class:`betty.memory.KSearchResult` (logging).
     """
 
     def __init__(self, model, optimizer, dataset, fanouts, plan: PartitionPlan, *,
                  batch_size: int | None = None, device="cpu", seed: int = 0,
                  dtype: torch.dtype = torch.float32, meter=None,
                  k_chooser: KChooser | None = None, estimator: Estimator | None = None,
+                 estimate_memory: bool = True, on_search=None,
                  dropout_seed: int | None = None) -> None:
         if len(fanouts) != model.num_layers:
             raise ValueError(f"{len(fanouts)} fanouts for a {model.num_layers}-layer model")
-        if plan.k == "auto" and k_chooser is None:
-            raise ValueError("k='auto' needs a k_chooser (see betty.memory.ksearch)")
+        if plan.balance not in ("nodes", "memory"):
+            raise ValueError(f"balance must be 'nodes' or 'memory', got {plan.balance!r}")
+        if plan.k == "auto" and plan.memory_budget is None:
+            raise ValueError("k='auto' needs a memory_budget")
         self.model, self.optimizer, self.dataset = model, optimizer, dataset
+        memory_kwargs = dict(dtype=dtype, backend=default_backend(device),
+                             feat_dtype=dataset.feat.dtype,
+                             label_columns=dataset.num_classes if dataset.multilabel else 0)
+        if k_chooser is None and plan.k == "auto":
+            k_chooser = make_k_chooser(model, optimizer, graph=dataset.graph,
+                                       on_search=on_search, **memory_kwargs)
+        if estimator is None and estimate_memory:
+            estimator = make_estimator(model, optimizer, **memory_kwargs)
+        if plan.memory_budget is not None and torch.device(device).type == "cuda":
+            apply_budget(device, plan.memory_budget)  # an underestimate shows as an OOM
         self.fanouts = list(fanouts)
         self.plan = plan
         self.device, self.seed, self.dtype = device, seed, dtype
@@ -202,8 +220,26 @@ class Trainer:
         seed = self.seed + 1000 * epoch + batch_index
         if self.plan.k == "auto":
             return self.k_chooser(batch, self.plan, seed)
+        weights = None
+        if self.plan.balance == "memory":
+            weights = memory_balance_weights(batch, self.model)
         return partition_batch(batch, int(self.plan.k), self.plan.method, seed=seed,
-                               graph=self.dataset.graph), None
+                               weights=weights, graph=self.dataset.graph), None
+
+    def use_partition(self, batch_index: int, result: PartitionResult, epoch: int = 0) -> None:
+        """Seed batch ``batch_index`` with a partition computed elsewhere (e.g. loaded
+        from the partition stage's artifact); it is reused like one made at ``epoch``.
+
+        Raises:
+            ValueError: the partition does not cover this batch's output nodes.
+        """
+        if not 0 <= batch_index < len(self.batches):
+            raise ValueError(f"batch_index must be in [0, {len(self.batches)}), got {batch_index}")
+        n = self.batches[batch_index].numel()
+        if result.groups.numel() != n:
+            raise ValueError(f"partition has {result.groups.numel()} entries but batch "
+                             f"{batch_index} has {n} output nodes")
+        self._partitions[batch_index] = (result, epoch)
 
     def partition(self, batch: SampledBatch, epoch: int, batch_index: int):
         """(partition, per-piece estimates or None, whether it was recomputed)."""
@@ -243,10 +279,13 @@ class Trainer:
             if estimates is None and self.estimator is not None:
                 estimates = self.estimator(batch, result.groups, result.k)
             t2 = time.perf_counter()
-            step = train_step(self.model, self.optimizer, batch, result.groups,
-                              self.dataset.feat, self.dataset.label, k=result.k,
-                              device=self.device, dropout_key=dropout_key(self.dropout_seed, epoch, b),
-                              multilabel=self.dataset.multilabel, meter=self.meter, dtype=self.dtype)
+            with oom_guard(estimates or [], self.plan.memory_budget):
+                step = train_step(self.model, self.optimizer, batch, result.groups,
+                                  self.dataset.feat, self.dataset.label, k=result.k,
+                                  device=self.device,
+                                  dropout_key=dropout_key(self.dropout_seed, epoch, b),
+                                  multilabel=self.dataset.multilabel, meter=self.meter,
+                                  dtype=self.dtype)
             redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]
             records.append(BatchRecord(
                 index=b, k=result.k, loss=step.loss, train_acc=step.train_acc,

@@ -1,0 +1,44 @@
+"""Memory: measure it (:class:`MemoryMeter`), estimate it before running
+(:func:`estimate_micro_batch`, :func:`estimate_pieces`; reversible GNNs:
+:func:`estimate_rev`, :func:`estimate_rev_parts`), choose K from it (:func:`search_k`,
+:func:`search_k_rev`), calibrate the backend constants (:func:`calibrate`) and enforce a
+budget on CUDA (:func:`apply_budget`, :func:`oom_guard`)."""
+
+from betty.memory.meter import MemoryMeter, MemoryReading, module_bytes, optimizer_state_bytes, tensor_bytes
+from betty.memory.constants import BACKENDS, BackendConstants, default_backend, load_constants
+from betty.memory.spec import ModelSpec, OptimizerSpec
+from betty.memory.sizes import PieceSizes, micro_batch_sizes, piece_sizes
+from betty.memory.estimator import MemoryEstimate, estimate_micro_batch, estimate_pieces, estimate_sizes
+from betty.memory.ksearch import (
+    KSearchError,
+    KSearchResult,
+    make_estimator,
+    make_k_chooser,
+    memory_balance_weights,
+    search_k,
+)
+from betty.memory.calibrate import calibrate
+from betty.memory.cuda import EstimatedOOMError, apply_budget, oom_guard
+from betty.memory.report import estimate_report
+from betty.memory.rev import (
+    RevKSearchError,
+    RevKSearchResult,
+    RevModelShape,
+    estimate_rev,
+    estimate_rev_parts,
+    estimate_rev_sizes,
+    rev_persistent_bytes,
+    search_k_rev,
+)
+
+__all__ = [
+    "MemoryMeter", "MemoryReading", "module_bytes", "optimizer_state_bytes", "tensor_bytes",
+    "BACKENDS", "BackendConstants", "default_backend", "load_constants",
+    "ModelSpec", "OptimizerSpec", "PieceSizes", "micro_batch_sizes", "piece_sizes",
+    "MemoryEstimate", "estimate_micro_batch", "estimate_pieces", "estimate_sizes",
+    "KSearchError", "KSearchResult", "make_estimator", "make_k_chooser",
+    "memory_balance_weights", "search_k", "calibrate",
+    "EstimatedOOMError", "apply_budget", "oom_guard", "estimate_report",
+    "RevKSearchError", "RevKSearchResult", "RevModelShape", "estimate_rev",
+    "estimate_rev_parts", "estimate_rev_sizes", "rev_persistent_bytes", "search_k_rev",
+]

@@ -3,6 +3,11 @@
 Every method is a function ``(batch, k, *, seed, weights, graph) -> PartitionResult``
 registered in :data:`PARTITIONERS` under its spec name; :func:`partition_batch` is the
 single entry point (it validates the result).
+
+Methods: ``range`` and ``random`` (baselines), ``metis`` (METIS on the original graph
+induced by the outputs), ``reg`` / ``reg-unweighted`` / ``reg-all`` (Betty's
+redundancy-embedded graph cut by METIS) and ``hypergraph`` (Mt-KaHyPar minimising the
+exact number of redundant input loads). :func:`split_metrics` measures a split.
 """
 
 from betty.partition.base import (
@@ -12,5 +17,17 @@ from betty.partition.base import (
     register,
 )
 from betty.partition import baselines as _baselines  # noqa: F401  (registers range, random)
+from betty.partition import graph_metis as _graph_metis  # noqa: F401  (registers metis)
+from betty.partition import hypergraph as _hypergraph  # noqa: F401  (registers hypergraph)
+from betty.partition import reg as _reg  # noqa: F401  (registers reg, reg-unweighted, reg-all)
+from betty.partition.incidence import multi_hop_incidence
+from betty.partition.metrics import split_metrics
 
-__all__ = ["PARTITIONERS", "PartitionResult", "partition_batch", "register"]
+__all__ = [
+    "PARTITIONERS",
+    "PartitionResult",
+    "partition_batch",
+    "register",
+    "multi_hop_incidence",
+    "split_metrics",
+]

@@ -1,0 +1,174 @@
+"""Analytic peak memory of training micro-batches, before running them.
+
+:func:`estimate_micro_batch` estimates one micro-batch (a carved
+:class:`~betty.batch.MicroBatch`, a full :class:`~betty.batch.SampledBatch` for K = 1,
+or precomputed :class:`~betty.memory.sizes.PieceSizes`); :func:`estimate_pieces`
+estimates every piece of a K-way split at once, without carving (sizes from
+:func:`betty.memory.sizes.piece_sizes`, one vectorized replay).
+
+The number estimated is what :class:`betty.memory.meter.MemoryMeter` measures around a
+micro-batch in :func:`betty.train.accumulate_gradients` with the model and optimizer
+tracked: the peak, over the whole forward and backward, of
+
+    parameters + optimizer state + gradients + everything the micro-batch allocates,
+
+computed by replaying the micro-batch's allocations symbolically
+(:mod:`betty.memory.replay`). Inputs per layer: source/destination node counts, edge
+counts and, for the LSTM aggregator, the in-degree histogram.
+
+Conventions: the optimizer state is assumed to exist (the steady state after the first
+step); ``fresh_grads`` says whether the piece starts without ``.grad`` tensors (in
+:func:`betty.train.train_step` the first piece does, the others accumulate into them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from betty.batch import MicroBatch, SampledBatch
+from betty.memory.constants import BackendConstants, load_constants
+from betty.memory.replay import ReplayConfig, replay
+from betty.memory.sizes import PieceSizes, micro_batch_sizes, piece_sizes
+from betty.memory.spec import as_model_spec, as_optimizer_spec
+
+__all__ = ["MemoryEstimate", "estimate_micro_batch", "estimate_pieces", "estimate_sizes", "persistent_bytes"]
+
+
+@dataclass
+class MemoryEstimate:
+    """The estimated peak of one micro-batch.
+
+    Attributes:
+        peak: estimated peak bytes (what the meter's ``peak_bytes`` reads).
+        breakdown: bytes per component live at the peak (sums to ``peak``):
+            ``parameters``, ``optimizer_state``, ``gradients``, ``blocks``,
+            ``global_ids``, ``features``, ``labels``, ``activations`` (layer outputs and
+            what autograd saves), ``aggregation`` (aggregator intermediates),
+            ``attention`` (GAT per-edge tensors), ``lstm`` (LSTM buckets),
+            ``dropout``, ``loss``, ``activation_gradients``.
+        peak_at: the phase and op where the peak is reached.
+        sizes: the micro-batch's per-layer sizes.
+        backend: the backend whose constants were used.
+    """
+
+    peak: int
+    breakdown: dict[str, int] = field(default_factory=dict)
+    peak_at: str = ""
+    sizes: dict = field(default_factory=dict)
+    backend: str = "cpu"
+
+    @property
+    def fixed(self) -> int:
+        """Bytes that do not shrink with K: parameters, their gradients and optimizer
+        state, at the peak."""
+        return sum(self.breakdown.get(c, 0) for c in ("parameters", "gradients", "optimizer_state"))
+
+    @property
+    def dominant(self) -> str:
+        """The largest component at the peak."""
+        return max(self.breakdown, key=self.breakdown.get) if self.breakdown else ""
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return {"peak_bytes": self.peak, "breakdown": dict(self.breakdown),
+                "peak_at": self.peak_at, "sizes": self.sizes, "backend": self.backend}
+
+
+def _itemsize(dtype: torch.dtype | None, name: str) -> int:
+    if dtype is None:
+        return 4
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {dtype!r}")
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _constants(backend: str, constants: BackendConstants | None) -> BackendConstants:
+    return constants if constants is not None else load_constants(backend)
+
+
+def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtype | None = None,
+                   backend: str = "cpu", *, feat_dtype: torch.dtype | None = torch.float32,
+                   fresh_grads=False, label_columns: int = 0,
+                   label_dtype: torch.dtype = torch.float32,
+                   constants: BackendConstants | None = None) -> list[MemoryEstimate]:
+    """Estimate every piece described by ``sizes`` (one vectorized replay).
+
+    Args:
+        sizes: per-layer sizes of P pieces.
+        model: a :class:`~betty.memory.spec.ModelSpec` or a betty model.
+        optimizer: an :class:`~betty.memory.spec.OptimizerSpec`, ``"adam"``/``"sgd"``,
+            or a torch optimizer.
+        dtype: compute dtype the features are cast to (``None``: ``feat_dtype``).
+        backend: ``"cpu"``, ``"cuda"`` or ``"cuda-nocudnn"``.
+        feat_dtype: dtype of the host feature matrix.
+        fresh_grads: bool or ``(P,)`` bools, see the module docstring.
+        label_columns: T for multi-label targets (0: single-label).
+        label_dtype: dtype of multi-label targets.
+        constants: override the backend's constants.
+    """
+    spec = as_model_spec(model)
+    opt = as_optimizer_spec(optimizer)
+    feat_elt = _itemsize(feat_dtype, "feat_dtype")
+    elt = _itemsize(dtype, "dtype") if dtype is not None else feat_elt
+    consts = _constants(backend, constants)
+    p = sizes.num_pieces
+    fresh = np.broadcast_to(np.asarray(fresh_grads, dtype=bool), (p,)).copy()
+    cfg = ReplayConfig(model=spec, optimizer=opt, elt=elt, feat_elt=feat_elt, constants=consts,
+                       fresh_grads=fresh, num_label_columns=int(label_columns),
+                       label_elt=_itemsize(label_dtype, "label_dtype"),
+                       host_step=not backend.startswith("cuda"))
+    tl = replay(sizes, cfg)
+    breakdown = tl.breakdown()
+    where = tl.peak_event()
+    return [
+        MemoryEstimate(peak=int(round(tl.peak[i])), breakdown=breakdown[i], peak_at=where[i],
+                       sizes=sizes.as_dict(i), backend=backend)
+        for i in range(p)
+    ]
+
+
+def persistent_bytes(model, optimizer="adam", backend: str = "cpu") -> int:
+    """Bytes that stay on the device whatever K is: parameters, one gradient per
+    parameter and the optimizer state (the floor of every piece's peak)."""
+    from betty.memory.spec import parameter_shapes
+
+    spec = as_model_spec(model)
+    opt = as_optimizer_spec(optimizer)
+    shapes = [s for layer in parameter_shapes(spec) for s in layer]
+    elt = _itemsize(spec.param_dtype, "param_dtype")
+    pbytes = sum(int(np.prod(s)) for s in shapes) * elt
+    n_state, has_step = opt.state_tensors()
+    step = 4 * len(shapes) if has_step and (not backend.startswith("cuda") or opt.step_on_device) else 0
+    return 2 * pbytes + n_state * pbytes + step
+
+
+def estimate_micro_batch(mb_or_sizes: MicroBatch | SampledBatch | PieceSizes, model,
+                         optimizer="adam", dtype: torch.dtype | None = None,
+                         backend: str = "cpu", **kwargs) -> MemoryEstimate:
+    """Estimate one micro-batch. Keyword arguments are those of :func:`estimate_sizes`
+    (``fresh_grads`` defaults to False: gradients already exist)."""
+    sizes = micro_batch_sizes(mb_or_sizes)
+    if sizes.num_pieces != 1:
+        raise ValueError(f"estimate_micro_batch takes one micro-batch, got sizes of {sizes.num_pieces}")
+    return estimate_sizes(sizes, model, optimizer, dtype, backend, **kwargs)[0]
+
+
+def estimate_pieces(batch: SampledBatch, groups, k: int, model, optimizer="adam",
+                    dtype: torch.dtype | None = None, backend: str = "cpu", *,
+                    zeroed_grads: bool = True, **kwargs) -> list[MemoryEstimate]:
+    """Estimate every piece of the split ``groups`` of ``batch``, without carving.
+
+    Piece ``i`` is the micro-batch :func:`betty.train.accumulate_gradients` runs
+    ``i``-th. With ``zeroed_grads`` (what :func:`betty.train.train_step` does) piece 0
+    starts without ``.grad`` and the others with it. Other keyword arguments are those
+    of :func:`estimate_sizes`.
+    """
+    sizes = piece_sizes(batch, groups, k)
+    fresh = np.zeros(k, dtype=bool)
+    fresh[0] = bool(zeroed_grads)
+    return estimate_sizes(sizes, model, optimizer, dtype, backend, fresh_grads=fresh, **kwargs)
+
+

@@ -1,0 +1,671 @@
+"""Symbolic replay of one training micro-batch: every tensor it allocates and frees.
+
+:func:`replay` walks the same steps as :func:`betty.train.accumulate_gradients` does for
+one micro-batch and records, on a :class:`~betty.memory.timeline.Timeline`, each tensor
+storage as it is created and when its last holder lets go of it:
+
+1. **Blocks**: the two int64 edge-index copies per layer betty hands to
+   ``dgl.create_block`` (``2·E_l·8`` bytes), plus DGL's device-side graph formats
+   (backend constants; 0 on the host, where they live outside PyTorch).
+2. **Global IDs** for deterministic dropout: ``n_src_l·8`` per layer (feature dropout),
+   ``E_l·8`` per layer (GAT attention dropout).
+3. **Features** ``n_in·F`` elements (then a cast copy if the compute dtype differs) and
+   **labels** (``n_out`` int64 or ``n_out·T`` multi-label targets).
+4. **Forward**, layer by layer: input dropout (hash dropout keeps no mask, only
+   bounded chunk buffers; standard dropout keeps a bool mask), the convolution with
+   every intermediate DGL and autograd create, and the activation. What autograd saves
+   for backward is *held*, everything else is released where Python drops it
+   (DGL keeps ``srcdata``/``dstdata`` until its ``local_scope`` ends).
+5. **Loss** (log-softmax / BCE) and **backward** in reverse layer order: activation
+   gradients appear, saved tensors are released node by node, parameter gradients are
+   either created (the first micro-batch after ``zero_grad(set_to_none=True)``) or
+   accumulated in place (the others: a transient copy of each).
+
+The sequences were read off the code of DGL 2.1's ``SAGEConv`` (mean / gcn / pool /
+lstm, with ``lin_before_mp`` when ``in_feats > out_feats``), ``betty.models.gat``,
+``betty.models.dropout`` and PyTorch 2.2's autograd, and checked op by op against a
+dispatch-mode trace. The peak is therefore the maximum over the whole timeline (end of
+forward, the widest layer's transient, inside the backward where gradients of one
+layer coexist with saved activations of the layers below), not a sum of parts.
+
+The only non-exact parts are backend constants (:mod:`betty.memory.constants`): the
+LSTM kernel's internal state per degree bucket, and the device graph formats. Tiny
+tensors (scalars, per-bucket index lists of a few elements) are omitted or
+approximated; they are far below the 1% level for any non-trivial micro-batch.
+
+All sizes are per-piece vectors, so one replay estimates every piece of a split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from betty.memory.constants import BackendConstants
+from betty.memory.sizes import PieceSizes
+from betty.memory.spec import ModelSpec, OptimizerSpec, parameter_shapes
+from betty.memory.timeline import Buffer, Timeline
+
+__all__ = ["ReplayConfig", "replay", "INDEX_BYTES"]
+
+INDEX_BYTES = 8  # int64 indices everywhere (betty builds blocks with idtype=int64)
+_DROPOUT_CHUNK_ELEMENTS = 1 << 15  # betty.models.dropout._CHUNK_ELEMENTS
+
+# components of the breakdown
+PARAMS, GRADS, OPT = "parameters", "gradients", "optimizer_state"
+BLOCKS, IDS, FEATS, LABELS = "blocks", "global_ids", "features", "labels"
+ACT, AGG, ATT, LSTM = "activations", "aggregation", "attention", "lstm"
+BWD, LOSS, DROP = "activation_gradients", "loss", "dropout"
+
+
+@dataclass
+class ReplayConfig:
+    """Everything :func:`replay` needs besides the sizes.
+
+    Attributes:
+        model: the model's shapes.
+        optimizer: which optimizer state exists (it is assumed to exist: the steady
+            state after the first step).
+        elt: bytes per element of the compute dtype (features after the cast,
+            activations).
+        feat_elt: bytes per element of the host feature matrix.
+        num_label_columns: T for multi-label targets (0: single-label int64).
+        label_elt: bytes per element of multi-label targets.
+        constants: the backend's constants.
+        host_step: the measured device is the host (Adam's 0-d ``step`` tensors are
+            counted; standard dropout keeps a float noise tensor). On CUDA the steps stay
+            on the host unless capturable/fused, and dropout keeps a bool mask.
+        fresh_grads: ``(P,)`` bools: the piece starts with no ``.grad`` (first piece
+            after ``zero_grad(set_to_none=True)``), so its backward creates them.
+        training: dropout active (betty trains in ``model.train()``).
+    """
+
+    model: ModelSpec
+    optimizer: OptimizerSpec
+    elt: int
+    feat_elt: int
+    constants: BackendConstants
+    fresh_grads: np.ndarray
+    num_label_columns: int = 0
+    label_elt: int = 4
+    host_step: bool = True
+    training: bool = True
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+class _Replayer:
+    def __init__(self, sizes: PieceSizes, cfg: ReplayConfig) -> None:
+        self.s = sizes
+        self.cfg = cfg
+        self.e = cfg.elt
+        self.tl = Timeline(sizes.num_pieces, cfg.constants.granule_bytes)
+        self.fresh = np.asarray(cfg.fresh_grads, dtype=bool)
+        self.pelt = cfg.model.param_dtype.itemsize
+        self.shapes = parameter_shapes(cfg.model)
+
+    # ------------------------------------------------------------------ params
+    def param_grads(self, shapes, tag: str) -> None:
+        """Gradients of ``shapes`` produced by one backward node.
+
+        Fresh piece: the new gradient becomes ``.grad`` (AccumulateGrad steals it) and
+        stays. Otherwise it is added in place into the existing ``.grad`` and freed.
+        """
+        for shape in shapes:
+            nbytes = _numel(shape) * self.pelt
+            self.tl.alloc(np.where(self.fresh, nbytes, 0.0), GRADS, f"{tag} grad {shape}")
+            self.tl.temp(np.where(self.fresh, 0.0, nbytes), GRADS, f"{tag} grad {shape}")
+
+    def baseline(self) -> None:
+        all_shapes = [s for layer in self.shapes for s in layer]
+        pbytes = sum(_numel(s) for s in all_shapes) * self.pelt
+        self.tl.add_baseline(pbytes, PARAMS)
+        n_state, has_step = self.cfg.optimizer.state_tensors()
+        state = n_state * pbytes
+        if has_step and (self.cfg.host_step or self.cfg.optimizer.step_on_device):
+            state += 4 * len(all_shapes)
+        self.tl.add_baseline(state, OPT)
+        self.tl.add_baseline(np.where(self.fresh, 0.0, pbytes), GRADS)
+
+    # ------------------------------------------------------------------ dropout
+    def dropout_fwd(self, h: Buffer, n, width: int, needs_grad: bool, tag: str) -> Buffer:
+        """Input dropout of a ``(n, width)`` tensor; returns the new output buffer."""
+        cfg, tl, e = self.cfg, self.tl, self.e
+        if cfg.model.dropout_mode == "standard":
+            # host: a float noise tensor (bernoulli, scaled) then input * noise, the noise
+            # saved for backward; CUDA's fused kernel keeps a bool mask instead
+            mask_elt = e if cfg.host_step else 1
+            mask = tl.alloc(n * width * mask_elt, DROP, f"{tag} dropout mask")
+            out = tl.alloc(n * width * e, DROP, f"{tag} dropout out")
+            if not needs_grad:
+                tl.release(mask)
+                mask = None
+            self._std_mask = mask
+            return out
+        self._hash_mask(n, width, tag)
+        out = tl.alloc(n * width * e, DROP, f"{tag} dropout out")
+        self._hash_chunks(n, width, tag)
+        return out
+
+    def _hash_mask(self, n, width: int, tag: str) -> None:
+        # SplitMix64 of the (n,) row IDs: three int64 vectors alive at once, one kept
+        tl = self.tl
+        self._rows = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout row words")
+        a = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout mix")
+        b = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout mix")
+        tl.release(a, b)
+
+    def _hash_chunks(self, n, width: int, tag: str) -> None:
+        tl = self.tl
+        rows_per_chunk = max(1, _DROPOUT_CHUNK_ELEMENTS // max(width, 1))
+        scratch = tl.alloc(rows_per_chunk * width * INDEX_BYTES, DROP, f"{tag} dropout scratch")
+        keep = tl.alloc(rows_per_chunk * width, DROP, f"{tag} dropout keep chunk")
+        tl.release(self._rows, scratch, keep)
+
+    def dropout_bwd(self, g: Buffer, n, width: int, tag: str, mask: Buffer | None = None) -> Buffer:
+        tl, e = self.tl, self.e
+        if self.cfg.model.dropout_mode == "standard":
+            out = tl.alloc(n * width * e, BWD, f"{tag} dropout grad")
+            tl.release(g, mask)
+            return out
+        self._hash_mask(n, width, tag)
+        out = tl.alloc(n * width * e, BWD, f"{tag} dropout grad")
+        self._hash_chunks(n, width, tag)
+        tl.release(g)
+        return out
+
+    # ------------------------------------------------------------------ helpers
+    def accumulate_src_grad(self, g_full: Buffer, g_dst: Buffer | None, n_src, width, tag) -> Buffer:
+        """``g_full`` (n_src, W) plus the gradient of the ``[:n_dst]`` slice
+        (``slice_backward`` pads it to (n_src, W), then an out-of-place add)."""
+        tl, e = self.tl, self.e
+        if g_dst is None:
+            return g_full
+        sb = tl.alloc(n_src * width * e, BWD, f"{tag} slice_backward")
+        tl.release(g_dst)
+        acc = tl.alloc(n_src * width * e, BWD, f"{tag} grad accumulate")
+        tl.release(g_full, sb)
+        return acc
+
+    # ------------------------------------------------------------------ SAGE
+    def sage_layer(self, l: int, h: Buffer, h_grad: bool):
+        s, tl, e = self.s, self.tl, self.e
+        agg = self.cfg.model.aggregator
+        wi, wo = self.cfg.model.widths[l], self.cfg.model.widths[l + 1]
+        n_src, n_dst, n_e = s.n_src[l], s.n_dst[l], s.num_edges[l]
+        lbm = wi > wo
+        tag = f"layer {l} sage-{agg}"
+        shp = self.shapes[l]
+        if agg == "mean":
+            return self._sage_mean(tag, shp, h, h_grad, n_src, n_dst, wi, wo, lbm)
+        if agg == "gcn":
+            return self._sage_gcn(tag, shp, h, h_grad, n_src, n_dst, wi, wo, lbm)
+        if agg == "pool":
+            return self._sage_pool(tag, shp, h, h_grad, n_src, n_dst, wi, wo)
+        return self._sage_lstm(tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo)
+
+    def _degrees(self, n_dst, tag, clamp: bool) -> Buffer:
+        """``in_degrees()`` as a float vector (DGL's result itself is not a torch tensor)."""
+        tl = self.tl
+        tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
+        if clamp:
+            c = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} degree clamp")
+            d = tl.alloc(n_dst * self.e, AGG, f"{tag} degrees")
+            tl.release(c)
+            return d
+        return tl.alloc(n_dst * self.e, AGG, f"{tag} degrees")
+
+    def _sage_mean(self, tag, shp, h, h_grad, n_src, n_dst, wi, wo, lbm):
+        tl, e = self.tl, self.e
+        fc_neigh, fc_self = [shp[0]], shp[1:]
+        agg_grad = h_grad or lbm
+        if lbm:
+            m = tl.alloc(n_src * wo * e, AGG, f"{tag} fc_neigh(src)")
+            w = wo
+        else:
+            m, w = None, wi
+        z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
+        deg = self._degrees(n_dst, tag, clamp=True)
+        q = tl.alloc(n_dst * w * e, AGG, f"{tag} mean")
+        tl.release(z)
+        if not agg_grad:
+            tl.release(deg)
+            deg = None
+        if lbm:
+            f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
+            out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+            tl.release(f, m, q)
+        else:
+            mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+            f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
+            out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+            tl.release(f, mm)
+        tl.hold(h)  # fc_self saves h[:n_dst]
+
+        def backward(g: Buffer) -> Buffer | None:
+            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
+            self.param_grads(fc_self, f"{tag} fc_self")
+            if lbm:
+                gd = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad mean")
+                tl.release(g, deg)
+                gz = tl.alloc(n_src * wo * e, BWD, f"{tag} grad fc_neigh(src)")
+                tl.release(gd)
+                self.param_grads(fc_neigh, f"{tag} fc_neigh")
+                gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+                tl.release(gz)
+                tl.release(h)
+                return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
+            self.param_grads(fc_neigh, f"{tag} fc_neigh")
+            gq = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad mean") if h_grad else None
+            tl.release(g, q)
+            if not h_grad:
+                tl.release(h)
+                return None
+            gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad sum")
+            tl.release(gq, deg)
+            gz = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h (gspmm)")
+            tl.release(gd)
+            tl.release(h)
+            return self.accumulate_src_grad(gz, gs, n_src, wi, tag)
+
+        return out, backward
+
+    def _sage_gcn(self, tag, shp, h, h_grad, n_src, n_dst, wi, wo, lbm):
+        tl, e = self.tl, self.e
+        fc_neigh, bias = [shp[0]], [shp[1]]
+        agg_grad = h_grad or lbm
+        if lbm:
+            m = tl.alloc(n_src * wo * e, AGG, f"{tag} fc_neigh(src)")
+            w = wo
+        else:
+            m, w = None, wi
+        z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
+        deg = self._degrees(n_dst, tag, clamp=False)
+        sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
+        deg1 = tl.alloc(n_dst * e, AGG, f"{tag} degrees + 1")
+        q = tl.alloc(n_dst * w * e, AGG, f"{tag} normalized")
+        tl.release(sm)
+        if not agg_grad:
+            tl.release(deg1)
+            deg1 = None
+        if lbm:
+            out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+            tl.release(z, m, q, deg)
+        else:
+            mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+            out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+            tl.release(z, mm, deg)
+        if lbm:
+            tl.hold(h)  # fc_neigh(feat_src) saves its input
+
+        def backward(g: Buffer) -> Buffer | None:
+            self.param_grads(bias, f"{tag} bias")
+            if lbm:
+                gd = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad normalized")
+                tl.release(g, deg1)
+                gz = tl.alloc(n_src * wo * e, BWD, f"{tag} grad fc_neigh(src)")
+                acc = self.accumulate_src_grad(gz, gd, n_src, wo, tag)
+                self.param_grads(fc_neigh, f"{tag} fc_neigh")
+                gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+                tl.release(acc, h)
+                return gh
+            self.param_grads(fc_neigh, f"{tag} fc_neigh")
+            gq = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad normalized") if h_grad else None
+            tl.release(g, q)
+            if not h_grad:
+                return None
+            gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad sum + self")
+            tl.release(gq, deg1)
+            gz = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h (gspmm)")
+            return self.accumulate_src_grad(gz, gd, n_src, wi, tag)
+
+        return out, backward
+
+    def _sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, wi, wo):
+        tl, e = self.tl, self.e
+        fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
+        p1 = tl.alloc(n_src * wi * e, AGG, f"{tag} fc_pool")
+        p2 = tl.alloc(n_src * wi * e, AGG, f"{tag} relu(fc_pool)")
+        tl.release(p1)
+        tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
+        z = tl.alloc(n_dst * wi * e, AGG, f"{tag} max")
+        arg = tl.alloc(n_dst * wi * INDEX_BYTES, AGG, f"{tag} argmax")
+        inf = tl.alloc(n_dst * wi, AGG, f"{tag} isinf mask")
+        mf = tl.alloc(n_dst * wi * e, AGG, f"{tag} max (filled)")
+        tl.release(z)
+        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
+        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+        tl.release(f, mm)
+
+        def backward(g: Buffer) -> Buffer | None:
+            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
+            self.param_grads(fc_self, f"{tag} fc_self")
+            self.param_grads(fc_neigh, f"{tag} fc_neigh")
+            gmf = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max (filled)")
+            tl.release(g, mf)
+            gmf2 = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max")
+            tl.release(gmf, inf)
+            gp = tl.alloc(n_src * wi * e, BWD, f"{tag} grad relu(fc_pool)")
+            tl.release(gmf2, arg)
+            tb = tl.alloc(n_src * wi * e, BWD, f"{tag} grad fc_pool")
+            tl.release(gp, p2)
+            gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+            self.param_grads(fc_pool, f"{tag} fc_pool")
+            tl.release(tb)
+            tl.release(h)
+            return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
+
+        return out, backward
+
+    def _sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
+        tl, e, c = self.tl, self.e, self.cfg.constants
+        lstm_params, fc_neigh, fc_self = shp[0:4], [shp[4]], shp[5:]
+        w = wi
+        degs, counts = self.s.degrees[l], self.s.degree_counts[l]
+        msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
+        tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
+        idx = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bucket bookkeeping")
+        srt = tl.alloc(2 * n_dst * INDEX_BYTES, AGG, f"{tag} degree sort")
+        buckets = tl.alloc(3 * n_dst * INDEX_BYTES, AGG, f"{tag} bucket node lists")
+        tl.release(srt)
+        saved = []
+        results = []
+        mailbox = None
+        n_nonzero = np.zeros(self.s.num_pieces)
+        for j, t in enumerate(degs.tolist()):
+            if t == 0:
+                continue
+            b = counts[:, j]
+            n_nonzero = n_nonzero + b
+            mb = tl.alloc(b * t * w * e, LSTM, f"{tag} mailbox deg {t}")
+            if mailbox is not None:
+                tl.release(mailbox)
+            h0 = tl.alloc(b * w * e, LSTM, f"{tag} h0 deg {t}")
+            c0 = tl.alloc(b * w * e, LSTM, f"{tag} c0 deg {t}")
+            if t > 1:
+                x_in = tl.alloc(t * b * w * e, LSTM, f"{tag} time-major input deg {t}")
+                mailbox = mb
+            else:
+                x_in = mb  # (B, 1, W) is already time-major: saved as is
+                mailbox = None
+            o = tl.alloc(t * b * w * e, LSTM, f"{tag} lstm output deg {t}")
+            hy = tl.alloc(b * w * e, LSTM, f"{tag} h_T deg {t}")
+            cy = tl.alloc(b * w * e, LSTM, f"{tag} c_T deg {t}")
+            ws = tl.alloc(c.lstm_saved_bytes(t, b, w, e), LSTM, f"{tag} lstm state deg {t}")
+            st = tl.alloc(b * w * e, LSTM, f"{tag} result deg {t}")
+            tl.temp(b * w * e, LSTM, f"{tag} c stack deg {t}")
+            saved.append((t, b, [h0, c0, x_in, o, hy, cy, ws]))
+            results.append(st)
+        if mailbox is not None:
+            tl.release(mailbox)
+        cat = tl.alloc(n_nonzero * w * e, AGG, f"{tag} bucket results")
+        cat_idx = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} bucket result index")
+        z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
+        neigh = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh")
+        tl.release(z, *results, idx, buckets, msg)
+        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
+        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+        tl.release(f, mm)
+        tl.hold(h)  # fc_self saves h[:n_dst]
+        lstm_param_bytes = [_numel(s) * self.pelt for s in lstm_params]
+
+        def backward(g: Buffer) -> Buffer | None:
+            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
+            self.param_grads(fc_self, f"{tag} fc_self")
+            self.param_grads(fc_neigh, f"{tag} fc_neigh")
+            gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
+            tl.release(g, neigh)
+            gc = tl.alloc(n_nonzero * w * e, BWD, f"{tag} grad bucket results")
+            tl.release(gn, cat_idx, cat)
+            acc = None
+            lstm_grad = None
+            for t, b, bufs in reversed(saved):
+                gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
+                tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
+                new = [tl.alloc(nb, GRADS, f"{tag} lstm weight grad") for nb in lstm_param_bytes]
+                tl.temp(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
+                tl.release(*bufs)  # the node's saved tensors go before its outputs are summed
+                if lstm_grad is not None:
+                    # the engine sums each parameter's gradients out of place, one
+                    # parameter at a time, then drops the bucket's own gradients
+                    summed = []
+                    for old, nb in zip(lstm_grad, lstm_param_bytes):
+                        summed.append(tl.alloc(nb, GRADS, f"{tag} lstm weight grads sum"))
+                        tl.release(old)
+                    tl.release(*new)
+                    new = summed
+                lstm_grad = new
+                if not h_grad:
+                    tl.release(gx)
+                    continue
+                if t > 1:
+                    gxb = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input batch-major deg {t}")
+                    tl.release(gx)
+                    gx = gxb
+                zeros = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages zeros deg {t}")
+                ia = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages deg {t}")
+                tl.release(zeros, gx)
+                if acc is None:
+                    acc = ia
+                else:
+                    summed = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages sum")
+                    tl.release(acc, ia)
+                    acc = summed
+            tl.release(gc)
+            if lstm_grad is not None:
+                # AccumulateGrad: the sum becomes .grad on a fresh piece (kept), else it is
+                # added in place into .grad and freed
+                for buf in lstm_grad:
+                    tl.release_where(buf, ~self.fresh)
+            tl.release(h)
+            if not h_grad:
+                return None
+            gsrc = tl.alloc(n_src * w * e, BWD, f"{tag} grad h (copy_u)")
+            tl.release(acc)
+            return self.accumulate_src_grad(gsrc, gs, n_src, wi, tag)
+
+        return out, backward
+
+    # ------------------------------------------------------------------ GAT
+    def gat_layer(self, l: int, h: Buffer, h_grad: bool, last: bool):
+        s, tl, e, cfg = self.s, self.tl, self.e, self.cfg
+        heads = cfg.model.heads
+        wi, wo = cfg.model.widths[l], cfg.model.widths[l + 1]
+        f = wo if last else wo // heads
+        hf = heads * f
+        n_src, n_dst, n_e = s.n_src[l], s.n_dst[l], s.num_edges[l]
+        tag = f"layer {l} gat"
+        fc_w, attn_l, attn_r, bias = self.shapes[l]
+        z = tl.alloc(n_src * hf * e, ACT, f"{tag} fc")
+        tl.hold(h)  # fc saves its input
+        tl.temp(n_src * hf * e, ATT, f"{tag} z*attn_l")
+        el = tl.alloc(n_src * heads * e, ATT, f"{tag} el")
+        tl.temp(n_dst * hf * e, ATT, f"{tag} z*attn_r")
+        er = tl.alloc(n_dst * heads * e, ATT, f"{tag} er")
+        uav = tl.alloc(n_e * heads * e, ATT, f"{tag} el+er")
+        lr = tl.alloc(n_e * heads * e, ATT, f"{tag} leaky_relu")
+        a = tl.alloc(n_e * heads * e, ATT, f"{tag} edge_softmax")
+        attn_drop = cfg.training and cfg.model.attn_dropout > 0
+        a_used, amask = a, None
+        if attn_drop:
+            a_used = self.dropout_fwd(a, n_e, heads, True, f"{tag} attention")
+            amask = getattr(self, "_std_mask", None) if cfg.model.dropout_mode == "standard" else None
+        u = tl.alloc(n_dst * hf * e, ACT, f"{tag} u_mul_e_sum")
+        o = tl.alloc(n_dst * hf * e, ACT, f"{tag} out + bias")
+        tl.release(el, er, lr, u)
+        if last:
+            out = tl.alloc(n_dst * f * e, ACT, f"{tag} mean over heads")
+            tl.release(o)
+            o = None
+        else:
+            out = o
+
+        def backward(g: Buffer) -> Buffer | None:
+            if last:
+                gm = tl.alloc(n_dst * hf * e, BWD, f"{tag} grad mean over heads")
+                tl.release(g)
+                g = gm
+            self.param_grads([bias], f"{tag} bias")
+            gza = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z (aggregation)")
+            ga = tl.alloc(n_e * heads * e, BWD, f"{tag} grad attention")
+            tl.release(g)
+            if attn_drop:
+                ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
+                tl.release(a_used)
+            t1 = tl.alloc(n_e * heads * e, BWD, f"{tag} softmax backward")
+            gsm = tl.alloc(n_e * heads * e, BWD, f"{tag} grad logits")
+            tl.release(t1, ga, a)
+            lrb = tl.alloc(n_e * heads * e, BWD, f"{tag} grad leaky_relu")
+            tl.release(gsm, uav)
+            gel = tl.alloc(n_src * heads * e, BWD, f"{tag} grad el")
+            ger = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad er")
+            tl.release(lrb)
+            gzr = tl.alloc(n_dst * hf * e, BWD, f"{tag} grad z_dst")
+            tl.temp(n_dst * hf * e, BWD, f"{tag} grad attn_r")
+            self.param_grads([attn_r], f"{tag} attn_r")
+            tl.release(ger)
+            acc = self.accumulate_src_grad(gza, gzr, n_src, hf, tag)
+            gzl = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z (el)")
+            tl.temp(n_src * hf * e, BWD, f"{tag} grad attn_l")
+            self.param_grads([attn_l], f"{tag} attn_l")
+            tl.release(gel, z)
+            acc2 = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z")
+            tl.release(acc, gzl)
+            self.param_grads([fc_w], f"{tag} fc")
+            gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+            tl.release(acc2, h)
+            return gh
+
+        return out, backward, o
+
+    # ------------------------------------------------------------------ whole step
+    def run(self) -> Timeline:
+        s, cfg, tl, e = self.s, self.cfg, self.tl, self.e
+        spec = cfg.model
+        L = spec.num_layers
+        self.baseline()
+        tl.phase = "blocks"
+        for l in range(L):
+            tl.alloc(2 * s.num_edges[l] * INDEX_BYTES, BLOCKS, f"layer {l} edge index copies")
+            tl.alloc(cfg.constants.block_bytes_per_edge * s.num_edges[l]
+                     + cfg.constants.block_bytes_per_node * (s.n_src[l] + s.n_dst[l]),
+                     BLOCKS, f"layer {l} device graph formats")
+        dropout_on = cfg.training and spec.dropout > 0
+        if dropout_on and spec.dropout_mode == "deterministic":
+            for l in range(L):
+                tl.alloc(s.n_src[l] * INDEX_BYTES, IDS, f"layer {l} node ids")
+        if (cfg.training and spec.arch == "gat" and spec.attn_dropout > 0
+                and spec.dropout_mode == "deterministic"):
+            for l in range(L):
+                tl.alloc(s.num_edges[l] * INDEX_BYTES, IDS, f"layer {l} edge ids")
+        tl.phase = "inputs"
+        f_in = spec.widths[0]
+        x = tl.alloc(s.n_src[0] * f_in * cfg.feat_elt, FEATS, "input features")
+        if cfg.feat_elt != e:
+            x2 = tl.alloc(s.n_src[0] * f_in * e, FEATS, "input features (cast)")
+            tl.release(x)
+            x = x2
+        n_out = s.num_outputs
+        if cfg.num_label_columns:
+            tl.alloc(n_out * cfg.num_label_columns * cfg.label_elt, LABELS, "labels")
+        else:
+            tl.alloc(n_out * INDEX_BYTES, LABELS, "labels")
+
+        backwards: list[Callable] = []
+        h, h_grad = x, False
+        tl.hold(h)  # the layer loop's variable
+        for l in range(L):
+            tl.phase = f"forward layer {l}"
+            last = l == L - 1
+            inp = h
+            conv_in, conv_grad = inp, h_grad
+            drop = None
+            if dropout_on:
+                width = spec.widths[l]
+                conv_in = self.dropout_fwd(inp, s.n_src[l], width, h_grad, f"layer {l}")
+                drop = (s.n_src[l], width, h_grad, getattr(self, "_std_mask", None))
+            if spec.arch == "sage":
+                out, conv_bwd = self.sage_layer(l, conv_in, conv_grad)
+                pre_act = None
+            else:
+                out, conv_bwd, pre_act = self.gat_layer(l, conv_in, conv_grad, last)
+            if conv_in is not inp:
+                tl.release(conv_in)  # forward_layer's variable moves on
+            act = None
+            if not last:
+                wo = spec.widths[l + 1]
+                if spec.arch == "sage":  # relu saves its result
+                    act = tl.alloc(s.n_dst[l] * wo * e, ACT, f"layer {l} relu")
+                    tl.hold(act)
+                    tl.release(out)
+                else:  # elu saves its input: `out` keeps its one holder until elu's backward
+                    act = tl.alloc(s.n_dst[l] * wo * e, ACT, f"layer {l} elu")
+                new_h = act
+            else:
+                new_h = out
+            tl.release(inp)  # the loop variable moves on (x itself stays held by the caller)
+            backwards.append((l, conv_bwd, act, pre_act, drop, last))
+            h, h_grad = new_h, True  # new_h's one holder is now the loop variable
+        logits = h  # the loop variable becomes accumulate_gradients' `logits`
+
+        tl.phase = "loss"
+        n_cls = spec.widths[-1]
+        if cfg.num_label_columns:
+            t = cfg.num_label_columns
+            tl.temp(n_out * t * e, LOSS, "targets cast")
+            per = tl.alloc(n_out * t * e, LOSS, "bce per element")
+            mean = tl.alloc(n_out * e, LOSS, "bce mean")
+            tl.release(per)
+            saved = [mean]
+        else:
+            lsm = tl.alloc(n_out * n_cls * e, LOSS, "log_softmax")
+            saved = [lsm]
+
+        tl.phase = "backward loss"
+        if cfg.num_label_columns:
+            t = cfg.num_label_columns
+            g1 = tl.alloc(n_out * t * e, BWD, "grad bce")
+            g = tl.alloc(n_out * t * e, BWD, "grad logits")
+            tl.release(g1, *saved)
+        else:
+            g1 = tl.alloc(n_out * n_cls * e, BWD, "grad nll")
+            g = tl.alloc(n_out * n_cls * e, BWD, "grad logits")
+            tl.release(g1, *saved)
+
+        for l, conv_bwd, act, pre_act, drop, last in reversed(backwards):
+            tl.phase = f"backward layer {l}"
+            if not last:
+                wo = spec.widths[l + 1]
+                ga = tl.alloc(s.n_dst[l] * wo * e, BWD, f"layer {l} activation grad")
+                tl.release(g)
+                if spec.arch == "sage":
+                    tl.release(act)  # relu's saved result
+                else:
+                    tl.release(pre_act)  # elu's saved input
+                g = ga
+            g = conv_bwd(g)
+            if drop is not None and g is not None:
+                n, width, needs, mask = drop
+                g = self.dropout_bwd(g, n, width, f"layer {l}", mask)
+            if g is None:
+                break
+        tl.phase = "end"
+        del logits
+        return tl
+
+
+def replay(sizes: PieceSizes, cfg: ReplayConfig) -> Timeline:
+    """Replay one micro-batch per piece of ``sizes``; see the module docstring."""
+    if len(sizes.n_src) != cfg.model.num_layers:
+        raise ValueError(
+            f"sizes describe {len(sizes.n_src)} layers but the model has {cfg.model.num_layers}")
+    return _Replayer(sizes, cfg).run()

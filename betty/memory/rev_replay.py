@@ -1,0 +1,775 @@
+"""Symbolic replay of one RevGNN training step on one graph part: every tensor it
+allocates and frees, op by op.
+
+The replay walks what :func:`betty.models.rev_training.train_step_partitions` does for
+one part (``N`` nodes, ``E`` edges, ``T`` training nodes) of a
+:class:`~betty.models.rev.RevGNN` and records each tensor storage on a
+:class:`~betty.memory.timeline.Timeline` when it is created and when its last holder
+(a Python variable, a tensor autograd saved, a DGL frame, an autograd input buffer, a
+reversible hand-off) lets go of it. The estimate is the maximum of the live bytes over
+the whole timeline, the number :class:`~betty.memory.meter.MemoryMeter` measures.
+
+Phases (``D`` = hidden width, ``C`` groups of width ``w = D / C``, ``e`` bytes per
+element):
+
+1. **Part inputs**: the part's training mask ``(N,)`` bool and features ``(N, F)``.
+2. **Dropout masks** (``p > 0``): RevGNN draws two ``(N, D)`` multipliers per forward
+   pass (one shared by the blocks, one for the head), each through ``rand`` (float32),
+   ``>=`` (bool), a cast and a scale.
+3. **Encoder** ``(N, D)``.
+4. **Blocks.** One coupling computes ``X'_i = f_i(X'_{i-1}) + X_i`` with
+   ``f = Conv(G, M * ReLU(Norm(.)))``; its intermediates per group are
+   ``O(N w)`` (norm, ReLU, masked input, conv outputs, degree vectors) plus, for GAT,
+   ``O(N H w)`` projected features and ``O(E H)`` edge logits / softmax.
+
+   * *reversible*: forward under ``no_grad`` (transients only), the block input's
+     storage is freed, so about three ``(N, D)`` tensors are live at any time
+     (input, the group outputs, the concatenated output). Backward per block: the
+     output (handed down by the next block), its reconstruction (the inverse runs
+     every ``f_i`` again), one block's recomputation *with* autograd (its saved
+     tensors), the consistency check (two ``(N, D)`` transients), the incoming
+     gradient and the gradients the block produces.
+   * *residual*: every block keeps what autograd saves: its input (through the first
+     group's norm, ``C = 2``), per group the norm statistics, ReLU output, conv saved
+     tensors and the group output: activation memory grows with depth.
+   * *residual + checkpointing*: each block keeps its input; backward recomputes one
+     block (stopping at its last saved tensor) and runs its backward.
+
+5. **Head**: norm, ReLU, dropout, decoder; **loss** (cross-entropy on the part's
+   training rows, or BCE with logits for ``T``-column multi-label targets) and the
+   backward of all of it in reverse order, with the parameter gradients appearing
+   (first part after ``zero_grad(set_to_none=True)``) or accumulated in place.
+6. **Optimizer step** once all parts ran: on the host Adam loops over the parameters
+   and allocates ``sqrt(v)`` and ``sqrt(v) / c`` per parameter (the previous
+   denominator is freed when the next one is assigned); SGD allocates nothing.
+
+The op sequences were read off the code of ``betty.models.rev*``, DGL 2.1's
+``GraphConv`` (``norm='both'``), ``SAGEConv('mean')`` and ``GATConv``, PyTorch 2.2's
+autograd engine (gradient accumulation in its input buffers, non-reentrant
+checkpointing with early stop) and checked op by op against a dispatch-mode trace on
+the host. Tensors of a few bytes (scalars, 0-d losses) are left out.
+
+All sizes are ``(P,)`` vectors, so the parts of a K-way split are replayed at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from betty.memory.spec import OptimizerSpec
+from betty.memory.timeline import Buffer, Timeline
+
+__all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
+
+# components of the breakdown
+PARAMS, GRADS, OPT = "parameters", "gradients", "optimizer_state"
+FEATS, LABELS, DROP, ENC = "features", "labels", "dropout", "encoder"
+ACT, INT, ATT = "activations", "block_internals", "attention"
+HEAD, LOSS, BWD, STEP = "head", "loss", "activation_gradients", "optimizer_step"
+COMPONENTS = (PARAMS, GRADS, OPT, FEATS, LABELS, DROP, ENC, ACT, INT, ATT, HEAD, LOSS, BWD, STEP)
+
+INDEX_BYTES = 8  # int64 node IDs, degrees, labels
+
+
+def rev_parameter_shapes(in_feats: int, hidden: int, out_feats: int, num_groups: int,
+                         num_distinct_blocks: int, conv: str, norm: str, heads: int,
+                         gat_merge: str) -> list[list[tuple[int, ...]]]:
+    """Shapes of a RevGNN's parameters, grouped as ``[encoder, block_0, ..., head]``
+    (the order of ``RevGNN.parameters()``; the head holds the final norm and the
+    decoder)."""
+    w = hidden // num_groups
+    norm_shapes = [(w,), (w,)] if norm in ("layer", "batch") else []
+    if conv == "gcn":
+        conv_shapes = [(w, w), (w,)]
+    elif conv == "sage":
+        conv_shapes = [(w, w), (w, w), (w,)]
+    elif conv == "gat":
+        f = w if gat_merge == "mean" else w // heads
+        conv_shapes = [(1, heads, f), (1, heads, f), (heads * f,), (heads * f, w)]
+    else:
+        raise ValueError(f"conv must be one of ('gcn', 'sage', 'gat'), got {conv!r}")
+    group = norm_shapes + conv_shapes
+    block = [s for _ in range(num_groups) for s in group]
+    head_norm = [(hidden,), (hidden,)] if norm in ("layer", "batch") else []
+    head = head_norm + [(out_feats, hidden), (out_feats,)]
+    blocks = [list(block) for _ in range(num_distinct_blocks)]
+    return [[(hidden, in_feats), (hidden,)]] + blocks + [head]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+@dataclass
+class RevReplayConfig:
+    """Everything :func:`replay_rev` needs besides the part sizes.
+
+    Attributes:
+        hidden, num_groups, num_layers, in_feats, out_feats: the model's shape.
+        conv, heads, gat_merge, norm: the group function.
+        mode: ``"reversible"``, ``"residual"`` or ``"checkpoint"``.
+        weight_tied: one block's weights applied at every depth.
+        dropout: the model's dropout probability (masks exist when > 0).
+        check_consistency: the reversible backward checks each recomputed block.
+        optimizer: which optimizer state exists (assumed: after the first step).
+        elt: bytes per element of the compute dtype; feat_elt: of the features.
+        label_columns: T for multi-label targets (0: single-label int64 classes).
+        label_elt: bytes per element of multi-label targets.
+        fresh_grads: ``(P,)`` bools: the part starts without ``.grad`` (the first part
+            with training nodes after ``zero_grad(set_to_none=True)``).
+        host: the measured device is the host (single-tensor Adam, 0-d ``step``
+            tensors counted); else CUDA's foreach Adam with host steps.
+        granule: allocation rounding in bytes (CUDA's caching allocator: 512).
+    """
+
+    hidden: int
+    num_groups: int
+    num_layers: int
+    in_feats: int
+    out_feats: int
+    conv: str
+    heads: int
+    gat_merge: str
+    norm: str
+    mode: str
+    weight_tied: bool
+    dropout: float
+    check_consistency: bool
+    optimizer: OptimizerSpec
+    elt: int
+    feat_elt: int
+    fresh_grads: np.ndarray
+    label_columns: int = 0
+    label_elt: int = 4
+    host: bool = True
+    granule: int = 1
+
+    @property
+    def shapes(self) -> list[list[tuple[int, ...]]]:
+        return rev_parameter_shapes(self.in_feats, self.hidden, self.out_feats, self.num_groups,
+                                    1 if self.weight_tied else self.num_layers, self.conv,
+                                    self.norm, self.heads, self.gat_merge)
+
+
+class _RevReplayer:
+    def __init__(self, n, e, nt, cfg: RevReplayConfig) -> None:
+        self.cfg = cfg
+        self.n = np.asarray(n, dtype=np.float64)
+        self.e_cnt = np.asarray(e, dtype=np.float64)
+        self.nt = np.asarray(nt, dtype=np.float64)
+        self.tl = Timeline(self.n.shape[0], cfg.granule)
+        self.fresh = np.asarray(cfg.fresh_grads, dtype=bool)
+        self.w = cfg.hidden // cfg.num_groups
+        self.el = cfg.elt
+        self.stat_el = max(cfg.elt, 4)  # norm statistics are at least float32
+        self.has_mask = cfg.dropout > 0
+        f = self.w if cfg.gat_merge == "mean" else self.w // max(cfg.heads, 1)
+        self.hf = cfg.heads * f  # GAT projected width
+        self.shapes = cfg.shapes
+        self.pbytes = [sum(_numel(s) for s in group) * cfg.elt for group in self.shapes]
+        self._pre_mean: Buffer | None = None  # see _gat's backward
+        self._grad_is_view = False  # the gradient reaching a group function is a slice
+
+    # ------------------------------------------------------------------ helpers
+    def a(self, nbytes, comp: str, name: str) -> Buffer:
+        return self.tl.alloc(nbytes, comp, name)
+
+    def r(self, *bufs) -> None:
+        self.tl.release(*bufs)
+
+    def h(self, *bufs) -> None:
+        self.tl.hold(*bufs)
+
+    def nw(self, width=None):
+        return self.n * (self.w if width is None else width) * self.el
+
+    def param_grads(self, group_index: int, tag: str, first_use: bool = True) -> None:
+        """Gradients of parameter group ``group_index`` produced by a backward node:
+        kept as ``.grad`` on a fresh part, else added in place and freed."""
+        nbytes = self.pbytes[group_index]
+        keep = self.fresh & first_use
+        self.tl.alloc(np.where(keep, nbytes, 0.0), GRADS, f"{tag} parameter grads")
+        self.tl.temp(np.where(keep, 0.0, nbytes), GRADS, f"{tag} parameter grads (accumulated)")
+
+    # ------------------------------------------------------------------ baseline
+    def baseline(self) -> None:
+        cfg = self.cfg
+        total = float(sum(self.pbytes))
+        self.tl.add_baseline(total, PARAMS)
+        n_state, has_step = cfg.optimizer.state_tensors()
+        n_params = sum(len(g) for g in self.shapes)
+        state = n_state * total
+        if has_step and (cfg.host or cfg.optimizer.step_on_device):
+            state += 4 * n_params
+        if cfg.norm == "batch":  # running mean/var (w) and num_batches_tracked per group
+            n_bn = (1 if cfg.weight_tied else cfg.num_layers) * cfg.num_groups
+            state_bufs = n_bn * (2 * self.w * cfg.elt + 8) + 2 * cfg.hidden * cfg.elt + 8
+            self.tl.add_baseline(state_bufs, PARAMS)
+        self.tl.add_baseline(state, OPT)
+        self.tl.add_baseline(np.where(self.fresh, 0.0, total), GRADS)
+
+    # ------------------------------------------------------------------ group function
+    def group_forward(self, hin: Buffer, grad: bool, tag: str, stop_early: bool = False):
+        """``f(H) = Conv(G, M * ReLU(Norm(H)))`` on ``hin`` ``(N, w)`` (a view keeps its
+        base buffer). Returns the output buffer and, with ``grad``, its backward.
+
+        ``stop_early``: a checkpoint recomputation that ends once the group's last saved
+        tensor exists (PyTorch's non-reentrant checkpoint stops there); no output."""
+        cfg, n, el = self.cfg, self.n, self.el
+        nw = self.nw()
+        stats: list[Buffer] = []
+        if cfg.norm in ("layer", "batch"):
+            z = self.a(nw, INT, f"{tag} norm")
+            if cfg.norm == "layer":
+                stats = [self.a(n * self.stat_el, INT, f"{tag} norm mean"),
+                         self.a(n * self.stat_el, INT, f"{tag} norm rstd")]
+            if grad:
+                self.h(hin)  # the norm saves its input
+            else:
+                self.r(*stats)
+                stats = []
+        else:
+            z = hin
+            self.h(z)
+        relu = self.a(nw, INT, f"{tag} relu")
+        self.r(z)
+        if grad:
+            self.h(relu)  # relu saves its result
+        if self.has_mask:
+            m = self.a(nw, INT, f"{tag} masked")
+            self.r(relu)
+        else:
+            m = relu
+        conv = {"gcn": self._gcn, "sage": self._sage, "gat": self._gat}[cfg.conv]
+        out, conv_bwd = conv(m, grad, tag, stop_early)
+        self.r(m)  # the group function returns
+        if not grad:
+            return out, None
+
+        def backward(g: Buffer) -> Buffer:
+            gm = conv_bwd(g)
+            if self.has_mask:
+                g2 = self.a(nw, BWD, f"{tag} grad masked")
+                self.r(gm)
+                gm = g2
+            t = self.a(nw, BWD, f"{tag} grad relu")
+            self.r(gm, relu)
+            if cfg.norm in ("layer", "batch"):
+                gn = self.a(nw, BWD, f"{tag} grad norm")
+                self.r(t, hin, *stats)
+                return gn
+            return t
+
+        return out, backward
+
+    def _gcn(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
+        """DGL GraphConv(norm='both'), in = out width: aggregate, then multiply."""
+        n, el = self.n, self.el
+        nw = self.nw()
+
+        def backward(g: Buffer) -> Buffer:
+            g1 = self.a(nw, BWD, f"{tag} grad * norm dst")
+            self.r(g, nd)
+            g2 = self.a(nw, BWD, f"{tag} grad aggregate")
+            self.r(g1, rst)
+            g3 = self.a(nw, BWD, f"{tag} grad aggregation (gspmm)")
+            self.r(g2)
+            g4 = self.a(nw, BWD, f"{tag} grad * norm src")
+            self.r(g3, ns)
+            return g4
+
+        ar = self.a(n * INDEX_BYTES, INT, f"{tag} out_degrees arange")
+        self.tl.temp(n, INT, f"{tag} has_nodes mask")
+        self.r(ar)
+        d0 = self.a(n * el, INT, f"{tag} out degrees")
+        dc = self.a(n * el, INT, f"{tag} out degrees clamp")
+        self.r(d0)
+        ns = self.a(n * el, INT, f"{tag} norm src")
+        fs = self.a(nw, INT, f"{tag} feat * norm src")
+        if grad:
+            self.h(ns)
+        rst = self.a(nw, INT, f"{tag} aggregate")
+        mmo = self.a(nw, INT, f"{tag} aggregate @ W")
+        if grad:
+            self.h(rst)
+        self.tl.temp(n * INDEX_BYTES, INT, f"{tag} in_degrees arange")
+        d1 = self.a(n * el, INT, f"{tag} in degrees")
+        dc2 = self.a(n * el, INT, f"{tag} in degrees clamp")
+        self.r(d1, dc)
+        nd = self.a(n * el, INT, f"{tag} norm dst")
+        self.r(ns)
+        if stop:  # the next op (* norm dst) saves norm dst before running: recomputation ends
+            self.h(nd)
+            self.r(fs, dc2, mmo, rst, nd)
+            return None, backward
+        mo = self.a(nw, INT, f"{tag} * norm dst")
+        if grad:
+            self.h(nd)
+        self.r(mmo)
+        out = self.a(nw, INT, f"{tag} + bias")
+        self.r(mo)
+        self.r(rst, fs, dc2, nd)  # local_scope ends
+
+        return out, backward
+
+    def _sage(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
+        """DGL SAGEConv('mean'), in = out width (no lin_before_mp)."""
+        n, el = self.n, self.el
+        nw = self.nw()
+
+        def backward(g: Buffer) -> Buffer:
+            gs = self.a(nw, BWD, f"{tag} grad self")
+            self.r(m)
+            gn = self.a(nw, BWD, f"{tag} grad mean")
+            self.r(g, q)
+            gd = self.a(nw, BWD, f"{tag} grad mean / degree")
+            self.r(gn, dg)
+            gz = self.a(nw, BWD, f"{tag} grad aggregation (gspmm)")
+            self.r(gd)
+            acc = self.a(nw, BWD, f"{tag} grad self + neigh")
+            self.r(gs, gz)
+            return acc
+
+        z = self.a(nw, INT, f"{tag} neighbour sum")
+        self.tl.temp(n * INDEX_BYTES, INT, f"{tag} in_degrees arange")
+        c = self.a(n * INDEX_BYTES, INT, f"{tag} degrees clamp")
+        dg = self.a(n * el, INT, f"{tag} degrees")
+        self.r(c)
+        q = self.a(nw, INT, f"{tag} neighbour mean")
+        self.r(z)
+        if not grad:
+            self.r(dg)
+        mn = self.a(nw, INT, f"{tag} fc_neigh")
+        if grad:
+            self.h(q, m)  # fc_neigh saves the mean, fc_self its input
+        if stop:  # fc_self saves its input before running: recomputation ends
+            self.r(mn, q)
+            return None, backward
+        ms = self.a(nw, INT, f"{tag} fc_self")
+        out = self.a(nw, INT, f"{tag} self + neigh")
+        self.r(ms, mn, q)
+
+        return out, backward
+
+    def _gat(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
+        """DGL GATConv: projection, attention logits, edge softmax, weighted sum, bias;
+        heads averaged (``mean``) or concatenated (``concat``, a view)."""
+        n, el, heads = self.n, self.el, self.cfg.heads
+        mean = self.cfg.gat_merge == "mean"
+        e = self.e_cnt
+        nh = self.nw(self.hf)
+        eh = e * heads * el
+
+        def backward(g: Buffer) -> Buffer:
+            if mean:
+                if self._pre_mean is not None:  # ran before the checkpoint recomputation
+                    gm, self._pre_mean = self._pre_mean, None
+                else:
+                    gm = self.a(nh, BWD, f"{tag} grad mean over heads")
+                self.r(g)
+            else:
+                gm = g
+            # a strided gradient (a column slice of the coupling's output gradient) is
+            # copied to a contiguous one each time DGL hands it to its kernels
+            strided = not mean and self._grad_is_view
+            gft = self.a(nh, BWD, f"{tag} grad ft (weighted sum)")
+            if strided:
+                self.tl.temp(nh, BWD, f"{tag} contiguous grad copy")
+            ga = self.a(eh, BWD, f"{tag} grad attention")
+            if strided:
+                self.tl.temp(nh, BWD, f"{tag} contiguous grad copy")
+            self.r(gm)
+            t = self.a(eh, BWD, f"{tag} softmax backward")
+            gs = self.a(eh, BWD, f"{tag} grad logits")
+            self.r(t, ga, att)
+            gl = self.a(eh, BWD, f"{tag} grad leaky_relu")
+            self.r(gs, ee)
+            gel = self.a(n * heads * el, BWD, f"{tag} grad el")
+            ger = self.a(n * heads * el, BWD, f"{tag} grad er")
+            self.r(gl)
+            t = self.a(nh, BWD, f"{tag} grad attn_r")
+            gfd = self.a(nh, BWD, f"{tag} grad ft (er)")
+            self.r(t, ger)
+            acc = self.a(nh, BWD, f"{tag} grad ft sum")
+            self.r(gft, gfd)
+            t = self.a(nh, BWD, f"{tag} grad attn_l")
+            gfs = self.a(nh, BWD, f"{tag} grad ft (el)")
+            self.r(t, gel, ft)
+            acc2 = self.a(nh, BWD, f"{tag} grad ft")
+            self.r(acc, gfs)
+            gh = self.a(self.nw(), BWD, f"{tag} grad input")
+            self.r(acc2, m)
+            return gh
+
+        ft = self.a(nh, INT, f"{tag} projection")
+        if grad:
+            self.h(m)  # fc saves its input
+        t = self.a(nh, INT, f"{tag} ft * attn_l")
+        el_ = self.a(n * heads * el, ATT, f"{tag} el")
+        self.r(t)
+        t = self.a(nh, INT, f"{tag} ft * attn_r")
+        er = self.a(n * heads * el, ATT, f"{tag} er")
+        self.r(t)
+        ee = self.a(eh, ATT, f"{tag} el + er (edges)")
+        lr = self.a(eh, ATT, f"{tag} leaky_relu")
+        if grad:
+            self.h(ee)  # leaky_relu saves its input
+        self.r(ee)
+        att = self.a(eh, ATT, f"{tag} edge_softmax")
+        if grad:
+            self.h(att, ft)  # softmax saves its output; the attention products save ft
+        rst = self.a(nh, INT, f"{tag} weighted sum")
+        if stop:  # the weighted sum saved the last tensors: recomputation ends
+            self.r(rst, att, ft, el_, er, lr)
+            return None, backward
+        o = self.a(nh, INT, f"{tag} + bias")
+        self.r(rst)
+        self.r(att, ft, el_, er, lr)  # local_scope ends
+        if mean:
+            out = self.a(self.nw(), INT, f"{tag} mean over heads")
+            self.r(o)
+        else:
+            out = o
+
+        return out, backward
+
+    # ------------------------------------------------------------------ coupling
+    def coupling_forward(self, x: Buffer, grad: bool, tag: str, stop_early: bool = False):
+        """``Y = [X'_1 .. X'_C]`` from ``X`` ``(N, D)`` (groups are views of ``x``).
+
+        Returns ``(y, backward)``; ``y`` is None with ``stop_early`` (checkpoint
+        recomputation stops after the last group's saved tensors exist).
+        """
+        cfg = self.cfg
+        nw = self.nw()
+        C = cfg.num_groups
+        if C == 2:
+            prev = x  # X'_0 = X_2, a view
+            self.h(x)
+        else:  # X'_0 = X_2 + ... + X_C, summed left to right
+            prev = self.a(nw, ACT, f"{tag} X'_0")
+            for j in range(3, C):
+                nxt = self.a(nw, ACT, f"{tag} X'_0")
+                self.r(prev)
+                prev = nxt
+        outs: list[Buffer] = []
+        backs = []
+        for i in range(C):
+            stop = stop_early and i == C - 1
+            fo, bwd = self.group_forward(prev, grad, f"{tag} group {i}", stop_early=stop)
+            backs.append(bwd)
+            if stop:
+                self.r(fo, prev, *outs)
+                return None, backs
+            o = self.a(nw, ACT, f"{tag} X'_{i + 1}")
+            self.r(fo, prev)
+            outs.append(o)
+            prev = o
+            self.h(o)  # `prev` and the list of outputs
+        self.r(prev)
+        y = self.a(self.n * cfg.hidden * self.el, ACT, f"{tag} output (cat)")
+        self.r(*outs)
+        return y, backs
+
+    def coupling_inverse(self, y: Buffer, tag: str) -> Buffer:
+        """``X`` from ``Y`` (no autograd): ``X_i = Y_i - f_i(Y_{i-1})``, ``i = C .. 1``."""
+        cfg = self.cfg
+        nw = self.nw()
+        C = cfg.num_groups
+        xs: list[Buffer] = []
+        for i in range(C - 1, -1, -1):
+            if i > 0:
+                prev = y
+                self.h(y)
+            elif C == 2:
+                prev = xs[0]  # X_2, reconstructed just before
+                self.h(prev)
+            else:
+                prev = self.a(nw, ACT, f"{tag} inverse X'_0")
+                for j in range(3, C):
+                    nxt = self.a(nw, ACT, f"{tag} inverse X'_0")
+                    self.r(prev)
+                    prev = nxt
+            fo, _ = self.group_forward(prev, False, f"{tag} inverse group {i}")
+            xi = self.a(nw, ACT, f"{tag} inverse X_{i + 1}")
+            self.r(fo, prev)
+            xs.append(xi)
+        x = self.a(self.n * cfg.hidden * self.el, ACT, f"{tag} reconstructed input (cat)")
+        self.r(*xs)
+        return x
+
+    def coupling_backward(self, gy: Buffer, backs, tag: str) -> Buffer:
+        """Gradient wrt the coupling input from ``gy`` ``(N, D)`` (one engine holder),
+        through the saved group functions ``backs``; returns ``(N, D)``."""
+        cfg = self.cfg
+        nw = self.nw()
+        C = cfg.num_groups
+        self.h(*([gy] * C))  # CatBackward: one narrow view of gy per group output
+        self.r(gy)
+        slots: list[Buffer | None] = [None] * C  # SplitBackward's input buffer
+        carry = None
+        for i in range(C - 1, -1, -1):
+            if carry is None:
+                go = gy  # the view's holder goes to f_i
+            else:  # cat's view + what f_{i+1} sent back: an out-of-place sum
+                go = self.a(nw, BWD, f"{tag} grad X'_{i + 1}")
+                self.r(gy, carry)
+            slots[i] = go
+            self.h(go)  # X'_i = f_i(.) + X_i: the same gradient goes to X_i
+            self._grad_is_view = go is gy
+            gin = backs[i](go)
+            self._grad_is_view = False
+            if i > 0:
+                carry = gin
+                continue
+            # gradient wrt X'_0 reaches X_2 .. X_C
+            for j in range(1, C):
+                if slots[j] is gy:  # a view of gy: out-of-place sum
+                    new = self.a(nw, BWD, f"{tag} grad X_{j + 1}")
+                    self.r(slots[j])
+                    slots[j] = new
+            self.r(gin)
+        gx = self.a(self.n * cfg.hidden * self.el, BWD, f"{tag} grad input (cat)")
+        self.r(*slots)
+        return gx
+
+    def block_param_grads(self, l: int, tag: str) -> None:
+        """Gradients of block ``l``'s parameters. Weight-tied: the engine sums the ``L``
+        contributions in one buffer (the first one, kept until every application ran;
+        the others are added in place) and hands it to ``.grad`` at the end."""
+        cfg = self.cfg
+        if not cfg.weight_tied:
+            self.param_grads(1 + l, tag)
+            return
+        nbytes = self.pbytes[1]
+        if l == cfg.num_layers - 1:
+            self._tied_grads = self.tl.alloc(nbytes, GRADS, f"{tag} tied parameter grads")
+        else:
+            self.tl.temp(nbytes, GRADS, f"{tag} tied parameter grads (accumulated)")
+        if l == 0:  # AccumulateGrad: kept as .grad on a fresh part, else added in place
+            self.tl.release_where(self._tied_grads, ~self.fresh)
+
+    # ------------------------------------------------------------------ whole step
+    def run(self) -> Timeline:
+        cfg, tl, n, el = self.cfg, self.tl, self.n, self.el
+        D, L = cfg.hidden, cfg.num_layers
+        nd = n * D * el
+        self.baseline()
+
+        tl.phase = "inputs"
+        local_train = self.a(n, LABELS, "part training mask")
+        feat = self.a(n * cfg.in_feats * cfg.feat_elt, FEATS, "part features")
+
+        masks: list[Buffer] = []
+        if self.has_mask:
+            tl.phase = "dropout masks"
+            for which in ("blocks", "head"):
+                u = self.a(n * D * 4, DROP, f"{which} mask uniform")
+                keep = self.a(n * D, DROP, f"{which} keep mask")
+                self.r(u)
+                cast = self.a(nd, DROP, f"{which} mask cast")
+                masks.append(self.a(nd, DROP, f"{which} mask"))
+                self.r(cast, keep)
+
+        tl.phase = "encoder"
+        x = enc = self.a(nd, ENC, "encoder output")
+        mode = cfg.mode
+        saved_backs = []
+        frames: list[Buffer] = []
+        for l in range(L):
+            tl.phase = f"forward block {l}"
+            tag = f"block {l}"
+            if mode == "reversible":
+                y, _ = self.coupling_forward(x, False, tag)
+                self.r(x)  # the input's storage is freed (resize_(0))
+            elif mode == "residual":
+                y, backs = self.coupling_forward(x, True, tag)
+                saved_backs.append(backs)
+                if l > 0:  # the loop variable moves on; the stack's call keeps the encoder output
+                    self.r(x)
+            else:  # checkpoint: keeps the input only
+                y, _ = self.coupling_forward(x, False, tag)
+                frames.append(x)
+            x = y
+        if mode == "residual":
+            self.r(enc)  # the stack returns
+        y_last = x
+        handoff = None
+        if mode == "reversible":
+            handoff = y_last
+            self.h(handoff)  # the last block's hand-off keeps its output until the graph goes
+
+        tl.phase = "head"
+        has_norm = cfg.norm in ("layer", "batch")
+        hstats: list[Buffer] = []
+        if has_norm:
+            hz = self.a(nd, HEAD, "head norm")
+            if cfg.norm == "layer":
+                hstats = [self.a(n * self.stat_el, HEAD, "head norm mean"),
+                          self.a(n * self.stat_el, HEAD, "head norm rstd")]
+            self.h(y_last)  # the norm saves its input
+        else:
+            hz = y_last
+            self.h(hz)
+        hr = self.a(nd, HEAD, "head relu")
+        self.r(hz)
+        self.h(hr)  # relu saves its result
+        if self.has_mask:
+            hm = self.a(nd, HEAD, "head dropout")
+            self.r(hr)
+        else:
+            hm = hr
+        out = self.a(n * cfg.out_feats * el, HEAD, "decoder output")
+        self.h(hm)  # the decoder saves its input
+        self.r(hm)
+        self.r(y_last)  # RevGNN.forward returns: its variables go
+
+        tl.phase = "loss"
+        nt, T = self.nt, cfg.label_columns
+        oi = self.a(nt * cfg.out_feats * el, LOSS, "output[train]")
+        if T:
+            lab = self.a(n * T * cfg.label_elt, LABELS, "labels[part]")
+            li = self.a(nt * T * cfg.label_elt, LABELS, "labels[train]")
+            self.r(lab)
+            saved = []
+        else:
+            lab = self.a(n * INDEX_BYTES, LABELS, "labels[part]")
+            li = self.a(nt * INDEX_BYTES, LABELS, "labels[train]")
+            self.r(lab)
+            lsm = self.a(nt * cfg.out_feats * el, LOSS, "log_softmax")
+            self.r(oi)
+            saved = [lsm]
+
+        tl.phase = "backward loss"
+        C_out = cfg.out_feats
+        if T:
+            g2 = self._bce_backward(oi, li, nt, T)
+        else:
+            g1 = self.a(nt * C_out * el, BWD, "grad nll")
+            self.r(li)
+            g2 = self.a(nt * C_out * el, BWD, "grad log_softmax")
+            self.r(g1, *saved)
+        z = self.a(n * C_out * el, BWD, "grad output (zeros)")
+        g3 = self.a(n * C_out * el, BWD, "grad output (index_put)")
+        self.r(z, g2)
+
+        tl.phase = "backward head"
+        last = len(self.shapes) - 1
+        self.param_grads(last, "head")
+        g = self.a(nd, BWD, "grad decoder input")
+        self.r(g3, hm)
+        if self.has_mask:
+            g2 = self.a(nd, BWD, "grad head dropout")
+            self.r(g)
+            g = g2
+            if mode == "residual":
+                self.r(masks[1])  # its only holder was the head's multiplication
+                masks[1] = None
+        t = self.a(nd, BWD, "grad head relu")
+        self.r(g, hr)
+        if has_norm:
+            g = self.a(nd, BWD, "grad head norm")
+            self.r(t, y_last, *hstats)
+        else:
+            g = t
+
+        y_block = y_last
+        for l in range(L - 1, -1, -1):
+            tl.phase = f"backward block {l}"
+            tag = f"block {l}"
+            if mode == "reversible":
+                g, y_block = self._reversible_block_backward(l, g, y_block, tag)
+            elif mode == "residual":
+                g = self.coupling_backward(g, saved_backs[l], tag)
+                self.block_param_grads(l, tag)
+            else:
+                xin = frames[l]
+                if cfg.conv == "gat" and cfg.gat_merge == "mean":
+                    # the last group's mean-over-heads backward saves nothing: it runs
+                    # before the first saved tensor is asked for (and recomputed)
+                    self._pre_mean = self.a(self.nw(self.hf), BWD, f"{tag} grad mean over heads")
+                _, backs = self.coupling_forward(xin, True, f"{tag} recompute", stop_early=True)
+                g = self.coupling_backward(g, backs, tag)
+                self.r(xin)  # the checkpoint frame lets go of its input
+                self.block_param_grads(l, tag)
+            if mode == "residual" and l == 0 and self.has_mask:
+                self.r(masks[0])
+                masks[0] = None
+
+        tl.phase = "backward encoder"
+        self.param_grads(0, "encoder")
+        self.r(g, feat)
+        tl.phase = "end of part"
+        self.r(out)  # del out, loss: the graph goes
+        if handoff is not None:
+            self.r(handoff)  # the last block's hand-off
+        self.r(*[m for m in masks if m is not None])
+        self.r(local_train)
+
+        self.optimizer_step()
+        return tl
+
+    def _bce_backward(self, oi: Buffer, li: Buffer, nt, T: int) -> Buffer:
+        """``binary_cross_entropy_with_logits`` (sum) saved its input and target:
+        its backward is ``(sigmoid(x) - y) * grad``, three ``(T_train, T)`` tensors."""
+        size = nt * T * self.el
+        s = self.a(size, BWD, "grad bce: sigmoid")
+        d = self.a(size, BWD, "grad bce: sigmoid - target")
+        self.r(s)
+        g = self.a(size, BWD, "grad bce")
+        self.r(d, oi, li)
+        return g
+
+    def _reversible_block_backward(self, l: int, gy: Buffer, y: Buffer, tag: str):
+        """One reversible block's backward: reconstruct, recompute with autograd, check,
+        differentiate. ``y`` is the block output (handed down by the next block)."""
+        cfg = self.cfg
+        nd = self.n * cfg.hidden * self.el
+        x = self.coupling_inverse(y, tag)
+        y_re, backs = self.coupling_forward(x, True, f"{tag} recompute")
+        if cfg.check_consistency:
+            self.tl.temp(nd, BWD, f"{tag} check |y|")
+            d = self.a(nd, BWD, f"{tag} check y_re - y")
+            a = self.a(nd, BWD, f"{tag} check |y_re - y|")
+            self.r(d, a)
+        gx = self.coupling_backward(gy, backs, tag)
+        self.block_param_grads(l, tag)
+        self.r(y_re)  # locals of the backward go
+        if l < cfg.num_layers - 1:
+            self.r(y)  # handed down by block l + 1; the last block's stays in its hand-off
+        if l == 0:
+            self.r(x)
+        return gx, x
+
+    # ------------------------------------------------------------------ optimizer
+    def optimizer_step(self) -> None:
+        cfg, tl = self.cfg, self.tl
+        tl.phase = "optimizer step"
+        # gradients of the parts that did not create them exist from the baseline
+        if cfg.optimizer.name != "adam":
+            return
+        el = cfg.elt
+        sizes = [_numel(s) * el for group in self.shapes for s in group]
+        if cfg.host:  # single-tensor Adam: denom = sqrt(v) / c, previous denom freed late
+            prev = None
+            for nb in sizes:
+                s = tl.alloc(nb, STEP, "adam sqrt(v)")
+                d = tl.alloc(nb, STEP, "adam denominator")
+                tl.release(s)
+                if prev is not None:
+                    tl.release(prev)
+                prev = d
+            if prev is not None:
+                tl.release(prev)
+        else:  # foreach Adam: one list of sqrt(v) for all parameters
+            tl.temp(float(sum(sizes)), STEP, "adam foreach sqrt(v)")
+
+
+def replay_rev(num_nodes, num_edges, num_train, cfg: RevReplayConfig) -> Timeline:
+    """Replay one training step's part (per entry of the ``(P,)`` size vectors)."""
+    return _RevReplayer(num_nodes, num_edges, num_train, cfg).run()

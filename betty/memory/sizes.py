@@ -1,0 +1,134 @@
+"""The sizes the memory model reads: per layer, per micro-batch node and edge counts.
+
+For P micro-batches (pieces) of an L-layer batch, :class:`PieceSizes` holds, per layer
+``l`` (``0`` = input layer), vectors of length P:
+
+* ``n_src[l]``, ``n_dst[l]``: source and destination nodes of the piece's block;
+* ``num_edges[l]``: its sampled edges;
+* ``degrees[l]`` ``(D_l,)`` and ``degree_counts[l]`` ``(P, D_l)``: the distinct in-degrees
+  found in layer ``l`` of any piece and how many destinations of each piece have each
+  (the LSTM aggregator runs once per distinct in-degree, see :mod:`betty.memory.replay`).
+
+:func:`piece_sizes` computes them for a whole split without carving any block, from the
+piece-membership matrices of :func:`betty.partition.metrics.piece_membership`: with
+``M_l`` ``(n_src[l], K)`` the 0/1 matrix "source s of layer l belongs to piece k's
+micro-batch" and ``M_L`` the one-hot piece matrix of the outputs,
+
+    n_src[l]    = 1ᵀ M_l,
+    n_dst[l]    = 1ᵀ M_{l+1}                       (layer l's destinations are layer l+1's sources),
+    num_edges[l] = deg_lᵀ M_{l+1}[:n_dst],         deg_l = in-degrees of the full batch's layer l,
+    degree_counts[l][:, j] = 1[deg_l == d_j]ᵀ M_{l+1}[:n_dst],
+
+which is exactly what :func:`betty.microbatch.carve` keeps (a piece's destination keeps all
+its sampled in-edges). :func:`micro_batch_sizes` reads the same numbers off carved
+micro-batches (or a full :class:`~betty.batch.SampledBatch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from betty.batch import LayerEdges, MicroBatch, SampledBatch
+
+__all__ = ["PieceSizes", "piece_sizes", "micro_batch_sizes", "layer_sizes"]
+
+
+@dataclass
+class PieceSizes:
+    """Per-layer sizes of P micro-batches (see the module docstring)."""
+
+    n_src: list[np.ndarray]
+    n_dst: list[np.ndarray]
+    num_edges: list[np.ndarray]
+    degrees: list[np.ndarray]
+    degree_counts: list[np.ndarray]
+
+    @property
+    def num_pieces(self) -> int:
+        return int(self.n_src[0].shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.n_src)
+
+    @property
+    def num_outputs(self) -> np.ndarray:
+        return self.n_dst[-1]
+
+    def piece(self, p: int) -> "PieceSizes":
+        """The sizes of piece ``p`` alone (P = 1)."""
+        return PieceSizes(
+            [a[p:p + 1] for a in self.n_src], [a[p:p + 1] for a in self.n_dst],
+            [a[p:p + 1] for a in self.num_edges], list(self.degrees),
+            [c[p:p + 1] for c in self.degree_counts],
+        )
+
+    def as_dict(self, p: int = 0) -> dict:
+        """JSON-ready sizes of piece ``p``."""
+        return {
+            "n_src": [int(a[p]) for a in self.n_src],
+            "n_dst": [int(a[p]) for a in self.n_dst],
+            "num_edges": [int(a[p]) for a in self.num_edges],
+            "distinct_in_degrees": [int((c[p] > 0).sum()) for c in self.degree_counts],
+        }
+
+
+def layer_sizes(layers: Sequence[LayerEdges]) -> PieceSizes:
+    """Sizes of one block chain (P = 1)."""
+    n_src, n_dst, n_e, degs, counts = [], [], [], [], []
+    for layer in layers:
+        n_src.append(np.array([layer.num_src], dtype=np.float64))
+        n_dst.append(np.array([layer.num_dst], dtype=np.float64))
+        n_e.append(np.array([layer.num_edges], dtype=np.float64))
+        values, cnt = np.unique(layer.in_degrees().numpy(), return_counts=True)
+        degs.append(values.astype(np.int64))
+        counts.append(cnt.astype(np.float64)[None, :])
+    return PieceSizes(n_src, n_dst, n_e, degs, counts)
+
+
+def micro_batch_sizes(mb: MicroBatch | SampledBatch | PieceSizes | Sequence[LayerEdges]) -> PieceSizes:
+    """Sizes of one (micro-)batch; a :class:`PieceSizes` is returned unchanged."""
+    if isinstance(mb, PieceSizes):
+        return mb
+    if isinstance(mb, (MicroBatch, SampledBatch)):
+        return layer_sizes(mb.layers)
+    return layer_sizes(list(mb))
+
+
+def piece_sizes(batch: SampledBatch, groups, k: int) -> PieceSizes:
+    """Sizes of every piece of the split ``groups`` of ``batch`` (no carving).
+
+    Args:
+        batch: the full sampled batch.
+        groups: ``(n_out,)`` piece of each output node, in ``[0, k)``, no empty piece.
+        k: number of pieces.
+    """
+    from betty.partition.metrics import piece_membership
+
+    members = piece_membership(batch, groups, k)  # M_0 .. M_{L-1}
+    g = torch.as_tensor(groups, dtype=torch.int64).numpy()
+    n_out = batch.num_outputs
+    out_member = sp.csr_matrix((np.ones(n_out), (np.arange(n_out), g)), shape=(n_out, k))
+    n_src, n_dst, n_e, degs, counts = [], [], [], [], []
+    for l, layer in enumerate(batch.layers):
+        src_m = members[l]
+        dst_m = members[l + 1] if l + 1 < batch.num_layers else out_member
+        dst_m = sp.csr_matrix(dst_m[: layer.num_dst], dtype=np.float64)
+        n_src.append(np.asarray(src_m.sum(axis=0), dtype=np.float64).ravel())
+        n_dst.append(np.asarray(dst_m.sum(axis=0), dtype=np.float64).ravel())
+        deg = layer.in_degrees().numpy()
+        n_e.append(np.asarray(dst_m.T @ deg.astype(np.float64)).ravel())
+        values, inverse = np.unique(deg, return_inverse=True)
+        onehot = sp.csr_matrix(
+            (np.ones(deg.shape[0]), (np.arange(deg.shape[0]), inverse)),
+            shape=(deg.shape[0], values.shape[0]))
+        cnt = (dst_m.T @ onehot).toarray()  # (k, D)
+        present = cnt.sum(axis=0) > 0
+        degs.append(values[present].astype(np.int64))
+        counts.append(cnt[:, present])
+    return PieceSizes(n_src, n_dst, n_e, degs, counts)

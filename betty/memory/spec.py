@@ -1,0 +1,165 @@
+"""What the memory model needs to know about a model and its optimizer.
+
+:class:`ModelSpec` describes a :class:`betty.models.BlockGNN` by its architecture and
+widths only (no tensors), so an estimate can be made before the model exists, e.g. from
+an experiment spec. :func:`parameter_shapes` lists the parameters such a model has, in
+the layout of :mod:`betty.models`, and :class:`OptimizerSpec` says which optimizer
+state those parameters carry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["ModelSpec", "OptimizerSpec", "parameter_shapes", "as_model_spec", "as_optimizer_spec"]
+
+ARCHS = ("sage", "gat")
+AGGREGATORS = ("mean", "gcn", "pool", "lstm")
+OPTIMIZER_NAMES = ("adam", "sgd")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape-level description of a betty GNN.
+
+    Attributes:
+        arch: ``"sage"`` or ``"gat"``.
+        widths: ``[in_feats, w_1, ..., out_feats]`` (L + 1 entries): the feature width
+            entering each layer, then the output width. For GAT hidden widths are
+            ``heads * hidden``.
+        aggregator: GraphSAGE aggregator (ignored for GAT).
+        heads: GAT attention heads (ignored for SAGE).
+        dropout: input dropout probability of every layer.
+        attn_dropout: GAT attention dropout probability.
+        dropout_mode: ``"deterministic"`` (hash dropout) or ``"standard"``.
+        param_dtype: dtype of the parameters (their gradients and optimizer state).
+    """
+
+    arch: str
+    widths: tuple[int, ...]
+    aggregator: str = "mean"
+    heads: int = 1
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    dropout_mode: str = "deterministic"
+    param_dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.arch == "sage" and self.aggregator not in AGGREGATORS:
+            raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {self.aggregator!r}")
+        if len(self.widths) < 2 or any(int(w) < 1 for w in self.widths):
+            raise ValueError(f"widths must list L + 1 >= 2 positive widths, got {self.widths!r}")
+        if self.arch == "gat":
+            if self.heads < 1:
+                raise ValueError(f"heads must be >= 1, got {self.heads}")
+            bad = [w for w in self.widths[1:-1] if w % self.heads]
+            if bad:
+                raise ValueError(f"GAT hidden widths must be multiples of heads={self.heads}, got {bad}")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.widths) - 1
+
+    @classmethod
+    def from_config(cls, arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
+                    layers: int = 2, aggregator: str = "mean", heads: int = 4,
+                    dropout: float = 0.0, attn_dropout: float = 0.0,
+                    dropout_mode: str = "deterministic",
+                    param_dtype: torch.dtype = torch.float32) -> "ModelSpec":
+        """Same arguments as :func:`betty.models.build_model`."""
+        if arch == "gat":
+            widths = (in_feats,) + (hidden * heads,) * (layers - 1) + (out_feats,)
+        else:
+            widths = (in_feats,) + (hidden,) * (layers - 1) + (out_feats,)
+        return cls(arch, tuple(int(w) for w in widths), aggregator, heads, dropout,
+                   attn_dropout, dropout_mode, param_dtype)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module) -> "ModelSpec":
+        """Read the spec off a :class:`betty.models.GraphSAGE` or :class:`~betty.models.GAT`."""
+        from betty.models import GAT, GraphSAGE
+
+        dtype = next(model.parameters()).dtype
+        if isinstance(model, GraphSAGE):
+            return cls("sage", tuple(model.widths), model.aggregator, 1, model.dropout, 0.0,
+                       model.dropout_mode, dtype)
+        if isinstance(model, GAT):
+            return cls("gat", tuple(model.widths), "mean", model.heads, model.dropout,
+                       model.attn_dropout, model.dropout_mode, dtype)
+        raise TypeError(f"model must be a betty GraphSAGE or GAT, got {type(model).__name__}")
+
+
+def parameter_shapes(spec: ModelSpec) -> list[list[tuple[int, ...]]]:
+    """Per layer, the shapes of its parameters (the order of ``module.parameters()``)."""
+    out = []
+    heads = spec.heads
+    for l in range(spec.num_layers):
+        wi, wo = spec.widths[l], spec.widths[l + 1]
+        if spec.arch == "gat":
+            f = wo // heads if l < spec.num_layers - 1 else wo
+            out.append([(heads * f, wi), (1, heads, f), (1, heads, f), (heads, f)])
+            continue
+        agg = spec.aggregator
+        shapes: list[tuple[int, ...]] = []
+        if agg == "pool":
+            shapes += [(wi, wi), (wi,)]
+        if agg == "lstm":
+            shapes += [(4 * wi, wi), (4 * wi, wi), (4 * wi,), (4 * wi,)]
+        shapes.append((wo, wi))  # fc_neigh
+        shapes += [(wo,)] if agg == "gcn" else [(wo, wi), (wo,)]  # bias | fc_self
+        out.append(shapes)
+    return out
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """Which per-parameter state an optimizer keeps after its first step.
+
+    ``adam``: ``exp_avg`` and ``exp_avg_sq`` (parameter-sized) and a 0-d float32
+    ``step`` (on the host unless ``capturable``/``fused``). ``sgd``: a
+    ``momentum_buffer`` when ``momentum > 0``, else nothing.
+    """
+
+    name: str = "adam"
+    momentum: float = 0.0
+    step_on_device: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZER_NAMES:
+            raise ValueError(f"optimizer must be one of {OPTIMIZER_NAMES}, got {self.name!r}")
+
+    def state_tensors(self) -> tuple[int, bool]:
+        """(parameter-sized state tensors per parameter, whether a 0-d step exists)."""
+        if self.name == "adam":
+            return 2, True
+        return (1 if self.momentum > 0 else 0), False
+
+
+def as_model_spec(model) -> ModelSpec:
+    """A :class:`ModelSpec` from a spec or a betty model."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, torch.nn.Module):
+        return ModelSpec.from_model(model)
+    raise TypeError(f"model must be a ModelSpec or a betty model, got {type(model).__name__}")
+
+
+def as_optimizer_spec(optimizer) -> OptimizerSpec:
+    """An :class:`OptimizerSpec` from a spec, a name or a torch optimizer."""
+    if isinstance(optimizer, OptimizerSpec):
+        return optimizer
+    if isinstance(optimizer, str):
+        return OptimizerSpec(optimizer)
+    if isinstance(optimizer, torch.optim.Adam):
+        group = optimizer.param_groups[0]
+        return OptimizerSpec("adam", 0.0, bool(group.get("capturable") or group.get("fused")))
+    if isinstance(optimizer, torch.optim.SGD):
+        return OptimizerSpec("sgd", float(optimizer.param_groups[0].get("momentum", 0.0)))
+    raise TypeError(
+        f"optimizer must be an OptimizerSpec, one of {OPTIMIZER_NAMES}, torch.optim.Adam or "
+        f"torch.optim.SGD, got {type(optimizer).__name__}"
+    )

@@ -1,0 +1,67 @@
+"""Balance helpers shared by the graph partitioners: integer vertex weights and the
+deterministic repair of empty pieces."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["integer_vertex_weights", "fill_empty_pieces", "DEFAULT_MAX_VERTEX_WEIGHT"]
+
+#: Largest integer vertex weight handed to a partitioner (the heaviest output gets it).
+DEFAULT_MAX_VERTEX_WEIGHT = 10_000
+# METIS (32-bit idx_t here) and Mt-KaHyPar (32-bit node weights) sum vertex weights in
+# 32-bit integers; keep the total below 2**30.
+_MAX_TOTAL_WEIGHT = 2**30
+
+
+def integer_vertex_weights(
+    weights, num_outputs: int, max_weight: int = DEFAULT_MAX_VERTEX_WEIGHT
+) -> np.ndarray:
+    """Integer vertex weights ``(n_out,)`` int32, all ``>= 1``.
+
+    ``None`` gives all ones (balance the number of outputs). Otherwise
+    ``w_int = max(1, round(w / max(w) * s))`` with ``s = min(max_weight, 2**30 // n_out)``
+    so that the total fits the partitioners' 32-bit weight sums; an all-zero vector is
+    treated as ``None``.
+
+    Raises:
+        ValueError: ``weights`` is not ``(n_out,)``, or has a negative or non-finite entry.
+    """
+    if weights is None:
+        return np.ones(num_outputs, dtype=np.int32)
+    w = torch.as_tensor(weights).detach().cpu().to(torch.float64).numpy()
+    if w.shape != (num_outputs,):
+        raise ValueError(
+            f"weights must have shape ({num_outputs},) (one per output node), "
+            f"got {tuple(w.shape)}"
+        )
+    if not np.isfinite(w).all() or (w < 0).any():
+        bad = w[~np.isfinite(w) | (w < 0)][0]
+        raise ValueError(f"weights must be finite and non-negative, got an entry {bad}")
+    top = w.max() if w.size else 0.0
+    if top == 0.0:
+        return np.ones(num_outputs, dtype=np.int32)
+    scale = max(1, min(int(max_weight), _MAX_TOTAL_WEIGHT // max(num_outputs, 1)))
+    return np.maximum(1, np.rint(w / top * scale)).astype(np.int32)
+
+
+def fill_empty_pieces(groups, k: int) -> tuple[torch.Tensor, int]:
+    """Make every one of the ``k`` pieces non-empty, deterministically.
+
+    For each empty piece in increasing order, the currently largest piece (lowest index
+    on ties) gives up its output with the highest position. Needs ``k <= n_out``.
+
+    Returns:
+        ``(groups (n_out,) int64, number of outputs moved)``.
+    """
+    g = torch.as_tensor(np.asarray(groups), dtype=torch.int64).clone()
+    sizes = torch.bincount(g, minlength=k)
+    empty = torch.nonzero(sizes == 0).flatten().tolist()
+    for piece in empty:  # at most k iterations, each O(n_out) vectorized
+        donor = int(torch.argmax(sizes))
+        node = int(torch.nonzero(g == donor).flatten()[-1])
+        g[node] = piece
+        sizes[donor] -= 1
+        sizes[piece] += 1
+    return g, len(empty)

@@ -1,0 +1,97 @@
+"""Sparse incidence matrices of a sampled batch: which source node each output needs.
+
+Notation. Layer ``l`` of an L-layer batch is a bipartite block with ``n_src[l]`` source
+and ``n_dst[l]`` destination nodes; the destinations are the first ``n_dst[l]``
+sources, and ``n_src[l] = n_dst[l - 1]`` (blocks chain). A destination needs, at its
+layer, its own row (DGL's prefix convention) and the rows of its sampled in-neighbours.
+
+* :func:`layer_incidence` ``A_l`` — ``(n_src[l], n_dst[l])`` 0/1:
+  ``A_l[s, d] = 1`` iff ``s == d`` or ``s -> d`` is a sampled edge of layer ``l``.
+* :func:`reachability` ``P_l`` — ``(n_src[l], n_out)`` 0/1:
+  ``P_{L-1} = A_{L-1}``, ``P_l = bool(A_l @ P_{l+1})``. ``P_l[s, j] = 1`` iff source
+  ``s`` of layer ``l`` is in output ``j``'s sampled neighbourhood at that layer, i.e.
+  iff the micro-batch carved for ``{j}`` (:func:`betty.microbatch.carve`) has ``s``
+  among its layer-``l`` sources. A micro-batch's layer-``l`` sources are the union of
+  its outputs' columns.
+* :func:`multi_hop_incidence` — ``P_0``: output -> layer-0 input incidence over the
+  whole L-hop sampled neighbourhood.
+
+All products are scipy CSR products, boolean-ized after each step (entries stay 1), so
+the cost is the number of (edge, reachable output) pairs, never a dense matrix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from betty.batch import LayerEdges, SampledBatch
+
+__all__ = [
+    "layer_incidence",
+    "reachability",
+    "multi_hop_incidence",
+    "output_layer_incidence",
+    "booleanize",
+]
+
+
+def _index_dtype(n: int):
+    return np.int32 if n < 2**31 - 1 else np.int64
+
+
+def booleanize(mat: sp.spmatrix) -> sp.csr_matrix:
+    """The 0/1 pattern of ``mat`` as CSR with ``int32`` ones (explicit zeros removed)."""
+    mat = sp.csr_matrix(mat)
+    mat.eliminate_zeros()
+    mat.data = np.ones(mat.nnz, dtype=np.int32)
+    return mat
+
+
+def layer_incidence(layer: LayerEdges) -> sp.csr_matrix:
+    """``A`` ``(n_src, n_dst)`` 0/1 CSR: the sources each destination of ``layer`` needs.
+
+    ``A[s, d] = 1`` iff ``s == d`` (a destination is its own source, DGL's prefix
+    convention) or ``s -> d`` is a sampled edge. Parallel edges count once.
+    """
+    n_src, n_dst = layer.num_src, layer.num_dst
+    it = _index_dtype(max(n_src, n_dst))
+    diag = np.arange(n_dst, dtype=it)
+    rows = np.concatenate([diag, layer.edge_src.numpy().astype(it, copy=False)])
+    cols = np.concatenate([diag, layer.edge_dst.numpy().astype(it, copy=False)])
+    ones = np.ones(rows.shape[0], dtype=np.int32)
+    return booleanize(sp.csr_matrix((ones, (rows, cols)), shape=(n_src, n_dst)))
+
+
+def reachability(batch: SampledBatch) -> list[sp.csr_matrix]:
+    """Per layer ``l``, ``P_l`` ``(n_src[l], n_out)`` 0/1 CSR (see the module docstring).
+
+    Returns:
+        ``[P_0, ..., P_{L-1}]``; rows follow ``batch.layers[l].src_nid``, columns
+        ``batch.output_nid``.
+    """
+    out: list[sp.csr_matrix | None] = [None] * batch.num_layers
+    reach = layer_incidence(batch.layers[-1])
+    out[-1] = reach
+    for l in reversed(range(batch.num_layers - 1)):
+        reach = booleanize(layer_incidence(batch.layers[l]) @ reach)
+        out[l] = reach
+    return out  # type: ignore[return-value]
+
+
+def multi_hop_incidence(batch: SampledBatch) -> sp.csr_matrix:
+    """``(n_in, n_out)`` 0/1 CSR: input ``i`` lies in output ``j``'s sampled L-hop
+    neighbourhood (``P_0`` of :func:`reachability`).
+
+    Local indices: rows in ``batch.input_nid`` order, columns in ``batch.output_nid``
+    order. Computed as ``bool(A_0 @ bool(A_1 @ ... A_{L-1}))``.
+    """
+    reach = layer_incidence(batch.layers[-1])
+    for l in reversed(range(batch.num_layers - 1)):
+        reach = booleanize(layer_incidence(batch.layers[l]) @ reach)
+    return reach
+
+
+def output_layer_incidence(batch: SampledBatch) -> sp.csr_matrix:
+    """``(n_src[L-1], n_out)`` 0/1 CSR of the output layer alone (``A_{L-1}``)."""
+    return layer_incidence(batch.layers[-1])

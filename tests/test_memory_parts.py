@@ -1,0 +1,262 @@
+"""Parts of the memory model: sizes without carving, the timeline, constants and
+calibration, the K search's rules and errors, engine factories, CUDA helpers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from betty.engine import PartitionPlan
+from betty.memory import (
+    EstimatedOOMError,
+    KSearchError,
+    ModelSpec,
+    apply_budget,
+    estimate_micro_batch,
+    estimate_pieces,
+    load_constants,
+    make_estimator,
+    make_k_chooser,
+    memory_balance_weights,
+    module_bytes,
+    oom_guard,
+    optimizer_state_bytes,
+    search_k,
+)
+from betty.memory.calibrate import calibrate, measure_lstm_state
+from betty.memory.estimator import persistent_bytes
+from betty.memory.constants import onednn_lstm_workspace_bytes
+from betty.memory.sizes import micro_batch_sizes, piece_sizes
+from betty.memory.spec import parameter_shapes
+from betty.memory.timeline import Timeline
+from betty.microbatch import split
+from betty.models import build_model
+from betty.partition import partition_batch
+from betty.sampling import sample_full_batch
+from betty.train import build_optimizer, train_step
+from graphs import power_law_graph
+
+
+@pytest.fixture(scope="module")
+def batch3():
+    g, feat, label, train = power_law_graph(num_nodes=700, avg_degree=8, num_feats=12, seed=2)
+    return sample_full_batch(g, train, [4, 6, 8], seed=0), feat, label
+
+
+def test_piece_sizes_equal_carved_micro_batches(batch3):
+    batch, _, _ = batch3
+    groups = partition_batch(batch, 5, "random", seed=1).groups
+    sizes = piece_sizes(batch, groups, 5)
+    for p, mb in enumerate(split(batch, groups, 5)):
+        ref = micro_batch_sizes(mb)
+        for l in range(3):
+            assert sizes.n_src[l][p] == ref.n_src[l][0]
+            assert sizes.n_dst[l][p] == ref.n_dst[l][0]
+            assert sizes.num_edges[l][p] == ref.num_edges[l][0]
+            hist = dict(zip(sizes.degrees[l].tolist(), sizes.degree_counts[l][p].tolist()))
+            want = dict(zip(ref.degrees[l].tolist(), ref.degree_counts[l][0].tolist()))
+            assert {d: c for d, c in hist.items() if c} == want
+
+
+def test_timeline_refcounts_peak_and_breakdown():
+    tl = Timeline(2)
+    tl.add_baseline(10, "parameters")
+    a = tl.alloc([100, 5], "activations", "a")
+    tl.hold(a)
+    b = tl.alloc([1, 50], "aggregation", "b")
+    tl.release(a)  # still held once
+    tl.release(b)
+    c = tl.alloc([20, 20], "activation_gradients", "c")
+    tl.release(a)
+    assert tl.peak.tolist() == [130, 65]
+    assert tl.breakdown()[0] == {"parameters": 10, "activations": 100, "activation_gradients": 20}
+    assert tl.breakdown()[1] == {"parameters": 10, "activations": 5, "aggregation": 50}
+    assert tl.live.tolist() == [30, 30]
+    with pytest.raises(RuntimeError):
+        tl.release(a)
+    assert Timeline(1, granule=512).alloc(1, "x", "x").size.tolist() == [512]
+    del c
+
+
+@pytest.mark.parametrize("arch,agg", [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"),
+                                      ("sage", "lstm"), ("gat", "mean")])
+def test_parameter_and_optimizer_bytes_match_the_model(arch, agg, batch3):
+    batch, feat, label = batch3
+    model = build_model(arch, 12, 5, hidden=24, layers=3, aggregator=agg, heads=3)
+    spec = ModelSpec.from_model(model)
+    shapes = [s for layer in parameter_shapes(spec) for s in layer]
+    assert sorted(shapes) == sorted(tuple(p.shape) for p in model.parameters())
+    opt = build_optimizer("adam", model.parameters(), 1e-3)
+    train_step(model, opt, batch, torch.zeros(batch.num_outputs, dtype=torch.int64), feat, label)
+    est = estimate_micro_batch(batch, model, opt)
+    assert est.breakdown["parameters"] == module_bytes(model, grads=False)
+    assert est.breakdown["optimizer_state"] == optimizer_state_bytes(opt)
+    assert est.peak == sum(est.breakdown.values())
+
+
+@pytest.mark.parametrize("steps,seqs,width", [(1, 3, 16), (3, 50, 40), (6, 120, 64), (2, 30, 256)])
+def test_onednn_workspace_formula_matches_measurement(steps, seqs, width):
+    saved, _ = measure_lstm_state("cpu", steps, seqs, width)
+    assert saved == onednn_lstm_workspace_bytes(steps, seqs, width)
+
+
+def test_calibrate_writes_user_constants_the_estimator_reads(tmp_path, monkeypatch):
+    path = tmp_path / "constants.json"
+    monkeypatch.setenv("BETTY_MEMORY_CONSTANTS", str(path))
+    result = calibrate("cpu", lstm_grid=[(1, 8, 16), (3, 40, 16), (2, 100, 40), (5, 60, 64)])
+    assert result["path"] == str(path) and path.exists()
+    assert result["backend"] == "cpu" and result["constants"]["lstm_kernel"] == "onednn"
+    assert result["onednn_formula_max_rel_error"] == 0.0
+    stored = json.loads(path.read_text())["cpu"]
+    assert stored["source"] == "calibrated"
+    # the user file overrides the shipped values key by key
+    stored["lstm_kernel"] = "linear"
+    stored["lstm_step_words"] = 1000.0
+    path.write_text(json.dumps({"cpu": stored}))
+    assert load_constants("cpu").lstm_step_words == 1000.0
+    assert load_constants("cpu", use_user=False).lstm_step_words != 1000.0
+
+
+def test_shipped_constants_document_their_source():
+    for backend in ("cpu", "cuda", "cuda-nocudnn"):
+        c = load_constants(backend, use_user=False)
+        assert c.source in ("calibrated", "derived") and c.note
+    assert load_constants("cpu", use_user=False).source == "calibrated"
+    assert load_constants("cpu", use_user=False).block_bytes_per_edge == 0.0
+    assert load_constants("cuda", use_user=False).granule_bytes == 512
+
+
+def test_cuda_backend_rounds_and_counts_graph_formats(batch3):
+    batch, _, _ = batch3
+    spec = ModelSpec.from_config("sage", 12, 5, hidden=16, layers=3)
+    cpu = estimate_micro_batch(batch, spec, backend="cpu")
+    cuda = estimate_micro_batch(batch, spec, backend="cuda")
+    assert cuda.breakdown["blocks"] > cpu.breakdown["blocks"]
+    assert cuda.peak > cpu.peak
+
+
+def _lstm_setup(batch3, hidden=32):
+    batch, feat, label = batch3
+    return batch, ModelSpec.from_config("sage", 12, 5, hidden=hidden, layers=3, aggregator="lstm")
+
+
+def test_search_uses_no_model_and_returns_a_fitting_k(batch3):
+    batch, spec = _lstm_setup(batch3)
+    full = estimate_micro_batch(batch, spec, "adam", fresh_grads=True)
+    res = search_k(batch, spec, "adam", memory_budget=full.peak // 3, safety_margin=0.1)
+    assert res.max_peak <= full.peak // 3 * 0.9
+    assert res.k >= 3 and [k for k, _ in res.tried][0] == 1
+    # every K tried is recorded with its max piece; the chosen one is the smallest that fit
+    fitting = [k for k, m in res.tried if m <= res.usable_budget]
+    assert res.k == min(fitting)
+    assert json.dumps(res.to_dict())
+
+
+def test_search_starts_from_a_lower_bound_and_jumps(batch3):
+    batch, spec = _lstm_setup(batch3)
+    full = estimate_micro_batch(batch, spec, "adam", fresh_grads=True)
+    res = search_k(batch, spec, "adam", memory_budget=full.peak // 12, safety_margin=0.0)
+    tried = [k for k, _ in res.tried]
+    assert tried[1] > 2, "should jump to the lower bound, not step from K = 2"
+    assert len(tried) < res.k
+
+
+def test_search_errors_name_the_cause_and_the_budget_that_works(batch3):
+    batch, spec = _lstm_setup(batch3, hidden=64)
+    fixed = persistent_bytes(spec, "adam")
+    with pytest.raises(KSearchError, match="fixed costs") as err:
+        search_k(batch, spec, "adam", memory_budget=fixed, safety_margin=0.0)
+    assert err.value.smallest_budget >= fixed
+    # a budget above the fixed costs but below one output's neighbourhood
+    single = estimate_pieces(batch, torch.arange(batch.num_outputs), batch.num_outputs, spec)
+    worst = max(e.peak for e in single)
+    with pytest.raises(KSearchError, match="one output") as err:
+        search_k(batch, spec, "adam", memory_budget=(fixed + worst) // 2, safety_margin=0.0,
+                 method="range")
+    assert err.value.dominant and err.value.smallest_budget == worst
+    assert search_k(batch, spec, "adam", memory_budget=err.value.smallest_budget,
+                    safety_margin=0.0, method="range").k <= batch.num_outputs
+
+
+def test_dropout_chunk_buffers_are_a_fixed_cost(batch3):
+    """Hash dropout's chunk buffers (2^15 x (8 + 1) bytes) do not shrink with K."""
+    batch, _, _ = batch3
+    spec = ModelSpec.from_config("sage", 12, 5, hidden=16, layers=3, dropout=0.5)
+    single = estimate_pieces(batch, torch.arange(batch.num_outputs), batch.num_outputs, spec)
+    assert min(e.peak for e in single) > (1 << 15) * 9
+    with pytest.raises(KSearchError):
+        search_k(batch, spec, memory_budget=(1 << 15) * 9, safety_margin=0.0)
+
+
+def test_memory_balance_weights_follow_neighbourhood_sizes(batch3):
+    batch, spec = _lstm_setup(batch3)
+    w = memory_balance_weights(batch, spec)
+    assert w.shape == (batch.num_outputs,) and bool((w > 0).all())
+    deg = batch.layers[-1].in_degrees().numpy()
+    assert np.corrcoef(w.numpy(), deg)[0, 1] > 0.5
+    by_mem = search_k(batch, spec, memory_budget=4_000_000, safety_margin=0.0, balance="memory")
+    assert by_mem.max_peak <= 4_000_000
+
+
+def test_factories_match_the_engine_interfaces(batch3):
+    batch, spec = _lstm_setup(batch3)
+    full = estimate_micro_batch(batch, spec, fresh_grads=True)
+    seen = []
+    chooser = make_k_chooser(spec, "adam", on_search=seen.append)
+    plan = PartitionPlan(method="random", k="auto", memory_budget=full.peak // 2, safety_margin=0.05)
+    part, peaks = chooser(batch, plan, 3)
+    assert part.k == len(peaks) and max(peaks) <= plan.memory_budget * 0.95 and seen
+    estimator = make_estimator(spec, "adam")
+    assert estimator(batch, part.groups, part.k) == peaks
+    with pytest.raises(ValueError, match="memory_budget"):
+        chooser(batch, PartitionPlan(k="auto"), 0)
+
+
+def test_cuda_helpers_off_cuda():
+    assert apply_budget("cpu", 10**9) == 1.0
+    with pytest.raises(ValueError, match="memory_budget"):
+        apply_budget("cpu", 0)
+    est = estimate_micro_batch(_tiny_sizes(),
+                               ModelSpec.from_config("sage", 4, 2, hidden=4, layers=1))
+    with pytest.raises(EstimatedOOMError, match="estimated peak") as err:
+        with oom_guard([est], memory_budget=123):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert err.value.budget == 123 and isinstance(err.value.__cause__, RuntimeError)
+    with pytest.raises(KeyError):
+        with oom_guard([est]):
+            raise KeyError("not an OOM")
+
+
+def _tiny_sizes():
+    from betty.memory.sizes import PieceSizes
+
+    one = np.array([3.0])
+    return PieceSizes([one], [np.array([2.0])], [np.array([4.0])], [np.array([2])],
+                      [np.array([[2.0]])])
+
+
+@pytest.mark.parametrize("arch", ["sage", "gat"])
+def test_standard_dropout_and_float64_against_the_meter(arch, batch3):
+    """Paths the accuracy grid does not cover: per-call dropout (a float noise tensor
+    saved on the host) and float64 compute."""
+    from betty.memory import MemoryMeter
+    from betty.train import accumulate_gradients
+
+    batch, feat, label = batch3
+    for mode, dtype in (("standard", torch.float32), ("deterministic", torch.float64)):
+        torch.manual_seed(0)
+        model = build_model(arch, 12, 5, hidden=32, layers=3, heads=2, dropout=0.4,
+                            attn_dropout=0.2, dropout_mode=mode).to(dtype).train()
+        opt = build_optimizer("sgd", model.parameters(), 0.1)
+        meter = MemoryMeter("cpu")
+        meter.track(model, opt)
+        groups = partition_batch(batch, 3, "random", seed=0).groups
+        model.zero_grad(set_to_none=True)
+        res = accumulate_gradients(model, batch, groups, feat, label, k=3, meter=meter,
+                                   dropout_key=3, dtype=dtype)
+        ests = estimate_pieces(batch, groups, 3, model, opt, dtype=dtype)
+        for e, m in zip(ests, res.micro):
+            assert abs(e.peak - m.peak_bytes) / m.peak_bytes <= 0.05, (mode, dtype, e.peak, m.peak_bytes)

@@ -1,0 +1,111 @@
+"""The redundancy-embedded graph C = BᵀB (diagonal removed) and its hub cap."""
+
+import itertools
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from betty.partition.incidence import output_layer_incidence
+from betty.partition.planted import planted_community_graph
+from betty.partition.reg import redundancy_graph
+from betty.sampling import sample_full_batch
+
+
+def _batch(seed, num_outputs=50, fanouts=(3, 5)):
+    graph, _ = planted_community_graph(300, 3, avg_degree=8.0, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    outputs = torch.sort(torch.randperm(300, generator=gen)[:num_outputs]).values
+    return sample_full_batch(graph, outputs, list(fanouts), seed=seed)
+
+
+def _sources_of_outputs(batch):
+    """Global IDs of the output-layer sources each output needs (itself + neighbours)."""
+    top = batch.layers[-1]
+    src = {j: {int(top.src_nid[j])} for j in range(top.num_dst)}
+    for s, d in zip(top.edge_src.tolist(), top.edge_dst.tolist()):
+        src[d].add(int(top.src_nid[s]))
+    return src
+
+
+def _brute_force_shared(batch):
+    src = _sources_of_outputs(batch)
+    n = batch.num_outputs
+    c = np.zeros((n, n), dtype=np.int64)
+    for i, j in itertools.combinations(range(n), 2):
+        c[i, j] = c[j, i] = len(src[i] & src[j])
+    return c
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reg_equals_brute_force_shared_neighbour_count(seed):
+    batch = _batch(seed)
+    expected = _brute_force_shared(batch)
+    assert expected.sum() > 0  # the test graph does share neighbours
+    b = output_layer_incidence(batch)
+    max_deg = int(np.diff(b.indptr).max())
+    for cap in (None, max_deg, max_deg + 10):  # the cap never bites here
+        c, stats = redundancy_graph(b, max_hub_degree=cap, seed=seed)
+        assert c.dtype == np.int32
+        np.testing.assert_array_equal(c.toarray(), expected)
+        assert stats["hub_sources"] == 0
+        assert stats["pairs_built"] == stats["pairs_exact"]
+
+
+def test_hub_cap_replaces_cliques_by_rings():
+    batch = _batch(3, num_outputs=120, fanouts=(3, 10))
+    b = output_layer_incidence(batch)
+    deg = np.diff(b.indptr)
+    cap, links = 4, 1
+    hub = deg > cap
+    assert hub.sum() >= 3, "test graph needs a few hub sources"
+    c, stats = redundancy_graph(b, max_hub_degree=cap, hub_links=links, seed=0)
+
+    small = b[~hub]
+    exact_small = (small.T @ small).toarray()
+    np.fill_diagonal(exact_small, 0)
+    ring = c.toarray() - exact_small
+    assert (ring >= 0).all()
+    # every hub source adds exactly 2 * hub_links * d ordered ring entries
+    assert ring.sum() == 2 * links * deg[hub].sum()
+    assert stats["pairs_built"] == (deg[~hub] * (deg[~hub] - 1)).sum() + 2 * links * deg[hub].sum()
+    assert stats["pairs_built"] <= b.nnz * max(cap, 2 * links)
+    assert stats["hub_sources"] == hub.sum()
+    # the ring keeps each hub's outputs connected
+    ring_graph = sp.csr_matrix(ring > 0)
+    hub_rows = b[hub]
+    for r in range(hub_rows.shape[0]):
+        members = hub_rows.indices[hub_rows.indptr[r]:hub_rows.indptr[r + 1]]
+        sub = ring_graph[members][:, members]
+        n_comp, _ = sp.csgraph.connected_components(sub, directed=False)
+        assert n_comp == 1
+    np.testing.assert_array_equal(c.toarray(), c.toarray().T)
+    assert (c.diagonal() == 0).all()
+
+
+def test_hub_ring_is_seeded():
+    batch = _batch(4, num_outputs=120, fanouts=(3, 10))
+    b = output_layer_incidence(batch)
+    c0, _ = redundancy_graph(b, max_hub_degree=4, seed=0)
+    c0b, _ = redundancy_graph(b, max_hub_degree=4, seed=0)
+    c1, _ = redundancy_graph(b, max_hub_degree=4, seed=1)
+    assert (c0 != c0b).nnz == 0
+    assert (c0 != c1).nnz > 0
+
+
+def test_redundancy_graph_rejects_bad_options():
+    b = sp.csr_matrix(np.ones((3, 4), dtype=np.int32))
+    with pytest.raises(ValueError, match="max_hub_degree"):
+        redundancy_graph(b, max_hub_degree=0)
+    with pytest.raises(ValueError, match="hub_links"):
+        redundancy_graph(b, hub_links=0)
+
+
+def test_short_hub_rings_do_not_create_self_loops():
+    b = sp.csr_matrix(np.ones((3, 4), dtype=np.int32))  # 3 sources shared by 4 outputs
+    c, stats = redundancy_graph(b, max_hub_degree=1, hub_links=2)
+    dense = c.toarray()
+    assert (np.diag(dense) == 0).all() and (dense == dense.T).all()
+    assert (dense[~np.eye(4, dtype=bool)] > 0).all()  # every pair still linked
+    assert stats["hub_sources"] == 3
