@@ -1,0 +1,149 @@
+"""The ``betty`` CLI through Typer's runner (in-process)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from test_workflow_support import activate_store, end_active_runs, runs_of
+from workflow.cli import app
+from workflow.commands import command_modules
+from workflow.specfile import STAGES
+
+runner = CliRunner()
+FAST = ["-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]"]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    yield activate_store(tmp_path, monkeypatch, experiment="cli-test")
+    end_active_runs()
+
+
+def test_commands_are_discovered():
+    assert {"run", "stage", "validate", "specs", "compare", "verify", "partition"} <= set(command_modules())
+    assert not any(name.startswith("_") for name in command_modules())
+
+
+def test_validate_exit_codes_and_messages():
+    from workflow.specfile import shipped_specs
+
+    ok = invoke("validate", *[str(p) for p in shipped_specs()])
+    assert ok.exit_code == 0 and ok.stdout.count("ok ") == len(shipped_specs())
+    bad = invoke("validate", "tiny", "--set", "model.aggregator=max", "--set", "partition.memory_budget=24 gigs")
+    assert bad.exit_code == 2
+    assert "model.aggregator = 'max'" in bad.stderr and "partition.memory_budget = '24 gigs'" in bad.stderr
+    layers = invoke("validate", "tiny", "--set", "model.layers=3")
+    assert layers.exit_code == 2 and "sampling.fanouts = [5, 5]" in layers.stderr
+    assert "Traceback" not in bad.output
+    missing = invoke("validate", "no-such-spec")
+    assert missing.exit_code == 2 and "no such spec file" in missing.stderr
+    out = json.loads(invoke("validate", "tiny", "--json").stdout)
+    assert out["valid"] and out["specs"][0]["spec_sha"]
+
+
+def test_spec_errors_exit_2_in_every_command(tracking):
+    for args in (["run", "tiny"], ["stage", "train", "tiny"], ["verify", "tiny"], ["partition", "tiny"]):
+        res = invoke(*args, "--set", "train.epochs=-1")
+        assert res.exit_code == 2, args
+        assert "train.epochs = -1" in res.stderr and "Traceback" not in res.output
+
+
+def test_specs_lists_shipped_specs_with_descriptions():
+    res = invoke("specs")
+    assert res.exit_code == 0
+    lines = {line.split()[0]: line for line in res.stdout.splitlines()}
+    assert {"synthetic", "products_lstm", "arxiv_gat", "reddit_sage", "tiny"} <= set(lines)
+    data = json.loads(invoke("specs", "--json").stdout)
+    assert all(s["description"] for s in data["specs"])
+
+
+def test_run_compare_and_stage(tracking):
+    uri, exp = tracking
+    res = invoke("run", "tiny", "--experiment", "cli-test", "--json", *FAST)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert set(out["stages"]) == set(STAGES)
+    assert not any(s["reused"] for s in out["stages"].values())
+    assert {"test_acc", "peak_mem_measured_bytes", "redundancy"} <= set(out["metrics"])
+    runs = runs_of(uri, exp)
+    assert len(runs) == 6 and {r.info.status for r in runs} == {"FINISHED"}
+
+    table = invoke("compare", "--experiment", "cli-test")
+    assert table.exit_code == 0 and "tiny" in table.stdout and "mem measured" in table.stdout
+    rows = json.loads(invoke("compare", "--experiment", "cli-test", "--json").stdout)["runs"]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["run_id"] == out["run_id"] and row["K"] == 2 and row["status"] == "FINISHED"
+    assert row["mem measured"] > 0 and row["mem est"] > 0 and row["test"] == out["metrics"]["test_acc"]
+
+    # a lone stage: evaluate finds the newest matching train run by itself
+    res = invoke("stage", "evaluate", "tiny", "--experiment", "cli-test", "--json", *FAST)
+    assert res.exit_code == 0, res.output
+    ev = json.loads(res.stdout)
+    assert ev["metrics"]["test_acc"] == pytest.approx(out["metrics"]["test_acc"])
+
+
+def test_run_of_missing_real_dataset_fails_cleanly(tracking):
+    uri, exp = tracking
+    res = invoke("run", "reddit_sage", "--experiment", "cli-test")
+    assert res.exit_code == 1
+    assert "betty: DatasetNotFoundError" in res.stderr and "Traceback" not in res.output
+    assert {r.info.status for r in runs_of(uri, exp)} == {"FAILED"}
+
+
+def test_partition_json_and_save(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = invoke("partition", "tiny", "--k", "4", "--method", "hypergraph", "--json", "--save", str(tmp_path / "out"))
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert {"method", "k", "redundancy", "redundancy_per_layer", "imbalance", "time_build_s",
+            "time_partition_s", "time_blocks_s"} <= set(out)
+    assert out["method"] == "hypergraph" and out["k"] == 4 and len(out["redundancy_per_layer"]) == 2
+    assert out["redundancy"] >= 1.0 and out["time_blocks_s"] > 0
+    z = np.load(tmp_path / "out" / "batch.npz")
+    assert {"outputs", "block0_src", "block0_dst", "block1_src", "block1_dst", "groups"} <= set(z.files)
+    assert all(z[name].dtype == np.int64 for name in z.files)
+    assert sorted(np.unique(z["groups"]).tolist()) == [0, 1, 2, 3]
+    assert z["groups"].shape == z["outputs"].shape
+
+
+def test_verify_json(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = invoke("verify", "tiny", "--k", "2,4", "--dtype", "float64", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["dtype"] == "float64" and [r["k"] for r in out["results"]] == [2, 4]
+    assert all(r["max_rel_grad_diff"] < 1e-10 for r in out["results"])
+    bad = invoke("verify", "tiny", "--k", "2,x")
+    assert bad.exit_code == 2 and "comma-separated" in bad.stderr
+    assert invoke("stage", "nope", "tiny").exit_code == 2
+
+
+def test_cleanup_ends_runs_mlflow_left_running(tracking):
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    old = int((time.time() - 600) * 1000)
+    stuck = client.create_run(exp, start_time=old, tags={
+        "mlflow.project.entryPoint": "main", "mlflow.project.env": "conda"}).info.run_id
+    ours = client.create_run(exp, start_time=old, tags={
+        "mlflow.project.entryPoint": "train", "run_kind": "stage"}).info.run_id  # betty's: left alone
+    listed = json.loads(invoke("cleanup", "--experiment", "cli-test", "--json").stdout)
+    assert [r["run_id"] for r in listed["stale"]] == [stuck] and not listed["ended"]
+    assert client.get_run(stuck).info.status == "RUNNING"
+    assert invoke("cleanup", "--experiment", "cli-test", "--fail").exit_code == 0
+    assert client.get_run(stuck).info.status == "FAILED"
+    assert "env-manager local" in client.get_run(stuck).data.tags["error"]
+    assert client.get_run(ours).info.status == "RUNNING"
+    client.set_terminated(ours, "FAILED")

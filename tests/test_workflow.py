@@ -1,0 +1,239 @@
+"""Stages and the pipeline in-process: logging contract, reuse keys, failures, repeats."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from test_workflow_support import activate_store, end_active_runs, metric_names, runs_of
+from workflow import library
+from workflow.artifacts import load_batch, save_batch
+from workflow.components import first_batch, load_data
+from workflow.mlproject import parse_args
+from workflow.pipeline import InProcessLauncher, run_pipeline, run_stage
+from workflow.runs import decode_upstream, encode_upstream
+from workflow.specfile import STAGES, load_spec
+from workflow.stages.partition import sweep
+
+EPOCH_METRICS = {"loss", "train_acc", "k", "redundancy", "time_sample_s", "time_partition_s",
+                 "time_block_s", "time_compute_s", "epoch_time_s", "peak_mem_measured_bytes",
+                 "peak_mem_estimated_bytes", "mem_estimate_error", "valid_acc"}
+FAST = ["partition.sweep.k=[2, 4]", "partition.sweep.methods=[range, reg]"]
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    """A fresh store and experiment; the working directory (data root) is tmp."""
+    yield activate_store(tmp_path, monkeypatch)
+    end_active_runs()
+
+
+def _statuses(uri, exp):
+    return [r.info.status for r in runs_of(uri, exp)]
+
+
+def test_pipeline_logs_contract_and_reuses_by_content(tracking):
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    rspec = load_spec("tiny", FAST)
+    first = run_pipeline(rspec, InProcessLauncher())
+    runs = runs_of(uri, exp)
+    assert len(runs) == 6 and all(r.info.status == "FINISHED" for r in runs)
+    parent = client.get_run(first["main"]["run_id"])
+    assert parent.data.tags["run_kind"] == "main" and parent.data.tags["reused_stages"] == "none"
+    for stage in STAGES:
+        run = client.get_run(first[stage]["run_id"])
+        tags = run.data.tags
+        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert tags["stage"] == stage and tags["spec_sha"] == rspec.sha
+        assert tags["dataset"] == "synthetic" and tags["device"] == "cpu"
+        assert run.data.params["spec.train.epochs"] == "2"
+        assert "spec.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    train = first["train"]["run_id"]
+    assert EPOCH_METRICS <= metric_names(client.get_run(train))
+    for name in EPOCH_METRICS:
+        assert [m.step for m in client.get_metric_history(train, name)] == [0, 1], name
+    assert {"test_acc", "valid_acc", "peak_mem_measured_bytes", "peak_mem_estimated_bytes",
+            "redundancy", "k", "epoch_time_s"} <= metric_names(parent)
+    # the sampled batch is passed on by run ID and is the batch the trainer sees first
+    path = mlflow.artifacts.download_artifacts(run_id=first["sample"]["run_id"], artifact_path="batch.npz")
+    batch, _ = load_batch(path)
+    expected = first_batch(rspec, load_data(rspec))
+    assert all(torch.equal(a.src_nid, b.src_nid) and torch.equal(a.edge_id, b.edge_id)
+               for a, b in zip(batch.layers, expected.layers))
+
+    again = run_pipeline(rspec, InProcessLauncher())
+    assert all(again[s]["reused"] and again[s]["run_id"] == first[s]["run_id"] for s in STAGES)
+    assert len(runs_of(uri, exp)) == 7  # only a new parent
+    assert client.get_run(again["main"]["run_id"]).data.tags["reused_stages"] == ",".join(STAGES)
+
+    edited = run_pipeline(load_spec("tiny", FAST + ["train.epochs=1"]), InProcessLauncher())
+    assert [edited[s]["reused"] for s in STAGES] == [True, True, True, False, False]
+    assert edited["train"]["run_id"] != first["train"]["run_id"]
+    assert len(client.get_metric_history(edited["train"]["run_id"], "loss")) == 1
+    assert "RUNNING" not in _statuses(uri, exp)
+
+
+def test_reuse_requires_same_code_version(tracking, monkeypatch):
+    from workflow import reuse
+
+    rspec = load_spec("tiny", FAST + ["partition.sweep.k=[]"])
+    run_pipeline(rspec, InProcessLauncher(), stages=("download",))
+    monkeypatch.setattr(reuse, "code_version", lambda: "edited+0000")
+    out = run_pipeline(rspec, InProcessLauncher(), stages=("download",))
+    assert out["download"]["reused"] is False
+
+
+def test_missing_dataset_fails_fast_and_leaves_no_running_run(tracking):
+    uri, exp = tracking
+    rspec = load_spec("arxiv_sage")
+    from betty.data import DatasetNotFoundError
+
+    with pytest.raises(DatasetNotFoundError):
+        run_pipeline(rspec, InProcessLauncher())
+    runs = runs_of(uri, exp)
+    assert [(r.data.tags["stage"], r.info.status) for r in runs] == [("main", "FAILED"), ("download", "FAILED")]
+    for run in runs:
+        assert "DatasetNotFoundError" in run.data.tags["error"] and "ogbn_arxiv" in run.data.tags["error"]
+        assert len(run.data.tags["error"]) <= 500
+    text = MlflowClient(uri).download_artifacts(runs[1].info.run_id, "error.txt")
+    assert "Traceback" in open(text).read()
+
+
+def test_interrupted_stage_is_killed_not_running(tracking, monkeypatch):
+    uri, exp = tracking
+    import workflow.stages.train as train_stage
+
+    def interrupted(ctx, repeat=0):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_stage, "train_once", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(load_spec("tiny", FAST), InProcessLauncher())
+    status = {r.data.tags["stage"]: r.info.status for r in runs_of(uri, exp)}
+    assert status == {"main": "KILLED", "download": "FINISHED", "sample": "FINISHED",
+                      "partition": "FINISHED", "train": "KILLED"}
+
+
+def test_unavailable_feature_fails_before_any_stage(tracking, monkeypatch):
+    uri, exp = tracking
+    import betty.models
+
+    monkeypatch.setattr(betty.models, "ARCHS", ("sage",))
+    rspec = load_spec("tiny", ["model.arch=gat", "model.heads=2"] + FAST)
+    assert library.missing_features(rspec.spec) == [
+        "model.arch 'gat' is not available yet in this version of betty (available: sage)"]
+    with pytest.raises(library.NotAvailableYet, match="not available yet"):
+        run_pipeline(rspec, InProcessLauncher())
+    runs = runs_of(uri, exp)
+    assert [(r.data.tags["stage"], r.info.status) for r in runs] == [("main", "FAILED")]
+
+
+def test_repeats_log_mean_and_std(tracking):
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    rspec = load_spec("tiny", ["train.repeats=2", "train.epochs=1", "partition.sweep.k=[]"])
+    train_id, summary = run_stage("train", rspec)
+    repeats = runs_of(uri, exp, "tags.run_kind = 'repeat'")
+    assert [r.data.tags["repeat"] for r in repeats] == ["0", "1"]
+    assert all(r.data.tags["mlflow.parentRunId"] == train_id and r.info.status == "FINISHED" for r in repeats)
+    losses = [r.data.metrics["loss"] for r in repeats]
+    assert losses[0] != losses[1]  # different seeds
+    train = client.get_run(train_id).data.metrics
+    assert train["loss_mean"] == pytest.approx(sum(losses) / 2)
+    assert train["loss_std"] == pytest.approx(abs(losses[0] - losses[1]) / 2)
+    eval_id, scores = run_stage("evaluate", rspec, {"train": train_id})
+    tests = [client.get_run(r.info.run_id).data.metrics["test_acc"] for r in repeats]
+    ev = client.get_run(eval_id).data.metrics
+    assert ev["test_acc"] == pytest.approx(sum(tests) / 2) == pytest.approx(ev["test_acc_mean"])
+    assert ev["test_acc_std"] == pytest.approx(abs(tests[0] - tests[1]) / 2)
+
+
+def test_k_auto_partition_stage_logs_the_search(tracking):
+    uri, exp = tracking
+    rspec = load_spec("tiny", ["partition.k=auto", "partition.memory_budget=400KiB", "partition.sweep.k=[]"])
+    run_id, summary = run_stage("partition", rspec)
+    run = MlflowClient(uri).get_run(run_id)
+    assert summary["k"] >= 2  # the full batch does not fit 400 KiB * 0.95
+    assert {"time_ksearch_s", "peak_mem_estimated_bytes"} <= metric_names(run)
+    assert run.data.metrics["peak_mem_estimated_bytes"] <= 400 * 1024 * 0.95
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="ksearch.json")
+    assert json.load(open(path))[0]["k"] == summary["k"]
+
+
+def test_evaluate_needs_a_train_run(tracking):
+    uri, exp = tracking
+    with pytest.raises(RuntimeError, match="needs the train stage's run"):
+        run_stage("evaluate", load_spec("tiny"))
+    assert _statuses(uri, exp) == ["FAILED"]
+
+
+# ------------------------------------------------------------------- pure helpers
+
+
+def test_batch_file_round_trip(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rspec = load_spec("tiny")
+    batch = first_batch(rspec, load_data(rspec))
+    groups = torch.arange(batch.num_outputs) % 3
+    loaded, g = load_batch(save_batch(tmp_path / "b.npz", batch, groups))
+    assert torch.equal(g, groups) and loaded.fanouts == batch.fanouts
+    for a, b in zip(loaded.layers, batch.layers):
+        assert a.num_dst == b.num_dst
+        for name in ("src_nid", "edge_src", "edge_dst", "edge_id"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    import numpy as np
+
+    z = np.load(tmp_path / "b.npz")
+    assert z["block0_src"].dtype == np.int64
+    assert np.array_equal(z["block1_dst"], batch.layers[1].src_nid[batch.layers[1].edge_dst].numpy())
+    assert np.array_equal(z["outputs"], batch.output_nid.numpy())
+
+
+def test_sweep_skips_failing_and_slow_methods(tmp_path, monkeypatch):
+    from betty.partition import PARTITIONERS
+
+    def broken(batch, k, **kw):
+        raise RuntimeError("cannot cut this graph")
+
+    monkeypatch.setitem(PARTITIONERS, "broken", broken)
+    monkeypatch.chdir(tmp_path)
+    rspec = load_spec("tiny")
+    ds = load_data(rspec)
+    batch = first_batch(rspec, ds)
+    rows, skipped = sweep(batch, [2, 4, 8, 64], ["range", "broken"], seed=0, graph=ds.graph)
+    assert [(r["method"], r["k"]) for r in rows] == [("range", 2), ("range", 4), ("range", 8), ("broken", 2)]
+    assert "cannot cut this graph" in rows[-1]["error"] and "K=2" in skipped["broken"]
+    assert all(r["redundancy"] >= 1.0 for r in rows[:3])
+    rows, skipped = sweep(batch, [2, 4], ["range"], seed=0, graph=ds.graph, time_limit_s=1e-9)
+    assert len(rows) == 1 and "time_limit_s" in skipped["range"]
+
+
+def test_mlproject_arguments():
+    args, overrides = parse_args(["train", "--spec", "tiny", "--set", "model.hidden=8;train.lr=0.1",
+                                  "--upstream", "", "--train.epochs", "3", "--dataset.seed=2"])
+    assert args.entry == "train" and args.spec == "tiny"
+    assert overrides == ["model.hidden=8;train.lr=0.1", "train.epochs=3", "dataset.seed=2"]
+    assert decode_upstream(encode_upstream({"download": "a1", "sample": "b2"})) == {"download": "a1", "sample": "b2"}
+    with pytest.raises(ValueError, match="stage=RUN_ID"):
+        decode_upstream("download")
+
+
+def test_full_and_sampled_inference_scores(tmp_path, monkeypatch):
+    from workflow.components import build_model
+    from workflow.evaluation import evaluate_model
+
+    monkeypatch.chdir(tmp_path)
+    full = load_spec("tiny")
+    ds = load_data(full)
+    model = build_model(full, ds)
+    scores = evaluate_model(model, ds, full, "cpu")
+    assert set(scores) == {"valid_acc", "test_acc"} and all(0.0 <= v <= 1.0 for v in scores.values())
+    # sampled inference with every neighbour equals full-neighbour inference
+    sampled = load_spec("tiny", ["evaluate.inference=sampled", "evaluate.fanouts=[-1, -1]"])
+    assert evaluate_model(model, ds, sampled, "cpu") == pytest.approx(scores)
+    assert set(evaluate_model(model, ds, sampled, "cpu", splits=("valid",))) == {"valid_acc"}

@@ -1,0 +1,95 @@
+"""Helpers for the workflow tests (MLflow stores, run queries), plus their own checks.
+
+Creating a new sqlite tracking store runs MLflow's schema migrations (about 10 s here),
+so a migrated empty database is built once per machine under the temp folder and
+copied for each test store. Tests never use the Default experiment (its artifact
+location is fixed when the database is created): they create experiments with an
+explicit artifact location inside their temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+__all__ = ["new_store", "new_experiment", "activate_store", "end_active_runs", "runs_of", "metric_names",
+           "project_copy", "PROJECT"]
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def _template_db() -> Path:
+    path = Path(tempfile.gettempdir()) / f"betty-test-mlflow-{mlflow.__version__}.db"
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(suffix=".db", dir=path.parent)
+        os.close(fd)
+        os.unlink(tmp)
+        MlflowClient(f"sqlite:///{tmp}").search_experiments()  # runs the migrations
+        os.replace(tmp, path)
+    return path
+
+
+def new_store(folder: Path) -> str:
+    """A fresh, migrated sqlite store in ``folder``; returns its tracking URI."""
+    folder.mkdir(parents=True, exist_ok=True)
+    db = folder / "mlflow.db"
+    shutil.copyfile(_template_db(), db)
+    return f"sqlite:///{db}"
+
+
+def new_experiment(uri: str, name: str, artifacts: Path) -> str:
+    """Create experiment ``name`` with artifacts under ``artifacts``; returns its ID."""
+    return MlflowClient(uri).create_experiment(name, artifact_location=artifacts.resolve().as_uri())
+
+
+def activate_store(tmp_path: Path, monkeypatch, experiment: str = "workflow-test") -> tuple[str, str]:
+    """Point MLflow (in this process) at a fresh store with an active experiment named
+    ``experiment``, and make ``tmp_path`` the working directory (the data root).
+    Returns ``(tracking URI, experiment ID)``."""
+    uri = new_store(tmp_path / "store")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    exp = new_experiment(uri, experiment, tmp_path / "artifacts")
+    mlflow.set_experiment(experiment_id=exp)
+    return uri, exp
+
+
+def end_active_runs() -> None:
+    """End runs a failing test may have left active, so no later test inherits them."""
+    while mlflow.active_run() is not None:
+        mlflow.end_run("FAILED")
+
+
+def runs_of(uri: str, experiment_id: str, query: str = "") -> list:
+    """Every run of the experiment (all statuses), oldest first."""
+    return MlflowClient(uri).search_runs([experiment_id], query, max_results=1000,
+                                         order_by=["attributes.start_time ASC"])
+
+
+def metric_names(run) -> set[str]:
+    return set(run.data.metrics)
+
+
+def project_copy(dest: Path) -> Path:
+    """Copy the files ``mlflow run`` needs (MLproject, conda.yaml, specs/, betty/,
+    workflow/) to ``dest``, so concurrent edits of the working tree cannot change the
+    code version between two runs of a test."""
+    dest.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("betty", "workflow", "specs"):
+        shutil.copytree(PROJECT / name, dest / name, ignore=ignore)
+    for name in ("MLproject", "conda.yaml"):
+        shutil.copy2(PROJECT / name, dest / name)
+    return dest
+
+
+def test_store_template_is_reusable(tmp_path):
+    uri = new_store(tmp_path / "a")
+    exp = new_experiment(uri, "x", tmp_path / "art")
+    assert MlflowClient(uri).get_experiment(exp).artifact_location.startswith("file:")
+    assert new_store(tmp_path / "b") != uri

@@ -1,0 +1,54 @@
+"""``betty partition SPEC --k 8 --method hypergraph``: split one sampled batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, load
+
+REPORT_KEYS = ("method", "k", "redundancy", "redundancy_per_layer", "imbalance", "time_build_s",
+               "time_partition_s", "time_blocks_s")
+
+
+@cli_errors
+def partition(spec: SpecArg,
+              k: Annotated[Optional[int], typer.Option("--k", min=1, help="Number of micro-batches (default: the spec's).")] = None,
+              method: Annotated[Optional[str], typer.Option("--method", help="Partition method (default: the spec's).")] = None,
+              save: Annotated[Optional[Path], typer.Option("--save", help="Write DIR/batch.npz with the batch and its groups.")] = None,
+              set_: SetOpt = None, json_: JsonOpt = False) -> None:
+    """Partition the spec's first sampled batch as training would (same seed, balance)
+    and report redundancy, imbalance and the time to build, partition and carve the
+    micro-batch blocks."""
+    from workflow.artifacts import save_batch
+    from workflow.components import load_data, make_trainer, resolve_device
+    from workflow.stages.partition import measure_split
+
+    overrides = list(set_ or [])
+    if method:
+        overrides.append(f"partition.method={method}")
+    if k is not None:
+        overrides.append(f"partition.k={k}")
+    rspec = load(spec, overrides)
+    ds = load_data(rspec)
+    trainer, _, _ = make_trainer(rspec, ds, resolve_device(rspec.spec.train.device))
+    batch = trainer.sample(0, 0)
+    report, result, _ = measure_split(trainer, batch)
+    out = {key: report[key] for key in REPORT_KEYS}
+    if report["time_ksearch_s"] is not None:
+        out["time_ksearch_s"] = report["time_ksearch_s"]
+    if report["estimated_bytes"]:
+        out["peak_mem_estimated_bytes"] = max(report["estimated_bytes"])
+    if save is not None:
+        out["saved"] = str(save_batch(Path(save) / "batch.npz", batch, result.groups))
+    if json_:
+        emit_json(out)
+        return
+    for key, value in out.items():
+        typer.echo(f"{key:>22}: {value:.4g}" if isinstance(value, float) else f"{key:>22}: {value}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("partition")(partition)

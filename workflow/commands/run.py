@@ -1,0 +1,55 @@
+"""``betty run SPEC``: every stage as nested runs of one parent, in this process."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from workflow.commands._common import ExperimentOpt, JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, load, use_experiment
+
+SUMMARY_KEYS = ("k", "redundancy", "peak_mem_estimated_bytes", "peak_mem_measured_bytes",
+                "mem_estimate_error", "epoch_time_s", "loss", "train_acc", "valid_acc", "test_acc",
+                "valid_rocauc", "test_rocauc")
+
+
+@cli_errors
+def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
+        reuse: Annotated[bool, typer.Option("--reuse/--no-reuse",
+                                            help="Reuse finished stages with the same key.")] = True,
+        json_: JsonOpt = False) -> None:
+    """Run download, sample, partition, train and evaluate as child runs of one parent
+    run, with a live progress display (on stderr)."""
+    from mlflow.tracking import MlflowClient
+
+    from workflow.pipeline import InProcessLauncher, run_pipeline
+    from workflow.progress import RichReporter
+
+    rspec = load(spec, set_)
+    use_experiment(experiment)
+    with RichReporter() as reporter:
+        outcomes = run_pipeline(rspec, InProcessLauncher(reporter), reuse=reuse, reporter=reporter)
+    parent = MlflowClient().get_run(outcomes["main"]["run_id"])
+    metrics = parent.data.metrics
+    if json_:
+        emit_json({"run_id": parent.info.run_id, "experiment_id": parent.info.experiment_id,
+                   "spec": rspec.name, "spec_sha": rspec.sha, "stages": {s: o for s, o in outcomes.items() if s != "main"},
+                   "metrics": metrics})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from workflow.sizes import format_bytes
+
+    table = Table(title=f"{rspec.name} (run {parent.info.run_id})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in SUMMARY_KEYS:
+        if key in metrics:
+            value = format_bytes(metrics[key]) if key.endswith("_bytes") else f"{metrics[key]:.4g}"
+            table.add_row(key, value)
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

@@ -1,0 +1,44 @@
+"""``betty specs``: the shipped specs, one line each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from workflow.commands._common import JsonOpt, cli_errors, emit_json
+
+
+def describe(path: Path) -> str:
+    """The spec's ``description:`` field, else its first comment line, else ``""``."""
+    import yaml
+
+    text = path.read_text()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raw = None
+    if isinstance(raw, dict) and isinstance(raw.get("description"), str):
+        return raw["description"].strip()
+    for line in text.splitlines():
+        if line.strip().startswith("#"):
+            return line.strip().lstrip("#").strip()
+    return ""
+
+
+@cli_errors
+def specs(json_: JsonOpt = False) -> None:
+    """List the shipped specs (use a name with run/validate/stage)."""
+    from workflow.specfile import shipped_specs, specs_dir
+
+    rows = [{"name": p.stem, "path": str(p), "description": describe(p)} for p in shipped_specs()]
+    if json_:
+        emit_json({"specs_dir": str(specs_dir()), "specs": rows})
+        return
+    width = max((len(r["name"]) for r in rows), default=0)
+    for r in rows:
+        typer.echo(f"{r['name']:<{width}}  {r['description']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("specs")(specs)

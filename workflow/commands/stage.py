@@ -1,0 +1,69 @@
+"""``betty stage NAME SPEC``: one stage as its own run."""
+
+from __future__ import annotations
+
+from typing import Annotated, List, Optional
+
+import typer
+
+from workflow.commands._common import ExperimentOpt, JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, experiment_id, fail, load, use_experiment
+from workflow.specfile import STAGES
+
+
+def _auto_upstream(rspec, stage: str, upstream: dict[str, str], experiment: str | None) -> dict[str, str]:
+    """For ``evaluate`` without ``--upstream train=...``: the newest FINISHED train run
+    of this spec content and code version in the active experiment."""
+    if stage != "evaluate" or "train" in upstream:
+        return upstream
+    from mlflow.tracking import MlflowClient
+
+    from workflow.components import resolve_device
+    from workflow.provenance import code_version
+
+    device = str(resolve_device(rspec.spec.train.device))
+    sha = rspec.stage_sha("train", {"device": device})
+    exp = experiment_id(experiment)
+    runs = MlflowClient().search_runs(
+        [exp], f"tags.stage = 'train' and tags.run_kind = 'stage' and tags.stage_sha = '{sha}' and "
+               f"tags.code_version = '{code_version()}' and attributes.status = 'FINISHED'",
+        max_results=1, order_by=["attributes.start_time DESC"])
+    return {**upstream, "train": runs[0].info.run_id} if runs else upstream
+
+
+@cli_errors
+def stage(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(STAGES)}.")],
+          spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
+          upstream: Annotated[Optional[List[str]], typer.Option(
+              "--upstream", "-u", help="An earlier stage's run: stage=RUN_ID. Repeatable.")] = None,
+          json_: JsonOpt = False) -> None:
+    """Run one stage in its own MLflow run. Stages without --upstream compute what they
+    need from the spec (evaluate looks up the newest matching train run)."""
+    from workflow.pipeline import run_stage
+    from workflow.progress import RichReporter
+    from workflow.runs import decode_upstream
+
+    if name not in STAGES:
+        raise fail(f"stage {name!r} is not one of {', '.join(STAGES)}", 2)
+    try:
+        ups = decode_upstream(";".join(upstream or []))
+    except ValueError as err:
+        raise fail(str(err), 2) from None
+    rspec = load(spec, set_)
+    use_experiment(experiment)
+    ups = _auto_upstream(rspec, name, ups, experiment)
+    with RichReporter() as reporter:
+        reporter.stage_started(name)
+        try:
+            run_id, metrics = run_stage(name, rspec, ups, reporter=reporter)
+        except BaseException as exc:
+            reporter.stage_finished(name, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            raise
+        reporter.stage_finished(name, "FINISHED", f"run {run_id[:8]}")
+    if json_:
+        emit_json({"stage": name, "run_id": run_id, "metrics": metrics})
+    else:
+        typer.echo(f"{name}: run {run_id} " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("stage")(stage)

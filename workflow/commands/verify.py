@@ -1,0 +1,59 @@
+"""``betty verify SPEC --k 2,4,8``: is K-way accumulation exact on this machine?"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, fail, load
+
+
+def parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise fail(f"--k must be a comma-separated list of integers, got {text!r}", 2) from None
+    if not ks or any(k < 1 for k in ks):
+        raise fail(f"--k values must be integers >= 1, got {text!r}", 2)
+    return ks
+
+
+@cli_errors
+def verify(spec: SpecArg,
+           k: Annotated[str, typer.Option("--k", help="Comma-separated K values, e.g. 2,4,8.")] = "2,4,8",
+           method: Annotated[Optional[str], typer.Option("--method", help="Partition method (default: the spec's).")] = None,
+           dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32 or float64 (default: the spec's).")] = None,
+           set_: SetOpt = None, json_: JsonOpt = False) -> None:
+    """Compare the K-way accumulated gradient with the full-batch one on the spec's
+    first sampled batch (betty.verify.verify_exactness)."""
+    from betty.verify import verify_exactness
+
+    from workflow.components import load_data, make_trainer, resolve_device, torch_dtype
+
+    ks = parse_ks(k)
+    overrides = list(set_ or [])
+    if method:
+        overrides.append(f"partition.method={method}")
+    if dtype:
+        overrides.append(f"train.dtype={dtype}")
+    rspec = load(spec, overrides)
+    ds = load_data(rspec)
+    device = resolve_device(rspec.spec.train.device)
+    trainer, model, _ = make_trainer(rspec, ds, device)
+    batch = trainer.sample(0, 0)
+    result = verify_exactness(model, batch, ds.feat, ds.label, ks, method=rspec.spec.partition.method,
+                              seed=rspec.spec.sampling.seed, device=device, dtype=torch_dtype(rspec),
+                              multilabel=ds.multilabel, graph=ds.graph)
+    if json_:
+        emit_json(result)
+        return
+    typer.echo(f"{rspec.name}: method {result['method']}, {result['dtype']}, "
+               f"{result['num_outputs']} outputs, full-batch loss {result['loss_full']:.6g}")
+    for row in result["results"]:
+        typer.echo(f"  K={row['k']:<4} max relative gradient difference {row['max_rel_grad_diff']:.3e}  "
+                   f"loss difference {row['loss_diff']:.3e}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("verify")(verify)

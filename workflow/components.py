@@ -1,0 +1,113 @@
+"""Library objects built from a resolved spec: device, dataset, model, plan, trainer.
+
+Seeds (so each stage reproduces what the others see):
+
+* ``sampling.seed`` (+ repeat index) seeds the fixed batches, each epoch's sampling
+  and the partitioner (``betty.engine.Trainer``'s ``seed``);
+* ``train.seed`` (+ repeat index) seeds the weight initialisation and dropout.
+
+Every stage goes through :func:`make_trainer`, so the ``sample`` and ``partition``
+stages see exactly the batch and the partition the trainer's first epoch uses
+(``Trainer.sample(0, 0)``, ``Trainer.partition(batch, 0, 0)``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workflow import library
+from workflow.specfile import ResolvedSpec
+
+__all__ = [
+    "resolve_device",
+    "torch_dtype",
+    "load_data",
+    "build_model",
+    "partition_plan",
+    "batch_size",
+    "make_trainer",
+    "first_batch",
+]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` -> ``cuda`` when available, else ``cpu``; other names as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"train.device is {name!r} but CUDA is not available here; use 'auto' or 'cpu'")
+    return device
+
+
+def torch_dtype(rspec: ResolvedSpec) -> torch.dtype:
+    return {"float32": torch.float32, "float64": torch.float64}[rspec.spec.train.dtype]
+
+
+def load_data(rspec: ResolvedSpec):
+    """The spec's dataset via :func:`betty.data.load_dataset` (cached under root)."""
+    from betty.data import load_dataset
+
+    ds = rspec.spec.dataset
+    return load_dataset(ds.name, ds.root, **rspec.dataset_options)
+
+
+def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> torch.nn.Module:
+    """The spec's model for ``dataset`` (weights seeded by ``seed``, default
+    ``train.seed``), in the spec's dtype, on the CPU."""
+    from betty import models
+
+    m = rspec.spec.model
+    library.require_arch(m.arch)
+    torch.manual_seed(rspec.spec.train.seed if seed is None else seed)
+    model = models.build_model(
+        m.arch, dataset.num_features, dataset.num_classes, hidden=m.hidden, layers=m.layers,
+        aggregator=m.aggregator, heads=m.heads, dropout=m.dropout, attn_dropout=m.attn_dropout,
+        dropout_mode=m.dropout_mode)
+    return model.to(torch_dtype(rspec))
+
+
+def partition_plan(rspec: ResolvedSpec):
+    from betty.engine import PartitionPlan
+
+    p = rspec.spec.partition
+    return PartitionPlan(method=p.method, k=p.k, reuse=p.reuse, balance=p.balance,
+                         memory_budget=p.memory_budget, safety_margin=p.safety_margin)
+
+
+def batch_size(rspec: ResolvedSpec) -> int | None:
+    size = rspec.spec.sampling.batch_size
+    return None if size == "full" else int(size)
+
+
+def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter=None,
+                 on_search=None):
+    """``(trainer, model, optimizer)`` for repeat ``repeat``: a fresh model (weights
+    seeded by ``train.seed + repeat``) on ``device`` and a :class:`betty.engine.Trainer`
+    seeded by ``sampling.seed + repeat``. The trainer builds the memory estimator and,
+    for ``partition.k: auto``, the K search itself; ``on_search`` receives every K-search
+    result (when the trainer supports it)."""
+    import inspect
+
+    from betty.engine import Trainer
+    from betty.train import build_optimizer
+
+    library.preflight(rspec.spec)
+    t = rspec.spec.train
+    model = build_model(rspec, dataset, seed=t.seed + repeat).to(device)
+    optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    extra = {}
+    if on_search is not None and "on_search" in inspect.signature(Trainer).parameters:
+        extra["on_search"] = on_search
+    trainer = Trainer(model, optimizer, dataset, rspec.spec.sampling.fanouts, partition_plan(rspec),
+                      batch_size=batch_size(rspec), device=device,
+                      seed=rspec.spec.sampling.seed + repeat, dtype=torch_dtype(rspec),
+                      meter=meter, dropout_seed=t.seed + repeat, **extra)
+    return trainer, model, optimizer
+
+
+def first_batch(rspec: ResolvedSpec, dataset, *, repeat: int = 0, device=None):
+    """The full batch the trainer samples first (epoch 0, batch 0): a ``SampledBatch``."""
+    device = device or resolve_device(rspec.spec.train.device)
+    trainer, _, _ = make_trainer(rspec, dataset, device, repeat=repeat)
+    return trainer.sample(0, 0)

@@ -1,0 +1,108 @@
+"""MLproject entry points: ``python -m workflow.mlproject ENTRY --spec S [--set ...]``.
+
+``ENTRY`` is ``main`` (every stage, as child runs) or a stage name. Each call resumes
+the run ``mlflow run`` created for it (``MLFLOW_RUN_ID``). Overrides come from the
+``set`` parameter (``"train.epochs=3;model.hidden=64"``) and from undeclared
+``-P key.path=value`` parameters, which MLflow appends as ``--key.path value``.
+
+Exit codes: 0 success, 2 invalid spec (no traceback), 1 any other failure (message on
+stderr, traceback in the run's ``error.txt``), 130 interrupted. SIGTERM is treated as an
+interrupt so a cancelled run ends ``KILLED``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from workflow import env as _env  # noqa: F401  (before MLflow is imported)
+from workflow.specfile import STAGES
+
+__all__ = ["main", "parse_args"]
+
+ENTRIES = ("main", *STAGES)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``(args, overrides)``; unknown ``--key.path value`` pairs become overrides."""
+    parser = argparse.ArgumentParser(prog="python -m workflow.mlproject")
+    parser.add_argument("entry", choices=ENTRIES)
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--set", dest="set_", default="")
+    parser.add_argument("--upstream", default="")
+    parser.add_argument("--reuse", default="true")
+    args, extra = parser.parse_known_args(argv)
+    overrides = [args.set_] if args.set_ else []
+    i = 0
+    while i < len(extra):
+        item = extra[i]
+        if not item.startswith("--") or len(item) == 2:
+            parser.error(f"unexpected argument {item!r}")
+        key = item[2:]
+        if "=" in key:
+            overrides.append(key)
+            i += 1
+        elif i + 1 < len(extra):
+            overrides.append(f"{key}={extra[i + 1]}")
+            i += 2
+        else:
+            parser.error(f"override --{key} has no value")
+    return args, overrides
+
+
+def _interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _fail(message: str, code: int, exc: BaseException | None = None) -> int:
+    from workflow.runs import mark_failed
+
+    print(f"betty: {message}", file=sys.stderr, flush=True)
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if exc is not None and run_id:
+        mark_failed(run_id, exc)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    from workflow.progress import LogReporter
+    from workflow.spec import SpecError
+    from workflow.specfile import load_spec
+
+    try:
+        rspec = load_spec(args.spec, overrides)
+    except SpecError as err:
+        return _fail(str(err), 2, err)
+    reporter = LogReporter()
+    try:
+        if args.entry == "main":
+            from workflow.pipeline import ProjectLauncher, run_pipeline
+
+            launcher = ProjectLauncher(Path.cwd(), args.spec, overrides)
+            reuse = str(args.reuse).strip().lower() not in ("false", "0", "no", "off")
+            run_pipeline(rspec, launcher, reuse=reuse, reporter=reporter)
+        else:
+            from workflow.pipeline import run_stage
+            from workflow.runs import decode_upstream
+
+            upstream = decode_upstream(args.upstream)
+            run_id, metrics = run_stage(args.entry, rspec, upstream, reporter=reporter)
+            reporter.note(f"{args.entry}: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    except KeyboardInterrupt as err:
+        return _fail("interrupted", 130, err)
+    except Exception as err:  # noqa: BLE001  (reported, traceback logged as error.txt)
+        if os.environ.get("BETTY_TRACEBACK"):
+            import traceback
+
+            traceback.print_exc()
+        return _fail(f"{type(err).__name__}: {err}", 1, err)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Run stages: one alone, or all of them as child runs of one parent.
+
+:func:`run_pipeline` opens the parent run (``run_kind=main``, ``stage=main``) and, for
+each stage in order, either reuses a finished run with the same key
+(:mod:`workflow.reuse`) or launches the stage as a child run:
+
+* :class:`InProcessLauncher` (``betty run``): a nested run in this process;
+* :class:`ProjectLauncher` (the MLproject ``main`` entry point): ``mlflow.projects.run``
+  of the stage's entry point with ``env_manager="local"`` (child runs do not inherit
+  ``--env-manager``), into a run created beforehand as a child of the parent.
+
+Artifacts pass between stages by run ID: each stage gets ``upstream = {stage: run_id}``
+of the stages before it. The parent records ``stage_run.<stage>`` tags (the run used
+for each stage), ``reused.<stage>`` for reused ones and ``reused_stages``, and copies the
+headline metrics of the train and evaluate runs (:func:`collect_summary`), so one row
+per experiment in ``betty compare`` has everything.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from workflow import library
+from workflow.components import resolve_device
+from workflow.progress import Reporter
+from workflow.reuse import find_reusable, stage_key
+from workflow.runs import ERROR_TAG_LIMIT, encode_upstream, log_metrics, tracked_run
+from workflow.specfile import STAGES, ResolvedSpec
+from workflow.stages import UPSTREAM, stage_function
+from workflow.stages.base import StageContext
+
+__all__ = ["StageFailed", "run_stage", "InProcessLauncher", "ProjectLauncher", "run_pipeline",
+           "collect_summary"]
+
+
+class StageFailed(RuntimeError):
+    """A stage launched as a separate process failed; the message carries its error."""
+
+
+def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None = None, *,
+              reporter: Reporter | None = None, nested: bool = False, shared: dict | None = None,
+              run_name: str | None = None) -> tuple[str, dict]:
+    """Run one stage in its own run (nested under the active run if ``nested``).
+
+    Returns:
+        ``(run_id, summary metrics)``.
+    """
+    upstream = dict(upstream or {})
+    reporter = reporter or Reporter()
+    device = str(resolve_device(rspec.spec.train.device))
+    key = stage_key(rspec, stage, upstream.get(UPSTREAM[stage] or ""), device)
+    tags = {**key, "upstream": encode_upstream(upstream) or "none"}
+    with tempfile.TemporaryDirectory(prefix=f"betty-{stage}-") as tmp, \
+            tracked_run("stage", stage, rspec, nested=nested, run_name=run_name or f"{rspec.name}/{stage}",
+                        device=device, tags=tags) as run:
+        if stage in ("partition", "train", "evaluate"):
+            library.preflight(rspec.spec)
+        ctx = StageContext(rspec=rspec, upstream=upstream, reporter=reporter, workdir=Path(tmp),
+                           shared=shared if shared is not None else {})
+        metrics = stage_function(stage)(ctx)
+    return run.info.run_id, metrics
+
+
+class InProcessLauncher:
+    """Stages as nested runs of this process (sharing the loaded dataset)."""
+
+    def __init__(self, reporter: Reporter | None = None) -> None:
+        self.reporter = reporter or Reporter()
+        self.shared: dict = {}
+
+    def launch(self, stage: str, rspec: ResolvedSpec, upstream: dict[str, str], experiment_id: str) -> str:
+        run_id, _ = run_stage(stage, rspec, upstream, reporter=self.reporter, nested=True, shared=self.shared)
+        return run_id
+
+
+class ProjectLauncher:
+    """Stages as MLproject entry points (``mlflow.projects.run``, local env manager).
+
+    Args:
+        project_dir: the folder holding ``MLproject``.
+        spec_ref: the spec as the user gave it (resolved again by each child, in the
+            same working directory).
+        overrides: ``key.path=value`` overrides, passed on as the ``set`` parameter.
+    """
+
+    def __init__(self, project_dir: str | Path, spec_ref: str, overrides: list[str]) -> None:
+        self.project_dir = str(project_dir)
+        self.spec_ref = spec_ref
+        self.overrides = list(overrides)
+
+    def launch(self, stage: str, rspec: ResolvedSpec, upstream: dict[str, str], experiment_id: str) -> str:
+        from mlflow.exceptions import ExecutionException
+        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_PROJECT_ENTRY_POINT, MLFLOW_RUN_NAME
+
+        client = MlflowClient()
+        parent = mlflow.active_run()
+        name = f"{rspec.name}/{stage}"
+        child = client.create_run(experiment_id, run_name=name, tags={
+            MLFLOW_PARENT_RUN_ID: parent.info.run_id, MLFLOW_PROJECT_ENTRY_POINT: stage,
+            MLFLOW_RUN_NAME: name, "run_kind": "stage", "stage": stage})
+        params = {"spec": self.spec_ref, "set": ";".join(self.overrides),
+                  "upstream": encode_upstream(upstream)}
+        try:
+            mlflow.projects.run(self.project_dir, entry_point=stage, parameters=params,
+                                experiment_id=experiment_id, run_id=child.info.run_id,
+                                env_manager="local", synchronous=True)
+        except ExecutionException:
+            error = client.get_run(child.info.run_id).data.tags.get("error", "see the run's error.txt / logs")
+            raise StageFailed(f"stage {stage} failed (run {child.info.run_id}): {error}"[:ERROR_TAG_LIMIT]) from None
+        return child.info.run_id
+
+
+def collect_summary(upstream: dict[str, str]) -> dict[str, float]:
+    """Headline metrics for the parent run: the train run's latest metrics, with the
+    peak memory figures replaced by their maximum over epochs and ``epoch_time_s`` by
+    its mean; then every metric of the evaluate run."""
+    client = MlflowClient()
+    out: dict[str, float] = {}
+    if "train" in upstream:
+        train_id = upstream["train"]
+        out.update(client.get_run(train_id).data.metrics)
+        for name in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "mem_estimate_error"):
+            history = client.get_metric_history(train_id, name)
+            if history:
+                out[name] = max(m.value for m in history)
+        history = client.get_metric_history(train_id, "epoch_time_s")
+        if history:
+            out["epoch_time_s"] = statistics.fmean(m.value for m in history)
+    if "partition" in upstream:
+        part = client.get_run(upstream["partition"]).data.metrics
+        for name in ("time_build_s", "time_blocks_s", "imbalance"):
+            if name in part:
+                out.setdefault(name, part[name])
+    if "evaluate" in upstream:
+        out.update(client.get_run(upstream["evaluate"]).data.metrics)
+    return out
+
+
+def run_pipeline(rspec: ResolvedSpec, launcher, *, reuse: bool = True, reporter: Reporter | None = None,
+                 stages: tuple[str, ...] = STAGES, run_name: str | None = None) -> dict[str, dict]:
+    """All ``stages`` as children of one parent run (see the module docstring).
+
+    Returns:
+        ``{stage: {"run_id": ..., "reused": bool}}`` plus ``"main": {"run_id": ...}``.
+    """
+    reporter = reporter or Reporter()
+    device = str(resolve_device(rspec.spec.train.device))
+    outcomes: dict[str, dict] = {}
+    with tracked_run("main", "main", rspec, run_name=run_name or rspec.name, device=device) as parent:
+        library.preflight(rspec.spec)  # fail before any work if the library lacks a feature
+        experiment_id = parent.info.experiment_id
+        outcomes["main"] = {"run_id": parent.info.run_id}
+        upstream: dict[str, str] = {}
+        for stage in stages:
+            key = stage_key(rspec, stage, upstream.get(UPSTREAM[stage] or ""), device)
+            run_id = find_reusable(experiment_id, key) if reuse else None
+            reused = run_id is not None
+            if reused:
+                reporter.stage_finished(stage, "REUSED", f"run {run_id[:8]}")
+                mlflow.set_tag(f"reused.{stage}", run_id)
+            else:
+                reporter.stage_started(stage)
+                try:
+                    run_id = launcher.launch(stage, rspec, dict(upstream), experiment_id)
+                except BaseException as exc:
+                    status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+                    reporter.stage_finished(stage, status, str(exc).splitlines()[0][:120] if str(exc) else "")
+                    raise
+                reporter.stage_finished(stage, "FINISHED", f"run {run_id[:8]}")
+            mlflow.set_tag(f"stage_run.{stage}", run_id)
+            outcomes[stage] = {"run_id": run_id, "reused": reused}
+            upstream[stage] = run_id
+        reused = [s for s in stages if outcomes[s]["reused"]]
+        mlflow.set_tag("reused_stages", ",".join(reused) or "none")
+        log_metrics(collect_summary(upstream))
+    return outcomes

@@ -1,0 +1,179 @@
+"""MLflow runs: the logging contract and failure handling.
+
+Every run this package creates is opened with :func:`tracked_run`, which
+
+* tags it: ``run_kind`` (``main`` | ``stage`` | ``repeat``), ``stage``, ``spec_sha``,
+  ``spec_name``, ``dataset``, ``device``, ``code_version``, ``git_commit``, and for stages
+  ``stage_sha`` and ``upstream_run_id`` (the reuse key, see :mod:`workflow.reuse`);
+* logs the flattened resolved spec as params (``spec.<key.path>``) and the resolved spec
+  as the ``spec.yaml`` artifact;
+* ends it ``FINISHED``; ``FAILED`` when the body raises (``KILLED`` on
+  ``KeyboardInterrupt``), after setting the ``error`` tag (exception type and message,
+  truncated) and logging the traceback as ``error.txt``. Nothing is left ``RUNNING``.
+
+Tracking URI: MLflow's default (``sqlite:///mlflow.db`` in the working directory)
+unless ``MLFLOW_TRACKING_URI`` is set. Under ``mlflow run`` the process's run
+(``MLFLOW_RUN_ID``) is resumed rather than a new one created.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from workflow import env as _env  # noqa: F401  (before MLflow is imported)
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from workflow.provenance import code_version, git_commit
+from workflow.specfile import ResolvedSpec
+
+__all__ = [
+    "ERROR_TAG_LIMIT",
+    "tracked_run",
+    "record_failure",
+    "mark_failed",
+    "log_metrics",
+    "clean_metrics",
+    "encode_upstream",
+    "decode_upstream",
+    "active_run_id",
+]
+
+ERROR_TAG_LIMIT = 500  # characters of the error message kept in the ``error`` tag
+
+
+def clean_metrics(metrics: Mapping[str, float | int | None]) -> dict[str, float]:
+    """``metrics`` without ``None`` and non-finite values, as floats."""
+    out = {}
+    for key, value in metrics.items():
+        if value is None or isinstance(value, bool):
+            continue
+        value = float(value)
+        if math.isfinite(value):
+            out[key] = value
+    return out
+
+
+def log_metrics(metrics: Mapping[str, float | int | None], step: int | None = None) -> None:
+    """Log the finite, non-``None`` entries of ``metrics`` on the active run."""
+    clean = clean_metrics(metrics)
+    if clean:
+        mlflow.log_metrics(clean, step=step)
+
+
+def encode_upstream(upstream: Mapping[str, str]) -> str:
+    """``{"download": "abc", ...}`` -> ``"download=abc;..."`` (the MLproject form)."""
+    return ";".join(f"{k}={v}" for k, v in upstream.items())
+
+
+def decode_upstream(text: str | None) -> dict[str, str]:
+    """Inverse of :func:`encode_upstream`; also accepts ``,`` as separator."""
+    out = {}
+    for part in (text or "").replace(",", ";").split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        stage, sep, run_id = part.partition("=")
+        if not sep or not stage.strip() or not run_id.strip():
+            raise ValueError(f"upstream entry {part!r} must look like stage=RUN_ID")
+        out[stage.strip()] = run_id.strip()
+    return out
+
+
+def active_run_id() -> str:
+    run = mlflow.active_run()
+    if run is None:
+        raise RuntimeError("no active MLflow run")
+    return run.info.run_id
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+    return text if len(text) <= ERROR_TAG_LIMIT else text[: ERROR_TAG_LIMIT - 3] + "..."
+
+
+def record_failure(run_id: str, exc: BaseException) -> None:
+    """Set the ``error`` tag and log ``error.txt`` (the traceback) on ``run_id``.
+
+    Never raises: a failure while reporting a failure must not hide the original one.
+    """
+    client = MlflowClient()
+    try:
+        client.set_tag(run_id, "error", _error_text(exc))
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        client.log_text(run_id, text, "error.txt")
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def mark_failed(run_id: str, exc: BaseException) -> None:
+    """Record ``exc`` on ``run_id`` and end it ``FAILED`` (``KILLED`` for
+    ``KeyboardInterrupt``) unless it has already ended."""
+    record_failure(run_id, exc)
+    client = MlflowClient()
+    try:
+        status = client.get_run(run_id).info.status
+        if status in ("RUNNING", "SCHEDULED"):
+            client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,
+              extra: Mapping[str, str] | None) -> dict[str, str]:
+    tags = {
+        "run_kind": kind,
+        "stage": stage,
+        "spec_name": rspec.name,
+        "spec_sha": rspec.sha,
+        "dataset": rspec.spec.dataset.name,
+        "code_version": code_version(),
+        "git_commit": git_commit() or "none",
+    }
+    if rspec.source:
+        tags["spec_source"] = rspec.source
+    if rspec.overrides:
+        tags["spec_overrides"] = "; ".join(rspec.overrides)[:ERROR_TAG_LIMIT]
+    if device is not None:
+        tags["device"] = device
+    tags.update(extra or {})
+    return tags
+
+
+@contextmanager
+def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = False,
+                run_name: str | None = None, device: str | None = None,
+                tags: Mapping[str, str] | None = None,
+                log_spec: bool = True) -> Iterator[mlflow.ActiveRun]:
+    """Open (or resume, under ``mlflow run``) a run with the logging contract of the
+    module docstring; see there for how it ends."""
+    run = mlflow.start_run(nested=nested, run_name=run_name)
+    run_id = run.info.run_id
+    try:
+        mlflow.set_tags(_run_tags(kind, stage, rspec, device, tags))
+        if log_spec:
+            mlflow.log_params(rspec.params())
+            mlflow.log_text(rspec.yaml(), "spec.yaml")
+        yield run
+    except BaseException as exc:
+        record_failure(run_id, exc)
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        _end(run_id, status)
+        raise
+    else:
+        _end(run_id, "FINISHED")
+
+
+def _end(run_id: str, status: str) -> None:
+    """End ``run_id`` (the innermost active run) with ``status``."""
+    active = mlflow.active_run()
+    if active is not None and active.info.run_id == run_id:
+        mlflow.end_run(status)
+    else:  # somebody ended it already, or another run is on top: end it by ID
+        MlflowClient().set_terminated(run_id, status)

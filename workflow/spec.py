@@ -1,0 +1,397 @@
+"""The experiment spec schema (pydantic v2, unknown keys refused).
+
+A spec is one YAML mapping with the sections ``dataset``, ``sampling``, ``model``,
+``partition``, ``train`` and ``evaluate``::
+
+    name: products_lstm
+    description: Betty's ogbn-products LSTM experiment
+    dataset: {name: ogbn-products, root: data}
+    sampling: {fanouts: [10, 25], batch_size: full, seed: 0}
+    model: {arch: sage, aggregator: lstm, hidden: 256, layers: 2, dropout: 0.5}
+    partition: {method: reg, k: auto, memory_budget: 24GiB, safety_margin: 0.05}
+    train: {epochs: 10, lr: 0.01, optimizer: adam, device: auto, seed: 0}
+    evaluate: {every: 1, inference: full}
+
+Validation happens in two passes, both before any work starts:
+
+1. field types, ranges and choices (:class:`Spec`; pydantic in strict mode, so ``"3"``
+   is not an integer and ``true`` is not a number);
+2. cross-field rules and the dataset's own options (:func:`check_spec`): one fanout per
+   layer, arch-specific keys only with their arch, ``memory_budget`` with ``k: auto``,
+   options the dataset accepts.
+
+Every problem becomes a :class:`Problem` naming the key path, the value and what is
+allowed; :func:`workflow.specfile.load_spec` raises them together as a
+:class:`SpecError`. Choices owned by the library (dataset names, partition methods,
+aggregators, optimizers) are read from it, so the schema grows with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator
+
+from workflow.sizes import BYTE_SIZE_HELP, parse_bytes
+
+__all__ = [
+    "ARCHS",
+    "Problem",
+    "SpecError",
+    "Spec",
+    "DatasetSection",
+    "SamplingSection",
+    "ModelSection",
+    "PartitionSection",
+    "SweepSection",
+    "TrainSection",
+    "EvaluateSection",
+    "check_spec",
+]
+
+ARCHS = ("sage", "gat", "revgnn")
+"""Architectures a spec may name. ``revgnn`` is validated now and wired when the
+library's reversible-model trainer lands (until then it fails at run time)."""
+
+REVGNN_CONVS = ("gcn", "sage", "gat")
+REVGNN_NORMS = ("layer", "batch", "none")
+DEFAULT_SWEEP_K = (2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec: ``path`` (``"model.layers"``), the offending value
+    (``None`` when the key is missing) and a message saying what is allowed."""
+
+    path: str
+    value: Any
+    message: str
+    missing: bool = False
+
+    def __str__(self) -> str:
+        if self.missing:
+            return f"{self.path}: {self.message}"
+        return f"{self.path} = {self.value!r}: {self.message}"
+
+
+class SpecError(ValueError):
+    """A spec (or an override) is invalid; ``problems`` lists every issue found."""
+
+    def __init__(self, problems: list[Problem], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        where = f" {source}" if source else ""
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid spec{where}:\n{lines}")
+
+
+# ----------------------------------------------------------------- field validators
+
+
+def _library_choice(kind: str, value: Any, choices: list[str] | tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"unknown {kind}; allowed: {', '.join(choices)}")
+    return value
+
+
+def _dataset_names() -> list[str]:
+    from betty.data import dataset_names
+
+    return dataset_names()
+
+
+def _partition_methods() -> list[str]:
+    from betty.partition import PARTITIONERS
+
+    return sorted(PARTITIONERS)
+
+
+def _aggregators() -> tuple[str, ...]:
+    from betty.models import SAGE_AGGREGATORS
+
+    return tuple(SAGE_AGGREGATORS)
+
+
+def _optimizers() -> tuple[str, ...]:
+    from betty.train import OPTIMIZERS
+
+    return tuple(OPTIMIZERS)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_k(value: Any) -> int | str:
+    if value == "auto" or (_int(value) and value >= 1):
+        return value
+    raise ValueError("allowed: an integer >= 1 or 'auto' (search K with the memory model)")
+
+
+def _check_batch_size(value: Any) -> int | str:
+    if value == "full" or (_int(value) and value >= 1):
+        return value
+    raise ValueError("allowed: 'full' (every training node in one batch) or an integer >= 1")
+
+
+def _check_budget(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_bytes(value)
+    except ValueError:
+        raise ValueError(f"not a byte size; allowed: {BYTE_SIZE_HELP}") from None
+
+
+def _check_fanout(value: Any) -> int:
+    if _int(value) and (value >= 1 or value == -1):
+        return value
+    raise ValueError("allowed: an integer >= 1, or -1 for every neighbour")
+
+
+def _check_device(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("allowed: 'auto', 'cpu', 'cuda', 'cuda:<index>' or another torch device name")
+    if value == "auto":
+        return value
+    import torch
+
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            "not a torch device; allowed: 'auto' (cuda if available, else cpu), 'cpu', "
+            "'cuda', 'cuda:<index>'"
+        ) from None
+    return value
+
+
+Fanout = Annotated[int, PlainValidator(_check_fanout)]
+KValue = Annotated[int | str, PlainValidator(_check_k)]
+BatchSize = Annotated[int | str, PlainValidator(_check_batch_size)]
+ByteBudget = Annotated[int | None, PlainValidator(_check_budget)]
+Device = Annotated[str, PlainValidator(_check_device)]
+Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=False)
+
+
+# ------------------------------------------------------------------------ sections
+
+
+class DatasetSection(BaseModel):
+    """``name`` (see ``betty.data.dataset_names()``), ``root`` (data folder, relative
+    to the working directory) and the dataset's own options as further keys (e.g. the
+    synthetic generator's ``num_nodes``, ``scale``, ``seed``; checked against the
+    dataset's option list by :func:`check_spec`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str
+    root: str = "data"
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        return _library_choice("dataset", value, _dataset_names())
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The dataset options given in the spec (keys other than name/root)."""
+        return dict(self.model_extra or {})
+
+
+class SamplingSection(_Section):
+    """``fanouts``: one per layer, input layer first (DGL's order), ``-1`` = all
+    neighbours. ``batch_size``: output nodes per batch, ``'full'`` = the whole
+    training set (Betty's setting). ``seed``: seeds batches, sampling and partitioning
+    (epoch ``e`` re-samples with a seed derived from ``(seed, e)``)."""
+
+    fanouts: list[Fanout] = Field(min_length=1)
+    batch_size: BatchSize = "full"
+    seed: int = Field(0, ge=0)
+
+
+class ModelSection(_Section):
+    """The GNN. ``aggregator`` is for ``sage``; ``heads``/``attn_dropout`` for ``gat``;
+    ``groups``/``conv``/``norm`` for ``revgnn`` (and ``heads`` with ``conv: gat``)."""
+
+    arch: Literal["sage", "gat", "revgnn"] = "sage"
+    hidden: int = Field(256, ge=1)
+    layers: int = Field(2, ge=1)
+    aggregator: str = "mean"
+    heads: int = Field(4, ge=1)
+    dropout: Probability = 0.0
+    attn_dropout: Probability = 0.0
+    dropout_mode: Literal["deterministic", "standard"] = "deterministic"
+    groups: int = Field(2, ge=2)
+    conv: Literal["gcn", "sage", "gat"] = "gcn"
+    norm: Literal["layer", "batch", "none"] = "layer"
+
+    @field_validator("aggregator")
+    @classmethod
+    def _aggregator(cls, value: str) -> str:
+        return _library_choice("aggregator", value, _aggregators())
+
+
+class SweepSection(_Section):
+    """The partition stage's comparison table: every method in ``methods`` (``null``:
+    all registered) at every K in ``k`` no larger than the batch's output count;
+    ``time_limit_s`` stops a method's larger Ks once one K took longer (``null``: no
+    limit). An empty ``k`` list turns the sweep off."""
+
+    k: list[Annotated[int, Field(ge=2)]] = Field(default_factory=lambda: list(DEFAULT_SWEEP_K))
+    methods: list[str] | None = None
+    time_limit_s: Annotated[float, Field(gt=0)] | None = None
+
+    @field_validator("methods")
+    @classmethod
+    def _methods(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            for m in value:
+                _library_choice("partition method", m, _partition_methods())
+        return value
+
+
+class PartitionSection(_Section):
+    """How each batch is split: ``method`` (see ``betty.partition.PARTITIONERS``),
+    ``k`` (an integer or ``'auto'``: the smallest K whose largest micro-batch fits
+    ``memory_budget * (1 - safety_margin)``), ``balance`` (equal output nodes or equal
+    estimated memory per piece), ``reuse`` (keep a partition for this many epochs;
+    ``null``: for the whole run)."""
+
+    method: str = "reg"
+    k: KValue = 4
+    memory_budget: ByteBudget = None
+    safety_margin: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
+    balance: Literal["nodes", "memory"] = "nodes"
+    reuse: Annotated[int, Field(ge=1)] | None = None
+    sweep: SweepSection = Field(default_factory=SweepSection)
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, value: str) -> str:
+        return _library_choice("partition method", value, _partition_methods())
+
+
+class TrainSection(_Section):
+    """Optimisation. ``seed`` seeds the weights and dropout; ``repeats: N`` trains N
+    times with seeds ``seed, seed+1, ...`` (sampling seeds shift the same way) and
+    reports mean ± std. ``device: auto`` is cuda when available, else cpu."""
+
+    epochs: int = Field(10, ge=1)
+    lr: float = Field(0.01, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    optimizer: str = "adam"
+    device: Device = "auto"
+    dtype: Literal["float32", "float64"] = "float32"
+    seed: int = Field(0, ge=0)
+    repeats: int = Field(1, ge=1)
+    measure_memory: bool = True
+
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer(cls, value: str) -> str:
+        return _library_choice("optimizer", value, _optimizers())
+
+
+class EvaluateSection(_Section):
+    """``every``: validation every N epochs during training (0: only in the evaluate
+    stage). ``inference``: ``full`` (layer-wise, all neighbours) or ``sampled`` (with
+    ``fanouts``, default the training fanouts). ``chunk_size``: nodes per inference
+    chunk."""
+
+    every: int = Field(1, ge=0)
+    inference: Literal["full", "sampled"] = "full"
+    fanouts: list[Fanout] | None = None
+    chunk_size: int = Field(16384, ge=1)
+
+
+class Spec(_Section):
+    """A whole experiment."""
+
+    name: str = Field("spec", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    description: str | None = None
+    dataset: DatasetSection
+    sampling: SamplingSection
+    model: ModelSection = Field(default_factory=ModelSection)
+    partition: PartitionSection = Field(default_factory=PartitionSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    evaluate: EvaluateSection = Field(default_factory=EvaluateSection)
+
+
+# --------------------------------------------------------------- cross-field rules
+
+_ARCH_ONLY = {
+    "aggregator": ("sage",),
+    "attn_dropout": ("gat",),
+    "groups": ("revgnn",),
+    "conv": ("revgnn",),
+    "norm": ("revgnn",),
+}
+
+
+def _dataset_problems(ds: DatasetSection) -> list[Problem]:
+    from betty.data import resolve_options
+    from betty.data.registry import DATASETS
+
+    allowed = list(DATASETS[ds.name].defaults)
+    out = []
+    options = ds.options
+    for key in options:
+        if key not in allowed:
+            hint = ", ".join(allowed) if allowed else "none"
+            out.append(Problem(f"dataset.{key}", options[key],
+                               f"unknown option for dataset {ds.name!r}; allowed options: {hint}"))
+    if out:
+        return out
+    for key, value in options.items():
+        try:
+            resolve_options(ds.name, {key: value})
+        except ValueError as err:
+            out.append(Problem(f"dataset.{key}", value, str(err)))
+    if not out:
+        try:
+            resolve_options(ds.name, options)
+        except ValueError as err:
+            out.append(Problem("dataset", options, str(err)))
+    return out
+
+
+def check_spec(spec: Spec) -> list[Problem]:
+    """Rules spanning several keys (field-level rules live in the models)."""
+    out = _dataset_problems(spec.dataset)
+    m = spec.model
+    # an arch-specific key set to a non-default value under another arch is a mistake
+    # (e.g. aggregator: lstm with arch: gat); the default value is harmless
+    changed = {k for k in m.model_fields_set if getattr(m, k) != ModelSection.model_fields[k].default}
+    for key, archs in _ARCH_ONLY.items():
+        if key in changed and m.arch not in archs:
+            out.append(Problem(f"model.{key}", getattr(m, key),
+                               f"applies to model.arch {' or '.join(archs)} only (model.arch is {m.arch!r})"))
+    if "heads" in changed and not (m.arch == "gat" or (m.arch == "revgnn" and m.conv == "gat")):
+        out.append(Problem("model.heads", m.heads,
+                           "applies to model.arch gat (or revgnn with conv gat) only"))
+    if m.arch == "revgnn":
+        if m.hidden % m.groups:
+            out.append(Problem("model.hidden", m.hidden,
+                               f"must be divisible by model.groups = {m.groups} (channels are split into groups)"))
+    else:
+        for path, fanouts in (("sampling.fanouts", spec.sampling.fanouts),
+                              ("evaluate.fanouts", spec.evaluate.fanouts)):
+            if fanouts is not None and len(fanouts) != m.layers:
+                out.append(Problem(path, fanouts,
+                                   f"has {len(fanouts)} entries but model.layers is {m.layers}; "
+                                   "give one fanout per layer, input layer first"))
+    p = spec.partition
+    if p.k == "auto" and p.memory_budget is None:
+        out.append(Problem("partition.memory_budget", None,
+                           "is required when partition.k is 'auto'; allowed: " + BYTE_SIZE_HELP,
+                           missing=True))
+    if spec.evaluate.fanouts is not None and spec.evaluate.inference != "sampled":
+        out.append(Problem("evaluate.fanouts", spec.evaluate.fanouts,
+                           "applies to evaluate.inference 'sampled' only"))
+    return out

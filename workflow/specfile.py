@@ -1,0 +1,304 @@
+"""Find, read, override, validate and hash a spec.
+
+A spec reference is a path (``runs/my.yaml``), a file name in the shipped ``specs/``
+folder (``synthetic.yaml``) or its stem (``synthetic``); a path is tried first, then
+``./specs``, then the shipped folder (``$BETTY_SPECS_DIR`` overrides its location).
+
+Overrides ``key.path=value`` are applied to the raw YAML mapping before validation;
+``value`` is parsed as YAML (``train.epochs=3`` is an int, ``sampling.fanouts=[5, 10]``
+a list, ``partition.reuse=null`` null), and missing intermediate mappings are created,
+so an override is checked exactly like a key written in the file.
+
+Hashes (SHA-256 of sorted-key JSON, first 16 hex digits) are taken over the *resolved*
+spec: every default filled in, dataset options resolved by the data layer, byte sizes
+in bytes. ``name`` and ``description`` are left out, so a renamed copy of a spec has the
+same content hash. :meth:`ResolvedSpec.stage_sha` hashes only the sections a stage
+depends on, so editing ``train.epochs`` does not invalidate the sampled batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from workflow.spec import Problem, Spec, SpecError, check_spec
+
+__all__ = [
+    "STAGES",
+    "STAGE_SECTIONS",
+    "ResolvedSpec",
+    "specs_dir",
+    "shipped_specs",
+    "find_spec",
+    "parse_overrides",
+    "apply_overrides",
+    "resolve_spec",
+    "load_spec",
+    "content_hash",
+    "flatten",
+]
+
+STAGES = ("download", "sample", "partition", "train", "evaluate")
+
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "download": ("dataset",),
+    "sample": ("dataset", "sampling"),
+    "partition": ("dataset", "sampling", "model", "partition"),
+    "train": ("dataset", "sampling", "model", "partition", "train", "evaluate"),
+    "evaluate": ("dataset", "sampling", "model", "partition", "train", "evaluate"),
+}
+"""Spec sections each stage's output depends on (its reuse key)."""
+
+_SWEEP_ONLY = {"partition": ("sweep",)}  # affects the partition stage's report only
+
+
+def specs_dir() -> Path:
+    """The shipped specs folder (``$BETTY_SPECS_DIR`` or ``<project>/specs``)."""
+    env = os.environ.get("BETTY_SPECS_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "specs"
+
+
+def shipped_specs() -> list[Path]:
+    """The ``*.yaml`` files of :func:`specs_dir`, sorted by name."""
+    folder = specs_dir()
+    return sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def find_spec(ref: str | os.PathLike) -> Path:
+    """The spec file ``ref`` names (see the module docstring)."""
+    ref = str(ref)
+    if not ref.strip():
+        raise SpecError([Problem("spec", ref, "empty spec reference; give a path or a shipped spec name")])
+    direct = Path(ref).expanduser()
+    if direct.is_file():
+        return direct.resolve()
+    names = [ref] if ref.endswith((".yaml", ".yml")) else [ref, f"{ref}.yaml", f"{ref}.yml"]
+    for folder in (Path.cwd() / "specs", specs_dir()):
+        for name in names:
+            candidate = folder / name
+            if candidate.is_file():
+                return candidate.resolve()
+    shipped = ", ".join(p.stem for p in shipped_specs()) or "none found"
+    raise SpecError([Problem("spec", ref, f"no such spec file; give a path or one of the shipped specs: {shipped}")])
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError([Problem("spec", str(path), f"is not valid YAML: {err}")]) from None
+    except OSError as err:
+        raise SpecError([Problem("spec", str(path), f"cannot be read: {err.strerror}")]) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpecError([Problem("spec", str(path), f"must be a YAML mapping, got {type(raw).__name__}")])
+    return raw
+
+
+def parse_overrides(items: Iterable[str]) -> list[tuple[list[str], Any]]:
+    """``["a.b=1", ...]`` as ``[(["a", "b"], 1), ...]``; values parsed as YAML.
+
+    Items may also hold several assignments separated by ``;`` (the form the MLproject
+    ``set`` parameter uses); empty items are ignored.
+    """
+    out = []
+    for item in items:
+        for part in str(item).split(";"):
+            part = part.strip()
+            if not part:
+                continue
+            key, sep, text = part.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise SpecError([Problem("--set", part, "must look like key.path=value, e.g. train.epochs=3")])
+            segments = key.split(".")
+            if any(not s for s in segments):
+                raise SpecError([Problem("--set", part, f"key path {key!r} has an empty segment")])
+            try:
+                value = yaml.safe_load(text) if text.strip() else None
+            except yaml.YAMLError as err:
+                raise SpecError([Problem(key, text, f"override value is not valid YAML: {err}")]) from None
+            out.append((segments, value))
+    return out
+
+
+def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
+    """A deep copy of ``raw`` with every override applied in order."""
+    data = json.loads(json.dumps(raw, default=str)) if raw else {}
+    for segments, value in parse_overrides(overrides):
+        node = data
+        for depth, seg in enumerate(segments[:-1]):
+            child = node.get(seg)
+            if child is None:
+                child = node[seg] = {}
+            if not isinstance(child, dict):
+                path = ".".join(segments[: depth + 1])
+                raise SpecError([Problem(path, child, f"is not a mapping, so {'.'.join(segments)} cannot be set")])
+            node = child
+        node[segments[-1]] = value
+    return data
+
+
+def _allowed_keys(loc: Sequence[Any]) -> list[str] | None:
+    """Field names of the model at ``loc`` (a pydantic error location), if any."""
+    model: type[BaseModel] = Spec
+    for part in loc:
+        info = model.model_fields.get(part) if isinstance(part, str) else None
+        ann = getattr(info, "annotation", None)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return None
+    return list(model.model_fields)
+
+
+def _path(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _problems_from(err: ValidationError) -> list[Problem]:
+    out = []
+    for e in err.errors():
+        loc = e["loc"]
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing":
+            out.append(Problem(_path(loc), None, "required key is missing", missing=True))
+            continue
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(loc[:-1])
+            msg = "unknown key" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
+        elif e["type"] == "model_type":
+            allowed = _allowed_keys(loc)
+            msg = "must be a mapping" + (f" with keys: {', '.join(allowed)}" if allowed else "")
+        out.append(Problem(_path(loc), e.get("input"), msg))
+    return out
+
+
+def content_hash(obj: Any) -> str:
+    """First 16 hex digits of SHA-256 over ``obj`` as sorted-key compact JSON."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists stay values)."""
+    out: dict[str, Any] = {}
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    else:
+        out[prefix] = obj
+    return out
+
+
+@dataclass(frozen=True)
+class ResolvedSpec:
+    """A validated spec.
+
+    Attributes:
+        spec: the pydantic model (typed access: ``spec.train.epochs``).
+        data: the resolved spec as plain JSON-able data (what ``spec.yaml`` holds).
+        source: the file it was read from (``None`` if built from a mapping).
+        overrides: the ``key.path=value`` overrides applied.
+    """
+
+    spec: Spec
+    data: dict
+    source: str | None = None
+    overrides: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def content(self) -> dict:
+        """``data`` without ``name`` and ``description``."""
+        return {k: v for k, v in self.data.items() if k not in ("name", "description")}
+
+    @property
+    def sha(self) -> str:
+        """Content hash of the whole resolved spec (``spec_sha``)."""
+        return content_hash(self.content)
+
+    @property
+    def dataset_options(self) -> dict:
+        """The dataset's options, defaults filled in by the data layer."""
+        return {k: v for k, v in self.data["dataset"].items() if k not in ("name", "root")}
+
+    def stage_content(self, stage: str) -> dict:
+        """The parts of the resolved spec ``stage``'s output depends on."""
+        if stage not in STAGE_SECTIONS:
+            raise ValueError(f"stage must be one of {', '.join(STAGE_SECTIONS)}, got {stage!r}")
+        out = {"stage": stage}
+        for section in STAGE_SECTIONS[stage]:
+            value = self.data[section]
+            if stage != "partition" and section in _SWEEP_ONLY:
+                value = {k: v for k, v in value.items() if k not in _SWEEP_ONLY[section]}
+            out[section] = value
+        return out
+
+    def stage_sha(self, stage: str, runtime: dict | None = None) -> str:
+        """Content hash of :meth:`stage_content` plus ``runtime`` facts that change the
+        result (e.g. the resolved device)."""
+        return content_hash({**self.stage_content(stage), "runtime": runtime or {}})
+
+    def yaml(self) -> str:
+        """The resolved spec as YAML (keys in schema order)."""
+        return yaml.safe_dump(self.data, sort_keys=False, default_flow_style=None)
+
+    def params(self) -> dict[str, str]:
+        """The flattened resolved spec with a ``spec.`` prefix (MLflow params)."""
+        return {f"spec.{k}": json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+                for k, v in flatten(self.data).items()}
+
+
+def resolve_spec(raw: dict, *, source: str | None = None, overrides: Sequence[str] = (),
+                 default_name: str | None = None) -> ResolvedSpec:
+    """Validate a raw mapping (overrides already applied) into a :class:`ResolvedSpec`.
+
+    Raises:
+        SpecError: every problem found, each naming its key path.
+    """
+    if default_name and "name" not in raw:
+        raw = {"name": default_name, **raw}
+    try:
+        spec = Spec.model_validate(raw)
+    except ValidationError as err:
+        raise SpecError(_problems_from(err), source) from None
+    problems = check_spec(spec)
+    if problems:
+        raise SpecError(problems, source)
+    from betty.data import resolve_options
+
+    data = spec.model_dump(mode="json")
+    data["dataset"] = {"name": spec.dataset.name, "root": spec.dataset.root,
+                       **resolve_options(spec.dataset.name, spec.dataset.options)}
+    data = json.loads(json.dumps(data))  # plain JSON types throughout
+    return ResolvedSpec(spec=spec, data=data, source=source, overrides=tuple(overrides))
+
+
+def load_spec(ref: str | os.PathLike, overrides: Sequence[str] = ()) -> ResolvedSpec:
+    """Find, read, override and validate a spec (see the module docstring).
+
+    Raises:
+        SpecError: unknown file, invalid YAML, bad override or invalid content.
+    """
+    path = find_spec(ref)
+    raw = apply_overrides(_read_yaml(path), overrides)
+    stem = path.stem if path.stem[:1].isalnum() else "spec"
+    return resolve_spec(raw, source=str(path), overrides=overrides, default_name=stem)

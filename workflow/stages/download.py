@@ -1,0 +1,41 @@
+"""Stage ``download``: load (or generate) the dataset and cache it under ``root``.
+
+Nothing is downloaded from the network: real datasets are read offline from
+``dataset.root`` and a missing one fails at once with the data layer's message saying
+where to put the files. Logs the dataset's ``stats()`` as metrics (``num_nodes``,
+``num_edges``, ``num_features``, ``num_classes``, ``num_train`` ...), ``time_load_s``, and
+``dataset.json`` (name, root, resolved options, cache file, stats).
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlflow
+
+from workflow.artifacts import write_json
+from workflow.runs import log_metrics
+from workflow.stages.base import StageContext
+
+__all__ = ["run"]
+
+
+def run(ctx: StageContext) -> dict[str, float]:
+    from betty.data import cache_path
+
+    spec = ctx.rspec.spec
+    start = time.perf_counter()
+    ds = ctx.dataset()
+    took = time.perf_counter() - start
+    stats = ds.stats()
+    log_metrics({**stats, "time_load_s": took})
+    cached = cache_path(spec.dataset.name, spec.dataset.root, **ctx.rspec.dataset_options)
+    if cached is not None:
+        mlflow.set_tag("dataset_cache", str(cached.resolve()))
+    info = {"name": spec.dataset.name, "root": spec.dataset.root, "options": ctx.rspec.dataset_options,
+            "cache_file": str(cached.resolve()) if cached is not None else None,
+            "is_ogb": ds.is_ogb, "ogb_name": ds.ogb_name, "stats": stats}
+    mlflow.log_artifact(str(write_json(ctx.workdir / "dataset.json", info)))
+    ctx.reporter.note(f"{spec.dataset.name}: {stats['num_nodes']:,} nodes, {stats['num_edges']:,} edges, "
+                      f"{stats['num_train']:,} training nodes ({took:.1f}s)")
+    return {"num_nodes": stats["num_nodes"], "num_edges": stats["num_edges"], "time_load_s": took}

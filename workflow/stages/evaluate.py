@@ -1,0 +1,62 @@
+"""Stage ``evaluate``: score the trained model(s) on the validation and test splits.
+
+Reads ``models.json`` and each ``model.pt`` from the ``train`` run, rebuilds the model
+from the spec, and logs ``valid_acc``/``test_acc`` (``valid_rocauc``/``test_rocauc`` for
+multi-label data; OGB datasets through OGB's evaluator) and ``time_inference_s``, plus
+``evaluation.json``. With several repeats every repeat's run also gets its scores, and
+this run logs ``m`` (= mean), ``m_mean`` and ``m_std`` (the OGB reporting convention).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import mlflow
+import torch
+from mlflow.tracking import MlflowClient
+
+from workflow.artifacts import write_json
+from workflow.components import build_model
+from workflow.evaluation import evaluate_model
+from workflow.runs import clean_metrics, log_metrics
+from workflow.stages.base import StageContext
+from workflow.stages.train import summarize_repeats
+
+__all__ = ["run"]
+
+
+def _model_file(ctx: StageContext, entry: dict) -> str:
+    dst = ctx.workdir / f"model-{entry['repeat']}"
+    dst.mkdir(parents=True, exist_ok=True)
+    return mlflow.artifacts.download_artifacts(run_id=entry["run_id"], artifact_path=entry["artifact"],
+                                               dst_path=str(dst))
+
+
+def run(ctx: StageContext) -> dict[str, float]:
+    models_json = ctx.upstream_file("train", "models.json", required=True)
+    entries = json.loads(models_json.read_text())
+    ds = ctx.dataset()
+    device = ctx.device
+    client = MlflowClient()
+    results = []
+    advance = ctx.reporter.steps("models", len(entries))
+    start = time.perf_counter()
+    for entry in entries:
+        model = build_model(ctx.rspec, ds, seed=entry.get("train_seed"))
+        model.load_state_dict(torch.load(_model_file(ctx, entry), map_location="cpu"))
+        model = model.to(device)
+        scores = evaluate_model(model, ds, ctx.rspec, device)
+        results.append({**entry, **scores})
+        if len(entries) > 1:
+            clean = clean_metrics(scores)
+            for key, value in clean.items():
+                client.log_metric(entry["run_id"], key, value)
+        advance(1, **scores)
+    took = time.perf_counter() - start
+    scores = [{k: v for k, v in r.items() if k.endswith(("_acc", "_rocauc"))} for r in results]
+    summary = scores[0] if len(scores) == 1 else summarize_repeats(scores)
+    log_metrics({**summary, "time_inference_s": took})
+    mlflow.log_artifact(str(write_json(ctx.workdir / "evaluation.json", {"models": results, "summary": summary})))
+    ctx.reporter.note(" ".join(f"{k}={v:.4f}" for k, v in summary.items() if not k.endswith("_mean")))
+    return summary

@@ -1,0 +1,176 @@
+"""Stage ``partition``: split the sampled batch and compare partitioners.
+
+The batch comes from the ``sample`` run's ``batch.npz`` (sampled afresh from the spec
+when the stage runs alone). It is split by ``betty.engine.Trainer.partition`` exactly as
+the first epoch will be (same method, K or K search, balance, seed), and measured:
+
+* metrics ``k``, ``redundancy`` (layer-0 input loads / distinct inputs),
+  ``redundancy_layer{l}``, ``imbalance`` (max / mean inputs per piece),
+  ``time_build_s``, ``time_partition_s``, ``time_blocks_s`` (carving the micro-batch
+  blocks with ``betty.microbatch.split``), ``peak_mem_estimated_bytes`` (the memory
+  model's largest piece) and, for ``k: auto``, ``time_ksearch_s``; per micro-batch ``i``
+  (as the metric step): ``micro_outputs``, ``micro_inputs``, ``micro_edges``,
+  ``micro_estimated_bytes``;
+* artifacts ``partition.npz`` (``outputs``, ``groups``), ``microbatches.csv`` and, for
+  ``k: auto``, ``ksearch.json`` (every K tried with its largest estimated piece).
+
+The sweep then splits the same batch with every method at every K of
+``partition.sweep.k`` that is at most the number of outputs, and logs
+``partition_sweep.csv`` / ``.json`` (method, k, redundancy, imbalance, times, error),
+``plots/redundancy_vs_k.png`` and the metric ``sweep_redundancy.<method>`` with step K.
+A method that raises (e.g. METIS on a graph it cannot cut) is skipped for the remaining
+Ks with the reason in the table, a note and the ``sweep_skipped`` tag.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlflow
+import numpy as np
+
+from workflow.artifacts import ksearch_records, load_batch, write_csv, write_json
+from workflow.components import make_trainer
+from workflow.plots import redundancy_figure
+from workflow.runs import log_metrics
+from workflow.stages.base import StageContext
+
+__all__ = ["run", "measure_split", "sweep"]
+
+SWEEP_COLUMNS = ("method", "k", "redundancy", "imbalance", "time_build_s", "time_partition_s",
+                 "max_inputs_per_piece", "error")
+
+
+def measure_split(trainer, batch) -> tuple[dict, object, list]:
+    """Split ``batch`` as the trainer's first epoch does and carve its micro-batches,
+    timing each step.
+
+    Returns:
+        ``(report, partition_result, micro_batches)`` with ``report`` =
+        ``{"method", "k", "redundancy", "redundancy_per_layer", "imbalance",
+        "time_build_s", "time_partition_s", "time_blocks_s", "time_ksearch_s" (k: auto,
+        else None), "outputs_per_piece", "input_nodes_per_piece", "estimated_bytes"
+        (per piece, None without an estimator)}``.
+    """
+    from betty.microbatch import split
+    from betty.partition import split_metrics
+
+    start = time.perf_counter()
+    result, estimates, _ = trainer.partition(batch, 0, 0)
+    took = time.perf_counter() - start
+    if estimates is None and trainer.estimator is not None:
+        estimates = trainer.estimator(batch, result.groups, result.k)
+    start = time.perf_counter()
+    micro = split(batch, result.groups, result.k)
+    time_blocks = time.perf_counter() - start
+    stats = split_metrics(batch, result.groups, result.k)
+    report = {
+        "method": result.method, "k": result.k,
+        "redundancy": stats["redundancy"], "redundancy_per_layer": stats["redundancy_per_layer"],
+        "imbalance": stats["imbalance"],
+        "time_build_s": result.time_build_s, "time_partition_s": result.time_partition_s,
+        "time_blocks_s": time_blocks,
+        "time_ksearch_s": took if trainer.plan.k == "auto" else None,
+        "outputs_per_piece": stats["outputs_per_piece"],
+        "input_nodes_per_piece": stats["input_nodes_per_piece"],
+        "estimated_bytes": list(estimates) if estimates else None,
+    }
+    return report, result, micro
+
+
+def sweep(batch, ks, methods, *, seed: int, graph=None, time_limit_s: float | None = None,
+          reporter=None) -> tuple[list[dict], dict[str, str]]:
+    """Every method at every K (``<= batch.num_outputs``).
+
+    Returns:
+        ``(rows, skipped)``: one row per (method, K) tried (with ``error`` set when it
+        failed) and ``{method: reason}`` for methods cut short.
+    """
+    from betty.partition import partition_batch, split_metrics
+
+    ks = sorted({int(k) for k in ks if int(k) <= batch.num_outputs})
+    rows, skipped = [], {}
+    advance = reporter.steps("partition sweep", len(ks) * len(methods)) if reporter else None
+    for method in methods:
+        for i, k in enumerate(ks):
+            start = time.perf_counter()
+            try:
+                result = partition_batch(batch, k, method, seed=seed, graph=graph)
+                stats = split_metrics(batch, result.groups, k)
+            except Exception as err:  # noqa: BLE001  (a method unsuited to this graph)
+                reason = f"{type(err).__name__}: {err}"
+                rows.append({"method": method, "k": k, "error": reason})
+                skipped[method] = f"failed at K={k}: {reason}"
+            else:
+                rows.append({"method": method, "k": k, "redundancy": stats["redundancy"],
+                             "imbalance": stats["imbalance"], "time_build_s": result.time_build_s,
+                             "time_partition_s": result.time_partition_s,
+                             "max_inputs_per_piece": max(stats["input_nodes_per_piece"])})
+                took = time.perf_counter() - start
+                if time_limit_s is not None and took > time_limit_s and i + 1 < len(ks):
+                    skipped[method] = (f"K={k} took {took:.1f}s > sweep.time_limit_s={time_limit_s}; "
+                                       f"larger K skipped")
+            if advance:
+                advance(1)
+            if method in skipped:
+                if advance and len(ks) - i - 1:
+                    advance(len(ks) - i - 1)
+                if reporter:
+                    reporter.note(f"sweep: {method} {skipped[method]}")
+                break
+    return rows, skipped
+
+
+def run(ctx: StageContext) -> dict[str, float]:
+    from betty.partition import PARTITIONERS
+
+    spec = ctx.rspec.spec
+    p = spec.partition
+    ds = ctx.dataset()
+    searches: list = []
+    trainer, _, _ = make_trainer(ctx.rspec, ds, ctx.device, on_search=searches.append)
+    path = ctx.upstream_file("sample", "batch.npz")
+    batch = load_batch(path)[0] if path is not None else trainer.sample(0, 0)
+
+    report, result, micro = measure_split(trainer, batch)  # exactly the first epoch's split
+    estimates = report["estimated_bytes"]
+    log_metrics({key: report[key] for key in ("k", "redundancy", "imbalance", "time_build_s",
+                                               "time_partition_s", "time_blocks_s", "time_ksearch_s")})
+    log_metrics({"peak_mem_estimated_bytes": max(estimates) if estimates else None})
+    log_metrics({f"redundancy_layer{l}": r for l, r in enumerate(report["redundancy_per_layer"])})
+    rows = []
+    for i, mb in enumerate(micro):
+        row = {"micro": i, "num_outputs": mb.num_outputs, "num_inputs": mb.layers[0].num_src,
+               "num_edges": sum(layer.num_edges for layer in mb.layers),
+               "estimated_bytes": estimates[i] if estimates else None}
+        rows.append(row)
+        log_metrics({"micro_outputs": row["num_outputs"], "micro_inputs": row["num_inputs"],
+                     "micro_edges": row["num_edges"], "micro_estimated_bytes": row["estimated_bytes"]}, step=i)
+    mlflow.log_artifact(str(write_csv(ctx.workdir / "microbatches.csv", rows)))
+    path = ctx.workdir / "partition.npz"
+    np.savez_compressed(path, outputs=batch.output_nid.numpy(), groups=result.groups.numpy())
+    mlflow.log_artifact(str(path))
+    if searches:
+        mlflow.log_artifact(str(write_json(ctx.workdir / "ksearch.json", ksearch_records(searches))))
+    ctx.reporter.note(f"{result.method} K={result.k}: redundancy {report['redundancy']:.3f}, "
+                      f"imbalance {report['imbalance']:.3f}")
+
+    if p.sweep.k:
+        methods = p.sweep.methods or sorted(PARTITIONERS)
+        table, skipped = sweep(batch, p.sweep.k, methods, seed=spec.sampling.seed, graph=ds.graph,
+                               time_limit_s=p.sweep.time_limit_s, reporter=ctx.reporter)
+        for row in table:
+            if row.get("redundancy") is not None:
+                log_metrics({f"sweep_redundancy.{row['method']}": row["redundancy"]}, step=row["k"])
+        mlflow.log_artifact(str(write_csv(ctx.workdir / "partition_sweep.csv", table, SWEEP_COLUMNS)))
+        mlflow.log_artifact(str(write_json(ctx.workdir / "partition_sweep.json",
+                                           {"rows": table, "skipped": skipped})))
+        if skipped:
+            mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])
+        if any(r.get("redundancy") is not None for r in table):
+            import matplotlib.pyplot as plt
+
+            fig = redundancy_figure(table, title=f"{ctx.rspec.name}: redundancy vs K")
+            mlflow.log_figure(fig, "plots/redundancy_vs_k.png")
+            plt.close(fig)
+    return {"k": result.k, "redundancy": report["redundancy"], "imbalance": report["imbalance"]}

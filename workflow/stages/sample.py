@@ -1,0 +1,43 @@
+"""Stage ``sample``: the first epoch's full batch, as the trainer will sample it.
+
+Logs ``time_sample_s``, ``num_outputs``, ``num_inputs`` and per layer ``l`` (0 = input
+layer) ``block{l}_num_src``, ``block{l}_num_dst``, ``block{l}_num_edges``; saves the batch
+as ``batch.npz`` (format: :mod:`workflow.artifacts`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlflow
+
+from workflow.artifacts import save_batch
+from workflow.components import first_batch
+from workflow.runs import log_metrics
+from workflow.stages.base import StageContext
+
+__all__ = ["run", "block_sizes"]
+
+
+def block_sizes(batch) -> dict[str, int]:
+    """``block{l}_num_src/_num_dst/_num_edges`` for every layer."""
+    out = {}
+    for l, layer in enumerate(batch.layers):
+        out[f"block{l}_num_src"] = layer.num_src
+        out[f"block{l}_num_dst"] = layer.num_dst
+        out[f"block{l}_num_edges"] = layer.num_edges
+    return out
+
+
+def run(ctx: StageContext) -> dict[str, float]:
+    ds = ctx.dataset()
+    start = time.perf_counter()
+    batch = first_batch(ctx.rspec, ds)
+    took = time.perf_counter() - start
+    metrics = {"time_sample_s": took, "num_outputs": batch.num_outputs,
+               "num_inputs": batch.layers[0].num_src, **block_sizes(batch)}
+    log_metrics(metrics)
+    mlflow.log_artifact(str(save_batch(ctx.workdir / "batch.npz", batch)))
+    ctx.reporter.note(f"batch: {batch.num_outputs:,} outputs, {batch.layers[0].num_src:,} inputs, "
+                      f"{sum(l.num_edges for l in batch.layers):,} edges")
+    return {"num_outputs": batch.num_outputs, "num_inputs": batch.layers[0].num_src}

@@ -1,0 +1,152 @@
+"""Stage ``train``: epochs of exact micro-batch training (``betty.engine.Trainer``).
+
+Each epoch re-samples the batch, re-uses or recomputes its partition
+(``partition.reuse``) and takes one optimizer step per batch, accumulating gradients
+over the K micro-batches. Logged per epoch (``step = epoch``): every metric of
+``EpochRecord.metrics()`` (``loss``, ``train_acc``, ``k``, ``redundancy``,
+``time_sample_s``, ``time_partition_s``, ``time_block_s``, ``time_compute_s``,
+``epoch_time_s``, ``peak_mem_measured_bytes``, and with a memory estimator
+``peak_mem_estimated_bytes``, ``mem_estimate_error``) and, every ``evaluate.every``
+epochs, ``valid_acc`` (``valid_rocauc`` for multi-label data).
+
+Artifacts: ``model.pt`` (the ``state_dict``, CPU tensors), ``memory_per_microbatch.csv``
+(one row per micro-batch per epoch: measured and estimated peak bytes, sizes, times),
+``plots/curves.png``, ``plots/memory_per_microbatch.png`` (last epoch), ``ksearch.json``
+(``k: auto`` only) and ``models.json`` (the runs holding the trained models, read by the
+``evaluate`` stage).
+
+``train.repeats: N > 1`` trains N times (seeds ``seed + r``) in nested runs tagged
+``run_kind=repeat``, ``repeat=r``; this run then logs, for each final metric ``m``,
+``m_mean``, ``m_std`` (population std over repeats) and ``m`` = the mean.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import mlflow
+import torch
+
+from workflow.artifacts import ksearch_records, write_csv, write_json
+from workflow.components import make_trainer
+from workflow.evaluation import evaluate_model
+from workflow.plots import curves_figure, memory_figure
+from workflow.runs import active_run_id, log_metrics, tracked_run
+from workflow.stages.base import StageContext
+
+__all__ = ["run", "train_once", "summarize_repeats"]
+
+MEMORY_COLUMNS = ("repeat", "epoch", "batch", "micro", "num_outputs", "num_inputs", "num_edges",
+                  "peak_bytes", "estimated_bytes", "time_block_s", "time_compute_s", "loss")
+
+
+def _micro_rows(record, repeat: int) -> list[dict]:
+    rows = []
+    for b in record.batches:
+        estimates = b.micro_estimated_bytes or [None] * len(b.micro)
+        for m, est in zip(b.micro, estimates):
+            rows.append({"repeat": repeat, "epoch": record.epoch, "batch": b.index, "micro": m.index,
+                         "num_outputs": m.num_outputs, "num_inputs": m.num_inputs,
+                         "num_edges": m.num_edges, "peak_bytes": m.peak_bytes, "estimated_bytes": est,
+                         "time_block_s": m.time_block_s, "time_compute_s": m.time_compute_s,
+                         "loss": m.loss})
+    return rows
+
+
+def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
+    """Train one model in the active run; returns the last epoch's metrics (plus the
+    maximum measured/estimated peak memory over epochs)."""
+    from betty.memory.meter import MemoryMeter
+
+    spec = ctx.rspec.spec
+    ds = ctx.dataset()
+    device = ctx.device
+    meter = MemoryMeter(device) if spec.train.measure_memory else None
+    searches: list = []
+    trainer, model, optimizer = make_trainer(ctx.rspec, ds, device, repeat=repeat, meter=meter,
+                                             on_search=searches.append)
+    if meter is not None:
+        meter.track(model, optimizer)
+
+    every = spec.evaluate.every
+    label = "epochs" if spec.train.repeats == 1 else f"epochs (repeat {repeat})"
+    advance = ctx.reporter.steps(label, spec.train.epochs)
+    history, rows = [], []
+    for epoch in range(spec.train.epochs):
+        record = trainer.train_epoch(epoch)
+        metrics = record.metrics()
+        if every and (epoch + 1) % every == 0:
+            metrics.update(evaluate_model(model, ds, ctx.rspec, device, splits=("valid",)))
+        log_metrics(metrics, step=epoch)
+        history.append({"epoch": epoch, **metrics})
+        rows.extend(_micro_rows(record, repeat))
+        advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc", "valid_rocauc") if k in metrics})
+
+    folder = ctx.workdir / f"repeat-{repeat}"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, folder / "model.pt")
+    mlflow.log_artifact(str(folder / "model.pt"))
+    mlflow.log_artifact(str(write_csv(folder / "memory_per_microbatch.csv", rows, MEMORY_COLUMNS)))
+    if searches:
+        mlflow.log_artifact(str(write_json(folder / "ksearch.json", ksearch_records(searches))))
+    _log_figures(ctx, history, rows)
+
+    final = {k: v for k, v in history[-1].items() if k != "epoch"}
+    for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes"):
+        values = [h[key] for h in history if h.get(key) is not None]
+        if values:
+            final[key] = max(values)
+    return final
+
+
+def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict]) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(history, title=ctx.rspec.name)
+    mlflow.log_figure(fig, "plots/curves.png")
+    plt.close(fig)
+    last = [r for r in rows if r["epoch"] == history[-1]["epoch"] and r["batch"] == rows[-1]["batch"]]
+    if last and any(r["peak_bytes"] is not None for r in last):
+        fig = memory_figure(last, title=f"{ctx.rspec.name}: epoch {history[-1]['epoch']}")
+        mlflow.log_figure(fig, "plots/memory_per_microbatch.png")
+        plt.close(fig)
+
+
+def summarize_repeats(finals: list[dict[str, float]]) -> dict[str, float]:
+    """``m_mean``, ``m_std`` (population) and ``m`` (= mean) for every metric present in
+    all repeats."""
+    keys = [k for k in finals[0] if all(k in f for f in finals)]
+    out = {}
+    for key in keys:
+        values = [float(f[key]) for f in finals]
+        mean = statistics.fmean(values)
+        out[key] = mean
+        out[f"{key}_mean"] = mean
+        out[f"{key}_std"] = statistics.pstdev(values)
+    return out
+
+
+def run(ctx: StageContext) -> dict[str, float]:
+    spec = ctx.rspec.spec
+    repeats = spec.train.repeats
+    models = []
+    if repeats == 1:
+        final = train_once(ctx, 0)
+        models.append({"repeat": 0, "run_id": active_run_id(), "artifact": "model.pt",
+                       "train_seed": spec.train.seed, "sampling_seed": spec.sampling.seed})
+    else:
+        finals = []
+        parent = mlflow.active_run()
+        for r in range(repeats):
+            name = f"{parent.info.run_name or ctx.rspec.name}/repeat-{r}"
+            with tracked_run("repeat", "train", ctx.rspec, nested=True, run_name=name,
+                             device=str(ctx.device), tags={"repeat": str(r)}, log_spec=False):
+                mlflow.log_params({"repeat": r, "train_seed": spec.train.seed + r,
+                                   "sampling_seed": spec.sampling.seed + r})
+                finals.append(train_once(ctx, r))
+                models.append({"repeat": r, "run_id": active_run_id(), "artifact": "model.pt",
+                               "train_seed": spec.train.seed + r, "sampling_seed": spec.sampling.seed + r})
+        final = summarize_repeats(finals)
+        log_metrics(final)
+    mlflow.log_artifact(str(write_json(ctx.workdir / "models.json", models)))
+    return final
