@@ -181,14 +181,22 @@ def test_search_errors_name_the_cause_and_the_budget_that_works(batch3):
                     safety_margin=0.0, method="range").k <= batch.num_outputs
 
 
-def test_dropout_chunk_buffers_are_a_fixed_cost(batch3):
-    """Hash dropout's chunk buffers (2^15 x (8 + 1) bytes) do not shrink with K."""
+def test_dropout_scratch_is_bounded_and_unsplittable_budgets_raise(batch3):
+    """Hash dropout's chunk buffers hold at most 2^15 x (8 + 1) bytes per call (fewer for
+    small inputs), and a budget no split can meet raises KSearchError."""
     batch, _, _ = batch3
     spec = ModelSpec.from_config("sage", 12, 5, hidden=16, layers=3, dropout=0.5)
-    single = estimate_pieces(batch, torch.arange(batch.num_outputs), batch.num_outputs, spec)
-    assert min(e.peak for e in single) > (1 << 15) * 9
+    nodrop = ModelSpec.from_config("sage", 12, 5, hidden=16, layers=3, dropout=0.0)
+    groups = torch.arange(batch.num_outputs) % 4
+    with_drop = estimate_pieces(batch, groups, 4, spec)
+    without = estimate_pieces(batch, groups, 4, nodrop)
+    for a, b in zip(with_drop, without):
+        assert 0 < a.breakdown.get("dropout", 0) <= 3 * (1 << 15) * 9
+        assert a.peak > b.peak
+    singletons = estimate_pieces(batch, torch.arange(batch.num_outputs), batch.num_outputs, spec)
+    floor = min(e.peak for e in singletons)
     with pytest.raises(KSearchError):
-        search_k(batch, spec, memory_budget=(1 << 15) * 9, safety_margin=0.0)
+        search_k(batch, spec, memory_budget=floor // 2, safety_margin=0.0)
 
 
 def test_memory_balance_weights_follow_neighbourhood_sizes(batch3):

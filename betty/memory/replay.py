@@ -164,7 +164,7 @@ class _Replayer:
 
     def _hash_chunks(self, n, width: int, tag: str) -> None:
         tl = self.tl
-        rows_per_chunk = max(1, _DROPOUT_CHUNK_ELEMENTS // max(width, 1))
+        rows_per_chunk = np.minimum(n, max(1, _DROPOUT_CHUNK_ELEMENTS // max(width, 1)))
         scratch = tl.alloc(rows_per_chunk * width * INDEX_BYTES, DROP, f"{tag} dropout scratch")
         keep = tl.alloc(rows_per_chunk * width, DROP, f"{tag} dropout keep chunk")
         tl.release(self._rows, scratch, keep)

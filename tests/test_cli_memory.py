@@ -1,0 +1,53 @@
+"""``betty estimate`` and ``betty calibrate`` through Typer's runner."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from workflow.cli import app
+
+runner = CliRunner()
+LSTM = ["--set", "model.aggregator=lstm", "--set", "model.hidden=32", "--set", "dataset.num_nodes=1200"]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_estimate_measure_agrees_with_the_meter():
+    res = invoke("estimate", "tiny", "--k", "3", "--measure", "--json", *LSTM)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["k"] == 3 and len(out["micro_batches"]) == 3
+    for row in out["micro_batches"]:
+        assert sum(row["components"].values()) == row["estimated_peak_bytes"]
+        assert abs(row["relative_error"]) <= 0.05, row
+    assert out["max_abs_relative_error"] <= 0.05
+
+
+def test_estimate_auto_searches_k_for_the_budget():
+    full = json.loads(invoke("estimate", "tiny", "--k", "1", "--json", *LSTM).stdout)
+    budget = full["max_estimated_peak_bytes"] // 2
+    res = invoke("estimate", "tiny", "--k", "auto", "--json", *LSTM,
+                 "--set", f"partition.memory_budget={budget}", "--set", "partition.safety_margin=0.0")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["k"] > 1 and out["max_estimated_peak_bytes"] <= budget
+    tried = {row["k"]: row["max_estimated_peak_bytes"] for row in out["k_tried"]}
+    assert tried[out["k"]] <= budget
+    assert all(peak > budget for k, peak in tried.items() if k < out["k"])
+
+
+def test_estimate_refuses_bad_k():
+    res = runner.invoke(app, ["estimate", "tiny", "--k", "zero"])
+    assert res.exit_code == 2 and "--k" in res.output
+
+
+def test_calibrate_reports_constants_without_writing(tmp_path, monkeypatch):
+    monkeypatch.setenv("BETTY_MEMORY_CONSTANTS", str(tmp_path / "constants.json"))
+    res = invoke("calibrate", "--device", "cpu", "--no-write", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out and not (tmp_path / "constants.json").exists()

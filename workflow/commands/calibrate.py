@@ -1,0 +1,31 @@
+"""``betty calibrate [--device D]``: measure the memory model's backend constants here."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from workflow.commands._common import JsonOpt, cli_errors, emit_json
+
+
+@cli_errors
+def calibrate(device: Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ... or auto.")] = "auto",
+              write: Annotated[bool, typer.Option("--write/--no-write", help="Save the constants where the estimator reads them.")] = True,
+              json_: JsonOpt = False) -> None:
+    """Run small workloads under the memory meter on DEVICE and fit the constants the
+    memory model cannot derive from shapes (LSTM kernel state, device graph formats)."""
+    from betty.memory import calibrate as run_calibration
+
+    from workflow.components import resolve_device
+
+    result = run_calibration(resolve_device(device), write=write)
+    if json_:
+        emit_json(result)
+        return
+    for key, value in result.items():
+        typer.echo(f"{key:>28}: {value}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate)
