@@ -154,13 +154,24 @@ def test_repeats_log_mean_and_std(tracking):
 
 
 def test_k_auto_partition_stage_logs_the_search(tracking):
+    from betty.memory import estimate_pieces
+
+    from workflow.components import make_trainer
+
     uri, exp = tracking
-    rspec = load_spec("tiny", ["partition.k=auto", "partition.memory_budget=400KiB", "partition.sweep.k=[]"])
+    base = load_spec("tiny", ["partition.k=1", "partition.sweep.k=[]"])
+    ds = load_data(base)
+    trainer, model, optimizer = make_trainer(base, ds, torch.device("cpu"))
+    batch = trainer.sample(0, 0)
+    full = estimate_pieces(batch, torch.zeros(batch.num_outputs, dtype=torch.long), 1, model, optimizer)
+    budget = int(0.6 * full[0].peak)  # the full batch cannot fit
+    rspec = load_spec("tiny", ["partition.k=auto", f"partition.memory_budget={budget}",
+                               "partition.sweep.k=[]"])
     run_id, summary = run_stage("partition", rspec)
     run = MlflowClient(uri).get_run(run_id)
-    assert summary["k"] >= 2  # the full batch does not fit 400 KiB * 0.95
+    assert summary["k"] >= 2
     assert {"time_ksearch_s", "peak_mem_estimated_bytes"} <= metric_names(run)
-    assert run.data.metrics["peak_mem_estimated_bytes"] <= 400 * 1024 * 0.95
+    assert run.data.metrics["peak_mem_estimated_bytes"] <= budget * 0.95
     path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="ksearch.json")
     assert json.load(open(path))[0]["k"] == summary["k"]
 

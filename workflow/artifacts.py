@@ -101,5 +101,16 @@ def write_json(path: str | Path, obj) -> Path:
 
 
 def ksearch_records(results) -> list[dict]:
-    """K-search results (``betty.memory.KSearchResult``) as JSON-ready dicts."""
-    return [r.to_dict() if hasattr(r, "to_dict") else {"result": str(r)} for r in results]
+    """K-search results (``betty.memory.KSearchResult``; for ``revgnn``
+    ``betty.memory.rev.RevKSearchResult``: chosen ``k``, its largest part's estimated
+    ``peak`` and every K ``tried`` with its largest part) as JSON-ready dicts."""
+    out = []
+    for r in results:
+        if hasattr(r, "to_dict"):
+            out.append(r.to_dict())
+        elif hasattr(r, "tried") and hasattr(r, "peak"):
+            out.append({"k": int(r.k), "peak_bytes": int(r.peak),
+                        "tried": {str(k): int(v) for k, v in r.tried.items()}})
+        else:
+            out.append({"result": str(r)})
+    return out

@@ -8,7 +8,8 @@ Seeds (so each stage reproduces what the others see):
 
 Every stage goes through :func:`make_trainer`, so the ``sample`` and ``partition``
 stages see exactly the batch and the partition the trainer's first epoch uses
-(``Trainer.sample(0, 0)``, ``Trainer.partition(batch, 0, 0)``).
+(``Trainer.sample(0, 0)``, ``Trainer.partition(batch, 0, 0)``; for ``revgnn``,
+``RevTrainer.split(0)``: ``sampling.seed`` seeds the cluster splits).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from workflow import library
 from workflow.specfile import ResolvedSpec
 
 __all__ = [
+    "is_reversible",
     "resolve_device",
     "torch_dtype",
     "load_data",
@@ -28,6 +30,12 @@ __all__ = [
     "make_trainer",
     "first_batch",
 ]
+
+
+def is_reversible(rspec: ResolvedSpec) -> bool:
+    """Whether the spec's model is ``revgnn`` (whole graph or K cluster parts per step,
+    :mod:`betty.rev_engine`) rather than a sampled-block model (:mod:`betty.engine`)."""
+    return rspec.spec.model.arch == "revgnn"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -63,14 +71,22 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
     model = models.build_model(
         m.arch, dataset.num_features, dataset.num_classes, hidden=m.hidden, layers=m.layers,
         aggregator=m.aggregator, heads=m.heads, dropout=m.dropout, attn_dropout=m.attn_dropout,
-        dropout_mode=m.dropout_mode)
+        dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
+        reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq)
     return model.to(torch_dtype(rspec))
 
 
 def partition_plan(rspec: ResolvedSpec):
+    """``betty.engine.PartitionPlan`` (``sage``/``gat``) or ``betty.rev_engine.RevPlan``
+    (``revgnn``) of the spec's ``partition`` section."""
+    p = rspec.spec.partition
+    if is_reversible(rspec):
+        from betty.rev_engine import RevPlan
+
+        return RevPlan(method=p.method, k=p.k, memory_budget=p.memory_budget,
+                       safety_margin=p.safety_margin)
     from betty.engine import PartitionPlan
 
-    p = rspec.spec.partition
     return PartitionPlan(method=p.method, k=p.k, reuse=p.reuse, balance=p.balance,
                          memory_budget=p.memory_budget, safety_margin=p.safety_margin)
 
@@ -84,9 +100,10 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
                  on_search=None):
     """``(trainer, model, optimizer)`` for repeat ``repeat``: a fresh model (weights
     seeded by ``train.seed + repeat``) on ``device`` and a :class:`betty.engine.Trainer`
-    seeded by ``sampling.seed + repeat``. The trainer builds the memory estimator and,
-    for ``partition.k: auto``, the K search itself; ``on_search`` receives every K-search
-    result (when the trainer supports it)."""
+    (``revgnn``: a :class:`betty.rev_engine.RevTrainer`) seeded by ``sampling.seed +
+    repeat``. The trainer builds the memory estimator and, for ``partition.k: auto``,
+    the K search itself; ``on_search`` receives every K-search result (when the trainer
+    supports it)."""
     import inspect
 
     from betty.engine import Trainer
@@ -96,6 +113,14 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
     t = rspec.spec.train
     model = build_model(rspec, dataset, seed=t.seed + repeat).to(device)
     optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    if is_reversible(rspec):
+        from betty.rev_engine import RevTrainer
+
+        trainer = RevTrainer(model, optimizer, dataset, partition_plan(rspec), device=device,
+                             seed=rspec.spec.sampling.seed + repeat, dropout_seed=t.seed + repeat,
+                             dtype=torch_dtype(rspec), dropout_mode=rspec.spec.model.dropout_mode,
+                             meter=meter, on_search=on_search)
+        return trainer, model, optimizer
     extra = {}
     if on_search is not None and "on_search" in inspect.signature(Trainer).parameters:
         extra["on_search"] = on_search
@@ -107,7 +132,11 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
 
 
 def first_batch(rspec: ResolvedSpec, dataset, *, repeat: int = 0, device=None):
-    """The full batch the trainer samples first (epoch 0, batch 0): a ``SampledBatch``."""
+    """The full batch the trainer samples first (epoch 0, batch 0): a ``SampledBatch``
+    (``sage``/``gat`` only: ``revgnn`` samples nothing)."""
+    if is_reversible(rspec):
+        raise ValueError("model.arch revgnn samples no batches: it trains on the whole graph or "
+                         "on partition.k cluster parts (betty.rev_engine.RevTrainer.split)")
     device = device or resolve_device(rspec.spec.train.device)
     trainer, _, _ = make_trainer(rspec, dataset, device, repeat=repeat)
     return trainer.sample(0, 0)

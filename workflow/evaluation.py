@@ -8,6 +8,13 @@ multi-label ones (ogbn-proteins); OGB datasets are scored by OGB's own ``Evaluat
 ``evaluate.inference: full`` (default) runs layer-wise full-neighbour inference over the
 whole graph once and reads every split from it; ``sampled`` samples each split's
 neighbourhoods with ``evaluate.fanouts`` (default: the training fanouts).
+
+``revgnn`` (:func:`rev_predictions`): ``full`` runs the model on the whole graph at once
+(``betty.models.rev_training.full_graph_inference``; reversible blocks need every node
+of the set they map); ``multiview`` averages the predicted probabilities (softmax, or
+sigmoid for multi-label data) over ``evaluate.views`` random splits into
+``evaluate.parts`` induced subgraphs (default: the training K), seeded by
+``sampling.seed + view`` (``multiview_inference``; RevGNN's multi-view inference).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import torch
 from workflow.components import torch_dtype
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["metric_suffix", "split_nodes", "evaluate_model"]
+__all__ = ["metric_suffix", "split_nodes", "rev_predictions", "evaluate_model"]
 
 
 def metric_suffix(dataset) -> str:
@@ -31,11 +38,37 @@ def split_nodes(dataset, split: str) -> torch.Tensor:
     return {"train": dataset.train_idx, "valid": dataset.valid_idx, "test": dataset.test_idx}[split]
 
 
+def rev_predictions(model, dataset, rspec: ResolvedSpec, device, *, train_k: int | None = None) -> torch.Tensor:
+    """``(N, C)`` host scores of a RevGNN for every node: logits (``full``) or averaged
+    probabilities (``multiview``, ``evaluate.parts`` or else ``train_k`` parts)."""
+    from betty.models.rev_training import full_graph_inference, multiview_inference
+
+    ev = rspec.spec.evaluate
+    feat = dataset.feat.to(torch_dtype(rspec))
+    if ev.inference == "full":
+        return full_graph_inference(model, dataset.graph, feat, device=device).cpu()
+    k = ev.parts or train_k
+    if k is None:
+        p = rspec.spec.partition
+        if p.k == "auto":
+            raise ValueError("evaluate.inference multiview with partition.k auto needs evaluate.parts "
+                             "(or the K the training run chose)")
+        k = int(p.k)
+    k = min(int(k), dataset.num_nodes)
+    transform = torch.sigmoid if dataset.multilabel else (lambda out: torch.softmax(out, dim=1))
+    return multiview_inference(model, dataset.graph, feat, k, ev.views, method="random",
+                               seed=rspec.spec.sampling.seed, device=device, transform=transform).cpu()
+
+
 def evaluate_model(model, dataset, rspec: ResolvedSpec, device, *,
                    splits: Sequence[str] = ("valid", "test"),
-                   progress: Callable[[int, int, int], None] | None = None) -> dict[str, float]:
-    """``{"valid_acc": ..., "test_acc": ...}`` (splits without nodes are left out)."""
+                   progress: Callable[[int, int, int], None] | None = None,
+                   train_k: int | None = None) -> dict[str, float]:
+    """``{"valid_acc": ..., "test_acc": ...}`` (splits without nodes are left out).
+    ``train_k``: the number of parts training used (``revgnn`` multi-view default)."""
     from betty.inference import evaluate_predictions, layerwise_inference, sampled_inference
+
+    from workflow.components import is_reversible
 
     ev = rspec.spec.evaluate
     dtype = torch_dtype(rspec)
@@ -46,7 +79,9 @@ def evaluate_model(model, dataset, rspec: ResolvedSpec, device, *,
     if not wanted:
         return {}
     logits_all = None
-    if ev.inference == "full":
+    if is_reversible(rspec):
+        logits_all = rev_predictions(model, dataset, rspec, device, train_k=train_k)
+    elif ev.inference == "full":
         logits_all = layerwise_inference(model, dataset.graph, dataset.feat, device=device,
                                          chunk_size=ev.chunk_size, dtype=dtype, progress=progress)
     out = {}

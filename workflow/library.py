@@ -1,8 +1,8 @@
 """Library features the schema accepts but a given version of betty may lack.
 
 ``partition.k: auto`` and ``partition.balance: memory`` need the memory model
-(``betty.memory.ksearch``), ``model.arch: revgnn`` needs ``"revgnn"`` in
-``betty.models.ARCHS``. The spec schema validates them regardless; at run time
+(``betty.memory.ksearch``; for ``revgnn`` the reversible one, ``betty.memory.rev``),
+``model.arch: revgnn`` needs ``"revgnn"`` in ``betty.models.ARCHS``. The spec schema validates them regardless; at run time
 :func:`preflight` checks the library before any work and raises
 :class:`NotAvailableYet` with a clear message (a FAILED run) instead of silently doing
 something else. The trainer builds the K search and the memory estimator itself
@@ -18,6 +18,7 @@ __all__ = ["NotAvailableYet", "find_feature", "require_arch", "missing_features"
 
 K_SEARCH = ("betty.memory.ksearch", "make_k_chooser")
 MEMORY_BALANCE = ("betty.memory.ksearch", "memory_balance_weights")
+REV_K_SEARCH = ("betty.memory.rev", "search_k_rev")
 
 
 class NotAvailableYet(RuntimeError):
@@ -60,8 +61,9 @@ def missing_features(spec) -> list[str]:
     if message:
         out.append(message)
     p = spec.partition
-    if p.k == "auto" and find_feature(*K_SEARCH) is None:
-        out.append(f"partition.k: auto needs {'.'.join(K_SEARCH)} (memory estimator and K search), "
+    search = REV_K_SEARCH if spec.model.arch == "revgnn" else K_SEARCH
+    if p.k == "auto" and find_feature(*search) is None:
+        out.append(f"partition.k: auto needs {'.'.join(search)} (memory estimator and K search), "
                    "not available yet in this version of betty")
     if p.balance == "memory" and find_feature(*MEMORY_BALANCE) is None:
         out.append(f"partition.balance: memory needs {'.'.join(MEMORY_BALANCE)}, not available yet "

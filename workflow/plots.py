@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["curves_figure", "memory_figure", "redundancy_figure"]
+__all__ = ["curves_figure", "memory_figure", "redundancy_figure", "cluster_sweep_figure"]
 
 
 
@@ -48,15 +48,17 @@ def curves_figure(history: Sequence[Mapping[str, float]], title: str = ""):
     return fig
 
 
-def memory_figure(rows: Sequence[Mapping[str, float]], title: str = ""):
-    """Measured (and, when present, estimated) peak memory per micro-batch.
+def memory_figure(rows: Sequence[Mapping[str, float]], title: str = "", *,
+                  index_key: str = "micro", xlabel: str = "micro-batch"):
+    """Measured (and, when present, estimated) peak memory per micro-batch (or per
+    ``revgnn`` part: ``index_key="part"``).
 
     Args:
-        rows: one mapping per micro-batch with ``micro`` (index), ``peak_bytes`` and
+        rows: one mapping per micro-batch with ``index_key`` (index), ``peak_bytes`` and
             optionally ``estimated_bytes``; one epoch's micro-batches.
     """
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    idx = [r["micro"] for r in rows]
+    idx = [r[index_key] for r in rows]
     estimated = [r.get("estimated_bytes") for r in rows]
     largest = max([r.get("peak_bytes") or 0 for r in rows] + [e or 0 for e in estimated])
     unit, scale = _unit(largest)
@@ -64,7 +66,7 @@ def memory_figure(rows: Sequence[Mapping[str, float]], title: str = ""):
     if any(e is not None for e in estimated):
         ax.plot(idx, [(e or 0) / scale for e in estimated], "o-", color="tab:orange", label="estimated")
     ax.set_xticks(idx)
-    ax.set_xlabel("micro-batch")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(f"peak memory ({unit})")
     ax.legend()
     ax.set_title(title)
@@ -88,5 +90,33 @@ def redundancy_figure(rows: Sequence[Mapping], title: str = ""):
     ax.set_ylabel("redundancy (input loads / inputs)")
     ax.legend(fontsize="small")
     ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def cluster_sweep_figure(rows: Sequence[Mapping], title: str = ""):
+    """``revgnn`` splits against K, one line per method: the share of edges the induced
+    parts keep (left) and the largest part's estimated peak memory (right, when
+    estimated). Rows without ``edges_kept_fraction`` (failed entries) are skipped."""
+    fig, (ax_kept, ax_mem) = plt.subplots(1, 2, figsize=(9, 3.5))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    peaks = [r.get("peak_estimated_bytes") or 0 for r in rows]
+    unit, scale = _unit(max(peaks + [0]))
+    for method in methods:
+        mine = sorted((r for r in rows if r["method"] == method and r.get("edges_kept_fraction") is not None),
+                      key=lambda r: r["k"])
+        if mine:
+            ax_kept.plot([r["k"] for r in mine], [r["edges_kept_fraction"] for r in mine], marker="o", label=method)
+            est = [(r["k"], r["peak_estimated_bytes"] / scale) for r in mine if r.get("peak_estimated_bytes")]
+            if est:
+                xs, ys = zip(*est)
+                ax_mem.plot(xs, ys, marker="o", label=method)
+    for ax in (ax_kept, ax_mem):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("K (parts)")
+        ax.legend(fontsize="small")
+    ax_kept.set_ylabel("edges kept (fraction)")
+    ax_mem.set_ylabel(f"largest part, estimated peak ({unit})")
+    fig.suptitle(title)
     fig.tight_layout()
     return fig

@@ -18,7 +18,10 @@ Validation happens in two passes, both before any work starts:
    is not an integer and ``true`` is not a number);
 2. cross-field rules and the dataset's own options (:func:`check_spec`): one fanout per
    layer, arch-specific keys only with their arch, ``memory_budget`` with ``k: auto``,
-   options the dataset accepts.
+   options the dataset accepts; ``revgnn`` (whole graph or K cluster parts, no
+   sampled blocks) refuses the keys of sampled training it would otherwise ignore.
+
+Arch-dependent defaults are filled in afterwards (:func:`with_arch_defaults`).
 
 Every problem becomes a :class:`Problem` naming the key path, the value and what is
 allowed; :func:`workflow.specfile.load_spec` raises them together as a
@@ -31,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
 from workflow.sizes import BYTE_SIZE_HELP, parse_bytes
 
@@ -48,14 +51,20 @@ __all__ = [
     "TrainSection",
     "EvaluateSection",
     "check_spec",
+    "spec_notes",
+    "with_arch_defaults",
 ]
 
 ARCHS = ("sage", "gat", "revgnn")
-"""Architectures a spec may name. ``revgnn`` is validated now and wired when the
-library's reversible-model trainer lands (until then it fails at run time)."""
+"""Architectures a spec may name: ``sage`` and ``gat`` train on sampled blocks
+(:mod:`betty.engine`), ``revgnn`` on the whole graph or K cluster parts
+(:mod:`betty.rev_engine`)."""
 
 REVGNN_CONVS = ("gcn", "sage", "gat")
 REVGNN_NORMS = ("layer", "batch", "none")
+REVGNN_PARTITION_METHODS = ("random", "metis")
+"""``partition.method`` for ``revgnn``: how the graph is cut into K induced subgraphs
+(``betty.models.rev_training.cluster_partition``)."""
 DEFAULT_SWEEP_K = (2, 4, 8, 16, 32)
 
 
@@ -206,18 +215,27 @@ class DatasetSection(BaseModel):
 
 class SamplingSection(_Section):
     """``fanouts``: one per layer, input layer first (DGL's order), ``-1`` = all
-    neighbours. ``batch_size``: output nodes per batch, ``'full'`` = the whole
-    training set (Betty's setting). ``seed``: seeds batches, sampling and partitioning
-    (epoch ``e`` re-samples with a seed derived from ``(seed, e)``)."""
+    neighbours; required for ``sage``/``gat``; ``revgnn`` samples nothing (it trains
+    on the whole graph or its cluster parts): it may omit the section, and fanouts given
+    anyway are ignored with a note (:func:`spec_notes`). ``batch_size``: output nodes per
+    batch, ``'full'`` = the whole training set (Betty's setting). ``seed``: seeds
+    batches, sampling and partitioning (epoch ``e`` re-samples, and ``revgnn``
+    re-draws random clusters, with a seed derived from ``(seed, e)``)."""
 
-    fanouts: list[Fanout] = Field(min_length=1)
+    fanouts: list[Fanout] | None = Field(None, min_length=1)
     batch_size: BatchSize = "full"
     seed: int = Field(0, ge=0)
 
 
 class ModelSection(_Section):
     """The GNN. ``aggregator`` is for ``sage``; ``heads``/``attn_dropout`` for ``gat``;
-    ``groups``/``conv``/``norm`` for ``revgnn`` (and ``heads`` with ``conv: gat``)."""
+    ``groups``/``conv``/``norm``/``reversible``/``checkpoint``/``weight_tied``/``deq``
+    for ``revgnn`` (and ``heads`` with ``conv: gat``; ``revgnn``'s ``heads`` defaults
+    to 1). ``reversible: false`` runs the same blocks as a residual network
+    (``checkpoint: true`` adds gradient checkpointing to it); ``weight_tied`` shares
+    one block's weights across the depth; ``deq`` is the deep-equilibrium variant (one
+    weight-tied cell solved to a fixed point: ``layers`` and ``groups`` are ignored
+    with a note, ``reversible: false``, ``checkpoint``, ``weight_tied`` refused)."""
 
     arch: Literal["sage", "gat", "revgnn"] = "sage"
     hidden: int = Field(256, ge=1)
@@ -230,6 +248,10 @@ class ModelSection(_Section):
     groups: int = Field(2, ge=2)
     conv: Literal["gcn", "sage", "gat"] = "gcn"
     norm: Literal["layer", "batch", "none"] = "layer"
+    reversible: bool = True
+    checkpoint: bool = False
+    weight_tied: bool = False
+    deq: bool = False
 
     @field_validator("aggregator")
     @classmethod
@@ -300,18 +322,23 @@ class TrainSection(_Section):
 
 class EvaluateSection(_Section):
     """``every``: validation every N epochs during training (0: only in the evaluate
-    stage). ``inference``: ``full`` (layer-wise, all neighbours) or ``sampled`` (with
-    ``fanouts``, default the training fanouts). ``chunk_size``: nodes per inference
-    chunk."""
+    stage). ``inference``: ``full`` (all neighbours: layer-wise for ``sage``/``gat``,
+    the whole graph at once for ``revgnn``), ``sampled`` (``sage``/``gat``, with
+    ``fanouts``, default the training fanouts) or ``multiview`` (``revgnn``: the
+    average of the predictions over ``views`` random splits into ``parts`` parts;
+    ``parts: null`` = the training K). ``chunk_size``: nodes per inference chunk
+    (``sage``/``gat``)."""
 
     every: int = Field(1, ge=0)
-    inference: Literal["full", "sampled"] = "full"
+    inference: Literal["full", "sampled", "multiview"] = "full"
     fanouts: list[Fanout] | None = None
     chunk_size: int = Field(16384, ge=1)
+    views: int = Field(10, ge=1)
+    parts: Annotated[int, Field(ge=1)] | None = None
 
 
 class Spec(_Section):
-    """A whole experiment."""
+    """A whole experiment. ``sampling`` may be left out with ``model.arch: revgnn``."""
 
     name: str = Field("spec", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     description: str | None = None
@@ -322,6 +349,16 @@ class Spec(_Section):
     train: TrainSection = Field(default_factory=TrainSection)
     evaluate: EvaluateSection = Field(default_factory=EvaluateSection)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _revgnn_needs_no_sampling(cls, data: Any) -> Any:
+        """A ``revgnn`` spec may omit ``sampling`` (it samples nothing)."""
+        if isinstance(data, dict) and "sampling" not in data:
+            model = data.get("model")
+            if isinstance(model, dict) and model.get("arch") == "revgnn":
+                data = {**data, "sampling": {}}
+        return data
+
 
 # --------------------------------------------------------------- cross-field rules
 
@@ -331,6 +368,10 @@ _ARCH_ONLY = {
     "groups": ("revgnn",),
     "conv": ("revgnn",),
     "norm": ("revgnn",),
+    "reversible": ("revgnn",),
+    "checkpoint": ("revgnn",),
+    "weight_tied": ("revgnn",),
+    "deq": ("revgnn",),
 }
 
 
@@ -361,31 +402,107 @@ def _dataset_problems(ds: DatasetSection) -> list[Problem]:
     return out
 
 
+def _changed(section: BaseModel) -> set[str]:
+    """Keys a spec gives with a value other than their default (a default value written
+    out explicitly is harmless)."""
+    fields = type(section).model_fields
+    return {k for k in section.model_fields_set
+            if getattr(section, k) != fields[k].get_default(call_default_factory=True)}
+
+
+def _sampled_problems(spec: Spec) -> list[Problem]:
+    """Rules of the sampled-block archs (``sage``, ``gat``)."""
+    m, ev, out = spec.model, spec.evaluate, []
+    if "heads" in _changed(m) and m.arch != "gat":
+        out.append(Problem("model.heads", m.heads,
+                           "applies to model.arch gat (or revgnn with conv gat) only"))
+    if spec.sampling.fanouts is None:
+        out.append(Problem("sampling.fanouts", None, "required key is missing (one fanout per "
+                           "layer, input layer first)", missing=True))
+    for path, fanouts in (("sampling.fanouts", spec.sampling.fanouts), ("evaluate.fanouts", ev.fanouts)):
+        if fanouts is not None and len(fanouts) != m.layers:
+            out.append(Problem(path, fanouts,
+                               f"has {len(fanouts)} entries but model.layers is {m.layers}; "
+                               "give one fanout per layer, input layer first"))
+    if ev.inference == "multiview":
+        out.append(Problem("evaluate.inference", ev.inference, "applies to model.arch revgnn only; "
+                           "allowed here: full, sampled"))
+    for key in ("views", "parts"):
+        if key in _changed(ev):
+            out.append(Problem(f"evaluate.{key}", getattr(ev, key),
+                               "applies to evaluate.inference multiview (model.arch revgnn) only"))
+    return out
+
+
+_REVGNN_NOT_SAMPLED = ("revgnn samples no neighbourhoods: each step runs on the whole graph "
+                       "or on partition.k cluster parts")
+
+
+def _revgnn_problems(spec: Spec) -> list[Problem]:
+    """Rules of ``revgnn`` (reversible blocks keep the node set: no sampled blocks)."""
+    m, s, p, ev, out = spec.model, spec.sampling, spec.partition, spec.evaluate, []
+    changed = _changed(m)
+    if "heads" in changed and m.conv != "gat" and m.heads != 1:
+        out.append(Problem("model.heads", m.heads, f"applies to model.conv gat only (model.conv "
+                           f"is {m.conv!r}); allowed otherwise: 1"))
+    if m.reversible and m.checkpoint and not m.deq:
+        out.append(Problem("model.checkpoint", m.checkpoint, "applies to model.reversible: false "
+                           "(the residual network); reversible blocks keep no activations"))
+    if m.deq:
+        for key in ("reversible", "checkpoint", "weight_tied"):
+            if key in changed:
+                out.append(Problem(f"model.{key}", getattr(m, key), "does not apply with model.deq: "
+                                   "true (one weight-tied cell solved to a fixed point)"))
+        if m.norm == "batch":
+            out.append(Problem("model.norm", m.norm, "allowed with model.deq: true: layer, none"))
+        if p.k == "auto":
+            out.append(Problem("partition.k", p.k, "'auto' needs the reversible memory estimator "
+                               "(betty.memory.rev), which does not model model.deq: true; allowed: "
+                               "an integer >= 1"))
+    elif m.hidden % m.groups:
+        out.append(Problem("model.hidden", m.hidden,
+                           f"must be divisible by model.groups = {m.groups} (channels are split into groups)"))
+    if "batch_size" in _changed(s):
+        out.append(Problem("sampling.batch_size", s.batch_size, f"applies to sage/gat only "
+                           f"({_REVGNN_NOT_SAMPLED}); allowed: full"))
+    allowed = ", ".join(REVGNN_PARTITION_METHODS)
+    if "method" in p.model_fields_set and p.method not in REVGNN_PARTITION_METHODS:
+        out.append(Problem("partition.method", p.method, "revgnn splits the graph into induced "
+                           f"subgraphs; allowed: {allowed} (random is re-drawn every epoch)"))
+    for key in ("balance", "reuse"):
+        if key in _changed(p):
+            out.append(Problem(f"partition.{key}", getattr(p, key), "applies to sage/gat "
+                               "micro-batches only; revgnn re-draws random clusters every epoch "
+                               "and keeps METIS clusters for the run"))
+    for i, method in enumerate(p.sweep.methods or []):
+        if method not in REVGNN_PARTITION_METHODS:
+            out.append(Problem(f"partition.sweep.methods[{i}]", method, f"allowed for revgnn: {allowed}"))
+    if ev.inference == "sampled":
+        out.append(Problem("evaluate.inference", ev.inference,
+                           "revgnn has no sampled inference; allowed: full, multiview"))
+    if "chunk_size" in _changed(ev):
+        out.append(Problem("evaluate.chunk_size", ev.chunk_size, "applies to sage/gat (layer-wise "
+                           "inference); revgnn runs the whole graph (full) or whole parts (multiview)"))
+    if ev.inference != "multiview":
+        for key in ("views", "parts"):
+            if key in _changed(ev):
+                out.append(Problem(f"evaluate.{key}", getattr(ev, key),
+                                   "applies to evaluate.inference multiview only"))
+    return out
+
+
 def check_spec(spec: Spec) -> list[Problem]:
     """Rules spanning several keys (field-level rules live in the models)."""
     out = _dataset_problems(spec.dataset)
     m = spec.model
     # an arch-specific key set to a non-default value under another arch is a mistake
     # (e.g. aggregator: lstm with arch: gat); the default value is harmless
-    changed = {k for k in m.model_fields_set if getattr(m, k) != ModelSection.model_fields[k].default}
+    changed = _changed(m)
     for key, archs in _ARCH_ONLY.items():
         if key in changed and m.arch not in archs:
             out.append(Problem(f"model.{key}", getattr(m, key),
                                f"applies to model.arch {' or '.join(archs)} only (model.arch is {m.arch!r})"))
-    if "heads" in changed and not (m.arch == "gat" or (m.arch == "revgnn" and m.conv == "gat")):
-        out.append(Problem("model.heads", m.heads,
-                           "applies to model.arch gat (or revgnn with conv gat) only"))
-    if m.arch == "revgnn":
-        if m.hidden % m.groups:
-            out.append(Problem("model.hidden", m.hidden,
-                               f"must be divisible by model.groups = {m.groups} (channels are split into groups)"))
-    else:
-        for path, fanouts in (("sampling.fanouts", spec.sampling.fanouts),
-                              ("evaluate.fanouts", spec.evaluate.fanouts)):
-            if fanouts is not None and len(fanouts) != m.layers:
-                out.append(Problem(path, fanouts,
-                                   f"has {len(fanouts)} entries but model.layers is {m.layers}; "
-                                   "give one fanout per layer, input layer first"))
+    out.extend(_revgnn_problems(spec) if m.arch == "revgnn" else _sampled_problems(spec))
     p = spec.partition
     if p.k == "auto" and p.memory_budget is None:
         out.append(Problem("partition.memory_budget", None,
@@ -395,3 +512,31 @@ def check_spec(spec: Spec) -> list[Problem]:
         out.append(Problem("evaluate.fanouts", spec.evaluate.fanouts,
                            "applies to evaluate.inference 'sampled' only"))
     return out
+
+
+def spec_notes(spec: Spec) -> list[str]:
+    """Harmless but noteworthy things in a valid spec (shown by ``betty validate`` and
+    logged by the stage concerned): keys that are accepted but not used."""
+    notes, m = [], spec.model
+    if m.arch == "revgnn" and spec.sampling.fanouts is not None:
+        notes.append(f"sampling.fanouts = {spec.sampling.fanouts!r} is ignored: {_REVGNN_NOT_SAMPLED} "
+                     "(accepted so that a sage/gat spec runs with --set model.arch=revgnn)")
+    if m.arch == "revgnn" and m.deq:
+        for key in ("layers", "groups"):
+            if key in _changed(m):
+                notes.append(f"model.{key} = {getattr(m, key)!r} is ignored with model.deq: true (one "
+                             "weight-tied cell of width model.hidden solved to a fixed point)")
+    return notes
+
+
+def with_arch_defaults(spec: Spec) -> Spec:
+    """``spec`` with the defaults that depend on the arch filled in for keys it leaves
+    out: ``revgnn`` gets ``model.heads: 1`` and ``partition.method: random``."""
+    if spec.model.arch != "revgnn":
+        return spec
+    update = {}
+    if "heads" not in spec.model.model_fields_set:
+        update["model"] = spec.model.model_copy(update={"heads": 1})
+    if "method" not in spec.partition.model_fields_set:
+        update["partition"] = spec.partition.model_copy(update={"method": "random"})
+    return spec.model_copy(update=update) if update else spec

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from workflow.spec import Problem, Spec, SpecError, check_spec
+from workflow.spec import Problem, Spec, SpecError, check_spec, with_arch_defaults
 
 __all__ = [
     "STAGES",
@@ -283,6 +283,7 @@ def resolve_spec(raw: dict, *, source: str | None = None, overrides: Sequence[st
     problems = check_spec(spec)
     if problems:
         raise SpecError(problems, source)
+    spec = with_arch_defaults(spec)
     from betty.data import resolve_options
 
     data = spec.model_dump(mode="json")

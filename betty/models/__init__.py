@@ -1,6 +1,8 @@
-"""Block-based GNN models and the factory that builds them from a config."""
+"""Block-based GNN models, reversible deep GNNs, and the factory that builds them from a config."""
 
 from __future__ import annotations
+
+from torch import nn
 
 from betty.models.base import DROPOUT_MODES, BlockGNN
 from betty.models.gat import GAT
@@ -8,16 +10,40 @@ from betty.models.sage import SAGE_AGGREGATORS, GraphSAGE
 
 __all__ = ["BlockGNN", "GraphSAGE", "GAT", "build_model", "ARCHS", "SAGE_AGGREGATORS", "DROPOUT_MODES"]
 
-ARCHS = ("sage", "gat")
+ARCHS = ("sage", "gat", "revgnn")
 
 
 def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
                 layers: int = 2, aggregator: str = "mean", heads: int = 4,
                 dropout: float = 0.0, attn_dropout: float = 0.0,
-                dropout_mode: str = "deterministic") -> BlockGNN:
-    """Build a block model by name (``"sage"`` or ``"gat"``)."""
+                dropout_mode: str = "deterministic", groups: int = 2, conv: str = "gcn",
+                norm: str = "layer", reversible: bool = True, checkpoint: bool = False,
+                weight_tied: bool = False, deq: bool = False) -> nn.Module:
+    """Build a model by name.
+
+    ``"sage"`` / ``"gat"``: a :class:`BlockGNN` on sampled blocks (``aggregator``,
+    ``heads``, ``attn_dropout``, ``dropout_mode`` apply). ``"revgnn"``: a
+    :class:`betty.models.rev.RevGNN` on whole graphs or induced subgraphs, ``layers``
+    blocks of ``groups`` channel groups (``conv``, ``norm``, ``reversible``,
+    ``checkpoint``, ``weight_tied``, ``heads`` for ``conv="gat"``), or with ``deq`` a
+    :class:`betty.models.rev_deq.RevGNNDEQ` (one weight-tied cell solved to a fixed
+    point; ``layers``, ``groups``, ``reversible``, ``checkpoint``, ``weight_tied`` do not
+    apply). RevGNN's dropout masks come from its trainer (:mod:`betty.rev_engine`), so
+    ``dropout_mode`` is the trainer's argument there.
+    """
     if arch == "sage":
         return GraphSAGE(in_feats, hidden, out_feats, layers, aggregator, dropout, dropout_mode)
     if arch == "gat":
         return GAT(in_feats, hidden, out_feats, layers, heads, dropout, attn_dropout, dropout_mode)
+    if arch == "revgnn":
+        if deq:
+            from betty.models.rev_deq import RevGNNDEQ
+
+            return RevGNNDEQ(in_feats, hidden, out_feats, conv=conv, dropout=dropout, norm=norm,
+                             heads=heads)
+        from betty.models.rev import RevGNN
+
+        return RevGNN(in_feats, hidden, out_feats, layers, num_groups=groups, conv=conv,
+                      dropout=dropout, norm=norm, reversible=reversible, checkpoint=checkpoint,
+                      weight_tied=weight_tied, heads=heads)
     raise ValueError(f"model arch must be one of {ARCHS}, got {arch!r}")

@@ -49,6 +49,8 @@ def rows_for(runs) -> list[dict]:
         row = {"run_id": run.info.run_id}
         for header, source, key in COLUMNS:
             row[header] = _value(run, source, key)
+        if row.get("arch") == "revgnn":  # no aggregator: show the convolution of the blocks
+            row["aggr"] = run.data.params.get("spec.model.conv")
         out.append(row)
     return out
 

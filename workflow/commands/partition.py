@@ -21,7 +21,9 @@ def partition(spec: SpecArg,
               set_: SetOpt = None, json_: JsonOpt = False) -> None:
     """Partition the spec's first sampled batch as training would (same seed, balance)
     and report redundancy, imbalance and the time to build, partition and carve the
-    micro-batch blocks."""
+    micro-batch blocks. For model.arch revgnn: split the graph into K induced
+    subgraphs as the first epoch would and report part sizes, the share of edges kept
+    and the estimated peak memory of the largest part (--save writes DIR/parts.npz)."""
     from workflow.artifacts import save_batch
     from workflow.components import load_data, make_trainer, resolve_device
     from workflow.stages.partition import measure_split
@@ -34,6 +36,14 @@ def partition(spec: SpecArg,
     rspec = load(spec, overrides)
     ds = load_data(rspec)
     trainer, _, _ = make_trainer(rspec, ds, resolve_device(rspec.spec.train.device))
+    if rspec.spec.model.arch == "revgnn":
+        out = _cluster_report(trainer, save)
+        if json_:
+            emit_json(out)
+            return
+        for key, value in out.items():
+            typer.echo(f"{key:>22}: {value:.4g}" if isinstance(value, float) else f"{key:>22}: {value}")
+        return
     batch = trainer.sample(0, 0)
     report, result, _ = measure_split(trainer, batch)
     out = {key: report[key] for key in REPORT_KEYS}
@@ -48,6 +58,32 @@ def partition(spec: SpecArg,
         return
     for key, value in out.items():
         typer.echo(f"{key:>22}: {value:.4g}" if isinstance(value, float) else f"{key:>22}: {value}")
+
+
+CLUSTER_KEYS = ("method", "k", "part_nodes", "part_edges", "part_train", "edges_kept_fraction",
+                "edges_dropped_fraction", "imbalance", "time_partition_s", "time_estimate_s")
+
+
+def _cluster_report(trainer, save: Optional[Path]) -> dict:
+    """The revgnn split of the first epoch (``workflow.revgnn.measure_cluster_split``)."""
+    import numpy as np
+
+    from workflow.revgnn import measure_cluster_split
+
+    report, parts = measure_cluster_split(trainer)
+    out = {key: report[key] for key in CLUSTER_KEYS}
+    if report["time_ksearch_s"] is not None:
+        out["time_ksearch_s"] = report["time_ksearch_s"]
+    if report["estimated_bytes"]:
+        out["peak_mem_estimated_bytes"] = max(report["estimated_bytes"])
+    if save is not None:
+        labels = np.empty(trainer.dataset.num_nodes, dtype=np.int64)
+        for i, part in enumerate(parts):
+            labels[part.node_ids.cpu().numpy()] = i
+        Path(save).mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(Path(save) / "parts.npz", part=labels)
+        out["saved"] = str(Path(save) / "parts.npz")
+    return out
 
 
 def register(app: typer.Typer) -> None:

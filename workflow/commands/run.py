@@ -8,7 +8,7 @@ import typer
 
 from workflow.commands._common import ExperimentOpt, JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, load, use_experiment
 
-SUMMARY_KEYS = ("k", "redundancy", "peak_mem_estimated_bytes", "peak_mem_measured_bytes",
+SUMMARY_KEYS = ("k", "redundancy", "edges_kept_fraction", "peak_mem_estimated_bytes", "peak_mem_measured_bytes",
                 "mem_estimate_error", "epoch_time_s", "loss", "train_acc", "valid_acc", "test_acc",
                 "valid_rocauc", "test_rocauc")
 

@@ -14,7 +14,7 @@ def validate(specs: Annotated[List[str], typer.Argument(help="Specs: paths, file
              set_: SetOpt = None, json_: JsonOpt = False) -> None:
     """Validate specs (and overrides); exit code 2 if any is invalid."""
     from workflow.library import missing_features
-    from workflow.spec import SpecError
+    from workflow.spec import SpecError, spec_notes
     from workflow.specfile import load_spec
 
     results = []
@@ -26,14 +26,14 @@ def validate(specs: Annotated[List[str], typer.Argument(help="Specs: paths, file
                             "message": str(err)})
         else:
             results.append({"spec": ref, "valid": True, "name": r.name, "source": r.source, "spec_sha": r.sha,
-                            "not_available_yet": missing_features(r.spec)})
+                            "not_available_yet": missing_features(r.spec), "notes": spec_notes(r.spec)})
     if json_:
         emit_json({"valid": all(r["valid"] for r in results), "specs": results})
     else:
         for r in results:
             if r["valid"]:
                 typer.echo(f"ok      {r['name']}  spec_sha={r['spec_sha']}  ({r['source']})")
-                for note in r["not_available_yet"]:
+                for note in r["not_available_yet"] + r["notes"]:
                     typer.echo(f"        note: {note}", err=True)
             else:
                 typer.echo(f"INVALID {r['message']}", err=True)

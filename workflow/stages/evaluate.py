@@ -46,7 +46,7 @@ def run(ctx: StageContext) -> dict[str, float]:
         model = build_model(ctx.rspec, ds, seed=entry.get("train_seed"))
         model.load_state_dict(torch.load(_model_file(ctx, entry), map_location="cpu"))
         model = model.to(device)
-        scores = evaluate_model(model, ds, ctx.rspec, device)
+        scores = evaluate_model(model, ds, ctx.rspec, device, train_k=entry.get("k"))
         results.append({**entry, **scores})
         if len(entries) > 1:
             clean = clean_metrics(scores)

@@ -20,6 +20,9 @@ The sweep then splits the same batch with every method at every K of
 ``plots/redundancy_vs_k.png`` and the metric ``sweep_redundancy.<method>`` with step K.
 A method that raises (e.g. METIS on a graph it cannot cut) is skipped for the remaining
 Ks with the reason in the table, a note and the ``sweep_skipped`` tag.
+
+``revgnn`` splits the whole graph into K induced subgraphs instead
+(:func:`workflow.revgnn.partition_stage`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import mlflow
 import numpy as np
 
 from workflow.artifacts import ksearch_records, load_batch, write_csv, write_json
-from workflow.components import make_trainer
+from workflow.components import is_reversible, make_trainer
 from workflow.plots import redundancy_figure
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext
@@ -122,6 +125,10 @@ def sweep(batch, ks, methods, *, seed: int, graph=None, time_limit_s: float | No
 
 
 def run(ctx: StageContext) -> dict[str, float]:
+    if is_reversible(ctx.rspec):
+        from workflow.revgnn import partition_stage
+
+        return partition_stage(ctx)
     from betty.partition import PARTITIONERS
 
     spec = ctx.rspec.spec

@@ -2,7 +2,8 @@
 
 Logs ``time_sample_s``, ``num_outputs``, ``num_inputs`` and per layer ``l`` (0 = input
 layer) ``block{l}_num_src``, ``block{l}_num_dst``, ``block{l}_num_edges``; saves the batch
-as ``batch.npz`` (format: :mod:`workflow.artifacts`).
+as ``batch.npz`` (format: :mod:`workflow.artifacts`). ``revgnn`` samples nothing
+(:func:`workflow.revgnn.sample_stage`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 import mlflow
 
 from workflow.artifacts import save_batch
-from workflow.components import first_batch
+from workflow.components import first_batch, is_reversible
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext
 
@@ -30,6 +31,10 @@ def block_sizes(batch) -> dict[str, int]:
 
 
 def run(ctx: StageContext) -> dict[str, float]:
+    if is_reversible(ctx.rspec):
+        from workflow.revgnn import sample_stage
+
+        return sample_stage(ctx)
     ds = ctx.dataset()
     start = time.perf_counter()
     batch = first_batch(ctx.rspec, ds)

@@ -15,6 +15,14 @@ Artifacts: ``model.pt`` (the ``state_dict``, CPU tensors), ``memory_per_microbat
 (``k: auto`` only) and ``models.json`` (the runs holding the trained models, read by the
 ``evaluate`` stage).
 
+``revgnn`` (:class:`betty.rev_engine.RevTrainer`): one optimizer step per epoch over
+the K cluster parts (random clusters re-drawn every epoch); per epoch ``loss``,
+``train_acc``, ``k``, ``edges_kept_fraction``, ``time_partition_s``,
+``time_compute_s``, ``epoch_time_s``, ``peak_mem_measured_bytes`` (one meter region per
+part), ``peak_mem_estimated_bytes``, ``mem_estimate_error`` (RevGNN's estimator; not
+for ``deq``); the memory table is ``memory_per_part.csv`` and its plot
+``plots/memory_per_part.png``.
+
 ``train.repeats: N > 1`` trains N times (seeds ``seed + r``) in nested runs tagged
 ``run_kind=repeat``, ``repeat=r``; this run then logs, for each final metric ``m``,
 ``m_mean``, ``m_std`` (population std over repeats) and ``m`` = the mean.
@@ -28,7 +36,7 @@ import mlflow
 import torch
 
 from workflow.artifacts import ksearch_records, write_csv, write_json
-from workflow.components import make_trainer
+from workflow.components import is_reversible, make_trainer
 from workflow.evaluation import evaluate_model
 from workflow.plots import curves_figure, memory_figure
 from workflow.runs import active_run_id, log_metrics, tracked_run
@@ -68,6 +76,7 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
     if meter is not None:
         meter.track(model, optimizer)
 
+    reversible = is_reversible(ctx.rspec)
     every = spec.evaluate.every
     label = "epochs" if spec.train.repeats == 1 else f"epochs (repeat {repeat})"
     advance = ctx.reporter.steps(label, spec.train.epochs)
@@ -76,20 +85,32 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
         record = trainer.train_epoch(epoch)
         metrics = record.metrics()
         if every and (epoch + 1) % every == 0:
-            metrics.update(evaluate_model(model, ds, ctx.rspec, device, splits=("valid",)))
+            metrics.update(evaluate_model(model, ds, ctx.rspec, device, splits=("valid",),
+                                          train_k=record.k))
         log_metrics(metrics, step=epoch)
         history.append({"epoch": epoch, **metrics})
-        rows.extend(_micro_rows(record, repeat))
+        if reversible:
+            from workflow.revgnn import part_rows
+
+            rows.extend(part_rows(record, repeat))
+        else:
+            rows.extend(_micro_rows(record, repeat))
         advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc", "valid_rocauc") if k in metrics})
 
     folder = ctx.workdir / f"repeat-{repeat}"
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, folder / "model.pt")
     mlflow.log_artifact(str(folder / "model.pt"))
-    mlflow.log_artifact(str(write_csv(folder / "memory_per_microbatch.csv", rows, MEMORY_COLUMNS)))
+    if reversible:
+        from workflow.revgnn import PART_COLUMNS
+
+        table, columns, unit = "memory_per_part", PART_COLUMNS, "part"
+    else:
+        table, columns, unit = "memory_per_microbatch", MEMORY_COLUMNS, "micro"
+    mlflow.log_artifact(str(write_csv(folder / f"{table}.csv", rows, columns)))
     if searches:
         mlflow.log_artifact(str(write_json(folder / "ksearch.json", ksearch_records(searches))))
-    _log_figures(ctx, history, rows)
+    _log_figures(ctx, history, rows, table, unit)
 
     final = {k: v for k, v in history[-1].items() if k != "epoch"}
     for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes"):
@@ -99,16 +120,19 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
     return final
 
 
-def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict]) -> None:
+def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict], table: str = "memory_per_microbatch",
+                 unit: str = "micro") -> None:
     import matplotlib.pyplot as plt
 
     fig = curves_figure(history, title=ctx.rspec.name)
     mlflow.log_figure(fig, "plots/curves.png")
     plt.close(fig)
-    last = [r for r in rows if r["epoch"] == history[-1]["epoch"] and r["batch"] == rows[-1]["batch"]]
-    if last and any(r["peak_bytes"] is not None for r in last):
-        fig = memory_figure(last, title=f"{ctx.rspec.name}: epoch {history[-1]['epoch']}")
-        mlflow.log_figure(fig, "plots/memory_per_microbatch.png")
+    last = [r for r in rows if r["epoch"] == history[-1]["epoch"]
+            and r.get("batch", 0) == rows[-1].get("batch", 0) and r["peak_bytes"] is not None]
+    if last:
+        fig = memory_figure(last, title=f"{ctx.rspec.name}: epoch {history[-1]['epoch']}", index_key=unit,
+                            xlabel={"micro": "micro-batch"}.get(unit, unit))
+        mlflow.log_figure(fig, f"plots/{table}.png")
         plt.close(fig)
 
 
@@ -133,7 +157,8 @@ def run(ctx: StageContext) -> dict[str, float]:
     if repeats == 1:
         final = train_once(ctx, 0)
         models.append({"repeat": 0, "run_id": active_run_id(), "artifact": "model.pt",
-                       "train_seed": spec.train.seed, "sampling_seed": spec.sampling.seed})
+                       "train_seed": spec.train.seed, "sampling_seed": spec.sampling.seed,
+                       "k": int(final["k"])})
     else:
         finals = []
         parent = mlflow.active_run()
@@ -145,7 +170,8 @@ def run(ctx: StageContext) -> dict[str, float]:
                                    "sampling_seed": spec.sampling.seed + r})
                 finals.append(train_once(ctx, r))
                 models.append({"repeat": r, "run_id": active_run_id(), "artifact": "model.pt",
-                               "train_seed": spec.train.seed + r, "sampling_seed": spec.sampling.seed + r})
+                               "train_seed": spec.train.seed + r, "sampling_seed": spec.sampling.seed + r,
+                               "k": int(finals[-1]["k"])})
         final = summarize_repeats(finals)
         log_metrics(final)
     mlflow.log_artifact(str(write_json(ctx.workdir / "models.json", models)))

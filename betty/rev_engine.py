@@ -1,0 +1,528 @@
+"""The epoch loop of reversible deep GNNs (:class:`betty.models.rev.RevGNN`,
+:class:`betty.models.rev_deq.RevGNNDEQ`): full graph or K cluster parts per step.
+
+A reversible block maps a node set to *the same* node set, so these models cannot run
+on Betty's shrinking sampled blocks (:mod:`betty.engine`). Each training step instead
+runs the model on K node-disjoint induced subgraphs ("parts") of the whole graph and
+accumulates their gradients into one optimizer step, as RevGNN does on ogbn-proteins
+(10 random parts) and ogbn-products:
+
+* K = 1: the full graph, an exact full-batch step;
+* K > 1: :func:`betty.models.rev_training.cluster_partition` with ``method="random"``
+  (a fresh uniform split every epoch, seeded by :func:`cluster_seed` ``(seed, epoch)``)
+  or ``"metis"`` (computed once, kept for the run). Edges between parts are dropped,
+  so a K-part step is the gradient of a *different* model (each node sees only its
+  part's neighbours); it equals the full-graph gradient exactly only when no edge
+  crosses parts (e.g. parts = unions of connected components).
+
+Loss of one step, with T the training nodes and T_P those in part P:
+
+    loss_P = sum_{v in T_P} l(v) / |T|,      loss = sum_P loss_P,    grad = sum_P d loss_P
+
+``l`` = cross-entropy (single-label) or the mean over tasks of binary cross-entropy
+(multi-label, ogbn-proteins), as :func:`betty.train.node_loss_sum`.
+
+Dropout (``dropout_mode="deterministic"``): :class:`SharedHashMasks`, RevGNN's recipe
+(one mask shared by every block, an independent one before the decoder) with the masks a
+hash of (key, global node ID, column) (:func:`betty.models.dropout.hash_keep_mask`,
+``key = dropout_key(dropout_seed, epoch)``), so a node draws the same mask whatever part
+it lands in and K-part training is reproducible. ``"standard"`` leaves the masks to the
+model (Bernoulli, per forward).
+
+Memory: one :class:`betty.memory.MemoryMeter` region per part (forward + backward; the
+first region also creates the gradients, the last one holds the optimizer step), and
+per part the analytic estimate of :func:`betty.memory.rev.estimate_rev_parts` (RevGNN
+only: the DEQ variant has no estimator). ``k="auto"`` picks the smallest K whose largest
+part fits the budget (:func:`betty.memory.rev.search_k_rev`), once, at the first split.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from betty.models.dropout import dropout_key, hash_keep_mask
+from betty.models.rev_training import GraphPart, cluster_partition
+from betty.train import node_loss_sum
+
+__all__ = [
+    "CLUSTER_METHODS",
+    "DROPOUT_MODES",
+    "RevPlan",
+    "PartRecord",
+    "RevStepResult",
+    "RevEpochRecord",
+    "RevTrainer",
+    "SharedHashMasks",
+    "backward_parts",
+    "cluster_seed",
+    "edges_kept_fraction",
+    "estimate_parts",
+    "supports_estimate",
+    "train_step_parts",
+]
+
+CLUSTER_METHODS = ("random", "metis")
+DROPOUT_MODES = ("deterministic", "standard")
+_PARTITION_STREAM = 0x9A27  # separates the partition seeds from other (seed, epoch) streams
+
+
+def cluster_seed(seed: int, epoch: int) -> int:
+    """Seed of epoch ``epoch``'s random split: a 31-bit hash of ``(seed, epoch)``."""
+    return dropout_key(seed, epoch, _PARTITION_STREAM) & 0x7FFFFFFF
+
+
+def edges_kept_fraction(parts: Sequence[GraphPart], num_edges: int) -> float:
+    """``sum_P |E(P)| / |E|``: the share of the graph's edges the induced parts keep."""
+    if num_edges == 0:
+        return 1.0
+    return sum(int(p.graph.num_edges()) for p in parts) / num_edges
+
+
+@dataclass
+class RevPlan:
+    """How the graph is split for each step.
+
+    Attributes:
+        method: ``"random"`` (fresh every epoch) or ``"metis"`` (once for the run).
+        k: number of parts (1: the full graph) or ``"auto"`` (the smallest K whose
+            largest part fits ``memory_budget * (1 - safety_margin)``).
+        memory_budget: bytes available on the device (needed for ``k="auto"``).
+        safety_margin: fraction of the budget kept free.
+    """
+
+    method: str = "random"
+    k: int | str = 1
+    memory_budget: int | None = None
+    safety_margin: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.method not in CLUSTER_METHODS:
+            raise ValueError(f"method must be one of {CLUSTER_METHODS}, got {self.method!r}")
+        if self.k != "auto" and not (isinstance(self.k, int) and self.k >= 1):
+            raise ValueError(f"k must be an integer >= 1 or 'auto', got {self.k!r}")
+        if self.k == "auto" and self.memory_budget is None:
+            raise ValueError("k='auto' needs a memory_budget (bytes)")
+        if not 0.0 <= self.safety_margin < 1.0:
+            raise ValueError(f"safety_margin must be in [0, 1), got {self.safety_margin}")
+
+
+@dataclass
+class PartRecord:
+    """One part of one step. ``peak_bytes``: measured (``None`` without a meter or
+    when the part was skipped); ``estimated_bytes``: the memory model's estimate."""
+
+    index: int
+    num_nodes: int
+    num_edges: int
+    num_train: int
+    loss: float
+    time_compute_s: float
+    skipped: bool = False
+    peak_bytes: int | None = None
+    estimated_bytes: int | None = None
+
+
+@dataclass
+class RevStepResult:
+    """One optimizer step over the parts.
+
+    Attributes:
+        loss: mean training loss over all training nodes (``sum_P loss_P``).
+        train_acc: accuracy over the training nodes of the step's forward passes
+            (training mode, dropout on); multi-label: the fraction of correct
+            (node, task) sign predictions, as :mod:`betty.train` reports it.
+        parts: one record per part (skipped parts have no training node).
+    """
+
+    loss: float
+    train_acc: float
+    parts: list[PartRecord] = field(default_factory=list)
+
+    @property
+    def time_compute_s(self) -> float:
+        return sum(p.time_compute_s for p in self.parts)
+
+    @property
+    def peak_bytes(self) -> int | None:
+        peaks = [p.peak_bytes for p in self.parts if p.peak_bytes is not None]
+        return max(peaks) if peaks else None
+
+
+@dataclass
+class RevEpochRecord:
+    """Everything measured in one epoch (one step over K parts)."""
+
+    epoch: int
+    loss: float
+    train_acc: float
+    k: int
+    edges_kept_fraction: float
+    repartitioned: bool
+    time_partition_s: float
+    time_compute_s: float
+    epoch_time_s: float
+    peak_mem_measured_bytes: int | None
+    peak_mem_estimated_bytes: int | None
+    parts: list[PartRecord] = field(default_factory=list)
+
+    @property
+    def mem_estimate_error(self) -> float | None:
+        """max over measured parts of |estimated - measured| / measured."""
+        errs = [abs(p.estimated_bytes - p.peak_bytes) / p.peak_bytes for p in self.parts
+                if p.peak_bytes and p.estimated_bytes is not None]
+        return max(errs) if errs else None
+
+    def metrics(self) -> dict[str, float]:
+        """Per-epoch metrics, named as :meth:`betty.engine.EpochRecord.metrics` where
+        they mean the same thing (``loss``, ``train_acc``, ``k``, ``time_partition_s``,
+        ``time_compute_s``, ``epoch_time_s``, ``peak_mem_*``, ``mem_estimate_error``),
+        plus ``edges_kept_fraction``. ``redundancy``, ``time_sample_s`` and
+        ``time_block_s`` do not apply (no sampling, every node is loaded once)."""
+        out = {
+            "loss": self.loss,
+            "train_acc": self.train_acc,
+            "k": float(self.k),
+            "edges_kept_fraction": self.edges_kept_fraction,
+            "time_partition_s": self.time_partition_s,
+            "time_compute_s": self.time_compute_s,
+            "epoch_time_s": self.epoch_time_s,
+        }
+        if self.peak_mem_measured_bytes is not None:
+            out["peak_mem_measured_bytes"] = float(self.peak_mem_measured_bytes)
+        if self.peak_mem_estimated_bytes is not None:
+            out["peak_mem_estimated_bytes"] = float(self.peak_mem_estimated_bytes)
+        err = self.mem_estimate_error
+        if err is not None:
+            out["mem_estimate_error"] = err
+        return out
+
+
+class SharedHashMasks:
+    """A ``mask_fn(shape, node_ids, layer)`` for RevGNN / RevGNNDEQ: RevGNN's dropout
+    recipe with masks keyed by global node ID.
+
+    Layers ``< head_layer`` (the blocks; the DEQ cell) share one ``(N, D)`` multiplier
+    ``M_b[i, j] = keep(key, 0, ids[i], j) / (1 - p)``; layers ``>= head_layer`` (the
+    dropout before the decoder) get ``M_h`` from hash layer 1. Each is computed once per
+    node set and cached (one object per part: the reversible backward asks for the mask
+    again for every block), so the memory pattern is that of RevGNN's own shared masks
+    (two ``(N, D)`` tensors alive for the forward and backward of a part).
+
+    Args:
+        p: drop probability in ``[0, 1)``.
+        key: the step's dropout key (``dropout_key(seed, epoch)``).
+        head_layer: ``num_layers`` for RevGNN, 1 for RevGNNDEQ.
+        dtype: multiplier dtype (the model's).
+    """
+
+    def __init__(self, p: float, key: int, head_layer: int, dtype: torch.dtype = torch.float32) -> None:
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
+        self.p, self.key, self.head_layer, self.dtype = float(p), int(key), int(head_layer), dtype
+        self._ids: Optional[weakref.ref] = None
+        self._cache: dict[int, Tensor] = {}
+
+    def __call__(self, shape: tuple[int, int], node_ids: Tensor, layer: int) -> Tensor:
+        which = 0 if layer < self.head_layer else 1
+        if self._ids is None or self._ids() is not node_ids:
+            self._ids, self._cache = weakref.ref(node_ids), {}
+        mask = self._cache.get(which)
+        if mask is None or tuple(mask.shape) != tuple(shape):
+            mult = hash_keep_mask(node_ids, int(shape[1]), self.p, self.key, which).to(self.dtype)
+            mask = self._cache[which] = mult.mul_(1.0 / (1.0 - self.p))
+        return mask
+
+    def clear(self) -> None:
+        """Drop the cached masks (call after a part's backward)."""
+        self._ids, self._cache = None, {}
+
+
+def _num_correct(logits: Tensor, target: Tensor, multilabel: bool) -> float:
+    if multilabel:  # correct task predictions, as a fraction per node, summed over nodes
+        return float(((logits > 0) == (target > 0.5)).to(torch.float32).mean(1).sum())
+    return float((logits.argmax(1) == target).sum())
+
+
+def _part_backward(model, part: GraphPart, feat: Tensor, label: Tensor, train_mask: Tensor,
+                   n_train: int, *, multilabel: bool, device: torch.device,
+                   dtype: torch.dtype | None, mask_factory) -> tuple[float, float]:
+    """Forward + backward of one part: ``(loss_P, correct count)``; every tensor it
+    allocates is released when it returns."""
+    ids = part.node_ids.to(feat.device)
+    local_train = train_mask[ids].to(device)
+    x = feat[ids].to(device)
+    if dtype is not None and x.dtype != dtype:
+        x = x.to(dtype)
+    kwargs: dict[str, Any] = {"node_ids": ids.to(device)}
+    mask_fn = mask_factory() if mask_factory is not None else None
+    if mask_fn is not None:
+        kwargs["mask_fn"] = mask_fn
+    out = model(part.graph.to(device), x, **kwargs)
+    target = label[ids].to(device)[local_train]
+    loss = node_loss_sum(out[local_train], target, multilabel) / n_train
+    loss.backward()
+    correct = _num_correct(out.detach()[local_train], target, multilabel)
+    if mask_fn is not None and hasattr(mask_fn, "clear"):
+        mask_fn.clear()
+    return float(loss.detach()), correct
+
+
+def backward_parts(
+    model: nn.Module,
+    parts: Sequence[GraphPart],
+    feat: Tensor,
+    label: Tensor,
+    train_mask: Tensor,
+    *,
+    multilabel: bool = False,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    mask_factory: Optional[Callable[[], Callable]] = None,
+    meter: Any = None,
+    after_last: Optional[Callable[[], None]] = None,
+) -> tuple[list[PartRecord], float]:
+    """Forward and backward of every part with training nodes, accumulating into
+    ``.grad`` (no zeroing, no optimizer step).
+
+    Args:
+        model: called as ``model(part.graph, x, node_ids=ids[, mask_fn=...])`` ``->
+            (n_part, C)``; put in training mode here.
+        parts: node-disjoint parts (``node_ids`` global, increasing).
+        feat, label, train_mask: ``(N, F)``, ``(N,)`` int64 / ``(N, T)``, ``(N,)`` bool,
+            global order (host tensors; slices are moved to ``device``).
+        multilabel: BCE over tasks instead of cross-entropy.
+        device, dtype: where and in which dtype the model runs (default: ``feat``'s).
+        mask_factory: returns a fresh ``mask_fn`` for each part (``None``: the model's
+            own dropout).
+        meter: a :class:`betty.memory.MemoryMeter`; one region per part that runs.
+        after_last: called inside the last running part's region, after its backward
+            (the optimizer step, so its temporaries are measured).
+
+    Returns:
+        ``(records, correct)``: one :class:`PartRecord` per part (loss = ``loss_P``) and
+        the summed correct count over training nodes (see :class:`RevStepResult`).
+    """
+    if train_mask.dtype != torch.bool:
+        raise ValueError(f"train_mask must be bool, got dtype {train_mask.dtype}")
+    n_train = int(train_mask.sum())
+    if n_train == 0:
+        raise ValueError("train_mask selects no training nodes")
+    device = torch.device(device) if device is not None else feat.device
+    model.train()
+    counts = [int(train_mask[p.node_ids.to(train_mask.device)].sum()) for p in parts]
+    running = [i for i, c in enumerate(counts) if c > 0]
+    records, correct = [], 0.0
+    for i, part in enumerate(parts):
+        rec = PartRecord(index=i, num_nodes=int(part.graph.num_nodes()),
+                         num_edges=int(part.graph.num_edges()), num_train=counts[i], loss=0.0,
+                         time_compute_s=0.0, skipped=counts[i] == 0)
+        records.append(rec)
+        if rec.skipped:
+            continue
+        start = time.perf_counter()
+        with (meter.measure() if meter is not None else nullcontext()) as reading:
+            rec.loss, part_correct = _part_backward(
+                model, part, feat, label, train_mask, n_train, multilabel=multilabel,
+                device=device, dtype=dtype, mask_factory=mask_factory)
+            if i == running[-1] and after_last is not None:
+                after_last()
+        correct += part_correct
+        if reading is not None:
+            rec.peak_bytes = int(reading.peak_bytes)
+        rec.time_compute_s = time.perf_counter() - start
+    return records, correct
+
+
+def train_step_parts(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    parts: Sequence[GraphPart],
+    feat: Tensor,
+    label: Tensor,
+    train_mask: Tensor,
+    **kwargs: Any,
+) -> RevStepResult:
+    """``zero_grad`` -> :func:`backward_parts` -> one ``optimizer.step()`` (inside the
+    last part's meter region). Keyword arguments: those of :func:`backward_parts`."""
+    optimizer.zero_grad(set_to_none=True)
+    records, correct = backward_parts(model, parts, feat, label, train_mask,
+                                      after_last=optimizer.step, **kwargs)
+    n_train = int(train_mask.sum())
+    return RevStepResult(loss=sum(r.loss for r in records), train_acc=correct / n_train,
+                         parts=records)
+
+
+def supports_estimate(model: nn.Module) -> bool:
+    """Whether :mod:`betty.memory.rev` can estimate ``model`` (a RevGNN, not the DEQ)."""
+    from betty.models.rev import RevGNN
+
+    return isinstance(model, RevGNN)
+
+
+def estimate_parts(model: nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[GraphPart],
+                   train_mask: Tensor, **memory_kwargs: Any) -> list[int]:
+    """Estimated peak bytes of every part's step (:func:`betty.memory.rev.estimate_rev_parts`;
+    ``memory_kwargs``: ``dtype``, ``backend``, ``label_columns``, ``feat_dtype``)."""
+    from betty.memory.rev import estimate_rev_parts
+
+    return [int(e.peak) for e in estimate_rev_parts(parts, model, train_mask=train_mask,
+                                                    optimizer=optimizer, **memory_kwargs)]
+
+
+class RevTrainer:
+    """Epochs of RevGNN training on one dataset: one optimizer step per epoch,
+    accumulated over the plan's K parts.
+
+    Args:
+        model: a :class:`~betty.models.rev.RevGNN` or
+            :class:`~betty.models.rev_deq.RevGNNDEQ` on ``device``.
+        optimizer: its optimizer.
+        dataset: a :class:`betty.data.GraphDataset`.
+        plan: the split (:class:`RevPlan`).
+        device: where parts run.
+        seed: seeds the splits (random: :func:`cluster_seed` ``(seed, epoch)``; METIS:
+            ``seed``).
+        dropout_seed: seeds the dropout masks (default ``seed``).
+        dtype: compute dtype.
+        dropout_mode: ``"deterministic"`` (:class:`SharedHashMasks`) or ``"standard"``.
+        meter: optional :class:`betty.memory.MemoryMeter` (one region per part).
+        estimate_memory: estimate every part (RevGNN only; ignored for the DEQ).
+        on_search: called with the :class:`betty.memory.rev.RevKSearchResult` of
+            ``k="auto"``.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, dataset, plan: RevPlan, *,
+                 device: torch.device | str = "cpu", seed: int = 0, dropout_seed: int | None = None,
+                 dtype: torch.dtype = torch.float32, dropout_mode: str = "deterministic",
+                 meter: Any = None, estimate_memory: bool = True,
+                 on_search: Optional[Callable[[Any], None]] = None) -> None:
+        if dropout_mode not in DROPOUT_MODES:
+            raise ValueError(f"dropout_mode must be one of {DROPOUT_MODES}, got {dropout_mode!r}")
+        if not hasattr(model, "dropout") or not hasattr(model, "encoder"):
+            raise TypeError(f"model must be a RevGNN or RevGNNDEQ, got {type(model).__name__}")
+        can_estimate = supports_estimate(model)
+        if plan.k == "auto" and not can_estimate:
+            raise ValueError(f"k='auto' needs the reversible memory estimator, which does not "
+                             f"model {type(model).__name__}; give an integer k")
+        from betty.memory import default_backend
+
+        self.model, self.optimizer, self.dataset, self.plan = model, optimizer, dataset, plan
+        self.device, self.seed, self.dtype = torch.device(device), seed, dtype
+        self.dropout_seed = seed if dropout_seed is None else dropout_seed
+        self.dropout_mode, self.meter, self.on_search = dropout_mode, meter, on_search
+        self.estimate_memory = estimate_memory and can_estimate
+        self.train_mask = torch.zeros(dataset.num_nodes, dtype=torch.bool)
+        self.train_mask[dataset.train_idx] = True
+        self.memory_kwargs = dict(dtype=dtype, backend=default_backend(self.device),
+                                  feat_dtype=dataset.feat.dtype,
+                                  label_columns=dataset.num_classes if dataset.multilabel else 0)
+        self.k: int | None = None if plan.k == "auto" else int(plan.k)
+        self.search_result = None
+        self.last_split_times: dict[str, float | None] = {}
+        self._fixed: tuple[list[GraphPart], list[int] | None] | None = None
+        if plan.memory_budget is not None and self.device.type == "cuda":
+            from betty.memory import apply_budget
+
+            apply_budget(self.device, plan.memory_budget)
+
+    # -- splits ---------------------------------------------------------------------
+    @property
+    def head_layer(self) -> int:
+        """The mask_fn layer of the decoder dropout (RevGNN: L; DEQ: 1)."""
+        return int(getattr(self.model, "num_layers", 1)) if supports_estimate(self.model) else 1
+
+    def _search(self, epoch: int) -> list[GraphPart]:
+        from betty.memory.rev import search_k_rev
+
+        result = search_k_rev(self.dataset.graph, self.model, int(self.plan.memory_budget),
+                              method=self.plan.method, seed=self._split_seed(epoch),
+                              train_mask=self.train_mask, safety_margin=self.plan.safety_margin,
+                              optimizer=self.optimizer, **self.memory_kwargs)
+        self.k, self.search_result = result.k, result
+        if self.on_search is not None:
+            self.on_search(result)
+        return list(result.parts)
+
+    def _split_seed(self, epoch: int) -> int:
+        if self.plan.method == "random":
+            return cluster_seed(self.seed, epoch)
+        return self.seed & 0x7FFFFFFF
+
+    @property
+    def repartitions(self) -> bool:
+        """Whether every epoch draws a new split (random clusters with K > 1)."""
+        return self.plan.method == "random" and (self.k is None or self.k > 1)
+
+    def split(self, epoch: int) -> tuple[list[GraphPart], list[int] | None, bool]:
+        """``(parts, per-part estimated bytes or None, whether the split is new)`` of
+        epoch ``epoch`` (the K search runs at the first call with ``k="auto"``).
+        ``last_split_times`` then holds ``partition_s`` (the split), ``estimate_s`` (the
+        memory estimates) and ``ksearch_s`` (the K search, which includes both; ``None``
+        without one)."""
+        if self._fixed is not None and not self.repartitions:
+            parts, estimates = self._fixed
+            self.last_split_times = {"partition_s": 0.0, "estimate_s": 0.0, "ksearch_s": None}
+            return parts, estimates, False
+        start = time.perf_counter()
+        searched = self.k is None
+        if searched:
+            parts = self._search(epoch)
+        else:
+            parts = cluster_partition(self.dataset.graph, self.k, self.plan.method, self._split_seed(epoch))
+        took = time.perf_counter() - start
+        estimates = self.search_result.estimates if searched else None
+        estimates = [int(e.peak) for e in estimates] if estimates else self.estimate(parts)
+        self.last_split_times = {"partition_s": 0.0 if searched else took,
+                                 "estimate_s": time.perf_counter() - start - took,
+                                 "ksearch_s": took if searched else None}
+        if not self.repartitions:
+            self._fixed = (parts, estimates)
+        return parts, estimates, True
+
+    def estimate(self, parts: Sequence[GraphPart]) -> list[int] | None:
+        """Per-part estimated peak bytes (``None`` when not estimated)."""
+        if not self.estimate_memory:
+            return None
+        return estimate_parts(self.model, self.optimizer, parts, self.train_mask, **self.memory_kwargs)
+
+    def mask_factory(self, epoch: int) -> Optional[Callable[[], SharedHashMasks]]:
+        """A fresh :class:`SharedHashMasks` per part (deterministic dropout with p > 0)."""
+        p = float(self.model.dropout)
+        if self.dropout_mode != "deterministic" or p == 0.0:
+            return None
+        key, head, dtype = dropout_key(self.dropout_seed, epoch), self.head_layer, self.dtype
+        return lambda: SharedHashMasks(p, key, head, dtype)
+
+    # -- epochs ---------------------------------------------------------------------
+    def train_epoch(self, epoch: int, progress: Optional[Callable[[int, int], None]] = None) -> RevEpochRecord:
+        """One epoch = one optimizer step over the epoch's parts; ``progress(1, 1)`` is
+        called after the step."""
+        from betty.memory import oom_guard
+
+        start = time.perf_counter()
+        parts, estimates, fresh = self.split(epoch)
+        t_split = time.perf_counter() - start
+        ds = self.dataset
+        with oom_guard(estimates or [], self.plan.memory_budget):
+            step = train_step_parts(self.model, self.optimizer, parts, ds.feat, ds.label, self.train_mask,
+                                    multilabel=ds.multilabel, device=self.device, dtype=self.dtype,
+                                    mask_factory=self.mask_factory(epoch), meter=self.meter)
+        if estimates is not None:
+            for rec, est in zip(step.parts, estimates):
+                rec.estimated_bytes = est
+        if progress is not None:
+            progress(1, 1)
+        return RevEpochRecord(
+            epoch=epoch, loss=step.loss, train_acc=step.train_acc, k=len(parts),
+            edges_kept_fraction=edges_kept_fraction(parts, ds.num_edges), repartitioned=fresh,
+            time_partition_s=t_split, time_compute_s=step.time_compute_s,
+            epoch_time_s=time.perf_counter() - start, peak_mem_measured_bytes=step.peak_bytes,
+            peak_mem_estimated_bytes=max(estimates) if estimates else None, parts=step.parts)
