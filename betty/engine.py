@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import torch
 
 from betty.batch import SampledBatch
-from betty.memory import (apply_budget, default_backend, make_estimator, make_k_chooser,
-                          memory_balance_weights, oom_guard)
+from betty.memory import (OptimizerSpec, apply_budget, default_backend, make_estimator,
+                          make_k_chooser, memory_balance_weights, oom_guard)
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
@@ -197,8 +197,13 @@ class Trainer:
         if k_chooser is None and plan.k == "auto":
             k_chooser = make_k_chooser(model, optimizer, graph=dataset.graph,
                                        on_search=on_search, **memory_kwargs)
+        # Estimates drive K and re-partitioning with the optimizer's steady state (its
+        # state tensors exist); before the first step they do not, so the estimate
+        # logged next to the measurement then uses a state-free optimizer.
+        self._stateless_estimator = None
         if estimator is None and estimate_memory:
             estimator = make_estimator(model, optimizer, **memory_kwargs)
+            self._stateless_estimator = make_estimator(model, OptimizerSpec("sgd"), **memory_kwargs)
         if plan.memory_budget is not None and torch.device(device).type == "cuda":
             apply_budget(device, plan.memory_budget)  # an underestimate shows as an OOM
         self.fanouts = list(fanouts)
@@ -278,6 +283,9 @@ class Trainer:
             result, estimates, fresh = self.partition(batch, epoch, b)
             if estimates is None and self.estimator is not None:
                 estimates = self.estimator(batch, result.groups, result.k)
+            logged = estimates
+            if self._stateless_estimator is not None and not self.optimizer.state:
+                logged = self._stateless_estimator(batch, result.groups, result.k)
             t2 = time.perf_counter()
             with oom_guard(estimates or [], self.plan.memory_budget):
                 step = train_step(self.model, self.optimizer, batch, result.groups,
@@ -293,8 +301,8 @@ class Trainer:
                 time_sample_s=t1 - t0, time_partition_s=t2 - t1,
                 time_block_s=step.time_block_s, time_compute_s=step.time_compute_s,
                 peak_mem_measured_bytes=step.peak_bytes,
-                peak_mem_estimated_bytes=max(estimates) if estimates else None,
-                micro=step.micro, micro_estimated_bytes=estimates,
+                peak_mem_estimated_bytes=max(logged) if logged else None,
+                micro=step.micro, micro_estimated_bytes=logged,
             ))
             if progress is not None:
                 progress(done, len(order))

@@ -511,12 +511,18 @@ class RevTrainer:
         parts, estimates, fresh = self.split(epoch)
         t_split = time.perf_counter() - start
         ds = self.dataset
+        had_state = bool(self.optimizer.state)
         with oom_guard(estimates or [], self.plan.memory_budget):
             step = train_step_parts(self.model, self.optimizer, parts, ds.feat, ds.label, self.train_mask,
                                     multilabel=ds.multilabel, device=self.device, dtype=self.dtype,
                                     mask_factory=self.mask_factory(epoch), meter=self.meter)
-        if estimates is not None:
-            for rec, est in zip(step.parts, estimates):
+        logged = estimates
+        if estimates is not None and not had_state:
+            # before the first step the optimizer holds no state: log the estimate of
+            # what actually ran (the K search keeps using the steady-state estimate)
+            logged = estimate_parts(self.model, "sgd", parts, self.train_mask, **self.memory_kwargs)
+        if logged is not None:
+            for rec, est in zip(step.parts, logged):
                 rec.estimated_bytes = est
         if progress is not None:
             progress(1, 1)
@@ -525,4 +531,4 @@ class RevTrainer:
             edges_kept_fraction=edges_kept_fraction(parts, ds.num_edges), repartitioned=fresh,
             time_partition_s=t_split, time_compute_s=step.time_compute_s,
             epoch_time_s=time.perf_counter() - start, peak_mem_measured_bytes=step.peak_bytes,
-            peak_mem_estimated_bytes=max(estimates) if estimates else None, parts=step.parts)
+            peak_mem_estimated_bytes=max(logged) if logged else None, parts=step.parts)

@@ -51,3 +51,21 @@ def test_calibrate_reports_constants_without_writing(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out and not (tmp_path / "constants.json").exists()
+
+
+REV = ["--set", "dataset.num_nodes=600", "--set", "model.layers=6", "--set", "model.hidden=16",
+       "--set", "partition.k=2"]
+
+
+def test_estimate_covers_reversible_specs():
+    res = invoke("estimate", "synthetic_revgnn", "--measure", "--json", *REV)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["k"] == 2 and len(out["num_nodes_per_part"]) == 2
+    assert out["max_abs_relative_error"] <= 0.05
+    one = json.loads(invoke("estimate", "synthetic_revgnn", "--json", *REV, "--k", "1").stdout)
+    budget = int(0.7 * one["max_estimated_peak_bytes"])
+    auto = json.loads(invoke("estimate", "synthetic_revgnn", "--json", *REV, "--k", "auto",
+                             "--set", f"partition.memory_budget={budget}",
+                             "--set", "partition.safety_margin=0.0").stdout)
+    assert auto["k"] > 1 and auto["max_estimated_peak_bytes"] <= budget

@@ -23,20 +23,96 @@ def _parse_k(text: str | None) -> str | None:
     return str(k)
 
 
+def _rows(estimates) -> list[dict]:
+    return [{"index": i, "estimated_peak_bytes": int(e.peak),
+             "components": {c: int(b) for c, b in e.breakdown.items()}}
+            for i, e in enumerate(estimates)]
+
+
+def _add_measurements(out: dict, peaks: list[int | None]) -> None:
+    """Per-piece measured peak and relative error (pieces that did not run: None)."""
+    for row, peak in zip(out["micro_batches"], peaks):
+        row["measured_peak_bytes"] = peak
+        row["relative_error"] = None if not peak else (row["estimated_peak_bytes"] - peak) / peak
+    measured = [p for p in peaks if p]
+    errors = [abs(r["relative_error"]) for r in out["micro_batches"] if r["relative_error"] is not None]
+    out["max_measured_peak_bytes"] = max(measured) if measured else None
+    out["max_abs_relative_error"] = max(errors) if errors else None
+
+
+def _sampled_report(rspec, ds, device, trainer, model, optimizer, measure: bool) -> dict:
+    """GraphSAGE/GAT: the first sampled batch, split as the first epoch would be."""
+    from betty.memory import MemoryMeter, default_backend, estimate_pieces
+    from betty.models.dropout import dropout_key
+    from betty.train import accumulate_gradients, train_step
+
+    from workflow.components import torch_dtype
+
+    batch = trainer.sample(0, 0)
+    result, _, _ = trainer.partition(batch, 0, 0)
+    dtype, backend = torch_dtype(rspec), default_backend(device)
+    estimates = estimate_pieces(batch, result.groups, result.k, model, optimizer, dtype, backend,
+                                feat_dtype=ds.feat.dtype,
+                                label_columns=ds.num_classes if ds.multilabel else 0)
+    plan = trainer.plan
+    out = {"method": result.method, "k": result.k, "backend": backend,
+           "num_outputs": batch.num_outputs, "memory_budget_bytes": plan.memory_budget,
+           "safety_margin": plan.safety_margin,
+           "max_estimated_peak_bytes": max(int(e.peak) for e in estimates),
+           "micro_batches": _rows(estimates)}
+    if measure:
+        meter = MemoryMeter(device)
+        meter.track(model, optimizer)
+        common = dict(k=result.k, device=device, dropout_key=dropout_key(rspec.spec.train.seed, 0),
+                      multilabel=ds.multilabel, dtype=dtype)
+        train_step(model, optimizer, batch, result.groups, ds.feat, ds.label, **common)  # Adam state
+        optimizer.zero_grad(set_to_none=True)
+        step = accumulate_gradients(model, batch, result.groups, ds.feat, ds.label, meter=meter, **common)
+        _add_measurements(out, [r.peak_bytes for r in step.micro])
+        model.zero_grad(set_to_none=True)
+    return out
+
+
+def _reversible_report(rspec, ds, device, trainer, model, optimizer, measure: bool) -> dict:
+    """RevGNN: the first epoch's K cluster parts (each a whole induced subgraph)."""
+    from betty.memory import MemoryMeter
+    from betty.memory.rev import estimate_rev_parts
+    from betty.rev_engine import supports_estimate, train_step_parts
+
+    if not supports_estimate(model):
+        raise ValueError("the memory model does not cover this reversible variant "
+                         "(model.deq: true has no estimator)")
+    parts, _, _ = trainer.split(0)
+    estimates = estimate_rev_parts(parts, model, train_mask=trainer.train_mask,
+                                   optimizer=optimizer, **trainer.memory_kwargs)
+    plan = trainer.plan
+    out = {"method": plan.method, "k": len(parts), "backend": trainer.memory_kwargs["backend"],
+           "num_nodes_per_part": [int(p.node_ids.numel()) for p in parts],
+           "memory_budget_bytes": plan.memory_budget, "safety_margin": plan.safety_margin,
+           "max_estimated_peak_bytes": max(int(e.peak) for e in estimates),
+           "micro_batches": _rows(estimates)}
+    if measure:
+        meter = MemoryMeter(device)
+        meter.track(model, optimizer)
+        common = dict(multilabel=ds.multilabel, device=device, dtype=trainer.dtype,
+                      mask_factory=trainer.mask_factory(0))
+        train_step_parts(model, optimizer, parts, ds.feat, ds.label, trainer.train_mask, **common)
+        step = train_step_parts(model, optimizer, parts, ds.feat, ds.label, trainer.train_mask,
+                                meter=meter, **common)
+        _add_measurements(out, [r.peak_bytes for r in step.parts])
+    return out
+
+
 @cli_errors
 def estimate(spec: SpecArg,
              k: Annotated[Optional[str], typer.Option("--k", help="Micro-batches, an integer or 'auto' (default: the spec's).")] = None,
              measure: Annotated[bool, typer.Option("--measure", help="Also run forward+backward of every micro-batch once and report the measured peak and the relative error.")] = False,
              set_: SetOpt = None, json_: JsonOpt = False) -> None:
-    """Estimate the peak memory of every micro-batch of the spec's first sampled batch,
-    per component, before running anything (k: auto searches K for the spec's
-    memory_budget). With --measure, train one step to reach the optimizer's steady state,
-    then measure every micro-batch once with the memory meter."""
-    from betty.memory import MemoryMeter, default_backend, estimate_pieces
-    from betty.models.dropout import dropout_key
-    from betty.train import accumulate_gradients, train_step
-
-    from workflow.components import load_data, make_trainer, resolve_device, torch_dtype
+    """Estimate the peak memory of every micro-batch of the spec's first sampled batch
+    (revgnn: of every cluster part), per component, before running anything (k: auto
+    searches K for the spec's memory_budget). With --measure, train one step to reach the
+    optimizer's steady state, then measure every micro-batch once with the memory meter."""
+    from workflow.components import is_reversible, load_data, make_trainer, resolve_device
 
     overrides = list(set_ or [])
     k_value = _parse_k(k)
@@ -47,47 +123,19 @@ def estimate(spec: SpecArg,
     device = resolve_device(rspec.spec.train.device)
     searches = []
     trainer, model, optimizer = make_trainer(rspec, ds, device, on_search=searches.append)
-    batch = trainer.sample(0, 0)
-    result, _, _ = trainer.partition(batch, 0, 0)
-    dtype = torch_dtype(rspec)
-    backend = default_backend(device)
-    estimates = estimate_pieces(batch, result.groups, result.k, model, optimizer, dtype, backend,
-                                feat_dtype=ds.feat.dtype,
-                                label_columns=ds.num_classes if ds.multilabel else 0)
-    plan = trainer.plan
-    out = {
-        "spec": rspec.name, "method": result.method, "k": result.k, "backend": backend,
-        "num_outputs": batch.num_outputs,
-        "memory_budget_bytes": plan.memory_budget, "safety_margin": plan.safety_margin,
-        "max_estimated_peak_bytes": max(int(e.peak) for e in estimates),
-        "micro_batches": [{"index": i, "estimated_peak_bytes": int(e.peak),
-                           "components": {c: int(b) for c, b in e.breakdown.items()}}
-                          for i, e in enumerate(estimates)],
-    }
+    report = _reversible_report if is_reversible(rspec) else _sampled_report
+    out = {"spec": rspec.name, **report(rspec, ds, device, trainer, model, optimizer, measure)}
     if searches:
-        out["k_tried"] = searches[-1].to_dict().get("tried")
-    if measure:
-        meter = MemoryMeter(device)
-        meter.track(model, optimizer)
-        key = dropout_key(rspec.spec.train.seed, 0)
-        common = dict(k=result.k, device=device, dropout_key=key, multilabel=ds.multilabel, dtype=dtype)
-        train_step(model, optimizer, batch, result.groups, ds.feat, ds.label, **common)  # Adam state
-        optimizer.zero_grad(set_to_none=True)
-        step = accumulate_gradients(model, batch, result.groups, ds.feat, ds.label, meter=meter, **common)
-        for row, record in zip(out["micro_batches"], step.micro):
-            row["measured_peak_bytes"] = int(record.peak_bytes)
-            row["relative_error"] = (row["estimated_peak_bytes"] - record.peak_bytes) / record.peak_bytes
-        out["max_measured_peak_bytes"] = max(int(r.peak_bytes) for r in step.micro)
-        out["max_abs_relative_error"] = max(abs(r["relative_error"]) for r in out["micro_batches"])
-        model.zero_grad(set_to_none=True)
+        result = searches[-1]
+        tried = result.to_dict().get("tried") if hasattr(result, "to_dict") else getattr(result, "tried", None)
+        out["k_tried"] = tried
     if json_:
         emit_json(out)
         return
-    typer.echo(f"{out['spec']}: {out['method']} K={out['k']} ({backend} constants), "
-               f"{out['num_outputs']} outputs")
+    typer.echo(f"{out['spec']}: {out['method']} K={out['k']} ({out['backend']} constants)")
     for row in out["micro_batches"]:
         line = f"  piece {row['index']:<3} estimated {row['estimated_peak_bytes'] / 2**20:10.2f} MiB"
-        if measure:
+        if row.get("measured_peak_bytes"):
             line += (f"  measured {row['measured_peak_bytes'] / 2**20:10.2f} MiB"
                      f"  error {100 * row['relative_error']:+.2f}%")
         typer.echo(line)
