@@ -213,3 +213,18 @@ def test_every_shipped_spec_validates():
         assert r.spec.description, f"{path.name} needs a one-line description"
         assert "\n" not in r.spec.description.strip()
         assert path.read_text().lstrip().startswith("#"), f"{path.name} needs its paper configuration comment"
+
+
+def test_train_threads_is_validated_and_applied():
+    import torch
+
+    from workflow.components import configure_threads
+
+    with pytest.raises(SpecError, match="train.threads"):
+        load_spec("tiny", ["train.threads=0"])
+    before = torch.get_num_threads()
+    try:
+        configure_threads(load_spec("tiny", ["train.threads=1"]))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

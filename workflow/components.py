@@ -52,8 +52,20 @@ def torch_dtype(rspec: ResolvedSpec) -> torch.dtype:
     return {"float32": torch.float32, "float64": torch.float64}[rspec.spec.train.dtype]
 
 
+def configure_threads(rspec: ResolvedSpec) -> None:
+    """Apply ``train.threads`` (PyTorch's and DGL's OpenMP pools) when it is set."""
+    threads = rspec.spec.train.threads
+    if threads is not None:
+        torch.set_num_threads(threads)
+        from dgl.utils import set_num_threads
+
+        set_num_threads(threads)
+
+
 def load_data(rspec: ResolvedSpec):
-    """The spec's dataset via :func:`betty.data.load_dataset` (cached under root)."""
+    """The spec's dataset via :func:`betty.data.load_dataset` (cached under root).
+    Every stage and command starts here, so it also applies ``train.threads``."""
+    configure_threads(rspec)
     from betty.data import load_dataset
 
     ds = rspec.spec.dataset

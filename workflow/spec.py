@@ -302,7 +302,9 @@ class PartitionSection(_Section):
 class TrainSection(_Section):
     """Optimisation. ``seed`` seeds the weights and dropout; ``repeats: N`` trains N
     times with seeds ``seed, seed+1, ...`` (sampling seeds shift the same way) and
-    reports mean ± std. ``device: auto`` is cuda when available, else cpu."""
+    reports mean ± std. ``device: auto`` is cuda when available, else cpu. ``threads``:
+    CPU threads for PyTorch and DGL (``null``: their default, one per core; 1 is much
+    faster for small graphs on a busy machine)."""
 
     epochs: int = Field(10, ge=1)
     lr: float = Field(0.01, gt=0.0)
@@ -313,6 +315,7 @@ class TrainSection(_Section):
     seed: int = Field(0, ge=0)
     repeats: int = Field(1, ge=1)
     measure_memory: bool = True
+    threads: Annotated[int, Field(ge=1)] | None = None
 
     @field_validator("optimizer")
     @classmethod
