@@ -79,6 +79,7 @@ def hypergraph_partition(
     # seeded relabelling: vertex v is passed to Mt-KaHyPar as perm[v]
     perm = np.random.default_rng(int(seed)).permutation(n_out).astype(np.int32)
     pins = perm[shared.indices]
+    # Mt-KaHyPar's Python API takes a sequence of pin sequences: views into one array
     edges = np.split(pins, shared.indptr[1:-1]) if shared.shape[0] else []
     vweights = np.empty(n_out, dtype=np.int32)
     vweights[perm] = integer_vertex_weights(weights, n_out)
