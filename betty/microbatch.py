@@ -17,7 +17,91 @@ import torch
 
 from betty.batch import LayerEdges, MicroBatch, SampledBatch
 
-__all__ = ["carve", "split", "validate_groups"]
+__all__ = ["Carver", "carve", "split", "validate_groups"]
+
+
+class Carver:
+    """Carves any number of micro-batches out of one full batch.
+
+    Built once per full batch: per layer, a CSR pointer over the destination-sorted
+    edges and a reusable ``-1``-filled position buffer, so carving a piece costs
+    O(its own nodes and edges) instead of a pass over the whole batch per piece.
+
+    Edges of a carved block are grouped by destination (in the piece's destination
+    order) and, within a destination, keep the full batch's canonical order (ascending
+    source global ID).
+    """
+
+    def __init__(self, full: SampledBatch) -> None:
+        self.full = full
+        self._edge_order: list[torch.Tensor | None] = []
+        self._indptr: list[torch.Tensor] = []
+        self._pos: list[torch.Tensor] = []
+        self._seen: list[torch.Tensor] = []
+        self._by_gid: list[torch.Tensor] = []
+        for layer in full.layers:
+            dst = layer.edge_dst
+            order = None
+            if dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()):
+                order = torch.argsort(dst, stable=True)  # keeps the order within a destination
+            self._edge_order.append(order)
+            counts = torch.bincount(dst, minlength=layer.num_dst)
+            indptr = torch.zeros(layer.num_dst + 1, dtype=torch.int64)
+            torch.cumsum(counts, 0, out=indptr[1:])
+            self._indptr.append(indptr)
+            self._pos.append(torch.full((layer.num_src,), -1, dtype=torch.int64))
+            self._seen.append(torch.zeros(layer.num_src, dtype=torch.bool))
+            self._by_gid.append(torch.argsort(layer.src_nid))
+
+    def carve(self, output_index: torch.Tensor) -> MicroBatch:
+        """The micro-batch computing the outputs at ``output_index`` (positions into
+        ``full.output_nid``, distinct)."""
+        full = self.full
+        output_index = torch.as_tensor(output_index, dtype=torch.int64)
+        n_layers = full.num_layers
+        layers: list[LayerEdges | None] = [None] * n_layers
+        full_src_index: list[torch.Tensor | None] = [None] * n_layers
+
+        dst_full = output_index  # positions among full layer-l destinations
+        for l in reversed(range(n_layers)):
+            fl, indptr, pos, seen = full.layers[l], self._indptr[l], self._pos[l], self._seen[l]
+            n_dst = dst_full.numel()
+
+            # the edges of the needed destinations, destination by destination
+            starts = indptr[dst_full]
+            counts = indptr[dst_full + 1] - starts
+            total = int(counts.sum())
+            offsets = torch.cumsum(counts, 0) - counts
+            edge = torch.repeat_interleave(starts - offsets, counts) + torch.arange(total)
+            if self._edge_order[l] is not None:
+                edge = self._edge_order[l][edge]
+            e_src = fl.edge_src[edge]
+            e_dst = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64), counts)
+
+            # sources: the destinations first, then the others by ascending global ID
+            # (a scan in global-ID order over a marked buffer: cheaper than sorting)
+            pos[dst_full] = torch.arange(n_dst, dtype=torch.int64)
+            seen[e_src] = True
+            by_gid = self._by_gid[l]
+            touched = by_gid[seen[by_gid]]
+            seen[touched] = False
+            extra = touched[pos[touched] < 0]
+            pos[extra] = torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64)
+            src_full = torch.cat([dst_full, extra])
+            e_src_local = pos[e_src]
+            pos[src_full] = -1  # leave the buffer clean for the next piece
+
+            layers[l] = LayerEdges(
+                src_nid=fl.src_nid[src_full],
+                num_dst=n_dst,
+                edge_src=e_src_local,
+                edge_dst=e_dst,
+                edge_id=fl.edge_id[edge],
+            )
+            full_src_index[l] = src_full
+            dst_full = src_full  # layer l's sources are layer l-1's destinations
+
+        return MicroBatch(layers=layers, output_index=output_index, full_src_index=full_src_index)
 
 
 def carve(full: SampledBatch, output_index: torch.Tensor) -> MicroBatch:
@@ -28,46 +112,10 @@ def carve(full: SampledBatch, output_index: torch.Tensor) -> MicroBatch:
         output_index: ``(m,)`` positions into ``full.output_nid`` (distinct).
 
     Returns:
-        A :class:`MicroBatch` with its own L blocks; cost is O(full-batch nodes + edges
-        of each layer), all vectorized.
+        A :class:`MicroBatch` with its own L blocks. To carve several pieces of the same
+        batch, build one :class:`Carver` and reuse it.
     """
-    output_index = torch.as_tensor(output_index, dtype=torch.int64)
-    n_layers = full.num_layers
-    layers: list[LayerEdges | None] = [None] * n_layers
-    full_src_index: list[torch.Tensor | None] = [None] * n_layers
-
-    dst_full = output_index  # positions among full layer-l destinations
-    for l in reversed(range(n_layers)):
-        fl = full.layers[l]
-        n_dst = dst_full.numel()
-        local = torch.arange(n_dst, dtype=torch.int64)
-
-        # position of each full-batch source node in this micro-batch's source list
-        src_pos = torch.full((fl.num_src,), -1, dtype=torch.int64)
-        src_pos[dst_full] = local
-        dst_pos = src_pos[: fl.num_dst]
-
-        keep = dst_pos[fl.edge_dst] >= 0
-        e_src = fl.edge_src[keep]
-        e_dst = dst_pos[fl.edge_dst[keep]]
-        e_id = fl.edge_id[keep]
-
-        extra = e_src[src_pos[e_src] < 0].unique()
-        extra = extra[torch.argsort(fl.src_nid[extra])]
-        src_pos[extra] = torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64)
-        src_full = torch.cat([dst_full, extra])
-
-        layers[l] = LayerEdges(
-            src_nid=fl.src_nid[src_full],
-            num_dst=n_dst,
-            edge_src=src_pos[e_src],
-            edge_dst=e_dst,
-            edge_id=e_id,
-        )
-        full_src_index[l] = src_full
-        dst_full = src_full  # layer l's sources are layer l-1's destinations
-
-    return MicroBatch(layers=layers, output_index=output_index, full_src_index=full_src_index)
+    return Carver(full).carve(output_index)
 
 
 def validate_groups(groups: torch.Tensor, num_outputs: int, k: int) -> torch.Tensor:
@@ -105,4 +153,5 @@ def split(full: SampledBatch, groups: torch.Tensor, k: int | None = None) -> lis
     groups = validate_groups(groups, full.num_outputs, k)
     order = torch.argsort(groups, stable=True)
     sizes = torch.bincount(groups, minlength=k).tolist()
-    return [carve(full, idx) for idx in torch.split(order, sizes)]
+    carver = Carver(full)
+    return [carver.carve(idx) for idx in torch.split(order, sizes)]

@@ -1,0 +1,95 @@
+"""Carving micro-batches out of a sampled batch: structure and ID mappings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from betty.batch import LayerEdges, SampledBatch
+from betty.microbatch import Carver, carve, split, validate_groups
+from betty.sampling import sample_full_batch
+from graphs import power_law_graph
+
+
+@pytest.fixture(scope="module")
+def batch():
+    g, _, _, train = power_law_graph(num_nodes=500, avg_degree=6, seed=1)
+    return sample_full_batch(g, train, [4, 5, 6], seed=2)
+
+
+def _neighbours(layer: LayerEdges) -> dict[int, list[int]]:
+    """global dst ID -> its sampled sources' global IDs, in block edge order."""
+    out: dict[int, list[int]] = {int(d): [] for d in layer.dst_nid}
+    for s, d in zip(layer.src_nid[layer.edge_src].tolist(), layer.dst_nid[layer.edge_dst].tolist()):
+        out[d].append(s)
+    return out
+
+
+def _check_piece(full: SampledBatch, mb, index: torch.Tensor) -> None:
+    assert torch.equal(mb.output_nid, full.output_nid[index])
+    for l, (fl, ml) in enumerate(zip(full.layers, mb.layers)):
+        # explicit micro -> full -> raw ID maps
+        assert torch.equal(fl.src_nid[mb.full_src_index[l]], ml.src_nid)
+        # sources: destinations first, then the rest by ascending global ID
+        rest = ml.src_nid[ml.num_dst:]
+        assert bool((rest[1:] > rest[:-1]).all())
+        # every destination keeps exactly its full-batch neighbours, in canonical order
+        full_nb, micro_nb = _neighbours(fl), _neighbours(ml)
+        for d, nb in micro_nb.items():
+            assert nb == full_nb[d] and nb == sorted(nb)
+        # edge IDs travel with their edges
+        full_eid = {(int(s), int(d)): int(e) for s, d, e in zip(
+            fl.src_nid[fl.edge_src], fl.dst_nid[fl.edge_dst], fl.edge_id)}
+        for s, d, e in zip(ml.src_nid[ml.edge_src], ml.dst_nid[ml.edge_dst], ml.edge_id):
+            assert full_eid[(int(s), int(d))] == int(e)
+
+
+def test_pieces_keep_full_batch_neighbourhoods(batch):
+    groups = torch.randint(0, 5, (batch.num_outputs,), generator=torch.Generator().manual_seed(0))
+    pieces = split(batch, groups, 5)
+    assert sum(p.num_outputs for p in pieces) == batch.num_outputs
+    for k, piece in enumerate(pieces):
+        _check_piece(batch, piece, torch.nonzero(groups == k).flatten())
+
+
+def test_zero_in_degree_outputs_are_kept(batch):
+    deg = batch.layers[-1].in_degrees()
+    isolated = torch.nonzero(deg == 0).flatten()
+    assert isolated.numel() > 0
+    mb = carve(batch, isolated)
+    assert mb.num_outputs == isolated.numel() and mb.layers[-1].num_edges == 0
+    assert mb.layers[-1].num_src == isolated.numel()
+
+
+def test_carver_accepts_edges_in_any_order(batch):
+    perm = torch.randperm(batch.layers[0].num_edges, generator=torch.Generator().manual_seed(3))
+    l0 = batch.layers[0]
+    shuffled = SampledBatch([LayerEdges(l0.src_nid, l0.num_dst, l0.edge_src[perm], l0.edge_dst[perm],
+                                        l0.edge_id[perm]), *batch.layers[1:]])
+    index = torch.arange(0, batch.num_outputs, 3)
+    a, b = Carver(batch).carve(index), Carver(shuffled).carve(index)
+    for la, lb in zip(a.layers, b.layers):
+        assert torch.equal(la.src_nid, lb.src_nid)
+        key_a = sorted(zip(la.edge_dst.tolist(), la.edge_id.tolist()))
+        key_b = sorted(zip(lb.edge_dst.tolist(), lb.edge_id.tolist()))
+        assert key_a == key_b
+
+
+def test_a_carver_is_reusable_and_stateless_between_pieces(batch):
+    carver = Carver(batch)
+    index = torch.arange(0, batch.num_outputs, 2)
+    first = carver.carve(index)
+    carver.carve(torch.arange(1, batch.num_outputs, 2))
+    again = carver.carve(index)
+    for la, lb in zip(first.layers, again.layers):
+        assert torch.equal(la.src_nid, lb.src_nid) and torch.equal(la.edge_src, lb.edge_src)
+
+
+def test_invalid_partitions_are_refused(batch):
+    n = batch.num_outputs
+    with pytest.raises(ValueError, match="shape"):
+        validate_groups(torch.zeros(n - 1, dtype=torch.long), n, 2)
+    with pytest.raises(ValueError, match="empty"):
+        validate_groups(torch.zeros(n, dtype=torch.long), n, 2)
+    with pytest.raises(ValueError, match=r"\[0, 2\)"):
+        validate_groups(torch.full((n,), 2), n, 2)
