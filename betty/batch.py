@@ -79,17 +79,10 @@ def _check_chain(layers: list[LayerEdges]) -> None:
             )
 
 
-@dataclass
-class SampledBatch:
-    """The full batch: all output nodes and their sampled L-hop neighbourhood.
-
-    Attributes:
-        layers: the L blocks, ``layers[0]`` reads the input features.
-        fanouts: per-layer fanouts used to sample it (same order as ``layers``).
-    """
+class _BlockChain:
+    """Accessors shared by full batches and micro-batches (``self.layers``)."""
 
     layers: list[LayerEdges]
-    fanouts: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check_chain(self.layers)
@@ -112,6 +105,19 @@ class SampledBatch:
     def num_outputs(self) -> int:
         return self.layers[-1].num_dst
 
+
+@dataclass
+class SampledBatch(_BlockChain):
+    """The full batch: all output nodes and their sampled L-hop neighbourhood.
+
+    Attributes:
+        layers: the L blocks, ``layers[0]`` reads the input features.
+        fanouts: per-layer fanouts used to sample it (same order as ``layers``).
+    """
+
+    layers: list[LayerEdges]
+    fanouts: list[int] = field(default_factory=list)
+
     def output_to_input_incidence(self):
         """Sparse ``(n_in, n_out)`` 0/1 matrix: input node i lies in the L-hop sampled
         neighbourhood of output node j. Local indices (``input_nid``/``output_nid``)."""
@@ -121,7 +127,7 @@ class SampledBatch:
 
 
 @dataclass
-class MicroBatch:
+class MicroBatch(_BlockChain):
     """One piece of a split batch, carved from the full batch (no re-sampling).
 
     Attributes:
@@ -138,25 +144,6 @@ class MicroBatch:
     layers: list[LayerEdges]
     output_index: torch.Tensor
     full_src_index: list[torch.Tensor]
-
-    def __post_init__(self) -> None:
-        _check_chain(self.layers)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-    @property
-    def output_nid(self) -> torch.Tensor:
-        return self.layers[-1].dst_nid
-
-    @property
-    def input_nid(self) -> torch.Tensor:
-        return self.layers[0].src_nid
-
-    @property
-    def num_outputs(self) -> int:
-        return self.layers[-1].num_dst
 
     def to_blocks(self, device: torch.device | str = "cpu") -> list:
         """Build the DGL blocks on ``device``.

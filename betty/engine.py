@@ -31,7 +31,7 @@ from betty.partition.metrics import split_metrics
 from betty.sampling import sample_full_batch
 from betty.train import MicroBatchRecord, train_step
 
-__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches"]
+__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches", "memory_metrics"]
 
 
 @dataclass
@@ -121,14 +121,22 @@ class EpochRecord:
             "time_compute_s": self.time_compute_s,
             "epoch_time_s": self.epoch_time_s,
         }
-        if self.peak_mem_measured_bytes is not None:
-            out["peak_mem_measured_bytes"] = float(self.peak_mem_measured_bytes)
-        if self.peak_mem_estimated_bytes is not None:
-            out["peak_mem_estimated_bytes"] = float(self.peak_mem_estimated_bytes)
-        err = self.mem_estimate_error
-        if err is not None:
-            out["mem_estimate_error"] = err
+        out.update(memory_metrics(self.peak_mem_measured_bytes, self.peak_mem_estimated_bytes,
+                                  self.mem_estimate_error))
         return out
+
+
+def memory_metrics(measured: int | None, estimated: int | None, error: float | None) -> dict[str, float]:
+    """``peak_mem_measured_bytes``, ``peak_mem_estimated_bytes``, ``mem_estimate_error``
+    (each only when known)."""
+    out = {}
+    if measured is not None:
+        out["peak_mem_measured_bytes"] = float(measured)
+    if estimated is not None:
+        out["peak_mem_estimated_bytes"] = float(estimated)
+    if error is not None:
+        out["mem_estimate_error"] = float(error)
+    return out
 
 
 def fixed_batches(train_idx: torch.Tensor, batch_size: int | None, seed: int) -> list[torch.Tensor]:

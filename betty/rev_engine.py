@@ -48,6 +48,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from betty.engine import memory_metrics
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.models.rev_training import GraphPart, cluster_partition
 from betty.train import node_loss_sum
@@ -195,13 +196,8 @@ class RevEpochRecord:
             "time_compute_s": self.time_compute_s,
             "epoch_time_s": self.epoch_time_s,
         }
-        if self.peak_mem_measured_bytes is not None:
-            out["peak_mem_measured_bytes"] = float(self.peak_mem_measured_bytes)
-        if self.peak_mem_estimated_bytes is not None:
-            out["peak_mem_estimated_bytes"] = float(self.peak_mem_estimated_bytes)
-        err = self.mem_estimate_error
-        if err is not None:
-            out["mem_estimate_error"] = err
+        out.update(memory_metrics(self.peak_mem_measured_bytes, self.peak_mem_estimated_bytes,
+                                  self.mem_estimate_error))
         return out
 
 
