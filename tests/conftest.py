@@ -4,11 +4,12 @@ import sys
 os.environ.setdefault("DGLBACKEND", "pytorch")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("OUTDATED_IGNORE", "1")  # ogb checks PyPI for updates on import
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see betty/__init__.py
 sys.path.insert(0, os.path.dirname(__file__))  # tests/graphs.py helpers
 
 import torch  # noqa: E402
 
-# Test graphs are tiny: with two OpenMP threads per op, thread start/spin costs dominate
+# Test graphs are tiny: with two OpenMP threads per op, thread start/sync costs dominate
 # (measured 40x slower than one thread when the machine is busy).
 torch.set_num_threads(1)
 
