@@ -37,3 +37,19 @@ def power_law_graph(num_nodes: int = 600, avg_degree: float = 8.0, *, exponent: 
     iso = torch.from_numpy(np.flatnonzero(isolated))
     train_idx = torch.unique(torch.cat([train_idx, iso[:10]]))
     return g, feat, label, train_idx
+
+
+def planetoid_dir():
+    """Where the real Planetoid raw files (``ind.cora.x`` ...) are: ``$BETTY_PLANETOID_DIR``,
+    ``shared/data/planetoid`` beside the repository, or ``/work/shared/data/planetoid``
+    (the development machine's read-only copy); ``None`` when none has them."""
+    import os
+    from pathlib import Path
+
+    candidates = [os.environ.get("BETTY_PLANETOID_DIR"),
+                  Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid",
+                  "/work/shared/data/planetoid"]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "ind.cora.graph").is_file():
+            return Path(candidate)
+    return None

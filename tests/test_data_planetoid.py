@@ -1,7 +1,8 @@
 """Cora and CiteSeer through DGL's own dataset classes, offline, from the real raw files.
 
 The Planetoid files live in the read-only ``shared/data/planetoid`` beside the repository
-(``BETTY_PLANETOID_DIR`` overrides); they are staged (symlinked) into a pytest tmp dir.
+or in ``/work/shared`` (``BETTY_PLANETOID_DIR`` overrides; see ``graphs.planetoid_dir``);
+they are staged (symlinked) into a pytest tmp dir.
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ import torch
 
 from betty.data import DatasetNotFoundError, dgl_raw_path, load_dataset, stage_planetoid
 
-PLANETOID = Path(
-    os.environ.get(
-        "BETTY_PLANETOID_DIR", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "planetoid"
-    )
-)
+from graphs import planetoid_dir as find_planetoid_dir
+
+PLANETOID = find_planetoid_dir()
 
 
 @pytest.fixture(scope="module")
 def planetoid_dir() -> Path:
-    assert (PLANETOID / "ind.cora.graph").is_file(), (
-        f"real Planetoid files not found in {PLANETOID} (set BETTY_PLANETOID_DIR)"
+    assert PLANETOID is not None, (
+        "real Planetoid files not found beside the repository or in /work/shared "
+        "(set BETTY_PLANETOID_DIR to the folder holding ind.cora.graph)"
     )
     return PLANETOID
 

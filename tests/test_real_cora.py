@@ -5,8 +5,6 @@ Published: GraphSAGE-mean about 80% test accuracy on the standard Planetoid spli
 raw files, full-neighbour sampling, K=2 micro-batches, layer-wise inference.
 """
 
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,24 +15,14 @@ from betty.engine import PartitionPlan, Trainer
 from betty.inference import evaluate_predictions, layerwise_inference
 from betty.models import build_model
 from betty.train import build_optimizer
+from graphs import planetoid_dir
 
 
-def _planetoid_dir() -> Path:
-    """The read-only raw files: $BETTY_PLANETOID_DIR, ../shared beside the repo, or /work/shared."""
-    candidates = [os.environ.get("BETTY_PLANETOID_DIR"),
-                  Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid",
-                  "/work/shared/data/planetoid"]
-    for c in candidates:
-        if c and (Path(c) / "ind.cora.x").is_file():
-            return Path(c)
-    return Path(candidates[1])
+PLANETOID = planetoid_dir()
 
 
-PLANETOID = _planetoid_dir()
-
-
-@pytest.mark.skipif(not PLANETOID.is_dir(), reason=f"real Planetoid files not found (set BETTY_PLANETOID_DIR); looked at {PLANETOID}")
 def test_graphsage_mean_on_cora_reaches_published_accuracy(tmp_path):
+    assert PLANETOID is not None, "real Planetoid files not found (set BETTY_PLANETOID_DIR)"
     stage_planetoid(PLANETOID, tmp_path, "cora")
     ds = load_dataset("cora", tmp_path)
     assert (ds.num_nodes, ds.num_classes, ds.train_idx.numel()) == (2708, 7, 140)
