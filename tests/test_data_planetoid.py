@@ -8,7 +8,6 @@ they are staged (symlinked) into a pytest tmp dir.
 from __future__ import annotations
 
 import builtins
-import os
 import time
 from pathlib import Path
 
