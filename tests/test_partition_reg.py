@@ -45,8 +45,9 @@ def test_reg_equals_brute_force_shared_neighbour_count(seed):
     assert expected.sum() > 0  # the test graph does share neighbours
     b = output_layer_incidence(batch)
     max_deg = int(np.diff(b.indptr).max())
-    for cap in (None, max_deg, max_deg + 10):  # the cap never bites here
-        c, stats = redundancy_graph(b, max_hub_degree=cap, seed=seed)
+    for cap, chunk in itertools.product((None, max_deg, max_deg + 10), (1, 1 << 24)):
+        # the cap never bites here; chunk=1 builds C one row at a time
+        c, stats = redundancy_graph(b, max_hub_degree=cap, seed=seed, chunk_pairs=chunk)
         assert c.dtype == np.int32
         np.testing.assert_array_equal(c.toarray(), expected)
         assert stats["hub_sources"] == 0
@@ -94,12 +95,28 @@ def test_hub_ring_is_seeded():
     assert (c0 != c1).nnz > 0
 
 
+@pytest.mark.parametrize("chunk_pairs", [1, 50, 1000])
+def test_chunked_construction_equals_one_pass(chunk_pairs):
+    batch = _batch(5, num_outputs=120, fanouts=(3, 10))
+    b = output_layer_incidence(batch)
+    for cap in (None, 4):  # with and without hub rings
+        whole, whole_stats = redundancy_graph(b, max_hub_degree=cap, seed=1)
+        chunked, stats = redundancy_graph(b, max_hub_degree=cap, seed=1,
+                                          chunk_pairs=chunk_pairs)
+        assert whole_stats["chunks"] == 1 and stats["chunks"] > 1
+        assert (whole != chunked).nnz == 0
+        assert {k: v for k, v in stats.items() if k != "chunks"} == {
+            k: v for k, v in whole_stats.items() if k != "chunks"}
+
+
 def test_redundancy_graph_rejects_bad_options():
     b = sp.csr_matrix(np.ones((3, 4), dtype=np.int32))
     with pytest.raises(ValueError, match="max_hub_degree"):
         redundancy_graph(b, max_hub_degree=0)
     with pytest.raises(ValueError, match="hub_links"):
         redundancy_graph(b, hub_links=0)
+    with pytest.raises(ValueError, match="chunk_pairs"):
+        redundancy_graph(b, chunk_pairs=0)
 
 
 def test_short_hub_rings_do_not_create_self_loops():

@@ -61,41 +61,105 @@ DEFAULT_MAX_HUB_DEGREE = 64
 DEFAULT_MAX_HUB_DEGREE_ALL = 16
 #: Ring links per output of a hub source (each output gets 2 · hub_links ring edges).
 DEFAULT_HUB_LINKS = 2
+#: Largest number of (output, output) pairs expanded at once while building ``C``
+#: (one chunk of rows); bounds the transient memory to about 12 bytes per pair.
+DEFAULT_CHUNK_PAIRS = 1 << 24
 
 
-def _hub_ring_pairs(
+def _hub_ring_layout(
     hub_rows: sp.csr_matrix, hub_links: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Ordered pairs ``(u, v)`` of the rings of the hub rows (both directions)."""
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The hub rings: each pin's output and its ring neighbours' outputs.
+
+    The members of each hub row are laid out in a seeded random order: pin ``p``
+    (``nnz_hub`` pins in all, rows contiguous as in ``hub_rows``) sits in row ``r`` at
+    offset ``o``. Its ring neighbours are the pins at offsets ``(o ± t) mod d_r``,
+    ``t = 1..hub_links``.
+
+    Returns:
+        ``(members (nnz_hub,) int32, partners (nnz_hub, 2 · hub_links) int32,
+        off_diagonal)``: ``members[p]`` is pin ``p``'s output, ``partners[p]`` its ring
+        neighbours' outputs; ``off_diagonal`` counts the (pin, neighbour) pairs on two
+        different outputs (a ring shorter than ``2 · hub_links + 1`` wraps onto the
+        pin itself, ``t ≡ 0 mod d_r``).
+    """
     deg = np.diff(hub_rows.indptr).astype(np.int64)
     nnz = int(deg.sum())
-    if nnz == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty
-    row = np.repeat(np.arange(deg.size, dtype=np.int64), deg)
-    # shuffle within each row: row + U[0, 1) sorts rows apart, members randomly inside
-    order = np.argsort(row + rng.random(nnz), kind="stable")
-    members = hub_rows.indices[order].astype(np.int64)
-    start = hub_rows.indptr[:-1].astype(np.int64)[row]
-    pos = np.arange(nnz, dtype=np.int64) - start
-    us, vs = [], []
+    it = _index_type(nnz)
+    pin_row = np.repeat(np.arange(deg.size, dtype=it), deg)
+    # a seeded random order of the pins, then a stable counting sort by row: the rows
+    # stay contiguous (as in hub_rows) and each row's members come out shuffled
+    perm = rng.permutation(nnz).astype(it)
+    by_row = sp.csr_matrix(
+        (perm, pin_row[perm], np.arange(nnz + 1, dtype=np.int64)), shape=(nnz, deg.size)
+    ).tocsc()
+    members = hub_rows.indices[by_row.data].astype(np.int32)
+    del perm, by_row
+    start = hub_rows.indptr[:-1].astype(np.int64)[pin_row]
+    d = deg[pin_row]
+    del pin_row
+    offset = np.arange(nnz, dtype=np.int64) - start
+    partners = np.empty((nnz, 2 * hub_links), dtype=np.int32)
     for t in range(1, hub_links + 1):  # hub_links (a small constant) iterations
-        partner = members[start + (pos + t) % deg[row]]
-        us += [members, partner]
-        vs += [partner, members]
-    u, v = np.concatenate(us), np.concatenate(vs)
-    keep = u != v  # a ring shorter than 2 * hub_links + 1 would wrap onto itself
-    return u[keep], v[keep]
+        partners[:, 2 * t - 2] = members[start + (offset + t) % d]
+        partners[:, 2 * t - 1] = members[start + (offset - t) % d]
+    t = np.arange(1, hub_links + 1)
+    off_diagonal = int((2 * deg[:, None] * (t[None, :] % deg[:, None] != 0)).sum())
+    return members, partners, off_diagonal
+
+
+def _stack_rows(top: sp.csr_matrix, cols: np.ndarray, n_cols: int) -> sp.csr_matrix:
+    """``[top; X]`` as 0/1 int32 CSR, where row ``p`` of ``X`` has ones at ``cols[p]``
+    (``cols`` ``(rows, w)``: ``w`` entries per row)."""
+    rows, width = cols.shape
+    indptr = np.concatenate([
+        top.indptr.astype(np.int64),
+        top.nnz + width * np.arange(1, rows + 1, dtype=np.int64),
+    ])
+    indices = np.concatenate([top.indices.astype(np.int32, copy=False), cols.ravel()])
+    data = np.ones(indices.size, dtype=np.int32)
+    return sp.csr_matrix((data, indices, indptr), shape=(top.shape[0] + rows, n_cols),
+                         copy=False)
+
+
+def _index_type(n: int):
+    return np.int32 if n < 2**31 - 1 else np.int64
+
+
+def _chunk_bounds(work: np.ndarray, chunk_pairs: int) -> np.ndarray:
+    """Row boundaries ``[0, ..., n]`` of consecutive chunks of about ``chunk_pairs`` work
+    each (a row heavier than ``chunk_pairs`` is a chunk of its own)."""
+    n = work.size
+    if n == 0:
+        return np.zeros(1, dtype=np.int64)
+    cum = np.cumsum(work, dtype=np.int64)
+    if cum[-1] <= chunk_pairs:
+        return np.array([0, n], dtype=np.int64)
+    targets = np.arange(chunk_pairs, int(cum[-1]) + chunk_pairs, chunk_pairs, dtype=np.int64)
+    ends = np.searchsorted(cum, targets, side="right")
+    ends = np.unique(np.clip(ends, 1, n))
+    return np.concatenate([[0], ends if ends[-1] == n else np.append(ends, n)]).astype(np.int64)
 
 
 def redundancy_graph(
     incidence: sp.spmatrix,
     *,
-    max_hub_degree: int = DEFAULT_MAX_HUB_DEGREE,
+    max_hub_degree: int | None = DEFAULT_MAX_HUB_DEGREE,
     hub_links: int = DEFAULT_HUB_LINKS,
     seed: int = 0,
+    chunk_pairs: int = DEFAULT_CHUNK_PAIRS,
 ) -> tuple[sp.csr_matrix, dict]:
-    """The REG ``C`` over the columns (outputs) of ``incidence``, hub-capped.
+    """The REG ``C`` over the columns (outputs) of ``incidence``, hub-capped, built in
+    row chunks.
+
+    ``C`` is assembled ``[lo, hi)`` rows at a time: ``C[lo:hi] = (Sᵀ)[lo:hi] @ S`` (``S``
+    = the non-hub rows of ``B``; scipy's product sums the shared-source counts row by
+    row) plus the chunk's ring links, diagonal dropped. The rows of a chunk expand at
+    most ``chunk_pairs`` (output, output) pairs (a single heavier row excepted), so the
+    transient memory is one chunk's pairs, and the peak is about the final ``C``
+    (indices + counts, 8 bytes per entry, twice while the chunks are concatenated) plus
+    the ring layout (about 12 bytes per hub pin). The result does not depend on
+    ``chunk_pairs``.
 
     Args:
         incidence: ``B`` ``(n_src, n_out)`` 0/1 sparse.
@@ -103,46 +167,67 @@ def redundancy_graph(
             clique). ``None`` disables the cap (exact ``BᵀB``).
         hub_links: ring links per output of a hub source, ``>= 1``.
         seed: seeds the ring order of the hub sources.
+        chunk_pairs: pairs expanded per chunk of rows, ``>= 1``.
 
     Returns:
-        ``(C, stats)``: ``C`` ``(n_out, n_out)`` int32 CSR, symmetric, zero diagonal,
-        ``C[i, j]`` = shared non-hub sources + ring links between ``i`` and ``j``;
-        ``stats`` has ``hub_sources``, ``hub_pin_fraction`` (share of ``B``'s entries in
-        hub rows), ``pairs_exact`` (ordered pairs an uncapped ``BᵀB`` would add, with
-        repeats), ``pairs_built`` and ``reg_nnz``.
+        ``(C, stats)``: ``C`` ``(n_out, n_out)`` int32 CSR, symmetric,
+        zero diagonal, ``C[i, j]`` = shared non-hub sources + ring links between ``i``
+        and ``j``; ``stats`` has ``hub_sources``, ``hub_pin_fraction`` (share of ``B``'s
+        entries in hub rows), ``pairs_exact`` (ordered pairs an uncapped ``BᵀB`` would
+        add, with repeats), ``pairs_built``, ``reg_nnz`` and ``chunks``.
     """
     if max_hub_degree is not None and max_hub_degree < 1:
         raise ValueError(f"max_hub_degree must be >= 1 or None, got {max_hub_degree}")
     if hub_links < 1:
         raise ValueError(f"hub_links must be >= 1, got {hub_links}")
+    if chunk_pairs < 1:
+        raise ValueError(f"chunk_pairs must be >= 1, got {chunk_pairs}")
     b = sp.csr_matrix(incidence, dtype=np.int32)
     n_out = b.shape[1]
     deg = np.diff(b.indptr).astype(np.int64)
     hub = deg > max_hub_degree if max_hub_degree is not None else np.zeros(deg.size, bool)
 
     small = b[~hub] if hub.any() else b
-    bt = small.T.tocsr()
-    c = sp.csr_matrix(bt @ small)
-    c.setdiag(0)
-    c.eliminate_zeros()
     small_deg = deg[~hub]
     pairs_built = int((small_deg * (small_deg - 1)).sum())
-
+    # C = Sᵀ S + Hᵀ Q = Lᵀ R with L = [S; H], R = [S; Q] (S = the non-hub rows of B)
+    left, right = small, small
     if hub.any():
-        rng = np.random.default_rng(seed)
-        u, v = _hub_ring_pairs(b[hub], hub_links, rng)
-        pairs_built += int(u.size)
-        ring = sp.csr_matrix(
-            (np.ones(u.size, dtype=np.int32), (u, v)), shape=(n_out, n_out)
-        )  # duplicates are summed
-        c = sp.csr_matrix(c + ring)
-    c = c.astype(np.int32)
+        members, partners, ring_pairs = _hub_ring_layout(
+            b[hub], hub_links, np.random.default_rng(seed)
+        )
+        pairs_built += ring_pairs
+        left = _stack_rows(small, members[:, None], n_out)
+        del members
+        right = _stack_rows(small, partners, n_out)
+        del partners
+    left_t = left.T.tocsr()  # (n_out, rows of L): row j = the rows of L holding j
+    del left
+    # pairs expanded by row j of Lᵀ R: Σ over L's rows holding j of R's row length
+    work = left_t @ np.diff(right.indptr).astype(np.int64)
+    bounds = _chunk_bounds(work, chunk_pairs)
+
+    blocks = []
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):  # one pass per chunk
+        block = sp.csr_matrix(left_t[lo:hi] @ right)  # exact sums, no repeated entries
+        block.setdiag(0, k=lo)  # C's diagonal: block entry (i - lo, i)
+        block.eliminate_zeros()
+        blocks.append(block.astype(np.int32, copy=False))
+        del block
+    del left_t, right
+    if len(blocks) == 1:
+        c = blocks[0]
+    else:
+        c = sp.vstack(blocks, format="csr")
+    del blocks
+    c = sp.csr_matrix(c, shape=(n_out, n_out))
     stats = {
         "hub_sources": int(hub.sum()),
         "hub_pin_fraction": float(deg[hub].sum() / max(int(deg.sum()), 1)),
         "pairs_exact": int((deg * (deg - 1)).sum()),
         "pairs_built": pairs_built,
         "reg_nnz": int(c.nnz),
+        "chunks": int(bounds.size - 1),
     }
     return c, stats
 
