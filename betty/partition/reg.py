@@ -54,10 +54,14 @@ __all__ = [
     "DEFAULT_MAX_HUB_DEGREE_ALL",
 ]
 
-#: Sources needed by more outputs than this are hubs (ring instead of clique).
-DEFAULT_MAX_HUB_DEGREE = 64
-#: The same cap for ``reg-all``: L-hop rows are far denser (at products scale, 2 hops,
-#: the exact BᵀB has ~100x the output layer's pairs), so the cap is lower.
+#: Sources needed by more outputs than this are hubs (ring instead of clique). On a
+#: products-scale synthetic batch (196,615 outputs, K = 4, 8, 32) 16 gave 5-6% lower
+#: redundancy than 64 with one layer and within 0.6% of it with two (better at K = 4
+#: and 8), with half of C's entries; the uncapped C was 6.5% worse at two layers, K = 8
+#: (``benchmarks/partition.py --hub-caps``): hub cliques dominate the edge weights.
+DEFAULT_MAX_HUB_DEGREE = 16
+#: The same cap for ``reg-all``, whose L-hop rows are far denser (at products scale,
+#: 2 hops, the exact BᵀB has ~100x the output layer's pairs).
 DEFAULT_MAX_HUB_DEGREE_ALL = 16
 #: Ring links per output of a hub source (each output gets 2 · hub_links ring edges).
 DEFAULT_HUB_LINKS = 2
