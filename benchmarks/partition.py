@@ -4,9 +4,9 @@
 
 Prints, on one full batch (outputs = the training nodes, fanouts 10,25 by default):
 
-1. the reference operation: one forward + backward pass of an L-layer GraphSAGE-mean (L = number of fanouts)
-   (``dgl.nn.SAGEConv``, hidden 256, 100 input features, 47 classes) at K = 1 on the full
-   batch's blocks, timed in this run;
+1. the reference operation: one forward + backward pass of an L-layer GraphSAGE-mean
+   (L = number of fanouts; ``dgl.nn.SAGEConv``, hidden 256, 100 input features, 47
+   classes) at K = 1 on the full batch's blocks, timed in this run;
 2. per method at ``--timing-k``: graph build, partitioner and block-carving
    (``betty.microbatch.split``) seconds, their sum and its ratio to the reference;
 3. per method and K: redundancy (layer 0), per-layer redundancy and imbalance;
@@ -166,7 +166,8 @@ def main(argv=None) -> dict:
 
     ref = time_reference(batch, args.reference_repeats)
     report["reference_fwd_bwd_s"] = ref
-    log(f"# reference: {batch.num_layers}-layer SAGE-mean fwd+bwd at K=1 on the full batch: {ref:.3f} s")
+    log(f"# reference: {batch.num_layers}-layer SAGE-mean fwd+bwd at K=1 on the full batch: "
+        f"{ref:.3f} s")
 
     # -- every method, every K -------------------------------------------------------
     rows = []

@@ -119,6 +119,13 @@ def test_redundancy_graph_rejects_bad_options():
         redundancy_graph(b, chunk_pairs=0)
 
 
+@pytest.mark.parametrize("shape", [(3, 0), (0, 4)])
+def test_redundancy_graph_without_outputs_or_sources(shape):
+    c, stats = redundancy_graph(sp.csr_matrix(shape, dtype=np.int32), chunk_pairs=1)
+    assert c.shape == (shape[1], shape[1]) and c.nnz == 0
+    assert stats["pairs_built"] == 0 and stats["reg_nnz"] == 0
+
+
 def test_short_hub_rings_do_not_create_self_loops():
     b = sp.csr_matrix(np.ones((3, 4), dtype=np.int32))  # 3 sources shared by 4 outputs
     c, stats = redundancy_graph(b, max_hub_degree=1, hub_links=2)

@@ -33,10 +33,12 @@ __all__ = [
     "multi_hop_incidence",
     "output_layer_incidence",
     "booleanize",
+    "index_dtype",
 ]
 
 
-def _index_dtype(n: int):
+def index_dtype(n: int):
+    """The narrowest index type (int32, else int64) that holds values below ``n``."""
     return np.int32 if n < 2**31 - 1 else np.int64
 
 
@@ -55,7 +57,7 @@ def layer_incidence(layer: LayerEdges) -> sp.csr_matrix:
     convention) or ``s -> d`` is a sampled edge. Parallel edges count once.
     """
     n_src, n_dst = layer.num_src, layer.num_dst
-    it = _index_dtype(max(n_src, n_dst))
+    it = index_dtype(max(n_src, n_dst))
     diag = np.arange(n_dst, dtype=it)
     rows = np.concatenate([diag, layer.edge_src.numpy().astype(it, copy=False)])
     cols = np.concatenate([diag, layer.edge_dst.numpy().astype(it, copy=False)])

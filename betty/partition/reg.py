@@ -17,7 +17,7 @@ Methods registered here:
 * ``reg-unweighted``: the same graph with unit edge weights (what Betty's artifact ran:
   DGL's METIS wrapper drops edge weights).
 * ``reg-all``: ``B`` = the L-hop output -> layer-0 input incidence
-  (:func:`~betty.partition.incidence.multi_hop_incidence`), weighted, with a lower
+  (:func:`~betty.partition.incidence.multi_hop_incidence`), weighted, with its own
   default hub cap (:data:`DEFAULT_MAX_HUB_DEGREE_ALL`).
 
 **Hub cap.** Source ``s`` needed by ``d_s`` outputs adds a ``d_s``-clique
@@ -41,7 +41,11 @@ import scipy.sparse as sp
 from betty.batch import SampledBatch
 from betty.partition.balance import fill_empty_pieces, integer_vertex_weights
 from betty.partition.base import PartitionResult, register
-from betty.partition.incidence import multi_hop_incidence, output_layer_incidence
+from betty.partition.incidence import (
+    index_dtype,
+    multi_hop_incidence,
+    output_layer_incidence,
+)
 from betty.partition.metis_cut import metis_cut
 
 __all__ = [
@@ -89,7 +93,7 @@ def _hub_ring_layout(
     """
     deg = np.diff(hub_rows.indptr).astype(np.int64)
     nnz = int(deg.sum())
-    it = _index_type(nnz)
+    it = index_dtype(nnz)
     pin_row = np.repeat(np.arange(deg.size, dtype=it), deg)
     # a seeded random order of the pins, then a stable counting sort by row: the rows
     # stay contiguous (as in hub_rows) and each row's members come out shuffled
@@ -126,16 +130,12 @@ def _stack_rows(top: sp.csr_matrix, cols: np.ndarray, n_cols: int) -> sp.csr_mat
                          copy=False)
 
 
-def _index_type(n: int):
-    return np.int32 if n < 2**31 - 1 else np.int64
-
-
 def _chunk_bounds(work: np.ndarray, chunk_pairs: int) -> np.ndarray:
     """Row boundaries ``[0, ..., n]`` of consecutive chunks of about ``chunk_pairs`` work
     each (a row heavier than ``chunk_pairs`` is a chunk of its own)."""
     n = work.size
     if n == 0:
-        return np.zeros(1, dtype=np.int64)
+        return np.zeros(2, dtype=np.int64)  # one empty chunk: C is 0 x 0
     cum = np.cumsum(work, dtype=np.int64)
     if cum[-1] <= chunk_pairs:
         return np.array([0, n], dtype=np.int64)
