@@ -33,7 +33,7 @@ import numpy as np
 from workflow.artifacts import ksearch_records, write_csv, write_json
 from workflow.components import make_trainer
 from workflow.runs import log_metrics
-from workflow.stages.base import StageContext
+from workflow.stages.base import StageContext, log_sweep_artifacts
 
 __all__ = ["PART_COLUMNS", "SWEEP_COLUMNS", "sample_stage", "measure_cluster_split", "cluster_sweep",
            "partition_stage", "part_rows"]
@@ -185,11 +185,7 @@ def partition_stage(ctx: StageContext) -> dict[str, float]:
                 log_metrics({f"sweep_edges_kept.{row['method']}": row["edges_kept_fraction"],
                              f"sweep_peak_estimated_bytes.{row['method']}": row.get("peak_estimated_bytes")},
                             step=row["k"])
-        mlflow.log_artifact(str(write_csv(ctx.workdir / "partition_sweep.csv", table, SWEEP_COLUMNS)))
-        mlflow.log_artifact(str(write_json(ctx.workdir / "partition_sweep.json",
-                                           {"rows": table, "skipped": skipped})))
-        if skipped:
-            mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])
+        log_sweep_artifacts(ctx, table, skipped, SWEEP_COLUMNS)
         if any(r.get("edges_kept_fraction") is not None for r in table):
             import matplotlib.pyplot as plt
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import mlflow
 import torch
 
+from workflow.artifacts import write_csv, write_json
 from workflow.components import load_data, resolve_device
 from workflow.progress import Reporter
 from workflow.specfile import ResolvedSpec
@@ -71,3 +72,15 @@ class StageContext:
         dst.mkdir(parents=True, exist_ok=True)
         return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
                                                         dst_path=str(dst)))
+
+
+def log_sweep_artifacts(ctx: StageContext, table: list[dict], skipped: dict[str, str],
+                        columns) -> None:
+    """Log a partition stage's method x K comparison: ``partition_sweep.csv`` (``columns``),
+    ``partition_sweep.json`` (``{"rows", "skipped"}``) and, when a method was cut short,
+    the ``sweep_skipped`` tag (``method: reason; ...``, at most 500 characters)."""
+    mlflow.log_artifact(str(write_csv(ctx.workdir / "partition_sweep.csv", table, columns)))
+    mlflow.log_artifact(str(write_json(ctx.workdir / "partition_sweep.json",
+                                       {"rows": table, "skipped": skipped})))
+    if skipped:
+        mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])

@@ -36,7 +36,7 @@ from workflow.artifacts import ksearch_records, load_batch, write_csv, write_jso
 from workflow.components import is_reversible, make_trainer
 from workflow.plots import redundancy_figure
 from workflow.runs import log_metrics
-from workflow.stages.base import StageContext
+from workflow.stages.base import StageContext, log_sweep_artifacts
 
 __all__ = ["run", "measure_split", "sweep"]
 
@@ -169,11 +169,7 @@ def run(ctx: StageContext) -> dict[str, float]:
         for row in table:
             if row.get("redundancy") is not None:
                 log_metrics({f"sweep_redundancy.{row['method']}": row["redundancy"]}, step=row["k"])
-        mlflow.log_artifact(str(write_csv(ctx.workdir / "partition_sweep.csv", table, SWEEP_COLUMNS)))
-        mlflow.log_artifact(str(write_json(ctx.workdir / "partition_sweep.json",
-                                           {"rows": table, "skipped": skipped})))
-        if skipped:
-            mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])
+        log_sweep_artifacts(ctx, table, skipped, SWEEP_COLUMNS)
         if any(r.get("redundancy") is not None for r in table):
             import matplotlib.pyplot as plt
 
