@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from betty.engine import memory_metrics
 from betty.models.dropout import dropout_key, hash_keep_mask
-from betty.models.rev_training import GraphPart, cluster_partition
+from betty.models.rev_training import GraphPart, cluster_partition, count_train_nodes
 from betty.train import node_loss_sum
 
 __all__ = [
@@ -306,11 +306,7 @@ def backward_parts(
         ``(records, correct)``: one :class:`PartRecord` per part (loss = ``loss_P``) and
         the summed correct count over training nodes (see :class:`RevStepResult`).
     """
-    if train_mask.dtype != torch.bool:
-        raise ValueError(f"train_mask must be bool, got dtype {train_mask.dtype}")
-    n_train = int(train_mask.sum())
-    if n_train == 0:
-        raise ValueError("train_mask selects no training nodes")
+    n_train = count_train_nodes(train_mask)
     device = torch.device(device) if device is not None else feat.device
     model.train()
     counts = [int(train_mask[p.node_ids.to(train_mask.device)].sum()) for p in parts]

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 __all__ = [
     "GraphPart",
     "cluster_partition",
+    "count_train_nodes",
     "full_graph_inference",
     "multiview_inference",
     "train_step_partitions",
@@ -115,6 +116,17 @@ def _check_sum_reduction(loss_fn: Callable[..., Tensor]) -> None:
         )
 
 
+def count_train_nodes(train_mask: Tensor) -> int:
+    """The number of training nodes of a bool ``(N,)`` mask; a non-bool or empty mask is
+    an error (every part's loss is divided by this count)."""
+    if train_mask.dtype != torch.bool:
+        raise ValueError(f"train_mask must be bool, got dtype {train_mask.dtype}")
+    n_train = int(train_mask.sum())
+    if n_train == 0:
+        raise ValueError("train_mask selects no training nodes")
+    return n_train
+
+
 def train_step_partitions(
     model: nn.Module,
     parts: Sequence[GraphPart],
@@ -150,11 +162,7 @@ def train_step_partitions(
         The mean training loss over all training nodes (sum of the ``loss_P``).
     """
     _check_sum_reduction(loss_fn)
-    if train_mask.dtype != torch.bool:
-        raise ValueError(f"train_mask must be bool, got dtype {train_mask.dtype}")
-    n_train = int(train_mask.sum())
-    if n_train == 0:
-        raise ValueError("train_mask selects no training nodes")
+    n_train = count_train_nodes(train_mask)
     device = torch.device(device) if device is not None else feat.device
     kwargs = dict(model_kwargs or {})
     model.train()
