@@ -62,7 +62,8 @@ __all__ = [
 #: products-scale synthetic batch (196,615 outputs, K = 4, 8, 32) 16 gave 5-6% lower
 #: redundancy than 64 with one layer and within 0.6% of it with two (better at K = 4
 #: and 8), with half of C's entries; the uncapped C was 6.5% worse at two layers, K = 8
-#: (``benchmarks/partition.py --hub-caps``): hub cliques dominate the edge weights.
+#: (``benchmarks/partition.py --hub-caps 64 16 --timing-k K``, with ``--fanouts 10`` for
+#: one layer): hub cliques dominate the edge weights.
 DEFAULT_MAX_HUB_DEGREE = 16
 #: The same cap for ``reg-all``, whose L-hop rows are far denser (at products scale,
 #: 2 hops, the exact BᵀB has ~100x the output layer's pairs).
