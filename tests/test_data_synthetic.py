@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from betty.data import SYNTHETIC_PRESETS, SyntheticConfig, generate_synthetic, load_dataset
+from betty.data.synthetic import _community_ring, _EndpointSampler
 
 
 def _gen(**kw):
@@ -136,11 +137,73 @@ def test_products_preset_follows_ogbn_products_statistics():
     assert ds.edge_homophily() > 0.7
 
 
+def _ring_sampler(weight: np.ndarray, num_communities: int) -> _EndpointSampler:
+    """Integer weights (one stub per unit), communities = equal runs of node IDs, ring in
+    ID order: stub positions are then plain arithmetic on node IDs."""
+    community = np.arange(weight.size) // (weight.size // num_communities)
+    return _EndpointSampler(np.random.default_rng(1), weight, community, num_communities)
+
+
+def test_ring_draw_is_log_uniform_in_distance_and_symmetric():
+    n, c, m = 10_000, 50, 200_000
+    sampler = _ring_sampler(np.ones(n), c)
+    assert np.array_equal(sampler.stub_node, np.arange(n))  # stub position = node ID
+    rng = np.random.default_rng(0)
+    pos = sampler.position(rng.random(m))
+    v = sampler.ring_draw(pos, rng.random(m), rng.random(m) < 0.5)
+    offset = (v - pos) % n
+    offset = np.where(offset > n // 2, offset - n, offset)
+    dist = np.abs(offset)
+    near, far = n / c, n / 2
+    assert dist.min() >= near and dist.max() <= far
+    # equal shares in equal log-distance bins: every scale carries the same mass
+    bins = np.exp(np.linspace(np.log(near), np.log(far), 5))
+    assert np.allclose(np.histogram(dist, bins=bins)[0] / m, 0.25, atol=0.01)
+    assert abs((offset < 0).mean() - 0.5) < 0.01
+    # a uniform start lands uniformly (mod S): the far end is still drawn ∝ stubs
+    assert np.allclose(np.bincount(v // 1000, minlength=10) / m, 0.1, atol=0.005)
+
+
+def test_ring_draw_lands_on_nodes_in_proportion_to_their_stubs():
+    n, m = 10_000, 200_000
+    heavy = np.arange(n) % 10 == 0
+    sampler = _ring_sampler(np.where(heavy, 10.0, 1.0), 50)
+    rng = np.random.default_rng(2)
+    pos = sampler.position(rng.random(m))
+    v = sampler.ring_draw(pos, rng.random(m), rng.random(m) < 0.5)
+    expected = 10 * heavy.sum() / (10 * heavy.sum() + (~heavy).sum())  # 0.526
+    assert abs(heavy[v].mean() - expected) < 0.01
+
+
+def test_community_ring_keeps_each_class_contiguous():
+    class_of_community = np.arange(50) % 7
+    ring = _community_ring(np.random.default_rng(0), class_of_community, 7)
+    assert sorted(ring.tolist()) == list(range(50))
+    along = class_of_community[ring]
+    assert np.count_nonzero(np.diff(along)) == 6  # 7 classes, 7 runs
+
+
+def test_locality_changes_edges_not_the_contract():
+    flat, local = _gen(), _gen(cross_community_locality=1.0)
+    assert local.num_edges == flat.num_edges
+    assert torch.equal(local.label, flat.label)  # drawn before the edges
+    assert not torch.equal(_edge_keys(local), _edge_keys(flat))
+    src, dst = local.graph.edges()
+    assert bool((src != dst).all())
+    keys = set((src * local.num_nodes + dst).tolist())
+    assert keys == set((dst * local.num_nodes + src).tolist())  # both directions
+    assert local.edge_homophily() > 0.6
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match=r"'num_nodez'.*allowed options: num_nodes, avg_degree"):
         load_dataset("synthetic", cache=False, num_nodez=10)
     with pytest.raises(ValueError, match=r"intra_community_fraction=1.5 \(allowed: number in \[0, 1\]\)"):
         load_dataset("synthetic", cache=False, intra_community_fraction=1.5)
+    with pytest.raises(
+        ValueError, match=r"cross_community_locality=-0.1 \(allowed: number in \[0, 1\]\)"
+    ):
+        SyntheticConfig(cross_community_locality=-0.1)
     with pytest.raises(ValueError, match="split_by='time'"):
         SyntheticConfig(split_by="time")
     with pytest.raises(ValueError, match="train_fraction \\+ valid_fraction"):
