@@ -58,12 +58,12 @@ __all__ = [
     "DEFAULT_MAX_HUB_DEGREE_ALL",
 ]
 
-#: Sources needed by more outputs than this are hubs (ring instead of clique). On a
-#: products-scale synthetic batch (196,615 outputs, K = 4, 8, 32) 16 gave 5-6% lower
-#: redundancy than 64 with one layer and within 0.6% of it with two (better at K = 4
-#: and 8), with half of C's entries; the uncapped C was 6.5% worse at two layers, K = 8
-#: (``benchmarks/partition.py --hub-caps 64 16 --timing-k K``, with ``--fanouts 10`` for
-#: one layer): hub cliques dominate the edge weights.
+#: Sources needed by more outputs than this are hubs (ring instead of clique). On the
+#: products-scale synthetic batch (196,615 outputs, K = 8), redundancy with no cap /
+#: 64 / 16: 1.2513 / 1.2220 / 1.1779 with one layer, 2.7200 / 2.6278 / 2.6134 with two,
+#: and 16 keeps a quarter of the uncapped C's entries
+#: (``benchmarks/partition.py --hub-caps none 64 16``, with ``--fanouts 10`` for one
+#: layer): hub cliques dominate the edge weights.
 DEFAULT_MAX_HUB_DEGREE = 16
 #: The same cap for ``reg-all``, whose L-hop rows are far denser (at products scale,
 #: 2 hops, the exact BᵀB has ~100x the output layer's pairs).
