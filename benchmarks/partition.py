@@ -72,6 +72,11 @@ def load_graph(scale: float, root: str, seed: int):
     return graph, train, f"planted community graph ({n} nodes)"
 
 
+def hub_cap(value: str) -> int | None:
+    """A ``max_hub_degree`` from the command line: ``'none'`` (exact BᵀB) or an int."""
+    return None if value.lower() == "none" else int(value)
+
+
 def time_reference(batch, repeats: int) -> float:
     """Median seconds of one forward+backward of an L-layer SAGE-mean (L = the batch's
     layers; 2 for the issue's reference) on the K=1 blocks."""
@@ -159,8 +164,7 @@ def main(argv=None) -> dict:
     report: dict = {"args": vars(args)}
     row_options: dict = {}
     if args.max_hub_degree is not None:
-        cap = args.max_hub_degree
-        row_options = {"max_hub_degree": None if cap.lower() == "none" else int(cap)}
+        row_options = {"max_hub_degree": hub_cap(args.max_hub_degree)}
 
     log(f"# load average at start: {os.getloadavg()} on {os.cpu_count()} cores")
     start = time.perf_counter()
@@ -242,8 +246,8 @@ def main(argv=None) -> dict:
     # -- hub cap cost ---------------------------------------------------------------
     k = args.timing_k
     caps = {
-        "reg": [None if c.lower() == "none" else int(c) for c in args.hub_caps],
-        "reg-all": [None if c.lower() == "none" else int(c) for c in args.hub_caps_all],
+        "reg": [hub_cap(c) for c in args.hub_caps],
+        "reg-all": [hub_cap(c) for c in args.hub_caps_all],
     }
     hub_rows = []
     for method in [m for m in ("reg", "reg-all") if m in args.methods]:

@@ -20,8 +20,9 @@ Model (a degree-corrected stochastic block model sampled Chung-Lu style):
    (``intra_community_fraction``) its other end ``v`` is drawn ∝ ``k`` *inside u's
    community*; otherwise (a *cross-community* edge) ∝ ``k`` over all nodes or, with
    probability ``cross_community_locality``, at a scale-free distance from u (below).
-   Both ends are thus drawn ∝ ``k``, so ``E[deg_i] ≈ k_i``. Self-loops and duplicate pairs are dropped, more candidates are
-   drawn until ``M`` distinct pairs exist, and a uniform random ``M`` of them are kept.
+   Both ends are thus drawn ∝ ``k``, so ``E[deg_i] ≈ k_i``. Self-loops and duplicate
+   pairs are dropped, more candidates are drawn until ``M`` distinct pairs exist, and a
+   uniform random ``M`` of them are kept.
    Both directions are stored: ``2M`` directed edges, in-degree = degree.
    *Locality.* Communities lie on a ring, those of one class next to each other (class
    order and the order inside a class are random); every stub has a position on it
@@ -334,6 +335,7 @@ class _EndpointSampler:
         return np.minimum((u * self.stub_node.size).astype(np.int64), self.stub_node.size - 1)
 
     def node_at(self, pos: np.ndarray) -> np.ndarray:
+        """The (int64) nodes owning the stubs at positions ``pos``."""
         return self.stub_node[pos].astype(np.int64)
 
     def global_draw(self, u: np.ndarray) -> np.ndarray:
@@ -345,7 +347,7 @@ class _EndpointSampler:
         c = self.community[anchor]
         size = self.comm_size[c]
         pos = self.comm_end[c] - size + np.minimum((u * size).astype(np.int64), size - 1)
-        return self.stub_node[pos].astype(np.int64)
+        return self.node_at(pos)
 
     def ring_draw(self, pos: np.ndarray, u: np.ndarray, negative: np.ndarray) -> np.ndarray:
         """The node at stub position ``pos ± δ`` (mod S), δ log-uniform on
