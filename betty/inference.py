@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from betty.batch import LayerEdges, layer_to_block
+from betty.batch import LayerEdges
 from betty.sampling import canonical_edge_order
 
 __all__ = ["in_edge_block", "layerwise_inference", "sampled_inference", "evaluate_predictions"]
@@ -79,7 +79,7 @@ def layerwise_inference(model, graph, feat: torch.Tensor, *, device="cpu",
                 x = h[layer.src_nid].to(device)
                 if dtype is not None:
                     x = x.to(dtype)
-                y = model.forward_layer(l, layer_to_block(layer, device), x)
+                y = model.forward_layer(l, model.make_blocks([layer], device)[0], x)
                 if out is None:
                     out = torch.empty(n, y.shape[1], dtype=y.dtype)
                 out[start:start + dst.numel()] = y.cpu()
@@ -113,7 +113,7 @@ def sampled_inference(model, graph, feat: torch.Tensor, nodes: torch.Tensor, fan
             x = feat[mb.input_nid].to(device)
             if dtype is not None:
                 x = x.to(dtype)
-            y = model(mb.to_blocks(device), x).cpu()
+            y = model(model.make_blocks(mb.layers, device), x).cpu()
             res = torch.empty_like(y)
             res[order] = y
             outs.append(res)
