@@ -74,3 +74,17 @@ def test_pyg_block_keeps_edge_order_and_isolated_destinations():
     assert block.size == (4, 3)
     assert block.edge_index.tolist() == [[3, 2, 0], [0, 0, 2]]
     assert block.in_degrees().tolist() == [2, 0, 1]
+
+
+@spec_needs_dgl
+@pytest.mark.parametrize("arch", ["sage", "gat"])
+def test_workflow_builds_the_model_on_the_spec_backend(arch):
+    pytest.importorskip("torch_geometric")
+    from types import SimpleNamespace
+
+    from workflow.components import build_model
+
+    rspec = load_spec("tiny", [f"model.arch={arch}", "model.backend=pyg"])
+    model = build_model(rspec, SimpleNamespace(num_features=6, num_classes=3))
+    assert model.backend_name == "pyg"
+    assert all(type(layer).__module__.startswith("betty") for layer in model.layers)
