@@ -1,10 +1,11 @@
-"""K-way gradient accumulation on the PyG backend equals a full-batch run, without DGL.
+"""K-way gradient accumulation on the PyG backend equals a full-batch run.
 
-The batch is sampled once (plain torch, :func:`graphs.sample_batch_torch`); the
-reference runs the model directly on the sampled batch's own blocks (no carving, see
-:func:`_full_batch`). Float64 must agree to 1e-10 relative, float32 to 1e-5; dropout 0
-and 0.5 (node-keyed masks, edge-keyed attention dropout), K in {2, 3, 7}, range, random
-and reg partitions, zero-in-degree outputs included.
+The batch is sampled once by betty's sampler; the reference runs the model directly on
+the sampled batch's own blocks (no partition, no carving, see :func:`_full_batch`).
+Float64 must agree to 1e-10 relative, float32 to 1e-5; dropout 0 and 0.5 (node-keyed
+masks, edge-keyed attention dropout), K in {2, 3, 7}, range, random and reg partitions,
+zero-in-degree outputs included. Nothing here needs DGL once ``tests/graphs.py`` and
+``betty.sampling`` are DGL-free (branch i11a), so the test runs in ``.venv-pyg``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ pytest.importorskip("torch_geometric")
 from betty.models import build_model  # noqa: E402
 from betty.models.dropout import dropout_key  # noqa: E402
 from betty.partition import partition_batch  # noqa: E402
-from betty.train import accumulate_gradients, gradients, max_relative_difference, node_loss_sum  # noqa: E402
-from graphs import power_law_arrays, sample_batch_torch  # noqa: E402
+from betty.train import accumulate_gradients, gradients, max_relative_difference  # noqa: E402
+from betty.sampling import sample_full_batch  # noqa: E402
+from graphs import power_law_graph  # noqa: E402
 
 pytestmark = pytest.mark.pyg
 
@@ -30,10 +32,9 @@ KEY = dropout_key(0, 1)
 
 @pytest.fixture(scope="module")
 def graph_data():
-    src, dst, feat, label, train = power_law_arrays(num_nodes=600, avg_degree=8, seed=0)
-    deg = torch.bincount(dst, minlength=600)
-    assert int((deg[train] == 0).sum()) > 0, "test needs zero-in-degree outputs"
-    return src, dst, feat, label, train
+    g, feat, label, train = power_law_graph(num_nodes=600, avg_degree=8, seed=0)
+    assert int((g.in_degrees()[train] == 0).sum()) > 0, "test needs zero-in-degree outputs"
+    return g, feat, label, train
 
 
 def _make_model(arch, agg, layers, dropout, dtype):
@@ -45,14 +46,16 @@ def _make_model(arch, agg, layers, dropout, dtype):
 
 
 def _full_batch(model, batch, feat, label, dtype):
-    """Reference: one forward/backward on the sampled batch's own layers (no carving).
-    (To switch to ``betty.reference.full_batch_reference`` once it lands.)"""
+    """Reference: one forward/backward on the sampled batch's own layers (no partition,
+    no carving), torch's own mean loss. Same call and result as
+    ``betty.reference.full_batch_reference`` (branch i14a): switch to it once it lands
+    and builds its blocks through the model's backend."""
     model.zero_grad(set_to_none=True)
     blocks = model.make_blocks(batch.layers)
     logits = model(blocks, feat[batch.input_nid].to(dtype),
                    src_nids=[layer.src_nid for layer in batch.layers],
                    edge_ids=[layer.edge_id for layer in batch.layers], dropout_key=KEY)
-    loss = node_loss_sum(logits, label[batch.output_nid], False) / batch.num_outputs
+    loss = torch.nn.functional.cross_entropy(logits, label[batch.output_nid], reduction="mean")
     loss.backward()
     return float(loss.detach()), gradients(model)
 
@@ -70,8 +73,8 @@ def _k_way(model, batch, feat, label, k, method, dtype):
 @pytest.mark.parametrize("layers", [2, 3])
 @pytest.mark.parametrize("arch,agg", MODELS, ids=[f"{a}-{g}" if g else a for a, g in MODELS])
 def test_k_way_gradient_equals_full_batch_pyg(graph_data, arch, agg, layers, dropout, dtype):
-    src, dst, feat, label, train = graph_data
-    batch = sample_batch_torch(src, dst, 600, train, FANOUTS[layers], seed=0)
+    g, feat, label, train = graph_data
+    batch = sample_full_batch(g, train, FANOUTS[layers], seed=0)
     assert int((batch.layers[-1].in_degrees() == 0).sum()) > 0
     model = _make_model(arch, agg, layers, dropout, dtype)
     loss_1, grad_1 = _full_batch(model, batch, feat, label, dtype)
@@ -82,15 +85,3 @@ def test_k_way_gradient_equals_full_batch_pyg(graph_data, arch, agg, layers, dro
             err = max_relative_difference(grad_k, grad_1)
             assert err < TOL[dtype], f"{method} K={k}: relative gradient error {err:.3e}"
             assert loss_k == pytest.approx(loss_1, rel=TOL[dtype], abs=0)
-
-
-def test_torch_sampler_respects_fanouts(graph_data):
-    """The test sampler is a real sampler: every destination keeps min(fanout, deg) edges."""
-    src, dst, _, _, train = graph_data
-    batch = sample_batch_torch(src, dst, 600, train, [3, 4], seed=1)
-    deg = torch.bincount(dst, minlength=600)
-    for layer, fanout in zip(batch.layers, [3, 4]):
-        expected = torch.clamp(deg[layer.dst_nid], max=fanout)
-        assert torch.equal(layer.in_degrees(), expected)
-        assert torch.equal(dst[layer.edge_id], layer.dst_nid[layer.edge_dst])
-        assert torch.equal(src[layer.edge_id], layer.src_nid[layer.edge_src])
