@@ -88,3 +88,21 @@ def test_workflow_builds_the_model_on_the_spec_backend(arch):
     model = build_model(rspec, SimpleNamespace(num_features=6, num_classes=3))
     assert model.backend_name == "pyg"
     assert all(type(layer).__module__.startswith("betty") for layer in model.layers)
+
+
+@pytest.mark.dgl
+def test_in_edge_block_same_from_csr_and_dgl():
+    """Layer-wise inference's full-neighbour blocks come from betty.graph.Graph's in-CSR
+    without DGL and equal the ones DGL's in_edges gives."""
+    from betty.graph import Graph
+    from betty.inference import in_edge_block
+    from graphs import power_law_graph
+
+    g, _, _, _ = power_law_graph(num_nodes=200, avg_degree=5, seed=4)
+    g = g.to_dgl() if isinstance(g, Graph) else g
+    neutral = Graph(*g.edges(), g.num_nodes())
+    dst = torch.tensor([17, 3, 150, 3 + 1, 99, 0])
+    a, b = in_edge_block(g, dst), in_edge_block(neutral, dst)
+    for name in ("src_nid", "edge_src", "edge_dst", "edge_id"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.num_edges > 0
