@@ -74,6 +74,7 @@ def test_standard_dropout_is_not_exact(graph_data):
     assert max_relative_difference(grad_4, grad_1) > 1e-2
 
 
+@pytest.mark.dgl
 def test_lstm_depends_on_neighbour_order(graph_data):
     """Why the canonical neighbour order matters: reversing each destination's
     neighbour order changes the LSTM aggregate."""
