@@ -14,21 +14,9 @@ import numpy as np
 import torch
 
 from betty.batch import LayerEdges
-from betty.graph import Graph
 from betty.sampling import canonical_edge_order
 
 __all__ = ["in_edge_block", "layerwise_inference", "sampled_inference", "evaluate_predictions"]
-
-
-def _csr_in_edges(graph: Graph, dst_nid: torch.Tensor):
-    """``(u, v, eid)``: every in-edge of ``dst_nid`` from the graph's in-CSR (no DGL),
-    grouped by destination in ``dst_nid`` order, by ascending edge ID within one."""
-    indptr, indices, eids = graph.in_csr
-    start, count = indptr[dst_nid], indptr[dst_nid + 1] - indptr[dst_nid]
-    owner = torch.repeat_interleave(torch.arange(dst_nid.numel()), count)  # (E_sel,)
-    offset = torch.arange(owner.numel()) - (torch.cumsum(count, 0) - count)[owner]
-    pos = start[owner] + offset
-    return indices[pos], dst_nid[owner], eids[pos]
 
 
 def in_edge_block(graph, dst_nid: torch.Tensor, fanout: int = -1, *, seed: int = 0) -> LayerEdges:
@@ -37,9 +25,7 @@ def in_edge_block(graph, dst_nid: torch.Tensor, fanout: int = -1, *, seed: int =
     Source order: the destinations, then the other sources by ascending global ID.
     """
     dst_nid = torch.as_tensor(dst_nid, dtype=torch.int64)
-    if fanout == -1 and isinstance(graph, Graph):
-        u, v, eid = _csr_in_edges(graph, dst_nid)
-    elif fanout == -1:
+    if fanout == -1:  # a dgl.DGLGraph or a betty.graph.Graph (no DGL needed)
         u, v, eid = graph.in_edges(dst_nid, form="all")
     else:
         import dgl
