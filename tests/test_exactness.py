@@ -155,3 +155,23 @@ def test_training_curve_k4_equals_k1(graph_data):
         curves[k] = losses
     assert curves[1][-1] < curves[1][0]
     assert curves[4] == pytest.approx(curves[1], rel=1e-10, abs=0)
+
+
+def test_multilabel_k_way_equals_reference(graph_data):
+    """Multi-label targets (mean over T tasks of binary cross-entropy): K-way equals the
+    reference, whose loss is torch's mean over all N·T entries."""
+    g, feat, _, train = graph_data
+    gen = torch.Generator().manual_seed(0)
+    targets = (torch.rand(g.num_nodes(), 5, generator=gen) < 0.3).to(torch.float64)
+    batch = sample_full_batch(g, train, FANOUTS[2], seed=0)
+    model = _make_model("sage", "mean", 2, 0.5, torch.float64)
+    key = dropout_key(0, 1)
+    ref = full_batch_reference(model, batch, feat, targets, dropout_key=key, dtype=torch.float64,
+                               multilabel=True)
+    for k in (1, 3):
+        model.zero_grad(set_to_none=True)
+        groups = partition_batch(batch, k, "random", seed=3).groups
+        res = accumulate_gradients(model, batch, groups, feat, targets, k=k, dropout_key=key,
+                                   dtype=torch.float64, multilabel=True)
+        assert max_relative_difference(gradients(model), ref.grads) < TOL[torch.float64]
+        assert res.loss == pytest.approx(ref.loss, rel=TOL[torch.float64], abs=0)
