@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from betty.batch import LayerEdges, SampledBatch
+from betty.batch import LayerEdges, SampledBatch, layer_to_block
 
 __all__ = ["ReferenceResult", "full_batch_reference", "assert_canonical_order"]
 
@@ -51,15 +51,6 @@ def assert_canonical_order(layer: LayerEdges, index: int = 0) -> None:
     if not ok:
         raise AssertionError(f"layer {index}: edges are not in canonical neighbour order "
                              "(destination, then source global ID)")
-
-
-def _blocks(batch: SampledBatch, device) -> list:
-    import dgl
-
-    return [dgl.create_block((layer.edge_src.to(device), layer.edge_dst.to(device)),
-                             num_src_nodes=layer.num_src, num_dst_nodes=layer.num_dst,
-                             idtype=torch.int64, device=device)
-            for layer in batch.layers]
 
 
 def _mean_loss(logits: torch.Tensor, target: torch.Tensor, multilabel: bool) -> torch.Tensor:
@@ -100,7 +91,8 @@ def full_batch_reference(model: torch.nn.Module, batch: SampledBatch, feat: torc
         x = x.to(dtype)
     src_nids = [layer.src_nid.to(device) for layer in batch.layers]
     edge_ids = [layer.edge_id.to(device) for layer in batch.layers]
-    logits = model(_blocks(batch, device), x, src_nids=src_nids, edge_ids=edge_ids,
+    blocks = [layer_to_block(layer, device) for layer in batch.layers]  # edge order kept
+    logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids,
                    dropout_key=dropout_key)
     loss = _mean_loss(logits, label[batch.output_nid].to(device), multilabel)
     loss.backward()
