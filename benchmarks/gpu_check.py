@@ -161,6 +161,11 @@ def _dgl_backend() -> SimpleNamespace:
 
 # --------------------------------------------------------------------------- helpers
 
+def log(message: str) -> None:
+    """Progress on stderr (so a run cut short by a time limit shows how far it got)."""
+    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def sync(device: torch.device) -> None:
     """Wait for the device (a no-op on the host)."""
     if device.type == "cuda":
@@ -519,6 +524,8 @@ def run(args) -> dict:
 
     backend = default_backend(device)
     phase = {}
+    log(f"device {device}, backend {be.name}, {'quick' if args.quick else 'full'} sizes, "
+        f"timed partitioner {method}")
     start = time.perf_counter()
     calib, calibrated, shipped = calibrate_section(device, sizes, be)
     phase["calibrate_s"] = time.perf_counter() - start
@@ -529,6 +536,7 @@ def run(args) -> dict:
     for n in sizes.graph_nodes:
         graphs[n] = chung_lu_graph(be, n, sizes.avg_degree, sizes.feats, sizes.classes, seed=n)
         g, feat, label, mask = graphs[n]
+        log(f"estimates on {n} nodes ({g.num_edges()} edges)")
         for kind in BLOCK_MODELS:
             r, _ = block_rows(be, kind, g, feat, label, mask, sizes, device, backend, consts,
                               CHECK_PARTITION)
@@ -548,6 +556,7 @@ def run(args) -> dict:
 
     start = time.perf_counter()
     g, feat, label, mask = graphs[big]
+    log("budget runs")
     budgets = [budget_block(be, kind, g, feat, label, mask, sizes, device, backend, calibrated,
                             CHECK_PARTITION, k1_peaks[kind]) for kind in BLOCK_MODELS]
     free(device)
@@ -557,6 +566,7 @@ def run(args) -> dict:
     phase["budget_s"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    log(f"timed epochs on synthetic-products scale {sizes.products_scale}")
     timing = timing_section(be, sizes, device, backend, calibrated, method)
     phase["timing_s"] = time.perf_counter() - start
     free(device)
