@@ -302,7 +302,8 @@ def measured_peaks_step(step) -> list[int]:
 def budget_block(be, kind, graph, feat, label, mask, sizes, device, backend, consts, method,
                  k1_peak: int) -> dict:
     """K search for 40% of the K = 1 peak, cap, two steps; overruns counted."""
-    from betty.memory import KSearchError, MemoryMeter, apply_budget, oom_guard, search_k
+    from betty.memory import KSearchError, search_k
+    from betty.memory.estimator import persistent_bytes
     from betty.train import train_step
 
     outputs = torch.nonzero(mask).flatten()
@@ -317,9 +318,9 @@ def budget_block(be, kind, graph, feat, label, mask, sizes, device, backend, con
            "estimated_max": int(found.max_peak), "tried": found.tried}
     out.update(_capped_steps(device, budget, found.estimates, lambda meter, step: train_step(
         model, opt, batch, found.partition.groups, feat, label, k=found.k, device=device,
-        meter=meter, dropout_key=10 + step), (model, opt), oom_guard, apply_budget, MemoryMeter))
+        meter=meter, dropout_key=10 + step), (model, opt)))
     try:
-        search_k(batch, model, opt, memory_budget=max(1, int(0.5 * found.estimates[0].fixed)),
+        search_k(batch, model, opt, memory_budget=max(1, persistent_bytes(model, opt, backend) // 2),
                  safety_margin=SAFETY_MARGIN, method=method, seed=0, graph=graph,
                  backend=backend, constants=consts)
         out["impossible_budget"] = {"raised": False, "error": None}
@@ -332,7 +333,6 @@ def budget_block(be, kind, graph, feat, label, mask, sizes, device, backend, con
 def budget_rev(be, graph, feat, label, mask, sizes, device, backend, consts,
                k1_peak: int) -> dict:
     """The same for the RevGNN (:func:`betty.memory.rev.search_k_rev`)."""
-    from betty.memory import MemoryMeter, apply_budget, oom_guard
     from betty.memory.rev import RevKSearchError, rev_persistent_bytes, search_k_rev
 
     torch.manual_seed(0)
@@ -348,7 +348,7 @@ def budget_rev(be, graph, feat, label, mask, sizes, device, backend, consts,
            "estimated_max": int(max(e.peak for e in found.estimates))}
     out.update(_capped_steps(device, budget, found.estimates, lambda meter, step: be.train_step_parts(
         model, opt, list(found.parts), feat, label, mask, device=device, meter=meter),
-        (model, opt), oom_guard, apply_budget, MemoryMeter))
+        (model, opt)))
     floor = rev_persistent_bytes(model, opt, backend)
     try:
         search_k_rev(graph, model, max(1, floor // 2), method="random", seed=0, train_mask=mask,
@@ -360,11 +360,14 @@ def budget_rev(be, graph, feat, label, mask, sizes, device, backend, consts,
     return out
 
 
-def _capped_steps(device, budget: int, estimates, run_step: Callable, tracked, oom_guard,
-                  apply_budget, meter_cls, steps: int = 2) -> dict:
-    """Cap the allocator at ``budget`` (CUDA), run ``steps`` metered steps, restore the cap;
-    every piece peak over ``budget`` and every out-of-memory error is an overrun."""
-    meter = meter_cls(device)
+def _capped_steps(device, budget: int, estimates, run_step: Callable, tracked,
+                  steps: int = 2) -> dict:
+    """Cap the allocator at ``budget`` (CUDA), run ``steps`` metered steps
+    (``run_step(meter, step)``), lift the cap; every piece peak over ``budget`` and every
+    error (out of memory included) is an overrun."""
+    from betty.memory import MemoryMeter, apply_budget, oom_guard
+
+    meter = MemoryMeter(device)
     meter.track(*tracked)
     free(device)
     fraction = apply_budget(device, budget)
@@ -384,8 +387,8 @@ def _capped_steps(device, budget: int, estimates, run_step: Callable, tracked, o
             "error": error}
 
 
-def timed_epoch(be, model, opt, graph, feat, label, outputs, fanouts, k, method, device,
-                groups=None) -> dict:
+def timed_epoch(be, model, opt, graph, feat, label, outputs, fanouts, k, method,
+                device) -> tuple[dict, Any]:
     """One full-batch step timed by phase (seconds); see the module docstring."""
     from betty.microbatch import Carver
     from betty.partition import partition_batch
@@ -399,14 +402,15 @@ def timed_epoch(be, model, opt, graph, feat, label, outputs, fanouts, k, method,
     batch = be.sample(graph, outputs, list(fanouts), seed=0)
     t["sampling"] = time.perf_counter() - start
     start = time.perf_counter()
-    if groups is None:
-        groups = (torch.zeros(batch.num_outputs, dtype=torch.int64) if k == 1
-                  else partition_batch(batch, k, method, seed=0, graph=graph).groups)
+    groups = (torch.zeros(batch.num_outputs, dtype=torch.int64) if k == 1
+              else partition_batch(batch, k, method, seed=0, graph=graph).groups)
     t["partitioning"] = time.perf_counter() - start
     model.train()
     opt.zero_grad(set_to_none=True)
+    start = time.perf_counter()
     carver = Carver(batch)
     order = torch.argsort(groups, stable=True)
+    t["carving"] += time.perf_counter() - start
     n_total = batch.num_outputs
     for idx in torch.split(order, torch.bincount(groups, minlength=k).tolist()):
         start = time.perf_counter()
