@@ -166,6 +166,12 @@ def log(message: str) -> None:
     print(f"[gpu_check {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def device_bytes(device: torch.device) -> int | None:
+    """Bytes allocated on a CUDA device right now (None on the host). Read before each
+    model is built: it should be 0, or every measured peak after it is off by it."""
+    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
+
+
 def sync(device: torch.device) -> None:
     """Wait for the device (a no-op on the host)."""
     if device.type == "cuda":
@@ -243,6 +249,7 @@ def block_rows(be, kind, graph, feat, label, mask, sizes, device, backend, const
 
     outputs = torch.nonzero(mask).flatten()
     batch = be.sample(graph, outputs, list(sizes.fanouts), seed=0)
+    before = device_bytes(device)
     model, opt = _block_setup(be, kind, sizes, device, seed=0)
     zeros = torch.zeros(batch.num_outputs, dtype=torch.int64)
     train_step(model, opt, batch, zeros, feat, label, device=device, dropout_key=1)
@@ -260,15 +267,16 @@ def block_rows(be, kind, graph, feat, label, mask, sizes, device, backend, const
             rows.append({"model": kind, "nodes": graph.num_nodes(), "k": k, "piece": i,
                          "measured": int(rec.peak_bytes),
                          **{f"estimated_{n}": int(e[i].peak) for n, e in est.items()},
-                         "peak_at": est["calibrated"][i].peak_at})
-    opt.zero_grad(set_to_none=True)
-    return rows, (model, opt, batch)
+                         "peak_at": est["calibrated"][i].peak_at,
+                         "device_bytes_before": before})
+    return rows
 
 
 def rev_rows(be, graph, feat, label, mask, sizes, device, backend, consts):
     """Estimate vs measure every part of K in :data:`KS` for the RevGNN."""
     from betty.memory import MemoryMeter
 
+    before = device_bytes(device)
     torch.manual_seed(0)
     model = be.rev_model(sizes.feats, sizes.hidden, sizes.classes, sizes.rev_layers).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -287,8 +295,9 @@ def rev_rows(be, graph, feat, label, mask, sizes, device, backend, consts):
                 continue
             rows.append({"model": "revgnn", "nodes": graph.num_nodes(), "k": k, "piece": i,
                          "measured": int(rec.peak_bytes),
-                         **{f"estimated_{n}": int(e[i]) for n, e in est.items()}})
-    return rows, (model, opt)
+                         **{f"estimated_{n}": int(e[i]) for n, e in est.items()},
+                         "device_bytes_before": before})
+    return rows
 
 
 def measured_peaks_step(step) -> list[int]:
@@ -370,6 +379,7 @@ def _capped_steps(device, budget: int, estimates, run_step: Callable, tracked,
     meter = MemoryMeter(device)
     meter.track(*tracked)
     free(device)
+    at_cap = device_bytes(device)  # model, gradients, optimizer state: inside the budget
     fraction = apply_budget(device, budget)
     peaks, error = [], None
     try:
@@ -382,7 +392,8 @@ def _capped_steps(device, budget: int, estimates, run_step: Callable, tracked,
         if device.type == "cuda":
             torch.cuda.set_per_process_memory_fraction(1.0, device)
     overruns = sum(p > budget for p in peaks) + (1 if error else 0)
-    return {"cap_fraction": fraction if device.type == "cuda" else None, "measured": peaks,
+    return {"cap_fraction": fraction if device.type == "cuda" else None,
+            "device_bytes_at_cap": at_cap, "measured": peaks,
             "max_measured": max(peaks) if peaks else None, "overruns": int(overruns),
             "error": error}
 
@@ -542,12 +553,11 @@ def run(args) -> dict:
         g, feat, label, mask = graphs[n]
         log(f"estimates on {n} nodes ({g.num_edges()} edges)")
         for kind in BLOCK_MODELS:
-            r, _ = block_rows(be, kind, g, feat, label, mask, sizes, device, backend, consts,
-                              CHECK_PARTITION)
-            rows += r
+            # models are dropped on return: on CUDA a live one would add to later peaks
+            rows += block_rows(be, kind, g, feat, label, mask, sizes, device, backend, consts,
+                               CHECK_PARTITION)
             free(device)
-        r, _ = rev_rows(be, g, feat, label, mask, sizes, device, backend, consts)
-        rows += r
+        rows += rev_rows(be, g, feat, label, mask, sizes, device, backend, consts)
         free(device)
     big = max(sizes.graph_nodes)
     for row in rows:
