@@ -1,7 +1,8 @@
 """K-way gradient accumulation on the PyG backend equals a full-batch run.
 
-The batch is sampled once by betty's sampler; the reference runs the model directly on
-the sampled batch's own blocks (no partition, no carving, see :func:`_full_batch`).
+The batch is sampled once by betty's sampler; the reference is
+:func:`betty.reference.full_batch_reference` (the model on the sampler's own blocks, built
+by the model's backend: no partition, no carving, its own loss normalisation).
 Float64 must agree to 1e-10 relative, float32 to 1e-5; dropout 0 and 0.5 (node-keyed
 masks, edge-keyed attention dropout), K in {2, 3, 7}, range, random and reg partitions,
 zero-in-degree outputs included. Nothing here needs DGL once ``tests/graphs.py`` and
@@ -18,6 +19,7 @@ pytest.importorskip("torch_geometric")
 from betty.models import build_model  # noqa: E402
 from betty.models.dropout import dropout_key  # noqa: E402
 from betty.partition import partition_batch  # noqa: E402
+from betty.reference import full_batch_reference  # noqa: E402
 from betty.train import accumulate_gradients, gradients, max_relative_difference  # noqa: E402
 from betty.sampling import sample_full_batch  # noqa: E402
 from graphs import power_law_graph  # noqa: E402
@@ -45,21 +47,6 @@ def _make_model(arch, agg, layers, dropout, dtype):
     return model.to(dtype).train()
 
 
-def _full_batch(model, batch, feat, label, dtype):
-    """Reference: one forward/backward on the sampled batch's own layers (no partition,
-    no carving), torch's own mean loss. Same call and result as
-    ``betty.reference.full_batch_reference`` (branch i14a): switch to it once it lands
-    and builds its blocks through the model's backend."""
-    model.zero_grad(set_to_none=True)
-    blocks = model.make_blocks(batch.layers)
-    logits = model(blocks, feat[batch.input_nid].to(dtype),
-                   src_nids=[layer.src_nid for layer in batch.layers],
-                   edge_ids=[layer.edge_id for layer in batch.layers], dropout_key=KEY)
-    loss = torch.nn.functional.cross_entropy(logits, label[batch.output_nid], reduction="mean")
-    loss.backward()
-    return float(loss.detach()), gradients(model)
-
-
 def _k_way(model, batch, feat, label, k, method, dtype):
     model.zero_grad(set_to_none=True)
     groups = partition_batch(batch, k, method, seed=3).groups
@@ -77,11 +64,12 @@ def test_k_way_gradient_equals_full_batch_pyg(graph_data, arch, agg, layers, dro
     batch = sample_full_batch(g, train, FANOUTS[layers], seed=0)
     assert int((batch.layers[-1].in_degrees() == 0).sum()) > 0
     model = _make_model(arch, agg, layers, dropout, dtype)
-    loss_1, grad_1 = _full_batch(model, batch, feat, label, dtype)
-    assert all(float(v.abs().sum()) > 0 for v in grad_1.values() if v.numel() > 0) or arch == "gat"
+    ref = full_batch_reference(model, batch, feat, label, dropout_key=KEY, dtype=dtype)
+    zero = [name for name, v in ref.grads.items() if float(v.abs().sum()) == 0]
+    assert not zero, f"parameters without gradient: {zero}"
     for method in ("range", "random", "reg"):
-        for k in (2, 3, 7):
+        for k in (1, 2, 3, 7):
             loss_k, grad_k = _k_way(model, batch, feat, label, k, method, dtype)
-            err = max_relative_difference(grad_k, grad_1)
+            err = max_relative_difference(grad_k, ref.grads)
             assert err < TOL[dtype], f"{method} K={k}: relative gradient error {err:.3e}"
-            assert loss_k == pytest.approx(loss_1, rel=TOL[dtype], abs=0)
+            assert loss_k == pytest.approx(ref.loss, rel=TOL[dtype], abs=0)
