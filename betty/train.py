@@ -127,9 +127,9 @@ def _device_ids(model, mb: MicroBatch, device):
     return src, eid
 
 
-def _to_device_blocks(model, mb: MicroBatch, device) -> list:
-    """The model backend's blocks on ``device``; index tensors are always copied (counted
-    per micro-batch)."""
+def _to_device_blocks(mb: MicroBatch, device, model=None) -> list:
+    """Blocks of ``model``'s backend (``auto`` without a model) on ``device``; index
+    tensors are always copied (counted per micro-batch)."""
     from betty.backends import backend_of
 
     return backend_of(model).make_blocks(mb.layers, device, copy=True)
@@ -192,7 +192,7 @@ def accumulate_gradients(
         region = meter.measure() if meter is not None else nullcontext()
         with region as reading:
             start = time.perf_counter()
-            blocks = _to_device_blocks(model, mb, device)
+            blocks = _to_device_blocks(mb, device, model)
             src_nids, edge_ids = _device_ids(model, mb, device)
             t_block = t_carve + time.perf_counter() - start
 

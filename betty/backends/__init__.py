@@ -78,5 +78,6 @@ def get_backend(name: str = "auto") -> Backend:
 
 
 def backend_of(model) -> Backend:
-    """The backend a model was built for (``model.backend_name``, default ``dgl``)."""
-    return get_backend(getattr(model, "backend_name", "dgl"))
+    """The backend a model was built for (``model.backend_name``; ``auto`` for a model
+    without one, or ``None``)."""
+    return get_backend(getattr(model, "backend_name", "auto"))
