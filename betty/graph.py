@@ -70,21 +70,6 @@ class Graph:
     def long(self) -> "Graph":
         return self
 
-    def in_edges(self, nodes: torch.Tensor, form: str = "uv"):
-        """Every in-edge of ``nodes`` ``(n,)``, as DGL's ``in_edges``: ``(u, v)`` for
-        ``form="uv"``, ``(u, v, eid)`` for ``form="all"``; ``(E',)`` int64 each, grouped
-        by destination in ``nodes`` order, by ascending edge ID within one."""
-        if form not in ("uv", "all"):
-            raise ValueError(f"form must be 'uv' or 'all', got {form!r}")
-        nodes = torch.as_tensor(nodes, dtype=torch.int64)
-        indptr, indices, eids = self.in_csr
-        start = indptr[nodes]
-        count = indptr[nodes + 1] - start
-        owner = torch.repeat_interleave(torch.arange(nodes.numel()), count)  # (E',)
-        pos = start[owner] + torch.arange(owner.numel()) - (torch.cumsum(count, 0) - count)[owner]
-        u, v = indices[pos], nodes[owner]
-        return (u, v, eids[pos]) if form == "all" else (u, v)
-
     # -- derived structure ------------------------------------------------------------
     @cached_property
     def in_csr(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

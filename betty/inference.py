@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from betty.batch import LayerEdges
+from betty.batch import LayerEdges, layer_to_block
 from betty.sampling import canonical_edge_order
 
 __all__ = ["in_edge_block", "layerwise_inference", "sampled_inference", "evaluate_predictions"]
@@ -25,7 +25,7 @@ def in_edge_block(graph, dst_nid: torch.Tensor, fanout: int = -1, *, seed: int =
     Source order: the destinations, then the other sources by ascending global ID.
     """
     dst_nid = torch.as_tensor(dst_nid, dtype=torch.int64)
-    if fanout == -1:  # a dgl.DGLGraph or a betty.graph.Graph (no DGL needed)
+    if fanout == -1:
         u, v, eid = graph.in_edges(dst_nid, form="all")
     else:
         import dgl
@@ -79,7 +79,7 @@ def layerwise_inference(model, graph, feat: torch.Tensor, *, device="cpu",
                 x = h[layer.src_nid].to(device)
                 if dtype is not None:
                     x = x.to(dtype)
-                y = model.forward_layer(l, model.make_blocks([layer], device)[0], x)
+                y = model.forward_layer(l, layer_to_block(layer, device, model.backend_name), x)
                 if out is None:
                     out = torch.empty(n, y.shape[1], dtype=y.dtype)
                 out[start:start + dst.numel()] = y.cpu()
@@ -113,7 +113,7 @@ def sampled_inference(model, graph, feat: torch.Tensor, nodes: torch.Tensor, fan
             x = feat[mb.input_nid].to(device)
             if dtype is not None:
                 x = x.to(dtype)
-            y = model(model.make_blocks(mb.layers, device), x).cpu()
+            y = model(mb.to_blocks(device, model.backend_name), x).cpu()
             res = torch.empty_like(y)
             res[order] = y
             outs.append(res)

@@ -89,27 +89,3 @@ def test_workflow_builds_the_model_on_the_spec_backend(arch):
     assert model.backend_name == "pyg"
     assert all(type(layer).__module__.startswith("betty") for layer in model.layers)
 
-
-@pytest.mark.dgl
-def test_graph_in_edges_and_inference_blocks_match_dgl():
-    """betty.graph.Graph.in_edges (no DGL) lists the same in-edges as DGL's, so
-    layer-wise inference's full-neighbour blocks and METIS's induced output graph are
-    the same on either graph type."""
-    from betty.graph import Graph
-    from betty.inference import in_edge_block
-    from betty.partition.graph_metis import induced_output_graph
-    from graphs import power_law_graph
-
-    g, _, _, _ = power_law_graph(num_nodes=200, avg_degree=5, seed=4)
-    g = g.to_dgl() if isinstance(g, Graph) else g
-    neutral = Graph(*g.edges(), g.num_nodes())
-    dst = torch.tensor([17, 3, 150, 4, 99, 0])
-    u, v, e = neutral.in_edges(dst, form="all")
-    du, dv, de = g.in_edges(dst, form="all")
-    assert u.numel() > 0
-    assert sorted(zip(e.tolist(), u.tolist(), v.tolist())) == sorted(zip(de.tolist(), du.tolist(), dv.tolist()))
-    a, b = in_edge_block(g, dst), in_edge_block(neutral, dst)
-    for name in ("src_nid", "edge_src", "edge_dst", "edge_id"):
-        assert torch.equal(getattr(a, name), getattr(b, name)), name
-    outputs = torch.arange(0, 200, 3)
-    assert (induced_output_graph(g, outputs) != induced_output_graph(neutral, outputs)).nnz == 0

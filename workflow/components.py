@@ -53,16 +53,16 @@ def torch_dtype(rspec: ResolvedSpec) -> torch.dtype:
 
 
 def configure_threads(rspec: ResolvedSpec) -> None:
-    """Apply ``train.threads`` (PyTorch's and DGL's OpenMP pools) when it is set."""
+    """Apply ``train.threads`` (PyTorch's and, where DGL is installed, DGL's OpenMP
+    pools) when it is set."""
     threads = rspec.spec.train.threads
     if threads is not None:
         torch.set_num_threads(threads)
-        from betty.backends import available
-
-        if available("dgl"):  # DGL's own OpenMP pool (its sampler), when DGL is here
+        try:
             from dgl.utils import set_num_threads
-
-            set_num_threads(threads)
+        except ImportError:  # the PyG stack: no DGL pool to size
+            return
+        set_num_threads(threads)
 
 
 def load_data(rspec: ResolvedSpec):

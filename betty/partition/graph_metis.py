@@ -33,8 +33,7 @@ def induced_output_graph(graph, output_nid: torch.Tensor) -> sp.csr_matrix:
     """``(n_out, n_out)`` symmetric 0/1 int32 CSR of ``graph`` induced on ``output_nid``.
 
     Args:
-        graph: a :class:`betty.graph.Graph` or a homogeneous ``dgl.DGLGraph`` (any
-            device; edges are read to the CPU).
+        graph: a homogeneous ``dgl.DGLGraph`` (any device; edges are read to the CPU).
         output_nid: ``(n_out,)`` distinct global IDs; row/column ``a`` is
             ``output_nid[a]``.
     """
