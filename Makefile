@@ -19,7 +19,7 @@ test: venv
 	$(BIN)/python -m pytest -q
 
 run: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mlflow run . -e main -P spec=synthetic --env-manager local
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mlflow run . -e main -P spec=synthetic --experiment-name synthetic --env-manager local
 
 clean-venv:
 	rm -rf $(VENV)
