@@ -56,20 +56,37 @@ def experiment_name(rspec: ResolvedSpec, cli_name: str | None = None) -> str | N
 def use_spec_experiment(rspec: ResolvedSpec, cli_name: str | None = None) -> str | None:
     """Make :func:`experiment_name` the active experiment (created if needed) and mark it
     as model training. Returns its ID, or ``None`` when the environment fixes it."""
+    from mlflow.exceptions import MlflowException
+
     name = experiment_name(rspec, cli_name)
     if name is None:
         return None
-    exp = mlflow.set_experiment(name)
+    try:
+        exp = mlflow.set_experiment(name)
+    except MlflowException:
+        # two team members creating it at once: one create fails; the other's now exists
+        if MlflowClient().get_experiment_by_name(name) is None:
+            raise
+        exp = mlflow.set_experiment(name)
     mark_model_training(exp.experiment_id)
     return exp.experiment_id
 
 
 def mark_model_training(experiment_id: str) -> None:
-    """Tag ``experiment_id`` as model training unless it already has a kind."""
+    """Tag ``experiment_id`` as model training unless it already has a kind.
+
+    Two runs starting at once on one server may both find the tag missing; the second
+    insert then fails with a unique-key violation, which is fine once the tag is there."""
+    from mlflow.exceptions import MlflowException
+
     client = MlflowClient()
-    exp = client.get_experiment(experiment_id)
-    if EXPERIMENT_KIND_TAG not in exp.tags:
+    if EXPERIMENT_KIND_TAG in client.get_experiment(experiment_id).tags:
+        return
+    try:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    except MlflowException:
+        if EXPERIMENT_KIND_TAG not in client.get_experiment(experiment_id).tags:
+            raise
 
 
 def dataset_input(rspec: ResolvedSpec):
@@ -92,8 +109,24 @@ def dataset_input(rspec: ResolvedSpec):
 
 
 def log_dataset_input(rspec: ResolvedSpec, context: str = "training") -> None:
-    """Log the spec's dataset as an input of the active run (the runs table's Dataset)."""
-    mlflow.log_input(dataset_input(rspec), context=context)
+    """Log the spec's dataset as an input of the active run (the runs table's Dataset).
+
+    MLflow's SQL store looks the dataset up and then inserts it; two runs logging the
+    same new dataset at once (two team members, one server) make one insert fail with a
+    unique-key violation. The dataset then exists, so the call is retried (3 tries)."""
+    import time
+
+    from mlflow.exceptions import MlflowException
+
+    dataset = dataset_input(rspec)
+    for attempt in range(3):
+        try:
+            mlflow.log_input(dataset, context=context)
+            return
+        except MlflowException:
+            if attempt == 2:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _pip_requirements() -> list[str]:
