@@ -13,7 +13,7 @@ with the exact place to put the files.
 from betty.data.dgl_builtin import dgl_raw_path
 from betty.data.ogb_loader import DatasetNotFoundError
 from betty.data.planetoid import stage_planetoid
-from betty.data.registry import cache_path, dataset_names, load_dataset, resolve_options
+from betty.data.registry import cache_path, dataset_digest, dataset_names, load_dataset, resolve_options
 from betty.data.synthetic import SYNTHETIC_PRESETS, SyntheticConfig, generate_synthetic
 from betty.data.types import GraphDataset
 
@@ -23,6 +23,7 @@ __all__ = [
     "dataset_names",
     "resolve_options",
     "cache_path",
+    "dataset_digest",
     "DatasetNotFoundError",
     "SyntheticConfig",
     "SYNTHETIC_PRESETS",

@@ -11,7 +11,7 @@ from betty.data import cache as _cache
 from betty.data import dgl_builtin, dgl_file, ogb_loader, synthetic
 from betty.data.types import GraphDataset
 
-__all__ = ["DatasetSpec", "DATASETS", "dataset_names", "resolve_options", "cache_path", "load_dataset"]
+__all__ = ["DatasetSpec", "DATASETS", "dataset_names", "resolve_options", "cache_path", "dataset_digest", "load_dataset"]
 
 
 @dataclass(frozen=True)
@@ -165,16 +165,30 @@ def resolve_options(name: str, options: Mapping[str, Any]) -> dict:
     return spec.normalize({**spec.defaults, **options})
 
 
+def _identity(name: str, root: str | Path, options: Mapping[str, Any]) -> dict:
+    """What identifies a dataset's content: name, resolved options and, where the
+    dataset has one, the fingerprint of its source files (sizes and mtimes for OGB)."""
+    spec = _spec(name)
+    opts = resolve_options(name, options)
+    payload: dict = {"name": name, "options": opts}
+    if spec.fingerprint is not None:
+        payload["source"] = spec.fingerprint(name, Path(root), opts)
+    return payload
+
+
 def cache_path(name: str, root: str | Path = "data", **options) -> Path | None:
     """The cache file :func:`load_dataset` uses for these arguments (``None`` for
     datasets betty does not cache)."""
-    spec = _spec(name)
-    opts = resolve_options(name, options)
-    if spec.fingerprint is None:
+    if _spec(name).fingerprint is None:
         return None
-    root = Path(root)
-    payload = {"name": name, "options": opts, "source": spec.fingerprint(name, root, opts)}
-    return _cache.cache_file(root, name, payload)
+    return _cache.cache_file(Path(root), name, _identity(name, root, options))
+
+
+def dataset_digest(name: str, root: str | Path = "data", **options) -> str:
+    """16 hex digits identifying the dataset's content: :func:`betty.data.cache.cache_key`
+    over name, resolved options and the source-file fingerprint (the cache file's key
+    for cached datasets). Reads no data; raises like :func:`resolve_options`."""
+    return _cache.cache_key(_identity(name, root, options))
 
 
 def load_dataset(
