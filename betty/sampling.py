@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from betty.batch import LayerEdges, SampledBatch
@@ -50,29 +51,36 @@ def uniform_subsets(
 ) -> torch.Tensor:
     """For each row ``i`` a uniform random ``k``-subset of ``{0, ..., degree[i] - 1}``.
 
-    Floyd's algorithm, one array step per drawn element: for ``j = d - k, ..., d - 1``
-    draw ``t`` uniform on ``{0, ..., j}`` and add ``t``, or ``j`` if ``t`` was already
-    drawn. Every ``k``-subset comes out with probability ``1 / C(d, k)``. Cost
-    ``O(n k^2)`` comparisons, independent of the degrees.
+    Floyd's algorithm, one array step per drawn element over all rows at once: for
+    ``j = d - k, ..., d - 1`` draw ``t`` uniform on ``{0, ..., j}`` and add ``t``, or
+    ``j`` if ``t`` was already drawn. Every ``k``-subset comes out with probability
+    ``1 / C(d, k)``. The "already drawn" test compares with the row's earlier picks
+    (``O(n i)`` at step ``i``, ``O(n k^2)`` in all, independent of the degrees); the
+    rows are sorted at the end. Runs in numpy, whose fancy indexing and short-row sort
+    are several times faster than torch's on the CPU (torch 2.2 and 2.13).
 
     Args:
         degree: ``(n,)`` int64, every entry ``>= k``.
         k: subset size, ``>= 1``.
-        generator: the seeded source of randomness.
+        generator: the seeded source of randomness (``k * n`` float64 draws).
 
     Returns:
         ``(n, k)`` int64, each row ascending.
     """
     n = degree.numel()
-    chosen = torch.empty(n, k, dtype=torch.int64)
+    d = degree.numpy()
+    # all random numbers at once, (k, n): step i reads row i (contiguous)
+    uniform = torch.rand(k, n, generator=generator, dtype=torch.float64).numpy()
+    chosen = np.empty((k, n), dtype=np.int64)
     for i in range(k):
-        j = degree - (k - i)
-        u = torch.rand(n, generator=generator, dtype=torch.float64)
-        t = torch.minimum((u * (j + 1).to(torch.float64)).to(torch.int64), j)
+        j = d - (k - i)
+        t = np.minimum((uniform[i] * (j + 1)).astype(np.int64), j)
         if i:
-            t = torch.where((chosen[:, :i] == t[:, None]).any(1), j, t)
-        chosen[:, i] = t
-    return torch.sort(chosen, dim=1).values
+            t = np.where((chosen[:i] == t).any(0), j, t)
+        chosen[i] = t
+    out = np.ascontiguousarray(chosen.T)
+    out.sort(axis=1)
+    return torch.from_numpy(out)
 
 
 def sample_neighbors(
@@ -89,22 +97,24 @@ def sample_neighbors(
     Returns:
         ``(row, pos)``: ``(E',)`` int64 each; edge ``e`` ends at ``nodes[row[e]]`` and is
         CSR entry ``pos[e]`` (source ``indices[pos]``, edge ID ``eid[pos]``). Edges are
-        grouped by ``row`` ascending, each row's by ascending edge ID.
+        grouped by ``row`` ascending, each row's in CSR order: the canonical neighbour
+        order (ascending source ID, see :attr:`betty.graph.Graph.in_csr`).
     """
-    indptr = graph.in_csr[0]
-    start = indptr[nodes]
-    degree = indptr[nodes + 1] - start
-    take = degree if fanout == -1 else torch.clamp(degree, max=fanout)
-    row = torch.repeat_interleave(torch.arange(nodes.numel()), take)
-    first = torch.cumsum(take, 0) - take  # exclusive prefix sum: each row's first slot
-    pos = torch.arange(row.numel()) - first[row] + start[row]  # all-edges layout
+    indptr = graph.in_csr[0].numpy()
+    v = nodes.numpy()
+    start = indptr[v]
+    degree = indptr[v + 1] - start
+    take = degree if fanout == -1 else np.minimum(degree, fanout)
+    row = np.repeat(np.arange(v.size), take)
+    first = np.cumsum(take) - take  # each row's first output slot
+    pos = np.arange(row.size) + (start - first)[row]  # every in-edge, in CSR order
     if fanout != -1:
-        over = torch.nonzero(degree > fanout).view(-1)
-        if over.numel():
-            picks = uniform_subsets(degree[over], fanout, generator)
-            slots = (first[over, None] + torch.arange(fanout)).view(-1)
-            pos[slots] = (start[over, None] + picks).view(-1)
-    return row, pos
+        over = np.flatnonzero(degree > fanout)
+        if over.size:
+            picks = uniform_subsets(torch.from_numpy(degree[over]), fanout, generator).numpy()
+            slots = first[over, None] + np.arange(fanout)
+            pos[slots] = start[over, None] + picks
+    return torch.from_numpy(row), torch.from_numpy(pos)
 
 
 def sample_full_batch(
@@ -142,31 +152,34 @@ def sample_full_batch(
     n = graph.num_nodes()
     if int(outputs.min()) < 0 or int(outputs.max()) >= n:
         raise ValueError(f"output node IDs must lie in [0, {n})")
-    if torch.unique(outputs).numel() != outputs.numel():
+    mark = torch.zeros(n, dtype=torch.bool)  # scratch node set, cleared after each use
+    mark[outputs] = True
+    if int(mark.sum()) != outputs.numel():
         raise ValueError("output node IDs must be distinct")
+    mark[outputs] = False
 
     _, indices, eid = graph.in_csr
     gen = torch.Generator().manual_seed(int(seed))
     local = torch.empty(n, dtype=torch.int64)  # global -> local source index, per layer
-    seen = torch.zeros(n, dtype=torch.bool)
     layers: list[LayerEdges] = []
     dst_nid = outputs
     for fanout in reversed(fanouts):
+        # rows ascending, each row's picks in CSR order: already canonical order
         row, pos = sample_neighbors(graph, dst_nid, fanout, gen)
         src_gid = indices[pos]
-        seen[dst_nid] = True
-        extra = torch.unique(src_gid[~seen[src_gid]])  # sorted
-        seen[dst_nid] = False
+        mark[src_gid] = True
+        mark[dst_nid] = False
+        extra = torch.nonzero(mark).view(-1)  # the other sources, ascending
+        mark[extra] = False
         src_nid = torch.cat([dst_nid, extra])
         local[src_nid] = torch.arange(src_nid.numel())
-        order = canonical_edge_order(row, src_gid)
         layers.append(
             LayerEdges(
                 src_nid=src_nid,
                 num_dst=int(dst_nid.numel()),
-                edge_src=local[src_gid[order]],
-                edge_dst=row[order],
-                edge_id=eid[pos[order]],
+                edge_src=local[src_gid],
+                edge_dst=row,
+                edge_id=eid[pos],
             )
         )
         dst_nid = src_nid

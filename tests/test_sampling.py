@@ -116,3 +116,4 @@ def test_same_rule_as_dgl(graph):
     _, v = frontier.edges()
     theirs = torch.bincount(v, minlength=400)[outputs]
     assert torch.equal(ours.in_degrees(), theirs)
+
