@@ -1,6 +1,6 @@
 """OGB datasets read offline through ogb's own DglNodePropPredDataset.
 
-Small graphs are written in OGB's raw on-disk layout (``betty.data.ogb_format``) under
+Small graphs are written in OGB's raw on-disk layout (``tests/ogb_format.py``) under
 the folder names OGB uses, so the real reader and betty's per-dataset processing run
 exactly as they would on the downloaded files.
 """
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from betty.data import DatasetNotFoundError, cache_path, load_dataset
-from betty.data.ogb_format import write_ogb_node_dataset
+from ogb_format import write_ogb_node_dataset
 from betty.data.ogb_loader import _read_with_ogb, load_ogb, ogb_meta
 
 N = 10
