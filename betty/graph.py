@@ -93,11 +93,16 @@ class Graph:
         return torch.stack([self.src, self.dst])
 
     def to_dgl(self):
-        """The same graph as an int64 CPU ``dgl.DGLGraph`` (imports DGL)."""
-        import dgl
+        """The same graph as an int64 CPU ``dgl.DGLGraph`` (imports DGL). Built once and
+        cached (a ``Graph`` never changes); treat the result as read-only."""
+        cached = self.__dict__.get("_dgl")
+        if cached is None:
+            import dgl
 
-        return dgl.graph((self.src, self.dst), num_nodes=self._num_nodes,
-                         idtype=torch.int64, device="cpu")
+            cached = dgl.graph((self.src, self.dst), num_nodes=self._num_nodes,
+                               idtype=torch.int64, device="cpu")
+            self.__dict__["_dgl"] = cached
+        return cached
 
     def __repr__(self) -> str:
         return f"Graph(num_nodes={self._num_nodes}, num_edges={self.num_edges()})"

@@ -28,22 +28,7 @@ import torch
 from betty.batch import LayerEdges, SampledBatch
 from betty.graph import Graph, as_graph
 
-__all__ = ["sample_full_batch", "sample_neighbors", "uniform_subsets", "canonical_edge_order"]
-
-
-def canonical_edge_order(
-    edge_dst: torch.Tensor, edge_src_gid: torch.Tensor
-) -> torch.Tensor:
-    """Permutation sorting edges by (destination, source global ID).
-
-    Any subset of edges kept in this order still lists each destination's neighbours by
-    ascending global ID, which is the order DGL's degree-bucketed reducers (LSTM) see
-    them in (DGL orders a mailbox by edge ID). Ties (parallel edges) keep their order.
-    """
-    if edge_dst.numel() == 0:
-        return torch.zeros(0, dtype=torch.int64)
-    order = torch.argsort(edge_src_gid, stable=True)
-    return order[torch.argsort(edge_dst[order], stable=True)]
+__all__ = ["sample_full_batch", "sample_neighbors", "uniform_subsets"]
 
 
 def uniform_subsets(
@@ -84,7 +69,7 @@ def uniform_subsets(
 
 
 def sample_neighbors(
-    graph: Graph, nodes: torch.Tensor, fanout: int, generator: torch.Generator
+    graph: Graph, nodes: torch.Tensor, fanout: int, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampled in-edges of ``nodes`` (see the module docstring for the rule).
 
@@ -92,7 +77,7 @@ def sample_neighbors(
         graph: the graph (its cached in-CSR is read).
         nodes: ``(n,)`` int64 destination global IDs.
         fanout: ``k >= 1``, or ``-1`` for every in-edge.
-        generator: the seeded source of randomness.
+        generator: the seeded source of randomness (unused, may be ``None``, for ``-1``).
 
     Returns:
         ``(row, pos)``: ``(E',)`` int64 each; edge ``e`` ends at ``nodes[row[e]]`` and is

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from betty.data import DatasetNotFoundError, load_dataset
+from betty.graph import Graph
 
 N = 8
 
@@ -41,7 +42,7 @@ def _save(tmp_path, graphs, name="g.bin"):
 def test_good_file_is_converted_to_conventions(tmp_path):
     path = _save(tmp_path, [_graph(**_good_fields())])
     ds = load_dataset("dgl-file", path=path)
-    assert ds.graph.idtype == torch.int64 and len(ds.graph.ndata) == 0
+    assert ds.graph.idtype == torch.int64 and isinstance(ds.graph, Graph)
     src, dst = ds.graph.edges()
     assert src.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 1] and dst.tolist() == [1, 2, 3, 4, 5, 6, 7, 0, 0]
     assert ds.feat.dtype == torch.float32 and torch.equal(ds.feat, _good_fields()["feat"].float())
