@@ -18,7 +18,11 @@ from graphs import power_law_graph
 
 @pytest.fixture(scope="module")
 def graph():
-    return power_law_graph(num_nodes=400, avg_degree=7, seed=3)[0]
+    """A power-law graph with its edge IDs shuffled, so ascending edge ID is not
+    ascending source ID (the canonical order must come from the sampler)."""
+    g = power_law_graph(num_nodes=400, avg_degree=7, seed=3)[0]
+    perm = torch.randperm(g.num_edges(), generator=torch.Generator().manual_seed(0))
+    return Graph(g.src[perm], g.dst[perm], g.num_nodes())
 
 
 def _edge_triples(layer):
