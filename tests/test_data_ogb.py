@@ -1,4 +1,5 @@
-"""OGB datasets read offline through ogb's own DglNodePropPredDataset.
+"""OGB datasets read offline from OGB's raw files with ogb's own raw readers (no DGL),
+and the same graph as ogb's DglNodePropPredDataset builds (compared when DGL is installed).
 
 Small graphs are written in OGB's raw on-disk layout (``tests/ogb_format.py``) under
 the folder names OGB uses, so the real reader and betty's per-dataset processing run
@@ -226,8 +227,39 @@ def test_partial_download_lists_only_missing_files(tmp_path):
     assert "node-feat.csv.gz" in str(err.value) and "edge.csv.gz" not in str(err.value)
 
 
-def test_ogb_reader_itself_never_downloads(tmp_path):
-    """Even past betty's file check, OGB's download path raises instead of prompting."""
+def test_ogb_reader_itself_never_downloads(tmp_path, monkeypatch):
+    """Even called directly, the reader only checks and reads local files: OGB's download
+    helpers are never reached."""
+    import ogb.utils.url as ogb_url
+
+    monkeypatch.setattr(ogb_url, "download_url", lambda *a, **k: pytest.fail("downloaded"))
     meta = {**ogb_meta("ogbn-products"), "dir_path": str(tmp_path / "absent")}
-    with pytest.raises(DatasetNotFoundError, match="refusing to download"):
+    with pytest.raises(DatasetNotFoundError, match="edge.csv.gz"):
         _read_with_ogb("ogbn-products", tmp_path, meta)
+
+
+@pytest.mark.dgl
+@pytest.mark.parametrize("name", ["ogbn-products", "ogbn-proteins"])
+def test_same_arrays_as_ogbs_dgl_class(tmp_path, name):
+    """The raw reader gives OGB's DGL class's edge list (same order), features/edge
+    features, labels and split."""
+    from ogb.nodeproppred import DglNodePropPredDataset
+
+    kw = {"edge_feat": np.arange(EDGES.shape[1] * 8).reshape(-1, 8) / 8.0, "node_feat": None,
+          "node_label": (np.arange(N * 112).reshape(N, 112) % 2),
+          "extra_node_files": {"node_species": np.full(N, 3702)}} if name == "ogbn-proteins" else {}
+    _write(tmp_path, name, **kw)
+    graph, labels, split, _ = _read_with_ogb(name, tmp_path, None)
+    ref = DglNodePropPredDataset(name, root=str(tmp_path))
+    g, ref_labels = ref[0]
+    src, dst = g.edges()
+    assert torch.equal(torch.as_tensor(graph["edge_index"][0]), src)
+    assert torch.equal(torch.as_tensor(graph["edge_index"][1]), dst)
+    key = "feat"
+    ours = graph["edge_feat"] if name == "ogbn-proteins" else graph["node_feat"]
+    theirs = g.edata[key] if name == "ogbn-proteins" else g.ndata[key]
+    assert torch.equal(torch.as_tensor(ours), theirs)
+    assert torch.equal(torch.as_tensor(labels), ref_labels)
+    ref_split = ref.get_idx_split()
+    for part in ("train", "valid", "test"):
+        assert torch.equal(torch.as_tensor(split[part]), ref_split[part])
