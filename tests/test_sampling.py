@@ -121,3 +121,23 @@ def test_same_rule_as_dgl(graph):
     theirs = torch.bincount(v, minlength=400)[outputs]
     assert torch.equal(ours.in_degrees(), theirs)
 
+
+
+def test_data_and_sampling_import_without_dgl_or_pyg():
+    """betty.graph, betty.batch, betty.sampling and betty.data import (and load a
+    dataset, and sample) with DGL and PyG made unimportable."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['dgl'] = None; sys.modules['torch_geometric'] = None\n"
+        "import betty.graph, betty.batch, betty.sampling, betty.data, betty.data.registry\n"
+        "from betty.data import load_dataset\n"
+        "from betty.sampling import sample_full_batch\n"
+        "ds = load_dataset('synthetic', cache=False, scale=0.05)\n"
+        "b = sample_full_batch(ds.graph, ds.train_idx, [3, 4])\n"
+        "print(b.num_outputs == ds.train_idx.numel())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
