@@ -263,3 +263,18 @@ def test_same_arrays_as_ogbs_dgl_class(tmp_path, name):
     ref_split = ref.get_idx_split()
     for part in ("train", "valid", "test"):
         assert torch.equal(torch.as_tensor(split[part]), ref_split[part])
+
+
+def test_split_dict_pt_with_numpy_arrays(tmp_path):
+    """papers100M ships its split as split/time/split_dict.pt holding numpy arrays; it is
+    read (torch >= 2.6 refuses numpy in its default weights-only load)."""
+    folder = _write(tmp_path, "ogbn-papers100M", node_feat=FEAT.astype(np.float32),
+                    extra_node_files={"node_year": 2000 + np.arange(N)})
+    split_dir = next((folder / "split").iterdir())
+    for part in ("train", "valid", "test"):
+        (split_dir / f"{part}.csv.gz").unlink()
+    swapped = {"train": SPLIT["test"], "valid": SPLIT["valid"], "test": SPLIT["train"]}
+    torch.save({k: np.asarray(v, dtype=np.int64) for k, v in swapped.items()}, split_dir / "split_dict.pt")
+    ds = load_dataset("ogbn-papers100M", root=tmp_path, cache=False)
+    assert torch.equal(ds.train_idx, torch.as_tensor(SPLIT["test"]))
+    assert torch.equal(ds.test_idx, torch.as_tensor(SPLIT["train"]))

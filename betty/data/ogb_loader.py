@@ -214,7 +214,9 @@ def _read_with_ogb(name: str, root: Path, meta_dict: dict | None) -> tuple[dict,
             labels = pd.read_csv(raw / "node-label.csv.gz", compression="gzip", header=None).values
     split_dir = folder / "split" / str(meta["split"])
     if (split_dir / "split_dict.pt").is_file():
-        split = torch.load(split_dir / "split_dict.pt")
+        # OGB's own file (papers100M) holds numpy arrays, which torch >= 2.6's default
+        # weights_only=True refuses; OGB's classes load it the same way.
+        split = torch.load(split_dir / "split_dict.pt", weights_only=False)
     else:
         split = {part: pd.read_csv(split_dir / f"{part}.csv.gz", compression="gzip",
                                    header=None).values.T[0]
