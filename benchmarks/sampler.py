@@ -15,8 +15,8 @@ betty / DGL (best of ``--repeats`` for each, alternating the two). It also times
 against DGL's ``MultiLayerNeighborSampler.sample_blocks``.
 
 Both run on ``--threads`` threads (torch and DGL's OpenMP pool); the default 1 is how
-betty samples during training (DGL's sampler is single-threaded there for
-reproducibility).
+betty ran DGL's sampler when it used it (more threads made DGL's draws depend on the
+thread count). betty's sampler gives the same batch on any thread count.
 """
 
 from __future__ import annotations

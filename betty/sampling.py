@@ -41,7 +41,8 @@ def uniform_subsets(
     ``j`` if ``t`` was already drawn. Every ``k``-subset comes out with probability
     ``1 / C(d, k)``. The "already drawn" test compares with the row's earlier picks
     (``O(n i)`` at step ``i``, ``O(n k^2)`` in all, independent of the degrees); the
-    rows are sorted at the end. Runs in numpy, whose fancy indexing and short-row sort
+    rows are sorted at the end. ``t = floor(u (j + 1))`` with ``u`` a float64 uniform on
+    ``[0, 1)``: each value's probability is off by at most ``(j + 1) / 2^53``. Runs in numpy, whose fancy indexing and short-row sort
     are several times faster than torch's on the CPU (torch 2.2 and 2.13).
 
     Args:
