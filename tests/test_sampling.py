@@ -69,6 +69,20 @@ def test_seeded_reproducible(graph):
     assert not torch.equal(a.layers[-1].edge_id, c.layers[-1].edge_id)
 
 
+def test_same_batch_on_any_thread_count(graph):
+    outputs = torch.arange(0, 400, 2)
+    before = torch.get_num_threads()
+    batches = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            batches.append(sample_full_batch(graph, outputs, [4, 4], seed=5))
+    finally:
+        torch.set_num_threads(before)
+    for la, lb in zip(*(b.layers for b in batches)):
+        assert torch.equal(la.edge_id, lb.edge_id) and torch.equal(la.src_nid, lb.src_nid)
+
+
 def test_uniform_subsets_are_uniform():
     """Chi-square over all C(6, 2) = 15 subsets, and C(7, 3) = 35 subsets."""
     gen = torch.Generator().manual_seed(0)
