@@ -1,6 +1,6 @@
 """Write a homogeneous node-property dataset in OGB's on-disk layout.
 
-This is the layout ``ogb.nodeproppred.DglNodePropPredDataset`` reads (see
+This is the layout OGB's dataset classes and ``ogb.io.read_graph_raw`` read (see
 :mod:`betty.data.ogb_loader`), so a graph written here is loaded by OGB's own reader.
 A test helper: the OGB tests write small graphs with it and load them offline.
 

@@ -111,7 +111,7 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 defaults={},
                 build=_ogb_build,
                 fingerprint=_ogb_fingerprint,
-                description="OGB, read offline with ogb's DglNodePropPredDataset",
+                description="OGB, raw files read offline with ogb's raw readers",
             )
         )
     for dgl_name in dgl_builtin.DGL_BUILTINS:
