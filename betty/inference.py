@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from betty.batch import LayerEdges, layer_to_block
+from betty.graph import as_graph
 from betty.sampling import sample_full_batch
 
 __all__ = ["in_edge_block", "layerwise_inference", "sampled_inference", "evaluate_predictions"]
@@ -44,6 +45,7 @@ def layerwise_inference(model, graph, feat: torch.Tensor, *, device="cpu",
         dtype: compute dtype (default: the features').
         progress: optional callable ``(layer, done, total)`` for progress displays.
     """
+    graph = as_graph(graph)  # once: its CSR serves every chunk
     was_training = model.training
     model.eval()
     n = graph.num_nodes()
@@ -77,6 +79,7 @@ def sampled_inference(model, graph, feat: torch.Tensor, nodes: torch.Tensor, fan
     inference on huge graphs; stochastic, seeded)."""
     from betty.microbatch import carve
 
+    graph = as_graph(graph)  # once: its CSR serves every chunk
     was_training = model.training
     model.eval()
     nodes = torch.as_tensor(nodes, dtype=torch.int64)
