@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from betty.data import cache as _cache
-from betty.data import dgl_builtin, dgl_file, ogb_loader, synthetic
+from betty.data import dgl_builtin, dgl_file, ogb_loader, planetoid, synthetic
 from betty.data.types import GraphDataset
 
 __all__ = ["DatasetSpec", "DATASETS", "dataset_names", "resolve_options", "cache_path", "dataset_digest", "load_dataset"]
@@ -73,6 +73,8 @@ def _ogb_fingerprint(name: str, root: Path, opts: dict) -> list:
 
 
 def _dgl_builtin_build(name: str, root: Path, opts: dict) -> GraphDataset:
+    if name in planetoid.PLANETOID_NAMES:
+        return planetoid.load_planetoid_dataset(name, root)
     return dgl_builtin.load_dgl_builtin(name, root)
 
 
@@ -109,7 +111,7 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 defaults={},
                 build=_ogb_build,
                 fingerprint=_ogb_fingerprint,
-                description="OGB, read offline with ogb's DglNodePropPredDataset",
+                description="OGB, raw files read offline with ogb's raw readers",
             )
         )
     for dgl_name in dgl_builtin.DGL_BUILTINS:
@@ -118,7 +120,9 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 name=dgl_name,
                 defaults={},
                 build=_dgl_builtin_build,
-                description="DGL built-in dataset class, offline",
+                description=("Planetoid raw files in DGL's folder layout, read by betty"
+                             if dgl_name in planetoid.PLANETOID_NAMES
+                             else "DGL built-in dataset class, offline"),
             )
         )
     specs.append(
