@@ -35,8 +35,15 @@ def test_commands_are_discovered():
 def test_validate_exit_codes_and_messages():
     from workflow.specfile import shipped_specs
 
-    ok = invoke("validate", *[str(p) for p in shipped_specs()])
-    assert ok.exit_code == 0 and ok.stdout.count("ok ") == len(shipped_specs())
+    from betty.backends import available
+
+    # RevGNN specs need DGL (refused at validation where it does not import)
+    import yaml
+
+    specs = [p for p in shipped_specs()
+             if available("dgl") or yaml.safe_load(p.read_text())["model"].get("arch") != "revgnn"]
+    ok = invoke("validate", *[str(p) for p in specs])
+    assert ok.exit_code == 0 and ok.stdout.count("ok ") == len(specs)
     bad = invoke("validate", "tiny", "--set", "model.aggregator=max", "--set", "partition.memory_budget=24 gigs")
     assert bad.exit_code == 2
     assert "model.aggregator = 'max'" in bad.stderr and "partition.memory_budget = '24 gigs'" in bad.stderr

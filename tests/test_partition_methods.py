@@ -114,6 +114,7 @@ def test_metis_recovers_planted_communities(planted):
             < split_metrics(batch, rnd.groups, 8)["redundancy"] - 1.0)
 
 
+@pytest.mark.dgl
 def test_induced_output_graph_maps_both_endpoints():
     from betty.graph import Graph
 

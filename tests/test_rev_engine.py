@@ -3,9 +3,13 @@ is mathematically true, deterministic dropout, training, memory records, K searc
 
 from __future__ import annotations
 
-import dgl
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
+pytest.importorskip("dgl")
+import dgl  # noqa: E402
+
 import torch
 
 from betty.data.types import GraphDataset

@@ -87,7 +87,8 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
         m.arch, dataset.num_features, dataset.num_classes, hidden=m.hidden, layers=m.layers,
         aggregator=m.aggregator, heads=m.heads, dropout=m.dropout, attn_dropout=m.attn_dropout,
         dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
-        reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq)
+        reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq,
+        **({} if m.arch == "revgnn" else {"backend": m.backend}))
     return model.to(torch_dtype(rspec))
 
 
