@@ -20,7 +20,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools<70" wheel
-	$(BIN)/python -m pip install --quiet -e ".[dgl,pyg,test]"
+	$(BIN)/python -m pip install --quiet -e ".[dgl,pyg,test,server]"
 	@touch $(STAMP)
 
 venv-pyg: $(PYG_STAMP)
@@ -43,7 +43,7 @@ test-pyg: venv-pyg
 	$(PYG_BIN)/python -m pytest -q -m "not dgl"
 
 run: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mlflow run . -e main -P spec=synthetic --env-manager local
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mlflow run . -e main -P spec=synthetic --experiment-name synthetic --env-manager local
 
 clean-venv:
 	rm -rf $(VENV) $(PYG_VENV)
