@@ -28,7 +28,7 @@ venv-pyg: $(PYG_STAMP)
 $(PYG_STAMP): pyproject.toml
 	@test -x $(PYG_BIN)/python || $(PYTHON) -m venv $(PYG_VENV)
 	$(PYG_BIN)/python -m pip install --quiet --upgrade pip wheel
-	$(PYG_BIN)/python -m pip install --quiet "torch==$(PYG_TORCH)" -e ".[pyg,test]"
+	$(PYG_BIN)/python -m pip install --quiet "torch==$(PYG_TORCH)" -e ".[pyg,test,server]"
 	@if $(PYG_BIN)/python -c "import dgl" 2>/dev/null; then \
 		echo "$(PYG_VENV) must not contain DGL"; exit 1; fi
 	@touch $(PYG_STAMP)
