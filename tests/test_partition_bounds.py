@@ -1,0 +1,74 @@
+"""Bounded, well-formed partitioning: weighted baselines never leave a piece empty,
+``reg`` hands METIS the REG's counts, the single METIS wrapper's index checks."""
+
+import numpy as np
+import pytest
+import torch
+
+from betty.partition import partition_batch
+from betty.partition.planted import planted_community_graph
+from betty.sampling import sample_full_batch
+
+
+@pytest.fixture(scope="module")
+def batch40():
+    """A 40-output two-layer batch (every K up to n_out stays cheap)."""
+    graph, _ = planted_community_graph(400, 4, avg_degree=6.0, seed=5)
+    outputs = torch.arange(0, 400, 10)
+    return graph, sample_full_batch(graph, outputs, [3, 3], seed=2)
+
+
+def _skewed_weights(n: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    spike = torch.ones(n, dtype=torch.float64)
+    spike[4] = 1000.0  # the issue's example: [1, 1, 1, 1, 1000, 1, ...]
+    first, last = torch.ones(n, dtype=torch.float64), torch.ones(n, dtype=torch.float64)
+    first[0], last[-1] = 1e6, 1e6
+    one_nonzero = torch.zeros(n, dtype=torch.float64)
+    one_nonzero[n // 2] = 1.0
+    return {
+        "spike": spike,
+        "first_heavy": first,
+        "last_heavy": last,
+        "one_nonzero": one_nonzero,
+        "geometric": 2.0 ** torch.arange(n, dtype=torch.float64),
+        "lognormal": torch.exp(3.0 * torch.randn(n, generator=gen, dtype=torch.float64)),
+    }
+
+
+@pytest.mark.parametrize("method", ["range", "random"])
+def test_weighted_baselines_never_leave_a_piece_empty(batch40, method):
+    graph, batch = batch40
+    n = batch.num_outputs
+    for name, w in _skewed_weights(n).items():
+        for k in range(1, n + 1):
+            res = partition_batch(batch, k, method, weights=w, seed=3)  # validates: raises on empty
+            sizes = torch.bincount(res.groups, minlength=k)
+            assert int(sizes.min()) >= 1, (name, k, sizes.tolist())
+            if method == "range":  # contiguous runs in ascending global-ID order
+                order = torch.argsort(batch.output_nid)
+                assert bool((res.groups[order].diff() >= 0).all()), (name, k)
+
+
+def test_weighted_range_matches_the_issue_example(batch40):
+    _, batch = batch40
+    w = _skewed_weights(batch.num_outputs)["spike"]
+    order = torch.argsort(batch.output_nid)
+    w_by_position = torch.empty_like(w)
+    w_by_position[order] = w  # the heavy output is the 5th in global-ID order
+    res = partition_batch(batch, 4, "range", weights=w_by_position)
+    sizes = torch.bincount(res.groups, minlength=4).tolist()
+    assert min(sizes) >= 1 and sum(sizes) == batch.num_outputs
+    # the heavy output sits alone in its piece, right after the first four outputs
+    assert res.groups[order[4]] == 1 and sizes[1] == 1 and sizes[0] == 4
+
+
+@pytest.mark.parametrize("method", ["range", "random"])
+def test_weighted_baselines_still_balance_weights(batch40, method):
+    """The repair does not break balance when no piece would be empty."""
+    _, batch = batch40
+    n, k = batch.num_outputs, 4
+    w = torch.linspace(1.0, 3.0, n, dtype=torch.float64)
+    res = partition_batch(batch, k, method, weights=w, seed=1)
+    per_piece = torch.bincount(res.groups, weights=w, minlength=k)
+    assert float(per_piece.max()) <= float(w.sum()) / k + float(w.max())
