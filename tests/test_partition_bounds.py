@@ -72,3 +72,83 @@ def test_weighted_baselines_still_balance_weights(batch40, method):
     res = partition_batch(batch, k, method, weights=w, seed=1)
     per_piece = torch.bincount(res.groups, weights=w, minlength=k)
     assert float(per_piece.max()) <= float(w.sum()) / k + float(w.max())
+
+
+@pytest.fixture
+def metis_spy(monkeypatch):
+    """Records every ``pymetis.part_graph`` call (then runs the real METIS)."""
+    import pymetis
+
+    calls, real = [], pymetis.part_graph
+
+    def spy(nparts, adjacency=None, **kwargs):
+        calls.append(dict(kwargs, nparts=nparts, adjacency=adjacency))
+        return real(nparts, adjacency=adjacency, **kwargs)
+
+    monkeypatch.setattr(pymetis, "part_graph", spy)
+    return calls
+
+
+def _reg_matrix(batch, seed):
+    from betty.partition.incidence import output_layer_incidence
+    from betty.partition.reg import redundancy_graph
+
+    c, _ = redundancy_graph(output_layer_incidence(batch), seed=seed)
+    return c
+
+
+def test_reg_hands_metis_the_reg_counts_and_the_vertex_weights(batch40, metis_spy):
+    from betty.partition.balance import integer_vertex_weights
+
+    _, batch = batch40
+    n = batch.num_outputs
+    w = torch.linspace(1.0, 50.0, n, dtype=torch.float64)
+    partition_batch(batch, 4, "reg", weights=w, seed=5)
+    (call,) = metis_spy
+    c = _reg_matrix(batch, seed=5)
+    assert c.data.max() > 1  # the counts differ from a unit-weight graph
+    adj = call["adjacency"]
+    np.testing.assert_array_equal(np.asarray(adj.adj_starts), c.indptr)
+    np.testing.assert_array_equal(np.asarray(adj.adjacent), c.indices)
+    np.testing.assert_array_equal(np.asarray(call["eweights"]), c.data)  # C's entries, in order
+    np.testing.assert_array_equal(np.asarray(call["vweights"]), integer_vertex_weights(w, n))
+    assert call["nparts"] == 4
+
+
+def test_reg_unweighted_hands_metis_no_edge_weights(batch40, metis_spy):
+    _, batch = batch40
+    partition_batch(batch, 4, "reg-unweighted", seed=5)
+    (call,) = metis_spy
+    assert call["eweights"] is None
+    np.testing.assert_array_equal(np.asarray(call["vweights"]), np.ones(batch.num_outputs))
+
+
+def test_metis_wrapper_keeps_64_bit_values(metis_spy):
+    import scipy.sparse as sp
+
+    from betty.partition.metis_cut import metis_cut, metis_index_dtype
+
+    assert metis_index_dtype() == np.int64  # pymetis here is built with 64-bit idx_t
+    big = 2**31 + 5  # wraps to a negative number in int32
+    adj = sp.csr_matrix(np.array([[0, big, 1], [big, 0, 1], [1, 1, 0]], dtype=np.int64))
+    groups, _ = metis_cut(adj, 2, vweights=np.array([1, 1, big]), use_edge_weights=True)
+    (call,) = metis_spy
+    assert int(np.asarray(call["eweights"]).max()) == big
+    assert int(np.asarray(call["vweights"]).max()) == big
+    assert groups.shape == (3,)
+
+
+def test_metis_wrapper_refuses_values_its_idx_t_cannot_hold(metis_spy, monkeypatch):
+    import scipy.sparse as sp
+
+    from betty.partition import metis_cut as mc
+
+    monkeypatch.setattr(mc, "metis_index_dtype", lambda: np.dtype(np.int32))
+    big = 2**31 + 5
+    adj = sp.csr_matrix(np.array([[0, big], [big, 0]], dtype=np.int64))
+    with pytest.raises(ValueError, match="edge weights"):
+        mc.metis_cut(adj, 2, use_edge_weights=True)
+    ok = sp.csr_matrix(np.array([[0, 1], [1, 0]], dtype=np.int64))
+    with pytest.raises(ValueError, match="vertex weights.*total"):
+        mc.metis_cut(ok, 2, vweights=np.array([2**30, 2**30]), use_edge_weights=False)
+    assert metis_spy == []  # refused before METIS ran
