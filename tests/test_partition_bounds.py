@@ -152,3 +152,35 @@ def test_metis_wrapper_refuses_values_its_idx_t_cannot_hold(metis_spy, monkeypat
     with pytest.raises(ValueError, match="vertex weights.*total"):
         mc.metis_cut(ok, 2, vweights=np.array([2**30, 2**30]), use_edge_weights=False)
     assert metis_spy == []  # refused before METIS ran
+
+
+def test_hypergraph_defaults_to_the_default_preset_and_given_threads(batch40):
+    _, batch = batch40
+    res = partition_batch(batch, 3, "hypergraph", options={"threads": 1})
+    assert res.method == "hypergraph"
+    assert res.info["preset"] == "DEFAULT" and res.info["threads"] == 1
+    det = partition_batch(batch, 3, "hypergraph", options={"deterministic": True, "threads": 1})
+    assert det.info["preset"] == "DETERMINISTIC"
+
+
+def test_hypergraph_within_its_time_limit_keeps_its_split(batch40):
+    _, batch = batch40
+    opts = {"deterministic": True, "threads": 1}
+    inline = partition_batch(batch, 4, "hypergraph", seed=2, options=opts)
+    child = partition_batch(batch, 4, "hypergraph", seed=2, options=dict(opts, time_limit_s=120))
+    assert child.method == "hypergraph" and "fallback_from" not in child.info
+    assert torch.equal(child.groups, inline.groups)  # same split, run in the child process
+
+
+def test_hypergraph_falls_back_to_reg_at_its_time_limit(batch40, caplog):
+    import logging
+
+    _, batch = batch40
+    with caplog.at_level(logging.WARNING, logger="betty.partition.hypergraph"):
+        res = partition_batch(batch, 4, "hypergraph", seed=2,
+                              options={"time_limit_s": 1e-3, "threads": 1})
+    assert res.method == "reg" and res.info["fallback_from"] == "hypergraph"
+    assert torch.equal(res.groups, partition_batch(batch, 4, "reg", seed=2).groups)
+    assert any("falling back to 'reg'" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="time_limit_s must be > 0"):
+        partition_batch(batch, 4, "hypergraph", options={"time_limit_s": 0})
