@@ -23,9 +23,12 @@ __all__ = ["Carver", "carve", "split", "validate_groups"]
 class Carver:
     """Carves any number of micro-batches out of one full batch.
 
-    Built once per full batch: per layer, a CSR pointer over the destination-sorted
-    edges and a reusable ``-1``-filled position buffer, so carving a piece costs
-    O(its own nodes and edges) instead of a pass over the whole batch per piece.
+    Built once per full batch (O(full batch)): per layer, a CSR pointer over the
+    destination-sorted edges, each source's rank in ascending global-ID order and a
+    reusable ``-1``-filled position buffer. Carving a piece with ``m_l`` edges at layer
+    ``l`` then touches only those edges and their sources: O(Σ_l m_l log m_l) (one sort
+    of the piece's source ranks per layer), never a pass over the full batch's sources,
+    so K pieces cost O(full batch) once plus O(Σ pieces).
 
     Edges of a carved block are grouped by destination (in the piece's destination
     order) and, within a destination, keep the full batch's canonical order (ascending
@@ -37,8 +40,8 @@ class Carver:
         self._edge_order: list[torch.Tensor | None] = []
         self._indptr: list[torch.Tensor] = []
         self._pos: list[torch.Tensor] = []
-        self._seen: list[torch.Tensor] = []
         self._by_gid: list[torch.Tensor] = []
+        self._rank: list[torch.Tensor] = []
         for layer in full.layers:
             dst = layer.edge_dst
             order = None
@@ -50,8 +53,11 @@ class Carver:
             torch.cumsum(counts, 0, out=indptr[1:])
             self._indptr.append(indptr)
             self._pos.append(torch.full((layer.num_src,), -1, dtype=torch.int64))
-            self._seen.append(torch.zeros(layer.num_src, dtype=torch.bool))
-            self._by_gid.append(torch.argsort(layer.src_nid))
+            by_gid = torch.argsort(layer.src_nid)  # sources in ascending global-ID order
+            rank = torch.empty_like(by_gid)
+            rank[by_gid] = torch.arange(by_gid.numel(), dtype=torch.int64)
+            self._by_gid.append(by_gid)
+            self._rank.append(rank)
 
     def carve(self, output_index: torch.Tensor) -> MicroBatch:
         """The micro-batch computing the outputs at ``output_index`` (positions into
@@ -64,7 +70,7 @@ class Carver:
 
         dst_full = output_index  # positions among full layer-l destinations
         for l in reversed(range(n_layers)):
-            fl, indptr, pos, seen = full.layers[l], self._indptr[l], self._pos[l], self._seen[l]
+            fl, indptr, pos = full.layers[l], self._indptr[l], self._pos[l]
             n_dst = dst_full.numel()
 
             # the edges of the needed destinations, destination by destination
@@ -79,12 +85,10 @@ class Carver:
             e_dst = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64), counts)
 
             # sources: the destinations first, then the others by ascending global ID
-            # (a scan in global-ID order over a marked buffer: cheaper than sorting)
+            # (the distinct global-ID ranks of the piece's edge sources, sorted: O(m log m)
+            # in the piece's edges, independent of the full batch's source count)
             pos[dst_full] = torch.arange(n_dst, dtype=torch.int64)
-            seen[e_src] = True
-            by_gid = self._by_gid[l]
-            touched = by_gid[seen[by_gid]]
-            seen[touched] = False
+            touched = self._by_gid[l][torch.unique(self._rank[l][e_src])]
             extra = touched[pos[touched] < 0]
             pos[extra] = torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64)
             src_full = torch.cat([dst_full, extra])
