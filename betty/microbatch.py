@@ -24,11 +24,12 @@ class Carver:
     """Carves any number of micro-batches out of one full batch.
 
     Built once per full batch (O(full batch)): per layer, a CSR pointer over the
-    destination-sorted edges, each source's rank in ascending global-ID order and a
-    reusable ``-1``-filled position buffer. Carving a piece with ``m_l`` edges at layer
-    ``l`` then touches only those edges and their sources: O(Σ_l m_l log m_l) (one sort
-    of the piece's source ranks per layer), never a pass over the full batch's sources,
-    so K pieces cost O(full batch) once plus O(Σ pieces).
+    destination-sorted edges, each source's rank in ascending global-ID order, a
+    reusable ``-1``-filled position buffer and a scratch "last edge" buffer. Carving a
+    piece with ``m_l`` edges and ``u_l`` distinct sources at layer ``l`` then touches only
+    those: O(Σ_l m_l + u_l log u_l) (de-duplication through the scratch buffer, one sort
+    of the distinct sources' ranks), never a pass over the full batch's sources, so K
+    pieces cost O(full batch) once plus about O(Σ pieces).
 
     Edges of a carved block are grouped by destination (in the piece's destination
     order) and, within a destination, keep the full batch's canonical order (ascending
@@ -42,6 +43,7 @@ class Carver:
         self._pos: list[torch.Tensor] = []
         self._by_gid: list[torch.Tensor] = []
         self._rank: list[torch.Tensor] = []
+        self._last: list[torch.Tensor] = []
         for layer in full.layers:
             dst = layer.edge_dst
             order = None
@@ -58,6 +60,7 @@ class Carver:
             rank[by_gid] = torch.arange(by_gid.numel(), dtype=torch.int64)
             self._by_gid.append(by_gid)
             self._rank.append(rank)
+            self._last.append(torch.zeros(layer.num_src, dtype=torch.int64))
 
     def carve(self, output_index: torch.Tensor) -> MicroBatch:
         """The micro-batch computing the outputs at ``output_index`` (positions into
@@ -84,11 +87,17 @@ class Carver:
             e_src = fl.edge_src[edge]
             e_dst = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64), counts)
 
-            # sources: the destinations first, then the others by ascending global ID
-            # (the distinct global-ID ranks of the piece's edge sources, sorted: O(m log m)
-            # in the piece's edges, independent of the full batch's source count)
+            # sources: the destinations first, then the others by ascending global ID.
+            # Distinct edge sources in O(m): write each edge's position at its source
+            # (one write per source survives, whichever); the edges that read back their
+            # own position are one per distinct source. Stale entries from earlier
+            # pieces are never read (every source read here was just written).
+            last, span = self._last[l], torch.arange(total, dtype=torch.int64)
+            last[e_src] = span
+            distinct = e_src[last[e_src] == span]
+            # then sorted by global-ID rank: O(u log u) in the distinct sources
+            touched = self._by_gid[l][torch.sort(self._rank[l][distinct]).values]
             pos[dst_full] = torch.arange(n_dst, dtype=torch.int64)
-            touched = self._by_gid[l][torch.unique(self._rank[l][e_src])]
             extra = touched[pos[touched] < 0]
             pos[extra] = torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64)
             src_full = torch.cat([dst_full, extra])
