@@ -23,9 +23,10 @@ vertices with a seeded random permutation before partitioning.
 Time limit. Mt-KaHyPar's Python API has no time limit, so with ``time_limit_s`` the
 partitioner runs in a child process (spawned, so no thread pool is inherited) that is
 killed at the deadline; the split then falls back to ``reg`` at the same K, with a
-logged warning and ``info["fallback_from"] = "hypergraph"``. The limit covers the
-child's whole Mt-KaHyPar call (start-up, hypergraph construction, partitioning), not
-building the incidence.
+logged warning and ``info["fallback_from"] = "hypergraph"``. The limit covers the whole
+hypergraph attempt: building the incidence, then the child's start-up, hypergraph
+construction and partitioning get what is left of it (none left: Mt-KaHyPar is not
+started). The ``reg`` fallback's own time comes on top.
 """
 
 from __future__ import annotations
@@ -193,10 +194,11 @@ def hypergraph_partition(
     if time_limit_s is None:
         out = run_mtkahypar(*args)
     else:
-        out = _run_with_deadline(args, float(time_limit_s))
+        left = float(time_limit_s) - (built - start)
+        out = _run_with_deadline(args, left) if left > 0 else None
     if out is None:
-        reason = (f"Mt-KaHyPar ({preset}, {threads} threads) did not finish K={k} within "
-                  f"partition.time_limit_s={time_limit_s}")
+        reason = (f"the hypergraph split (Mt-KaHyPar {preset}, {threads} threads) did not "
+                  f"finish K={k} within partition.time_limit_s={time_limit_s}")
         log.warning("%s; falling back to 'reg' for this split", reason)
         from betty.partition.reg import reg_partition
 
