@@ -17,7 +17,12 @@ import torch
 
 from betty.batch import LayerEdges, MicroBatch, SampledBatch
 
-__all__ = ["Carver", "carve", "split", "validate_groups"]
+__all__ = ["Carver", "carve", "split", "validate_groups", "SCAN_RATIO"]
+
+#: A piece whose layer has at most this many sources per piece edge finds its distinct
+#: sources by scanning the layer's sources (cheaper than sorting when the piece touches
+#: a large share of them); smaller pieces sort only their own sources.
+SCAN_RATIO = 8
 
 
 class Carver:
@@ -25,11 +30,13 @@ class Carver:
 
     Built once per full batch (O(full batch)): per layer, a CSR pointer over the
     destination-sorted edges, each source's rank in ascending global-ID order, a
-    reusable ``-1``-filled position buffer and a scratch "last edge" buffer. Carving a
-    piece with ``m_l`` edges and ``u_l`` distinct sources at layer ``l`` then touches only
-    those: O(Σ_l m_l + u_l log u_l) (de-duplication through the scratch buffer, one sort
-    of the distinct sources' ranks), never a pass over the full batch's sources, so K
-    pieces cost O(full batch) once plus about O(Σ pieces).
+    reusable ``-1``-filled position buffer and scratch buffers. Carving a piece with
+    ``m_l`` edges and ``u_l <= m_l`` distinct sources at layer ``l`` (``n_l`` sources in
+    the full layer) costs O(m_l + min(n_l, u_l log u_l)): a small piece
+    (``n_l > SCAN_RATIO · m_l``) de-duplicates its sources through a scratch buffer and
+    sorts only those (never touching the other sources); a large one marks its sources
+    and scans the layer's sources in global-ID order, which then costs at most
+    ``SCAN_RATIO · m_l``. So K pieces cost O(full batch) once plus O(Σ pieces · log).
 
     Edges of a carved block are grouped by destination (in the piece's destination
     order) and, within a destination, keep the full batch's canonical order (ascending
@@ -44,6 +51,7 @@ class Carver:
         self._by_gid: list[torch.Tensor] = []
         self._rank: list[torch.Tensor] = []
         self._last: list[torch.Tensor] = []
+        self._seen: list[torch.Tensor] = []
         for layer in full.layers:
             dst = layer.edge_dst
             order = None
@@ -61,6 +69,7 @@ class Carver:
             self._by_gid.append(by_gid)
             self._rank.append(rank)
             self._last.append(torch.zeros(layer.num_src, dtype=torch.int64))
+            self._seen.append(torch.zeros(layer.num_src, dtype=torch.bool))
 
     def carve(self, output_index: torch.Tensor) -> MicroBatch:
         """The micro-batch computing the outputs at ``output_index`` (positions into
@@ -87,16 +96,8 @@ class Carver:
             e_src = fl.edge_src[edge]
             e_dst = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64), counts)
 
-            # sources: the destinations first, then the others by ascending global ID.
-            # Distinct edge sources in O(m): write each edge's position at its source
-            # (one write per source survives, whichever); the edges that read back their
-            # own position are one per distinct source. Stale entries from earlier
-            # pieces are never read (every source read here was just written).
-            last, span = self._last[l], torch.arange(total, dtype=torch.int64)
-            last[e_src] = span
-            distinct = e_src[last[e_src] == span]
-            # then sorted by global-ID rank: O(u log u) in the distinct sources
-            touched = self._by_gid[l][torch.sort(self._rank[l][distinct]).values]
+            # sources: the destinations first, then the others by ascending global ID
+            touched = self._sources_by_gid(l, e_src)
             pos[dst_full] = torch.arange(n_dst, dtype=torch.int64)
             extra = touched[pos[touched] < 0]
             pos[extra] = torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64)
@@ -115,6 +116,25 @@ class Carver:
             dst_full = src_full  # layer l's sources are layer l-1's destinations
 
         return MicroBatch(layers=layers, output_index=output_index, full_src_index=full_src_index)
+
+    def _sources_by_gid(self, l: int, e_src: torch.Tensor) -> torch.Tensor:
+        """The distinct entries of ``e_src`` (layer-``l`` source positions), in ascending
+        global-ID order; O(m + min(n_src, u log u)) for ``m`` edges, ``u`` distinct."""
+        by_gid, m = self._by_gid[l], e_src.numel()
+        if by_gid.numel() <= SCAN_RATIO * m:  # large piece: a scan costs <= SCAN_RATIO * m
+            seen = self._seen[l]
+            seen[e_src] = True
+            touched = by_gid[seen[by_gid]]
+            seen[touched] = False  # leave the buffer clean for the next piece
+            return touched
+        # small piece: write each edge's position at its source (one write per source
+        # survives, whichever); the edges reading back their own position are one per
+        # distinct source. Stale entries of earlier pieces are never read (every source
+        # read here was just written). Then sort only the distinct sources' ranks.
+        last, span = self._last[l], torch.arange(m, dtype=torch.int64)
+        last[e_src] = span
+        distinct = e_src[last[e_src] == span]
+        return by_gid[torch.sort(self._rank[l][distinct]).values]
 
 
 def carve(full: SampledBatch, output_index: torch.Tensor) -> MicroBatch:
