@@ -7,7 +7,8 @@ Samples the spec's full batch (outputs = the training nodes, the spec's fanouts 
 sampling seed), partitions it with ``--method`` at each K, and times carving every
 piece with this tree's :class:`betty.microbatch.Carver` and with the Carver of git
 revision ``--baseline-ref`` (loaded from ``git show REF:betty/microbatch.py``),
-alternating the two ``--repeats`` times (median reported). Also times carving
+alternating the two ``--repeats`` times, each going first in every other round
+(median reported). Also times carving
 ``--singles`` one-output pieces (the per-piece overhead). Every piece both carvers
 produce is checked to be identical (sources, edges, edge IDs, index maps).
 ``--set KEY=VALUE`` overrides spec keys (e.g. ``dataset.root=/path``).
@@ -116,16 +117,16 @@ def main() -> None:
     for name, pieces in cases:
         times = {"before": [], "after": []}
         builds = {"before": [], "after": []}
-        for _ in range(args.repeats):  # alternate the two carvers
-            for label, cls in (("before", old_cls), ("after", Carver)):
-                b, c, out = time_carving(cls, full, pieces)
+        runs = (("before", old_cls), ("after", Carver))
+        for r in range(args.repeats):  # alternate the two carvers, and which goes first
+            outs = {}
+            for label, cls in (runs if r % 2 == 0 else runs[::-1]):
+                b, c, outs[label] = time_carving(cls, full, pieces)
                 builds[label].append(b)
                 times[label].append(c)
-                if label == "before":
-                    ref = out
-                else:
-                    assert all(same_piece(x, y) for x, y in zip(ref, out)), "carvers disagree"
-                del out
+            assert all(same_piece(x, y) for x, y in zip(outs["before"], outs["after"])), \
+                "carvers disagree"
+            del outs
         for label in ("before", "after"):
             c = statistics.median(times[label])
             log(f"| {name} | {label} | {statistics.median(builds[label]):.3f} | {c:.3f} | "
