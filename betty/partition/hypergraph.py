@@ -16,9 +16,9 @@ same tolerance as METIS's default ``ufactor = 30``), with the ``DEFAULT`` preset
 the ``DETERMINISTIC`` preset (reproducible for a seed and thread count, several times
 slower on large batches) when ``deterministic=True``. ``threads`` sets Mt-KaHyPar's
 thread pool (default: ``torch.get_num_threads()``, i.e. ``train.threads`` when a spec
-sets it), never the machine's core count. The ``DETERMINISTIC`` preset ignores
-``mtkahypar.set_seed`` (checked on mtkahypar 1.7), so the seed also relabels the
-vertices with a seeded random permutation before partitioning.
+sets it), never the machine's core count. ``mtkahypar.set_seed`` seeds the ``DEFAULT``
+preset; the ``DETERMINISTIC`` preset ignores it (checked on mtkahypar 1.7), so the seed
+also relabels the vertices with a seeded random permutation before partitioning.
 
 Time limit. Mt-KaHyPar's Python API has no time limit, so with ``time_limit_s`` the
 partitioner runs in a child process (spawned, so no thread pool is inherited) that is
