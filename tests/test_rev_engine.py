@@ -218,7 +218,7 @@ def test_k_auto_rechecks_every_fresh_random_split(monkeypatch):
 
     ds = _dataset(n=300)
     probe, _ = _trainer(ds, RevPlan("random", 1))
-    whole = probe.estimate(cluster_partition(ds.graph, 1))[0]
+    whole = probe.estimate(cluster_partition(ds.graph.to_dgl(), 1))[0]
     budget = int(whole * 0.6)
     searches = []
     trainer, _ = _trainer(ds, RevPlan("random", "auto", memory_budget=budget, safety_margin=0.0))
