@@ -184,3 +184,21 @@ def test_hypergraph_falls_back_to_reg_at_its_time_limit(batch40, caplog):
     assert any("falling back to 'reg'" in r.getMessage() for r in caplog.records)
     with pytest.raises(ValueError, match="time_limit_s must be > 0"):
         partition_batch(batch, 4, "hypergraph", options={"time_limit_s": 0})
+
+
+def test_mtkahypar_child_is_killed_at_the_deadline():
+    """A child that cannot finish in time (a spawned interpreter alone takes longer
+    than 0.2 s to import betty) is killed: None comes back at once, no process is left."""
+    import multiprocessing as mp
+    import time
+
+    from betty.partition.hypergraph import _run_with_deadline
+
+    pins = np.array([0, 1, 1, 2, 2, 3], dtype=np.int32)
+    args = (4, pins, np.array([0, 2, 4, 6]), np.ones(4, dtype=np.int32), 2, 0.03, "DEFAULT", 1, 0)
+    start = time.perf_counter()
+    assert _run_with_deadline(args, 0.2) is None
+    assert time.perf_counter() - start < 10.0
+    assert mp.active_children() == []
+    groups, km1 = _run_with_deadline(args, 300.0)  # with time to spare it finishes
+    assert groups.shape == (4,) and km1 >= 0
