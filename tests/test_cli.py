@@ -122,6 +122,16 @@ def test_partition_json_and_save(tmp_path, monkeypatch):
     assert z["groups"].shape == z["outputs"].shape
 
 
+def test_partition_hypergraph_time_limit_falls_back_to_reg(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = invoke("partition", "tiny", "--k", "4", "--method", "hypergraph", "--json",
+                 "--set", "partition.time_limit_s=0.001")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["method"] == "reg" and out["fallback_from"] == "hypergraph"
+    assert "partition.time_limit_s=0.001" in out["fallback_reason"]
+
+
 def test_verify_json(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = invoke("verify", "tiny", "--k", "2,4", "--dtype", "float64", "--json")

@@ -244,3 +244,17 @@ def test_train_threads_is_validated_and_applied():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_partition_time_limit_and_determinism_reach_the_plan():
+    from workflow.components import partition_options, partition_plan
+
+    rspec = resolve_spec(apply_overrides(BASE, [
+        "partition.time_limit_s=60", "partition.deterministic=true", "train.threads=1"]))
+    opts = partition_options(rspec)
+    assert opts == {"time_limit_s": 60.0, "deterministic": True, "threads": 1}
+    assert partition_plan(rspec).options == opts
+    assert partition_options(resolve_spec(BASE)) == {
+        "time_limit_s": None, "deterministic": False, "threads": None}
+    err = problems(["partition.time_limit_s=0"])
+    assert {p.path for p in err.problems} == {"partition.time_limit_s"}

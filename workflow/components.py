@@ -104,7 +104,16 @@ def partition_plan(rspec: ResolvedSpec):
     from betty.engine import PartitionPlan
 
     return PartitionPlan(method=p.method, k=p.k, reuse=p.reuse, balance=p.balance,
-                         memory_budget=p.memory_budget, safety_margin=p.safety_margin)
+                         memory_budget=p.memory_budget, safety_margin=p.safety_margin,
+                         options=partition_options(rspec))
+
+
+def partition_options(rspec: ResolvedSpec) -> dict:
+    """The ``options`` of ``betty.partition.partition_batch`` set by the spec
+    (``partition.time_limit_s``, ``partition.deterministic``, ``train.threads``)."""
+    p = rspec.spec.partition
+    return {"time_limit_s": p.time_limit_s, "deterministic": p.deterministic,
+            "threads": rspec.spec.train.threads}
 
 
 def batch_size(rspec: ResolvedSpec) -> int | None:

@@ -300,7 +300,10 @@ class PartitionSection(_Section):
     ``k`` (an integer or ``'auto'``: the smallest K whose largest micro-batch fits
     ``memory_budget * (1 - safety_margin)``), ``balance`` (equal output nodes or equal
     estimated memory per piece), ``reuse`` (keep a partition for this many epochs;
-    ``null``: for the whole run)."""
+    ``null``: for the whole run). ``time_limit_s`` bounds each ``hypergraph`` split
+    (seconds; when hit, that split falls back to ``reg`` with a warning; ``null``: no
+    limit) and ``deterministic`` selects Mt-KaHyPar's reproducible (slower) preset;
+    its threads are ``train.threads`` (``null``: PyTorch's thread count)."""
 
     method: str = "reg"
     k: KValue = 4
@@ -308,6 +311,8 @@ class PartitionSection(_Section):
     safety_margin: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
     balance: Literal["nodes", "memory"] = "nodes"
     reuse: Annotated[int, Field(ge=1)] | None = None
+    time_limit_s: Annotated[float, Field(gt=0)] | None = None
+    deterministic: bool = False
     sweep: SweepSection = Field(default_factory=SweepSection)
 
     @field_validator("method")
@@ -490,7 +495,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     if "method" in p.model_fields_set and p.method not in REVGNN_PARTITION_METHODS:
         out.append(Problem("partition.method", p.method, "revgnn splits the graph into induced "
                            f"subgraphs; allowed: {allowed} (random is re-drawn every epoch)"))
-    for key in ("balance", "reuse"):
+    for key in ("balance", "reuse", "time_limit_s", "deterministic"):
         if key in _changed(p):
             out.append(Problem(f"partition.{key}", getattr(p, key), "applies to sage/gat "
                                "micro-batches only; revgnn re-draws random clusters every epoch "
