@@ -1,6 +1,7 @@
-"""Cross-backend parity, PyG exactness and DGL-vs-PyG step time, measured side by side.
+"""Cross-backend parity, PyG exactness and DGL-vs-PyG step and epoch time, side by side.
 
     python benchmarks/backends.py [--nodes 600] [--repeats 5]
+    python benchmarks/backends.py --epoch SPEC [--set KEY=VALUE ...] [--repeats 3]
 
 Needs both DGL and PyTorch Geometric (``.venv``). On one sampled batch of the
 ``tests/graphs.py`` power-law graph (12 features, 5 classes, 2 layers, fanouts 5,8,
@@ -13,6 +14,18 @@ hidden 16, 2 GAT heads, dropout 0.5, attention dropout 0.25), prints per model:
    ``betty.reference.full_batch_reference``, float64 and float32;
 3. step time: median over ``--repeats`` of one K=4 accumulation step (float32) on each
    backend, and the PyG/DGL ratio (same process, alternating backends).
+
+``--epoch SPEC`` instead times whole epochs of a workflow spec (``specs/SPEC.yaml``,
+``--set`` overrides as in ``betty run``; ``train.epochs`` is irrelevant, ``train.threads``
+defaults to 1) through betty's engine: each repeat builds a fresh
+``betty.engine.Trainer`` per backend (``workflow.components.make_trainer`` with
+``model.backend`` set to ``dgl``, then ``pyg``; the order alternates between repeats)
+and runs its epoch 0, so both backends train on the same sampled batch, the same split
+and the same partition (same seeds; K from the spec or its K search, checked equal). It
+prints the median over repeats of the engine's ``EpochRecord`` times: sampling,
+partition (K search and memory estimates included), block building, compute
+(forward + backward + optimizer step) and the whole epoch, per backend, and the PyG/DGL
+ratios of the epoch and of its training part (blocks + compute).
 """
 
 from __future__ import annotations
@@ -64,11 +77,73 @@ def _k_way(model, batch, feat, label, k, method, dtype):
     return gradients(model)
 
 
+EPOCH_PARTS = ("time_sample_s", "time_partition_s", "time_block_s", "time_compute_s", "epoch_time_s")
+
+
+def time_epochs(spec: str, overrides: list[str], repeats: int) -> dict[str, dict[str, list[float]]]:
+    """``{backend: {part: [seconds per repeat]}}`` of epoch 0 of fresh trainers on the
+    spec, the backends alternating (DGL first on even repeats), plus ``k``, ``loss``."""
+    from workflow.components import load_data, make_trainer, resolve_device
+    from workflow.specfile import load_spec
+
+    if not any(o.startswith("train.threads=") for o in overrides):
+        overrides = [*overrides, "train.threads=1"]
+    specs = {b: load_spec(spec, [*overrides, f"model.backend={b}"]) for b in ("dgl", "pyg")}
+    start = time.perf_counter()
+    dataset = load_data(specs["dgl"])  # applies train.threads; the same dataset for both
+    print(f"dataset {specs['dgl'].spec.dataset.name}: {dataset.graph.num_nodes():,} nodes, "
+          f"{dataset.graph.num_edges():,} edges, {int(dataset.train_idx.numel()):,} training nodes "
+          f"(loaded in {time.perf_counter() - start:.1f} s)", flush=True)
+    device = resolve_device(specs["dgl"].spec.train.device)
+    times = {b: {part: [] for part in (*EPOCH_PARTS, "k", "loss")} for b in specs}
+    for r in range(repeats):
+        order = ("dgl", "pyg") if r % 2 == 0 else ("pyg", "dgl")
+        for backend in order:
+            trainer, model, _ = make_trainer(specs[backend], dataset, device)
+            if model.backend_name != backend:
+                raise RuntimeError(f"asked for backend {backend!r}, built {model.backend_name!r}")
+            rec = trainer.train_epoch(0)
+            for part in EPOCH_PARTS:
+                times[backend][part].append(getattr(rec, part))
+            times[backend]["k"].append(rec.k)
+            times[backend]["loss"].append(rec.loss)
+            print(f"  repeat {r} {backend}: K={rec.k} loss={rec.loss:.6f} epoch {rec.epoch_time_s:.2f} s "
+                  f"(sample {rec.time_sample_s:.2f}, partition {rec.time_partition_s:.2f}, "
+                  f"blocks {rec.time_block_s:.2f}, compute {rec.time_compute_s:.2f})", flush=True)
+    ks = {k for b in times for k in times[b]["k"]}
+    if len(ks) != 1:
+        raise RuntimeError(f"the backends trained with different K: {ks}")
+    return times
+
+
+def epoch_main(spec: str, overrides: list[str], repeats: int) -> None:
+    times = time_epochs(spec, overrides, repeats)
+    med = {b: {p: statistics.median(v) for p, v in parts.items()} for b, parts in times.items()}
+    print(f"spec {spec} {' '.join(overrides)}: K={int(med['dgl']['k'])}, median of {repeats} epochs, "
+          f"seconds")
+    print(f"{'backend':8} {'sample':>8} {'partition':>10} {'blocks':>8} {'compute':>9} {'epoch':>8} "
+          f"{'loss':>10}")
+    for b in ("dgl", "pyg"):
+        m = med[b]
+        print(f"{b:8} {m['time_sample_s']:8.3f} {m['time_partition_s']:10.3f} {m['time_block_s']:8.3f} "
+              f"{m['time_compute_s']:9.3f} {m['epoch_time_s']:8.3f} {m['loss']:10.6f}")
+    train = {b: med[b]["time_block_s"] + med[b]["time_compute_s"] for b in med}
+    print(f"pyg/dgl: epoch {med['pyg']['epoch_time_s'] / med['dgl']['epoch_time_s']:.2f}, "
+          f"training (blocks + compute) {train['pyg'] / train['dgl']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epoch", metavar="SPEC", help="time whole epochs of this workflow spec")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="spec override (with --epoch), repeatable")
     args = parser.parse_args()
+    if args.epoch:
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        epoch_main(args.epoch, args.overrides, args.repeats)
+        return
     torch.set_num_threads(1)
     g, feat, label, train = power_law_graph(num_nodes=args.nodes, avg_degree=8, seed=0)
     batch = sample_full_batch(g, train, [5, 8], seed=0)
