@@ -25,7 +25,8 @@ and the same partition (same seeds; K from the spec or its K search, checked equ
 prints the median over repeats of the engine's ``EpochRecord`` times: sampling,
 partition (K search and memory estimates included), block building, compute
 (forward + backward + optimizer step) and the whole epoch, per backend, and the PyG/DGL
-ratios of the epoch and of its training part (blocks + compute).
+ratios of the epoch and of its training part (blocks + compute). It refuses to report
+when the backends trained with different K or their losses differ (``LOSS_RTOL``).
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ def _k_way(model, batch, feat, label, k, method, dtype):
     return gradients(model)
 
 
+LOSS_RTOL = 1e-5
+"""Both backends train the same weights on the same blocks, so every epoch's loss agrees
+to float32 rounding (betty's float32 exactness tolerance); a larger spread means the
+two timed runs did not do the same work."""
+
 EPOCH_PARTS = ("time_sample_s", "time_partition_s", "time_block_s", "time_compute_s", "epoch_time_s")
 
 
@@ -113,6 +119,11 @@ def time_epochs(spec: str, overrides: list[str], repeats: int) -> dict[str, dict
     ks = {k for b in times for k in times[b]["k"]}
     if len(ks) != 1:
         raise RuntimeError(f"the backends trained with different K: {ks}")
+    losses = [loss for b in times for loss in times[b]["loss"]]
+    spread = (max(losses) - min(losses)) / abs(losses[0])
+    if spread > LOSS_RTOL:
+        raise RuntimeError(f"the backends' epoch losses differ by {spread:.1e} relative (> {LOSS_RTOL:g}): "
+                           f"{ {b: times[b]['loss'] for b in times} }")
     return times
 
 
