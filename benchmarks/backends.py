@@ -1,7 +1,7 @@
 """Cross-backend parity, PyG exactness and DGL-vs-PyG step and epoch time, side by side.
 
     python benchmarks/backends.py [--nodes 600] [--repeats 5]
-    python benchmarks/backends.py --epoch SPEC [--set KEY=VALUE ...] [--repeats 3]
+    python benchmarks/backends.py --epoch SPEC [--set KEY=VALUE ...] [--repeats 3] [--warmup 1]
 
 Needs both DGL and PyTorch Geometric (``.venv``). On one sampled batch of the
 ``tests/graphs.py`` power-law graph (12 features, 5 classes, 2 layers, fanouts 5,8,
@@ -20,7 +20,8 @@ hidden 16, 2 GAT heads, dropout 0.5, attention dropout 0.25), prints per model:
 defaults to 1) through betty's engine: each repeat builds a fresh
 ``betty.engine.Trainer`` per backend (``workflow.components.make_trainer`` with
 ``model.backend`` set to ``dgl``, then ``pyg``; the order alternates between repeats)
-and runs its epoch 0, so both backends train on the same sampled batch, the same split
+and runs its epoch 0 (after ``--warmup`` untimed epochs per backend, default 1: the
+first epoch in a process pays one-time costs), so both backends train on the same sampled batch, the same split
 and the same partition (same seeds; K from the spec or its K search, checked equal). It
 prints the median over repeats of the engine's ``EpochRecord`` times: sampling,
 partition (K search and memory estimates included), block building, compute
@@ -86,9 +87,11 @@ two timed runs did not do the same work."""
 EPOCH_PARTS = ("time_sample_s", "time_partition_s", "time_block_s", "time_compute_s", "epoch_time_s")
 
 
-def time_epochs(spec: str, overrides: list[str], repeats: int) -> dict[str, dict[str, list[float]]]:
+def time_epochs(spec: str, overrides: list[str], repeats: int,
+                warmup: int = 1) -> dict[str, dict[str, list[float]]]:
     """``{backend: {part: [seconds per repeat]}}`` of epoch 0 of fresh trainers on the
-    spec, the backends alternating (DGL first on even repeats), plus ``k``, ``loss``."""
+    spec, the backends alternating (DGL first on even repeats), plus ``k``, ``loss``,
+    after ``warmup`` untimed epochs per backend."""
     from workflow.components import load_data, make_trainer, resolve_device
     from workflow.specfile import load_spec
 
@@ -102,6 +105,10 @@ def time_epochs(spec: str, overrides: list[str], repeats: int) -> dict[str, dict
           f"(loaded in {time.perf_counter() - start:.1f} s)", flush=True)
     device = resolve_device(specs["dgl"].spec.train.device)
     times = {b: {part: [] for part in (*EPOCH_PARTS, "k", "loss")} for b in specs}
+    for r in range(warmup):  # untimed: first-call costs (allocator, kernels) would go to one backend
+        for backend in specs:
+            rec = make_trainer(specs[backend], dataset, device)[0].train_epoch(0)
+            print(f"  warm-up {backend}: {rec.epoch_time_s:.2f} s", flush=True)
     for r in range(repeats):
         order = ("dgl", "pyg") if r % 2 == 0 else ("pyg", "dgl")
         for backend in order:
@@ -127,8 +134,8 @@ def time_epochs(spec: str, overrides: list[str], repeats: int) -> dict[str, dict
     return times
 
 
-def epoch_main(spec: str, overrides: list[str], repeats: int) -> None:
-    times = time_epochs(spec, overrides, repeats)
+def epoch_main(spec: str, overrides: list[str], repeats: int, warmup: int) -> None:
+    times = time_epochs(spec, overrides, repeats, warmup)
     med = {b: {p: statistics.median(v) for p, v in parts.items()} for b, parts in times.items()}
     print(f"spec {spec} {' '.join(overrides)}: K={int(med['dgl']['k'])}, median of {repeats} epochs, "
           f"seconds")
@@ -150,10 +157,12 @@ def main() -> None:
     parser.add_argument("--epoch", metavar="SPEC", help="time whole epochs of this workflow spec")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="spec override (with --epoch), repeatable")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed epochs per backend before the timed ones (with --epoch)")
     args = parser.parse_args()
     if args.epoch:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-        epoch_main(args.epoch, args.overrides, args.repeats)
+        epoch_main(args.epoch, args.overrides, args.repeats, args.warmup)
         return
     torch.set_num_threads(1)
     g, feat, label, train = power_law_graph(num_nodes=args.nodes, avg_degree=8, seed=0)
