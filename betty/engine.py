@@ -312,6 +312,8 @@ class Trainer:
                     step = train_step_parallel(self.parallel, self.model, self.optimizer, batch,
                                                result.groups, self.dataset.feat, self.dataset.label,
                                                costs=estimates, **step_kwargs)
+            if logged:  # the pieces this process ran (all K unless data-parallel)
+                logged = [logged[m.index] for m in step.micro]
             redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]
             records.append(BatchRecord(
                 index=b, k=result.k, loss=step.loss, train_acc=step.train_acc,

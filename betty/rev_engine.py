@@ -526,6 +526,7 @@ class RevTrainer:
         if logged is not None:
             for rec in step.parts:
                 rec.estimated_bytes = logged[rec.index]
+            logged = [rec.estimated_bytes for rec in step.parts]  # this process's parts
         if progress is not None:
             progress(1, 1)
         return RevEpochRecord(
