@@ -21,7 +21,7 @@ import torch
 
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["PER_RANK_METRICS", "train_distributed", "rank_train", "launch_options"]
+__all__ = ["PER_RANK_METRICS", "RankFailed", "train_distributed", "rank_train", "launch_options"]
 
 PER_RANK_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
                     "allreduce_wait_s")
@@ -37,6 +37,24 @@ def launch_options() -> dict[str, Any]:
         out["rdzv_endpoint"] = os.environ.get("BETTY_RDZV_ENDPOINT")
         out["run_id"] = os.environ.get("BETTY_RUN_ID", "betty")
     return out
+
+
+def _inject_fault(rank: int, epoch: int) -> None:
+    """Testing hook: ``BETTY_FAULT=raise@R`` / ``kill@R`` makes rank R raise / SIGKILL
+    itself during its first epoch (the failure tests of tests/test_workflow_distributed.py)."""
+    fault = os.environ.get("BETTY_FAULT")
+    if not fault or epoch != 0:
+        return
+    action, _, target = fault.partition("@")
+    if int(target) != rank:
+        return
+    if action == "raise":
+        raise RuntimeError(f"injected failure on rank {rank} (BETTY_FAULT={fault})")
+    if action == "kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise ValueError(f"BETTY_FAULT must be raise@RANK or kill@RANK, got {fault!r}")
 
 
 def _rank_figures(record, dp, steps_before: int) -> dict[str, float | None]:
@@ -79,6 +97,7 @@ def rank_train(rspec: ResolvedSpec, repeat: int) -> dict | None:
     history, rows = [], []
     for epoch in range(spec.train.epochs):
         before = len(dp.history)
+        _inject_fault(rank, epoch)
         record = trainer.train_epoch(epoch)
         mine = _rank_figures(record, dp, before)
         my_rows = [{**row, "rank": rank} for row in row_fn(record, repeat)]
@@ -128,6 +147,31 @@ def train_distributed(rspec: ResolvedSpec, repeat: int = 0) -> dict | None:
     world = rspec.spec.train.world_size
     if world % nnodes:
         raise ValueError(f"train.world_size={world} is not a multiple of the {nnodes} nodes")
-    results = launch(rank_train, (rspec, repeat), nproc=world // nnodes,
-                     threads=rspec.spec.train.threads or 1, **options)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        results = launch(rank_train, (rspec, repeat), nproc=world // nnodes,
+                         threads=rspec.spec.train.threads or 1, **options)
+    except ChildFailedError as exc:
+        raise RankFailed(describe_failures(exc)) from exc
     return results.get(0)
+
+
+class RankFailed(RuntimeError):
+    """A rank of a distributed training failed (the message names it and its error)."""
+
+
+def describe_failures(exc) -> str:
+    """``"rank 1 failed: RuntimeError: ..."`` / ``"rank 1 was killed by SIGKILL"`` for
+    every failed rank of a ``ChildFailedError`` (first failure first)."""
+    parts = []
+    for rank, failure in sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp):
+        if failure.exitcode is not None and failure.exitcode < 0:
+            parts.append(f"rank {rank} was killed by {failure.signal_name()}")
+        else:
+            message = failure.message
+            if isinstance(message, dict):  # the error file's {"message": ..., "extraInfo": ...}
+                message = message.get("message", message)
+            message = str(message or f"exit code {failure.exitcode}").strip()
+            parts.append(f"rank {rank} failed: {message.splitlines()[0]}")
+    return "; ".join(parts) or str(exc)
