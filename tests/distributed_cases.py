@@ -64,3 +64,32 @@ def rank_all_cases(cases=None) -> dict[str, dict[str, torch.Tensor]]:
         out[case_name(arch, agg, k)] = train_case(ds, arch, agg, k, parallel=dp)
         out[case_name(arch, agg, k)]["_pieces"] = torch.tensor(dp.history[-1].pieces)
     return out
+
+
+def rank_collective_checks() -> dict:
+    """On one rank: gradient sum with presence flags, then a forced divergence."""
+    import torch.distributed as dist
+
+    from betty.distributed import ParameterDivergence, allreduce_gradients, check_parameters_in_sync
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2).double()
+    unused = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    params = [layer.weight, layer.bias, unused]
+    layer.weight.grad = torch.full_like(layer.weight, float(rank + 1))
+    if rank == 1:
+        layer.bias.grad = torch.full_like(layer.bias, 0.5)
+    stats = allreduce_gradients(params, bucket_bytes=48)  # weight alone, then bias + unused
+    out = {"weight": layer.weight.grad.clone(), "bias": None if layer.bias.grad is None else layer.bias.grad.clone(),
+           "unused": unused.grad, "buckets": stats.buckets, "bytes": stats.bytes}
+    check_parameters_in_sync(params, step=1)  # still identical
+    if rank == 1:
+        with torch.no_grad():
+            layer.weight[0, 0] += 1e-12
+    try:
+        check_parameters_in_sync(params, step=2)
+        out["divergence"] = None
+    except ParameterDivergence as exc:
+        out["divergence"] = str(exc)
+    return out
