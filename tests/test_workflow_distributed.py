@@ -68,3 +68,34 @@ def test_failing_rank_ends_runs_failed_naming_the_rank(tracking, monkeypatch, fa
     assert words in train.data.tags.get("error", ""), train.data.tags.get("error")
     main = [r for r in runs if r.data.tags.get("stage") == "main"][0]
     assert main.info.status == "FAILED"
+
+
+def test_verify_nproc_passes_and_fails_beyond_tolerance(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    res = _invoke("verify", "tiny", "--nproc", "2", "--k", "2,3", "--dtype", "float64", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    assert out["ok"] and out["world_size"] == 2 and [r["k"] for r in out["results"]] == [2, 3]
+    assert all(r["max_rel_update_diff"] < 1e-10 for r in out["results"])
+    # negative control: per-call dropout masks differ between K-way and full-batch runs
+    bad = _invoke("verify", "tiny", "--nproc", "2", "--k", "2", "--dtype", "float64",
+                  "--set", "model.dropout_mode=standard")
+    assert bad.exit_code == 1 and "BEYOND TOLERANCE" in bad.output
+
+
+def test_mlproject_nproc_parameter():
+    import yaml
+
+    from workflow.mlproject import parse_args
+
+    _, overrides = parse_args(["main", "--spec", "tiny", "--set", "train.epochs=1", "--nproc", "3"])
+    assert overrides == ["train.epochs=1", "train.world_size=3"]
+    assert parse_args(["main", "--spec", "tiny", "--nproc", ""])[1] == []
+    with pytest.raises(SystemExit):
+        parse_args(["main", "--spec", "tiny", "--nproc", "two"])
+    from test_workflow_support import PROJECT
+
+    main = yaml.safe_load((PROJECT / "MLproject").read_text())["entry_points"]["main"]
+    assert "nproc" in main["parameters"] and "--nproc {nproc}" in main["command"]

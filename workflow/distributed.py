@@ -175,3 +175,48 @@ def describe_failures(exc) -> str:
             message = str(message or f"exit code {failure.exitcode}").strip()
             parts.append(f"rank {rank} failed: {message.splitlines()[0]}")
     return "; ".join(parts) or str(exc)
+
+
+def _parameters(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+
+
+def _one_step(rspec: ResolvedSpec, k: int, device, parallel=None) -> tuple[dict, dict]:
+    """(parameters before, after) epoch 0 of the spec with K = ``k`` pieces per batch
+    (``sage``/``gat``; same seeds, so the same batch, partition seed and dropout)."""
+    from workflow.components import load_data, make_trainer
+
+    trainer, model, _ = make_trainer(rspec, load_data(rspec), device, meter=None)
+    trainer.plan.k = k
+    trainer.parallel = parallel
+    before = _parameters(model)
+    trainer.train_epoch(0)
+    return before, _parameters(model)
+
+
+def rank_verify(rspec: ResolvedSpec, ks: list[int]) -> dict[int, dict] | None:
+    """On each rank: parameters after epoch 0 at every K (module-level for the launcher)."""
+    import torch.distributed as dist
+
+    from betty.distributed import DataParallel
+
+    out = {k: _one_step(rspec, k, torch.device("cpu"), DataParallel(check_every=1))[1] for k in ks}
+    return out if dist.get_rank() == 0 else None
+
+
+def verify_distributed(rspec: ResolvedSpec, ks: list[int], nproc: int) -> dict:
+    """The N-rank update of epoch 0 at each K against the single-process full-batch
+    (K = 1) update: ``{"world_size", "dtype", "tolerance", "results": [{"k",
+    "max_rel_update_diff", "ok"}], "ok"}``."""
+    from betty.distributed.launch import launch
+    from betty.distributed.verify import update_difference, update_tolerance
+    from workflow.components import torch_dtype
+
+    before, reference = _one_step(rspec, 1, torch.device("cpu"))
+    ranks = launch(rank_verify, (rspec, ks), nproc=nproc, threads=rspec.spec.train.threads or 1)[0]
+    tol = update_tolerance(torch_dtype(rspec))
+    results = [{"k": k, "max_rel_update_diff": update_difference(before, reference, ranks[k])} for k in ks]
+    for row in results:
+        row["ok"] = row["max_rel_update_diff"] <= tol
+    return {"world_size": nproc, "dtype": rspec.spec.train.dtype, "tolerance": tol,
+            "results": results, "ok": all(r["ok"] for r in results)}

@@ -13,6 +13,7 @@ whose message names the rank and carries its traceback.
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import uuid
 from collections.abc import Callable
@@ -53,9 +54,13 @@ def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, *args:
         torch.cuda.set_device(rank_device())
     dist.init_process_group(backend)
     try:
-        return record(fn)(*args)
+        result = record(fn)(*args)
     finally:
         dist.destroy_process_group()
+    # Plain bytes back to the launcher: a tensor in the return value would otherwise go
+    # through torch's shared-memory pickling (file descriptors handed over by a socket
+    # the launcher has to fetch), which stalled runs here.
+    return pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: int = 1,
@@ -100,4 +105,5 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
         rdzv_endpoint=rdzv_endpoint, rdzv_backend="c10d",
         rdzv_configs={"is_host": node_rank == 0, "join_timeout": join_timeout_s},
         max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn")
-    return elastic_launch(config, _rank_main)(fn, backend, threads, *args)
+    results = elastic_launch(config, _rank_main)(fn, backend, threads, *args)
+    return {rank: pickle.loads(blob) for rank, blob in results.items()}
