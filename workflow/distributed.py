@@ -7,7 +7,8 @@ every epoch the ranks all-gather their figures; rank 0 evaluates when due and re
 the whole history, which the stage logs: the usual per-epoch contract (``loss``,
 ``train_acc`` are the full-batch ones; peak memory is the maximum over ranks) plus, per
 rank r, ``peak_mem_measured_bytes.rank<r>``, ``peak_mem_estimated_bytes.rank<r>``,
-``time_compute_s.rank<r>``, ``allreduce_wait_s.rank<r>``, and ``allreduce_bytes``
+``time_compute_s.rank<r>``, ``allreduce_wait_s.rank<r>``, ``host_rss_peak_bytes.rank<r>``
+(the rank's peak resident memory on the host), and ``allreduce_bytes``
 (gradient payload per rank per epoch) and ``world_size``. A failing rank raises
 ``ChildFailedError`` naming it, and the stage's run ends FAILED with that message.
 """
@@ -24,7 +25,7 @@ from workflow.specfile import ResolvedSpec
 __all__ = ["PER_RANK_METRICS", "RankFailed", "train_distributed", "rank_train", "launch_options"]
 
 PER_RANK_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
-                    "allreduce_wait_s")
+                    "allreduce_wait_s", "host_rss_peak_bytes")
 
 
 def launch_options() -> dict[str, Any]:
@@ -63,7 +64,15 @@ def _rank_figures(record, dp, steps_before: int) -> dict[str, float | None]:
             "peak_mem_estimated_bytes": record.peak_mem_estimated_bytes,
             "time_compute_s": sum(s.time_compute_s for s in stats),
             "allreduce_wait_s": sum(s.reduce.wait_s for s in stats),
-            "allreduce_bytes": float(sum(s.reduce.bytes for s in stats))}
+            "allreduce_bytes": float(sum(s.reduce.bytes for s in stats)),
+            "host_rss_peak_bytes": _peak_rss_bytes()}
+
+
+def _peak_rss_bytes() -> float:
+    """This process's peak resident set size so far (Linux reports KiB)."""
+    import resource
+
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def rank_train(rspec: ResolvedSpec, repeat: int) -> dict | None:

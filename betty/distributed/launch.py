@@ -43,6 +43,25 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
+def _quiesce() -> None:
+    """Let the process group's worker threads go idle before it is destroyed.
+
+    A gloo worker thread may drop the last reference to a tensor of a finished collective,
+    which needs the GIL; the group's destructor joins those threads while holding the GIL,
+    so destroying it at that moment deadlocks (seen here: a rank stuck in
+    ``~ProcessGroupGloo`` -> ``std::thread::join``). A barrier completes every earlier
+    collective, and a short sleep releases the GIL for the threads to finish.
+    """
+    import gc
+    import time
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    gc.collect()
+    time.sleep(0.2)
+
+
 def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, *args: Any) -> Any:
     """Body of one rank: set threads and device, join the group, run ``fn``, leave."""
     import torch.distributed as dist
@@ -55,6 +74,7 @@ def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, *args:
     dist.init_process_group(backend)
     try:
         result = record(fn)(*args)
+        _quiesce()
     finally:
         dist.destroy_process_group()
     # Plain bytes back to the launcher: a tensor in the return value would otherwise go
