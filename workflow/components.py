@@ -53,12 +53,15 @@ def torch_dtype(rspec: ResolvedSpec) -> torch.dtype:
 
 
 def configure_threads(rspec: ResolvedSpec) -> None:
-    """Apply ``train.threads`` (PyTorch's and DGL's OpenMP pools) when it is set."""
+    """Apply ``train.threads`` (PyTorch's and, where DGL is installed, DGL's OpenMP
+    pools) when it is set."""
     threads = rspec.spec.train.threads
     if threads is not None:
         torch.set_num_threads(threads)
-        from dgl.utils import set_num_threads
-
+        try:
+            from dgl.utils import set_num_threads
+        except ImportError:  # the PyG stack: no DGL pool to size
+            return
         set_num_threads(threads)
 
 
@@ -84,7 +87,8 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
         m.arch, dataset.num_features, dataset.num_classes, hidden=m.hidden, layers=m.layers,
         aggregator=m.aggregator, heads=m.heads, dropout=m.dropout, attn_dropout=m.attn_dropout,
         dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
-        reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq)
+        reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq,
+        **({} if m.arch == "revgnn" else {"backend": m.backend}))
     return model.to(torch_dtype(rspec))
 
 

@@ -213,7 +213,7 @@ def rank_verify(rspec: ResolvedSpec, ks: list[int]) -> dict[int, dict] | None:
     return out if dist.get_rank() == 0 else None
 
 
-def verify_distributed(rspec: ResolvedSpec, ks: list[int], nproc: int) -> dict:
+def verify_distributed(rspec: ResolvedSpec, ks: list[int], nproc: int, tol: float | None = None) -> dict:
     """The N-rank update of epoch 0 at each K against the single-process full-batch
     (K = 1) update: ``{"world_size", "dtype", "tolerance", "results": [{"k",
     "max_rel_update_diff", "ok"}], "ok"}``."""
@@ -223,7 +223,7 @@ def verify_distributed(rspec: ResolvedSpec, ks: list[int], nproc: int) -> dict:
 
     before, reference = _one_step(rspec, 1, torch.device("cpu"))
     ranks = launch(rank_verify, (rspec, ks), nproc=nproc, threads=rspec.spec.train.threads or 1)[0]
-    tol = update_tolerance(torch_dtype(rspec))
+    tol = update_tolerance(torch_dtype(rspec)) if tol is None else tol
     results = [{"k": k, "max_rel_update_diff": update_difference(before, reference, ranks[k])} for k in ks]
     for row in results:
         row["ok"] = row["max_rel_update_diff"] <= tol

@@ -5,6 +5,7 @@ Every run this package creates is opened with :func:`tracked_run`, which
 * tags it: ``run_kind`` (``main`` | ``stage`` | ``repeat``), ``stage``, ``spec_sha``,
   ``spec_name``, ``dataset``, ``device``, ``code_version``, ``git_commit``, and for stages
   ``stage_sha`` and ``upstream_run_id`` (the reuse key, see :mod:`workflow.reuse`);
+* marks its experiment as model training (:func:`workflow.tracking.mark_model_training`);
 * logs the flattened resolved spec as params (``spec.<key.path>``) and the resolved spec
   as the ``spec.yaml`` artifact;
 * ends it ``FINISHED``; ``FAILED`` when the body raises (``KILLED`` on
@@ -29,6 +30,7 @@ from mlflow.tracking import MlflowClient
 
 from workflow.provenance import code_version, git_commit
 from workflow.specfile import ResolvedSpec
+from workflow.tracking import mark_model_training
 
 __all__ = [
     "ERROR_TAG_LIMIT",
@@ -156,6 +158,7 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
     run = mlflow.start_run(nested=nested, run_name=run_name)
     run_id = run.info.run_id
     try:
+        mark_model_training(run.info.experiment_id)
         mlflow.set_tags(_run_tags(kind, stage, rspec, device, tags))
         if log_spec:
             mlflow.log_params(rspec.params())

@@ -5,6 +5,7 @@ A spec is one YAML mapping with the sections ``dataset``, ``sampling``, ``model`
 
     name: products_lstm
     description: Betty's ogbn-products LSTM experiment
+    experiment: products      # MLflow experiment (optional; default: the spec name)
     dataset: {name: ogbn-products, root: data}
     sampling: {fanouts: [10, 25], batch_size: full, seed: 0}
     model: {arch: sage, aggregator: lstm, hidden: 256, layers: 2, dropout: 0.5}
@@ -235,7 +236,10 @@ class ModelSection(_Section):
     (``checkpoint: true`` adds gradient checkpointing to it); ``weight_tied`` shares
     one block's weights across the depth; ``deq`` is the deep-equilibrium variant (one
     weight-tied cell solved to a fixed point: ``layers`` and ``groups`` are ignored
-    with a note, ``reversible: false``, ``checkpoint``, ``weight_tied`` refused)."""
+    with a note, ``reversible: false``, ``checkpoint``, ``weight_tied`` refused).
+    ``backend``: ``auto`` (DGL where it imports, else PyG), ``dgl`` or ``pyg``
+    (:mod:`betty.backends`); a backend that does not import here is refused with the
+    command that installs it; ``revgnn`` runs on ``dgl`` only."""
 
     arch: Literal["sage", "gat", "revgnn"] = "sage"
     hidden: int = Field(256, ge=1)
@@ -252,6 +256,19 @@ class ModelSection(_Section):
     checkpoint: bool = False
     weight_tied: bool = False
     deq: bool = False
+    backend: str = Field("auto", validate_default=True)
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        from betty.backends import BACKEND_CHOICES, BackendUnavailable, resolve_backend
+
+        value = _library_choice("backend", value, BACKEND_CHOICES)
+        try:
+            resolve_backend(value)
+        except BackendUnavailable as err:
+            raise ValueError(str(err)) from None
+        return value
 
     @field_validator("aggregator")
     @classmethod
@@ -348,6 +365,7 @@ class Spec(_Section):
 
     name: str = Field("spec", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     description: str | None = None
+    experiment: str | None = Field(None, min_length=1, max_length=200)
     dataset: DatasetSection
     sampling: SamplingSection
     model: ModelSection = Field(default_factory=ModelSection)
@@ -497,6 +515,24 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     return out
 
 
+def _backend_problems(m: ModelSection) -> list[Problem]:
+    """RevGNN's layers are DGL's: refuse ``revgnn`` where the backend resolves to pyg."""
+    from betty.backends import INSTALL, BackendUnavailable, resolve_backend
+
+    if m.arch != "revgnn":
+        return []
+    try:
+        backend = resolve_backend(m.backend)
+    except BackendUnavailable:  # already reported by the field validator
+        return []
+    if backend == "dgl":
+        return []
+    how = "set model.backend: dgl" if m.backend == "pyg" else f"install DGL: {INSTALL['dgl']}"
+    return [Problem("model.backend", m.backend,
+                    f"model.arch revgnn runs on the dgl backend only (this resolves to {backend!r}); "
+                    f"allowed: dgl, auto with DGL installed ({how})")]
+
+
 def check_spec(spec: Spec) -> list[Problem]:
     """Rules spanning several keys (field-level rules live in the models)."""
     out = _dataset_problems(spec.dataset)
@@ -509,6 +545,7 @@ def check_spec(spec: Spec) -> list[Problem]:
             out.append(Problem(f"model.{key}", getattr(m, key),
                                f"applies to model.arch {' or '.join(archs)} only (model.arch is {m.arch!r})"))
     out.extend(_revgnn_problems(spec) if m.arch == "revgnn" else _sampled_problems(spec))
+    out.extend(_backend_problems(m))
     p = spec.partition
     if p.k == "auto" and p.memory_budget is None:
         out.append(Problem("partition.memory_budget", None,

@@ -17,21 +17,14 @@ import torch
 
 from betty.train import max_relative_difference
 
-__all__ = ["UPDATE_TOLERANCE", "update_difference", "update_tolerance"]
-
-UPDATE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
-"""Largest relative update difference accepted per dtype (the exactness tests' bounds)."""
-
+__all__ = ["update_difference", "update_tolerance"]
 
 def update_tolerance(dtype: torch.dtype) -> float:
-    """:data:`UPDATE_TOLERANCE` of ``dtype``.
+    """The exactness bound of ``dtype`` (:func:`betty.verify.default_tol`: 1e-10 float64,
+    1e-5 float32)."""
+    from betty.verify import default_tol
 
-    Raises:
-        ValueError: a dtype without a bound.
-    """
-    if dtype not in UPDATE_TOLERANCE:
-        raise ValueError(f"no update tolerance for {dtype}; known: {list(UPDATE_TOLERANCE)}")
-    return UPDATE_TOLERANCE[dtype]
+    return default_tol(dtype)
 
 
 def update_difference(before: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor],

@@ -19,7 +19,7 @@ SetOpt = Annotated[Optional[List[str]], typer.Option(
     "--set", "-s", help="Override a spec key: key.path=value (value parsed as YAML). Repeatable.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of a table.")]
 ExperimentOpt = Annotated[Optional[str], typer.Option(
-    "--experiment", "-e", help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME or 'Default').")]
+    "--experiment", "-e", help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME; run/stage: else the spec's experiment key or its name).")]
 NprocOpt = Annotated[Optional[int], typer.Option(
     "--nproc", min=1, help="Ranks on this machine (torch.distributed; sets train.world_size = nproc x nnodes).")]
 NnodesOpt = Annotated[int, typer.Option("--nnodes", min=1, help="Machines taking part (c10d rendezvous).")]

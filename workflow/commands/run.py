@@ -7,8 +7,7 @@ from typing import Annotated
 import typer
 
 from workflow.commands._common import (ExperimentOpt, JsonOpt, NnodesOpt, NodeRankOpt, NprocOpt, RdzvOpt, SetOpt,
-                                       SpecArg, cli_errors, distributed_overrides, emit_json, load,
-                                       use_experiment)
+                                       SpecArg, cli_errors, distributed_overrides, emit_json, load)
 
 SUMMARY_KEYS = ("k", "redundancy", "edges_kept_fraction", "peak_mem_estimated_bytes", "peak_mem_measured_bytes",
                 "mem_estimate_error", "epoch_time_s", "loss", "train_acc", "valid_acc", "test_acc",
@@ -30,13 +29,15 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     from workflow.pipeline import InProcessLauncher, run_pipeline
     from workflow.progress import RichReporter
 
+    from workflow.tracking import use_spec_experiment
+
     rspec = load(spec, [*(set_ or []), *distributed_overrides(nproc, nnodes, node_rank, rdzv_endpoint)])
     if nnodes > 1 and node_rank > 0:
         from workflow.distributed import train_distributed
 
         train_distributed(rspec)  # this machine's ranks; node 0 holds the runs
         return
-    use_experiment(experiment)
+    use_spec_experiment(rspec, experiment)
     with RichReporter() as reporter:
         outcomes = run_pipeline(rspec, InProcessLauncher(reporter), reuse=reuse, reporter=reporter)
     parent = MlflowClient().get_run(outcomes["main"]["run_id"])
