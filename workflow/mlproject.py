@@ -3,7 +3,8 @@
 ``ENTRY`` is ``main`` (every stage, as child runs) or a stage name. Each call resumes
 the run ``mlflow run`` created for it (``MLFLOW_RUN_ID``). Overrides come from the
 ``set`` parameter (``"train.epochs=3;model.hidden=64"``) and from undeclared
-``-P key.path=value`` parameters, which MLflow appends as ``--key.path value``.
+``-P key.path=value`` parameters, which MLflow appends as ``--key.path value``;
+``-P nproc=N`` is ``train.world_size=N`` (N ranks, :mod:`workflow.distributed`).
 
 Exit codes: 0 success, 2 invalid spec (no traceback), 1 any other failure (message on
 stderr, traceback in the run's ``error.txt``), 130 interrupted. SIGTERM is treated as an
@@ -34,8 +35,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--set", dest="set_", default="")
     parser.add_argument("--upstream", default="")
     parser.add_argument("--reuse", default="true")
+    parser.add_argument("--nproc", default="", help="ranks (-P nproc=N): train.world_size=N")
     args, extra = parser.parse_known_args(argv)
     overrides = [args.set_] if args.set_ else []
+    if str(args.nproc).strip():
+        if not str(args.nproc).strip().isdigit() or int(args.nproc) < 1:
+            parser.error(f"nproc must be an integer >= 1, got {args.nproc!r}")
+        overrides.append(f"train.world_size={int(args.nproc)}")
     i = 0
     while i < len(extra):
         item = extra[i]

@@ -326,7 +326,9 @@ class TrainSection(_Section):
     times with seeds ``seed, seed+1, ...`` (sampling seeds shift the same way) and
     reports mean ± std. ``device: auto`` is cuda when available, else cpu. ``threads``:
     CPU threads for PyTorch and DGL (``null``: their default, one per core; 1 is much
-    faster for small graphs on a busy machine)."""
+    faster for small graphs on a busy machine). ``world_size: N > 1`` spreads each
+    step's micro-batches over N ranks (``torch.distributed``, one device each; the
+    update is the single-process one: docs/distributed.md)."""
 
     epochs: int = Field(10, ge=1)
     lr: float = Field(0.01, gt=0.0)
@@ -338,6 +340,7 @@ class TrainSection(_Section):
     repeats: int = Field(1, ge=1)
     measure_memory: bool = True
     threads: Annotated[int, Field(ge=1)] | None = None
+    world_size: int = Field(1, ge=1)
 
     @field_validator("optimizer")
     @classmethod
