@@ -27,6 +27,7 @@ from mlflow.tracking import MlflowClient
 
 from workflow import library
 from workflow.components import resolve_device
+from workflow.lineage import check_upstream
 from workflow.progress import Reporter
 from workflow.reuse import find_reusable, stage_key
 from workflow.runs import ERROR_TAG_LIMIT, encode_upstream, log_metrics, tracked_run
@@ -47,12 +48,15 @@ def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None =
               run_name: str | None = None) -> tuple[str, dict]:
     """Run one stage in its own run (nested under the active run if ``nested``).
 
+    ``upstream`` runs are checked first (:func:`workflow.lineage.check_upstream`).
+
     Returns:
         ``(run_id, summary metrics)``.
     """
     upstream = dict(upstream or {})
     reporter = reporter or Reporter()
     device = str(resolve_device(rspec.spec.train.device))
+    check_upstream(rspec, stage, upstream, device)  # before a run exists: a refused lineage leaves none
     key = stage_key(rspec, stage, upstream.get(UPSTREAM[stage] or ""), device)
     tags = {**key, "upstream": encode_upstream(upstream) or "none"}
     with tempfile.TemporaryDirectory(prefix=f"betty-{stage}-") as tmp, \

@@ -1,0 +1,73 @@
+"""Checks on ``--upstream`` runs before a stage uses them.
+
+A stage given ``upstream = {stage: run_id}`` reads that run's artifacts as if they were
+computed from the current spec. :func:`check_upstream` refuses the lineage unless, for
+every entry,
+
+* the run exists in the tracking store;
+* it is a stage run (``run_kind = stage``) of that stage (tag ``stage``);
+* its status is ``FINISHED``;
+* its ``stage_sha`` tag equals the current spec's ``stage_sha`` for that stage (the hash
+  of the spec sections the stage depends on, see
+  :meth:`workflow.specfile.ResolvedSpec.stage_sha`), so a ``sample`` run of spec
+  ``tiny`` cannot feed a ``partition`` stage of spec ``synthetic``.
+
+The error names both sides: the given run (its ID, spec name and source) and the
+current spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from workflow.reuse import stage_runtime
+from workflow.specfile import STAGES, ResolvedSpec
+
+__all__ = ["UpstreamMismatch", "check_upstream"]
+
+
+class UpstreamMismatch(ValueError):
+    """An ``--upstream`` run does not exist or was not produced by this spec's stage."""
+
+
+def _describe(run) -> str:
+    tags = run.data.tags
+    source = tags.get("spec_source")
+    return (f"run {run.info.run_id} (spec {tags.get('spec_name', '?')!r}"
+            + (f" from {source}" if source else "") + ")")
+
+
+def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str], device: str) -> None:
+    """Raise :class:`UpstreamMismatch` unless every ``upstream`` run can feed ``stage``
+    of ``rspec`` (see the module docstring). ``device`` is the resolved device, part of
+    the train/evaluate stage hash."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    here = f"spec {rspec.name!r}" + (f" from {rspec.source}" if rspec.source else "")
+    earlier = STAGES[: STAGES.index(stage)] if stage in STAGES else STAGES
+    for ustage, run_id in upstream.items():
+        if ustage not in earlier:
+            raise UpstreamMismatch(
+                f"--upstream {ustage}={run_id}: the {stage} stage takes runs of "
+                f"{', '.join(earlier) or 'no stage'}, not {ustage!r}")
+        try:
+            run = client.get_run(run_id)
+        except MlflowException:
+            raise UpstreamMismatch(
+                f"--upstream {ustage}={run_id}: no such run in {client.tracking_uri}") from None
+        tags = run.data.tags
+        what = f"--upstream {ustage}={run_id}: {_describe(run)}"
+        if tags.get("run_kind") != "stage" or tags.get("stage") != ustage:
+            raise UpstreamMismatch(
+                f"{what} is not a {ustage} stage run (run_kind={tags.get('run_kind')!r}, "
+                f"stage={tags.get('stage')!r})")
+        if run.info.status != "FINISHED":
+            raise UpstreamMismatch(f"{what} is {run.info.status}, not FINISHED")
+        want = rspec.stage_sha(ustage, stage_runtime(ustage, device))
+        if tags.get("stage_sha") != want:
+            raise UpstreamMismatch(
+                f"{what} was computed from other {ustage} settings than {here} "
+                f"(stage_sha {tags.get('stage_sha')} != {want}); run the {ustage} stage "
+                f"for {rspec.name!r} or pass its run")
