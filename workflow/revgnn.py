@@ -31,6 +31,7 @@ import mlflow
 import numpy as np
 
 from workflow.artifacts import ksearch_records, write_csv, write_json
+from workflow.checksums import log_artifact
 from workflow.components import make_trainer
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext, log_sweep_artifacts
@@ -164,15 +165,15 @@ def partition_stage(ctx: StageContext) -> dict[str, float]:
         rows.append(row)
         log_metrics({"part_nodes": row["num_nodes"], "part_edges": row["num_edges"],
                      "part_train": row["num_train"], "part_estimated_bytes": row["estimated_bytes"]}, step=i)
-    mlflow.log_artifact(str(write_csv(ctx.workdir / "parts.csv", rows)))
+    log_artifact(write_csv(ctx.workdir / "parts.csv", rows))
     labels = np.empty(ds.num_nodes, dtype=np.int64)
     for i, part in enumerate(parts):
         labels[part.node_ids.cpu().numpy()] = i
     path = ctx.workdir / "partition.npz"
     np.savez_compressed(path, part=labels)
-    mlflow.log_artifact(str(path))
+    log_artifact(path)
     if searches:
-        mlflow.log_artifact(str(write_json(ctx.workdir / "ksearch.json", ksearch_records(searches))))
+        log_artifact(write_json(ctx.workdir / "ksearch.json", ksearch_records(searches)))
     regime = "full graph" if len(parts) == 1 else f"{report['method']} clusters"
     ctx.reporter.note(f"{regime} K={len(parts)}: {min(report['part_nodes']):,}-{max(report['part_nodes']):,} "
                       f"nodes per part, {report['edges_kept_fraction']:.1%} of the edges kept")

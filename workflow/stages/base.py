@@ -16,6 +16,7 @@ import mlflow
 import torch
 
 from workflow.artifacts import write_csv, write_json
+from workflow.checksums import fetch, log_artifact
 from workflow.components import load_data, resolve_device
 from workflow.progress import Reporter
 from workflow.specfile import ResolvedSpec
@@ -59,8 +60,10 @@ class StageContext:
         return self.shared["dataset"]
 
     def upstream_file(self, stage: str, artifact_path: str, *, required: bool = False) -> Path | None:
-        """Download ``artifact_path`` of the ``stage`` run; ``None`` when no such run was
-        given (or :class:`UpstreamMissing` if ``required``)."""
+        """Download ``artifact_path`` of the ``stage`` run, checked against its checksum
+        (:func:`workflow.checksums.fetch`, raises
+        :class:`~workflow.checksums.ArtifactDamaged` naming the run and file); ``None``
+        when no such run was given (or :class:`UpstreamMissing` if ``required``)."""
         run_id = self.upstream.get(stage)
         if run_id is None:
             if required:
@@ -70,8 +73,7 @@ class StageContext:
             return None
         dst = self.workdir / f"upstream-{stage}-{run_id}"
         dst.mkdir(parents=True, exist_ok=True)
-        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
-                                                        dst_path=str(dst)))
+        return fetch(run_id, artifact_path, dst)
 
 
 def log_sweep_artifacts(ctx: StageContext, table: list[dict], skipped: dict[str, str],
@@ -79,8 +81,7 @@ def log_sweep_artifacts(ctx: StageContext, table: list[dict], skipped: dict[str,
     """Log a partition stage's method x K comparison: ``partition_sweep.csv`` (``columns``),
     ``partition_sweep.json`` (``{"rows", "skipped"}``) and, when a method was cut short,
     the ``sweep_skipped`` tag (``method: reason; ...``, at most 500 characters)."""
-    mlflow.log_artifact(str(write_csv(ctx.workdir / "partition_sweep.csv", table, columns)))
-    mlflow.log_artifact(str(write_json(ctx.workdir / "partition_sweep.json",
-                                       {"rows": table, "skipped": skipped})))
+    log_artifact(write_csv(ctx.workdir / "partition_sweep.csv", table, columns))
+    log_artifact(write_json(ctx.workdir / "partition_sweep.json", {"rows": table, "skipped": skipped}))
     if skipped:
         mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])

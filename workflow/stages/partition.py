@@ -33,6 +33,7 @@ import mlflow
 import numpy as np
 
 from workflow.artifacts import ksearch_records, load_batch, write_csv, write_json
+from workflow.checksums import log_artifact
 from workflow.components import is_reversible, make_trainer
 from workflow.plots import redundancy_figure
 from workflow.runs import log_metrics
@@ -153,12 +154,12 @@ def run(ctx: StageContext) -> dict[str, float]:
         rows.append(row)
         log_metrics({"micro_outputs": row["num_outputs"], "micro_inputs": row["num_inputs"],
                      "micro_edges": row["num_edges"], "micro_estimated_bytes": row["estimated_bytes"]}, step=i)
-    mlflow.log_artifact(str(write_csv(ctx.workdir / "microbatches.csv", rows)))
+    log_artifact(write_csv(ctx.workdir / "microbatches.csv", rows))
     path = ctx.workdir / "partition.npz"
     np.savez_compressed(path, outputs=batch.output_nid.numpy(), groups=result.groups.numpy())
-    mlflow.log_artifact(str(path))
+    log_artifact(path)
     if searches:
-        mlflow.log_artifact(str(write_json(ctx.workdir / "ksearch.json", ksearch_records(searches))))
+        log_artifact(write_json(ctx.workdir / "ksearch.json", ksearch_records(searches)))
     ctx.reporter.note(f"{result.method} K={result.k}: redundancy {report['redundancy']:.3f}, "
                       f"imbalance {report['imbalance']:.3f}")
 
