@@ -94,3 +94,28 @@ def test_damaged_or_missing_artifacts_rerun_the_stage(tracking, tmp_path):
     res = invoke("stage", "partition", "tiny", "--experiment", "guards-test", "--upstream", f"sample={sample}")
     assert res.exit_code == 1 and f"artifact 'batch.npz' of run {sample} is damaged" in res.stderr
     assert "Traceback" not in res.output
+
+
+def test_numbers_in_logs_are_human():
+    from workflow.progress import format_metrics, format_number
+
+    assert format_number(10000.0) == "10,000" and format_number(10000) == "10,000"
+    assert format_number(12345.678) == "12,345.7" and format_number(0.41234) == "0.4123"
+    assert format_number(0.0004) == "0.0004" and format_number(2.5e-06) == "2.5e-06"
+    assert format_number(float("nan")) == "nan" and format_number(True) == "True"
+    assert format_metrics({"num_nodes": 1e4, "loss": 0.5, "skip": None}) == "num_nodes=10,000 loss=0.5"
+
+
+def test_progress_without_a_terminal_is_line_per_stage_and_epoch(tracking):
+    """``betty run`` with stderr not a terminal (the CLI runner's): plain flushed lines."""
+    res = invoke("run", "tiny", "--experiment", "guards-test", "-s", "train.epochs=3",
+                 "-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]")
+    assert res.exit_code == 0, res.output
+    lines = [line for line in res.stderr.splitlines() if line.startswith("[betty]")]
+    for stage in ("download", "sample", "partition", "train", "evaluate"):
+        assert any(line.startswith(f"[betty] {stage}: started") for line in lines), stage
+        assert any(line.startswith(f"[betty] {stage}: finished after ") for line in lines), stage
+    epoch_lines = [line for line in lines if "/3 elapsed " in line]
+    assert len(epoch_lines) == 3, lines
+    assert all(" eta " in line and "loss=" in line for line in epoch_lines)
+    assert "e+0" not in res.stderr

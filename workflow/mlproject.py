@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, overrides: list[str]) -> int:
-    from workflow.progress import LogReporter
+    from workflow.progress import LogReporter, format_metrics
     from workflow.spec import SpecError
     from workflow.specfile import load_spec
 
@@ -110,7 +110,7 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
 
             upstream = decode_upstream(args.upstream)
             run_id, metrics = run_stage(args.entry, rspec, upstream, reporter=reporter)
-            reporter.note(f"{args.entry}: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+            reporter.note(f"{args.entry}: {format_metrics(metrics)}")
     except Exception as err:  # noqa: BLE001  (reported, traceback logged as error.txt)
         if os.environ.get("BETTY_TRACEBACK"):
             import traceback

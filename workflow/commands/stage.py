@@ -39,7 +39,7 @@ def stage(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(STAGES)}
     """Run one stage in its own MLflow run. Stages without --upstream compute what they
     need from the spec (evaluate looks up the newest matching train run)."""
     from workflow.pipeline import run_stage
-    from workflow.progress import RichReporter
+    from workflow.progress import format_metrics, make_reporter
     from workflow.runs import decode_upstream
 
     if name not in STAGES:
@@ -51,7 +51,7 @@ def stage(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(STAGES)}
     rspec = load(spec, set_)
     use_experiment(experiment)
     ups = _auto_upstream(rspec, name, ups, experiment)
-    with RichReporter() as reporter:
+    with make_reporter() as reporter:
         reporter.stage_started(name)
         try:
             run_id, metrics = run_stage(name, rspec, ups, reporter=reporter)
@@ -62,7 +62,7 @@ def stage(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(STAGES)}
     if json_:
         emit_json({"stage": name, "run_id": run_id, "metrics": metrics})
     else:
-        typer.echo(f"{name}: run {run_id} " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        typer.echo(f"{name}: run {run_id} {format_metrics(metrics)}")
 
 
 def register(app: typer.Typer) -> None:
