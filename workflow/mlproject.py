@@ -70,17 +70,28 @@ def _fail(message: str, code: int, exc: BaseException | None = None) -> int:
             from workflow.runs import mark_failed
 
             mark_failed(run_id, exc)
-            if isinstance(exc, KeyboardInterrupt) and os.getppid() > 1:
-                from workflow.finalize import spawn
-
-                spawn(run_id, os.getppid())  # the parent's MLflow ends the run FAILED after we exit
     return code
+
+
+UNDER_MAIN = "BETTY_UNDER_MAIN"
+"""Set by the ``main`` entry point for its stage processes: it restores their status itself."""
+
+
+def _watch_parent() -> None:
+    """Under ``mlflow run`` (not under betty's ``main``): start the
+    :mod:`workflow.finalize` watcher for this run and the ``mlflow run`` process."""
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if run_id and not os.environ.get(UNDER_MAIN) and os.getppid() > 1:
+        from workflow.finalize import spawn
+
+        spawn(run_id, os.getppid())
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the entry point; every exit path ends this process's run (see the module docstring)."""
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        _watch_parent()
         return _main(args, overrides)
     except KeyboardInterrupt as err:  # also while importing or loading the spec
         return _fail("interrupted", 130, err)
@@ -101,6 +112,7 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
         if args.entry == "main":
             from workflow.pipeline import ProjectLauncher, run_pipeline
 
+            os.environ[UNDER_MAIN] = "1"  # inherited by the stage processes
             launcher = ProjectLauncher(Path.cwd(), args.spec, overrides)
             reuse = str(args.reuse).strip().lower() not in ("false", "0", "no", "off")
             run_pipeline(rspec, launcher, reuse=reuse, reporter=reporter)

@@ -32,6 +32,7 @@ from mlflow.tracking import MlflowClient
 from workflow import library
 from workflow.checksums import damaged_artifacts
 from workflow.components import resolve_device
+from workflow.finalize import restore_killed
 from workflow.lineage import check_upstream
 from workflow.progress import Reporter
 from workflow.reuse import find_reusable, stage_key
@@ -130,6 +131,9 @@ class ProjectLauncher:
             # interrupted, possibly before MLflow watched the process: that one ends with
             # this one (PR_SET_PDEATHSIG, workflow.signals); its run ends here if not there
             _end_if_running(client, run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            if isinstance(exc, KeyboardInterrupt):
+                with signals.shield():
+                    restore_killed(client, run_id)  # MLflow ended it FAILED over the KILLED (workflow.finalize)
             raise
         return run_id
 
