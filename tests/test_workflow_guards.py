@@ -119,3 +119,31 @@ def test_progress_without_a_terminal_is_line_per_stage_and_epoch(tracking):
     assert len(epoch_lines) == 3, lines
     assert all(" eta " in line and "loss=" in line for line in epoch_lines)
     assert "e+0" not in res.stderr
+
+
+def test_spec_file_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ndataset:\n  name: synthetic\n  bad: [1, 2\nmodel: {}\n")
+    res = invoke("validate", str(bad))
+    assert res.exit_code == 2 and f"{bad}:5:" in res.stderr and "<unicode string>" not in res.stderr
+    for text in ("", "# nothing but a comment\n\n"):
+        empty = tmp_path / "empty.yaml"
+        empty.write_text(text)
+        res = invoke("validate", str(empty))
+        assert res.exit_code == 2 and "spec file is empty" in res.stderr, res.stderr
+
+
+def test_validate_warns_about_what_this_machine_lacks(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    res = invoke("validate", "reddit_sage")
+    assert res.exit_code == 0 and "warning: data files missing" in res.stderr and "reddit" in res.stderr
+    res = invoke("validate", "reddit_sage", "--strict")
+    assert res.exit_code == 2 and "error: data files missing" in res.stderr
+    out = json.loads(invoke("validate", "tiny", "--json").stdout)
+    assert out["valid"] and out["specs"][0]["warnings"] == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = invoke("validate", "tiny", "-s", "train.device=cuda")
+    assert res.exit_code == 0 and "warning: train.device is 'cuda' but CUDA is not available" in res.stderr
+    assert invoke("validate", "tiny", "-s", "train.device=cuda", "--strict").exit_code == 2
