@@ -147,3 +147,25 @@ def test_validate_warns_about_what_this_machine_lacks(tmp_path, monkeypatch):
     res = invoke("validate", "tiny", "-s", "train.device=cuda")
     assert res.exit_code == 0 and "warning: train.device is 'cuda' but CUDA is not available" in res.stderr
     assert invoke("validate", "tiny", "-s", "train.device=cuda", "--strict").exit_code == 2
+
+
+def test_sweep_bounded_by_max_k_the_same_everywhere(tmp_path, monkeypatch):
+    from workflow.components import first_batch, load_data
+    from workflow.spec import SpecError
+    from workflow.specfile import load_spec
+    from workflow.stages.partition import sweep
+
+    monkeypatch.chdir(tmp_path)
+    rspec = load_spec("tiny", ["partition.sweep.max_k={range: 4}"])
+    assert rspec.spec.partition.sweep.max_k == {"range": 4}
+    ds = load_data(rspec)
+    batch = first_batch(rspec, ds)
+    rows, skipped = sweep(batch, [2, 4, 8, 16], ["range", "random"], seed=0, graph=ds.graph,
+                          max_k=rspec.spec.partition.sweep.max_k)
+    assert [(r["method"], r["k"]) for r in rows] == [("range", 2), ("range", 4), ("random", 2), ("random", 4),
+                                                     ("random", 8), ("random", 16)]
+    assert skipped == {"range": "K=8,16 skipped: above sweep.max_k.range=4"}
+    rows, skipped = sweep(batch, [2, 4, 8], ["random"], seed=0, graph=ds.graph, time_limit_s=1e-9)
+    assert "K=4,8 skipped" in skipped["random"] and "machine-dependent" in skipped["random"]
+    with pytest.raises(SpecError, match="max_k"):
+        load_spec("tiny", ["partition.sweep.max_k={nope: 4}"])

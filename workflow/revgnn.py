@@ -26,6 +26,7 @@ RevGNN trains on the whole graph (K = 1) or on K induced subgraphs per step
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import mlflow
 import numpy as np
@@ -34,7 +35,7 @@ from workflow.artifacts import ksearch_records, write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import make_trainer
 from workflow.runs import log_metrics
-from workflow.stages.base import StageContext, log_sweep_artifacts
+from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_plan, time_limit_reason
 
 __all__ = ["PART_COLUMNS", "SWEEP_COLUMNS", "sample_stage", "measure_cluster_split", "cluster_sweep",
            "partition_stage", "part_rows"]
@@ -98,13 +99,13 @@ def measure_cluster_split(trainer) -> tuple[dict, list]:
 
 
 def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None = None,
-                  reporter=None) -> tuple[list[dict], dict[str, str]]:
-    """Every method at every K (``<= num_nodes``): edges kept, part sizes and (when the
-    trainer estimates memory) the largest part's estimated peak.
+                  max_k: Mapping[str, int] | None = None, reporter=None) -> tuple[list[dict], dict[str, str]]:
+    """Every method at every K (``<= num_nodes``, ``<= max_k[method]``): edges kept, part
+    sizes and (when the trainer estimates memory) the largest part's estimated peak.
 
     Returns:
         ``(rows, skipped)``: one row per (method, K) tried (``error`` set when it
-        failed) and ``{method: reason}`` for methods cut short.
+        failed) and ``{method: reason}`` naming the Ks not tried and why.
     """
     from betty.models.rev_training import cluster_partition
 
@@ -113,8 +114,11 @@ def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None
     rows, skipped = [], {}
     advance = reporter.steps("partition sweep", len(ks) * len(methods)) if reporter else None
     for method in methods:
-        for i, k in enumerate(ks):
+        planned, capped = sweep_plan(ks, method, max_k)
+        reasons = [capped] if capped else []
+        for i, k in enumerate(planned):
             start = time.perf_counter()
+            stop = None
             try:
                 parts = cluster_partition(graph, k, method, seed)
                 took = time.perf_counter() - start
@@ -122,7 +126,7 @@ def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None
             except Exception as err:  # noqa: BLE001  (a method unsuited to this graph)
                 reason = f"{type(err).__name__}: {err}"
                 rows.append({"method": method, "k": k, "error": reason})
-                skipped[method] = f"failed at K={k}: {reason}"
+                stop = f"failed at K={k}: {reason}"
             else:
                 est = report["estimated_bytes"]
                 rows.append({"method": method, "k": k, "num_parts": report["num_parts"],
@@ -132,17 +136,21 @@ def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None
                              "imbalance": report["imbalance"],
                              "peak_estimated_bytes": max(est) if est else None, "time_partition_s": took})
                 total = time.perf_counter() - start
-                if time_limit_s is not None and total > time_limit_s and i + 1 < len(ks):
-                    skipped[method] = (f"K={k} took {total:.1f}s > sweep.time_limit_s={time_limit_s}; "
-                                       "larger K skipped")
+                if time_limit_s is not None and total > time_limit_s and i + 1 < len(planned):
+                    stop = time_limit_reason(k, total, time_limit_s, planned[i + 1:])
             if advance:
                 advance(1)
-            if method in skipped:
-                if advance and len(ks) - i - 1:
-                    advance(len(ks) - i - 1)
-                if reporter:
-                    reporter.note(f"sweep: {method} {skipped[method]}")
+            if stop:
+                reasons.insert(0, stop)
+                if advance and len(planned) - i - 1:
+                    advance(len(planned) - i - 1)
                 break
+        if advance and len(ks) > len(planned):
+            advance(len(ks) - len(planned))
+        if reasons:
+            skipped[method] = "; ".join(reasons)
+            if reporter:
+                reporter.note(f"sweep: {method} {skipped[method]}")
     return rows, skipped
 
 
@@ -180,7 +188,8 @@ def partition_stage(ctx: StageContext) -> dict[str, float]:
     if p.sweep.k:
         methods = p.sweep.methods or list(DEFAULT_SWEEP_METHODS)
         table, skipped = cluster_sweep(trainer, p.sweep.k, methods, seed=spec.sampling.seed,
-                                       time_limit_s=p.sweep.time_limit_s, reporter=ctx.reporter)
+                                       time_limit_s=p.sweep.time_limit_s, max_k=p.sweep.max_k,
+                                       reporter=ctx.reporter)
         for row in table:
             if row.get("edges_kept_fraction") is not None:
                 log_metrics({f"sweep_edges_kept.{row['method']}": row["edges_kept_fraction"],

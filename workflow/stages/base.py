@@ -9,6 +9,7 @@ earlier stages are read by run ID (``runs:/<id>/<path>``) through :meth:`upstrea
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +75,23 @@ class StageContext:
         dst = self.workdir / f"upstream-{stage}-{run_id}"
         dst.mkdir(parents=True, exist_ok=True)
         return fetch(run_id, artifact_path, dst)
+
+
+def sweep_plan(ks: list[int], method: str, max_k: Mapping[str, int] | None) -> tuple[list[int], str | None]:
+    """``(Ks to try, reason for the others or None)``: ``ks`` bounded by ``max_k[method]``
+    (the spec's ``partition.sweep.max_k``), the same on every machine."""
+    cap = (max_k or {}).get(method)
+    if cap is None:
+        return list(ks), None
+    dropped = [k for k in ks if k > cap]
+    reason = f"K={','.join(map(str, dropped))} skipped: above sweep.max_k.{method}={cap}" if dropped else None
+    return [k for k in ks if k <= cap], reason
+
+
+def time_limit_reason(k: int, took: float, limit: float, rest: list[int]) -> str:
+    """The ``sweep_skipped`` text when ``time_limit_s`` cut a method short."""
+    return (f"K={k} took {took:.1f}s > sweep.time_limit_s={limit} (machine-dependent); "
+            f"K={','.join(map(str, rest))} skipped")
 
 
 def log_sweep_artifacts(ctx: StageContext, table: list[dict], skipped: dict[str, str],
