@@ -4,6 +4,7 @@ lines without a terminal, number formatting and spec-file diagnostics."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -169,3 +170,55 @@ def test_sweep_bounded_by_max_k_the_same_everywhere(tmp_path, monkeypatch):
     assert "K=4,8 skipped" in skipped["random"] and "machine-dependent" in skipped["random"]
     with pytest.raises(SpecError, match="max_k"):
         load_spec("tiny", ["partition.sweep.max_k={nope: 4}"])
+
+
+def test_cleanup_finds_stuck_betty_runs(tracking):
+    import socket
+    import subprocess
+    import sys
+
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    host = socket.gethostname()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # a pid that no longer exists
+    parent = client.create_run(exp, tags={"run_kind": "main", "stage": "main"}).info.run_id
+    client.set_terminated(parent, "KILLED")
+    orphan = client.create_run(exp, tags={"run_kind": "stage", "stage": "sample",
+                                          "mlflow.parentRunId": parent}).info.run_id
+    dead = client.create_run(exp, tags={"run_kind": "stage", "stage": "train", "betty.host": host,
+                                        "betty.pid": gone}).info.run_id
+    alive = client.create_run(exp, tags={"run_kind": "stage", "stage": "train", "betty.host": host,
+                                         "betty.pid": str(os.getpid())}).info.run_id
+    listed = json.loads(invoke("cleanup", "--experiment", "guards-test", "--json").stdout)["stale"]
+    reasons = {r["run_id"]: r["reason"] for r in listed}
+    assert set(reasons) == {orphan, dead}
+    assert f"parent run {parent} ended KILLED" in reasons[orphan] and f"process {gone}" in reasons[dead]
+    assert invoke("cleanup", "--experiment", "guards-test", "--fail").exit_code == 0
+    assert client.get_run(orphan).info.status == "KILLED" and client.get_run(dead).info.status == "KILLED"
+    assert "stuck" in client.get_run(dead).data.tags["error"]
+    assert client.get_run(alive).info.status == "RUNNING"
+    client.set_terminated(alive, "FINISHED")
+
+
+def test_signal_handling_is_light_and_complete():
+    import signal as _signal
+
+    from workflow import mlproject, signals
+    from workflow.specfile import STAGES
+
+    assert mlproject.ENTRIES == ("main", *STAGES)
+    previous = signals.install()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), _signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+        with signals.shield():  # held back inside, raised by check() afterwards
+            os.kill(os.getpid(), _signal.SIGINT)
+            for _ in range(1000):
+                pass
+        with pytest.raises(KeyboardInterrupt, match="received earlier"):
+            signals.check()
+    finally:
+        signals.restore(previous)
