@@ -12,14 +12,14 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools<70" wheel
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,server]"
 	@touch $(STAMP)
 
 test: venv
 	$(BIN)/python -m pytest -q
 
 run: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mlflow run . -e main -P spec=synthetic --env-manager local
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mlflow run . -e main -P spec=synthetic --experiment-name synthetic --env-manager local
 
 clean-venv:
 	rm -rf $(VENV)

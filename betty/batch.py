@@ -118,13 +118,6 @@ class SampledBatch(_BlockChain):
     layers: list[LayerEdges]
     fanouts: list[int] = field(default_factory=list)
 
-    def output_to_input_incidence(self):
-        """Sparse ``(n_in, n_out)`` 0/1 matrix: input node i lies in the L-hop sampled
-        neighbourhood of output node j. Local indices (``input_nid``/``output_nid``)."""
-        from betty.partition.incidence import multi_hop_incidence
-
-        return multi_hop_incidence(self)
-
 
 @dataclass
 class MicroBatch(_BlockChain):

@@ -9,8 +9,10 @@ positions in those tensors. Nothing here imports DGL or PyG: a backend turns a g
 
 The in-edge CSR (``indptr (N+1,)``, neighbour ``indices (E,)``, ``eid (E,)``), which
 the sampler and the partitioners read, is built once on first use and cached: for node
-``v`` its in-neighbours are ``indices[indptr[v]:indptr[v+1]]``, listed by ascending edge
-ID, and ``eid`` holds those edges' IDs.
+``v`` its in-neighbours are ``indices[indptr[v]:indptr[v+1]]``, listed in the canonical
+neighbour order (ascending source ID, parallel edges by ascending edge ID), and ``eid``
+holds those edges' IDs. Any subset of a row taken in row order is therefore already in
+canonical order, which is what lets the sampler skip a sort per batch.
 
 The method names of the small read API (``num_nodes()``, ``num_edges()``, ``edges()``,
 ``in_degrees()``) follow DGL's, so code written against a ``dgl.DGLGraph`` reads the
@@ -73,9 +75,14 @@ class Graph:
     # -- derived structure ------------------------------------------------------------
     @cached_property
     def in_csr(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(indptr (N+1,), indices (E,), eid (E,))``: in-neighbours of each node, by
-        ascending edge ID (a stable sort of the edges by destination)."""
-        eid = torch.argsort(self.dst, stable=True)
+        """``(indptr (N+1,), indices (E,), eid (E,))``: in-neighbours of each node by
+        ascending source ID, ties (parallel edges) by ascending edge ID (a stable sort of
+        the edges by ``dst * N + src``)."""
+        if self._num_nodes < 3_037_000_499:  # dst * N + src fits in int64
+            eid = torch.argsort(self.dst * max(self._num_nodes, 1) + self.src, stable=True)
+        else:
+            by_src = torch.argsort(self.src, stable=True)
+            eid = by_src[torch.argsort(self.dst[by_src], stable=True)]
         counts = torch.bincount(self.dst, minlength=self._num_nodes)
         indptr = torch.zeros(self._num_nodes + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=indptr[1:])
@@ -86,11 +93,16 @@ class Graph:
         return torch.stack([self.src, self.dst])
 
     def to_dgl(self):
-        """The same graph as an int64 CPU ``dgl.DGLGraph`` (imports DGL)."""
-        import dgl
+        """The same graph as an int64 CPU ``dgl.DGLGraph`` (imports DGL). Built once and
+        cached (a ``Graph`` never changes); treat the result as read-only."""
+        cached = self.__dict__.get("_dgl")
+        if cached is None:
+            import dgl
 
-        return dgl.graph((self.src, self.dst), num_nodes=self._num_nodes,
-                         idtype=torch.int64, device="cpu")
+            cached = dgl.graph((self.src, self.dst), num_nodes=self._num_nodes,
+                               idtype=torch.int64, device="cpu")
+            self.__dict__["_dgl"] = cached
+        return cached
 
     def __repr__(self) -> str:
         return f"Graph(num_nodes={self._num_nodes}, num_edges={self.num_edges()})"

@@ -14,41 +14,20 @@ import numpy as np
 import torch
 
 from betty.batch import LayerEdges, layer_to_block
-from betty.sampling import canonical_edge_order
+from betty.graph import as_graph
+from betty.sampling import sample_full_batch
 
 __all__ = ["in_edge_block", "layerwise_inference", "sampled_inference", "evaluate_predictions"]
 
 
 def in_edge_block(graph, dst_nid: torch.Tensor, fanout: int = -1, *, seed: int = 0) -> LayerEdges:
-    """The one-layer block of ``dst_nid``'s in-edges (all of them, or ``fanout`` sampled).
+    """The one-layer block of ``dst_nid``'s in-edges (all of them, or ``fanout`` sampled
+    with ``seed``): layer 0 of :func:`betty.sampling.sample_full_batch` on ``dst_nid``.
 
-    Source order: the destinations, then the other sources by ascending global ID.
+    Source order: the destinations, then the other sources by ascending global ID; edges
+    in canonical order.
     """
-    dst_nid = torch.as_tensor(dst_nid, dtype=torch.int64)
-    if fanout == -1:
-        u, v, eid = graph.in_edges(dst_nid, form="all")
-    else:
-        import dgl
-
-        dgl.seed(seed)
-        frontier = dgl.sampling.sample_neighbors(graph, dst_nid, fanout)
-        u, v = frontier.edges()
-        eid = frontier.edata[dgl.EID]
-    u, v, eid = u.long(), v.long(), eid.long()
-    n_dst = dst_nid.numel()
-    order = torch.argsort(dst_nid)
-    sorted_dst = dst_nid[order]
-    dst_local = order[torch.searchsorted(sorted_dst, v)]
-    pos = torch.searchsorted(sorted_dst, u).clamp(max=n_dst - 1)
-    is_dst = sorted_dst[pos] == u
-    extra = torch.unique(u[~is_dst])  # sorted
-    src_local = torch.empty_like(u)
-    src_local[is_dst] = order[pos[is_dst]]
-    src_local[~is_dst] = n_dst + torch.searchsorted(extra, u[~is_dst])
-    src_nid = torch.cat([dst_nid, extra])
-    perm = canonical_edge_order(dst_local, u)
-    return LayerEdges(src_nid=src_nid, num_dst=n_dst, edge_src=src_local[perm],
-                      edge_dst=dst_local[perm], edge_id=eid[perm])
+    return sample_full_batch(graph, dst_nid, [fanout], seed=seed).layers[0]
 
 
 @torch.no_grad()
@@ -66,6 +45,7 @@ def layerwise_inference(model, graph, feat: torch.Tensor, *, device="cpu",
         dtype: compute dtype (default: the features').
         progress: optional callable ``(layer, done, total)`` for progress displays.
     """
+    graph = as_graph(graph)  # once: its CSR serves every chunk
     was_training = model.training
     model.eval()
     n = graph.num_nodes()
@@ -98,8 +78,8 @@ def sampled_inference(model, graph, feat: torch.Tensor, nodes: torch.Tensor, fan
     """Logits ``(len(nodes), out)`` from sampled neighbourhoods (cheaper than full
     inference on huge graphs; stochastic, seeded)."""
     from betty.microbatch import carve
-    from betty.sampling import sample_full_batch
 
+    graph = as_graph(graph)  # once: its CSR serves every chunk
     was_training = model.training
     model.eval()
     nodes = torch.as_tensor(nodes, dtype=torch.int64)

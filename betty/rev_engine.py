@@ -434,7 +434,7 @@ class RevTrainer:
     def _search(self, epoch: int) -> list[GraphPart]:
         from betty.memory.rev import search_k_rev
 
-        result = search_k_rev(self.dataset.graph, self.model, int(self.plan.memory_budget),
+        result = search_k_rev(self.dataset.graph.to_dgl(), self.model, int(self.plan.memory_budget),
                               method=self.plan.method, seed=self._split_seed(epoch),
                               train_mask=self.train_mask, safety_margin=self.plan.safety_margin,
                               optimizer=self.optimizer, **self.memory_kwargs)
@@ -468,7 +468,7 @@ class RevTrainer:
         if searched:
             parts = self._search(epoch)
         else:
-            parts = cluster_partition(self.dataset.graph, self.k, self.plan.method, self._split_seed(epoch))
+            parts = cluster_partition(self.dataset.graph.to_dgl(), self.k, self.plan.method, self._split_seed(epoch))
         took = time.perf_counter() - start
         estimates = self.search_result.estimates if searched else None
         estimates = [int(e.peak) for e in estimates] if estimates else self.estimate(parts)

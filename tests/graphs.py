@@ -11,11 +11,11 @@ def power_law_graph(num_nodes: int = 600, avg_degree: float = 8.0, *, exponent: 
                     seed: int = 0):
     """A Chung-Lu style directed graph with Pareto node weights.
 
-    Returns ``(graph, feat, label, train_idx)``. ``isolated_frac`` of the nodes get no
+    Returns ``(graph, feat, label, train_idx)``; ``graph`` is a :class:`betty.graph.Graph`. ``isolated_frac`` of the nodes get no
     in-edges (they are still training nodes), so blocks contain destinations without
     neighbours.
     """
-    import dgl
+    from betty.graph import Graph
 
     rng = np.random.default_rng(seed)
     w = rng.pareto(exponent - 1.0, num_nodes) + 1.0
@@ -26,8 +26,7 @@ def power_law_graph(num_nodes: int = 600, avg_degree: float = 8.0, *, exponent: 
     isolated = rng.random(num_nodes) < isolated_frac
     keep = (src != dst) & ~isolated[dst]
     pairs = np.unique(np.stack([src[keep], dst[keep]], 1), axis=0)
-    g = dgl.graph((torch.from_numpy(pairs[:, 0]), torch.from_numpy(pairs[:, 1])),
-                  num_nodes=num_nodes, idtype=torch.int64)
+    g = Graph(torch.from_numpy(pairs[:, 0]), torch.from_numpy(pairs[:, 1]), num_nodes)
     gen = torch.Generator().manual_seed(seed)
     label = torch.randint(0, num_classes, (num_nodes,), generator=gen)
     feat = torch.randn(num_nodes, num_feats, generator=gen) + 0.5 * torch.nn.functional.one_hot(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 import torch
 
 from betty.data import dgl_raw_path, load_dataset
 
 
+@pytest.mark.dgl
 def test_reddit_layout_is_read_by_dgl_class(tmp_path):
     n = 9
     rows = np.array([0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 0])
@@ -34,3 +36,16 @@ def test_reddit_layout_is_read_by_dgl_class(tmp_path):
     src, dst = ds.graph.edges()
     assert {(int(orig[s]), int(orig[d])) for s, d in zip(src, dst)} == set(zip(rows.tolist(), cols.tolist()))
     assert ds.graph.idtype == torch.int64 and ds.feat.dtype == torch.float32
+
+
+def test_reddit_without_dgl_names_the_install_command(tmp_path, monkeypatch):
+    import sys
+
+    folder = dgl_raw_path("reddit", tmp_path)
+    folder.mkdir(parents=True)
+    for f in ("reddit_data.npz", "reddit_graph.npz"):
+        (folder / f).write_bytes(b"")  # present, so the file check passes
+    monkeypatch.setitem(sys.modules, "dgl", None)
+    monkeypatch.setitem(sys.modules, "dgl.data", None)
+    with pytest.raises(ImportError, match=r"pip install 'dgl==2.1.0'"):
+        load_dataset("reddit", root=tmp_path)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import dgl
 import pytest
 import torch
 
 from betty.data import DatasetNotFoundError, load_dataset
+from betty.graph import Graph
 
 N = 8
 
 
-def _graph(**ndata) -> dgl.DGLGraph:
+def _graph(**ndata):
+    import dgl
+
     src = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 1], dtype=torch.int32)
     dst = torch.tensor([1, 2, 3, 4, 5, 6, 7, 0, 0], dtype=torch.int32)
     g = dgl.graph((src, dst), num_nodes=N, idtype=torch.int32)
@@ -34,14 +36,17 @@ def _good_fields() -> dict:
 
 def _save(tmp_path, graphs, name="g.bin"):
     path = tmp_path / name
+    import dgl
+
     dgl.save_graphs(str(path), graphs)
     return path
 
 
+@pytest.mark.dgl
 def test_good_file_is_converted_to_conventions(tmp_path):
     path = _save(tmp_path, [_graph(**_good_fields())])
     ds = load_dataset("dgl-file", path=path)
-    assert ds.graph.idtype == torch.int64 and len(ds.graph.ndata) == 0
+    assert ds.graph.idtype == torch.int64 and isinstance(ds.graph, Graph)
     src, dst = ds.graph.edges()
     assert src.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 1] and dst.tolist() == [1, 2, 3, 4, 5, 6, 7, 0, 0]
     assert ds.feat.dtype == torch.float32 and torch.equal(ds.feat, _good_fields()["feat"].float())
@@ -53,6 +58,7 @@ def test_good_file_is_converted_to_conventions(tmp_path):
     assert load_dataset("dgl-file", path=str(path), num_classes=5).num_classes == 5
 
 
+@pytest.mark.dgl
 def test_multilabel_file(tmp_path):
     fields = _good_fields()
     fields["label"] = (torch.arange(N * 3).reshape(N, 3) % 2).to(torch.float32)
@@ -60,6 +66,7 @@ def test_multilabel_file(tmp_path):
     assert ds.multilabel and ds.num_classes == 3 and ds.label.shape == (N, 3)
 
 
+@pytest.mark.dgl
 def test_every_bad_field_is_named_with_its_expected_shape(tmp_path):
     fields = _good_fields()
     del fields["label"]
@@ -77,6 +84,7 @@ def test_every_bad_field_is_named_with_its_expected_shape(tmp_path):
     assert "train_mask" not in msg
 
 
+@pytest.mark.dgl
 def test_float_single_label_and_too_small_num_classes_are_rejected(tmp_path):
     fields = _good_fields()
     fields["label"] = fields["label"].float()
@@ -87,6 +95,7 @@ def test_float_single_label_and_too_small_num_classes_are_rejected(tmp_path):
         load_dataset("dgl-file", path=good, num_classes=2)
 
 
+@pytest.mark.dgl
 def test_file_with_two_graphs_or_none(tmp_path):
     two = _save(tmp_path, [_graph(**_good_fields()), _graph(**_good_fields())])
     with pytest.raises(ValueError, match="exactly one graph, found 2"):
@@ -97,3 +106,13 @@ def test_file_with_two_graphs_or_none(tmp_path):
         load_dataset("dgl-file")
     with pytest.raises(ValueError, match=r"'feat'.*allowed options: path, num_classes"):
         load_dataset("dgl-file", path=two, feat="x")
+
+
+def test_without_dgl_the_error_names_the_install_command(tmp_path, monkeypatch):
+    import sys
+
+    path = tmp_path / "g.bin"
+    path.write_bytes(b"not read")
+    monkeypatch.setitem(sys.modules, "dgl", None)  # import dgl raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'dgl==2.1.0'"):
+        load_dataset("dgl-file", path=path)

@@ -1,6 +1,7 @@
-"""OGB datasets read offline through ogb's own DglNodePropPredDataset.
+"""OGB datasets read offline from OGB's raw files with ogb's own raw readers (no DGL),
+and the same graph as ogb's DglNodePropPredDataset builds (compared when DGL is installed).
 
-Small graphs are written in OGB's raw on-disk layout (``betty.data.ogb_format``) under
+Small graphs are written in OGB's raw on-disk layout (``tests/ogb_format.py``) under
 the folder names OGB uses, so the real reader and betty's per-dataset processing run
 exactly as they would on the downloaded files.
 """
@@ -15,8 +16,9 @@ import pytest
 import torch
 
 from betty.data import DatasetNotFoundError, cache_path, load_dataset
-from betty.data.ogb_format import write_ogb_node_dataset
+from ogb_format import write_ogb_node_dataset
 from betty.data.ogb_loader import _read_with_ogb, load_ogb, ogb_meta
+from betty.graph import Graph
 
 N = 10
 # a ring 0->1->...->9->0, a chord 2->7, a self-loop 3->3, and 5->4 (reverse of 4->5)
@@ -66,7 +68,7 @@ def test_products_self_loops_removed_inverse_edges_from_ogb(tmp_path):
     # OGB adds the inverse of every stored edge for products (add_inverse_edge)
     assert _pairs(src, dst) == directed | {(v, u) for u, v in directed}
     assert not bool((src == dst).any())
-    assert ds.graph.idtype == torch.int64 and len(ds.graph.ndata) == 0
+    assert ds.graph.idtype == torch.int64 and isinstance(ds.graph, Graph)
     assert torch.equal(ds.feat, torch.tensor(FEAT, dtype=torch.float32))
     assert torch.equal(ds.label, torch.arange(N) % 3) and ds.label.dtype == torch.int64
     for part, idx in zip(("train", "valid", "test"), (ds.train_idx, ds.valid_idx, ds.test_idx)):
@@ -225,8 +227,54 @@ def test_partial_download_lists_only_missing_files(tmp_path):
     assert "node-feat.csv.gz" in str(err.value) and "edge.csv.gz" not in str(err.value)
 
 
-def test_ogb_reader_itself_never_downloads(tmp_path):
-    """Even past betty's file check, OGB's download path raises instead of prompting."""
+def test_ogb_reader_itself_never_downloads(tmp_path, monkeypatch):
+    """Even called directly, the reader only checks and reads local files: OGB's download
+    helpers are never reached."""
+    import ogb.utils.url as ogb_url
+
+    monkeypatch.setattr(ogb_url, "download_url", lambda *a, **k: pytest.fail("downloaded"))
     meta = {**ogb_meta("ogbn-products"), "dir_path": str(tmp_path / "absent")}
-    with pytest.raises(DatasetNotFoundError, match="refusing to download"):
+    with pytest.raises(DatasetNotFoundError, match="edge.csv.gz"):
         _read_with_ogb("ogbn-products", tmp_path, meta)
+
+
+@pytest.mark.dgl
+@pytest.mark.parametrize("name", ["ogbn-products", "ogbn-proteins"])
+def test_same_arrays_as_ogbs_dgl_class(tmp_path, name):
+    """The raw reader gives OGB's DGL class's edge list (same order), features/edge
+    features, labels and split."""
+    from ogb.nodeproppred import DglNodePropPredDataset
+
+    kw = {"edge_feat": np.arange(EDGES.shape[1] * 8).reshape(-1, 8) / 8.0, "node_feat": None,
+          "node_label": (np.arange(N * 112).reshape(N, 112) % 2),
+          "extra_node_files": {"node_species": np.full(N, 3702)}} if name == "ogbn-proteins" else {}
+    _write(tmp_path, name, **kw)
+    graph, labels, split, _ = _read_with_ogb(name, tmp_path, None)
+    ref = DglNodePropPredDataset(name, root=str(tmp_path))
+    g, ref_labels = ref[0]
+    src, dst = g.edges()
+    assert torch.equal(torch.as_tensor(graph["edge_index"][0]), src)
+    assert torch.equal(torch.as_tensor(graph["edge_index"][1]), dst)
+    key = "feat"
+    ours = graph["edge_feat"] if name == "ogbn-proteins" else graph["node_feat"]
+    theirs = g.edata[key] if name == "ogbn-proteins" else g.ndata[key]
+    assert torch.equal(torch.as_tensor(ours), theirs)
+    assert torch.equal(torch.as_tensor(labels), ref_labels)
+    ref_split = ref.get_idx_split()
+    for part in ("train", "valid", "test"):
+        assert torch.equal(torch.as_tensor(split[part]), ref_split[part])
+
+
+def test_split_dict_pt_with_numpy_arrays(tmp_path):
+    """papers100M ships its split as split/time/split_dict.pt holding numpy arrays; it is
+    read (torch >= 2.6 refuses numpy in its default weights-only load)."""
+    folder = _write(tmp_path, "ogbn-papers100M", node_feat=FEAT.astype(np.float32),
+                    extra_node_files={"node_year": 2000 + np.arange(N)})
+    split_dir = next((folder / "split").iterdir())
+    for part in ("train", "valid", "test"):
+        (split_dir / f"{part}.csv.gz").unlink()
+    swapped = {"train": SPLIT["test"], "valid": SPLIT["valid"], "test": SPLIT["train"]}
+    torch.save({k: np.asarray(v, dtype=np.int64) for k, v in swapped.items()}, split_dir / "split_dict.pt")
+    ds = load_dataset("ogbn-papers100M", root=tmp_path, cache=False)
+    assert torch.equal(ds.train_idx, torch.as_tensor(SPLIT["test"]))
+    assert torch.equal(ds.test_idx, torch.as_tensor(SPLIT["train"]))

@@ -1,4 +1,5 @@
-"""Cora and CiteSeer through DGL's own dataset classes, offline, from the real raw files.
+"""Cora and CiteSeer from the real raw files: betty's own reader (no DGL), and the same
+dataset as DGL's class builds (compared when DGL is installed).
 
 The Planetoid files live in the read-only ``shared/data/planetoid`` beside the repository
 or in ``/work/shared`` (``BETTY_PLANETOID_DIR`` overrides; see ``graphs.planetoid_dir``);
@@ -15,6 +16,8 @@ import pytest
 import torch
 
 from betty.data import DatasetNotFoundError, dgl_raw_path, load_dataset, stage_planetoid
+from betty.data.planetoid import load_planetoid
+from betty.graph import Graph
 
 from graphs import planetoid_dir as find_planetoid_dir
 
@@ -48,19 +51,19 @@ def test_staging_uses_dgl_folder_names(staged_root, planetoid_dir):
     assert stage_planetoid(planetoid_dir, staged_root, "cora") == cora
 
 
-def test_cora_through_dgl_class(staged_root):
+def test_cora_matches_dgls_published_numbers(staged_root):
     ds = load_dataset("cora", root=staged_root)
     assert (ds.num_nodes, ds.num_edges, ds.num_classes) == (2708, 10556, 7)
     assert (ds.train_idx.numel(), ds.valid_idx.numel(), ds.test_idx.numel()) == (140, 500, 1000)
     assert ds.feat.shape == (2708, 1433) and ds.feat.dtype == torch.float32
     assert ds.label.dtype == torch.int64 and int(ds.label.max()) == 6
-    assert ds.graph.idtype == torch.int64 and len(ds.graph.ndata) == 0
+    assert ds.graph.idtype == torch.int64 and isinstance(ds.graph, Graph)
     src, dst = ds.graph.edges()
     assert set(zip(src.tolist(), dst.tolist())) == set(zip(dst.tolist(), src.tolist()))
     assert not ds.is_ogb and not ds.multilabel
 
 
-def test_citeseer_through_dgl_class(staged_root):
+def test_citeseer_matches_dgls_published_numbers(staged_root):
     ds = load_dataset("citeseer", root=staged_root)
     assert (ds.num_nodes, ds.num_edges, ds.num_classes) == (3327, 9228, 6)
     assert ds.train_idx.numel() == 120 and ds.feat.shape[1] == 3703
@@ -98,3 +101,28 @@ def test_stage_planetoid_rejects_bad_input(tmp_path, planetoid_dir):
         stage_planetoid(planetoid_dir, tmp_path, "reddit")
     with pytest.raises(FileNotFoundError, match="ind.cora.x"):
         stage_planetoid(tmp_path, tmp_path, "cora")
+
+
+def test_reads_the_unstaged_files_directly(planetoid_dir, staged_root):
+    a = load_planetoid(planetoid_dir, "cora")
+    b = load_dataset("cora", root=staged_root)
+    assert torch.equal(a.feat, b.feat) and torch.equal(a.label, b.label)
+    assert torch.equal(a.graph.src, b.graph.src) and torch.equal(a.graph.dst, b.graph.dst)
+
+
+@pytest.mark.dgl
+@pytest.mark.parametrize("name", ["cora", "citeseer"])
+def test_same_dataset_as_dgls_class(staged_root, name):
+    """Features bit-equal, labels, split and edge set equal to DGL's CitationGraphDataset."""
+    from betty.data.dgl_builtin import load_dgl_builtin
+
+    ours, theirs = load_dataset(name, root=staged_root, cache=False), load_dgl_builtin(name, staged_root)
+    assert torch.equal(ours.feat, theirs.feat) and torch.equal(ours.label, theirs.label)
+    for split in ("train_idx", "valid_idx", "test_idx"):
+        assert torch.equal(getattr(ours, split), getattr(theirs, split))
+    assert ours.num_classes == theirs.num_classes
+
+    def edge_set(ds):
+        return set(zip(ds.graph.src.tolist(), ds.graph.dst.tolist()))
+
+    assert ours.num_edges == theirs.num_edges and edge_set(ours) == edge_set(theirs)

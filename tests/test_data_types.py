@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import dgl
 import pytest
 import torch
 
 from betty.data import GraphDataset
 from betty.data.graph_build import canonical_edges
+from betty.graph import Graph
 
 
 def _fields(**override) -> dict:
-    g = dgl.graph((torch.tensor([0, 1, 2, 2]), torch.tensor([1, 0, 0, 2])), num_nodes=4)
+    g = Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 0, 0, 2]), 4)
     fields = dict(
         name="t",
         graph=g,
@@ -44,10 +44,7 @@ def test_valid_dataset_stats():
         (dict(label=torch.zeros(4, 2), multilabel=True, num_classes=3), "label must be (4, 3) float32"),
         (dict(train_idx=torch.tensor([0, 4])), "train_idx holds node IDs outside [0, 4)"),
         (dict(valid_idx=torch.tensor([[1]])), "valid_idx must be (n,) int64"),
-        (
-            dict(graph=dgl.graph((torch.tensor([0]), torch.tensor([1])), num_nodes=4, idtype=torch.int32)),
-            "graph idtype must be torch.int64",
-        ),
+        (dict(graph=object()), "graph must be a betty.graph.Graph"),
     ],
 )
 def test_contract_violations_are_reported(override, message):

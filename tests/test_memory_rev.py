@@ -47,6 +47,7 @@ def _graph(n: int):
     if n not in _GRAPHS:
         g, feat, label, train_idx = power_law_graph(num_nodes=n, avg_degree=6, num_feats=FEATS,
                                                     num_classes=CLASSES, seed=n)
+        g = g.to_dgl()  # RevGNN trains on whole-graph DGL parts
         mask = torch.zeros(n, dtype=torch.bool)
         mask[train_idx] = True
         _GRAPHS[n] = (g, feat, label, mask)

@@ -115,10 +115,10 @@ def test_metis_recovers_planted_communities(planted):
 
 
 def test_induced_output_graph_maps_both_endpoints():
-    import dgl
+    from betty.graph import Graph
 
     # 0->5, 5->9, 9->2, 3->7 (7 is not an output), edges given on global IDs
-    graph = dgl.graph((torch.tensor([0, 5, 9, 3]), torch.tensor([5, 9, 2, 7])), num_nodes=10)
+    graph = Graph(torch.tensor([0, 5, 9, 3]), torch.tensor([5, 9, 2, 7]), 10)
     outputs = torch.tensor([9, 0, 5, 2])  # local: 9->0, 0->1, 5->2, 2->3
     adj = induced_output_graph(graph, outputs).toarray()
     expected = np.zeros((4, 4), dtype=np.int32)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from betty.data.types import GraphDataset
+from betty.graph import as_graph
 from betty.memory import MemoryMeter
 from betty.models import build_model
 from betty.models.dropout import hash_keep_mask
@@ -126,7 +127,7 @@ def _dataset(n=240, multilabel=False, seed=0):
     if multilabel:
         label = torch.nn.functional.one_hot(label, CLASSES)[:, :TASKS].float()
     perm = torch.randperm(n, generator=gen)
-    return GraphDataset(name="rev-test", graph=g, feat=feat, label=label, train_idx=perm[: n // 2],
+    return GraphDataset(name="rev-test", graph=as_graph(g), feat=feat, label=label, train_idx=perm[: n // 2],
                         valid_idx=perm[n // 2: 3 * n // 4], test_idx=perm[3 * n // 4:],
                         num_classes=TASKS if multilabel else CLASSES, multilabel=multilabel)
 
@@ -192,7 +193,7 @@ def test_multilabel_and_deq_train():
 def test_k_auto_picks_the_smallest_fitting_k():
     ds = _dataset(n=300)
     probe, _ = _trainer(ds, RevPlan("random", 1))
-    whole = probe.estimate(cluster_partition(ds.graph, 1))[0]
+    whole = probe.estimate(cluster_partition(ds.graph.to_dgl(), 1))[0]
     budget = int(whole * 0.9)  # the full graph does not fit
     searches = []
     trainer, _ = _trainer(ds, RevPlan("random", "auto", memory_budget=budget, safety_margin=0.0))

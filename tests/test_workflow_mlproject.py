@@ -66,7 +66,13 @@ def test_mlflow_run_main_then_reuse(project):
         assert {"dataset", "device", "code_version", "stage_sha"} <= set(tags)
         assert "spec.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "spec.yaml" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    # MLflow-native records under mlflow run too (workflow.tracking)
+    assert parent.info.run_name == "tiny"
+    assert {r.info.run_name for r in stages} == {f"tiny/{s}" for s in STAGES}
+    assert client.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
     train = next(r for r in stages if r.data.tags["stage"] == "train")
+    assert [i.dataset.name for i in train.inputs.dataset_inputs] == ["synthetic"]
+    assert [m.source_run_id for m in client.search_logged_models([exp])] == [train.info.run_id]
     for name in EPOCH_METRICS:
         assert [m.step for m in client.get_metric_history(train.info.run_id, name)] == [0, 1], name
     assert {"model.pt", "memory_per_microbatch.csv", "models.json"} <= {

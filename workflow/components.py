@@ -53,12 +53,15 @@ def torch_dtype(rspec: ResolvedSpec) -> torch.dtype:
 
 
 def configure_threads(rspec: ResolvedSpec) -> None:
-    """Apply ``train.threads`` (PyTorch's and DGL's OpenMP pools) when it is set."""
+    """Apply ``train.threads`` (PyTorch's and, where DGL is installed, DGL's OpenMP
+    pools) when it is set."""
     threads = rspec.spec.train.threads
     if threads is not None:
         torch.set_num_threads(threads)
-        from dgl.utils import set_num_threads
-
+        try:
+            from dgl.utils import set_num_threads
+        except ImportError:  # the PyG stack: no DGL pool to size
+            return
         set_num_threads(threads)
 
 

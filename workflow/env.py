@@ -3,6 +3,9 @@
 * ``MLFLOW_DISABLE_TELEMETRY=true``: no usage telemetry;
 * ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false``: no tqdm bars when stages read each
   other's artifacts;
+* ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=true``: against a tracking server MLflow
+  prints "View run ... at: URL" on stdout whenever a run ends, which broke
+  ``betty run --json`` (stdout is betty's own output: tables and JSON);
 * ``DGLBACKEND=pytorch``;
 * ``OUTDATED_IGNORE=1``: ``ogb`` does not query PyPI for a newer version on import;
 * ``OMP_WAIT_POLICY=PASSIVE``: PyTorch and DGL each load their own OpenMP runtime;
@@ -20,6 +23,7 @@ import os
 DEFAULTS = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
     "DGLBACKEND": "pytorch",
     "OUTDATED_IGNORE": "1",
     "OMP_WAIT_POLICY": "PASSIVE",

@@ -41,6 +41,7 @@ from workflow import signals
 from workflow.specfile import STAGES, ResolvedSpec
 from workflow.stages import UPSTREAM, stage_function
 from workflow.stages.base import StageContext
+from workflow.tracking import log_dataset_input
 
 __all__ = ["StageFailed", "run_stage", "InProcessLauncher", "ProjectLauncher", "run_pipeline",
            "collect_summary"]
@@ -202,6 +203,7 @@ def run_pipeline(rspec: ResolvedSpec, launcher, *, reuse: bool = True, reporter:
     with tracked_run("main", "main", rspec, run_name=run_name or rspec.name, device=device) as parent:
         library.preflight(rspec.spec)  # fail before any work if the library lacks a feature
         experiment_id = parent.info.experiment_id
+        log_dataset_input(rspec)
         outcomes["main"] = {"run_id": parent.info.run_id}
         upstream: dict[str, str] = {}
         for stage in stages:

@@ -109,7 +109,7 @@ def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None
     """
     from betty.models.rev_training import cluster_partition
 
-    graph = trainer.dataset.graph
+    graph = trainer.dataset.graph.to_dgl()  # RevGNN parts are DGL subgraphs
     ks = sorted({int(k) for k in ks if int(k) <= graph.num_nodes()})
     rows, skipped = [], {}
     advance = reporter.steps("partition sweep", len(ks) * len(methods)) if reporter else None

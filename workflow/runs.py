@@ -7,6 +7,7 @@ Every run this package creates is opened with :func:`tracked_run`, which
   doing the work (``betty.host``, ``betty.pid``: ``betty cleanup`` finds runs whose
   process is gone), and for stages ``stage_sha`` and ``upstream_run_id`` (the reuse
   key, see :mod:`workflow.reuse`);
+* marks its experiment as model training (:func:`workflow.tracking.mark_model_training`);
 * logs the flattened resolved spec as params (``spec.<key.path>``) and the resolved spec
   as the ``spec.yaml`` artifact;
 * ends it ``FINISHED``; ``FAILED`` when the body raises (``KILLED`` on
@@ -34,6 +35,7 @@ from mlflow.tracking import MlflowClient
 from workflow.provenance import code_version, git_commit
 from workflow.signals import shield
 from workflow.specfile import ResolvedSpec
+from workflow.tracking import mark_model_training
 
 __all__ = [
     "ERROR_TAG_LIMIT",
@@ -165,6 +167,7 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
     run = mlflow.start_run(nested=nested, run_name=run_name)
     run_id = run.info.run_id
     try:
+        mark_model_training(run.info.experiment_id)
         mlflow.set_tags(_run_tags(kind, stage, rspec, device, tags))
         if log_spec:
             mlflow.log_params(rspec.params())

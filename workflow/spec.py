@@ -5,6 +5,7 @@ A spec is one YAML mapping with the sections ``dataset``, ``sampling``, ``model`
 
     name: products_lstm
     description: Betty's ogbn-products LSTM experiment
+    experiment: products      # MLflow experiment (optional; default: the spec name)
     dataset: {name: ogbn-products, root: data}
     sampling: {fanouts: [10, 25], batch_size: full, seed: 0}
     model: {arch: sage, aggregator: lstm, hidden: 256, layers: 2, dropout: 0.5}
@@ -356,6 +357,7 @@ class Spec(_Section):
 
     name: str = Field("spec", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     description: str | None = None
+    experiment: str | None = Field(None, min_length=1, max_length=200)
     dataset: DatasetSection
     sampling: SamplingSection
     model: ModelSection = Field(default_factory=ModelSection)

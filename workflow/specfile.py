@@ -238,8 +238,9 @@ class ResolvedSpec:
 
     @property
     def content(self) -> dict:
-        """``data`` without ``name`` and ``description``."""
-        return {k: v for k, v in self.data.items() if k not in ("name", "description")}
+        """``data`` without ``name``, ``description`` and ``experiment`` (labels that do
+        not change any result)."""
+        return {k: v for k, v in self.data.items() if k not in ("name", "description", "experiment")}
 
     @property
     def sha(self) -> str:

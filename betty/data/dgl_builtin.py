@@ -15,6 +15,7 @@ the edge counts match DGL's: Cora 10,556, CiteSeer 9,228).
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,12 +88,14 @@ def _spec(name: str) -> DglBuiltin:
 
 def dgl_raw_path(name: str, raw_dir: str | Path) -> Path:
     """The folder DGL 2.x reads ``name`` from: ``raw_dir/<dgl name>_<sha1(url)[:8]>``
-    (the same rule as ``DGLDataset.raw_path``, URL from ``dgl.data.utils._get_dgl_url``,
-    which honours ``DGL_REPO``)."""
-    from dgl.data.utils import _get_dgl_url
+    (the same rule as ``DGLDataset.raw_path``, with the URL built as DGL's
+    ``dgl.data.utils._get_dgl_url`` does: ``$DGL_REPO`` or ``https://data.dgl.ai/``, then
+    the dataset's path). Needs no DGL."""
 
     spec = _spec(name)
-    digest = hashlib.sha1(_get_dgl_url(spec.url_path).encode("utf-8")).hexdigest()[:8]
+    repo = os.environ.get("DGL_REPO", "https://data.dgl.ai/")
+    url = (repo if repo.endswith("/") else repo + "/") + spec.url_path
+    digest = hashlib.sha1(url.encode("utf-8")).hexdigest()[:8]
     return Path(raw_dir) / f"{spec.dgl_name}_{digest}"
 
 
@@ -126,12 +129,20 @@ def load_dgl_builtin(name: str, root: str | Path = "data") -> GraphDataset:
 
     Raises:
         DatasetNotFoundError: the files are missing (message names folder and files).
+        ImportError: DGL is not installed (the message gives the install command).
     """
-    import dgl.data
 
     spec = _spec(name)
     root = Path(root)
     _check_files(name, root)
+    try:
+        import dgl.data
+    except ImportError as err:
+        raise ImportError(
+            f"dataset {name!r} is read with DGL's own dataset class, and DGL is not "
+            "installed: pip install 'dgl==2.1.0' (betty's DGL stack, see the README)"
+            + ("; cora, citeseer and pubmed load without DGL" if name != "reddit" else "")
+        ) from err
     base = getattr(dgl.data, spec.class_name)
     offline = type(f"Offline{spec.class_name}", (base,), {"download": _refuse_download})
     dataset = offline(raw_dir=str(root), verbose=False)

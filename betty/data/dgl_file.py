@@ -1,5 +1,8 @@
 """A dataset stored with ``dgl.save_graphs``: one graph with DGL's node-data names.
 
+Reading the file needs DGL (its format is DGL's C++ serialization); without DGL the
+loader fails with the install command. The dataset it returns holds no DGL object.
+
 Expected node data (N nodes):
 
 =============  =====================================================
@@ -81,13 +84,21 @@ def load_dgl_file(
 
     Raises:
         DatasetNotFoundError: no such file.
+        ImportError: DGL is not installed (the message gives the install command).
         ValueError: not exactly one homogeneous graph, or missing/misshapen fields.
     """
-    import dgl
-
     path = Path(path)
     if not path.is_file():
         raise DatasetNotFoundError(f"dgl-file: path={str(path)!r} does not exist (a dgl.save_graphs file)")
+    try:
+        import dgl
+    except ImportError as err:
+        raise ImportError(
+            f"dataset 'dgl-file' ({path}) is DGL's own binary format (dgl.save_graphs: "
+            "serialized C++ graph objects, read by DGL's library only) and DGL is not "
+            "installed: pip install 'dgl==2.1.0' (betty's DGL stack, see the README), or "
+            "convert the file once on a machine with DGL"
+        ) from err
     graphs, _ = dgl.load_graphs(str(path))
     if len(graphs) != 1:
         raise ValueError(f"dgl-file {path}: expected exactly one graph, found {len(graphs)}")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import dgl
 import torch
+
+from betty.graph import Graph
 
 __all__ = ["bare_graph", "canonical_edges", "mask_to_index"]
 
@@ -42,14 +43,9 @@ def canonical_edges(
     return src, dst
 
 
-def bare_graph(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> dgl.DGLGraph:
-    """An int64 CPU ``dgl.graph`` with edges ``src[i] -> dst[i]`` and no ndata/edata."""
-    return dgl.graph(
-        (torch.as_tensor(src, dtype=torch.int64), torch.as_tensor(dst, dtype=torch.int64)),
-        num_nodes=int(num_nodes),
-        idtype=torch.int64,
-        device="cpu",
-    )
+def bare_graph(src: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> Graph:
+    """A :class:`betty.graph.Graph` with edges ``src[i] -> dst[i]`` (int64, CPU)."""
+    return Graph(src, dst, num_nodes)
 
 
 def mask_to_index(mask: torch.Tensor) -> torch.Tensor:

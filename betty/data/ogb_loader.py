@@ -1,10 +1,16 @@
-"""OGB node-property datasets through ``ogb.nodeproppred.DglNodePropPredDataset``, offline.
+"""OGB node-property datasets read from OGB's raw files with ``ogb``'s own readers, offline,
+without DGL or PyG.
 
-OGB's class downloads a missing dataset, and asks ``input()`` first when the download is
-large or when the folder lacks its ``RELEASE_v<version>.txt``. Here nothing may block:
-:func:`check_ogb_files` verifies the on-disk layout first and raises
-:class:`DatasetNotFoundError` naming every missing path and where it must go; the OGB
-class then runs with its download and prompt functions replaced by ones that raise.
+OGB's dataset classes download a missing dataset, ask ``input()`` first when the
+download is large or when the folder lacks its ``RELEASE_v<version>.txt``, and cache a
+processed file (``torch.load``-ed on later runs). Here nothing may block and no
+framework is needed: :func:`check_ogb_files` verifies the on-disk layout first and raises
+:class:`DatasetNotFoundError` naming every missing path and where it must go; then
+``ogb.io.read_graph_raw``'s ``read_csv_graph_raw`` / ``read_binary_graph_raw`` (the
+functions OGB's classes call) read the raw graph, and the labels and split are read from
+the same files OGB's classes read. The graph is the one OGB's DGL and PyG classes build
+(same edge list and order, inverse edges appended where OGB's meta says
+``add_inverse_edge``); betty caches its own processed dataset.
 
 Layout OGB reads, under ``<root>/<dir>`` with ``<dir>`` = the name with ``-`` -> ``_``
 (``ogbn_products``; OGB prefers ``<dir>_dgl`` when that folder exists)::
@@ -16,9 +22,7 @@ Layout OGB reads, under ``<root>/<dir>`` with ``<dir>`` = the name with ``-`` ->
     raw/data.npz, raw/node-label.npz           (binary datasets: papers100M)
     split/<split type>/{train,valid,test}.csv.gz   (or split_dict.pt)
 
-(``processed/dgl_data_processed``, written by OGB on first load, replaces ``raw/``.)
-
-Processing after OGB has built its DGL graph (the *recipe* of each dataset):
+Processing after OGB's reader (the *recipe* of each dataset):
 
 * every dataset: self-loops removed (as Betty does for products), bare int64 graph;
 * ``ogbn-arxiv``, ``ogbn-papers100M`` (directed citation graphs): made bidirected,
@@ -37,8 +41,8 @@ import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
+import numpy as np
 import torch
 
 from betty.data.graph_build import bare_graph, canonical_edges
@@ -142,9 +146,8 @@ def check_ogb_files(name: str, root: str | Path, meta_dict: dict | None = None) 
     release = folder / f"RELEASE_v{meta['version']}.txt"
     if not release.is_file():
         missing.append(str(release))
-    if not (folder / "processed" / "dgl_data_processed").is_file():
-        raw, _ = _required_files(meta)
-        missing += [str(folder / f) for f in raw if not (folder / f).is_file()]
+    raw, _ = _required_files(meta)
+    missing += [str(folder / f) for f in raw if not (folder / f).is_file()]
     _, split = _required_files(meta)
     split_dir = folder / "split" / str(meta["split"])
     if not (split_dir / "split_dict.pt").is_file():
@@ -181,43 +184,60 @@ def ogb_source_fingerprint(name: str, root: str | Path, meta_dict: dict | None =
     return out
 
 
-def _refuse_download(*_args, **_kwargs):
-    raise DatasetNotFoundError(
-        "refusing to download an OGB dataset (betty loads datasets offline only)"
-    )
+def _read_with_ogb(name: str, root: Path, meta_dict: dict | None) -> tuple[dict, np.ndarray, dict, dict]:
+    """``(graph, labels, split, meta)`` from the raw files, with ``ogb``'s raw readers.
+
+    ``graph`` is OGB's dict (``edge_index (2, E)``, ``node_feat``, ``edge_feat``,
+    ``num_nodes``), ``labels`` ``(N, T)``, ``split`` ``{"train", "valid", "test"}`` ->
+    node IDs. Reads only local files (a missing one raises
+    :class:`DatasetNotFoundError` via :func:`check_ogb_files`); nothing is downloaded.
+    """
+    import pandas as pd
+    from ogb.io.read_graph_raw import read_binary_graph_raw, read_csv_graph_raw
+
+    meta = meta_dict if meta_dict is not None else ogb_meta(name)
+    folder = check_ogb_files(name, root, meta_dict)
+    raw = folder / "raw"
+    inverse = meta["add_inverse_edge"] == "True"
+    extra = meta.get("additional node files", "None")
+    extra_edge = meta.get("additional edge files", "None")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        if meta["binary"] == "True":
+            graph = read_binary_graph_raw(str(raw), add_inverse_edge=inverse)[0]
+            labels = np.load(raw / "node-label.npz")["node_label"]
+        else:
+            graph = read_csv_graph_raw(
+                str(raw), add_inverse_edge=inverse,
+                additional_node_files=[] if extra == "None" else extra.split(","),
+                additional_edge_files=[] if extra_edge == "None" else extra_edge.split(","),
+            )[0]
+            labels = pd.read_csv(raw / "node-label.csv.gz", compression="gzip", header=None).values
+    split_dir = folder / "split" / str(meta["split"])
+    if (split_dir / "split_dict.pt").is_file():
+        # OGB's own file (papers100M) holds numpy arrays, which torch >= 2.6's default
+        # weights_only=True refuses; OGB's classes load it the same way.
+        split = torch.load(split_dir / "split_dict.pt", weights_only=False)
+    else:
+        split = {part: pd.read_csv(split_dir / f"{part}.csv.gz", compression="gzip",
+                                   header=None).values.T[0]
+                 for part in ("train", "valid", "test")}
+    return graph, labels, split, meta
 
 
-def _read_with_ogb(name: str, root: Path, meta_dict: dict | None):
-    """Run OGB's class with its download and prompt paths disabled."""
-    import ogb.nodeproppred.dataset_dgl as ogb_dgl
-
-    with (
-        mock.patch.object(ogb_dgl, "decide_download", _refuse_download),
-        mock.patch.object(ogb_dgl, "download_url", _refuse_download),
-        mock.patch.object(ogb_dgl, "input", _refuse_download, create=True),
-        contextlib.redirect_stdout(io.StringIO()),  # OGB's progress prints and tqdm bars
-        contextlib.redirect_stderr(io.StringIO()),
-    ):
-        dataset = ogb_dgl.DglNodePropPredDataset(name, root=str(root), meta_dict=meta_dict)
-        graph, labels = dataset[0]
-        split = dataset.get_idx_split()
-    return dataset, graph, labels, split
-
-
-def _node_features(graph, recipe: OgbRecipe, name: str) -> torch.Tensor:
+def _node_features(graph: dict, recipe: OgbRecipe, name: str) -> torch.Tensor:
     """``(N, F)`` float32 features; for proteins the mean of in-edge features."""
     if recipe.feat_from_edges:
-        if "feat" not in graph.edata:
+        if graph.get("edge_feat") is None:
             raise ValueError(f"{name}: the recipe averages edge features but the graph has none")
-        efeat = graph.edata["feat"].to(torch.float32)
-        _, dst = graph.edges()
-        n = graph.num_nodes()
+        efeat = torch.as_tensor(graph["edge_feat"]).to(torch.float32)
+        dst = torch.as_tensor(graph["edge_index"][1], dtype=torch.int64)
+        n = int(graph["num_nodes"])
         total = torch.zeros(n, efeat.shape[1], dtype=torch.float32).index_add_(0, dst, efeat)
         deg = torch.bincount(dst, minlength=n).clamp(min=1).to(torch.float32)
         return total / deg[:, None]
-    if "feat" not in graph.ndata:
-        raise ValueError(f"{name}: OGB graph has no node features ('feat')")
-    return graph.ndata["feat"].to(torch.float32).contiguous()
+    if graph.get("node_feat") is None:
+        raise ValueError(f"{name}: OGB graph has no node features")
+    return torch.as_tensor(graph["node_feat"]).to(torch.float32).contiguous()
 
 
 def _labels(
@@ -266,21 +286,20 @@ def load_ogb(
     if recipe_name not in OGB_RECIPES:
         raise ValueError(f"recipe={recipe_name!r} is not one of {sorted(OGB_RECIPES)}")
     rec = OGB_RECIPES[recipe_name]
-    check_ogb_files(name, root, meta_dict)
-    dataset, graph, labels, split = _read_with_ogb(name, Path(root), meta_dict)
+    graph, labels, split, meta = _read_with_ogb(name, Path(root), meta_dict)
 
     train_idx, valid_idx, test_idx = (
         torch.as_tensor(split[k], dtype=torch.int64).reshape(-1) for k in ("train", "valid", "test")
     )
-    n = int(graph.num_nodes())
+    n = int(graph["num_nodes"])
     feat = _node_features(graph, rec, name)
-    label = _labels(labels, rec, torch.cat([train_idx, valid_idx, test_idx]), name)
-    src, dst = graph.edges()
+    label = _labels(torch.as_tensor(labels), rec, torch.cat([train_idx, valid_idx, test_idx]), name)
+    src, dst = (torch.as_tensor(graph["edge_index"][i], dtype=torch.int64) for i in (0, 1))
     del graph
     src, dst = canonical_edges(
         src, dst, n, remove_self_loops=True, to_bidirected=rec.to_bidirected
     )
-    num_classes = int(dataset.num_tasks) if rec.multilabel else int(dataset.num_classes)
+    num_classes = int(meta["num tasks"]) if rec.multilabel else int(meta["num classes"])
     return GraphDataset(
         name=name,
         graph=bare_graph(src, dst, n),

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from betty.data import cache as _cache
-from betty.data import dgl_builtin, dgl_file, ogb_loader, synthetic
+from betty.data import dgl_builtin, dgl_file, ogb_loader, planetoid, synthetic
 from betty.data.types import GraphDataset
 
-__all__ = ["DatasetSpec", "DATASETS", "dataset_names", "resolve_options", "cache_path", "load_dataset"]
+__all__ = ["DatasetSpec", "DATASETS", "dataset_names", "resolve_options", "cache_path", "dataset_digest", "load_dataset"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ def _ogb_fingerprint(name: str, root: Path, opts: dict) -> list:
 
 
 def _dgl_builtin_build(name: str, root: Path, opts: dict) -> GraphDataset:
+    if name in planetoid.PLANETOID_NAMES:
+        return planetoid.load_planetoid_dataset(name, root)
     return dgl_builtin.load_dgl_builtin(name, root)
 
 
@@ -109,7 +111,7 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 defaults={},
                 build=_ogb_build,
                 fingerprint=_ogb_fingerprint,
-                description="OGB, read offline with ogb's DglNodePropPredDataset",
+                description="OGB, raw files read offline with ogb's raw readers",
             )
         )
     for dgl_name in dgl_builtin.DGL_BUILTINS:
@@ -118,7 +120,9 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 name=dgl_name,
                 defaults={},
                 build=_dgl_builtin_build,
-                description="DGL built-in dataset class, offline",
+                description=("Planetoid raw files in DGL's folder layout, read by betty"
+                             if dgl_name in planetoid.PLANETOID_NAMES
+                             else "DGL built-in dataset class, offline"),
             )
         )
     specs.append(
@@ -165,16 +169,30 @@ def resolve_options(name: str, options: Mapping[str, Any]) -> dict:
     return spec.normalize({**spec.defaults, **options})
 
 
+def _identity(name: str, root: str | Path, options: Mapping[str, Any]) -> dict:
+    """What identifies a dataset's content: name, resolved options and, where the
+    dataset has one, the fingerprint of its source files (sizes and mtimes for OGB)."""
+    spec = _spec(name)
+    opts = resolve_options(name, options)
+    payload: dict = {"name": name, "options": opts}
+    if spec.fingerprint is not None:
+        payload["source"] = spec.fingerprint(name, Path(root), opts)
+    return payload
+
+
 def cache_path(name: str, root: str | Path = "data", **options) -> Path | None:
     """The cache file :func:`load_dataset` uses for these arguments (``None`` for
     datasets betty does not cache)."""
-    spec = _spec(name)
-    opts = resolve_options(name, options)
-    if spec.fingerprint is None:
+    if _spec(name).fingerprint is None:
         return None
-    root = Path(root)
-    payload = {"name": name, "options": opts, "source": spec.fingerprint(name, root, opts)}
-    return _cache.cache_file(root, name, payload)
+    return _cache.cache_file(Path(root), name, _identity(name, root, options))
+
+
+def dataset_digest(name: str, root: str | Path = "data", **options) -> str:
+    """16 hex digits identifying the dataset's content: :func:`betty.data.cache.cache_key`
+    over name, resolved options and the source-file fingerprint (the cache file's key
+    for cached datasets). Reads no data; raises like :func:`resolve_options`."""
+    return _cache.cache_key(_identity(name, root, options))
 
 
 def load_dataset(

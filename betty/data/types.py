@@ -2,9 +2,10 @@
 
 Conventions (shared by every loader, checked in :meth:`GraphDataset.__post_init__`):
 
-* ``graph`` is a homogeneous ``dgl.DGLGraph`` with ``int64`` IDs on the CPU. An edge
-  ``u -> v`` means *u is a neighbour of v*: a node aggregates over its **in**-edges.
-  It carries no node or edge data; features and labels live beside it.
+* ``graph`` is a :class:`betty.graph.Graph`: ``int64`` edge arrays on the CPU, no DGL
+  or PyG object (a backend converts it: ``graph.to_dgl()``, ``graph.edge_index()``).
+  An edge ``u -> v`` means *u is a neighbour of v*: a node aggregates over its
+  **in**-edges. Features and labels live beside it.
 * ``feat`` is ``(N, F)`` float32.
 * ``label`` is ``(N,)`` int64 class IDs for single-label tasks (``-1`` marks a node
   without a label, e.g. most of ogbn-papers100M), or ``(N, T)`` float32 0/1 targets for
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import dgl
 import torch
+
+from betty.graph import Graph
 
 __all__ = ["GraphDataset"]
 
@@ -29,8 +31,8 @@ class GraphDataset:
 
     Attributes:
         name: dataset name as passed to :func:`betty.data.load_dataset`.
-        graph: homogeneous int64 CPU graph, edges ``src -> dst`` (in-edges are a
-            node's neighbours), no ndata/edata.
+        graph: the int64 CPU :class:`betty.graph.Graph`, edges ``src -> dst``
+            (in-edges are a node's neighbours).
         feat: ``(N, F)`` float32 node features.
         label: ``(N,)`` int64 (single-label, ``-1`` = unlabeled) or ``(N, T)`` float32
             0/1 (multi-label).
@@ -42,7 +44,7 @@ class GraphDataset:
     """
 
     name: str
-    graph: dgl.DGLGraph
+    graph: Graph
     feat: torch.Tensor
     label: torch.Tensor
     train_idx: torch.Tensor
@@ -75,8 +77,7 @@ class GraphDataset:
 
     def in_degrees(self) -> torch.Tensor:
         """``(N,)`` int64 in-degree of every node (``bincount`` of edge destinations)."""
-        _, dst = self.graph.edges()
-        return torch.bincount(dst, minlength=self.num_nodes)
+        return torch.bincount(self.graph.dst, minlength=self.num_nodes)
 
     def edge_homophily(self) -> float:
         """Fraction of edges whose endpoints share a label, over edges with both ends
@@ -126,15 +127,10 @@ def _contract_violations(ds: GraphDataset) -> list[str]:
     """Every way ``ds`` departs from the conventions in the module docstring (cheap
     checks only: shapes, dtypes, device, index ranges)."""
     g = ds.graph
-    if not isinstance(g, dgl.DGLGraph):
-        return [f"graph must be a dgl.DGLGraph, got {type(g).__name__}"]
+    if not isinstance(g, Graph):
+        return [f"graph must be a betty.graph.Graph (betty.graph.as_graph converts a "
+                f"dgl.DGLGraph), got {type(g).__name__}"]
     out: list[str] = []
-    if not g.is_homogeneous:
-        out.append("graph must be homogeneous (one node type, one edge type)")
-    if g.idtype != torch.int64:
-        out.append(f"graph idtype must be torch.int64, got {g.idtype}")
-    if g.device.type != "cpu":
-        out.append(f"graph must be on the CPU, got {g.device}")
     n = int(g.num_nodes())
     if ds.feat.dim() != 2 or ds.feat.shape[0] != n or ds.feat.dtype != torch.float32:
         out.append(

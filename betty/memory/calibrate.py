@@ -133,7 +133,7 @@ def _fit_lstm(rows, elt: int, width_multiple: int) -> tuple[float, float, float,
 
 
 def calibrate(device: torch.device | str = "cpu", *, dtype: torch.dtype = torch.float32,
-              write: bool = True, lstm_grid=LSTM_GRID) -> dict:
+              write: bool = True, lstm_grid=LSTM_GRID, block_formats: bool = True) -> dict:
     """Measure this machine's constants for ``device``'s backend; see the module docstring.
 
     Args:
@@ -143,6 +143,9 @@ def calibrate(device: torch.device | str = "cpu", *, dtype: torch.dtype = torch.
         dtype: LSTM dtype measured (the compute dtype of the runs to estimate).
         write: save to the user constants file.
         lstm_grid: ``(steps, sequences, width)`` shapes for the LSTM fit.
+        block_formats: on CUDA, measure DGL's device graph formats (imports DGL);
+            ``False`` leaves ``block_bytes_per_edge/node`` at 0 (a backend that builds
+            no formats beyond the edge index, or a machine without DGL).
 
     Returns:
         A JSON-ready dict: ``backend``, ``constants``, ``lstm_fit_max_rel_error``,
@@ -169,7 +172,7 @@ def calibrate(device: torch.device | str = "cpu", *, dtype: torch.dtype = torch.
         if onednn_err < 1e-3:
             kernel = "onednn"
     per_edge = per_node = 0.0
-    if dev.type == "cuda":
+    if dev.type == "cuda" and block_formats:
         small = measure_block_formats(dev, 2000, 1000, 20000)
         large = measure_block_formats(dev, 4000, 2000, 80000)
         per_edge = max(0.0, (large - small) / 60000.0)

@@ -22,9 +22,11 @@ import scipy.sparse as sp
 import torch
 
 from betty.batch import SampledBatch
+from betty.graph import as_graph
 from betty.partition.balance import fill_empty_pieces, integer_vertex_weights
 from betty.partition.base import PartitionResult, register
 from betty.partition.metis_cut import metis_cut, symmetric_simple
+from betty.sampling import sample_neighbors
 
 __all__ = ["induced_output_graph", "metis_partition"]
 
@@ -33,7 +35,7 @@ def induced_output_graph(graph, output_nid: torch.Tensor) -> sp.csr_matrix:
     """``(n_out, n_out)`` symmetric 0/1 int32 CSR of ``graph`` induced on ``output_nid``.
 
     Args:
-        graph: a homogeneous ``dgl.DGLGraph`` (any device; edges are read to the CPU).
+        graph: a :class:`betty.graph.Graph` (or a ``dgl.DGLGraph``, converted).
         output_nid: ``(n_out,)`` distinct global IDs; row/column ``a`` is
             ``output_nid[a]``.
     """
@@ -45,10 +47,9 @@ def induced_output_graph(graph, output_nid: torch.Tensor) -> sp.csr_matrix:
             f"output IDs must lie in [0, {num_nodes}) (graph=...'s node count), got "
             f"[{int(output_nid.min())}, {int(output_nid.max())}]"
         )
-    ids = output_nid.to(device=graph.device, dtype=graph.idtype)
-    src, dst = graph.in_edges(ids, form="uv")
-    src = src.to("cpu", torch.int64)
-    dst = dst.to("cpu", torch.int64)
+    graph = as_graph(graph)
+    row, at = sample_neighbors(graph, output_nid, -1)  # every in-edge of the outputs
+    src, dst = graph.in_csr[1][at], output_nid[row]
     pos = torch.full((num_nodes,), -1, dtype=torch.int64)
     pos[output_nid] = torch.arange(n_out, dtype=torch.int64)
     a, b = pos[src], pos[dst]
@@ -67,7 +68,7 @@ def metis_partition(
     """METIS on the original graph restricted to the outputs (needs ``graph=``)."""
     if graph is None:
         raise ValueError(
-            "method 'metis' cuts the original graph: pass graph=<the dgl.DGLGraph the "
+            "method 'metis' cuts the original graph: pass graph=<the betty.graph.Graph the "
             "batch was sampled from>"
         )
     start = time.perf_counter()

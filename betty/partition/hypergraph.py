@@ -14,9 +14,10 @@ Hyperedges of size 1 never cost anything and are dropped before partitioning.
 The partitioner is Mt-KaHyPar with its ``DETERMINISTIC`` preset (reproducible for a
 seed and thread count), imbalance ``epsilon = 0.03`` on the vertex weights (the same
 tolerance as METIS's default ``ufactor = 30``). That preset ignores
-``mtkahypar.set_seed`` (checked on mtkahypar 1.7), so the seed instead relabels the
-vertices with a seeded random permutation before partitioning: the same seed (and
-thread count) gives the same split, different seeds give different splits.
+``mtkahypar.set_seed`` (checked on mtkahypar 1.7), so betty does not call it: the seed
+instead relabels the vertices with a seeded random permutation before partitioning:
+the same seed (and thread count) gives the same split, different seeds give different
+splits.
 """
 
 from __future__ import annotations
@@ -91,7 +92,6 @@ def hypergraph_partition(
     ctx = mk.context_from_preset(presets[preset])
     ctx.set_partitioning_parameters(int(k), float(epsilon), mtkahypar.Objective.KM1)
     ctx.logging = False
-    mtkahypar.set_seed(int(seed))
     hg = mk.create_hypergraph(
         ctx, n_out, len(edges), edges, vweights, np.ones(len(edges), dtype=np.int32)
     )

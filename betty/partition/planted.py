@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from betty.graph import Graph
+
 __all__ = ["planted_community_graph"]
 
 
@@ -26,9 +28,8 @@ def planted_community_graph(
     exponent: float = 2.5,
     seed: int = 0,
 ):
-    """Returns ``(graph, community)``: a ``dgl.DGLGraph`` (int64 IDs, symmetric) and the
+    """Returns ``(graph, community)``: a :class:`betty.graph.Graph` (symmetric) and the
     ``(num_nodes,)`` int64 community of each node."""
-    import dgl
 
     if num_nodes < 2 or not 1 <= num_communities <= num_nodes:
         raise ValueError(
@@ -64,5 +65,5 @@ def planted_community_graph(
     a, b = pairs // num_nodes, pairs % num_nodes
     src = torch.from_numpy(np.concatenate([a, b]))
     dst = torch.from_numpy(np.concatenate([b, a]))
-    graph = dgl.graph((src, dst), num_nodes=num_nodes, idtype=torch.int64)
+    graph = Graph(src, dst, num_nodes)
     return graph, torch.from_numpy(community.astype(np.int64))

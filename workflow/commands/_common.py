@@ -18,7 +18,7 @@ SetOpt = Annotated[Optional[List[str]], typer.Option(
     "--set", "-s", help="Override a spec key: key.path=value (value parsed as YAML). Repeatable.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of a table.")]
 ExperimentOpt = Annotated[Optional[str], typer.Option(
-    "--experiment", "-e", help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME or 'Default').")]
+    "--experiment", "-e", help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME; run/stage: else the spec's experiment key or its name).")]
 
 
 def fail(message: str, code: int) -> typer.Exit:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from workflow.commands._common import ExperimentOpt, JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, load, use_experiment
+from workflow.commands._common import ExperimentOpt, JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, load
 
 SUMMARY_KEYS = ("k", "redundancy", "edges_kept_fraction", "peak_mem_estimated_bytes", "peak_mem_measured_bytes",
                 "mem_estimate_error", "epoch_time_s", "loss", "train_acc", "valid_acc", "test_acc",
@@ -25,8 +25,10 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     from workflow.pipeline import InProcessLauncher, run_pipeline
     from workflow.progress import make_reporter
 
+    from workflow.tracking import use_spec_experiment
+
     rspec = load(spec, set_)
-    use_experiment(experiment)
+    use_spec_experiment(rspec, experiment)
     with make_reporter() as reporter:
         outcomes = run_pipeline(rspec, InProcessLauncher(reporter), reuse=reuse, reporter=reporter)
     parent = MlflowClient().get_run(outcomes["main"]["run_id"])

@@ -6,11 +6,11 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from workflow.commands._common import ExperimentOpt, JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, experiment_id, fail, load, use_experiment
+from workflow.commands._common import ExperimentOpt, JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, experiment_id, fail, load
 from workflow.specfile import STAGES
 
 
-def _auto_upstream(rspec, stage: str, upstream: dict[str, str], experiment: str | None) -> dict[str, str]:
+def _auto_upstream(rspec, stage: str, upstream: dict[str, str], exp: str) -> dict[str, str]:
     """For ``evaluate`` without ``--upstream train=...``: the newest FINISHED train run
     of this spec content and code version in the active experiment."""
     if stage != "evaluate" or "train" in upstream:
@@ -22,7 +22,6 @@ def _auto_upstream(rspec, stage: str, upstream: dict[str, str], experiment: str 
 
     device = str(resolve_device(rspec.spec.train.device))
     sha = rspec.stage_sha("train", {"device": device})
-    exp = experiment_id(experiment)
     runs = MlflowClient().search_runs(
         [exp], f"tags.stage = 'train' and tags.run_kind = 'stage' and tags.stage_sha = '{sha}' and "
                f"tags.code_version = '{code_version()}' and attributes.status = 'FINISHED'",
@@ -48,9 +47,11 @@ def stage(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(STAGES)}
         ups = decode_upstream(";".join(upstream or []))
     except ValueError as err:
         raise fail(str(err), 2) from None
+    from workflow.tracking import use_spec_experiment
+
     rspec = load(spec, set_)
-    use_experiment(experiment)
-    ups = _auto_upstream(rspec, name, ups, experiment)
+    exp = use_spec_experiment(rspec, experiment) or experiment_id(experiment)
+    ups = _auto_upstream(rspec, name, ups, exp)
     with make_reporter() as reporter:
         reporter.stage_started(name)
         try:

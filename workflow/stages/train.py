@@ -9,7 +9,9 @@ over the K micro-batches. Logged per epoch (``step = epoch``): every metric of
 ``peak_mem_estimated_bytes``, ``mem_estimate_error``) and, every ``evaluate.every``
 epochs, ``valid_acc`` (``valid_rocauc`` for multi-label data).
 
-Artifacts: ``model.pt`` (the ``state_dict``, CPU tensors), ``memory_per_microbatch.csv``
+Artifacts: ``model.pt`` (the ``state_dict``, CPU tensors; what ``evaluate`` reads), the
+MLflow model ``model`` (pytorch flavor with the ``betty`` code and ``spec.yaml``,
+:func:`workflow.tracking.log_pytorch_model`; ``mlflow.pytorch.load_model("runs:/<id>/model")``), ``memory_per_microbatch.csv``
 (one row per micro-batch per epoch: measured and estimated peak bytes, sizes, times),
 ``plots/curves.png``, ``plots/memory_per_microbatch.png`` (last epoch), ``ksearch.json``
 (``k: auto`` only) and ``models.json`` (the runs holding the trained models, read by the
@@ -22,6 +24,8 @@ the K cluster parts (random clusters re-drawn every epoch); per epoch ``loss``,
 part), ``peak_mem_estimated_bytes``, ``mem_estimate_error`` (RevGNN's estimator; not
 for ``deq``); the memory table is ``memory_per_part.csv`` and its plot
 ``plots/memory_per_part.png``.
+
+The spec's dataset is logged as the run's input (:func:`workflow.tracking.log_dataset_input`).
 
 ``train.repeats: N > 1`` trains N times (seeds ``seed + r``) in nested runs tagged
 ``run_kind=repeat``, ``repeat=r``; this run then logs, for each final metric ``m``,
@@ -42,6 +46,7 @@ from workflow.evaluation import evaluate_model
 from workflow.plots import curves_figure, memory_figure
 from workflow.runs import active_run_id, log_metrics, tracked_run
 from workflow.stages.base import StageContext
+from workflow.tracking import MODEL_NAME, log_dataset_input, log_pytorch_model
 
 __all__ = ["run", "train_once", "summarize_repeats"]
 
@@ -102,6 +107,7 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, folder / "model.pt")
     log_artifact(folder / "model.pt")
+    log_pytorch_model(model, ctx.rspec)
     if reversible:
         from workflow.revgnn import PART_COLUMNS
 
@@ -155,10 +161,11 @@ def run(ctx: StageContext) -> dict[str, float]:
     spec = ctx.rspec.spec
     repeats = spec.train.repeats
     models = []
+    log_dataset_input(ctx.rspec)
     if repeats == 1:
         final = train_once(ctx, 0)
         models.append({"repeat": 0, "run_id": active_run_id(), "artifact": "model.pt",
-                       "train_seed": spec.train.seed, "sampling_seed": spec.sampling.seed,
+                       "mlflow_model": MODEL_NAME, "train_seed": spec.train.seed, "sampling_seed": spec.sampling.seed,
                        "k": int(final["k"])})
     else:
         finals = []
@@ -171,7 +178,7 @@ def run(ctx: StageContext) -> dict[str, float]:
                                    "sampling_seed": spec.sampling.seed + r})
                 finals.append(train_once(ctx, r))
                 models.append({"repeat": r, "run_id": active_run_id(), "artifact": "model.pt",
-                               "train_seed": spec.train.seed + r, "sampling_seed": spec.sampling.seed + r,
+                               "mlflow_model": MODEL_NAME, "train_seed": spec.train.seed + r, "sampling_seed": spec.sampling.seed + r,
                                "k": int(finals[-1]["k"])})
         final = summarize_repeats(finals)
         log_metrics(final)

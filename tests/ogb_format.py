@@ -1,8 +1,8 @@
 """Write a homogeneous node-property dataset in OGB's on-disk layout.
 
-This is the layout ``ogb.nodeproppred.DglNodePropPredDataset`` reads (see
+This is the layout OGB's dataset classes and ``ogb.io.read_graph_raw`` read (see
 :mod:`betty.data.ogb_loader`), so a graph written here is loaded by OGB's own reader.
-Used to test the OGB path offline and to bring custom data into the OGB pipeline.
+A test helper: the OGB tests write small graphs with it and load them offline.
 
 CSV layout (gzip, no header, one row per item)::
 

@@ -1,0 +1,84 @@
+"""``betty compare`` over hand-made parent runs: columns, filters, formats, repeats."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from test_workflow_support import activate_store, end_active_runs
+from workflow.cli import app
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """Three FINISHED parent runs: two repeats of spec ``a`` (test_acc 0.8 and 0.9, 10 s
+    and 20 s long), one of spec ``b``; plus a stage run compare must ignore."""
+    uri, exp = activate_store(tmp_path, monkeypatch, experiment="cmp")
+    client = MlflowClient(uri)
+    made = []
+    for i, (spec, sha, acc, secs) in enumerate([("a", "s1", 0.8, 10), ("b", "s2", 0.5, 5), ("a", "s1", 0.9, 20)]):
+        start = 1_700_000_000_000 + i * 100_000
+        run = client.create_run(exp, start_time=start, run_name=f"{spec}-{i}",
+                                tags={"run_kind": "main", "spec_name": spec, "spec_sha": sha})
+        client.log_metric(run.info.run_id, "test_acc", acc)
+        client.log_metric(run.info.run_id, "k", 2)
+        client.set_terminated(run.info.run_id, "FINISHED", end_time=start + secs * 1000)
+        made.append(run.info.run_id)
+    stage = client.create_run(exp, tags={"run_kind": "stage", "spec_name": "a"})
+    client.set_terminated(stage.info.run_id, "FINISHED")
+    yield made
+    end_active_runs()
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, ["compare", "--experiment", "cmp", *args], catch_exceptions=False)
+
+
+def test_json_rows_and_repeat_summary(store):
+    res = invoke("--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    rows = out["runs"]
+    assert [r["run_id"] for r in rows] == store[::-1]  # newest first, stage run left out
+    assert [r["duration s"] for r in rows] == [20.0, 5.0, 10.0]
+    assert rows[0]["run id"] == store[2] and rows[0]["status"] == "FINISHED"
+    assert rows[0]["start (UTC)"] == 1_700_000_200_000
+    [rep] = out["repeats"]
+    assert rep["spec"] == "a" and rep["n"] == 2 and set(rep["run_ids"]) == {store[0], store[2]}
+    assert rep["mean"]["test"] == pytest.approx(0.85) and rep["std"]["test"] == pytest.approx(0.05)
+    assert rep["mean"]["duration s"] == pytest.approx(15.0) and rep["std"]["K"] == 0
+
+
+def test_filters_last_and_spec(store):
+    last = json.loads(invoke("--json", "--last", "2").stdout)
+    assert [r["run_id"] for r in last["runs"]] == [store[2], store[1]] and last["repeats"] == []
+    only_b = json.loads(invoke("--json", "--spec", "b").stdout)
+    assert [r["run_id"] for r in only_b["runs"]] == [store[1]]
+
+
+def test_csv_and_markdown(store):
+    res = invoke("--csv")
+    assert res.exit_code == 0, res.output
+    table = list(csv.DictReader(io.StringIO(res.stdout)))
+    assert [r["row"] for r in table] == ["run", "run", "run", "mean", "std"]
+    assert float(table[3]["test"]) == pytest.approx(0.85) and float(table[4]["test"]) == pytest.approx(0.05)
+    assert table[0]["run id"] == store[2] and table[0]["status"] == "FINISHED"
+    md = invoke("--markdown").stdout.splitlines()
+    assert md[0].startswith("| run | run id | start (UTC) | status | duration s |")
+    assert len(md) == 2 + 3 + 1
+    assert "mean ± std (n=2)" in md[-1] and "0.85 ± 0.05" in md[-1]
+    assert "2023-11-14 22:13:20" in md[4]  # the first run started at 1.7e12 ms = this, UTC
+    both = invoke("--csv", "--markdown")
+    assert both.exit_code == 2 and "--csv" in both.stderr
+
+
+def test_table_has_the_new_columns(store):
+    res = invoke()
+    assert res.exit_code == 0
+    for header in ("run id", "start (UTC)", "status", "duration s", "mean ± std (n=2)"):
+        assert header in res.stdout

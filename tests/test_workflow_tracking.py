@@ -1,0 +1,93 @@
+"""MLflow-native records: experiment per spec typed as model training, the dataset as a
+run input, the trained model as a loadable MLflow model (``workflow.tracking``)."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import mlflow.pytorch
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from test_workflow_support import activate_store, end_active_runs
+from workflow.cli import app
+from workflow.specfile import load_spec
+from workflow.tracking import EXPERIMENT_KIND_TAG, MODEL_TRAINING, dataset_input, experiment_name
+
+FAST = ["-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]"]
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    """A fresh store; no experiment chosen by the environment (``mlflow.set_experiment``
+    in ``activate_store`` exports ``MLFLOW_EXPERIMENT_ID``, a fresh CLI process has none)."""
+    store = activate_store(tmp_path, monkeypatch, experiment="unused")
+    for var in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    yield store
+    end_active_runs()
+
+
+def test_experiment_name_precedence(monkeypatch):
+    for var in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    tiny = load_spec("tiny")
+    named = load_spec("tiny", ["experiment=team-x"])
+    assert experiment_name(tiny) == "tiny"
+    assert experiment_name(named) == "team-x"
+    assert named.sha == tiny.sha  # a label: changes no result, no reuse key
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "7")
+    assert experiment_name(named) is None  # the environment fixes it by ID
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
+    assert experiment_name(named) == "from-env"
+    assert experiment_name(named, "from-cli") == "from-cli"
+
+
+def test_dataset_digest_follows_the_data():
+    a = dataset_input(load_spec("tiny"))
+    b = dataset_input(load_spec("tiny", ["dataset.seed=1"]))
+    assert a.name == "synthetic" and len(a.digest) == 16
+    assert a.digest != b.digest
+    assert a.digest == dataset_input(load_spec("tiny", ["experiment=other"])).digest
+
+
+def test_run_records_are_mlflow_native(tracking):
+    from betty.inference import layerwise_inference
+
+    from workflow.components import build_model, load_data
+
+    uri, _ = tracking
+    client = MlflowClient(uri)
+    res = CliRunner().invoke(app, ["run", "tiny", "--json", "-s", "experiment=team-x", *FAST],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    exp = client.get_experiment_by_name("team-x")
+    assert exp is not None and out["experiment_id"] == exp.experiment_id
+    assert exp.tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING
+
+    rspec = load_spec("tiny", ["experiment=team-x", *FAST[1::2]])
+    expected = dataset_input(rspec)
+    train_id = out["stages"]["train"]["run_id"]
+    for run_id in (out["run_id"], train_id):  # the parent and the train run
+        inputs = client.get_run(run_id).inputs.dataset_inputs
+        assert [(i.dataset.name, i.dataset.digest) for i in inputs] == [("synthetic", expected.digest)]
+    assert client.get_run(train_id).info.run_name == "tiny/train"
+
+    logged = client.search_logged_models([exp.experiment_id])
+    assert [m.source_run_id for m in logged] == [train_id]
+    loaded = mlflow.pytorch.load_model(f"runs:/{train_id}/model")
+    ds = load_data(rspec)
+    reference = build_model(rspec, ds)
+    path = mlflow.artifacts.download_artifacts(run_id=train_id, artifact_path="model.pt")
+    reference.load_state_dict(torch.load(path, map_location="cpu"))
+    reference.eval()
+    assert type(loaded) is type(reference) and not loaded.training
+    a = layerwise_inference(loaded, ds.graph, ds.feat, device=torch.device("cpu"))
+    b = layerwise_inference(reference, ds.graph, ds.feat, device=torch.device("cpu"))
+    assert torch.equal(a, b)
+    spec_yaml = mlflow.artifacts.download_artifacts(f"runs:/{train_id}/model/extra_files/spec.yaml")
+    assert load_spec(spec_yaml).sha == rspec.sha
