@@ -45,7 +45,7 @@ def test_upstream_is_checked_before_a_run_exists(tracking):
 
     # a sample run of spec tiny cannot feed the partition stage of spec synthetic
     err = refused("partition", "synthetic", "--upstream", f"sample={sample}")
-    assert sample in err and "'tiny'" in err and "'synthetic'" in err and "stage_sha" in err
+    assert sample in err and "'tiny'" in err and "'synthetic'" in err and "spec.dataset.num_nodes = 400 there" in err
     # a run of another stage, a run that does not exist, a stage that is not upstream
     assert "is not a sample stage run" in refused("partition", "tiny", "--upstream", f"sample={download}")
     assert "no such run" in refused("train", "tiny", "--upstream", "partition=bogus")

@@ -7,10 +7,12 @@ every entry,
 * the run exists in the tracking store;
 * it is a stage run (``run_kind = stage``) of that stage (tag ``stage``);
 * its status is ``FINISHED``;
-* its ``stage_sha`` tag equals the current spec's ``stage_sha`` for that stage (the hash
-  of the spec sections the stage depends on, see
-  :meth:`workflow.specfile.ResolvedSpec.stage_sha`), so a ``sample`` run of spec
-  ``tiny`` cannot feed a ``partition`` stage of spec ``synthetic``.
+* its spec params (``spec.<key.path>``) equal the current spec's on every key of the
+  sections that stage depends on (:data:`workflow.specfile.STAGE_SECTIONS`), except
+  the section of the stage being run (an ``evaluate`` stage with other ``evaluate``
+  settings may score a train run) and ``partition.sweep`` (a report only). So a
+  ``sample`` run of spec ``tiny`` cannot feed a ``partition`` stage of spec
+  ``synthetic``.
 
 The error names both sides: the given run (its ID, spec name and source) and the
 current spec.
@@ -20,8 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from workflow.reuse import stage_runtime
-from workflow.specfile import STAGES, ResolvedSpec
+from workflow.specfile import STAGE_SECTIONS, STAGES, ResolvedSpec
 
 __all__ = ["UpstreamMismatch", "check_upstream"]
 
@@ -37,10 +38,17 @@ def _describe(run) -> str:
             + (f" from {source}" if source else "") + ")")
 
 
+def _settings(params: Mapping[str, str], sections: list[str]) -> dict[str, str]:
+    """The ``spec.<section>.*`` params of ``sections``, without ``partition.sweep``."""
+    prefixes = tuple(f"spec.{s}." for s in sections)
+    return {k: v for k, v in params.items()
+            if k.startswith(prefixes) and not k.startswith("spec.partition.sweep.")}
+
+
 def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str], device: str) -> None:
     """Raise :class:`UpstreamMismatch` unless every ``upstream`` run can feed ``stage``
-    of ``rspec`` (see the module docstring). ``device`` is the resolved device, part of
-    the train/evaluate stage hash."""
+    of ``rspec`` (see the module docstring). ``device``: the resolved device (unused:
+    a model trained on one device may be scored on another)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -65,9 +73,13 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str],
                 f"stage={tags.get('stage')!r})")
         if run.info.status != "FINISHED":
             raise UpstreamMismatch(f"{what} is {run.info.status}, not FINISHED")
-        want = rspec.stage_sha(ustage, stage_runtime(ustage, device))
-        if tags.get("stage_sha") != want:
+        sections = [s for s in STAGE_SECTIONS[ustage] if s != stage]
+        want, have = _settings(rspec.params(), sections), _settings(run.data.params, sections)
+        differ = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
+        if differ:
+            shown = "; ".join(f"{k} = {have.get(k, '(unset)')} there, {want.get(k, '(unset)')} here"
+                              for k in differ[:3])
+            more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
             raise UpstreamMismatch(
-                f"{what} was computed from other {ustage} settings than {here} "
-                f"(stage_sha {tags.get('stage_sha')} != {want}); run the {ustage} stage "
-                f"for {rspec.name!r} or pass its run")
+                f"{what} was computed from other {ustage} settings than {here}: {shown}{more}; "
+                f"run the {ustage} stage for {rspec.name!r} or pass its run")
