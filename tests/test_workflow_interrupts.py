@@ -114,8 +114,11 @@ class Launch:
             if not alive:
                 break
             time.sleep(0.2)
+        left = [(p.pid, " ".join(p.cmdline())) for p in alive]
+        for p in alive:  # left running: stop them, or reading the output below never ends
+            p.kill()
         self.output = self.proc.stdout.read()
-        assert not alive, f"still alive: {[(p.pid, p.cmdline()) for p in alive]}\n{self.output[-3000:]}"
+        assert not left, f"still alive: {left}\n{self.output[-3000:]}"
         runs = runs_of(self.uri, self.exp)
         assert runs and all(r.info.status != "RUNNING" for r in runs), \
             ([(r.data.tags.get("stage"), r.info.status) for r in runs], self.output[-3000:])
