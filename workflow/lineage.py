@@ -45,10 +45,10 @@ def _settings(params: Mapping[str, str], sections: list[str]) -> dict[str, str]:
             if k.startswith(prefixes) and not k.startswith("spec.partition.sweep.")}
 
 
-def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str], device: str) -> None:
+def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str]) -> None:
     """Raise :class:`UpstreamMismatch` unless every ``upstream`` run can feed ``stage``
-    of ``rspec`` (see the module docstring). ``device``: the resolved device (unused:
-    a model trained on one device may be scored on another)."""
+    of ``rspec`` (see the module docstring). The device is not compared: a model
+    trained on one device may be scored on another."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 

@@ -64,7 +64,7 @@ def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None =
     upstream = dict(upstream or {})
     reporter = reporter or Reporter()
     device = str(resolve_device(rspec.spec.train.device))
-    check_upstream(rspec, stage, upstream, device)  # before a run exists: a refused lineage leaves none
+    check_upstream(rspec, stage, upstream)  # before a run exists: a refused lineage leaves none
     key = stage_key(rspec, stage, upstream.get(UPSTREAM[stage] or ""), device)
     tags = {**key, "upstream": encode_upstream(upstream) or "none"}
     with tempfile.TemporaryDirectory(prefix=f"betty-{stage}-") as tmp, \
