@@ -1,25 +1,49 @@
-# Set up the pinned environment in .venv (idempotent: reinstalls only when
-# pyproject.toml changes) and run things inside it.
+# Environments (idempotent: each reinstalls only when pyproject.toml changes) and tests.
+#   .venv      the DGL stack (torch 2.2.1, dgl 2.1.0, numpy<2) plus PyG: both backends
+#   .venv-pyg  the modern stack: torch $(PYG_TORCH), PyG, numpy 2, no DGL
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test run clean-venv
+PYG_VENV  := .venv-pyg
+PYG_BIN   := $(PYG_VENV)/bin
+PYG_STAMP := $(PYG_VENV)/.installed
+# Pinned: this version's CPU wheel is on the local disk here; any other version
+# (or an unpinned torch) makes pip download a multi-GB CUDA build.
+PYG_TORCH := 2.13.0
+
+.PHONY: venv venv-pyg test test-dgl test-pyg run clean-venv
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools<70" wheel
-	$(BIN)/python -m pip install --quiet -e ".[test,server]"
+	$(BIN)/python -m pip install --quiet -e ".[dgl,pyg,test,server]"
 	@touch $(STAMP)
 
-test: venv
+venv-pyg: $(PYG_STAMP)
+
+$(PYG_STAMP): pyproject.toml
+	@test -x $(PYG_BIN)/python || $(PYTHON) -m venv $(PYG_VENV)
+	$(PYG_BIN)/python -m pip install --quiet --upgrade pip wheel
+	$(PYG_BIN)/python -m pip install --quiet "torch==$(PYG_TORCH)" -e ".[pyg,test,server]"
+	@if $(PYG_BIN)/python -c "import dgl" 2>/dev/null; then \
+		echo "$(PYG_VENV) must not contain DGL"; exit 1; fi
+	@touch $(PYG_STAMP)
+
+# The full suite on the DGL stack, then the backend-neutral + PyG suite without DGL.
+test: test-dgl test-pyg
+
+test-dgl: venv
 	$(BIN)/python -m pytest -q
+
+test-pyg: venv-pyg
+	$(PYG_BIN)/python -m pytest -q -m "not dgl"
 
 run: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mlflow run . -e main -P spec=synthetic --experiment-name synthetic --env-manager local
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(PYG_VENV)

@@ -12,8 +12,8 @@ l-1's destinations. Edges are stored in local indices, sorted by (destination lo
 index, source global ID): that is the *canonical neighbour order* every aggregator sees
 (see :mod:`betty.microbatch`), independent of how the batch is later split.
 
-Everything here is plain ``torch.int64`` CPU tensors; DGL blocks are built only at the
-last moment by :meth:`MicroBatch.to_blocks`.
+Everything here is plain ``torch.int64`` CPU tensors; a backend's blocks (DGL or PyG,
+:mod:`betty.backends`) are built only at the last moment by :meth:`MicroBatch.to_blocks`.
 """
 
 from __future__ import annotations
@@ -138,23 +138,15 @@ class MicroBatch(_BlockChain):
     output_index: torch.Tensor
     full_src_index: list[torch.Tensor]
 
-    def to_blocks(self, device: torch.device | str = "cpu") -> list:
-        """Build the DGL blocks on ``device``.
-
-        Uses ``dgl.create_block`` with explicit node counts, so destination nodes
-        without in-edges are kept and the source order is exactly ``src_nid``.
-        """
-        return [layer_to_block(layer, device) for layer in self.layers]
+    def to_blocks(self, device: torch.device | str = "cpu", backend: str = "auto") -> list:
+        """Build ``backend``'s blocks on ``device`` (see :func:`layer_to_block`)."""
+        return [layer_to_block(layer, device, backend) for layer in self.layers]
 
 
-def layer_to_block(layer: LayerEdges, device: torch.device | str = "cpu"):
-    """One :class:`LayerEdges` as a DGL block (edge order preserved)."""
-    import dgl
+def layer_to_block(layer: LayerEdges, device: torch.device | str = "cpu", backend: str = "auto"):
+    """One :class:`LayerEdges` as a block of ``backend`` (edge order preserved; explicit
+    node counts, so destinations without in-edges are kept and the source order is
+    exactly ``src_nid``)."""
+    from betty.backends import get_backend
 
-    return dgl.create_block(
-        (layer.edge_src.to(device), layer.edge_dst.to(device)),
-        num_src_nodes=layer.num_src,
-        num_dst_nodes=layer.num_dst,
-        idtype=torch.int64,
-        device=device,
-    )
+    return get_backend(backend).make_block(layer, device)

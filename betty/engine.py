@@ -47,6 +47,8 @@ class PartitionPlan:
             estimated memory per piece).
         memory_budget: bytes available on the device (needed for ``k="auto"``).
         safety_margin: fraction of the budget kept free.
+        options: method options for :func:`betty.partition.partition_batch` (e.g.
+            ``time_limit_s``, ``deterministic``, ``threads`` for ``hypergraph``).
     """
 
     method: str = "random"
@@ -55,6 +57,7 @@ class PartitionPlan:
     balance: str = "nodes"
     memory_budget: int | None = None
     safety_margin: float = DEFAULT_SAFETY_MARGIN
+    options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -237,7 +240,8 @@ class Trainer:
         if self.plan.balance == "memory":
             weights = memory_balance_weights(batch, self.model)
         return partition_batch(batch, int(self.plan.k), self.plan.method, seed=seed,
-                               weights=weights, graph=self.dataset.graph), None
+                               weights=weights, graph=self.dataset.graph,
+                               options=self.plan.options), None
 
     def use_partition(self, batch_index: int, result: PartitionResult, epoch: int = 0) -> None:
         """Seed batch ``batch_index`` with a partition computed elsewhere (e.g. loaded

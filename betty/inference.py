@@ -59,7 +59,7 @@ def layerwise_inference(model, graph, feat: torch.Tensor, *, device="cpu",
                 x = h[layer.src_nid].to(device)
                 if dtype is not None:
                     x = x.to(dtype)
-                y = model.forward_layer(l, layer_to_block(layer, device), x)
+                y = model.forward_layer(l, layer_to_block(layer, device, model.backend_name), x)
                 if out is None:
                     out = torch.empty(n, y.shape[1], dtype=y.dtype)
                 out[start:start + dst.numel()] = y.cpu()
@@ -93,7 +93,7 @@ def sampled_inference(model, graph, feat: torch.Tensor, nodes: torch.Tensor, fan
             x = feat[mb.input_nid].to(device)
             if dtype is not None:
                 x = x.to(dtype)
-            y = model(mb.to_blocks(device), x).cpu()
+            y = model(mb.to_blocks(device, model.backend_name), x).cpu()
             res = torch.empty_like(y)
             res[order] = y
             outs.append(res)

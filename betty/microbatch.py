@@ -17,15 +17,26 @@ import torch
 
 from betty.batch import LayerEdges, MicroBatch, SampledBatch
 
-__all__ = ["Carver", "carve", "split", "validate_groups"]
+__all__ = ["Carver", "carve", "split", "validate_groups", "SCAN_RATIO"]
+
+#: A piece whose layer has at most this many sources per piece edge finds its distinct
+#: sources by scanning the layer's sources (cheaper than sorting when the piece touches
+#: a large share of them); smaller pieces sort only their own sources.
+SCAN_RATIO = 8
 
 
 class Carver:
     """Carves any number of micro-batches out of one full batch.
 
-    Built once per full batch: per layer, a CSR pointer over the destination-sorted
-    edges and a reusable ``-1``-filled position buffer, so carving a piece costs
-    O(its own nodes and edges) instead of a pass over the whole batch per piece.
+    Built once per full batch (O(full batch)): per layer, a CSR pointer over the
+    destination-sorted edges, each source's rank in ascending global-ID order, a
+    reusable ``-1``-filled position buffer and scratch buffers. Carving a piece with
+    ``m_l`` edges and ``u_l <= m_l`` distinct sources at layer ``l`` (``n_l`` sources in
+    the full layer) costs O(m_l + min(n_l, u_l log u_l)): a small piece
+    (``n_l > SCAN_RATIO · m_l``) de-duplicates its sources through a scratch buffer and
+    sorts only those (never touching the other sources); a large one marks its sources
+    and scans the layer's sources in global-ID order, which then costs at most
+    ``SCAN_RATIO · m_l``. So K pieces cost O(full batch) once plus O(Σ pieces · log).
 
     Edges of a carved block are grouped by destination (in the piece's destination
     order) and, within a destination, keep the full batch's canonical order (ascending
@@ -37,8 +48,10 @@ class Carver:
         self._edge_order: list[torch.Tensor | None] = []
         self._indptr: list[torch.Tensor] = []
         self._pos: list[torch.Tensor] = []
-        self._seen: list[torch.Tensor] = []
         self._by_gid: list[torch.Tensor] = []
+        self._rank: list[torch.Tensor] = []
+        self._last: list[torch.Tensor] = []
+        self._seen: list[torch.Tensor] = []
         for layer in full.layers:
             dst = layer.edge_dst
             order = None
@@ -50,8 +63,13 @@ class Carver:
             torch.cumsum(counts, 0, out=indptr[1:])
             self._indptr.append(indptr)
             self._pos.append(torch.full((layer.num_src,), -1, dtype=torch.int64))
+            by_gid = torch.argsort(layer.src_nid)  # sources in ascending global-ID order
+            rank = torch.empty_like(by_gid)
+            rank[by_gid] = torch.arange(by_gid.numel(), dtype=torch.int64)
+            self._by_gid.append(by_gid)
+            self._rank.append(rank)
+            self._last.append(torch.zeros(layer.num_src, dtype=torch.int64))
             self._seen.append(torch.zeros(layer.num_src, dtype=torch.bool))
-            self._by_gid.append(torch.argsort(layer.src_nid))
 
     def carve(self, output_index: torch.Tensor) -> MicroBatch:
         """The micro-batch computing the outputs at ``output_index`` (positions into
@@ -64,7 +82,7 @@ class Carver:
 
         dst_full = output_index  # positions among full layer-l destinations
         for l in reversed(range(n_layers)):
-            fl, indptr, pos, seen = full.layers[l], self._indptr[l], self._pos[l], self._seen[l]
+            fl, indptr, pos = full.layers[l], self._indptr[l], self._pos[l]
             n_dst = dst_full.numel()
 
             # the edges of the needed destinations, destination by destination
@@ -79,12 +97,8 @@ class Carver:
             e_dst = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64), counts)
 
             # sources: the destinations first, then the others by ascending global ID
-            # (a scan in global-ID order over a marked buffer: cheaper than sorting)
+            touched = self._sources_by_gid(l, e_src)
             pos[dst_full] = torch.arange(n_dst, dtype=torch.int64)
-            seen[e_src] = True
-            by_gid = self._by_gid[l]
-            touched = by_gid[seen[by_gid]]
-            seen[touched] = False
             extra = touched[pos[touched] < 0]
             pos[extra] = torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64)
             src_full = torch.cat([dst_full, extra])
@@ -102,6 +116,25 @@ class Carver:
             dst_full = src_full  # layer l's sources are layer l-1's destinations
 
         return MicroBatch(layers=layers, output_index=output_index, full_src_index=full_src_index)
+
+    def _sources_by_gid(self, l: int, e_src: torch.Tensor) -> torch.Tensor:
+        """The distinct entries of ``e_src`` (layer-``l`` source positions), in ascending
+        global-ID order; O(m + min(n_src, u log u)) for ``m`` edges, ``u`` distinct."""
+        by_gid, m = self._by_gid[l], e_src.numel()
+        if by_gid.numel() <= SCAN_RATIO * m:  # large piece: a scan costs <= SCAN_RATIO * m
+            seen = self._seen[l]
+            seen[e_src] = True
+            touched = by_gid[seen[by_gid]]
+            seen[touched] = False  # leave the buffer clean for the next piece
+            return touched
+        # small piece: write each edge's position at its source (one write per source
+        # survives, whichever); the edges reading back their own position are one per
+        # distinct source. Stale entries of earlier pieces are never read (every source
+        # read here was just written). Then sort only the distinct sources' ranks.
+        last, span = self._last[l], torch.arange(m, dtype=torch.int64)
+        last[e_src] = span
+        distinct = e_src[last[e_src] == span]
+        return by_gid[torch.sort(self._rank[l][distinct]).values]
 
 
 def carve(full: SampledBatch, output_index: torch.Tensor) -> MicroBatch:

@@ -91,7 +91,8 @@ def full_batch_reference(model: torch.nn.Module, batch: SampledBatch, feat: torc
         x = x.to(dtype)
     src_nids = [layer.src_nid.to(device) for layer in batch.layers]
     edge_ids = [layer.edge_id.to(device) for layer in batch.layers]
-    blocks = [layer_to_block(layer, device) for layer in batch.layers]  # edge order kept
+    backend = getattr(model, "backend_name", "auto")  # the model's backend (betty.backends)
+    blocks = [layer_to_block(layer, device, backend) for layer in batch.layers]  # edge order kept
     logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids,
                    dropout_key=dropout_key)
     loss = _mean_loss(logits, label[batch.output_nid].to(device), multilabel)

@@ -33,7 +33,10 @@ Memory: one :class:`betty.memory.MemoryMeter` region per part (forward + backwar
 first region also creates the gradients, the last one holds the optimizer step), and
 per part the analytic estimate of :func:`betty.memory.rev.estimate_rev_parts` (RevGNN
 only: the DEQ variant has no estimator). ``k="auto"`` picks the smallest K whose largest
-part fits the budget (:func:`betty.memory.rev.search_k_rev`), once, at the first split.
+part fits the budget (:func:`betty.memory.rev.search_k_rev`) at the first split; with
+random parts every later epoch's fresh split is estimated against the budget too, and a
+split that does not fit runs the search again for that epoch (as the sampled-batch
+engine re-partitions a batch whose estimate grew past the budget).
 """
 
 from __future__ import annotations
@@ -471,13 +474,27 @@ class RevTrainer:
             parts = cluster_partition(self.dataset.graph.to_dgl(), self.k, self.plan.method, self._split_seed(epoch))
         took = time.perf_counter() - start
         estimates = self.search_result.estimates if searched else None
-        estimates = [int(e.peak) for e in estimates] if estimates else self.estimate(parts)
+        if estimates:
+            estimates = [int(e.peak) for e in estimates]
+        elif self.plan.k == "auto":  # re-check every fresh split against the budget
+            estimates = estimate_parts(self.model, self.optimizer, parts, self.train_mask,
+                                       **self.memory_kwargs)
+        else:
+            estimates = self.estimate(parts)
+        estimate_s = time.perf_counter() - start - took
+        if not searched and self.plan.k == "auto" and max(estimates) > self._usable_budget():
+            parts = self._search(epoch)  # this epoch's split grew past the budget
+            estimates = [int(e.peak) for e in self.search_result.estimates]
+            searched, took = True, time.perf_counter() - start
         self.last_split_times = {"partition_s": 0.0 if searched else took,
-                                 "estimate_s": time.perf_counter() - start - took,
+                                 "estimate_s": 0.0 if searched else estimate_s,
                                  "ksearch_s": took if searched else None}
         if not self.repartitions:
             self._fixed = (parts, estimates)
         return parts, estimates, True
+
+    def _usable_budget(self) -> float:
+        return float(self.plan.memory_budget) * (1.0 - self.plan.safety_margin)
 
     def estimate(self, parts: Sequence[GraphPart]) -> list[int] | None:
         """Per-part estimated peak bytes (``None`` when not estimated)."""

@@ -127,20 +127,12 @@ def _device_ids(model, mb: MicroBatch, device):
     return src, eid
 
 
-def _to_device_blocks(mb: MicroBatch, device) -> list:
-    """DGL blocks on ``device``; index tensors are always copied (counted per micro-batch)."""
-    import dgl
+def _to_device_blocks(mb: MicroBatch, device, model=None) -> list:
+    """Blocks of ``model``'s backend (``auto`` without a model) on ``device``; index
+    tensors are always copied (counted per micro-batch)."""
+    from betty.backends import backend_of
 
-    return [
-        dgl.create_block(
-            (layer.edge_src.to(device, copy=True), layer.edge_dst.to(device, copy=True)),
-            num_src_nodes=layer.num_src,
-            num_dst_nodes=layer.num_dst,
-            idtype=torch.int64,
-            device=device,
-        )
-        for layer in mb.layers
-    ]
+    return backend_of(model).make_blocks(mb.layers, device, copy=True)
 
 
 def _micro_batches(batch: SampledBatch, groups: torch.Tensor, k: int) -> Iterable[tuple[MicroBatch, float]]:
@@ -200,7 +192,7 @@ def accumulate_gradients(
         region = meter.measure() if meter is not None else nullcontext()
         with region as reading:
             start = time.perf_counter()
-            blocks = _to_device_blocks(mb, device)
+            blocks = _to_device_blocks(mb, device, model)
             src_nids, edge_ids = _device_ids(model, mb, device)
             t_block = t_carve + time.perf_counter() - start
 

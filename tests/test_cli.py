@@ -35,8 +35,15 @@ def test_commands_are_discovered():
 def test_validate_exit_codes_and_messages():
     from workflow.specfile import shipped_specs
 
-    ok = invoke("validate", *[str(p) for p in shipped_specs()])
-    assert ok.exit_code == 0 and ok.stdout.count("ok ") == len(shipped_specs())
+    from betty.backends import available
+
+    # RevGNN specs need DGL (refused at validation where it does not import)
+    import yaml
+
+    specs = [p for p in shipped_specs()
+             if available("dgl") or yaml.safe_load(p.read_text())["model"].get("arch") != "revgnn"]
+    ok = invoke("validate", *[str(p) for p in specs])
+    assert ok.exit_code == 0 and ok.stdout.count("ok ") == len(specs)
     bad = invoke("validate", "tiny", "--set", "model.aggregator=max", "--set", "partition.memory_budget=24 gigs")
     assert bad.exit_code == 2
     assert "model.aggregator = 'max'" in bad.stderr and "partition.memory_budget = '24 gigs'" in bad.stderr
@@ -113,6 +120,16 @@ def test_partition_json_and_save(tmp_path, monkeypatch):
     assert all(z[name].dtype == np.int64 for name in z.files)
     assert sorted(np.unique(z["groups"]).tolist()) == [0, 1, 2, 3]
     assert z["groups"].shape == z["outputs"].shape
+
+
+def test_partition_hypergraph_time_limit_falls_back_to_reg(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = invoke("partition", "tiny", "--k", "4", "--method", "hypergraph", "--json",
+                 "--set", "partition.time_limit_s=0.001")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["method"] == "reg" and out["fallback_from"] == "hypergraph"
+    assert "partition.time_limit_s=0.001" in out["fallback_reason"]
 
 
 def test_verify_json(tmp_path, monkeypatch):

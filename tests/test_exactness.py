@@ -117,6 +117,7 @@ def test_reference_loss_is_the_mean_node_loss(graph_data):
     assert ref.loss == pytest.approx(sum(per_node) / len(per_node), rel=1e-12)
 
 
+@pytest.mark.dgl
 def test_lstm_depends_on_neighbour_order(graph_data):
     """Why the canonical neighbour order matters: reversing each destination's
     neighbour order changes the LSTM aggregate."""

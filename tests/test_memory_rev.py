@@ -18,6 +18,10 @@ from __future__ import annotations
 import json
 
 import pytest
+
+pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
+pytest.importorskip("dgl")
+
 import torch
 
 from betty.memory import MemoryMeter

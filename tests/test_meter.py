@@ -329,6 +329,7 @@ def test_bad_arguments_are_rejected():
 # --------------------------------------------------------------------------- DGL
 
 
+@pytest.mark.dgl
 def test_dgl_sageconv_forward_backward_is_measured():
     import dgl
     from dgl.nn import SAGEConv
@@ -390,6 +391,7 @@ def _k_sweep_peaks(ks, n_nodes=6000, n_edges=60000, width=256, hidden=8, fanout=
     return result
 
 
+@pytest.mark.dgl
 def test_peak_per_micro_batch_decreases_with_k():
     peaks = _k_sweep_peaks((1, 2, 4))
     assert peaks[1] > peaks[2] > peaks[4]

@@ -93,3 +93,24 @@ def test_invalid_partitions_are_refused(batch):
         validate_groups(torch.zeros(n, dtype=torch.long), n, 2)
     with pytest.raises(ValueError, match=r"\[0, 2\)"):
         validate_groups(torch.full((n,), 2), n, 2)
+
+
+def test_small_and_large_piece_paths_carve_the_same(batch, monkeypatch):
+    """The Carver's two ways to list a piece's sources (sort only the piece's own
+    sources, or scan the layer's) give identical micro-batches, and both pass the
+    structural checks."""
+    import betty.microbatch as mb_mod
+
+    gen = torch.Generator().manual_seed(4)
+    groups = torch.randint(0, 7, (batch.num_outputs,), generator=gen)
+    pieces = [torch.nonzero(groups == k).flatten() for k in range(7)] + [torch.tensor([3])]
+    carved = {}
+    for name, ratio in (("sort", 0), ("scan", 10**12)):
+        monkeypatch.setattr(mb_mod, "SCAN_RATIO", ratio)
+        carver = Carver(batch)
+        carved[name] = [carver.carve(idx) for idx in pieces]
+    for idx, a, b in zip(pieces, carved["sort"], carved["scan"]):
+        _check_piece(batch, a, idx)
+        for la, lb, ia, ib in zip(a.layers, b.layers, a.full_src_index, b.full_src_index):
+            assert torch.equal(la.src_nid, lb.src_nid) and torch.equal(ia, ib)
+            assert torch.equal(la.edge_src, lb.edge_src) and torch.equal(la.edge_id, lb.edge_id)

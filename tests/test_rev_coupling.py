@@ -1,7 +1,11 @@
 """Grouped reversible coupling: exact inverse, mask handling, construction checks."""
 
-import dgl
 import pytest
+
+pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
+pytest.importorskip("dgl")
+import dgl  # noqa: E402
+
 import torch
 from torch import nn
 

@@ -3,9 +3,13 @@ is mathematically true, deterministic dropout, training, memory records, K searc
 
 from __future__ import annotations
 
-import dgl
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
+pytest.importorskip("dgl")
+import dgl  # noqa: E402
+
 import torch
 
 from betty.data.types import GraphDataset
@@ -204,3 +208,34 @@ def test_k_auto_picks_the_smallest_fitting_k():
     assert searches[0].tried[trainer.k - 1] > budget  # K - 1 was estimated and did not fit
     rec = trainer.train_epoch(1)
     assert rec.k == trainer.k
+
+
+def test_k_auto_rechecks_every_fresh_random_split(monkeypatch):
+    """Each epoch's new random split is estimated against the budget; one that does not
+    fit (here: its estimate inflated past the budget) runs the search again, so no epoch
+    trains a split estimated over budget."""
+    import betty.rev_engine as rev_engine
+
+    ds = _dataset(n=300)
+    probe, _ = _trainer(ds, RevPlan("random", 1))
+    whole = probe.estimate(cluster_partition(ds.graph.to_dgl(), 1))[0]
+    budget = int(whole * 0.6)
+    searches = []
+    trainer, _ = _trainer(ds, RevPlan("random", "auto", memory_budget=budget, safety_margin=0.0))
+    trainer.on_search = searches.append
+    trainer.split(0)
+    assert len(searches) == 1
+    parts, estimates, fresh = trainer.split(1)  # a fresh split that fits: no new search
+    assert fresh and len(searches) == 1 and max(estimates) <= budget
+    real = rev_engine.estimate_parts
+    calls = []
+
+    def inflated(*args, **kwargs):  # every fresh split now looks 3x larger
+        calls.append(1)
+        return [3 * e for e in real(*args, **kwargs)]
+
+    monkeypatch.setattr(rev_engine, "estimate_parts", inflated)
+    parts, estimates, fresh = trainer.split(2)
+    assert calls and len(searches) == 2  # the split was checked, then searched again
+    assert max(estimates) <= budget and len(parts) == trainer.k
+    assert trainer.last_split_times["ksearch_s"] is not None

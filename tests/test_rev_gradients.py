@@ -1,7 +1,11 @@
 """Reversible gradients equal residual (and checkpointed residual) gradients, same weights."""
 
-import dgl
 import pytest
+
+pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
+pytest.importorskip("dgl")
+import dgl  # noqa: E402
+
 import torch
 
 from betty.models.rev import RevGNN

@@ -10,8 +10,12 @@ by its parameters and gradients, a residual network keeps several activations pe
 
 import time
 
-import dgl
 import pytest
+
+pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
+pytest.importorskip("dgl")
+import dgl  # noqa: E402
+
 import torch
 
 from betty.memory.meter import MemoryMeter

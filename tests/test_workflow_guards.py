@@ -222,3 +222,4 @@ def test_signal_handling_is_light_and_complete():
             signals.check()
     finally:
         signals.restore(previous)
+    signals.check()  # restored: the signals handled above are forgotten

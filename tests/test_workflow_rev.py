@@ -10,6 +10,10 @@ import sys
 
 import mlflow
 import pytest
+
+pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
+pytest.importorskip("dgl")
+
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 

@@ -87,7 +87,8 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
         m.arch, dataset.num_features, dataset.num_classes, hidden=m.hidden, layers=m.layers,
         aggregator=m.aggregator, heads=m.heads, dropout=m.dropout, attn_dropout=m.attn_dropout,
         dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
-        reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq)
+        reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq,
+        **({} if m.arch == "revgnn" else {"backend": m.backend}))
     return model.to(torch_dtype(rspec))
 
 
@@ -103,7 +104,16 @@ def partition_plan(rspec: ResolvedSpec):
     from betty.engine import PartitionPlan
 
     return PartitionPlan(method=p.method, k=p.k, reuse=p.reuse, balance=p.balance,
-                         memory_budget=p.memory_budget, safety_margin=p.safety_margin)
+                         memory_budget=p.memory_budget, safety_margin=p.safety_margin,
+                         options=partition_options(rspec))
+
+
+def partition_options(rspec: ResolvedSpec) -> dict:
+    """The ``options`` of ``betty.partition.partition_batch`` set by the spec
+    (``partition.time_limit_s``, ``partition.deterministic``, ``train.threads``)."""
+    p = rspec.spec.partition
+    return {"time_limit_s": p.time_limit_s, "deterministic": p.deterministic,
+            "threads": rspec.spec.train.threads}
 
 
 def batch_size(rspec: ResolvedSpec) -> int | None:

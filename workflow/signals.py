@@ -100,7 +100,9 @@ def install(*, die_with_parent: bool = False) -> dict:
 
 
 def restore(previous: dict) -> None:
-    """Put back the handlers :func:`install` returned."""
+    """Put back the handlers :func:`install` returned and forget the signals received
+    (so a later :func:`check` without :func:`install` does not raise for them)."""
+    _received.clear()
     for sig, handler in previous.items():
         if handler is not None:
             signal.signal(sig, handler)

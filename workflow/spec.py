@@ -236,7 +236,10 @@ class ModelSection(_Section):
     (``checkpoint: true`` adds gradient checkpointing to it); ``weight_tied`` shares
     one block's weights across the depth; ``deq`` is the deep-equilibrium variant (one
     weight-tied cell solved to a fixed point: ``layers`` and ``groups`` are ignored
-    with a note, ``reversible: false``, ``checkpoint``, ``weight_tied`` refused)."""
+    with a note, ``reversible: false``, ``checkpoint``, ``weight_tied`` refused).
+    ``backend``: ``auto`` (DGL where it imports, else PyG), ``dgl`` or ``pyg``
+    (:mod:`betty.backends`); a backend that does not import here is refused with the
+    command that installs it; ``revgnn`` runs on ``dgl`` only."""
 
     arch: Literal["sage", "gat", "revgnn"] = "sage"
     hidden: int = Field(256, ge=1)
@@ -253,6 +256,19 @@ class ModelSection(_Section):
     checkpoint: bool = False
     weight_tied: bool = False
     deq: bool = False
+    backend: str = Field("auto", validate_default=True)
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        from betty.backends import BACKEND_CHOICES, BackendUnavailable, resolve_backend
+
+        value = _library_choice("backend", value, BACKEND_CHOICES)
+        try:
+            resolve_backend(value)
+        except BackendUnavailable as err:
+            raise ValueError(str(err)) from None
+        return value
 
     @field_validator("aggregator")
     @classmethod
@@ -295,7 +311,10 @@ class PartitionSection(_Section):
     ``k`` (an integer or ``'auto'``: the smallest K whose largest micro-batch fits
     ``memory_budget * (1 - safety_margin)``), ``balance`` (equal output nodes or equal
     estimated memory per piece), ``reuse`` (keep a partition for this many epochs;
-    ``null``: for the whole run)."""
+    ``null``: for the whole run). ``time_limit_s`` bounds each ``hypergraph`` split
+    (seconds; when hit, that split falls back to ``reg`` with a warning; ``null``: no
+    limit) and ``deterministic`` selects Mt-KaHyPar's reproducible (slower) preset;
+    its threads are ``train.threads`` (``null``: PyTorch's thread count)."""
 
     method: str = "reg"
     k: KValue = 4
@@ -303,6 +322,8 @@ class PartitionSection(_Section):
     safety_margin: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
     balance: Literal["nodes", "memory"] = "nodes"
     reuse: Annotated[int, Field(ge=1)] | None = None
+    time_limit_s: Annotated[float, Field(gt=0)] | None = None
+    deterministic: bool = False
     sweep: SweepSection = Field(default_factory=SweepSection)
 
     @field_validator("method")
@@ -485,7 +506,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     if "method" in p.model_fields_set and p.method not in REVGNN_PARTITION_METHODS:
         out.append(Problem("partition.method", p.method, "revgnn splits the graph into induced "
                            f"subgraphs; allowed: {allowed} (random is re-drawn every epoch)"))
-    for key in ("balance", "reuse"):
+    for key in ("balance", "reuse", "time_limit_s", "deterministic"):
         if key in _changed(p):
             out.append(Problem(f"partition.{key}", getattr(p, key), "applies to sage/gat "
                                "micro-batches only; revgnn re-draws random clusters every epoch "
@@ -507,6 +528,24 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     return out
 
 
+def _backend_problems(m: ModelSection) -> list[Problem]:
+    """RevGNN's layers are DGL's: refuse ``revgnn`` where the backend resolves to pyg."""
+    from betty.backends import INSTALL, BackendUnavailable, resolve_backend
+
+    if m.arch != "revgnn":
+        return []
+    try:
+        backend = resolve_backend(m.backend)
+    except BackendUnavailable:  # already reported by the field validator
+        return []
+    if backend == "dgl":
+        return []
+    how = "set model.backend: dgl" if m.backend == "pyg" else f"install DGL: {INSTALL['dgl']}"
+    return [Problem("model.backend", m.backend,
+                    f"model.arch revgnn runs on the dgl backend only (this resolves to {backend!r}); "
+                    f"allowed: dgl, auto with DGL installed ({how})")]
+
+
 def check_spec(spec: Spec) -> list[Problem]:
     """Rules spanning several keys (field-level rules live in the models)."""
     out = _dataset_problems(spec.dataset)
@@ -519,6 +558,7 @@ def check_spec(spec: Spec) -> list[Problem]:
             out.append(Problem(f"model.{key}", getattr(m, key),
                                f"applies to model.arch {' or '.join(archs)} only (model.arch is {m.arch!r})"))
     out.extend(_revgnn_problems(spec) if m.arch == "revgnn" else _sampled_problems(spec))
+    out.extend(_backend_problems(m))
     p = spec.partition
     if p.k == "auto" and p.memory_budget is None:
         out.append(Problem("partition.memory_budget", None,

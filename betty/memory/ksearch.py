@@ -25,6 +25,13 @@ K returned is always one whose actual partition was estimated to fit. A smaller 
 would also fit may be skipped, never an unfit one returned. Every K tried is recorded
 with its ``M(K)`` (:attr:`KSearchResult.tried`).
 
+Expensive methods (:data:`betty.partition.EXPENSIVE_METHODS`: ``hypergraph``,
+``reg-all``): steps 1-3 run with ``reg`` (``screen_method``), then the expensive method
+partitions once at the K found; that split is estimated again and, while it does not
+fit, K steps up by the same overshoot rule as step 2 (each step one more expensive
+split). The K returned is one whose expensive split was estimated to fit; ``tried``
+lists the ``reg`` rounds, then the expensive ones.
+
 ``balance: memory``: :func:`memory_balance_weights` gives each output node a weight
 proportional to its estimated memory (the size of its sampled L-hop neighbourhood per
 layer, times the widths that layer stores per node and per edge), passed as
@@ -33,8 +40,9 @@ layer, times the widths that layer stores per node and per edge), passed as
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,10 +178,54 @@ def memory_balance_weights(batch: SampledBatch, model) -> torch.Tensor:
     return torch.from_numpy(w)
 
 
-def _default_partition(batch, k, method, *, seed, weights, graph):
+def _default_partition(batch, k, method, *, seed, weights, graph, options=None):
     from betty.partition import partition_batch
 
-    return partition_batch(batch, k, method, seed=seed, weights=weights, graph=graph)
+    return partition_batch(batch, k, method, seed=seed, weights=weights, graph=graph,
+                           options=options)
+
+
+def _expensive_search(batch, model, optimizer, *, method: str, screen_method: str,
+                      partition_fn: Callable, weights, memory_budget: float,
+                      safety_margin: float, seed: int, graph, dtype, backend: str,
+                      max_evaluations: int, search_kwargs: dict,
+                      estimate_kwargs: dict) -> "KSearchResult":
+    """K found with ``screen_method``, then ``method`` once at that K, stepping K up
+    until its split fits (see the module docstring)."""
+    screen = search_k(batch, model, optimizer, memory_budget=memory_budget,
+                      safety_margin=safety_margin, method=screen_method, seed=seed,
+                      graph=graph, dtype=dtype, backend=backend, partition_fn=partition_fn,
+                      max_evaluations=max_evaluations, screen_method=None, **search_kwargs,
+                      **estimate_kwargs)
+    usable = screen.usable_budget
+    fixed = persistent_bytes(model, optimizer, backend)
+    tried = list(screen.tried)
+    n_out, k = batch.num_outputs, screen.k
+    for _ in range(max_evaluations):
+        part = partition_fn(batch, k, method, seed=seed, weights=weights, graph=graph)
+        ests = estimate_pieces(batch, part.groups, part.k, model, optimizer, dtype, backend,
+                               **estimate_kwargs)
+        m = max(e.peak for e in ests)
+        tried.append((k, m))
+        if m <= usable:
+            return KSearchResult(k=k, partition=part, estimates=ests, tried=tried,
+                                 usable_budget=usable)
+        if k >= n_out:
+            worst = max(ests, key=lambda e: e.peak)
+            need = math.ceil(worst.peak / (1 - safety_margin))
+            raise KSearchError(
+                f"{method!r} at K = {k} (one output node per piece) leaves a piece of "
+                f"{worst.peak} bytes over the usable budget {int(usable)} bytes; its largest "
+                f"component is {worst.dominant!r}. Smallest memory_budget that would work: "
+                f"{need} bytes (safety_margin {safety_margin})",
+                budget=memory_budget, usable=usable, dominant=worst.dominant,
+                smallest_budget=need, tried=tried)
+        k = min(n_out, max(k + 1, math.ceil(k * (m - fixed) / (usable - fixed) * _JUMP_SLACK)))
+    raise KSearchError(
+        f"{method!r}: no K fitting the usable budget {int(usable)} bytes within "
+        f"{max_evaluations} splits after the {screen_method!r} search chose K = {screen.k}",
+        budget=memory_budget, usable=usable, dominant="unknown",
+        smallest_budget=math.ceil(tried[-1][1] / (1 - safety_margin)), tried=tried)
 
 
 def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: float,
@@ -181,7 +233,8 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
              balance: str = "nodes",
              seed: int = 0, graph=None, dtype: torch.dtype | None = None,
              backend: str = "cpu", partition_fn: Callable | None = None,
-             max_evaluations: int = 40, **estimate_kwargs) -> KSearchResult:
+             max_evaluations: int = 40, partition_options: Mapping | None = None,
+             screen_method: str | None = "reg", **estimate_kwargs) -> KSearchResult:
     """Smallest K (see the module docstring) whose partition's largest piece fits.
 
     Args:
@@ -197,8 +250,12 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
         dtype, backend, estimate_kwargs: passed to :func:`~betty.memory.estimator.
             estimate_pieces`.
         partition_fn: ``(batch, k, method, *, seed, weights, graph) -> PartitionResult``
-            (default :func:`betty.partition.partition_batch`).
+            (default :func:`betty.partition.partition_batch` with ``partition_options``).
         max_evaluations: cap on partition + estimate rounds.
+        partition_options: ``options`` for the default ``partition_fn``.
+        screen_method: for a method in :data:`betty.partition.EXPENSIVE_METHODS`, search
+            K with this method first, then split once with ``method`` (module
+            docstring); ``None``: search with ``method`` itself at every K.
 
     Raises:
         KSearchError: no K fits (fixed costs or one output's neighbourhood exceed it),
@@ -208,8 +265,17 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
     usable = usable_budget(memory_budget, safety_margin)
     if balance not in ("nodes", "memory"):
         raise ValueError(f"balance must be 'nodes' or 'memory', got {balance!r}")
-    partition_fn = partition_fn or _default_partition
+    partition_fn = partition_fn or functools.partial(_default_partition, options=partition_options)
     weights = memory_balance_weights(batch, model) if balance == "memory" else None
+    from betty.partition import EXPENSIVE_METHODS
+
+    if screen_method is not None and method in EXPENSIVE_METHODS and method != screen_method:
+        return _expensive_search(
+            batch, model, optimizer, method=method, screen_method=screen_method,
+            partition_fn=partition_fn, weights=weights, memory_budget=memory_budget,
+            safety_margin=safety_margin, seed=seed, graph=graph, dtype=dtype, backend=backend,
+            max_evaluations=max_evaluations, search_kwargs={"balance": balance},
+            estimate_kwargs=estimate_kwargs)
     n_out = batch.num_outputs
     tried: list[tuple[int, int]] = []
     cache: dict[int, tuple[object, list[MemoryEstimate]]] = {}
@@ -296,7 +362,8 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
         result = search_k(batch, model, optimizer, memory_budget=plan.memory_budget,
                           safety_margin=plan.safety_margin, method=plan.method,
                           balance=plan.balance, seed=seed, graph=graph, dtype=dtype,
-                          backend=backend, partition_fn=partition_fn, **estimate_kwargs)
+                          backend=backend, partition_fn=partition_fn,
+                          partition_options=getattr(plan, "options", None), **estimate_kwargs)
         if on_search is not None:
             on_search(result)
         return result.partition, [int(e.peak) for e in result.estimates]

@@ -18,7 +18,7 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
                 dropout: float = 0.0, attn_dropout: float = 0.0,
                 dropout_mode: str = "deterministic", groups: int = 2, conv: str = "gcn",
                 norm: str = "layer", reversible: bool = True, checkpoint: bool = False,
-                weight_tied: bool = False, deq: bool = False) -> nn.Module:
+                weight_tied: bool = False, deq: bool = False, backend: str = "auto") -> nn.Module:
     """Build a model by name.
 
     ``"sage"`` / ``"gat"``: a :class:`BlockGNN` on sampled blocks (``aggregator``,
@@ -28,14 +28,18 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
     ``checkpoint``, ``weight_tied``, ``heads`` for ``conv="gat"``), or with ``deq`` a
     :class:`betty.models.rev_deq.RevGNNDEQ` (one weight-tied cell solved to a fixed
     point; ``layers``, ``groups``, ``reversible``, ``checkpoint``, ``weight_tied`` do not
-    apply). RevGNN's dropout masks come from its trainer (:mod:`betty.rev_engine`), so
+    apply). ``backend`` (``auto``/``dgl``/``pyg``, :mod:`betty.backends`) applies to
+    ``sage``/``gat``; ``revgnn`` runs on DGL only. RevGNN's dropout masks come from its trainer (:mod:`betty.rev_engine`), so
     ``dropout_mode`` is the trainer's argument there.
     """
     if arch == "sage":
-        return GraphSAGE(in_feats, hidden, out_feats, layers, aggregator, dropout, dropout_mode)
+        return GraphSAGE(in_feats, hidden, out_feats, layers, aggregator, dropout, dropout_mode, backend)
     if arch == "gat":
-        return GAT(in_feats, hidden, out_feats, layers, heads, dropout, attn_dropout, dropout_mode)
+        return GAT(in_feats, hidden, out_feats, layers, heads, dropout, attn_dropout, dropout_mode,
+                   backend)
     if arch == "revgnn":
+        if backend not in ("auto", "dgl"):
+            raise ValueError(f"model arch 'revgnn' runs on the dgl backend only, got backend {backend!r}")
         if deq:
             from betty.models.rev_deq import RevGNNDEQ
 

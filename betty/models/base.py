@@ -35,8 +35,12 @@ class BlockGNN(nn.Module):
     :meth:`activation`.
     """
 
-    def __init__(self, num_layers: int, dropout: float, dropout_mode: str) -> None:
+    def __init__(self, num_layers: int, dropout: float, dropout_mode: str,
+                 backend: str = "auto") -> None:
         super().__init__()
+        from betty.backends import resolve_backend
+
+        self.backend_name = resolve_backend(backend)
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         if not 0.0 <= dropout < 1.0:
@@ -46,6 +50,17 @@ class BlockGNN(nn.Module):
         self.num_layers = num_layers
         self.dropout = float(dropout)
         self.dropout_mode = dropout_mode
+
+    @property
+    def backend(self):
+        """The :class:`betty.backends.Backend` this model's blocks and layers belong to."""
+        from betty.backends import get_backend
+
+        return get_backend(self.backend_name)
+
+    def make_blocks(self, layers, device="cpu", *, copy: bool = False) -> list:
+        """This backend's blocks for ``layers`` (:class:`betty.batch.LayerEdges`)."""
+        return self.backend.make_blocks(layers, device, copy=copy)
 
     @property
     def needs_node_ids(self) -> bool:
@@ -101,7 +116,8 @@ class BlockGNN(nn.Module):
         """Run all layers.
 
         Args:
-            blocks: L DGL blocks, ``blocks[0]`` reads ``x``.
+            blocks: L blocks of this model's backend (:meth:`make_blocks`), ``blocks[0]``
+                reads ``x``.
             x: ``(n_src of blocks[0], in_feats)`` input features.
             src_nids: per layer, ``(n_src,)`` global IDs of the block's source nodes
                 (needed for deterministic dropout).

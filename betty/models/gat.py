@@ -1,5 +1,6 @@
 """Graph attention network (Veličković et al., ICLR 2018, "Graph Attention Networks")
-on DGL blocks, with attention dropout keyed by global edge ID.
+on the blocks of either backend (:mod:`betty.backends` supplies u_add_v, edge_softmax
+and u_mul_e_sum), with attention dropout keyed by global edge ID.
 
 For destination v with sampled in-neighbours N(v), head k:
 
@@ -28,8 +29,12 @@ __all__ = ["GAT", "GATLayer"]
 class GATLayer(nn.Module):
     """One multi-head attention layer: ``(n_src, d_in)`` -> ``(n_dst, H, F)``."""
 
-    def __init__(self, in_feats: int, out_feats: int, heads: int, negative_slope: float = 0.2) -> None:
+    def __init__(self, in_feats: int, out_feats: int, heads: int, negative_slope: float = 0.2,
+                 backend: str = "auto") -> None:
         super().__init__()
+        from betty.backends import resolve_backend
+
+        self.backend_name = resolve_backend(backend)
         self.in_feats, self.out_feats, self.heads = in_feats, out_feats, heads
         self.fc = nn.Linear(in_feats, heads * out_feats, bias=False)
         self.attn_l = nn.Parameter(torch.empty(1, heads, out_feats))
@@ -47,9 +52,10 @@ class GATLayer(nn.Module):
 
     def forward(self, block, h: torch.Tensor, attn_drop=None) -> torch.Tensor:
         """``attn_drop``: optional callable applied to the ``(E, H)`` attention weights."""
-        import dgl.ops as ops
+        from betty.backends import get_backend
 
-        n_dst = block.num_dst_nodes()
+        ops = get_backend(self.backend_name)
+        n_dst = ops.num_dst(block)
         z = self.fc(h).view(-1, self.heads, self.out_feats)  # (n_src, H, F)
         el = (z * self.attn_l).sum(-1)  # (n_src, H)
         er = (z[:n_dst] * self.attn_r).sum(-1)  # (n_dst, H)
@@ -70,12 +76,13 @@ class GAT(BlockGNN):
         dropout: drop probability on every layer's input features.
         attn_dropout: drop probability on attention weights.
         dropout_mode: ``"deterministic"`` or ``"standard"``.
+        backend: ``"auto"``, ``"dgl"`` or ``"pyg"`` (:mod:`betty.backends`).
     """
 
     def __init__(self, in_feats: int, hidden: int, out_feats: int, num_layers: int = 2,
                  heads: int = 4, dropout: float = 0.0, attn_dropout: float = 0.0,
-                 dropout_mode: str = "deterministic") -> None:
-        super().__init__(num_layers, dropout, dropout_mode)
+                 dropout_mode: str = "deterministic", backend: str = "auto") -> None:
+        super().__init__(num_layers, dropout, dropout_mode, backend)
         if heads < 1:
             raise ValueError(f"heads must be >= 1, got {heads}")
         if not 0.0 <= attn_dropout < 1.0:
@@ -85,7 +92,7 @@ class GAT(BlockGNN):
         ins = [in_feats] + [hidden * heads] * (num_layers - 1)
         outs = [hidden] * (num_layers - 1) + [out_feats]
         self.widths = [in_feats] + [hidden * heads] * (num_layers - 1) + [out_feats]
-        self.layers = nn.ModuleList(GATLayer(ins[l], outs[l], heads) for l in range(num_layers))
+        self.layers = nn.ModuleList(GATLayer(ins[l], outs[l], heads, backend=self.backend_name) for l in range(num_layers))
 
     def reset_parameters(self) -> None:
         for layer in self.layers:

@@ -23,10 +23,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import dgl
 import numpy as np
-import pymetis
 import scipy.sparse as sp
 import torch
 from torch import Tensor, nn
+
+from betty.partition.metis_cut import metis_cut, symmetric_simple
 
 __all__ = [
     "GraphPart",
@@ -55,20 +56,14 @@ class GraphPart:
 
 
 def _metis_labels(graph: dgl.DGLGraph, k: int, seed: int) -> np.ndarray:
-    """METIS part of every node, on the symmetrised graph without self-loops."""
+    """METIS part of every node, on the symmetrised graph without self-loops (unit
+    edge and vertex weights), through betty's one METIS wrapper."""
     n = graph.num_nodes()
     src, dst = (t.cpu().numpy() for t in graph.edges())
-    adj = sp.coo_matrix((np.ones(src.shape[0], dtype=np.int8), (src, dst)), shape=(n, n)).tocsr()
-    adj = (adj + adj.T).tocsr()
-    adj.setdiag(0)
-    adj.eliminate_zeros()
-    adj.sort_indices()
-    result = pymetis.part_graph(
-        k,
-        adjacency=pymetis.CSRAdjacency(adj.indptr.astype(np.int64), adj.indices.astype(np.int64)),
-        options=pymetis.Options(seed=seed),
-    )
-    return np.asarray(result.vertex_part, dtype=np.int64)
+    adj = sp.csr_matrix((np.ones(src.shape[0], dtype=np.int64), (src, dst)), shape=(n, n))
+    labels, _ = metis_cut(symmetric_simple(adj, weighted=False), k, use_edge_weights=False,
+                          seed=seed)
+    return labels
 
 
 def cluster_partition(

@@ -7,10 +7,12 @@ Layer l maps source features ``h_u`` to destination features
     h_v' = W_neigh (h_v + sum_{u in N(v)} h_u) / (|N(v)| + 1) + b    (gcn)
 
 with AGG = mean; max over ReLU(W_pool h_u + b_pool) (pool); or the last hidden state of
-an LSTM run over the neighbours (lstm). The convolution is DGL's ``SAGEConv``. For the
-LSTM the neighbour order matters: betty feeds every block with its edges sorted by
-(destination, source global ID), and DGL orders a degree bucket's mailbox by edge ID,
-so each node sees its neighbours by ascending global ID in every micro-batch.
+an LSTM run over the neighbours (lstm). The convolution comes from the backend
+(:mod:`betty.backends`): DGL's ``SAGEConv``, or on PyG a layer with the same parameters
+and math. For the LSTM the neighbour order matters: betty feeds every block with its
+edges sorted by (destination, source global ID), and both backends order a node's
+neighbours by edge order, so each node sees its neighbours by ascending global ID in
+every micro-batch.
 """
 
 from __future__ import annotations
@@ -36,21 +38,21 @@ class GraphSAGE(BlockGNN):
         aggregator: one of :data:`SAGE_AGGREGATORS`.
         dropout: drop probability on every layer's input.
         dropout_mode: ``"deterministic"`` or ``"standard"``.
+        backend: ``"auto"``, ``"dgl"`` or ``"pyg"`` (:mod:`betty.backends`); the
+            parameters have the same names and shapes in both.
     """
 
     def __init__(self, in_feats: int, hidden: int, out_feats: int, num_layers: int = 2,
                  aggregator: str = "mean", dropout: float = 0.0,
-                 dropout_mode: str = "deterministic") -> None:
-        super().__init__(num_layers, dropout, dropout_mode)
-        from dgl.nn import SAGEConv
-
+                 dropout_mode: str = "deterministic", backend: str = "auto") -> None:
+        super().__init__(num_layers, dropout, dropout_mode, backend)
         if aggregator not in SAGE_AGGREGATORS:
             raise ValueError(f"aggregator must be one of {SAGE_AGGREGATORS}, got {aggregator!r}")
         self.aggregator = aggregator
         widths = [in_feats] + [hidden] * (num_layers - 1) + [out_feats]
         self.widths = widths
         self.layers = nn.ModuleList(
-            SAGEConv(widths[l], widths[l + 1], aggregator) for l in range(num_layers)
+            self.backend.sage_conv(widths[l], widths[l + 1], aggregator) for l in range(num_layers)
         )
 
     def reset_parameters(self) -> None:

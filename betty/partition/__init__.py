@@ -11,6 +11,8 @@ exact number of redundant input loads). :func:`split_metrics` measures a split.
 """
 
 from betty.partition.base import (
+    EXPENSIVE_METHODS,
+    PARTITION_OPTIONS,
     PARTITIONERS,
     PartitionResult,
     partition_batch,
@@ -24,6 +26,8 @@ from betty.partition.incidence import multi_hop_incidence
 from betty.partition.metrics import split_metrics
 
 __all__ = [
+    "EXPENSIVE_METHODS",
+    "PARTITION_OPTIONS",
     "PARTITIONERS",
     "PartitionResult",
     "partition_batch",

@@ -10,8 +10,8 @@ __all__ = ["integer_vertex_weights", "fill_empty_pieces", "DEFAULT_MAX_VERTEX_WE
 
 #: Largest integer vertex weight handed to a partitioner (the heaviest output gets it).
 DEFAULT_MAX_VERTEX_WEIGHT = 10_000
-# METIS (32-bit idx_t here) and Mt-KaHyPar (32-bit node weights) sum vertex weights in
-# 32-bit integers; keep the total below 2**30.
+# Mt-KaHyPar sums node weights in 32-bit integers (METIS uses pymetis's idx_t, 64-bit
+# here, and betty.partition.metis_cut checks its totals); keep the total below 2**30.
 _MAX_TOTAL_WEIGHT = 2**30
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 import torch
@@ -11,7 +12,14 @@ import torch
 from betty.batch import SampledBatch
 from betty.microbatch import validate_groups
 
-__all__ = ["PartitionResult", "PARTITIONERS", "register", "partition_batch"]
+__all__ = [
+    "PartitionResult",
+    "PARTITIONERS",
+    "PARTITION_OPTIONS",
+    "EXPENSIVE_METHODS",
+    "register",
+    "partition_batch",
+]
 
 
 @dataclass
@@ -38,13 +46,21 @@ class PartitionResult:
 
 PartitionFn = Callable[..., PartitionResult]
 PARTITIONERS: dict[str, PartitionFn] = {}
+#: Per method, the names of the ``options`` of :func:`partition_batch` it accepts (as
+#: keyword arguments); options a method does not declare are ignored for it.
+PARTITION_OPTIONS: dict[str, frozenset[str]] = {}
+#: Methods whose split costs far more than ``reg``'s: ``k: auto`` searches K with
+#: ``reg`` first and runs these once at the chosen K (``betty.memory.search_k``).
+EXPENSIVE_METHODS = frozenset({"hypergraph", "reg-all"})
 
 
-def register(name: str) -> Callable[[PartitionFn], PartitionFn]:
-    """Decorator: make a partition function available under ``name``."""
+def register(name: str, *, options: tuple[str, ...] = ()) -> Callable[[PartitionFn], PartitionFn]:
+    """Decorator: make a partition function available under ``name``; ``options`` names
+    the keyword arguments it takes from :func:`partition_batch`'s ``options``."""
 
     def deco(fn: PartitionFn) -> PartitionFn:
         PARTITIONERS[name] = fn
+        PARTITION_OPTIONS[name] = frozenset(options)
         return fn
 
     return deco
@@ -58,6 +74,7 @@ def partition_batch(
     seed: int = 0,
     weights: torch.Tensor | None = None,
     graph=None,
+    options: Mapping[str, Any] | None = None,
 ) -> PartitionResult:
     """Split ``batch``'s output nodes into ``k`` non-empty pieces with ``method``.
 
@@ -69,6 +86,9 @@ def partition_batch(
         weights: optional ``(n_out,)`` non-negative vertex weights to balance
             (default: balance the number of output nodes).
         graph: the original graph, needed by methods that cut it (``metis``).
+        options: method options (``partition.*`` keys of a spec), e.g. ``time_limit_s``,
+            ``deterministic``, ``threads`` for ``hypergraph``; each method receives only
+            those it declares (:data:`PARTITION_OPTIONS`), ``None`` values are dropped.
 
     Raises:
         ValueError: unknown method, or ``k`` outside ``[1, n_out]``.
@@ -84,7 +104,9 @@ def partition_batch(
     if k == 1:
         return PartitionResult(torch.zeros(n, dtype=torch.int64), 1, method)
     start = time.perf_counter()
-    result = PARTITIONERS[method](batch, k, seed=seed, weights=weights, graph=graph)
+    accepted = PARTITION_OPTIONS.get(method, frozenset())
+    extra = {key: v for key, v in (options or {}).items() if key in accepted and v is not None}
+    result = PARTITIONERS[method](batch, k, seed=seed, weights=weights, graph=graph, **extra)
     if result.time_build_s == 0.0 and result.time_partition_s == 0.0:
         result.time_partition_s = time.perf_counter() - start
     result.groups = validate_groups(result.groups, n, k)

@@ -32,7 +32,7 @@ __all__ = ["induced_output_graph", "metis_partition"]
 
 
 def induced_output_graph(graph, output_nid: torch.Tensor) -> sp.csr_matrix:
-    """``(n_out, n_out)`` symmetric 0/1 int32 CSR of ``graph`` induced on ``output_nid``.
+    """``(n_out, n_out)`` symmetric 0/1 int64 CSR of ``graph`` induced on ``output_nid``.
 
     Args:
         graph: a :class:`betty.graph.Graph` (or a ``dgl.DGLGraph``, converted).

@@ -22,10 +22,13 @@ the cost is the number of (edge, reachable output) pairs, never a dense matrix.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import scipy.sparse as sp
 
-from betty.batch import LayerEdges, SampledBatch
+if TYPE_CHECKING:  # annotations only: betty.batch imports this module lazily
+    from betty.batch import LayerEdges, SampledBatch
 
 __all__ = [
     "layer_incidence",

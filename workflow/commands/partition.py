@@ -48,6 +48,9 @@ def partition(spec: SpecArg,
     batch = trainer.sample(0, 0)
     report, result, _ = measure_split(trainer, batch)
     out = {key: report[key] for key in REPORT_KEYS}
+    if result.info.get("fallback_from"):  # e.g. hypergraph hit partition.time_limit_s
+        out["fallback_from"] = result.info["fallback_from"]
+        out["fallback_reason"] = result.info["fallback_reason"]
     if report["time_ksearch_s"] is not None:
         out["time_ksearch_s"] = report["time_ksearch_s"]
     if report["estimated_bytes"]:

@@ -35,7 +35,7 @@ import numpy as np
 
 from workflow.artifacts import ksearch_records, load_batch, write_csv, write_json
 from workflow.checksums import log_artifact
-from workflow.components import is_reversible, make_trainer
+from workflow.components import is_reversible, make_trainer, partition_options
 from workflow.plots import redundancy_figure
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_plan, time_limit_reason
@@ -84,8 +84,10 @@ def measure_split(trainer, batch) -> tuple[dict, object, list]:
 
 
 def sweep(batch, ks, methods, *, seed: int, graph=None, time_limit_s: float | None = None,
-          max_k: Mapping[str, int] | None = None, reporter=None) -> tuple[list[dict], dict[str, str]]:
-    """Every method at every K (``<= batch.num_outputs``, ``<= max_k[method]``).
+          max_k: Mapping[str, int] | None = None, reporter=None,
+          options: dict | None = None) -> tuple[list[dict], dict[str, str]]:
+    """Every method at every K (``<= batch.num_outputs``, ``<= max_k[method]``);
+    ``options`` go to ``partition_batch`` (``partition.time_limit_s`` etc.).
 
     Returns:
         ``(rows, skipped)``: one row per (method, K) tried (with ``error`` set when it
@@ -103,7 +105,8 @@ def sweep(batch, ks, methods, *, seed: int, graph=None, time_limit_s: float | No
             start = time.perf_counter()
             stop = None
             try:
-                result = partition_batch(batch, k, method, seed=seed, graph=graph)
+                result = partition_batch(batch, k, method, seed=seed, graph=graph,
+                                         options=options)
                 stats = split_metrics(batch, result.groups, k)
             except Exception as err:  # noqa: BLE001  (a method unsuited to this graph)
                 reason = f"{type(err).__name__}: {err}"
@@ -174,7 +177,8 @@ def run(ctx: StageContext) -> dict[str, float]:
     if p.sweep.k:
         methods = p.sweep.methods or sorted(PARTITIONERS)
         table, skipped = sweep(batch, p.sweep.k, methods, seed=spec.sampling.seed, graph=ds.graph,
-                               time_limit_s=p.sweep.time_limit_s, max_k=p.sweep.max_k, reporter=ctx.reporter)
+                               time_limit_s=p.sweep.time_limit_s, max_k=p.sweep.max_k, reporter=ctx.reporter,
+                               options=partition_options(ctx.rspec))
         for row in table:
             if row.get("redundancy") is not None:
                 log_metrics({f"sweep_redundancy.{row['method']}": row["redundancy"]}, step=row["k"])

@@ -1,0 +1,83 @@
+"""Backend boundary: everything framework specific (DGL or PyTorch Geometric).
+
+betty's core works on framework-neutral index tensors (:class:`betty.batch.LayerEdges`);
+a *backend* turns those into its own block object and supplies the message-passing
+primitives and convolution layers the models use. Two backends exist:
+
+* ``dgl``: DGL blocks (``dgl.create_block``), DGL's ``SAGEConv``, ``dgl.ops``.
+* ``pyg``: :class:`betty.backends.pyg_backend.PygBlock` (an ``edge_index`` plus sizes),
+  PyG's scatter/softmax, and a SAGE layer with DGL's math and parameter names.
+
+Neither framework is imported until a backend is used. ``"auto"`` picks ``dgl`` where
+it imports, else ``pyg``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from functools import lru_cache
+
+from betty.backends.base import Backend
+
+__all__ = ["Backend", "BACKENDS", "BACKEND_CHOICES", "INSTALL", "BackendUnavailable",
+           "available", "resolve_backend", "get_backend", "backend_of"]
+
+BACKENDS = ("dgl", "pyg")
+BACKEND_CHOICES = ("auto",) + BACKENDS
+INSTALL = {"dgl": "pip install 'betty[dgl]'", "pyg": "pip install 'betty[pyg]'"}
+_FRAMEWORK = {"dgl": "dgl", "pyg": "torch_geometric"}
+_MODULE = {"dgl": "betty.backends.dgl_backend", "pyg": "betty.backends.pyg_backend"}
+
+
+class BackendUnavailable(ImportError):
+    """The requested backend's framework does not import in this environment."""
+
+
+@lru_cache(maxsize=None)
+def available(name: str) -> bool:
+    """Whether backend ``name``'s framework imports here (the import is attempted once)."""
+    _check_name(name)
+    if importlib.util.find_spec(_FRAMEWORK[name]) is None:
+        return False
+    try:
+        importlib.import_module(_FRAMEWORK[name])
+    except Exception:  # a broken install (e.g. DGL against the wrong torch) counts as missing
+        return False
+    return True
+
+
+def _check_name(name: str) -> None:
+    if name not in BACKEND_CHOICES:
+        raise ValueError(f"backend must be one of {BACKEND_CHOICES}, got {name!r}")
+
+
+def resolve_backend(name: str = "auto") -> str:
+    """``"auto"`` -> ``"dgl"`` if DGL imports, else ``"pyg"``; an explicit name must be
+    available. Raises :class:`BackendUnavailable` naming the install command."""
+    _check_name(name)
+    if name == "auto":
+        for candidate in BACKENDS:
+            if available(candidate):
+                return candidate
+        raise BackendUnavailable(
+            "no GNN backend imports (neither dgl nor torch_geometric); install one: "
+            + " or ".join(INSTALL.values()))
+    if not available(name):
+        raise BackendUnavailable(
+            f"backend {name!r} is not installed ({_FRAMEWORK[name]} does not import); "
+            f"install it with: {INSTALL[name]}")
+    return name
+
+
+@lru_cache(maxsize=None)
+def get_backend(name: str = "auto") -> Backend:
+    """The backend object for ``name`` (``"auto"`` resolved first)."""
+    name = resolve_backend(name)
+    return importlib.import_module(_MODULE[name]).BACKEND
+
+
+def backend_of(model) -> Backend:
+    """The backend a model was built for (``model.backend_name``; ``auto`` for a model
+    without one, or ``None``)."""
+    return get_backend(getattr(model, "backend_name", "auto"))

@@ -1,0 +1,42 @@
+"""The DGL backend: ``dgl.create_block``, ``dgl.ops`` and DGL's ``SAGEConv``."""
+
+from __future__ import annotations
+
+import dgl
+import dgl.ops as ops
+import torch
+from dgl.nn import SAGEConv
+
+from betty.backends.base import Backend
+
+__all__ = ["DGLBackend", "BACKEND"]
+
+
+class DGLBackend(Backend):
+    name = "dgl"
+
+    def make_block(self, layer, device="cpu", *, copy=False):
+        """``dgl.create_block`` with explicit node counts: destinations without in-edges
+        are kept and the source order is exactly ``layer.src_nid``."""
+        return dgl.create_block(
+            (layer.edge_src.to(device, copy=copy), layer.edge_dst.to(device, copy=copy)),
+            num_src_nodes=layer.num_src, num_dst_nodes=layer.num_dst,
+            idtype=torch.int64, device=device)
+
+    def num_dst(self, block) -> int:
+        return block.num_dst_nodes()
+
+    def u_add_v(self, block, el, er):
+        return ops.u_add_v(block, el, er)
+
+    def edge_softmax(self, block, e):
+        return ops.edge_softmax(block, e)
+
+    def u_mul_e_sum(self, block, z, a):
+        return ops.u_mul_e_sum(block, z, a)
+
+    def sage_conv(self, in_feats, out_feats, aggregator):
+        return SAGEConv(in_feats, out_feats, aggregator)
+
+
+BACKEND = DGLBackend()

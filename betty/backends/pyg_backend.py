@@ -1,0 +1,171 @@
+"""The PyTorch Geometric backend.
+
+A block is a :class:`PygBlock`: PyG's bipartite message-passing input
+``edge_index`` ``(2, E)`` (row 0 local source, row 1 local destination) with the sizes
+``(n_src, n_dst)``. Aggregations use ``torch_geometric.utils.scatter`` and ``softmax``.
+
+PyG's ``SAGEConv`` names its weights ``lin_l``/``lin_r`` and its stock
+``LSTMAggregation`` zero-pads every destination to the largest in-degree of the call and
+reads the last padded step, so a node's aggregate depends on the other nodes of its
+micro-batch. :class:`PygSAGEConv` instead has DGL ``SAGEConv``'s parameters and math;
+its LSTM runs exactly ``d`` steps for a node of in-degree ``d`` (nodes bucketed by
+degree, as DGL's degree bucketing does), over the neighbours in edge order (betty's
+canonical order: ascending source global ID).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch_geometric.utils import scatter, softmax
+
+from betty.backends.base import Backend
+
+__all__ = ["PygBlock", "PygSAGEConv", "lstm_aggregate", "PygBackend", "BACKEND"]
+
+
+@dataclass
+class PygBlock:
+    """One bipartite block: ``edge_index`` ``(2, E)`` int64, ``n_src`` sources of which
+    the first ``n_dst`` are the destinations."""
+
+    edge_index: torch.Tensor
+    n_src: int
+    n_dst: int
+
+    @property
+    def src(self) -> torch.Tensor:
+        return self.edge_index[0]
+
+    @property
+    def dst(self) -> torch.Tensor:
+        return self.edge_index[1]
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """PyG's ``size=(n_src, n_dst)`` argument."""
+        return self.n_src, self.n_dst
+
+    def num_src_nodes(self) -> int:
+        return self.n_src
+
+    def num_dst_nodes(self) -> int:
+        return self.n_dst
+
+    def num_edges(self) -> int:
+        return int(self.edge_index.shape[1])
+
+    def in_degrees(self) -> torch.Tensor:
+        """``(n_dst,)`` int64 in-degree of every destination."""
+        return torch.bincount(self.dst, minlength=self.n_dst)
+
+
+def lstm_aggregate(lstm: nn.LSTM, h_src: torch.Tensor, block: PygBlock) -> torch.Tensor:
+    """DGL's LSTM reducer: ``(n_dst, F)`` last hidden state of ``lstm`` run over each
+    destination's neighbours in edge order, from zero state; 0 without in-edges.
+
+    Destinations of equal in-degree ``d`` form one batch ``(B, d, F)``, so every node
+    runs exactly ``d`` steps and its result does not depend on the other nodes.
+    """
+    n_dst, width = block.n_dst, lstm.hidden_size
+    order = torch.argsort(block.dst, stable=True)  # edges grouped by dst, edge order kept
+    src_sorted = block.src[order]
+    deg = block.in_degrees()
+    start = torch.cumsum(deg, 0) - deg  # (n_dst,) first sorted edge of each destination
+    nodes_all, last_all = [], []
+    for d in torch.unique(deg[deg > 0]).tolist():
+        nodes = torch.nonzero(deg == d).squeeze(1)
+        steps = start[nodes, None] + torch.arange(d, device=deg.device)  # (B, d)
+        mailbox = h_src[src_sorted[steps]]  # (B, d, F_in)
+        zeros = h_src.new_zeros(1, nodes.numel(), width)
+        _, (last, _) = lstm(mailbox, (zeros, zeros))  # last: (1, B, F)
+        nodes_all.append(nodes)
+        last_all.append(last.squeeze(0))
+    out = h_src.new_zeros(n_dst, width)
+    if not nodes_all:
+        return out
+    return out.index_put((torch.cat(nodes_all),), torch.cat(last_all))
+
+
+class PygSAGEConv(nn.Module):
+    """GraphSAGE layer with DGL ``SAGEConv``'s parameters, initialisation and math
+    (see :mod:`betty.models.sage`): ``(n_src, in)`` -> ``(n_dst, out)``."""
+
+    def __init__(self, in_feats: int, out_feats: int, aggregator: str) -> None:
+        super().__init__()
+        if aggregator not in ("mean", "gcn", "pool", "lstm"):
+            raise ValueError(f"aggregator must be one of ('mean', 'gcn', 'pool', 'lstm'), got {aggregator!r}")
+        self._in_src_feats, self._out_feats, self._aggre_type = in_feats, out_feats, aggregator
+        # construction order as in DGL, so one seed gives the same weights in both backends
+        if aggregator == "pool":
+            self.fc_pool = nn.Linear(in_feats, in_feats)
+        if aggregator == "lstm":
+            self.lstm = nn.LSTM(in_feats, in_feats, batch_first=True)
+        self.fc_neigh = nn.Linear(in_feats, out_feats, bias=False)
+        if aggregator != "gcn":
+            self.fc_self = nn.Linear(in_feats, out_feats, bias=True)
+        else:
+            self.bias = nn.Parameter(torch.zeros(out_feats))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        gain = nn.init.calculate_gain("relu")
+        if self._aggre_type == "pool":
+            nn.init.xavier_uniform_(self.fc_pool.weight, gain=gain)
+        if self._aggre_type == "lstm":
+            self.lstm.reset_parameters()
+        if self._aggre_type != "gcn":
+            nn.init.xavier_uniform_(self.fc_self.weight, gain=gain)
+        nn.init.xavier_uniform_(self.fc_neigh.weight, gain=gain)
+
+    def forward(self, block: PygBlock, h: torch.Tensor) -> torch.Tensor:
+        src, dst, n_dst = block.src, block.dst, block.n_dst
+        h_self = h[:n_dst]
+        agg = self._aggre_type
+        lin_before_mp = self._in_src_feats > self._out_feats  # DGL's choice of op order
+        if agg in ("mean", "gcn"):
+            h_src = self.fc_neigh(h) if lin_before_mp else h
+            if agg == "mean":
+                neigh = scatter(h_src[src], dst, 0, n_dst, reduce="mean")
+            else:
+                deg = block.in_degrees().to(h.dtype)
+                neigh = (scatter(h_src[src], dst, 0, n_dst, reduce="sum") + h_src[:n_dst]) / (deg[:, None] + 1)
+            if not lin_before_mp:
+                neigh = self.fc_neigh(neigh)
+        elif agg == "pool":
+            h_src = F.relu(self.fc_pool(h))
+            neigh = self.fc_neigh(scatter(h_src[src], dst, 0, n_dst, reduce="max"))
+        else:
+            neigh = self.fc_neigh(lstm_aggregate(self.lstm, h, block))
+        if agg == "gcn":
+            return neigh + self.bias
+        return self.fc_self(h_self) + neigh
+
+
+class PygBackend(Backend):
+    name = "pyg"
+
+    def make_block(self, layer, device="cpu", *, copy=False):
+        edge_index = torch.stack([layer.edge_src, layer.edge_dst]).to(device)  # stack copies
+        return PygBlock(edge_index, layer.num_src, layer.num_dst)
+
+    def num_dst(self, block) -> int:
+        return block.n_dst
+
+    def u_add_v(self, block, el, er):
+        return el[block.src] + er[block.dst]
+
+    def edge_softmax(self, block, e):
+        return softmax(e, block.dst, num_nodes=block.n_dst)
+
+    def u_mul_e_sum(self, block, z, a):
+        return scatter(z[block.src] * a, block.dst, 0, block.n_dst, reduce="sum")
+
+    def sage_conv(self, in_feats, out_feats, aggregator):
+        return PygSAGEConv(in_feats, out_feats, aggregator)
+
+
+BACKEND = PygBackend()
