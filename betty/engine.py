@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from betty.batch import SampledBatch
-from betty.memory import (OptimizerSpec, apply_budget, default_backend, make_estimator,
+from betty.memory import (DEFAULT_SAFETY_MARGIN, OptimizerSpec, apply_budget, default_backend, make_estimator,
                           make_k_chooser, memory_balance_weights, oom_guard)
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
@@ -54,7 +54,7 @@ class PartitionPlan:
     reuse: int | None = None
     balance: str = "nodes"
     memory_budget: int | None = None
-    safety_margin: float = 0.05
+    safety_margin: float = DEFAULT_SAFETY_MARGIN
 
 
 @dataclass

@@ -120,11 +120,35 @@ def test_verify_json(tmp_path, monkeypatch):
     res = invoke("verify", "tiny", "--k", "2,4", "--dtype", "float64", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
-    assert out["dtype"] == "float64" and [r["k"] for r in out["results"]] == [2, 4]
-    assert all(r["max_rel_grad_diff"] < 1e-10 for r in out["results"])
+    assert out["dtype"] == "float64" and [r["k"] for r in out["results"]] == [1, 2, 4]
+    assert out["verdict"] == "PASS" and out["passed"] is True and out["tol"] == 1e-10
+    assert all(r["max_rel_grad_diff"] < 1e-10 and r["loss_rel_diff"] < 1e-10 for r in out["results"])
+    assert all(r["verdict"] == "PASS" and r["passed"] is True for r in out["results"])
     bad = invoke("verify", "tiny", "--k", "2,x")
     assert bad.exit_code == 2 and "comma-separated" in bad.stderr
     assert invoke("stage", "nope", "tiny").exit_code == 2
+
+
+def test_verify_verdict_and_negative_control(tmp_path, monkeypatch):
+    """`betty verify` passes the synthetic spec (exit 0, PASS for every K) and fails the
+    negative control, per-call dropout masks (exit 1, FAIL); --tol must be positive."""
+    monkeypatch.chdir(tmp_path)
+    good = invoke("verify", "synthetic", "--k", "4")
+    assert good.exit_code == 0, good.output
+    rows = [line.split() for line in good.stdout.splitlines() if line.strip().startswith("K=")]
+    assert [r[0] for r in rows] == ["K=1", "K=4"] and all(r[1] == "PASS" for r in rows)
+    assert good.stdout.strip().splitlines()[-1] == "PASS"
+    bad = invoke("verify", "synthetic", "--set", "model.dropout_mode=standard", "--k", "4")
+    assert bad.exit_code == 1, bad.output
+    assert any(line.split()[:2] == ["K=4", "FAIL"] for line in bad.stdout.splitlines()
+               if line.strip().startswith("K="))
+    assert "more than 1.0e-05" in bad.stderr
+    loose = invoke("verify", "synthetic", "--set", "model.dropout_mode=standard", "--k", "4",
+                   "--tol", "10", "--json")
+    assert loose.exit_code == 0 and json.loads(loose.stdout)["tol"] == 10.0
+    for tol in ("0", "-1e-3"):
+        res = invoke("verify", "synthetic", "--tol", tol)
+        assert res.exit_code == 2 and "--tol must be > 0" in res.stderr
 
 
 def test_cleanup_ends_runs_mlflow_left_running(tracking):

@@ -6,7 +6,22 @@ features of width 40, so layer 0 runs both with and without DGL's lin_before_mp)
 Each configuration trains K = 1 and K = 4 with the meter tracking model and optimizer
 (one optimizer step first, so Adam's state exists) and compares every micro-batch's
 measured peak with :func:`betty.memory.estimate_pieces` (piece 0 starts without
-gradients, as in train_step): the relative error must be <= 5%.
+gradients, as in train_step): the relative error must stay within the model's
+tolerance, set just above the worst error measured over this grid (every micro-batch of
+the 5 models x 3 depths x 3 sizes x K in {1, 4}; DGL stack, torch 2.2.1, CPU):
+
+    model      worst measured   where                    tolerance
+    sage-mean  0.093%           L=2 n=800  h=64  K=4      0.15%
+    sage-gcn   0.114%           L=2 n=800  h=64  K=4      0.20%
+    sage-pool  0.025%           L=1 n=300  h=16  K=4      0.05%
+    sage-lstm  1.883%           L=1 n=1500 h=256 K=1      2.50%
+    gat        0.160%           L=1 n=300  h=16  K=4      0.25%
+
+(LSTM is the loosest: oneDNN's LSTM workspace is modelled per degree bucket from
+calibrated constants.) Leaving one buffer kind out of the replay must break the check:
+without the ``fc_self`` activations the worst sage-mean error becomes 4.2% (L=2 n=300
+h=16 K=4), without the labels 2.1% (L=1 n=1500 h=256 K=1), both far over 0.15%;
+:func:`test_omitted_buffer_fails_the_check` asserts that.
 
 Then ``k: auto`` with a budget of half the measured K = 1 peak: the search only
 estimates (the model's parameters and gradients are untouched), and training with the K
@@ -25,12 +40,14 @@ from betty.sampling import sample_full_batch
 from betty.train import accumulate_gradients, build_optimizer, train_step
 from graphs import power_law_graph
 
-TOLERANCE = 0.05
+TOLERANCE = {"sage-mean": 0.0015, "sage-gcn": 0.002, "sage-pool": 0.0005, "sage-lstm": 0.025,
+             "gat": 0.0025}
 FEATS, CLASSES = 40, 5
 FANOUTS = [4, 6, 8]
 # (graph nodes, hidden): three graph sizes, hidden 16..256
 SIZES = [(300, 16), (800, 64), (1500, 256)]
 MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("sage", "lstm"), ("gat", "mean")]
+MODEL_IDS = [a if a == "gat" else f"sage-{g}" for a, g in MODELS]
 
 _GRAPHS: dict[int, tuple] = {}
 
@@ -67,21 +84,31 @@ def _measure(model, opt, meter, batch, groups, k, feat, label):
     return [m.peak_bytes for m in result.micro]
 
 
+def _failures(model, opt, meter, batch, feat, label, k: int, tol: float, where: str):
+    """``(measured peaks, messages of the pieces whose |estimate - meter| / meter >
+    tol)`` for a K-way random split."""
+    groups = partition_batch(batch, k, "random", seed=3).groups
+    measured = _measure(model, opt, meter, batch, groups, k, feat, label)
+    estimated = [e.peak for e in estimate_pieces(batch, groups, k, model, opt)]
+    bad = []
+    for i, (est, meas) in enumerate(zip(estimated, measured)):
+        err = abs(est - meas) / meas
+        if err > tol:
+            bad.append(f"{where} K={k} piece {i}: estimated {est}, measured {meas}, error {err:.3%}")
+    return measured, bad
+
+
 @pytest.mark.parametrize("layers", [1, 2, 3])
-@pytest.mark.parametrize("arch,agg", MODELS, ids=[a if a == "gat" else f"sage-{g}" for a, g in MODELS])
+@pytest.mark.parametrize("arch,agg", MODELS, ids=MODEL_IDS)
 def test_estimate_matches_meter_and_auto_k_fits(arch, agg, layers):
+    tol = TOLERANCE[MODEL_IDS[MODELS.index((arch, agg))]]
     for n, hidden in SIZES:
         batch, feat, label, model, opt, meter = _setup(arch, agg, layers, n, hidden)
         k1_peak = None
         for k in (1, 4):
-            groups = partition_batch(batch, k, "random", seed=3).groups
-            measured = _measure(model, opt, meter, batch, groups, k, feat, label)
-            estimated = [e.peak for e in estimate_pieces(batch, groups, k, model, opt)]
-            for i, (est, meas) in enumerate(zip(estimated, measured)):
-                err = abs(est - meas) / meas
-                assert err <= TOLERANCE, (
-                    f"n={n} hidden={hidden} K={k} piece {i}: estimated {est}, measured {meas}, "
-                    f"error {err:.2%}")
+            measured, bad = _failures(model, opt, meter, batch, feat, label, k, tol,
+                                      f"n={n} hidden={hidden}")
+            assert not bad, bad
             if k == 1:
                 k1_peak = measured[0]
 
@@ -97,3 +124,38 @@ def test_estimate_matches_meter_and_auto_k_fits(arch, agg, layers):
         measured = _measure(model, opt, meter, batch, found.partition.groups, found.k, feat, label)
         assert max(measured) <= budget, (
             f"n={n} hidden={hidden}: K={found.k} measured {max(measured)} > budget {budget}")
+
+
+# (what is left out, which allocations, model, layers, graph nodes, hidden, K)
+OMISSIONS = [
+    ("fc_self activations", lambda comp, name: comp == "activations" and name.endswith("fc_self"),
+     ("sage", "mean"), 2, 300, 16, 4),
+    ("labels", lambda comp, name: name == "labels", ("sage", "mean"), 1, 1500, 256, 1),
+]
+
+
+@pytest.mark.parametrize("what,omit,model,layers,n,hidden,k", OMISSIONS, ids=[o[0] for o in OMISSIONS])
+def test_omitted_buffer_fails_the_check(monkeypatch, what, omit, model, layers, n, hidden, k):
+    """The tolerances are tight enough to see a missing buffer kind: the same
+    configuration passes with the full replay and fails when the replay allocates 0
+    bytes for ``what``."""
+    from betty.memory.timeline import Timeline
+
+    tol = TOLERANCE[MODEL_IDS[MODELS.index(model)]]
+    batch, feat, label, net, opt, meter = _setup(*model, layers, n, hidden)
+    _, bad = _failures(net, opt, meter, batch, feat, label, k, tol, "full replay")
+    assert not bad, bad
+
+    alloc = Timeline.alloc
+    left_out = []
+
+    def alloc_without(self, nbytes, component, name):
+        if omit(component, name):
+            left_out.append(name)
+            nbytes = 0
+        return alloc(self, nbytes, component, name)
+
+    monkeypatch.setattr(Timeline, "alloc", alloc_without)
+    _, bad = _failures(net, opt, meter, batch, feat, label, k, tol, f"without {what}")
+    assert left_out, f"the replay allocated no {what}: the omission tests nothing"
+    assert bad, f"leaving the {what} out of the replay still passes the {tol:.2%} check"

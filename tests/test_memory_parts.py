@@ -268,3 +268,54 @@ def test_standard_dropout_and_float64_against_the_meter(arch, batch3):
         ests = estimate_pieces(batch, groups, 3, model, opt, dtype=dtype)
         for e, m in zip(ests, res.micro):
             assert abs(e.peak - m.peak_bytes) / m.peak_bytes <= 0.05, (mode, dtype, e.peak, m.peak_bytes)
+
+
+def test_tests_never_read_the_users_constants_file(tmp_path):
+    """conftest.py points BETTY_MEMORY_CONSTANTS at a fresh temp file, so a user's
+    calibrated ~/.cache/betty/memory_constants.json cannot change test results."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from betty.memory.constants import user_constants_path
+
+    path = user_constants_path()
+    assert Path(os.environ["BETTY_MEMORY_CONSTANTS"]) == path
+    assert path.parent.name.startswith("betty-test-constants-")
+    assert path.parent.parent == Path(tempfile.gettempdir())
+    assert Path.home() not in path.parents
+    if not path.exists():  # a test in this session may have calibrated into it
+        assert load_constants("cpu") == load_constants("cpu", use_user=False)
+
+
+def test_one_safety_margin_default_for_every_k_search():
+    """search_k, search_k_rev, the estimate report, both plans and the spec share one
+    default margin."""
+    import inspect
+
+    from betty.memory import DEFAULT_SAFETY_MARGIN, search_k_rev
+    from betty.memory.report import estimate_report
+    from betty.rev_engine import RevPlan
+    from workflow.spec import PartitionSection
+
+    assert DEFAULT_SAFETY_MARGIN == 0.05
+    for fn in (search_k, search_k_rev, estimate_report):
+        assert inspect.signature(fn).parameters["safety_margin"].default == DEFAULT_SAFETY_MARGIN, fn
+    assert PartitionPlan().safety_margin == DEFAULT_SAFETY_MARGIN
+    assert RevPlan().safety_margin == DEFAULT_SAFETY_MARGIN
+    assert PartitionSection().safety_margin == DEFAULT_SAFETY_MARGIN
+
+
+def test_every_k_search_failure_is_a_ksearch_error(batch3):
+    """Hitting max_evaluations raises KSearchError (not a bare RuntimeError), and the
+    RevGNN search's error is a KSearchError too."""
+    from betty.memory import RevKSearchError
+
+    batch, spec = _lstm_setup(batch3)
+    full = estimate_micro_batch(batch, spec, "adam", fresh_grads=True)
+    with pytest.raises(KSearchError, match="max_evaluations=2") as err:
+        search_k(batch, spec, "adam", memory_budget=full.peak // 12, safety_margin=0.0,
+                 max_evaluations=2)
+    assert [k for k, _ in err.value.tried][0] == 1 and len(err.value.tried) == 2
+    assert err.value.budget == full.peak // 12
+    assert issubclass(RevKSearchError, KSearchError)

@@ -10,6 +10,7 @@ from betty.memory.spec import ModelSpec, OptimizerSpec
 from betty.memory.sizes import PieceSizes, micro_batch_sizes, piece_sizes
 from betty.memory.estimator import MemoryEstimate, estimate_micro_batch, estimate_pieces, estimate_sizes
 from betty.memory.ksearch import (
+    DEFAULT_SAFETY_MARGIN,
     KSearchError,
     KSearchResult,
     make_estimator,
@@ -36,7 +37,7 @@ __all__ = [
     "BACKENDS", "BackendConstants", "default_backend", "load_constants",
     "ModelSpec", "OptimizerSpec", "PieceSizes", "micro_batch_sizes", "piece_sizes",
     "MemoryEstimate", "estimate_micro_batch", "estimate_pieces", "estimate_sizes",
-    "KSearchError", "KSearchResult", "make_estimator", "make_k_chooser",
+    "DEFAULT_SAFETY_MARGIN", "KSearchError", "KSearchResult", "make_estimator", "make_k_chooser",
     "memory_balance_weights", "search_k", "calibrate",
     "EstimatedOOMError", "apply_budget", "oom_guard", "estimate_report",
     "RevKSearchError", "RevKSearchResult", "RevModelShape", "estimate_rev",

@@ -52,29 +52,38 @@ __all__ = [
     "make_k_chooser",
     "make_estimator",
     "usable_budget",
+    "DEFAULT_SAFETY_MARGIN",
 ]
 
 _JUMP_SLACK = 1.05
 
+DEFAULT_SAFETY_MARGIN = 0.05
+"""The one default fraction of the memory budget every K search keeps free
+(:func:`search_k`, :func:`betty.memory.rev.search_k_rev`, the plans and the spec)."""
+
 
 class KSearchError(RuntimeError):
-    """No K makes the largest piece fit the budget.
+    """A K search failed: no K makes the largest piece fit the budget, or the search
+    stopped before finding one (``max_evaluations``). Every K-search failure raises
+    this class (:class:`betty.memory.rev.RevKSearchError` is a subclass).
 
     Attributes:
         budget: the memory budget (bytes).
         usable: ``budget · (1 − safety_margin)``.
-        dominant: the largest component of the piece that does not fit.
+        dominant: the largest component of the piece that does not fit (``None`` when
+            the search stopped before deciding).
         smallest_budget: the smallest budget (bytes, margin included) with which the
-            search would succeed at the largest K possible.
+            search would succeed at the largest K possible (``None`` when unknown).
         tried: ``[(K, max estimated peak), ...]``.
     """
 
-    def __init__(self, message: str, *, budget: float, usable: float, dominant: str,
-                 smallest_budget: int, tried: list[tuple[int, int]]) -> None:
+    def __init__(self, message: str, *, budget: float | None = None, usable: float | None = None,
+                 dominant: str | None = None, smallest_budget: int | None = None,
+                 tried: list[tuple[int, int]] | None = None) -> None:
         super().__init__(message)
         self.budget, self.usable = budget, usable
         self.dominant, self.smallest_budget = dominant, smallest_budget
-        self.tried = tried
+        self.tried = list(tried or [])
 
 
 @dataclass
@@ -168,7 +177,8 @@ def _default_partition(batch, k, method, *, seed, weights, graph):
 
 
 def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: float,
-             safety_margin: float = 0.05, method: str = "random", balance: str = "nodes",
+             safety_margin: float = DEFAULT_SAFETY_MARGIN, method: str = "random",
+             balance: str = "nodes",
              seed: int = 0, graph=None, dtype: torch.dtype | None = None,
              backend: str = "cpu", partition_fn: Callable | None = None,
              max_evaluations: int = 40, **estimate_kwargs) -> KSearchResult:
@@ -191,7 +201,8 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
         max_evaluations: cap on partition + estimate rounds.
 
     Raises:
-        KSearchError: no K fits (fixed costs or one output's neighbourhood exceed it).
+        KSearchError: no K fits (fixed costs or one output's neighbourhood exceed it),
+            or ``max_evaluations`` rounds ended without a fitting K.
         ValueError: bad arguments.
     """
     usable = usable_budget(memory_budget, safety_margin)
@@ -206,7 +217,12 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
     def evaluate(k: int):
         if k not in cache:
             if len(cache) >= max_evaluations:
-                raise RuntimeError(f"K search did not converge in {max_evaluations} evaluations")
+                raise KSearchError(
+                    f"K search stopped after max_evaluations={max_evaluations} partition + "
+                    f"estimate rounds without settling on a K (tried, as (K, largest piece "
+                    f"bytes): {tried}; usable budget {int(usable)} bytes); raise "
+                    f"max_evaluations or the memory budget",
+                    budget=memory_budget, usable=usable, tried=tried)
             part = partition_fn(batch, k, method, seed=seed, weights=weights, graph=graph)
             ests = estimate_pieces(batch, part.groups, part.k, model, optimizer, dtype, backend,
                                    **estimate_kwargs)

@@ -6,14 +6,14 @@ import torch
 
 from betty.batch import SampledBatch
 from betty.memory.estimator import estimate_pieces
-from betty.memory.ksearch import search_k
+from betty.memory.ksearch import DEFAULT_SAFETY_MARGIN, search_k
 
 __all__ = ["estimate_report"]
 
 
 def estimate_report(batch: SampledBatch, model, optimizer="adam", *, k: int | str = 1,
                     method: str = "random", memory_budget: int | None = None,
-                    safety_margin: float = 0.05, balance: str = "nodes", seed: int = 0,
+                    safety_margin: float = DEFAULT_SAFETY_MARGIN, balance: str = "nodes", seed: int = 0,
                     graph=None, dtype: torch.dtype | None = None, backend: str = "cpu") -> dict:
     """Estimate a batch split ``k`` ways (``k="auto"``: :func:`~betty.memory.ksearch.
     search_k` with ``memory_budget``) and return a JSON-ready dict: ``k``, ``method``,

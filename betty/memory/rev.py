@@ -50,6 +50,7 @@ import torch
 
 from betty.memory.constants import BackendConstants, load_constants
 from betty.memory.estimator import MemoryEstimate
+from betty.memory.ksearch import DEFAULT_SAFETY_MARGIN, KSearchError
 from betty.memory.rev_replay import RevReplayConfig, replay_rev, rev_parameter_shapes
 from betty.memory.spec import OptimizerSpec, as_optimizer_spec
 
@@ -381,8 +382,8 @@ def estimate_rev_parts(parts: Sequence[Any], arch: Any, *,
     return estimates
 
 
-class RevKSearchError(RuntimeError):
-    """No K of the candidates fits the budget."""
+class RevKSearchError(KSearchError):
+    """No K of the candidates fits the budget (a :class:`KSearchError`)."""
 
 
 @dataclass
@@ -406,7 +407,7 @@ class RevKSearchResult:
 
 def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed: int = 0,
                  train_mask: Optional[torch.Tensor] = None, max_k: Optional[int] = None,
-                 safety_margin: float = 0.0, **kwargs: Any) -> RevKSearchResult:
+                 safety_margin: float = DEFAULT_SAFETY_MARGIN, **kwargs: Any) -> RevKSearchResult:
     """The smallest K whose largest part (of ``cluster_partition(graph, K, method,
     seed)``) is estimated to fit ``budget · (1 − safety_margin)`` bytes.
 
@@ -434,7 +435,9 @@ def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed:
         raise RevKSearchError(
             f"parameters, gradients and optimizer state alone need {floor} bytes, over the "
             f"usable budget of {int(usable)} bytes: no number of parts helps (reduce depth "
-            "or width, or use weight tying)")
+            "or width, or use weight tying)", budget=budget, usable=usable,
+            dominant="parameters+gradients+optimizer_state",
+            smallest_budget=math.ceil(floor / (1 - safety_margin)))
     tried: dict[int, int] = {}
     splits: dict[int, tuple] = {}
 
@@ -452,7 +455,10 @@ def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed:
             worst = max(splits[k][1], key=lambda est: est.peak)
             raise RevKSearchError(
                 f"even K={k} parts do not fit: the largest part needs {worst.peak} bytes "
-                f"(dominated by {worst.dominant!r}) against a usable budget of {int(usable)}")
+                f"(dominated by {worst.dominant!r}) against a usable budget of {int(usable)}",
+                budget=budget, usable=usable, dominant=worst.dominant,
+                smallest_budget=math.ceil(worst.peak / (1 - safety_margin)),
+                tried=sorted(tried.items()))
         k = min(2 * k, max_k)
     hi = k
     while hi - lo > 1:
