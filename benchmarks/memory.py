@@ -8,6 +8,7 @@ estimated and measured peak and the relative error, then the overall maximum.
 
     .venv/bin/python benchmarks/memory.py                 # default sweep
     .venv/bin/python benchmarks/memory.py --sizes 1000 --hidden 64 --layers 2
+    .venv/bin/python benchmarks/memory.py --backend pyg     # the PyTorch Geometric backend
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def main(argv=None) -> int:
     parser.add_argument("--feats", type=int, default=100)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--method", default="random")
+    parser.add_argument("--backend", default="dgl", choices=["dgl", "pyg"],
+                        help="the model's GNN backend (betty.backends)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     from graphs import power_law_graph
@@ -64,7 +67,8 @@ def main(argv=None) -> int:
                     torch.manual_seed(0)
                     model = build_model(arch, args.feats, 8, hidden=hidden, layers=layers,
                                         aggregator=agg or "mean", heads=4, dropout=args.dropout,
-                                        attn_dropout=args.dropout / 2).train()
+                                        attn_dropout=args.dropout / 2,
+                                        backend=args.backend).train()
                     opt = build_optimizer("adam", model.parameters(), 1e-3)
                     zeros = torch.zeros(batch.num_outputs, dtype=torch.int64)
                     train_step(model, opt, batch, zeros, feat, label, dropout_key=1)
