@@ -6,7 +6,9 @@ storage as it is created and when its last holder lets go of it:
 
 1. **Blocks**: the two int64 edge-index copies per layer betty hands to
    ``dgl.create_block`` (``2·E_l·8`` bytes), plus DGL's device-side graph formats
-   (backend constants; 0 on the host, where they live outside PyTorch).
+   (backend constants; 0 on the host, where they live outside PyTorch); on PyG the
+   ``(2, E_l)`` ``edge_index`` of a :class:`~betty.backends.pyg_backend.PygBlock`
+   (the same bytes) and nothing else.
 2. **Global IDs** for deterministic dropout: ``n_src_l·8`` per layer (feature dropout),
    ``E_l·8`` per layer (GAT attention dropout).
 3. **Features** ``n_in·F`` elements (then a cast copy if the compute dtype differs) and
@@ -24,7 +26,20 @@ storage as it is created and when its last holder lets go of it:
 The sequences were read off the code of DGL 2.1's ``SAGEConv`` (mean / gcn / pool /
 lstm, with ``lin_before_mp`` when ``in_feats > out_feats``), ``betty.models.gat``,
 ``betty.models.dropout`` and PyTorch 2.2's autograd, and checked op by op against a
-dispatch-mode trace. The peak is therefore the maximum over the whole timeline (end of
+dispatch-mode trace.
+
+**Backends.** ``ModelSpec.backend`` (read off the model) picks the op sequences where the
+GNN backend's ops differ; everything else (parameters, dropout, features, labels,
+linear layers, activations, loss, gradient accumulation) is one code path. The PyG
+backend (:mod:`betty.backends.pyg_backend`, PyG 2.8) aggregates by gathering the
+``(E, W)`` messages and scattering them into zeros, and the backward of such a gather is
+an ``index_put`` into zeros (DGL's fused kernels have no per-edge tensor); its max
+aggregation is a ``scatter_reduce_`` that autograd saves with a clone of its zeros; its
+LSTM gathers a ``(B, d, W)`` mailbox per in-degree bucket and shares one zero state for
+``h0`` and ``c0``; its GAT gathers ``el[src]``, ``er[dst]`` and ``z[src]`` and runs
+``torch_geometric.utils.softmax`` (max, ``exp``, sum, gathered denominator, division).
+Where only ``fc_self`` keeps a layer's input (mean without ``lin_before_mp``, LSTM) the
+input is freed with ``fc_self``'s backward, since a gather keeps only its index. The peak is therefore the maximum over the whole timeline (end of
 forward, the widest layer's transient, inside the backward where gradients of one
 layer coexist with saved activations of the layers below), not a sum of parts.
 
@@ -156,19 +171,21 @@ class _Replayer:
         return out
 
     def _hash_mask(self, n, width: int, tag: str) -> None:
-        # SplitMix64 of the (n,) row IDs: three int64 vectors alive at once, one kept
+        # SplitMix64 of the (n,) row IDs and of the (width,) column IDs: three int64
+        # vectors alive at once, one kept, for each
         tl = self.tl
         self._rows = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout row words")
         a = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout mix")
         b = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout mix")
         tl.release(a, b)
+        self._cols = tl.alloc(width * INDEX_BYTES, DROP, f"{tag} dropout column words")
 
     def _hash_chunks(self, n, width: int, tag: str) -> None:
         tl = self.tl
         rows_per_chunk = np.minimum(n, max(1, _DROPOUT_CHUNK_ELEMENTS // max(width, 1)))
         scratch = tl.alloc(rows_per_chunk * width * INDEX_BYTES, DROP, f"{tag} dropout scratch")
         keep = tl.alloc(rows_per_chunk * width, DROP, f"{tag} dropout keep chunk")
-        tl.release(self._rows, scratch, keep)
+        tl.release(self._rows, self._cols, scratch, keep)
 
     def dropout_bwd(self, g: Buffer, n, width: int, tag: str, mask: Buffer | None = None) -> Buffer:
         tl, e = self.tl, self.e
@@ -294,6 +311,10 @@ class _Replayer:
         def backward(g: Buffer) -> Buffer | None:
             gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
             self.param_grads(fc_self, f"{tag} fc_self")
+            h_kept = h
+            if self.pyg and not lbm:  # only fc_self kept h (the gather keeps its index)
+                tl.release(h)
+                h_kept = None
             if lbm:
                 gd = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad mean")
                 tl.release(g, deg)
@@ -307,12 +328,12 @@ class _Replayer:
             gq = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad mean") if h_grad else None
             tl.release(g, q)
             if not h_grad:
-                tl.release(h)
+                tl.release(h_kept)
                 return None
             gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad sum")
             tl.release(gq, deg)
             gz = self._copy_u_sum_bwd(gd, n_src, n_e, wi, tag)
-            tl.release(h)
+            tl.release(h_kept)
             return self.accumulate_src_grad(gz, gs, n_src, wi, tag)
 
         return out, backward
@@ -672,6 +693,7 @@ class _Replayer:
         def backward(g: Buffer) -> Buffer | None:
             gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
             self.param_grads(fc_self, f"{tag} fc_self")
+            tl.release(h)  # only fc_self kept h (the mailbox gathers keep their indices)
             self.param_grads(fc_neigh, f"{tag} fc_neigh")
             gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
             tl.release(g, neigh)
@@ -713,7 +735,6 @@ class _Replayer:
             if lstm_grad is not None:
                 for buf in lstm_grad:
                     tl.release_where(buf, ~self.fresh)
-            tl.release(h)
             if not h_grad:
                 return None
             if acc is None:  # no in-edges at all: index_put into zeros never ran
