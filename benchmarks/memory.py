@@ -55,6 +55,7 @@ def main(argv=None) -> int:
     print(f"{'model':10s} {'L':>1s} {'hid':>4s} {'nodes':>6s} {'K':>3s} "
           f"{'estimated':>12s} {'measured':>12s} {'error':>8s}  peak at")
     worst_all, rows = 0.0, 0
+    worst: dict[str, tuple[float, str]] = {}
     start = time.perf_counter()
     for n in _ints(args.sizes):
         g, feat, label, train = power_law_graph(num_nodes=n, avg_degree=10, num_feats=args.feats,
@@ -83,12 +84,17 @@ def main(argv=None) -> int:
                         errs = [(e.peak - m.peak_bytes) / m.peak_bytes for e, m in zip(ests, res.micro)]
                         i = max(range(k), key=lambda j: abs(errs[j]))
                         worst_all = max(worst_all, abs(errs[i]))
+                        if abs(errs[i]) >= worst.get(name, (0.0, ""))[0]:
+                            worst[name] = (abs(errs[i]), f"L={layers} hidden={hidden} nodes={n} K={k}")
                         rows += 1
                         print(f"{name:10s} {layers:1d} {hidden:4d} {n:6d} {k:3d} "
                               f"{ests[i].peak:12d} {res.micro[i].peak_bytes:12d} "
                               f"{errs[i] * 100:+7.2f}%  {ests[i].peak_at}", flush=True)
     print(f"\n{rows} configurations, every micro-batch compared; max |error| = "
           f"{worst_all * 100:.2f}% ({time.perf_counter() - start:.0f} s)")
+    print(f"\nworst |error| per model, backend {args.backend}, torch {torch.__version__}:")
+    for name, (err, where) in worst.items():
+        print(f"  {name:10s} {err * 100:7.3f}%  at {where}")
     return 0
 
 
