@@ -212,6 +212,31 @@ class _Replayer:
         tl.release(g_full, sb)
         return acc
 
+    def bucket_sum(self, run, have, new, mask, tag: str):
+        """Sum per-bucket gradients out of place, in the pieces that have the bucket.
+
+        ``run``: per tensor, the buffers holding the running sum (None before the first
+        bucket); ``have``: ``(P,)`` pieces where a running sum exists; ``new``: this
+        bucket's gradient per tensor (0 bytes where ``mask`` is False, the pieces
+        without this degree bucket). Where ``mask & have`` each tensor's sum is
+        allocated and its old parts freed (tensor by tensor), then the bucket's own
+        gradients are freed; where only ``mask`` the bucket's gradient becomes the sum.
+        Returns ``(run, have)``.
+        """
+        tl = self.tl
+        if run is None:
+            return [[b] for b in new], np.asarray(mask, dtype=bool).copy()
+        both = mask & have
+        out = []
+        for parts, b in zip(run, new):
+            summed = tl.alloc(np.where(both, b.size, 0.0), b.component, f"{tag} sum")
+            for part in parts:
+                tl.free_where(part, both)
+            out.append(parts + [summed])
+        for b in new:
+            tl.free_where(b, both)
+        return [parts + [b] for parts, b in zip(out, new)], have | mask
+
     # ------------------------------------------------------------------ SAGE
     def sage_layer(self, l: int, h: Buffer, h_grad: bool):
         s, tl, e = self.s, self.tl, self.e
@@ -518,22 +543,19 @@ class _Replayer:
             tl.release(gn, cat_idx, cat)
             acc = None
             lstm_grad = None
+            have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
             for t, b, bufs in reversed(saved):
+                m = b > 0  # the pieces that have this bucket (DGL buckets the degrees present)
                 gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
                 tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
-                new = [tl.alloc(nb, GRADS, f"{tag} lstm weight grad") for nb in lstm_param_bytes]
+                new = [tl.alloc(np.where(m, nb, 0), GRADS, f"{tag} lstm weight grad")
+                       for nb in lstm_param_bytes]
                 tl.temp(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
                 tl.release(*bufs)  # the node's saved tensors go before its outputs are summed
-                if lstm_grad is not None:
-                    # the engine sums each parameter's gradients out of place, one
-                    # parameter at a time, then drops the bucket's own gradients
-                    summed = []
-                    for old, nb in zip(lstm_grad, lstm_param_bytes):
-                        summed.append(tl.alloc(nb, GRADS, f"{tag} lstm weight grads sum"))
-                        tl.release(old)
-                    tl.release(*new)
-                    new = summed
-                lstm_grad = new
+                # the engine sums each parameter's gradients out of place, one parameter
+                # at a time, then drops the bucket's own gradients
+                lstm_grad, have_grad = self.bucket_sum(lstm_grad, have_grad, new, m,
+                                                       f"{tag} lstm weight grads")
                 if not h_grad:
                     tl.release(gx)
                     continue
@@ -541,26 +563,23 @@ class _Replayer:
                     gxb = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input batch-major deg {t}")
                     tl.release(gx)
                     gx = gxb
-                zeros = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages zeros deg {t}")
-                ia = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages deg {t}")
+                ne = np.where(m, n_e * w * e, 0)
+                zeros = tl.alloc(ne, BWD, f"{tag} grad messages zeros deg {t}")
+                ia = tl.alloc(ne, BWD, f"{tag} grad messages deg {t}")
                 tl.release(zeros, gx)
-                if acc is None:
-                    acc = ia
-                else:
-                    summed = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages sum")
-                    tl.release(acc, ia)
-                    acc = summed
+                acc, have_acc = self.bucket_sum(acc, have_acc, [ia], m, f"{tag} grad messages")
             tl.release(gc)
             if lstm_grad is not None:
                 # AccumulateGrad: the sum becomes .grad on a fresh piece (kept), else it is
                 # added in place into .grad and freed
-                for buf in lstm_grad:
-                    tl.release_where(buf, ~self.fresh)
+                for parts in lstm_grad:
+                    for buf in parts:
+                        tl.release_where(buf, ~self.fresh)
             tl.release(h)
             if not h_grad:
                 return None
             gsrc = tl.alloc(n_src * w * e, BWD, f"{tag} grad h (copy_u)")
-            tl.release(acc)
+            tl.release(*(acc[0] if acc is not None else []))
             return self.accumulate_src_grad(gsrc, gs, n_src, wi, tag)
 
         return out, backward
@@ -648,7 +667,7 @@ class _Replayer:
             if t == 0:
                 continue
             b = counts[:, j]
-            eq = tl.alloc(n_dst, AGG, f"{tag} degree == {t}")
+            eq = tl.alloc(np.where(b > 0, n_dst, 0), AGG, f"{tag} degree == {t}")
             book.append(tl.alloc(b * INDEX_BYTES, AGG, f"{tag} nodes deg {t}"))
             tl.release(eq)
             first = tl.alloc(b * INDEX_BYTES, AGG, f"{tag} first edges deg {t}")
@@ -700,10 +719,13 @@ class _Replayer:
             gc = tl.alloc(n_nonzero * w * e, BWD, f"{tag} grad bucket results")
             tl.release(gn, cat_idx)
             acc = lstm_grad = None
+            have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
             for i, (t, b, bufs, idx) in enumerate(reversed(saved)):
+                m = b > 0  # the pieces that have this bucket
                 gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
                 tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
-                new = [tl.alloc(nb, GRADS, f"{tag} lstm weight grad") for nb in lstm_param_bytes]
+                new = [tl.alloc(np.where(m, nb, 0), GRADS, f"{tag} lstm weight grad")
+                       for nb in lstm_param_bytes]
                 gh0 = tl.alloc(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
                 if not h_grad:
                     tl.release(gx)
@@ -712,33 +734,25 @@ class _Replayer:
                 if i == len(saved) - 1:
                     tl.release(gc)
                 tl.release(*bufs)
-                if lstm_grad is not None:  # summed out of place, as in the DGL replay
-                    summed = []
-                    for old, nb in zip(lstm_grad, lstm_param_bytes):
-                        summed.append(tl.alloc(nb, GRADS, f"{tag} lstm weight grads sum"))
-                        tl.release(old)
-                    tl.release(*new)
-                    new = summed
-                lstm_grad = new
+                lstm_grad, have_grad = self.bucket_sum(lstm_grad, have_grad, new, m,
+                                                       f"{tag} lstm weight grads")
                 if gx is None:
                     continue
-                gi = self._index_bwd(gx, n_src, w, tag)
-                tl.release(idx)
-                if acc is None:
-                    acc = gi
-                else:
-                    summed = tl.alloc(n_src * w * e, BWD, f"{tag} grad h sum")
-                    tl.release(acc, gi)
-                    acc = summed
+                gi = self._index_bwd_alloc(np.where(m, n_src, 0), w, tag)
+                tl.release(gx, idx)
+                acc, have_acc = self.bucket_sum(acc, have_acc, [gi], m, f"{tag} grad h")
             if not saved:
                 tl.release(gc)
             if lstm_grad is not None:
-                for buf in lstm_grad:
-                    tl.release_where(buf, ~self.fresh)
+                for parts in lstm_grad:
+                    for buf in parts:
+                        tl.release_where(buf, ~self.fresh)
             if not h_grad:
                 return None
-            if acc is None:  # no in-edges at all: index_put into zeros never ran
-                acc = tl.alloc(n_src * w * e, BWD, f"{tag} grad h (zeros)")
+            acc = tl.merge(*acc[0]) if acc is not None else None
+            if not have_acc.all():  # no in-edges in a piece: no index_put ran there
+                zeros = tl.alloc(np.where(have_acc, 0, n_src * w * e), BWD, f"{tag} grad h (zeros)")
+                acc = zeros if acc is None else tl.merge(acc, zeros)
             return self.accumulate_src_grad(acc, gs, n_src, wi, tag)
 
         return out, backward
