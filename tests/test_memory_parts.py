@@ -324,3 +324,23 @@ def test_every_k_search_failure_is_a_ksearch_error(batch3):
     assert [k for k, _ in err.value.tried][0] == 1 and len(err.value.tried) == 2
     assert err.value.budget == full.peak // 12
     assert issubclass(RevKSearchError, KSearchError)
+
+
+@pytest.mark.dgl
+@pytest.mark.pyg
+def test_the_estimate_follows_the_model_backend(batch3):
+    """The replay is picked by the model's backend: the same shapes on PyG estimate more
+    (its scatter aggregation materializes the (E, W) gathered messages, DGL's fused
+    kernels do not), and an unknown backend is refused naming the allowed ones."""
+    pytest.importorskip("torch_geometric")
+    batch, _, _ = batch3
+    peaks = {}
+    for backend in ("dgl", "pyg"):
+        model = build_model("sage", 12, 5, hidden=24, layers=3, aggregator="mean", backend=backend)
+        spec = ModelSpec.from_model(model)
+        assert spec.backend == backend
+        peaks[backend] = estimate_micro_batch(batch, model, "adam").peak
+        assert estimate_micro_batch(batch, spec, "adam").peak == peaks[backend]
+    assert peaks["pyg"] > peaks["dgl"]
+    with pytest.raises(ValueError, match=r"backend must be one of \('dgl', 'pyg'\), got 'jax'"):
+        ModelSpec("sage", (12, 5), backend="jax")
