@@ -197,3 +197,20 @@ def test_omitted_buffer_fails_the_check(monkeypatch, backend, what, omit, model,
     _, bad = _failures(net, opt, meter, batch, feat, label, k, tol, f"without {what}")
     assert left_out, f"the replay allocated no {what}: the omission tests nothing"
     assert bad, f"leaving the {what} out of the replay still passes the {tol:.2%} check"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lstm_pieces_without_some_degree_bucket(backend):
+    """K = 16 pieces of one batch hold different in-degree buckets: a piece runs LSTM
+    calls, and sums their weight and input gradients, only for the degrees it has (the
+    replay must not charge it for the others)."""
+    from betty.memory.sizes import piece_sizes
+
+    batch, feat, label, model, opt, meter = _setup("sage", "lstm", 2, 300, 64, backend)
+    k = 16
+    groups = partition_batch(batch, k, "random", seed=3).groups
+    counts = piece_sizes(batch, groups, k).degree_counts  # per layer (pieces, degrees)
+    assert any(((c == 0) & (c.sum(0) > 0)).any() for c in counts), "tests nothing"
+    tol = TOLERANCE[backend]["sage-lstm"]
+    _, bad = _failures(model, opt, meter, batch, feat, label, k, tol, "L=2 n=300 h=64")
+    assert not bad, bad
