@@ -187,6 +187,9 @@ class Trainer:
             :func:`betty.memory.make_estimator` when ``estimate_memory`` is set.
         estimate_memory: build the default estimator (the analytic memory model).
         on_search: called with every :class:`betty.memory.KSearchResult` (logging).
+        parallel: a :class:`betty.distributed.DataParallel`: spread each batch's pieces
+            over its ranks (longest estimated first) and all-reduce the gradients;
+            every rank must build the Trainer identically (same seed).
     """
 
     def __init__(self, model, optimizer, dataset, fanouts, plan: PartitionPlan, *,
@@ -194,7 +197,7 @@ class Trainer:
                  dtype: torch.dtype = torch.float32, meter=None,
                  k_chooser: KChooser | None = None, estimator: Estimator | None = None,
                  estimate_memory: bool = True, on_search=None,
-                 dropout_seed: int | None = None) -> None:
+                 dropout_seed: int | None = None, parallel=None) -> None:
         if len(fanouts) != model.num_layers:
             raise ValueError(f"{len(fanouts)} fanouts for a {model.num_layers}-layer model")
         if plan.balance not in ("nodes", "memory"):
@@ -223,6 +226,7 @@ class Trainer:
         self.meter = meter
         self.k_chooser, self.estimator = k_chooser, estimator
         self.dropout_seed = seed if dropout_seed is None else dropout_seed
+        self.parallel = parallel
         self.batches = fixed_batches(dataset.train_idx, batch_size, seed)
         self._partitions: dict[int, tuple[PartitionResult, int]] = {}  # batch -> (result, epoch made)
 
@@ -300,12 +304,20 @@ class Trainer:
                 logged = self._stateless_estimator(batch, result.groups, result.k)
             t2 = time.perf_counter()
             with oom_guard(estimates or [], self.plan.memory_budget):
-                step = train_step(self.model, self.optimizer, batch, result.groups,
-                                  self.dataset.feat, self.dataset.label, k=result.k,
-                                  device=self.device,
-                                  dropout_key=dropout_key(self.dropout_seed, epoch, b),
-                                  multilabel=self.dataset.multilabel, meter=self.meter,
-                                  dtype=self.dtype)
+                step_kwargs = dict(k=result.k, device=self.device,
+                                   dropout_key=dropout_key(self.dropout_seed, epoch, b),
+                                   multilabel=self.dataset.multilabel, meter=self.meter,
+                                   dtype=self.dtype)
+                if self.parallel is None:
+                    step = train_step(self.model, self.optimizer, batch, result.groups,
+                                      self.dataset.feat, self.dataset.label, **step_kwargs)
+                else:
+                    from betty.distributed.steps import train_step_parallel
+                    step = train_step_parallel(self.parallel, self.model, self.optimizer, batch,
+                                               result.groups, self.dataset.feat, self.dataset.label,
+                                               costs=estimates, **step_kwargs)
+            if logged:  # the pieces this process ran (all K unless data-parallel)
+                logged = [logged[m.index] for m in step.micro]
             redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]
             records.append(BatchRecord(
                 index=b, k=result.k, loss=step.loss, train_acc=step.train_acc,

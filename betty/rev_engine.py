@@ -392,13 +392,15 @@ class RevTrainer:
         estimate_memory: estimate every part (RevGNN only; ignored for the DEQ).
         on_search: called with the :class:`betty.memory.rev.RevKSearchResult` of
             ``k="auto"``.
+        parallel: a :class:`betty.distributed.DataParallel`: spread the parts over its
+            ranks and all-reduce the gradients (every rank builds the same trainer).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, dataset, plan: RevPlan, *,
                  device: torch.device | str = "cpu", seed: int = 0, dropout_seed: int | None = None,
                  dtype: torch.dtype = torch.float32, dropout_mode: str = "deterministic",
                  meter: Any = None, estimate_memory: bool = True,
-                 on_search: Optional[Callable[[Any], None]] = None) -> None:
+                 on_search: Optional[Callable[[Any], None]] = None, parallel: Any = None) -> None:
         if dropout_mode not in DROPOUT_MODES:
             raise ValueError(f"dropout_mode must be one of {DROPOUT_MODES}, got {dropout_mode!r}")
         if not hasattr(model, "dropout") or not hasattr(model, "encoder"):
@@ -413,6 +415,7 @@ class RevTrainer:
         self.device, self.seed, self.dtype = torch.device(device), seed, dtype
         self.dropout_seed = seed if dropout_seed is None else dropout_seed
         self.dropout_mode, self.meter, self.on_search = dropout_mode, meter, on_search
+        self.parallel = parallel
         self.estimate_memory = estimate_memory and can_estimate
         self.train_mask = torch.zeros(dataset.num_nodes, dtype=torch.bool)
         self.train_mask[dataset.train_idx] = True
@@ -522,17 +525,25 @@ class RevTrainer:
         ds = self.dataset
         had_state = bool(self.optimizer.state)
         with oom_guard(estimates or [], self.plan.memory_budget):
-            step = train_step_parts(self.model, self.optimizer, parts, ds.feat, ds.label, self.train_mask,
-                                    multilabel=ds.multilabel, device=self.device, dtype=self.dtype,
-                                    mask_factory=self.mask_factory(epoch), meter=self.meter)
+            step_kwargs = dict(multilabel=ds.multilabel, device=self.device, dtype=self.dtype,
+                               mask_factory=self.mask_factory(epoch), meter=self.meter)
+            if self.parallel is None:
+                step = train_step_parts(self.model, self.optimizer, parts, ds.feat, ds.label,
+                                        self.train_mask, **step_kwargs)
+            else:
+                from betty.distributed.steps import train_step_parts_parallel
+                step = train_step_parts_parallel(self.parallel, self.model, self.optimizer, parts,
+                                                 ds.feat, ds.label, self.train_mask,
+                                                 costs=estimates, **step_kwargs)
         logged = estimates
         if estimates is not None and not had_state:
             # before the first step the optimizer holds no state: log the estimate of
             # what actually ran (the K search keeps using the steady-state estimate)
             logged = estimate_parts(self.model, "sgd", parts, self.train_mask, **self.memory_kwargs)
         if logged is not None:
-            for rec, est in zip(step.parts, logged):
-                rec.estimated_bytes = est
+            for rec in step.parts:
+                rec.estimated_bytes = logged[rec.index]
+            logged = [rec.estimated_bytes for rec in step.parts]  # this process's parts
         if progress is not None:
             progress(1, 1)
         return RevEpochRecord(

@@ -19,7 +19,7 @@ and everything is released before the next one starts.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -135,17 +135,21 @@ def _to_device_blocks(mb: MicroBatch, device, model=None) -> list:
     return backend_of(model).make_blocks(mb.layers, device, copy=True)
 
 
-def _micro_batches(batch: SampledBatch, groups: torch.Tensor, k: int) -> Iterable[tuple[MicroBatch, float]]:
-    """Yield (micro-batch, seconds to carve it) lazily, one piece at a time."""
+def _micro_batches(batch: SampledBatch, groups: torch.Tensor, k: int,
+                   pieces: Collection[int] | None = None) -> Iterable[tuple[int, MicroBatch, float]]:
+    """Yield (piece index, micro-batch, seconds to carve it) lazily, one piece at a
+    time, for the pieces in ``pieces`` (default: all K)."""
     start = time.perf_counter()
     carver = Carver(batch)
     order = torch.argsort(groups, stable=True)
     sizes = torch.bincount(groups, minlength=k).tolist()
     setup = time.perf_counter() - start
-    for idx in torch.split(order, sizes):
+    for piece, idx in enumerate(torch.split(order, sizes)):
+        if pieces is not None and piece not in pieces:
+            continue
         start = time.perf_counter()
         mb = carver.carve(idx)
-        yield mb, time.perf_counter() - start + setup
+        yield piece, mb, time.perf_counter() - start + setup
         setup = 0.0
 
 
@@ -162,6 +166,7 @@ def accumulate_gradients(
     multilabel: bool = False,
     meter=None,
     dtype: torch.dtype | None = None,
+    pieces: Collection[int] | None = None,
 ) -> StepResult:
     """Forward and backward every micro-batch, accumulating into ``.grad``.
 
@@ -180,6 +185,10 @@ def accumulate_gradients(
         meter: optional :class:`betty.memory.meter.MemoryMeter`; one region per
             micro-batch (carving, which happens on the host, is outside it).
         dtype: cast features to this dtype on the device (default: keep).
+        pieces: run only these piece indices (default: all K); the normalisation stays
+            the global ``1/|outputs|``, so the loss, accuracy and gradients returned are
+            those pieces' shares of the full-batch ones (data parallelism,
+            :mod:`betty.distributed`).
     """
     groups = torch.as_tensor(groups, dtype=torch.int64)
     if k is None:
@@ -188,7 +197,9 @@ def accumulate_gradients(
     n_total = batch.num_outputs
     total_loss, total_correct = 0.0, 0.0
     records: list[MicroBatchRecord] = []
-    for index, (mb, t_carve) in enumerate(_micro_batches(batch, groups, k)):
+    if pieces is not None:
+        pieces = frozenset(int(p) for p in pieces)
+    for index, mb, t_carve in _micro_batches(batch, groups, k, pieces):
         region = meter.measure() if meter is not None else nullcontext()
         with region as reading:
             start = time.perf_counter()

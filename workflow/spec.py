@@ -278,13 +278,24 @@ class ModelSection(_Section):
 
 class SweepSection(_Section):
     """The partition stage's comparison table: every method in ``methods`` (``null``:
-    all registered) at every K in ``k`` no larger than the batch's output count;
+    all registered) at every K in ``k`` no larger than the batch's output count.
+    ``max_k`` (``{method: K}``) bounds a method's Ks the same way on every machine;
     ``time_limit_s`` stops a method's larger Ks once one K took longer (``null``: no
-    limit). An empty ``k`` list turns the sweep off."""
+    limit; depends on the machine and its load, so prefer ``max_k``). Skipped Ks and
+    why are logged in the ``sweep_skipped`` tag. An empty ``k`` list turns the sweep
+    off."""
 
     k: list[Annotated[int, Field(ge=2)]] = Field(default_factory=lambda: list(DEFAULT_SWEEP_K))
     methods: list[str] | None = None
+    max_k: dict[str, Annotated[int, Field(ge=2)]] = Field(default_factory=dict)
     time_limit_s: Annotated[float, Field(gt=0)] | None = None
+
+    @field_validator("max_k")
+    @classmethod
+    def _max_k(cls, value: dict[str, int]) -> dict[str, int]:
+        for m in value:
+            _library_choice("partition method", m, _partition_methods())
+        return value
 
     @field_validator("methods")
     @classmethod
@@ -326,7 +337,9 @@ class TrainSection(_Section):
     times with seeds ``seed, seed+1, ...`` (sampling seeds shift the same way) and
     reports mean ± std. ``device: auto`` is cuda when available, else cpu. ``threads``:
     CPU threads for PyTorch and DGL (``null``: their default, one per core; 1 is much
-    faster for small graphs on a busy machine)."""
+    faster for small graphs on a busy machine). ``world_size: N > 1`` spreads each
+    step's micro-batches over N ranks (``torch.distributed``, one device each; the
+    update is the single-process one: docs/distributed.md)."""
 
     epochs: int = Field(10, ge=1)
     lr: float = Field(0.01, gt=0.0)
@@ -338,6 +351,7 @@ class TrainSection(_Section):
     repeats: int = Field(1, ge=1)
     measure_memory: bool = True
     threads: Annotated[int, Field(ge=1)] | None = None
+    world_size: int = Field(1, ge=1)
 
     @field_validator("optimizer")
     @classmethod

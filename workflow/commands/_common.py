@@ -10,7 +10,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-__all__ = ["SpecArg", "SetOpt", "JsonOpt", "ExperimentOpt", "cli_errors", "load", "emit_json",
+__all__ = ["SpecArg", "SetOpt", "JsonOpt", "ExperimentOpt", "NprocOpt", "NnodesOpt", "NodeRankOpt",
+           "RdzvOpt", "distributed_overrides", "cli_errors", "load", "emit_json",
            "use_experiment", "experiment_id", "fail"]
 
 SpecArg = Annotated[str, typer.Argument(help="Spec: a path, a file name in specs/ or its stem (e.g. synthetic).")]
@@ -19,6 +20,33 @@ SetOpt = Annotated[Optional[List[str]], typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of a table.")]
 ExperimentOpt = Annotated[Optional[str], typer.Option(
     "--experiment", "-e", help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME; run/stage: else the spec's experiment key or its name).")]
+NprocOpt = Annotated[Optional[int], typer.Option(
+    "--nproc", min=1, help="Ranks on this machine (torch.distributed; sets train.world_size = nproc x nnodes).")]
+NnodesOpt = Annotated[int, typer.Option("--nnodes", min=1, help="Machines taking part (c10d rendezvous).")]
+NodeRankOpt = Annotated[int, typer.Option("--node-rank", min=0, help="This machine's index; 0 logs the runs.")]
+RdzvOpt = Annotated[Optional[str], typer.Option(
+    "--rdzv-endpoint", help="HOST:PORT of node 0's rendezvous (needed with --nnodes > 1).")]
+
+
+def distributed_overrides(nproc: int | None, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
+                          run_id: str = "betty") -> list[str]:
+    """``--nproc/--nnodes/--node-rank/--rdzv-endpoint`` -> spec overrides
+    (``train.world_size``) and, for several machines, the ``BETTY_*`` launch variables
+    read by :func:`workflow.distributed.launch_options`."""
+    import os
+
+    if nproc is None:
+        if nnodes > 1:
+            raise typer.BadParameter("--nnodes needs --nproc (ranks per machine)")
+        return []
+    if nnodes > 1:
+        if not rdzv_endpoint:
+            raise typer.BadParameter("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address)")
+        if node_rank >= nnodes:
+            raise typer.BadParameter(f"--node-rank must be in [0, {nnodes}), got {node_rank}")
+        os.environ.update(BETTY_NNODES=str(nnodes), BETTY_NODE_RANK=str(node_rank),
+                          BETTY_RDZV_ENDPOINT=rdzv_endpoint, BETTY_RUN_ID=run_id)
+    return [f"train.world_size={nproc * nnodes}"]
 
 
 def fail(message: str, code: int) -> typer.Exit:
@@ -35,7 +63,9 @@ def cli_errors(fn):
     def wrapper(*args, **kwargs):
         from workflow.spec import SpecError
 
-        _sigterm_as_interrupt()
+        from workflow import signals
+
+        previous = signals.install()  # SIGINT/SIGTERM -> KeyboardInterrupt once: runs end KILLED
         try:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
@@ -50,21 +80,10 @@ def cli_errors(fn):
 
                 traceback.print_exc()
             raise fail(f"{type(err).__name__}: {err}", 1) from None
+        finally:
+            signals.restore(previous)
 
     return wrapper
-
-
-def _interrupt(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _sigterm_as_interrupt() -> None:
-    """Treat SIGTERM like Ctrl-C, so runs end KILLED instead of staying RUNNING."""
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)
 
 
 def load(spec: str, overrides: list[str] | None):

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from workflow.commands._common import ExperimentOpt, JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, load
+from workflow.commands._common import (ExperimentOpt, JsonOpt, NnodesOpt, NodeRankOpt, NprocOpt, RdzvOpt, SetOpt,
+                                       SpecArg, cli_errors, distributed_overrides, emit_json, load)
 
 SUMMARY_KEYS = ("k", "redundancy", "edges_kept_fraction", "peak_mem_estimated_bytes", "peak_mem_measured_bytes",
                 "mem_estimate_error", "epoch_time_s", "loss", "train_acc", "valid_acc", "test_acc",
@@ -17,19 +18,27 @@ SUMMARY_KEYS = ("k", "redundancy", "edges_kept_fraction", "peak_mem_estimated_by
 def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
         reuse: Annotated[bool, typer.Option("--reuse/--no-reuse",
                                             help="Reuse finished stages with the same key.")] = True,
-        json_: JsonOpt = False) -> None:
+        json_: JsonOpt = False, nproc: NprocOpt = None, nnodes: NnodesOpt = 1, node_rank: NodeRankOpt = 0,
+        rdzv_endpoint: RdzvOpt = None) -> None:
     """Run download, sample, partition, train and evaluate as child runs of one parent
-    run, with a live progress display (on stderr)."""
+    run, with a live progress display (on stderr). ``--nproc N`` trains on N ranks per
+    machine (``--nnodes M --node-rank i --rdzv-endpoint HOST:PORT`` for several
+    machines: node 0 runs the pipeline and logs, the others only lend their ranks)."""
     from mlflow.tracking import MlflowClient
 
     from workflow.pipeline import InProcessLauncher, run_pipeline
-    from workflow.progress import RichReporter
+    from workflow.progress import make_reporter
 
     from workflow.tracking import use_spec_experiment
 
-    rspec = load(spec, set_)
+    rspec = load(spec, [*(set_ or []), *distributed_overrides(nproc, nnodes, node_rank, rdzv_endpoint)])
+    if nnodes > 1 and node_rank > 0:
+        from workflow.distributed import train_distributed
+
+        train_distributed(rspec)  # this machine's ranks; node 0 holds the runs
+        return
     use_spec_experiment(rspec, experiment)
-    with RichReporter() as reporter:
+    with make_reporter() as reporter:
         outcomes = run_pipeline(rspec, InProcessLauncher(reporter), reuse=reuse, reporter=reporter)
     parent = MlflowClient().get_run(outcomes["main"]["run_id"])
     metrics = parent.data.metrics
@@ -41,6 +50,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     from rich.console import Console
     from rich.table import Table
 
+    from workflow.progress import format_number
     from workflow.sizes import format_bytes
 
     table = Table(title=f"{rspec.name} (run {parent.info.run_id})")
@@ -48,7 +58,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     table.add_column("value", justify="right")
     for key in SUMMARY_KEYS:
         if key in metrics:
-            value = format_bytes(metrics[key]) if key.endswith("_bytes") else f"{metrics[key]:.4g}"
+            value = format_bytes(metrics[key]) if key.endswith("_bytes") else format_number(metrics[key])
             table.add_row(key, value)
     Console().print(table)
 

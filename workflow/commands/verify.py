@@ -31,10 +31,14 @@ def verify(spec: SpecArg,
            tol: Annotated[Optional[float], typer.Option(
                "--tol", help="Relative tolerance of the PASS/FAIL verdict (> 0; default 1e-10 "
                              "for float64, 1e-5 for float32).")] = None,
-           set_: SetOpt = None, json_: JsonOpt = False) -> None:
+           set_: SetOpt = None, json_: JsonOpt = False,
+           nproc: Annotated[Optional[int], typer.Option(
+               "--nproc", min=1, help="Compare the update of N ranks (torch.distributed, K-way) with "
+                                      "the single-process full-batch update; exit 1 beyond --tol.")] = None) -> None:
     """Compare the K-way accumulated gradient (K=1 and each --k) with an independent
     full-batch reference on the spec's first sampled batch (betty.verify.verify_exactness);
-    exit 1 when any K differs by more than --tol."""
+    exit 1 when any K differs by more than --tol. With ``--nproc N``: the N-rank optimizer
+    update of the first epoch against the single-process full-batch one."""
     from betty.verify import verify_exactness
 
     from workflow.components import load_data, make_trainer, resolve_device, torch_dtype
@@ -53,6 +57,9 @@ def verify(spec: SpecArg,
                    "model.arch revgnn trains on cluster parts whose dropped edges change the "
                    "model, so K parts equal the full graph only when no edge crosses parts "
                    "(checked by tests/test_rev_engine.py)", 2)
+    if nproc is not None:
+        _verify_ranks(rspec, ks, nproc, json_, tol)
+        return
     ds = load_data(rspec)
     device = resolve_device(rspec.spec.train.device)
     trainer, model, _ = make_trainer(rspec, ds, device)
@@ -75,6 +82,22 @@ def verify(spec: SpecArg,
         failed = [row["k"] for row in result["results"] if not row["passed"]]
         raise fail(f"K-way gradients differ from the full-batch reference by more than "
                    f"{result['tol']:.1e} for K in {failed}", 1)
+
+
+def _verify_ranks(rspec, ks: list[int], nproc: int, json_: bool, tol: float | None) -> None:
+    from workflow.distributed import verify_distributed
+
+    result = verify_distributed(rspec, ks, nproc, tol=tol)
+    if json_:
+        emit_json(result)
+    else:
+        typer.echo(f"{rspec.name}: {nproc} ranks against one process, {result['dtype']}, "
+                   f"tolerance {result['tolerance']:.0e}")
+        for row in result["results"]:
+            typer.echo(f"  K={row['k']:<4} max relative update difference "
+                       f"{row['max_rel_update_diff']:.3e}  {'ok' if row['ok'] else 'BEYOND TOLERANCE'}")
+    if not result["ok"]:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

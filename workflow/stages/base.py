@@ -9,6 +9,7 @@ earlier stages are read by run ID (``runs:/<id>/<path>``) through :meth:`upstrea
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import mlflow
 import torch
 
 from workflow.artifacts import write_csv, write_json
+from workflow.checksums import fetch, log_artifact
 from workflow.components import load_data, resolve_device
 from workflow.progress import Reporter
 from workflow.specfile import ResolvedSpec
@@ -59,8 +61,10 @@ class StageContext:
         return self.shared["dataset"]
 
     def upstream_file(self, stage: str, artifact_path: str, *, required: bool = False) -> Path | None:
-        """Download ``artifact_path`` of the ``stage`` run; ``None`` when no such run was
-        given (or :class:`UpstreamMissing` if ``required``)."""
+        """Download ``artifact_path`` of the ``stage`` run, checked against its checksum
+        (:func:`workflow.checksums.fetch`, raises
+        :class:`~workflow.checksums.ArtifactDamaged` naming the run and file); ``None``
+        when no such run was given (or :class:`UpstreamMissing` if ``required``)."""
         run_id = self.upstream.get(stage)
         if run_id is None:
             if required:
@@ -70,8 +74,24 @@ class StageContext:
             return None
         dst = self.workdir / f"upstream-{stage}-{run_id}"
         dst.mkdir(parents=True, exist_ok=True)
-        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
-                                                        dst_path=str(dst)))
+        return fetch(run_id, artifact_path, dst)
+
+
+def sweep_plan(ks: list[int], method: str, max_k: Mapping[str, int] | None) -> tuple[list[int], str | None]:
+    """``(Ks to try, reason for the others or None)``: ``ks`` bounded by ``max_k[method]``
+    (the spec's ``partition.sweep.max_k``), the same on every machine."""
+    cap = (max_k or {}).get(method)
+    if cap is None:
+        return list(ks), None
+    dropped = [k for k in ks if k > cap]
+    reason = f"K={','.join(map(str, dropped))} skipped: above sweep.max_k.{method}={cap}" if dropped else None
+    return [k for k in ks if k <= cap], reason
+
+
+def time_limit_reason(k: int, took: float, limit: float, rest: list[int]) -> str:
+    """The ``sweep_skipped`` text when ``time_limit_s`` cut a method short."""
+    return (f"K={k} took {took:.1f}s > sweep.time_limit_s={limit} (machine-dependent); "
+            f"K={','.join(map(str, rest))} skipped")
 
 
 def log_sweep_artifacts(ctx: StageContext, table: list[dict], skipped: dict[str, str],
@@ -79,8 +99,7 @@ def log_sweep_artifacts(ctx: StageContext, table: list[dict], skipped: dict[str,
     """Log a partition stage's method x K comparison: ``partition_sweep.csv`` (``columns``),
     ``partition_sweep.json`` (``{"rows", "skipped"}``) and, when a method was cut short,
     the ``sweep_skipped`` tag (``method: reason; ...``, at most 500 characters)."""
-    mlflow.log_artifact(str(write_csv(ctx.workdir / "partition_sweep.csv", table, columns)))
-    mlflow.log_artifact(str(write_json(ctx.workdir / "partition_sweep.json",
-                                       {"rows": table, "skipped": skipped})))
+    log_artifact(write_csv(ctx.workdir / "partition_sweep.csv", table, columns))
+    log_artifact(write_json(ctx.workdir / "partition_sweep.json", {"rows": table, "skipped": skipped}))
     if skipped:
         mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])

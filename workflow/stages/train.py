@@ -40,6 +40,7 @@ import mlflow
 import torch
 
 from workflow.artifacts import ksearch_records, write_csv, write_json
+from workflow.checksums import log_artifact
 from workflow.components import is_reversible, make_trainer
 from workflow.evaluation import evaluate_model
 from workflow.plots import curves_figure, memory_figure
@@ -72,6 +73,8 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
     from betty.memory.meter import MemoryMeter
 
     spec = ctx.rspec.spec
+    if spec.train.world_size > 1:
+        return _train_once_distributed(ctx, repeat)
     ds = ctx.dataset()
     device = ctx.device
     meter = MemoryMeter(device) if spec.train.measure_memory else None
@@ -102,10 +105,34 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
             rows.extend(_micro_rows(record, repeat))
         advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc", "valid_rocauc") if k in metrics})
 
+    return _log_outputs(ctx, repeat, model, history, rows, searches)
+
+
+def _train_once_distributed(ctx: StageContext, repeat: int) -> dict[str, float]:
+    """:func:`train_once` on ``train.world_size`` ranks (:mod:`workflow.distributed`)."""
+    from workflow.distributed import train_distributed
+
+    out = train_distributed(ctx.rspec, repeat)
+    advance = ctx.reporter.steps(f"epochs ({ctx.rspec.spec.train.world_size} ranks)", len(out["history"]))
+    for entry in out["history"]:
+        metrics = {k: v for k, v in entry.items() if k != "epoch"}
+        log_metrics(metrics, step=entry["epoch"])
+        advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc") if k in metrics})
+    from workflow.components import build_model
+
+    model = build_model(ctx.rspec, ctx.dataset(), seed=ctx.rspec.spec.train.seed + repeat)
+    model.load_state_dict(out["state"])  # rank 0's trained parameters (identical on every rank)
+    return _log_outputs(ctx, repeat, model, out["history"], out["rows"], out["searches"])
+
+
+def _log_outputs(ctx: StageContext, repeat: int, model, history: list[dict], rows: list[dict],
+                 searches: list) -> dict[str, float]:
+    """Log ``model.pt``, the memory table, K searches and figures; return the final metrics."""
+    reversible = is_reversible(ctx.rspec)
     folder = ctx.workdir / f"repeat-{repeat}"
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, folder / "model.pt")
-    mlflow.log_artifact(str(folder / "model.pt"))
+    log_artifact(folder / "model.pt")
     log_pytorch_model(model, ctx.rspec)
     if reversible:
         from workflow.revgnn import PART_COLUMNS
@@ -113,9 +140,11 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
         table, columns, unit = "memory_per_part", PART_COLUMNS, "part"
     else:
         table, columns, unit = "memory_per_microbatch", MEMORY_COLUMNS, "micro"
-    mlflow.log_artifact(str(write_csv(folder / f"{table}.csv", rows, columns)))
+    if ctx.rspec.spec.train.world_size > 1:
+        columns = (*columns, "rank")
+    log_artifact(write_csv(folder / f"{table}.csv", rows, columns))
     if searches:
-        mlflow.log_artifact(str(write_json(folder / "ksearch.json", ksearch_records(searches))))
+        log_artifact(write_json(folder / "ksearch.json", ksearch_records(searches)))
     _log_figures(ctx, history, rows, table, unit)
 
     final = {k: v for k, v in history[-1].items() if k != "epoch"}
@@ -181,5 +210,5 @@ def run(ctx: StageContext) -> dict[str, float]:
                                "k": int(finals[-1]["k"])})
         final = summarize_repeats(finals)
         log_metrics(final)
-    mlflow.log_artifact(str(write_json(ctx.workdir / "models.json", models)))
+    log_artifact(write_json(ctx.workdir / "models.json", models))
     return final

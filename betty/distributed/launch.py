@@ -1,0 +1,154 @@
+"""Start ranks with ``torch.distributed``'s elastic launcher (what ``torchrun`` runs).
+
+:func:`launch` calls ``fn(*args)`` in ``nproc`` fresh processes on this machine (one
+device per rank: ``cuda:<local_rank>`` when CUDA is present, else the CPU), after
+``init_process_group`` with NCCL on CUDA and gloo on the CPU, and returns this node's
+results by global rank. Several machines: every machine runs the same call with
+``nnodes=M``, the same ``rdzv_endpoint`` and ``run_id``; the c10d rendezvous (hosted by
+``node_rank`` 0) numbers the ranks. A failing rank makes the launcher stop the others
+and raise :class:`torch.distributed.elastic.multiprocessing.errors.ChildFailedError`,
+whose message names the rank and carries its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+import socket
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["launch", "free_port", "rank_device", "default_backend"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def default_backend() -> str:
+    """``"nccl"`` when CUDA is present, else ``"gloo"``."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def rank_device() -> torch.device:
+    """This rank's device: ``cuda:<LOCAL_RANK>`` with CUDA, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _quiesce() -> None:
+    """Let the process group's worker threads go idle before it is destroyed.
+
+    A gloo worker thread may drop the last reference to a tensor of a finished collective,
+    which needs the GIL; the group's destructor joins those threads while holding the GIL,
+    so destroying it at that moment deadlocks (seen here: a rank stuck in
+    ``~ProcessGroupGloo`` -> ``std::thread::join``). A barrier completes every earlier
+    collective, and a short sleep releases the GIL for the threads to finish.
+    """
+    import gc
+    import time
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    gc.collect()
+    time.sleep(0.2)
+
+
+# What a collective raises on a rank whose peer process died (gloo's TCP transport).
+_PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+PEER_LOSS_DELAY_S = 2.0
+
+
+def _defer_peer_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, but a rank that fails only because a peer vanished waits before failing.
+
+    When rank r raises, its process exits and every other rank's pending collective fails
+    with "connection closed by peer" a moment later. The launcher reports the first rank
+    it sees exit, so without this delay the report could name a bystander instead of r;
+    with it, the rank with the real error exits first (the launcher polls every 0.1 s).
+    """
+    def run(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except RuntimeError as exc:
+            if any(text in str(exc) for text in _PEER_LOSS):
+                time.sleep(PEER_LOSS_DELAY_S)
+            raise
+
+    return run
+
+
+def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, *args: Any) -> Any:
+    """Body of one rank: set threads and device, join the group, run ``fn``, leave."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(rank_device())
+    dist.init_process_group(backend)
+    try:
+        result = record(_defer_peer_loss(fn))(*args)
+        _quiesce()
+    finally:
+        dist.destroy_process_group()
+    # Plain bytes back to the launcher: a tensor in the return value would otherwise go
+    # through torch's shared-memory pickling (file descriptors handed over by a socket
+    # the launcher has to fetch), which stalled runs here.
+    return pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: int = 1,
+           node_rank: int = 0, rdzv_endpoint: str | None = None, run_id: str | None = None,
+           backend: str | None = None, threads: int | None = 1,
+           join_timeout_s: int = 120, monitor_interval_s: float = 0.1) -> dict[int, Any]:
+    """Run ``fn(*args)`` on ``nproc`` ranks per node, ``nnodes`` nodes.
+
+    Args:
+        fn: a module-level (importable, picklable) function; ``args`` must pickle.
+        nproc: ranks on this machine.
+        nnodes, node_rank, rdzv_endpoint: several machines: ``HOST:PORT`` of node 0
+            (required when ``nnodes > 1``; default for one node: a free local port).
+        run_id: rendezvous id shared by all nodes (default: random, one node only).
+        backend: ``"gloo"`` / ``"nccl"`` (default :func:`default_backend`).
+        threads: ``torch.set_num_threads`` in each rank (``None``: torch's default).
+        join_timeout_s: how long the rendezvous waits for every node.
+
+    Returns:
+        ``{global rank: fn's return value}`` for this node's ranks.
+
+    Raises:
+        ValueError: bad counts, or several nodes without an endpoint or a run id.
+        ChildFailedError: a rank failed (message names the rank and its error).
+    """
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if nproc < 1 or nnodes < 1:
+        raise ValueError(f"nproc and nnodes must be >= 1, got nproc={nproc}, nnodes={nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node_rank must be in [0, {nnodes}), got {node_rank}")
+    if nnodes > 1 and (rdzv_endpoint is None or run_id is None):
+        raise ValueError("several nodes need rdzv_endpoint (HOST:PORT of node 0) and a shared run_id")
+    backend = backend or default_backend()
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if rdzv_endpoint is None:
+        rdzv_endpoint = f"127.0.0.1:{free_port()}"
+    config = LaunchConfig(
+        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc,
+        run_id=run_id or f"betty-{uuid.uuid4().hex[:12]}",
+        rdzv_endpoint=rdzv_endpoint, rdzv_backend="c10d",
+        rdzv_configs={"is_host": node_rank == 0, "join_timeout": join_timeout_s},
+        max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn")
+    results = elastic_launch(config, _rank_main)(fn, backend, threads, *args)
+    return {rank: pickle.loads(blob) for rank, blob in results.items()}

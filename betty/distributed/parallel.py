@@ -1,0 +1,99 @@
+"""Exact data-parallel micro-batching: the K pieces of one batch spread over R ranks.
+
+One optimizer step on every rank r:
+
+1. ``zero_grad``; run the pieces ``P_r`` that :func:`betty.distributed.assign.lpt_assign`
+   gives r (every rank holds the same sampled batch and partition, so all compute the
+   same assignment), accumulating ``g_r = Σ_{k in P_r} ∇L_k`` with the *global*
+   normalisation ``L_k = (1/|V|) Σ_{v in V_k} ℓ(v)``;
+2. one bucketed ``all_reduce(SUM)`` of the gradients: every rank now holds
+   ``Σ_r g_r = ∇L``, the full-batch gradient;
+3. the same ``optimizer.step()`` on every rank, so parameters stay bit-identical
+   (checked every ``check_every`` steps by :func:`check_parameters_in_sync`).
+
+This module only deals with pieces, gradients and parameters: running a piece is the
+caller's ``run_pieces`` callback (the sampled-block engine, RevGNN parts, any backend).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from betty.distributed.assign import lpt_assign
+from betty.distributed.collective import (DEFAULT_BUCKET_BYTES, ReduceStats, allreduce_gradients,
+                                          check_parameters_in_sync)
+
+__all__ = ["DataParallel", "RankStepStats"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class RankStepStats:
+    """This rank's share of one step."""
+
+    pieces: list[int]
+    time_compute_s: float
+    reduce: ReduceStats
+    checksum: int | None = None
+
+
+@dataclass
+class DataParallel:
+    """The process group a trainer spreads its pieces over.
+
+    Attributes:
+        group: a ``torch.distributed`` group (``None``: the default, initialised one).
+        check_every: verify parameter checksums every this many steps (0: never).
+        bucket_bytes: gradient all-reduce bucket size.
+    """
+
+    group: Any = None
+    check_every: int = 5
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    steps: int = 0
+    history: list[RankStepStats] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group)
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    def assign(self, costs: Sequence[float]) -> list[int]:
+        """This rank's pieces under longest-estimated-first assignment."""
+        return lpt_assign(costs, self.world_size)[self.rank]
+
+    def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             costs: Sequence[float], run_pieces: Callable[[list[int]], T]) -> T:
+        """zero_grad -> ``run_pieces(mine)`` -> gradient all-reduce -> ``optimizer.step()``
+        (-> checksum check every ``check_every`` steps). Returns ``run_pieces``' result."""
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        mine = self.assign(costs)
+        start = time.perf_counter()
+        result = run_pieces(mine)
+        compute = time.perf_counter() - start
+        params = list(model.parameters())
+        stats = allreduce_gradients(params, self.group, self.bucket_bytes)
+        optimizer.step()
+        self.steps += 1
+        checksum = None
+        if self.check_every and self.steps % self.check_every == 0:
+            checksum = check_parameters_in_sync(params, self.steps, self.group)
+        self.history.append(RankStepStats(mine, compute, stats, checksum))
+        return result
+
+    def sum_scalars(self, *values: float) -> list[float]:
+        """Sum a few float64 scalars over the ranks (losses, correct counts)."""
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return t.tolist()

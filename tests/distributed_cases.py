@@ -1,0 +1,95 @@
+"""Training cases run both in one process and on several ranks (importable by spawned
+ranks: keep them module-level)."""
+
+from __future__ import annotations
+
+import torch
+
+FEATS, CLASSES, STEPS, DROPOUT = 12, 5, 3, 0.5
+CASES = [(arch, agg, k) for arch, agg in [("sage", "mean"), ("sage", "lstm"), ("gat", None), ("revgnn", None)]
+         for k in (3, 4, 7)]
+
+
+def case_name(arch: str, agg: str | None, k: int) -> str:
+    return f"{arch}{'-' + agg if agg else ''}-k{k}"
+
+
+def dataset(num_nodes: int = 240):
+    """A small power-law graph as a GraphDataset (half the nodes train)."""
+    from betty.data.types import GraphDataset
+    from graphs import power_law_graph
+
+    g, feat, label, train = power_law_graph(num_nodes=num_nodes, avg_degree=6, seed=0,
+                                            num_feats=FEATS, num_classes=CLASSES)
+    rest = torch.tensor(sorted(set(range(num_nodes)) - set(train.tolist())), dtype=torch.int64)
+    return GraphDataset(name="dist-test", graph=g, feat=feat, label=label, train_idx=train,
+                        valid_idx=rest[: len(rest) // 2], test_idx=rest[len(rest) // 2:],
+                        num_classes=CLASSES)
+
+
+def train_case(ds, arch: str, agg: str | None, k: int, parallel=None, steps: int = STEPS,
+               dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+    """Parameters after ``steps`` optimizer steps of K-way training (float64, dropout 0.5)."""
+    from betty.engine import PartitionPlan, Trainer
+    from betty.models import build_model
+    from betty.rev_engine import RevPlan, RevTrainer
+
+    torch.manual_seed(0)
+    if arch == "revgnn":
+        model = build_model("revgnn", FEATS, CLASSES, hidden=8, layers=3, dropout=DROPOUT).to(dtype)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        trainer = RevTrainer(model, opt, ds, RevPlan("random", k), seed=1, dtype=dtype,
+                             estimate_memory=False, parallel=parallel)
+    else:
+        model = build_model(arch, FEATS, CLASSES, hidden=8, layers=2, aggregator=agg or "mean",
+                            heads=2, dropout=DROPOUT, attn_dropout=DROPOUT / 2).to(dtype)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        trainer = Trainer(model, opt, ds, [4, 6], PartitionPlan("random", k), seed=1, dtype=dtype,
+                          estimate_memory=False, parallel=parallel)
+    losses = [trainer.train_epoch(e).loss for e in range(steps)]
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    state["_losses"] = torch.tensor(losses, dtype=torch.float64)
+    return state
+
+
+def rank_all_cases(cases=None) -> dict[str, dict[str, torch.Tensor]]:
+    """On one rank: every case with a :class:`betty.distributed.DataParallel` (checksum
+    every step), plus the pieces this rank ran in its last step."""
+    from betty.distributed import DataParallel
+
+    ds = dataset()
+    out = {}
+    for arch, agg, k in cases or CASES:
+        dp = DataParallel(check_every=1)
+        out[case_name(arch, agg, k)] = train_case(ds, arch, agg, k, parallel=dp)
+        out[case_name(arch, agg, k)]["_pieces"] = torch.tensor(dp.history[-1].pieces)
+    return out
+
+
+def rank_collective_checks() -> dict:
+    """On one rank: gradient sum with presence flags, then a forced divergence."""
+    import torch.distributed as dist
+
+    from betty.distributed import ParameterDivergence, allreduce_gradients, check_parameters_in_sync
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2).double()
+    unused = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    params = [layer.weight, layer.bias, unused]
+    layer.weight.grad = torch.full_like(layer.weight, float(rank + 1))
+    if rank == 1:
+        layer.bias.grad = torch.full_like(layer.bias, 0.5)
+    stats = allreduce_gradients(params, bucket_bytes=48)  # weight alone, then bias + unused
+    out = {"weight": layer.weight.grad.clone(), "bias": None if layer.bias.grad is None else layer.bias.grad.clone(),
+           "unused": unused.grad, "buckets": stats.buckets, "bytes": stats.bytes}
+    check_parameters_in_sync(params, step=1)  # still identical
+    if rank == 1:
+        with torch.no_grad():
+            layer.weight[0, 0] += 1e-12
+    try:
+        check_parameters_in_sync(params, step=2)
+        out["divergence"] = None
+    except ParameterDivergence as exc:
+        out["divergence"] = str(exc)
+    return out

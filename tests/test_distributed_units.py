@@ -1,0 +1,90 @@
+"""Pieces of betty.distributed: LPT assignment, gradient all-reduce with presence
+flags, parameter checksums, several-machine launch (two launchers on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from betty.distributed import lpt_assign, parameter_checksum, pieces_of_rank
+from betty.distributed.launch import free_port, launch
+from betty.train import max_relative_difference
+from distributed_cases import case_name, dataset, rank_collective_checks, train_case
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_lpt_longest_first_to_least_loaded():
+    assert lpt_assign([5, 4, 3, 3, 3], 2) == [[0, 3], [1, 2, 4]]
+    assert lpt_assign([1, 1, 1], 3) == [[0], [1], [2]]
+    assert lpt_assign([2.0], 3) == [[0], [], []]
+    assert pieces_of_rank([5, 4, 3, 3, 3], 2, 1) == [1, 2, 4]
+    gen = torch.Generator().manual_seed(0)
+    costs = torch.rand(50, generator=gen).tolist()
+    owned = lpt_assign(costs, 4)
+    assert sorted(k for o in owned for k in o) == list(range(50))
+    loads = [sum(costs[k] for k in o) for o in owned]
+    assert max(loads) <= 4 / 3 * max(sum(costs) / 4, max(costs)) + 1e-12  # Graham's bound
+    with pytest.raises(ValueError, match="world_size"):
+        lpt_assign([1.0], 0)
+    with pytest.raises(ValueError, match="rank must be in"):
+        pieces_of_rank([1.0], 2, 2)
+
+
+def test_checksum_sees_one_ulp():
+    a = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    b = a.clone()
+    b[1] = torch.nextafter(b[1], torch.tensor(3.0, dtype=torch.float64))
+    assert parameter_checksum([a]) == parameter_checksum([a.clone()])
+    assert parameter_checksum([a]) != parameter_checksum([b])
+
+
+def test_allreduce_sums_keeps_absent_gradients_and_names_diverged_rank():
+    out = launch(rank_collective_checks, nproc=2)
+    for rank in (0, 1):
+        got = out[rank]
+        assert torch.equal(got["weight"], torch.full((2, 3), 3.0, dtype=torch.float64))
+        assert torch.equal(got["bias"], torch.full((2,), 0.5, dtype=torch.float64))
+        assert got["unused"] is None  # no rank produced one: the optimizer must skip it
+        assert got["buckets"] == 2 and got["bytes"] == (6 + 1 + 6 + 2) * 8
+        assert "rank(s) [1] differ from rank 0" in got["divergence"]
+
+
+def test_two_machines_on_localhost_equal_single_process(tmp_path):
+    """Two launchers with nnodes=2 (one rank each) meet through the c10d rendezvous."""
+    case = ("sage", "mean", 4)
+    port, run_id = free_port(), f"two-nodes-{uuid.uuid4().hex[:8]}"
+    script = (
+        "import pickle, sys\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "from betty.distributed.launch import launch\n"
+        "from distributed_cases import rank_all_cases\n"
+        f"res = launch(rank_all_cases, ([{case!r}],), nproc=1, nnodes=2, node_rank=int(sys.argv[1]),\n"
+        f"             rdzv_endpoint='127.0.0.1:{port}', run_id={run_id!r}, join_timeout_s=60)\n"
+        "pickle.dump(res, open(sys.argv[2], 'wb'))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i), str(tmp_path / f"node{i}.pkl")])
+             for i in (0, 1)]
+    try:
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0, 0]
+    results = {}
+    for i in (0, 1):
+        results.update(pickle.loads((tmp_path / f"node{i}.pkl").read_bytes()))
+    assert sorted(results) == [0, 1]
+    ref = train_case(dataset(), *case)
+    name = case_name(*case)
+    for rank in (0, 1):
+        got = results[rank][name]
+        params = {n: t for n, t in ref.items() if not n.startswith("_")}
+        assert max_relative_difference({n: got[n] for n in params}, params) < 1e-10
+    assert sorted(results[0][name]["_pieces"].tolist() + results[1][name]["_pieces"].tolist()) == [0, 1, 2, 3]

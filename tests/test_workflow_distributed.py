@@ -1,0 +1,101 @@
+"""``betty run SPEC --nproc 2``: FINISHED runs with per-rank metrics and the
+single-process losses; a failing or SIGKILLed rank ends every run FAILED, never RUNNING."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from test_workflow_support import activate_store, end_active_runs, runs_of
+from workflow.cli import app
+
+FAST = ["-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]"]
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    yield activate_store(tmp_path, monkeypatch, experiment="dist-test")
+    end_active_runs()
+
+
+def _invoke(*args):
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+def _single_process_losses(epochs: int) -> list[float]:
+    from workflow.components import load_data, make_trainer
+    from workflow.specfile import load_spec
+
+    rspec = load_spec("tiny", FAST[1::2])
+    trainer, _, _ = make_trainer(rspec, load_data(rspec), torch.device("cpu"))
+    return [trainer.train_epoch(e).loss for e in range(epochs)]
+
+
+def test_run_nproc_2_logs_per_rank_metrics_and_single_process_losses(tracking):
+    uri, exp = tracking
+    res = _invoke("run", "tiny", "--nproc", "2", "--json", *FAST)
+    assert res.exit_code == 0, res.output
+    runs = runs_of(uri, exp)
+    assert runs and all(r.info.status == "FINISHED" for r in runs)
+    train = [r for r in runs if r.data.tags.get("stage") == "train"][0]
+    m = train.data.metrics
+    assert m["world_size"] == 2.0 and train.data.params["spec.train.world_size"] == "2"
+    for r in (0, 1):
+        for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
+                    "allreduce_wait_s", "host_rss_peak_bytes"):
+            assert f"{key}.rank{r}" in m, f"{key}.rank{r} missing"
+    assert m["allreduce_bytes"] > 0
+    assert m["peak_mem_measured_bytes"] == max(m["peak_mem_measured_bytes.rank0"],
+                                               m["peak_mem_measured_bytes.rank1"])
+    history = [x.value for x in MlflowClient(uri).get_metric_history(train.info.run_id, "loss")]
+    reference = _single_process_losses(len(history))
+    assert history == pytest.approx(reference, rel=1e-6, abs=0)  # float32 spec
+
+
+@pytest.mark.parametrize("fault,words", [("raise@1", "rank 1 failed: RuntimeError: injected"),
+                                         ("kill@1", "rank 1 was killed by SIGKILL")])
+def test_failing_rank_ends_runs_failed_naming_the_rank(tracking, monkeypatch, fault, words):
+    uri, exp = tracking
+    monkeypatch.setenv("BETTY_FAULT", fault)
+    res = CliRunner().invoke(app, ["run", "tiny", "--nproc", "2", *FAST])
+    assert res.exit_code != 0
+    runs = runs_of(uri, exp)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    train = [r for r in runs if r.data.tags.get("stage") == "train"][0]
+    assert train.info.status == "FAILED"
+    assert words in train.data.tags.get("error", ""), train.data.tags.get("error")
+    main = [r for r in runs if r.data.tags.get("stage") == "main"][0]
+    assert main.info.status == "FAILED"
+
+
+def test_verify_nproc_passes_and_fails_beyond_tolerance(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    res = _invoke("verify", "tiny", "--nproc", "2", "--k", "2,3", "--dtype", "float64", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    assert out["ok"] and out["world_size"] == 2 and [r["k"] for r in out["results"]] == [2, 3]
+    assert all(r["max_rel_update_diff"] < 1e-10 for r in out["results"])
+    # negative control: per-call dropout masks differ between K-way and full-batch runs
+    bad = _invoke("verify", "tiny", "--nproc", "2", "--k", "2", "--dtype", "float64",
+                  "--set", "model.dropout_mode=standard")
+    assert bad.exit_code == 1 and "BEYOND TOLERANCE" in bad.output
+
+
+def test_mlproject_nproc_parameter():
+    import yaml
+
+    from workflow.mlproject import parse_args
+
+    _, overrides = parse_args(["main", "--spec", "tiny", "--set", "train.epochs=1", "--nproc", "3"])
+    assert overrides == ["train.epochs=1", "train.world_size=3"]
+    assert parse_args(["main", "--spec", "tiny", "--nproc", ""])[1] == []
+    with pytest.raises(SystemExit):
+        parse_args(["main", "--spec", "tiny", "--nproc", "two"])
+    from test_workflow_support import PROJECT
+
+    main = yaml.safe_load((PROJECT / "MLproject").read_text())["entry_points"]["main"]
+    assert "nproc" in main["parameters"] and "--nproc {nproc}" in main["command"]

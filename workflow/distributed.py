@@ -1,0 +1,231 @@
+"""``train.world_size: N > 1``: the train stage's epochs on N ranks.
+
+The process that holds the MLflow run (the train stage) launches N ranks with
+:func:`betty.distributed.launch.launch`; each rank loads the dataset, builds the same
+trainer (same seeds) with a :class:`betty.distributed.DataParallel`, and trains. After
+every epoch the ranks all-gather their figures; rank 0 evaluates when due and returns
+the whole history, which the stage logs: the usual per-epoch contract (``loss``,
+``train_acc`` are the full-batch ones; peak memory is the maximum over ranks) plus, per
+rank r, ``peak_mem_measured_bytes.rank<r>``, ``peak_mem_estimated_bytes.rank<r>``,
+``time_compute_s.rank<r>``, ``allreduce_wait_s.rank<r>``, ``host_rss_peak_bytes.rank<r>``
+(the rank's peak resident memory on the host), and ``allreduce_bytes``
+(gradient payload per rank per epoch) and ``world_size``. A failing rank raises
+``ChildFailedError`` naming it, and the stage's run ends FAILED with that message.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from workflow.specfile import ResolvedSpec
+
+__all__ = ["PER_RANK_METRICS", "RankFailed", "train_distributed", "rank_train", "launch_options"]
+
+PER_RANK_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
+                    "allreduce_wait_s", "host_rss_peak_bytes")
+
+
+def launch_options() -> dict[str, Any]:
+    """Several machines: ``BETTY_NNODES``, ``BETTY_NODE_RANK``, ``BETTY_RDZV_ENDPOINT``,
+    ``BETTY_RUN_ID`` (set by ``betty run --nnodes/--node-rank/--rdzv-endpoint``)."""
+    out: dict[str, Any] = {}
+    if "BETTY_NNODES" in os.environ:
+        out["nnodes"] = int(os.environ["BETTY_NNODES"])
+        out["node_rank"] = int(os.environ.get("BETTY_NODE_RANK", "0"))
+        out["rdzv_endpoint"] = os.environ.get("BETTY_RDZV_ENDPOINT")
+        out["run_id"] = os.environ.get("BETTY_RUN_ID", "betty")
+    return out
+
+
+def _inject_fault(rank: int, epoch: int) -> None:
+    """Testing hook: ``BETTY_FAULT=raise@R`` / ``kill@R`` makes rank R raise / SIGKILL
+    itself during its first epoch (the failure tests of tests/test_workflow_distributed.py)."""
+    fault = os.environ.get("BETTY_FAULT")
+    if not fault or epoch != 0:
+        return
+    action, _, target = fault.partition("@")
+    if int(target) != rank:
+        return
+    if action == "raise":
+        raise RuntimeError(f"injected failure on rank {rank} (BETTY_FAULT={fault})")
+    if action == "kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise ValueError(f"BETTY_FAULT must be raise@RANK or kill@RANK, got {fault!r}")
+
+
+def _rank_figures(record, dp, steps_before: int) -> dict[str, float | None]:
+    stats = dp.history[steps_before:]
+    return {"peak_mem_measured_bytes": record.peak_mem_measured_bytes,
+            "peak_mem_estimated_bytes": record.peak_mem_estimated_bytes,
+            "time_compute_s": sum(s.time_compute_s for s in stats),
+            "allreduce_wait_s": sum(s.reduce.wait_s for s in stats),
+            "allreduce_bytes": float(sum(s.reduce.bytes for s in stats)),
+            "host_rss_peak_bytes": _peak_rss_bytes()}
+
+
+def _peak_rss_bytes() -> float:
+    """This process's peak resident set size so far (Linux reports KiB)."""
+    import resource
+
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def rank_train(rspec: ResolvedSpec, repeat: int) -> dict | None:
+    """One rank's training (module-level: the launcher pickles it). Returns, on rank 0,
+    ``{"history", "rows", "state", "searches"}``; ``None`` elsewhere."""
+    import torch.distributed as dist
+
+    from betty.distributed import DataParallel
+    from betty.distributed.launch import rank_device
+    from betty.memory.meter import MemoryMeter
+    from workflow.components import is_reversible, load_data, make_trainer, resolve_device
+    from workflow.evaluation import evaluate_model
+
+    spec = rspec.spec
+    ds = load_data(rspec)
+    device = rank_device() if resolve_device(spec.train.device).type == "cuda" else torch.device("cpu")
+    meter = MemoryMeter(device) if spec.train.measure_memory else None
+    searches: list = []
+    trainer, model, optimizer = make_trainer(rspec, ds, device, repeat=repeat, meter=meter,
+                                             on_search=searches.append)
+    dp = trainer.parallel = DataParallel()
+    if meter is not None:
+        meter.track(model, optimizer)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    reversible = is_reversible(rspec)
+    if reversible:
+        from workflow.revgnn import part_rows as row_fn
+    else:
+        from workflow.stages.train import _micro_rows as row_fn
+    every = spec.evaluate.every
+    history, rows = [], []
+    for epoch in range(spec.train.epochs):
+        before = len(dp.history)
+        _inject_fault(rank, epoch)
+        record = trainer.train_epoch(epoch)
+        mine = _rank_figures(record, dp, before)
+        my_rows = [{**row, "rank": rank} for row in row_fn(record, repeat)]
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, (mine, my_rows))
+        if rank != 0:
+            continue
+        metrics = record.metrics()
+        for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes"):
+            values = [g[0][key] for g in gathered if g[0][key] is not None]
+            if values:
+                metrics[key] = float(max(values))
+        errors = [_estimate_error(g[1]) for g in gathered]
+        errors = [e for e in errors if e is not None]
+        if errors:
+            metrics["mem_estimate_error"] = max(errors)
+        metrics["time_compute_s"] = max(g[0]["time_compute_s"] for g in gathered)
+        metrics["allreduce_bytes"] = gathered[0][0]["allreduce_bytes"]
+        metrics["world_size"] = float(world)
+        for r, (fig, _) in enumerate(gathered):
+            for key in PER_RANK_METRICS:
+                if fig[key] is not None:
+                    metrics[f"{key}.rank{r}"] = float(fig[key])
+        if every and (epoch + 1) % every == 0:
+            metrics.update(evaluate_model(model, ds, rspec, device, splits=("valid",), train_k=record.k))
+        history.append({"epoch": epoch, **metrics})
+        rows.extend(row for g in gathered for row in g[1])
+    if rank != 0:
+        return None
+    return {"history": history, "rows": rows, "searches": searches,
+            "state": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+
+
+def _estimate_error(rows: list[dict]) -> float | None:
+    errs = [abs(r["estimated_bytes"] - r["peak_bytes"]) / r["peak_bytes"] for r in rows
+            if r.get("estimated_bytes") is not None and r.get("peak_bytes")]
+    return max(errs) if errs else None
+
+
+def train_distributed(rspec: ResolvedSpec, repeat: int = 0) -> dict | None:
+    """Launch ``train.world_size`` ranks on this machine (or this node's share, see
+    :func:`launch_options`) and return rank 0's result (``None`` on nodes without it)."""
+    from betty.distributed.launch import launch
+
+    options = launch_options()
+    nnodes = options.get("nnodes", 1)
+    world = rspec.spec.train.world_size
+    if world % nnodes:
+        raise ValueError(f"train.world_size={world} is not a multiple of the {nnodes} nodes")
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        results = launch(rank_train, (rspec, repeat), nproc=world // nnodes,
+                         threads=rspec.spec.train.threads or 1, **options)
+    except ChildFailedError as exc:
+        raise RankFailed(describe_failures(exc)) from exc
+    return results.get(0)
+
+
+class RankFailed(RuntimeError):
+    """A rank of a distributed training failed (the message names it and its error)."""
+
+
+def describe_failures(exc) -> str:
+    """``"rank 1 failed: RuntimeError: ..."`` / ``"rank 1 was killed by SIGKILL"`` for
+    every failed rank of a ``ChildFailedError`` (first failure first)."""
+    parts = []
+    for rank, failure in sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp):
+        if failure.exitcode is not None and failure.exitcode < 0:
+            parts.append(f"rank {rank} was killed by {failure.signal_name()}")
+        else:
+            message = failure.message
+            if isinstance(message, dict):  # the error file's {"message": ..., "extraInfo": ...}
+                message = message.get("message", message)
+            message = str(message or f"exit code {failure.exitcode}").strip()
+            parts.append(f"rank {rank} failed: {message.splitlines()[0]}")
+    return "; ".join(parts) or str(exc)
+
+
+def _parameters(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+
+
+def _one_step(rspec: ResolvedSpec, k: int, device, parallel=None) -> tuple[dict, dict]:
+    """(parameters before, after) epoch 0 of the spec with K = ``k`` pieces per batch
+    (``sage``/``gat``; same seeds, so the same batch, partition seed and dropout)."""
+    from workflow.components import load_data, make_trainer
+
+    trainer, model, _ = make_trainer(rspec, load_data(rspec), device, meter=None)
+    trainer.plan.k = k
+    trainer.parallel = parallel
+    before = _parameters(model)
+    trainer.train_epoch(0)
+    return before, _parameters(model)
+
+
+def rank_verify(rspec: ResolvedSpec, ks: list[int]) -> dict[int, dict] | None:
+    """On each rank: parameters after epoch 0 at every K (module-level for the launcher)."""
+    import torch.distributed as dist
+
+    from betty.distributed import DataParallel
+
+    out = {k: _one_step(rspec, k, torch.device("cpu"), DataParallel(check_every=1))[1] for k in ks}
+    return out if dist.get_rank() == 0 else None
+
+
+def verify_distributed(rspec: ResolvedSpec, ks: list[int], nproc: int, tol: float | None = None) -> dict:
+    """The N-rank update of epoch 0 at each K against the single-process full-batch
+    (K = 1) update: ``{"world_size", "dtype", "tolerance", "results": [{"k",
+    "max_rel_update_diff", "ok"}], "ok"}``."""
+    from betty.distributed.launch import launch
+    from betty.distributed.verify import update_difference, update_tolerance
+    from workflow.components import torch_dtype
+
+    before, reference = _one_step(rspec, 1, torch.device("cpu"))
+    ranks = launch(rank_verify, (rspec, ks), nproc=nproc, threads=rspec.spec.train.threads or 1)[0]
+    tol = update_tolerance(torch_dtype(rspec)) if tol is None else tol
+    results = [{"k": k, "max_rel_update_diff": update_difference(before, reference, ranks[k])} for k in ks]
+    for row in results:
+        row["ok"] = row["max_rel_update_diff"] <= tol
+    return {"world_size": nproc, "dtype": rspec.spec.train.dtype, "tolerance": tol,
+            "results": results, "ok": all(r["ok"] for r in results)}
