@@ -21,8 +21,9 @@ defaults to 1) through betty's engine: each repeat builds a fresh
 ``betty.engine.Trainer`` per backend (``workflow.components.make_trainer`` with
 ``model.backend`` set to ``dgl``, then ``pyg``; the order alternates between repeats)
 and runs its epoch 0 (after ``--warmup`` untimed epochs per backend, default 1: the
-first epoch in a process pays one-time costs), so both backends train on the same sampled batch, the same split
-and the same partition (same seeds; K from the spec or its K search, checked equal). It
+first epoch in a process pays one-time costs), so both backends train on the same
+sampled batch, the same split and the same partition (same seeds; K from the spec or
+its K search, checked equal). It
 prints the median over repeats of the engine's ``EpochRecord`` times: sampling,
 partition (K search and memory estimates included), block building, compute
 (forward + backward + optimizer step) and the whole epoch, per backend, and the PyG/DGL
@@ -105,7 +106,7 @@ def time_epochs(spec: str, overrides: list[str], repeats: int,
           f"(loaded in {time.perf_counter() - start:.1f} s)", flush=True)
     device = resolve_device(specs["dgl"].spec.train.device)
     times = {b: {part: [] for part in (*EPOCH_PARTS, "k", "loss")} for b in specs}
-    for r in range(warmup):  # untimed: first-call costs (allocator, kernels) would go to one backend
+    for _ in range(warmup):  # untimed: first-call costs (allocator, kernels) would go to one backend
         for backend in specs:
             rec = make_trainer(specs[backend], dataset, device)[0].train_epoch(0)
             print(f"  warm-up {backend}: {rec.epoch_time_s:.2f} s", flush=True)
