@@ -407,22 +407,23 @@ class RevKSearchResult:
 
 def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed: int = 0,
                  train_mask: Optional[torch.Tensor] = None, max_k: Optional[int] = None,
-                 safety_margin: float = DEFAULT_SAFETY_MARGIN, **kwargs: Any) -> RevKSearchResult:
+                 safety_margin: float = DEFAULT_SAFETY_MARGIN, max_evaluations: int = 40,
+                 **kwargs: Any) -> RevKSearchResult:
     """The smallest K whose largest part (of ``cluster_partition(graph, K, method,
     seed)``) is estimated to fit ``budget · (1 − safety_margin)`` bytes.
 
-    K doubles from 1 until a split fits, then a binary search between the last K that
-    did not fit and the first that did finds the smallest fitting one (splits are
-    heuristic, so the search never returns a K whose own split was not estimated to
-    fit). Raises :class:`RevKSearchError` when the persistent floor (parameters,
-    gradients, optimizer state) alone exceeds the budget or no K up to ``max_k``
-    (default ``N``) fits. Other keywords: see :func:`estimate_rev_sizes`.
+    The search is the sampled-batch engine's (:func:`betty.memory.ksearch.
+    smallest_fitting_k`): K = 1, then the lower bound from the persistent floor
+    (parameters, gradients, optimizer state), overshoot jumps while the largest part does
+    not fit, then a binary search down to adjacent integers (splits are heuristic, so the
+    search never returns a K whose own split was not estimated to fit). Raises
+    :class:`RevKSearchError` when the floor alone exceeds the usable budget, no K up to
+    ``max_k`` (default ``N``) fits, or ``max_evaluations`` splits did not settle. Other
+    keywords: see :func:`estimate_rev_sizes`.
     """
+    from betty.memory.ksearch import smallest_fitting_k
     from betty.models.rev_training import cluster_partition
 
-    if not 0.0 <= safety_margin < 1.0:
-        raise ValueError(f"safety_margin must be in [0, 1), got {safety_margin}")
-    usable = budget * (1.0 - safety_margin)
     n_nodes = graph.num_nodes()
     max_k = n_nodes if max_k is None else int(max_k)
     if not 1 <= max_k <= n_nodes:
@@ -431,42 +432,16 @@ def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed:
     floor = rev_persistent_bytes(arch, kwargs.get("optimizer", "adam"),
                                  kwargs.get("backend", "cpu"),
                                  **{k: v for k, v in kwargs.items() if k in shape_keys})
-    if floor >= usable:
-        raise RevKSearchError(
-            f"parameters, gradients and optimizer state alone need {floor} bytes, over the "
-            f"usable budget of {int(usable)} bytes: no number of parts helps (reduce depth "
-            "or width, or use weight tying)", budget=budget, usable=usable,
-            dominant="parameters+gradients+optimizer_state",
-            smallest_budget=math.ceil(floor / (1 - safety_margin)))
-    tried: dict[int, int] = {}
-    splits: dict[int, tuple] = {}
 
-    def fits(k: int) -> bool:
+    def split_and_estimate(k: int):
         parts = cluster_partition(graph, k, method, seed)
-        ests = estimate_rev_parts(parts, arch, train_mask=train_mask, **kwargs)
-        peak = max(est.peak for est in ests)
-        tried[k], splits[k] = peak, (parts, ests, peak)
-        return peak <= usable
+        return parts, estimate_rev_parts(parts, arch, train_mask=train_mask, **kwargs)
 
-    lo, k = 0, 1  # lo: largest K known not to fit
-    while not fits(k):
-        lo = k
-        if k == max_k:
-            worst = max(splits[k][1], key=lambda est: est.peak)
-            raise RevKSearchError(
-                f"even K={k} parts do not fit: the largest part needs {worst.peak} bytes "
-                f"(dominated by {worst.dominant!r}) against a usable budget of {int(usable)}",
-                budget=budget, usable=usable, dominant=worst.dominant,
-                smallest_budget=math.ceil(worst.peak / (1 - safety_margin)),
-                tried=sorted(tried.items()))
-        k = min(2 * k, max_k)
-    hi = k
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-    parts, ests, peak = splits[hi]
-    return RevKSearchResult(k=hi, parts=parts, estimates=ests, peak=peak,
-                            tried=dict(sorted(tried.items())))
+    found = smallest_fitting_k(
+        split_and_estimate, memory_budget=budget, safety_margin=safety_margin, fixed=floor,
+        k_max=max_k, max_evaluations=max_evaluations,
+        limit="one node per part" if max_k == n_nodes else f"max_k = {max_k}",
+        error_cls=RevKSearchError)
+    return RevKSearchResult(k=found.k, parts=found.pieces, estimates=found.estimates,
+                            peak=max(e.peak for e in found.estimates),
+                            tried=dict(sorted(found.tried)))
