@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from contextlib import nullcontext
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -54,7 +53,7 @@ from torch import Tensor, nn
 from betty.engine import memory_metrics
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.models.rev_training import GraphPart, cluster_partition, count_train_nodes
-from betty.train import node_loss_sum
+from betty.train import PieceForward, accumulate_pieces, count_correct, node_loss_sum, step_over_pieces
 
 __all__ = [
     "CLUSTER_METHODS",
@@ -244,36 +243,6 @@ class SharedHashMasks:
         self._ids, self._cache = None, {}
 
 
-def _num_correct(logits: Tensor, target: Tensor, multilabel: bool) -> float:
-    if multilabel:  # correct task predictions, as a fraction per node, summed over nodes
-        return float(((logits > 0) == (target > 0.5)).to(torch.float32).mean(1).sum())
-    return float((logits.argmax(1) == target).sum())
-
-
-def _part_backward(model, part: GraphPart, feat: Tensor, label: Tensor, train_mask: Tensor,
-                   n_train: int, *, multilabel: bool, device: torch.device,
-                   dtype: torch.dtype | None, mask_factory) -> tuple[float, float]:
-    """Forward + backward of one part: ``(loss_P, correct count)``; every tensor it
-    allocates is released when it returns."""
-    ids = part.node_ids.to(feat.device)
-    local_train = train_mask[ids].to(device)
-    x = feat[ids].to(device)
-    if dtype is not None and x.dtype != dtype:
-        x = x.to(dtype)
-    kwargs: dict[str, Any] = {"node_ids": ids.to(device)}
-    mask_fn = mask_factory() if mask_factory is not None else None
-    if mask_fn is not None:
-        kwargs["mask_fn"] = mask_fn
-    out = model(part.graph.to(device), x, **kwargs)
-    target = label[ids].to(device)[local_train]
-    loss = node_loss_sum(out[local_train], target, multilabel) / n_train
-    loss.backward()
-    correct = _num_correct(out.detach()[local_train], target, multilabel)
-    if mask_fn is not None and hasattr(mask_fn, "clear"):
-        mask_fn.clear()
-    return float(loss.detach()), correct
-
-
 def backward_parts(
     model: nn.Module,
     parts: Sequence[GraphPart],
@@ -287,9 +256,11 @@ def backward_parts(
     mask_factory: Optional[Callable[[], Callable]] = None,
     meter: Any = None,
     after_last: Optional[Callable[[], None]] = None,
+    indices: Optional[Sequence[int]] = None,
 ) -> tuple[list[PartRecord], float]:
     """Forward and backward of every part with training nodes, accumulating into
-    ``.grad`` (no zeroing, no optimizer step).
+    ``.grad`` (no zeroing, no optimizer step): :func:`betty.train.accumulate_pieces`
+    with this engine's forward of one part.
 
     Args:
         model: called as ``model(part.graph, x, node_ids=ids[, mask_fn=...])`` ``->
@@ -304,6 +275,8 @@ def backward_parts(
         meter: a :class:`betty.memory.MemoryMeter`; one region per part that runs.
         after_last: called inside the last running part's region, after its backward
             (the optimizer step, so its temporaries are measured).
+        indices: the records' ``index`` of each part (default ``0..len(parts)-1``; a
+            rank's share of a split keeps the split's numbering).
 
     Returns:
         ``(records, correct)``: one :class:`PartRecord` per part (loss = ``loss_P``) and
@@ -311,29 +284,39 @@ def backward_parts(
     """
     n_train = count_train_nodes(train_mask)
     device = torch.device(device) if device is not None else feat.device
+    indices = list(range(len(parts))) if indices is None else [int(i) for i in indices]
     model.train()
     counts = [int(train_mask[p.node_ids.to(train_mask.device)].sum()) for p in parts]
-    running = [i for i, c in enumerate(counts) if c > 0]
-    records, correct = [], 0.0
-    for i, part in enumerate(parts):
-        rec = PartRecord(index=i, num_nodes=int(part.graph.num_nodes()),
-                         num_edges=int(part.graph.num_edges()), num_train=counts[i], loss=0.0,
-                         time_compute_s=0.0, skipped=counts[i] == 0)
-        records.append(rec)
-        if rec.skipped:
-            continue
-        start = time.perf_counter()
-        with (meter.measure() if meter is not None else nullcontext()) as reading:
-            rec.loss, part_correct = _part_backward(
-                model, part, feat, label, train_mask, n_train, multilabel=multilabel,
-                device=device, dtype=dtype, mask_factory=mask_factory)
-            if i == running[-1] and after_last is not None:
-                after_last()
-        correct += part_correct
-        if reading is not None:
-            rec.peak_bytes = int(reading.peak_bytes)
-        rec.time_compute_s = time.perf_counter() - start
-    return records, correct
+    records = [PartRecord(index=i, num_nodes=int(part.graph.num_nodes()),
+                          num_edges=int(part.graph.num_edges()), num_train=c, loss=0.0,
+                          time_compute_s=0.0, skipped=c == 0)
+               for i, part, c in zip(indices, parts, counts)]
+    running = [(pos, part) for pos, (part, c) in enumerate(zip(parts, counts)) if c > 0]
+
+    def forward(part: GraphPart) -> PieceForward:
+        ids = part.node_ids.to(feat.device)
+        local_train = train_mask[ids].to(device)
+        x = feat[ids].to(device)
+        if dtype is not None and x.dtype != dtype:
+            x = x.to(dtype)
+        kwargs: dict[str, Any] = {"node_ids": ids.to(device)}
+        mask_fn = mask_factory() if mask_factory is not None else None
+        if mask_fn is not None:
+            kwargs["mask_fn"] = mask_fn
+        out = model(part.graph.to(device), x, **kwargs)
+        target = label[ids].to(device)[local_train]
+        return PieceForward(
+            loss_sum=node_loss_sum(out[local_train], target, multilabel),
+            count_correct=lambda: count_correct(out.detach()[local_train], target, multilabel),
+            keep=(ids, x, kwargs),
+            release=mask_fn.clear if mask_fn is not None and hasattr(mask_fn, "clear") else None)
+
+    runs = accumulate_pieces(running, forward, n_train, meter=meter,
+                             last_index=running[-1][0] if running else None, after_last=after_last)
+    for run in runs:
+        rec = records[run.index]
+        rec.loss, rec.peak_bytes, rec.time_compute_s = run.loss, run.peak_bytes, run.seconds
+    return records, sum(run.correct for run in runs)
 
 
 def train_step_parts(
@@ -343,16 +326,33 @@ def train_step_parts(
     feat: Tensor,
     label: Tensor,
     train_mask: Tensor,
+    *,
+    parallel: Any = None,
+    costs: Optional[Sequence[float]] = None,
     **kwargs: Any,
 ) -> RevStepResult:
     """``zero_grad`` -> :func:`backward_parts` -> one ``optimizer.step()`` (inside the
-    last part's meter region). Keyword arguments: those of :func:`backward_parts`."""
-    optimizer.zero_grad(set_to_none=True)
-    records, correct = backward_parts(model, parts, feat, label, train_mask,
-                                      after_last=optimizer.step, **kwargs)
-    n_train = int(train_mask.sum())
-    return RevStepResult(loss=sum(r.loss for r in records), train_acc=correct / n_train,
-                         parts=records)
+    last part's meter region): :func:`betty.train.step_over_pieces`.
+
+    ``parallel``: a :class:`betty.distributed.DataParallel`: this rank runs its share of
+    the parts (assigned by ``costs`` (K,), default each part's nodes + edges), gradients
+    are all-reduced before the step (outside the meter regions), and the loss and
+    accuracy are summed over the ranks (``parts`` lists this rank's). Other keyword
+    arguments: those of :func:`backward_parts` (``after_last``, ``indices`` excepted).
+    """
+    if parallel is not None and costs is None:
+        costs = [float(p.graph.num_nodes() + p.graph.num_edges()) for p in parts]
+
+    def run(mine, after_last):
+        chosen = range(len(parts)) if mine is None else sorted(mine)
+        records, correct = backward_parts(model, [parts[i] for i in chosen], feat, label,
+                                          train_mask, after_last=after_last, indices=chosen,
+                                          **kwargs)
+        return records, sum(r.loss for r in records), correct
+
+    records, loss, correct = step_over_pieces(model, optimizer, run, parallel=parallel,
+                                              costs=costs, step_in_last_region=True)
+    return RevStepResult(loss=loss, train_acc=correct / int(train_mask.sum()), parts=records)
 
 
 def supports_estimate(model: nn.Module) -> bool:
