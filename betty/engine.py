@@ -17,7 +17,7 @@ the current sample.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -102,14 +102,9 @@ class EpochRecord:
     @property
     def mem_estimate_error(self) -> float | None:
         """max over micro-batches of |estimated - measured| / measured."""
-        errs = []
-        for b in self.batches:
-            if b.micro_estimated_bytes is None:
-                continue
-            for m, est in zip(b.micro, b.micro_estimated_bytes):
-                if m.peak_bytes:
-                    errs.append(abs(est - m.peak_bytes) / m.peak_bytes)
-        return max(errs) if errs else None
+        return estimate_error((est, m.peak_bytes) for b in self.batches
+                              if b.micro_estimated_bytes is not None
+                              for m, est in zip(b.micro, b.micro_estimated_bytes))
 
     def metrics(self) -> dict[str, float]:
         """The per-epoch metrics with their stable MLflow names."""
@@ -127,6 +122,13 @@ class EpochRecord:
         out.update(memory_metrics(self.peak_mem_measured_bytes, self.peak_mem_estimated_bytes,
                                   self.mem_estimate_error))
         return out
+
+
+def estimate_error(pairs: Iterable[tuple[int | None, int | None]]) -> float | None:
+    """``max |estimated − measured| / measured`` over the ``(estimated, measured)`` pairs
+    where both are known (and measured > 0); ``None`` when there is none."""
+    errs = [abs(est - meas) / meas for est, meas in pairs if meas and est is not None]
+    return max(errs) if errs else None
 
 
 def memory_metrics(measured: int | None, estimated: int | None, error: float | None) -> dict[str, float]:

@@ -50,10 +50,11 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from betty.engine import memory_metrics
+from betty.engine import estimate_error, memory_metrics
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.models.rev_training import GraphPart, cluster_partition, count_train_nodes
-from betty.train import PieceForward, accumulate_pieces, count_correct, node_loss_sum, step_over_pieces
+from betty.train import (PieceForward, accumulate_pieces, count_correct, largest_peak,
+                         node_loss_sum, step_over_pieces)
 
 __all__ = [
     "CLUSTER_METHODS",
@@ -155,8 +156,7 @@ class RevStepResult:
 
     @property
     def peak_bytes(self) -> int | None:
-        peaks = [p.peak_bytes for p in self.parts if p.peak_bytes is not None]
-        return max(peaks) if peaks else None
+        return largest_peak(self.parts)
 
 
 @dataclass
@@ -179,9 +179,7 @@ class RevEpochRecord:
     @property
     def mem_estimate_error(self) -> float | None:
         """max over measured parts of |estimated - measured| / measured."""
-        errs = [abs(p.estimated_bytes - p.peak_bytes) / p.peak_bytes for p in self.parts
-                if p.peak_bytes and p.estimated_bytes is not None]
-        return max(errs) if errs else None
+        return estimate_error((p.estimated_bytes, p.peak_bytes) for p in self.parts)
 
     def metrics(self) -> dict[str, float]:
         """Per-epoch metrics, named as :meth:`betty.engine.EpochRecord.metrics` where

@@ -36,6 +36,7 @@ __all__ = [
     "accumulate_pieces",
     "step_over_pieces",
     "count_correct",
+    "largest_peak",
     "MicroBatchRecord",
     "StepResult",
     "train_step",
@@ -197,6 +198,12 @@ def step_over_pieces(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return out
 
 
+def largest_peak(records: Iterable) -> int | None:
+    """The largest ``peak_bytes`` of ``records`` that have one (``None`` if none do)."""
+    peaks = [r.peak_bytes for r in records if r.peak_bytes is not None]
+    return max(peaks) if peaks else None
+
+
 @dataclass
 class MicroBatchRecord:
     """What happened in one micro-batch."""
@@ -240,8 +247,7 @@ class StepResult:
 
     @property
     def peak_bytes(self) -> int | None:
-        peaks = [m.peak_bytes for m in self.micro if m.peak_bytes is not None]
-        return max(peaks) if peaks else None
+        return largest_peak(self.micro)
 
 
 def _device_ids(model, mb: MicroBatch, device):

@@ -33,7 +33,7 @@ import numpy as np
 from workflow.artifacts import ksearch_records, write_csv, write_json
 from workflow.components import make_trainer
 from workflow.runs import log_metrics
-from workflow.stages.base import StageContext, log_sweep_artifacts
+from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_grid
 
 __all__ = ["PART_COLUMNS", "SWEEP_COLUMNS", "sample_stage", "measure_cluster_split", "cluster_sweep",
            "partition_stage", "part_rows"]
@@ -109,40 +109,21 @@ def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None
 
     graph = trainer.dataset.graph.to_dgl()  # RevGNN parts are DGL subgraphs
     ks = sorted({int(k) for k in ks if int(k) <= graph.num_nodes()})
-    rows, skipped = [], {}
-    advance = reporter.steps("partition sweep", len(ks) * len(methods)) if reporter else None
-    for method in methods:
-        for i, k in enumerate(ks):
-            start = time.perf_counter()
-            try:
-                parts = cluster_partition(graph, k, method, seed)
-                took = time.perf_counter() - start
-                report = _split_report(parts, trainer.estimate(parts), graph.num_edges())
-            except Exception as err:  # noqa: BLE001  (a method unsuited to this graph)
-                reason = f"{type(err).__name__}: {err}"
-                rows.append({"method": method, "k": k, "error": reason})
-                skipped[method] = f"failed at K={k}: {reason}"
-            else:
-                est = report["estimated_bytes"]
-                rows.append({"method": method, "k": k, "num_parts": report["num_parts"],
-                             "edges_kept_fraction": report["edges_kept_fraction"],
-                             "max_part_nodes": max(report["part_nodes"]),
-                             "max_part_edges": max(report["part_edges"]),
-                             "imbalance": report["imbalance"],
-                             "peak_estimated_bytes": max(est) if est else None, "time_partition_s": took})
-                total = time.perf_counter() - start
-                if time_limit_s is not None and total > time_limit_s and i + 1 < len(ks):
-                    skipped[method] = (f"K={k} took {total:.1f}s > sweep.time_limit_s={time_limit_s}; "
-                                       "larger K skipped")
-            if advance:
-                advance(1)
-            if method in skipped:
-                if advance and len(ks) - i - 1:
-                    advance(len(ks) - i - 1)
-                if reporter:
-                    reporter.note(f"sweep: {method} {skipped[method]}")
-                break
-    return rows, skipped
+
+    def measure(method: str, k: int) -> dict:
+        start = time.perf_counter()
+        parts = cluster_partition(graph, k, method, seed)
+        took = time.perf_counter() - start
+        report = _split_report(parts, trainer.estimate(parts), graph.num_edges())
+        est = report["estimated_bytes"]
+        return {"num_parts": report["num_parts"],
+                "edges_kept_fraction": report["edges_kept_fraction"],
+                "max_part_nodes": max(report["part_nodes"]),
+                "max_part_edges": max(report["part_edges"]),
+                "imbalance": report["imbalance"],
+                "peak_estimated_bytes": max(est) if est else None, "time_partition_s": took}
+
+    return sweep_grid(methods, ks, measure, time_limit_s=time_limit_s, reporter=reporter)
 
 
 def partition_stage(ctx: StageContext) -> dict[str, float]:

@@ -9,6 +9,8 @@ earlier stages are read by run ID (``runs:/<id>/<path>``) through :meth:`upstrea
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from workflow.components import load_data, resolve_device
 from workflow.progress import Reporter
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["StageContext", "UpstreamMissing"]
+__all__ = ["StageContext", "UpstreamMissing", "sweep_grid"]
 
 
 class UpstreamMissing(RuntimeError):
@@ -84,3 +86,45 @@ def log_sweep_artifacts(ctx: StageContext, table: list[dict], skipped: dict[str,
                                        {"rows": table, "skipped": skipped})))
     if skipped:
         mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])
+
+
+def sweep_grid(methods: Sequence[str], ks: Sequence[int], measure: Callable[[str, int], dict], *,
+               time_limit_s: float | None = None,
+               reporter: Reporter | None = None) -> tuple[list[dict], dict[str, str]]:
+    """Every method at every K (``ks`` increasing): ``measure(method, k)`` returns the
+    row's metrics (``method`` and ``k`` are added). A method that raises gets a row with
+    ``error`` and is cut short; so is one whose K took longer than ``time_limit_s``
+    seconds (larger K skipped). The partition stages of both engines run their sweeps
+    through this loop.
+
+    Returns:
+        ``(rows, skipped)``: one row per (method, K) tried and ``{method: reason}`` for
+        methods cut short.
+    """
+    rows: list[dict] = []
+    skipped: dict[str, str] = {}
+    advance = reporter.steps("partition sweep", len(ks) * len(methods)) if reporter else None
+    for method in methods:
+        for i, k in enumerate(ks):
+            start = time.perf_counter()
+            try:
+                row = measure(method, k)
+            except Exception as err:  # noqa: BLE001  (a method unsuited to this graph)
+                reason = f"{type(err).__name__}: {err}"
+                rows.append({"method": method, "k": k, "error": reason})
+                skipped[method] = f"failed at K={k}: {reason}"
+            else:
+                rows.append({"method": method, "k": k, **row})
+                took = time.perf_counter() - start
+                if time_limit_s is not None and took > time_limit_s and i + 1 < len(ks):
+                    skipped[method] = (f"K={k} took {took:.1f}s > sweep.time_limit_s="
+                                       f"{time_limit_s}; larger K skipped")
+            if advance:
+                advance(1)
+            if method in skipped:
+                if advance and len(ks) - i - 1:
+                    advance(len(ks) - i - 1)
+                if reporter:
+                    reporter.note(f"sweep: {method} {skipped[method]}")
+                break
+    return rows, skipped

@@ -36,7 +36,7 @@ from workflow.artifacts import ksearch_records, load_batch, write_csv, write_jso
 from workflow.components import is_reversible, make_trainer, partition_options
 from workflow.plots import redundancy_figure
 from workflow.runs import log_metrics
-from workflow.stages.base import StageContext, log_sweep_artifacts
+from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_grid
 
 __all__ = ["run", "measure_split", "sweep"]
 
@@ -93,37 +93,15 @@ def sweep(batch, ks, methods, *, seed: int, graph=None, time_limit_s: float | No
     from betty.partition import partition_batch, split_metrics
 
     ks = sorted({int(k) for k in ks if int(k) <= batch.num_outputs})
-    rows, skipped = [], {}
-    advance = reporter.steps("partition sweep", len(ks) * len(methods)) if reporter else None
-    for method in methods:
-        for i, k in enumerate(ks):
-            start = time.perf_counter()
-            try:
-                result = partition_batch(batch, k, method, seed=seed, graph=graph,
-                                         options=options)
-                stats = split_metrics(batch, result.groups, k)
-            except Exception as err:  # noqa: BLE001  (a method unsuited to this graph)
-                reason = f"{type(err).__name__}: {err}"
-                rows.append({"method": method, "k": k, "error": reason})
-                skipped[method] = f"failed at K={k}: {reason}"
-            else:
-                rows.append({"method": method, "k": k, "redundancy": stats["redundancy"],
-                             "imbalance": stats["imbalance"], "time_build_s": result.time_build_s,
-                             "time_partition_s": result.time_partition_s,
-                             "max_inputs_per_piece": max(stats["input_nodes_per_piece"])})
-                took = time.perf_counter() - start
-                if time_limit_s is not None and took > time_limit_s and i + 1 < len(ks):
-                    skipped[method] = (f"K={k} took {took:.1f}s > sweep.time_limit_s={time_limit_s}; "
-                                       f"larger K skipped")
-            if advance:
-                advance(1)
-            if method in skipped:
-                if advance and len(ks) - i - 1:
-                    advance(len(ks) - i - 1)
-                if reporter:
-                    reporter.note(f"sweep: {method} {skipped[method]}")
-                break
-    return rows, skipped
+
+    def measure(method: str, k: int) -> dict:
+        result = partition_batch(batch, k, method, seed=seed, graph=graph, options=options)
+        stats = split_metrics(batch, result.groups, k)
+        return {"redundancy": stats["redundancy"], "imbalance": stats["imbalance"],
+                "time_build_s": result.time_build_s, "time_partition_s": result.time_partition_s,
+                "max_inputs_per_piece": max(stats["input_nodes_per_piece"])}
+
+    return sweep_grid(methods, ks, measure, time_limit_s=time_limit_s, reporter=reporter)
 
 
 def run(ctx: StageContext) -> dict[str, float]:
