@@ -28,7 +28,7 @@ from betty.memory import (
 )
 from betty.memory.calibrate import calibrate, measure_lstm_state
 from betty.memory.estimator import persistent_bytes
-from betty.memory.constants import onednn_lstm_workspace_bytes
+from betty.memory.constants import onednn_lstm_state_arrays, onednn_lstm_workspace_bytes
 from betty.memory.sizes import micro_batch_sizes, piece_sizes
 from betty.memory.spec import parameter_shapes
 from betty.memory.timeline import Timeline
@@ -101,6 +101,11 @@ def test_parameter_and_optimizer_bytes_match_the_model(arch, agg, batch3):
 def test_onednn_workspace_formula_matches_measurement(steps, seqs, width):
     saved, _ = measure_lstm_state("cpu", steps, seqs, width)
     assert saved == onednn_lstm_workspace_bytes(steps, seqs, width)
+    # the layout is this build's (5 padded state arrays: torch 2.2.1; 3: torch 2.13); the
+    # other layout's count must not match, so the probe's answer is what makes it exact
+    n = onednn_lstm_state_arrays()
+    assert n in (3, 5)
+    assert saved != onednn_lstm_workspace_bytes(steps, seqs, width, state_arrays=8 - n)
 
 
 def test_calibrate_writes_user_constants_the_estimator_reads(tmp_path, monkeypatch):
@@ -320,3 +325,23 @@ def test_every_k_search_failure_is_a_ksearch_error(batch3):
     assert [k for k, _ in err.value.tried][0] == 1 and len(err.value.tried) == 2
     assert err.value.budget == full.peak // 12
     assert issubclass(RevKSearchError, KSearchError)
+
+
+@pytest.mark.dgl
+@pytest.mark.pyg
+def test_the_estimate_follows_the_model_backend(batch3):
+    """The replay is picked by the model's backend: the same shapes on PyG estimate more
+    (its scatter aggregation materializes the (E, W) gathered messages, DGL's fused
+    kernels do not), and an unknown backend is refused naming the allowed ones."""
+    pytest.importorskip("torch_geometric")
+    batch, _, _ = batch3
+    peaks = {}
+    for backend in ("dgl", "pyg"):
+        model = build_model("sage", 12, 5, hidden=24, layers=3, aggregator="mean", backend=backend)
+        spec = ModelSpec.from_model(model)
+        assert spec.backend == backend
+        peaks[backend] = estimate_micro_batch(batch, model, "adam").peak
+        assert estimate_micro_batch(batch, spec, "adam").peak == peaks[backend]
+    assert peaks["pyg"] > peaks["dgl"]
+    with pytest.raises(ValueError, match=r"backend must be one of \('dgl', 'pyg'\), got 'jax'"):
+        ModelSpec("sage", (12, 5), backend="jax")

@@ -7,24 +7,33 @@ the run ``mlflow run`` created for it (``MLFLOW_RUN_ID``). Overrides come from t
 ``-P nproc=N`` is ``train.world_size=N`` (N ranks, :mod:`workflow.distributed`).
 
 Exit codes: 0 success, 2 invalid spec (no traceback), 1 any other failure (message on
-stderr, traceback in the run's ``error.txt``), 130 interrupted. SIGTERM is treated as an
-interrupt so a cancelled run ends ``KILLED``.
+stderr, traceback in the run's ``error.txt``), 130 interrupted.
+
+Interrupts: :mod:`workflow.signals` is installed on import, before anything heavy is
+imported, and everything :func:`main` does (imports included) runs inside one ``try``,
+so ``SIGINT``/``SIGTERM`` at any moment end this process's run (``MLFLOW_RUN_ID``)
+``KILLED``; so does the death of the parent process (``mlflow run`` killed). The ``main``
+entry point stops the stage process in flight and ends its run ``KILLED`` too
+(:class:`workflow.pipeline.ProjectLauncher`).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import signal
-import sys
-from pathlib import Path
-
 from workflow import env as _env  # noqa: F401  (before MLflow is imported)
-from workflow.specfile import STAGES
+from workflow import signals as _signals
+
+if __name__ == "__main__":
+    _signals.install(die_with_parent=True)  # before the heavy imports
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 __all__ = ["main", "parse_args"]
 
-ENTRIES = ("main", *STAGES)
+ENTRIES = ("main", "download", "sample", "partition", "train", "evaluate")
+"""``main`` and :data:`workflow.specfile.STAGES` (spelled out: that module is not light)."""
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -59,24 +68,43 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def _interrupt(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def _fail(message: str, code: int, exc: BaseException | None = None) -> int:
-    from workflow.runs import mark_failed
+    with _signals.shield():  # imports MLflow if the interrupt came first: no second one now
+        print(f"betty: {message}", file=sys.stderr, flush=True)
+        run_id = os.environ.get("MLFLOW_RUN_ID")
+        if exc is not None and run_id:
+            from workflow.runs import mark_failed
 
-    print(f"betty: {message}", file=sys.stderr, flush=True)
-    run_id = os.environ.get("MLFLOW_RUN_ID")
-    if exc is not None and run_id:
-        mark_failed(run_id, exc)
+            mark_failed(run_id, exc)
     return code
 
 
+UNDER_MAIN = "BETTY_UNDER_MAIN"
+"""Set by the ``main`` entry point for its stage processes: it restores their status itself."""
+
+
+def _watch_parent() -> None:
+    """Under ``mlflow run`` (not under betty's ``main``): start the
+    :mod:`workflow.finalize` watcher for this run and the ``mlflow run`` process."""
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if run_id and not os.environ.get(UNDER_MAIN) and os.getppid() > 1:
+        from workflow.finalize import spawn
+
+        spawn(run_id, os.getppid())
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the entry point; every exit path ends this process's run (see the module docstring)."""
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    signal.signal(signal.SIGTERM, _interrupt)
-    from workflow.progress import LogReporter
+    try:
+        _watch_parent()
+        return _main(args, overrides)
+    except KeyboardInterrupt as err:  # also while importing or loading the spec
+        return _fail("interrupted", 130, err)
+
+
+def _main(args: argparse.Namespace, overrides: list[str]) -> int:
+    from workflow.progress import LogReporter, format_metrics
     from workflow.spec import SpecError
     from workflow.specfile import load_spec
 
@@ -84,11 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         rspec = load_spec(args.spec, overrides)
     except SpecError as err:
         return _fail(str(err), 2, err)
+    _signals.check()  # a signal during the imports above may have been swallowed
     reporter = LogReporter()
     try:
         if args.entry == "main":
             from workflow.pipeline import ProjectLauncher, run_pipeline
 
+            os.environ[UNDER_MAIN] = "1"  # inherited by the stage processes
             launcher = ProjectLauncher(Path.cwd(), args.spec, overrides)
             reuse = str(args.reuse).strip().lower() not in ("false", "0", "no", "off")
             run_pipeline(rspec, launcher, reuse=reuse, reporter=reporter)
@@ -98,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
             upstream = decode_upstream(args.upstream)
             run_id, metrics = run_stage(args.entry, rspec, upstream, reporter=reporter)
-            reporter.note(f"{args.entry}: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-    except KeyboardInterrupt as err:
-        return _fail("interrupted", 130, err)
+            reporter.note(f"{args.entry}: {format_metrics(metrics)}")
     except Exception as err:  # noqa: BLE001  (reported, traceback logged as error.txt)
         if os.environ.get("BETTY_TRACEBACK"):
             import traceback

@@ -7,7 +7,10 @@ each stage in order, either reuses a finished run with the same key
 * :class:`InProcessLauncher` (``betty run``): a nested run in this process;
 * :class:`ProjectLauncher` (the MLproject ``main`` entry point): ``mlflow.projects.run``
   of the stage's entry point with ``env_manager="local"`` (child runs do not inherit
-  ``--env-manager``), into a run created beforehand as a child of the parent.
+  ``--env-manager``), into a run created beforehand as a child of the parent. On an
+  interrupt the stage's process is stopped (by MLflow, or by the kernel when this
+  process exits: :mod:`workflow.signals`) and the stage's run ends ``KILLED`` if that
+  process did not end it.
 
 Artifacts pass between stages by run ID: each stage gets ``upstream = {stage: run_id}``
 of the stages before it. The parent records ``stage_run.<stage>`` tags (the run used
@@ -20,16 +23,21 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+import warnings
 from pathlib import Path
 
 import mlflow
 from mlflow.tracking import MlflowClient
 
 from workflow import library
+from workflow.checksums import damaged_artifacts
 from workflow.components import resolve_device
+from workflow.finalize import restore_killed
+from workflow.lineage import check_upstream
 from workflow.progress import Reporter
 from workflow.reuse import find_reusable, stage_key
 from workflow.runs import ERROR_TAG_LIMIT, encode_upstream, log_metrics, tracked_run
+from workflow import signals
 from workflow.specfile import STAGES, ResolvedSpec
 from workflow.stages import UPSTREAM, stage_function
 from workflow.stages.base import StageContext
@@ -48,22 +56,27 @@ def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None =
               run_name: str | None = None) -> tuple[str, dict]:
     """Run one stage in its own run (nested under the active run if ``nested``).
 
+    ``upstream`` runs are checked first (:func:`workflow.lineage.check_upstream`).
+
     Returns:
         ``(run_id, summary metrics)``.
     """
     upstream = dict(upstream or {})
     reporter = reporter or Reporter()
     device = str(resolve_device(rspec.spec.train.device))
+    check_upstream(rspec, stage, upstream)  # before a run exists: a refused lineage leaves none
     key = stage_key(rspec, stage, upstream.get(UPSTREAM[stage] or ""), device)
     tags = {**key, "upstream": encode_upstream(upstream) or "none"}
     with tempfile.TemporaryDirectory(prefix=f"betty-{stage}-") as tmp, \
             tracked_run("stage", stage, rspec, nested=nested, run_name=run_name or f"{rspec.name}/{stage}",
                         device=device, tags=tags) as run:
+        signals.check()  # a signal swallowed by a library (importing torch) ends the run here
         if stage in ("partition", "train", "evaluate"):
             library.preflight(rspec.spec)
         ctx = StageContext(rspec=rspec, upstream=upstream, reporter=reporter, workdir=Path(tmp),
                            shared=shared if shared is not None else {})
         metrics = stage_function(stage)(ctx)
+        signals.check()
     return run.info.run_id, metrics
 
 
@@ -106,14 +119,31 @@ class ProjectLauncher:
             MLFLOW_RUN_NAME: name, "run_kind": "stage", "stage": stage})
         params = {"spec": self.spec_ref, "set": ";".join(self.overrides),
                   "upstream": encode_upstream(upstream)}
-        try:
+        run_id = child.info.run_id
+        try:  # synchronous: on an interrupt MLflow stops the stage process (SIGTERM) and waits for it
             mlflow.projects.run(self.project_dir, entry_point=stage, parameters=params,
-                                experiment_id=experiment_id, run_id=child.info.run_id,
+                                experiment_id=experiment_id, run_id=run_id,
                                 env_manager="local", synchronous=True)
         except ExecutionException:
-            error = client.get_run(child.info.run_id).data.tags.get("error", "see the run's error.txt / logs")
-            raise StageFailed(f"stage {stage} failed (run {child.info.run_id}): {error}"[:ERROR_TAG_LIMIT]) from None
-        return child.info.run_id
+            _end_if_running(client, run_id, "FAILED")
+            error = client.get_run(run_id).data.tags.get("error", "see the run's error.txt / logs")
+            raise StageFailed(f"stage {stage} failed (run {run_id}): {error}"[:ERROR_TAG_LIMIT]) from None
+        except BaseException as exc:
+            # interrupted, possibly before MLflow watched the process: that one ends with
+            # this one (PR_SET_PDEATHSIG, workflow.signals); its run ends here if not there
+            _end_if_running(client, run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            if isinstance(exc, KeyboardInterrupt):
+                with signals.shield():
+                    restore_killed(client, run_id)  # MLflow ended it FAILED over the KILLED (workflow.finalize)
+            raise
+        return run_id
+
+
+def _end_if_running(client: MlflowClient, run_id: str, status: str) -> None:
+    """End ``run_id`` with ``status`` unless its process already ended it (signals held back)."""
+    with signals.shield():
+        if client.get_run(run_id).info.status in ("RUNNING", "SCHEDULED"):
+            client.set_terminated(run_id, status)
 
 
 def collect_summary(upstream: dict[str, str]) -> dict[str, float]:
@@ -142,9 +172,27 @@ def collect_summary(upstream: dict[str, str]) -> dict[str, float]:
     return out
 
 
+def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
+    """``run_id`` if every checksummed artifact of it is present and intact, else
+    ``None`` after a warning naming the run and each damaged file (the stage runs again)."""
+    damaged = damaged_artifacts(run_id)
+    if not damaged:
+        return run_id
+    for err in damaged:
+        text = f"not reusing the {stage} run {run_id}: {err.artifact} is {err.problem}; running {stage} again"
+        warnings.warn(text, stacklevel=3)
+        reporter.note(f"warning: {text}")
+    mlflow.set_tag(f"reuse_refused.{stage}", f"{run_id}: " + ", ".join(e.artifact for e in damaged))
+    return None
+
+
 def run_pipeline(rspec: ResolvedSpec, launcher, *, reuse: bool = True, reporter: Reporter | None = None,
                  stages: tuple[str, ...] = STAGES, run_name: str | None = None) -> dict[str, dict]:
     """All ``stages`` as children of one parent run (see the module docstring).
+
+    A reusable run whose checksummed artifacts are missing or damaged is not reused:
+    the stage runs again, with a warning naming the run and the file
+    (:mod:`workflow.checksums`).
 
     Returns:
         ``{stage: {"run_id": ..., "reused": bool}}`` plus ``"main": {"run_id": ...}``.
@@ -159,8 +207,11 @@ def run_pipeline(rspec: ResolvedSpec, launcher, *, reuse: bool = True, reporter:
         outcomes["main"] = {"run_id": parent.info.run_id}
         upstream: dict[str, str] = {}
         for stage in stages:
+            signals.check()
             key = stage_key(rspec, stage, upstream.get(UPSTREAM[stage] or ""), device)
             run_id = find_reusable(experiment_id, key) if reuse else None
+            if run_id is not None:
+                run_id = _intact(stage, run_id, reporter)
             reused = run_id is not None
             if reused:
                 reporter.stage_finished(stage, "REUSED", f"run {run_id[:8]}")

@@ -1,32 +1,57 @@
 """Progress reporting for stages: silent, plain log lines, or a live rich display.
 
-Stages talk to a :class:`Reporter`; they never print. ``betty run`` uses
-:class:`RichReporter` (one line per stage, a bar per epoch loop), MLproject entry points
-use :class:`LogReporter` (lines on stderr, readable in ``mlflow run`` output and CI logs).
+Stages talk to a :class:`Reporter`; they never print. ``betty run`` and ``betty stage``
+use :func:`make_reporter`: :class:`RichReporter` (one line per stage, a bar per epoch
+loop) when stderr is a terminal, else :class:`LogReporter`, as the MLproject entry points
+do: flushed plain lines on stderr, one per stage start and end (with its duration) and
+one per step of a loop (each epoch: ``train 3/10 elapsed 1.2s eta 2.8s loss=0.41``), so
+CI logs, ``nohup`` and log files show progress as it happens.
+
+Numbers are written by :func:`format_number`: integers (and integral floats) with
+thousands separators (``10,000``, never ``1e+04``), other values to 4 significant
+digits without an exponent unless they are tiny.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["Reporter", "NullReporter", "LogReporter", "RichReporter", "format_metrics"]
+__all__ = ["Reporter", "NullReporter", "LogReporter", "RichReporter", "make_reporter", "format_number",
+           "format_metrics"]
 
 Advance = Callable[..., None]
 """``advance(n=1, **fields)``: move a progress bar on; ``fields`` (e.g. ``loss=0.3``)
 are shown next to it."""
 
 
+def format_number(value) -> str:
+    """A number for a log line: ``10000`` and ``10000.0`` -> ``10,000``; ``12345.678`` ->
+    ``12,345.7``; ``0.41234`` -> ``0.4123``; ``2.5e-06`` stays scientific; other
+    values as ``str``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or (math.isfinite(value) and value.is_integer() and abs(value) < 1e18):
+        return f"{int(value):,}"
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 1000:
+        return f"{value:,.1f}"
+    if abs(value) < 1e-4:
+        return f"{value:.3g}"
+    return f"{value:.4g}" if abs(value) >= 1e-3 else f"{value:.6f}".rstrip("0")
+
+
 def format_metrics(metrics: dict, keys: tuple[str, ...] | None = None) -> str:
-    """``loss=0.4123 train_acc=0.8120`` (the given keys, those present)."""
+    """``loss=0.4123 train_acc=0.812 num_nodes=10,000`` (the given keys, those present)."""
     items = metrics.items() if keys is None else ((k, metrics[k]) for k in keys if k in metrics)
-    parts = []
-    for key, value in items:
-        if value is None:
-            continue
-        parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
-    return " ".join(parts)
+    return " ".join(f"{key}={format_number(value)}" for key, value in items if value is not None)
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.1f}s" if s < 120 else f"{s / 60:.1f}min"
 
 
 class Reporter:
@@ -68,18 +93,24 @@ class LogReporter(Reporter):
         took = f" after {time.perf_counter() - start:.1f}s" if start is not None else ""
         self._say(f"{stage}: {status.lower()}{took} {detail}".rstrip())
 
+    def __enter__(self) -> LogReporter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
     def steps(self, description: str, total: int | None) -> Advance:
-        """Prints after each step when there are few (epochs), else about every 10%."""
-        state = {"done": 0}
-        every = 1 if not total or total <= 20 else max(1, total // 10)
+        """One line per step: ``description i/total elapsed ... eta ... fields``."""
+        state = {"done": 0, "start": time.perf_counter()}
 
         def advance(n: int = 1, **fields) -> None:
-            before = state["done"]
             state["done"] += n
-            if state["done"] // every == before // every and state["done"] != total:
-                return
+            elapsed = time.perf_counter() - state["start"]
+            timing = f"elapsed {_seconds(elapsed)}"
+            if total:
+                timing += f" eta {_seconds(elapsed / state['done'] * max(total - state['done'], 0))}"
             of = f"/{total}" if total else ""
-            self._say(f"{description} {state['done']}{of} {format_metrics(fields)}".rstrip())
+            self._say(f"{description} {state['done']}{of} {timing} {format_metrics(fields)}".rstrip())
 
         return advance
 
@@ -132,3 +163,13 @@ class RichReporter(Reporter):
 
     def note(self, text: str) -> None:
         self.progress.console.print(f"  {text}")
+
+
+def make_reporter(stream=None) -> Reporter:
+    """:class:`RichReporter` when ``stream`` (default stderr) is a terminal, else
+    :class:`LogReporter` (plain flushed lines). Both are context managers."""
+    stream = stream or sys.stderr
+    isatty = getattr(stream, "isatty", None)
+    if isatty is not None and isatty():
+        return RichReporter()
+    return LogReporter(stream)

@@ -22,17 +22,21 @@ from mlflow.tracking import MlflowClient
 from workflow.provenance import code_version
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["DEVICE_DEPENDENT", "stage_key", "find_reusable"]
+__all__ = ["DEVICE_DEPENDENT", "stage_runtime", "stage_key", "find_reusable"]
 
 DEVICE_DEPENDENT = ("train", "evaluate")
 
 
+def stage_runtime(stage: str, device: str) -> dict[str, str]:
+    """The runtime facts that enter ``stage``'s ``stage_sha`` (the device, for train/evaluate)."""
+    return {"device": device} if stage in DEVICE_DEPENDENT else {}
+
+
 def stage_key(rspec: ResolvedSpec, stage: str, upstream_run_id: str | None, device: str) -> dict[str, str]:
     """The tags that identify a stage's result (set on its run, matched on reuse)."""
-    runtime = {"device": device} if stage in DEVICE_DEPENDENT else {}
     return {
         "stage": stage,
-        "stage_sha": rspec.stage_sha(stage, runtime),
+        "stage_sha": rspec.stage_sha(stage, stage_runtime(stage, device)),
         "upstream_run_id": upstream_run_id or "none",
         "code_version": code_version(),
     }

@@ -26,11 +26,13 @@ RevGNN trains on the whole graph (K = 1) or on K induced subgraphs per step
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import mlflow
 import numpy as np
 
 from workflow.artifacts import ksearch_records, write_csv, write_json
+from workflow.checksums import log_artifact
 from workflow.components import make_trainer
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_grid
@@ -97,13 +99,13 @@ def measure_cluster_split(trainer) -> tuple[dict, list]:
 
 
 def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None = None,
-                  reporter=None) -> tuple[list[dict], dict[str, str]]:
-    """Every method at every K (``<= num_nodes``): edges kept, part sizes and (when the
-    trainer estimates memory) the largest part's estimated peak.
+                  max_k: Mapping[str, int] | None = None, reporter=None) -> tuple[list[dict], dict[str, str]]:
+    """Every method at every K (``<= num_nodes``, ``<= max_k[method]``): edges kept, part
+    sizes and (when the trainer estimates memory) the largest part's estimated peak.
 
     Returns:
         ``(rows, skipped)``: one row per (method, K) tried (``error`` set when it
-        failed) and ``{method: reason}`` for methods cut short.
+        failed) and ``{method: reason}`` naming the Ks not tried and why.
     """
     from betty.models.rev_training import cluster_partition
 
@@ -123,7 +125,8 @@ def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None
                 "imbalance": report["imbalance"],
                 "peak_estimated_bytes": max(est) if est else None, "time_partition_s": took}
 
-    return sweep_grid(methods, ks, measure, time_limit_s=time_limit_s, reporter=reporter)
+    return sweep_grid(methods, ks, measure, time_limit_s=time_limit_s, max_k=max_k,
+                      reporter=reporter)
 
 
 def partition_stage(ctx: StageContext) -> dict[str, float]:
@@ -145,22 +148,23 @@ def partition_stage(ctx: StageContext) -> dict[str, float]:
         rows.append(row)
         log_metrics({"part_nodes": row["num_nodes"], "part_edges": row["num_edges"],
                      "part_train": row["num_train"], "part_estimated_bytes": row["estimated_bytes"]}, step=i)
-    mlflow.log_artifact(str(write_csv(ctx.workdir / "parts.csv", rows)))
+    log_artifact(write_csv(ctx.workdir / "parts.csv", rows))
     labels = np.empty(ds.num_nodes, dtype=np.int64)
     for i, part in enumerate(parts):
         labels[part.node_ids.cpu().numpy()] = i
     path = ctx.workdir / "partition.npz"
     np.savez_compressed(path, part=labels)
-    mlflow.log_artifact(str(path))
+    log_artifact(path)
     if searches:
-        mlflow.log_artifact(str(write_json(ctx.workdir / "ksearch.json", ksearch_records(searches))))
+        log_artifact(write_json(ctx.workdir / "ksearch.json", ksearch_records(searches)))
     regime = "full graph" if len(parts) == 1 else f"{report['method']} clusters"
     ctx.reporter.note(f"{regime} K={len(parts)}: {min(report['part_nodes']):,}-{max(report['part_nodes']):,} "
                       f"nodes per part, {report['edges_kept_fraction']:.1%} of the edges kept")
     if p.sweep.k:
         methods = p.sweep.methods or list(DEFAULT_SWEEP_METHODS)
         table, skipped = cluster_sweep(trainer, p.sweep.k, methods, seed=spec.sampling.seed,
-                                       time_limit_s=p.sweep.time_limit_s, reporter=ctx.reporter)
+                                       time_limit_s=p.sweep.time_limit_s, max_k=p.sweep.max_k,
+                                       reporter=ctx.reporter)
         for row in table:
             if row.get("edges_kept_fraction") is not None:
                 log_metrics({f"sweep_edges_kept.{row['method']}": row["edges_kept_fraction"],

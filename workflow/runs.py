@@ -3,8 +3,10 @@
 Every run this package creates is opened with :func:`tracked_run`, which
 
 * tags it: ``run_kind`` (``main`` | ``stage`` | ``repeat``), ``stage``, ``spec_sha``,
-  ``spec_name``, ``dataset``, ``device``, ``code_version``, ``git_commit``, and for stages
-  ``stage_sha`` and ``upstream_run_id`` (the reuse key, see :mod:`workflow.reuse`);
+  ``spec_name``, ``dataset``, ``device``, ``code_version``, ``git_commit``, the process
+  doing the work (``betty.host``, ``betty.pid``: ``betty cleanup`` finds runs whose
+  process is gone), and for stages ``stage_sha`` and ``upstream_run_id`` (the reuse
+  key, see :mod:`workflow.reuse`);
 * marks its experiment as model training (:func:`workflow.tracking.mark_model_training`);
 * logs the flattened resolved spec as params (``spec.<key.path>``) and the resolved spec
   as the ``spec.yaml`` artifact;
@@ -20,6 +22,8 @@ unless ``MLFLOW_TRACKING_URI`` is set. Under ``mlflow run`` the process's run
 from __future__ import annotations
 
 import math
+import os
+import socket
 import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -29,6 +33,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from workflow.provenance import code_version, git_commit
+from workflow.signals import shield
 from workflow.specfile import ResolvedSpec
 from workflow.tracking import mark_model_training
 
@@ -116,15 +121,17 @@ def record_failure(run_id: str, exc: BaseException) -> None:
 
 def mark_failed(run_id: str, exc: BaseException) -> None:
     """Record ``exc`` on ``run_id`` and end it ``FAILED`` (``KILLED`` for
-    ``KeyboardInterrupt``) unless it has already ended."""
-    record_failure(run_id, exc)
-    client = MlflowClient()
-    try:
-        status = client.get_run(run_id).info.status
-        if status in ("RUNNING", "SCHEDULED"):
-            client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
-    except Exception:  # noqa: BLE001
-        pass
+    ``KeyboardInterrupt``) unless it has already ended. Signals meanwhile are held
+    back (:func:`workflow.signals.shield`)."""
+    with shield():
+        record_failure(run_id, exc)
+        client = MlflowClient()
+        try:
+            status = client.get_run(run_id).info.status
+            if status in ("RUNNING", "SCHEDULED"):
+                client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,
@@ -137,6 +144,8 @@ def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,
         "dataset": rspec.spec.dataset.name,
         "code_version": code_version(),
         "git_commit": git_commit() or "none",
+        "betty.host": socket.gethostname(),
+        "betty.pid": str(os.getpid()),
     }
     if rspec.source:
         tags["spec_source"] = rspec.source
@@ -165,9 +174,10 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
             mlflow.log_text(rspec.yaml(), "spec.yaml")
         yield run
     except BaseException as exc:
-        record_failure(run_id, exc)
-        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-        _end(run_id, status)
+        with shield():  # a second Ctrl-C must not leave the run RUNNING
+            record_failure(run_id, exc)
+            status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+            _end(run_id, status)
         raise
     else:
         _end(run_id, "FINISHED")

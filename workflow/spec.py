@@ -278,13 +278,24 @@ class ModelSection(_Section):
 
 class SweepSection(_Section):
     """The partition stage's comparison table: every method in ``methods`` (``null``:
-    all registered) at every K in ``k`` no larger than the batch's output count;
+    all registered) at every K in ``k`` no larger than the batch's output count.
+    ``max_k`` (``{method: K}``) bounds a method's Ks the same way on every machine;
     ``time_limit_s`` stops a method's larger Ks once one K took longer (``null``: no
-    limit). An empty ``k`` list turns the sweep off."""
+    limit; depends on the machine and its load, so prefer ``max_k``). Skipped Ks and
+    why are logged in the ``sweep_skipped`` tag. An empty ``k`` list turns the sweep
+    off."""
 
     k: list[Annotated[int, Field(ge=2)]] = Field(default_factory=lambda: list(DEFAULT_SWEEP_K))
     methods: list[str] | None = None
+    max_k: dict[str, Annotated[int, Field(ge=2)]] = Field(default_factory=dict)
     time_limit_s: Annotated[float, Field(gt=0)] | None = None
+
+    @field_validator("max_k")
+    @classmethod
+    def _max_k(cls, value: dict[str, int]) -> dict[str, int]:
+        for m in value:
+            _library_choice("partition method", m, _partition_methods())
+        return value
 
     @field_validator("methods")
     @classmethod

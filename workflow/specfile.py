@@ -93,14 +93,25 @@ def find_spec(ref: str | os.PathLike) -> Path:
 
 
 def _read_yaml(path: Path) -> dict:
+    """The spec file's mapping. Errors name the file (and for YAML syntax errors the line
+    and column), an empty file is reported as such."""
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SpecError([Problem("spec", str(path), f"is not valid YAML: {err}")]) from None
+        text = path.read_text()
     except OSError as err:
         raise SpecError([Problem("spec", str(path), f"cannot be read: {err.strerror}")]) from None
+    if not text.strip() or all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()):
+        raise SpecError([Problem("spec", str(path), "spec file is empty")])
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context = getattr(err, "context", None)
+        detail = f"{context}, {what}" if context else what
+        raise SpecError([Problem("spec", where, f"is not valid YAML: {detail}")]) from None
     if raw is None:
-        raw = {}
+        raise SpecError([Problem("spec", str(path), "spec file is empty")])
     if not isinstance(raw, dict):
         raise SpecError([Problem("spec", str(path), f"must be a YAML mapping, got {type(raw).__name__}")])
     return raw

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 import socket
 import uuid
 from collections.abc import Callable
@@ -62,6 +63,30 @@ def _quiesce() -> None:
     time.sleep(0.2)
 
 
+# What a collective raises on a rank whose peer process died (gloo's TCP transport).
+_PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+PEER_LOSS_DELAY_S = 2.0
+
+
+def _defer_peer_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, but a rank that fails only because a peer vanished waits before failing.
+
+    When rank r raises, its process exits and every other rank's pending collective fails
+    with "connection closed by peer" a moment later. The launcher reports the first rank
+    it sees exit, so without this delay the report could name a bystander instead of r;
+    with it, the rank with the real error exits first (the launcher polls every 0.1 s).
+    """
+    def run(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except RuntimeError as exc:
+            if any(text in str(exc) for text in _PEER_LOSS):
+                time.sleep(PEER_LOSS_DELAY_S)
+            raise
+
+    return run
+
+
 def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, *args: Any) -> Any:
     """Body of one rank: set threads and device, join the group, run ``fn``, leave."""
     import torch.distributed as dist
@@ -73,7 +98,7 @@ def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, *args:
         torch.cuda.set_device(rank_device())
     dist.init_process_group(backend)
     try:
-        result = record(fn)(*args)
+        result = record(_defer_peer_loss(fn))(*args)
         _quiesce()
     finally:
         dist.destroy_process_group()

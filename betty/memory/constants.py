@@ -26,6 +26,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "default_backend",
     "save_user_constants",
     "onednn_lstm_workspace_bytes",
+    "onednn_lstm_state_arrays",
 ]
 
 BACKENDS = ("cpu", "cuda", "cuda-nocudnn")
@@ -133,7 +135,35 @@ def _onednn_ld(dim: int) -> int:
     return ld + 16 if ld % 256 == 0 else ld
 
 
-def onednn_lstm_workspace_bytes(steps, seqs, width: int):
+@lru_cache(maxsize=None)
+def onednn_lstm_state_arrays() -> int:
+    """How many ``ld``-padded state arrays this torch build's oneDNN LSTM workspace holds
+    (see :func:`onednn_lstm_workspace_bytes`): 5 with torch 2.2.1 (oneDNN 2.x), 3 with
+    torch 2.13 (oneDNN 3.x). Read off one float32 LSTM call with T = B = 1, W = 8, whose
+    every workspace region is one page: ``pages - 4`` (gates, hidden outputs and the two
+    unpadded state arrays are the other four)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Workspace(TorchDispatchMode):
+        nbytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.mkldnn_rnn_layer.default:
+                self.nbytes = out[3].untyped_storage().nbytes()
+            return out
+
+    lstm = torch.nn.LSTM(8, 8, batch_first=True)
+    x = torch.zeros(1, 1, 8, requires_grad=True)
+    probe = _Workspace()
+    with probe:
+        lstm(x)
+    if probe.nbytes == 0:  # no oneDNN LSTM in this build: the formula of torch 2.2.1
+        return 5
+    return int(probe.nbytes // ONEDNN_PAGE_BYTES) - 4
+
+
+def onednn_lstm_workspace_bytes(steps, seqs, width: int, state_arrays: int | None = None):
     """Bytes of the training workspace oneDNN allocates for one single-layer,
     unidirectional float32 LSTM call over ``seqs`` sequences of ``steps`` steps with
     input and hidden width ``width`` (what ``torch.ops.aten.mkldnn_rnn_layer`` returns as
@@ -144,7 +174,10 @@ def onednn_lstm_workspace_bytes(steps, seqs, width: int):
     ``2(T+1)·B·ld(W)`` and two ``2(T+1)·B·W`` (layer and iteration states, cell states
     and their gradients, for the 2 = layers + 1 state slots), float32 each, with
     ``ld`` from :func:`_onednn_ld`. Matched byte for byte on 192 (T, B, W) combinations
-    (T 1-12, B 1-300, W 8-256) with torch 2.2.1 here.
+    (T 1-12, B 1-300, W 8-256) with torch 2.2.1 here. Newer oneDNN (torch 2.13) keeps
+    three padded state arrays instead of five (matched on 216 combinations, T 1-12,
+    B 1-300, W 8-256); ``state_arrays`` defaults to this build's count
+    (:func:`onednn_lstm_state_arrays`).
     """
     import numpy as np
 
@@ -155,9 +188,10 @@ def onednn_lstm_workspace_bytes(steps, seqs, width: int):
     def pages(nbytes):
         return np.ceil(nbytes / ONEDNN_PAGE_BYTES)
 
+    n_ld = onednn_lstm_state_arrays() if state_arrays is None else int(state_arrays)
     state = 2.0 * (t + 1.0) * b * 4.0
     total = (pages(t * b * _onednn_ld(4 * w) * 4.0) + pages(t * b * _onednn_ld(w) * 4.0)
-             + 5.0 * pages(state * _onednn_ld(w)) + 2.0 * pages(state * w))
+             + n_ld * pages(state * _onednn_ld(w)) + 2.0 * pages(state * w))
     return total * ONEDNN_PAGE_BYTES
 
 

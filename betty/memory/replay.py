@@ -6,7 +6,9 @@ storage as it is created and when its last holder lets go of it:
 
 1. **Blocks**: the two int64 edge-index copies per layer betty hands to
    ``dgl.create_block`` (``2·E_l·8`` bytes), plus DGL's device-side graph formats
-   (backend constants; 0 on the host, where they live outside PyTorch).
+   (backend constants; 0 on the host, where they live outside PyTorch); on PyG the
+   ``(2, E_l)`` ``edge_index`` of a :class:`~betty.backends.pyg_backend.PygBlock`
+   (the same bytes) and nothing else.
 2. **Global IDs** for deterministic dropout: ``n_src_l·8`` per layer (feature dropout),
    ``E_l·8`` per layer (GAT attention dropout).
 3. **Features** ``n_in·F`` elements (then a cast copy if the compute dtype differs) and
@@ -24,7 +26,20 @@ storage as it is created and when its last holder lets go of it:
 The sequences were read off the code of DGL 2.1's ``SAGEConv`` (mean / gcn / pool /
 lstm, with ``lin_before_mp`` when ``in_feats > out_feats``), ``betty.models.gat``,
 ``betty.models.dropout`` and PyTorch 2.2's autograd, and checked op by op against a
-dispatch-mode trace. The peak is therefore the maximum over the whole timeline (end of
+dispatch-mode trace.
+
+**Backends.** ``ModelSpec.backend`` (read off the model) picks the op sequences where the
+GNN backend's ops differ; everything else (parameters, dropout, features, labels,
+linear layers, activations, loss, gradient accumulation) is one code path. The PyG
+backend (:mod:`betty.backends.pyg_backend`, PyG 2.8) aggregates by gathering the
+``(E, W)`` messages and scattering them into zeros, and the backward of such a gather is
+an ``index_put`` into zeros (DGL's fused kernels have no per-edge tensor); its max
+aggregation is a ``scatter_reduce_`` that autograd saves with a clone of its zeros; its
+LSTM gathers a ``(B, d, W)`` mailbox per in-degree bucket and shares one zero state for
+``h0`` and ``c0``; its GAT gathers ``el[src]``, ``er[dst]`` and ``z[src]`` and runs
+``torch_geometric.utils.softmax`` (max, ``exp``, sum, gathered denominator, division).
+Where only ``fc_self`` keeps a layer's input (mean without ``lin_before_mp``, LSTM) the
+input is freed with ``fc_self``'s backward, since a gather keeps only its index. The peak is therefore the maximum over the whole timeline (end of
 forward, the widest layer's transient, inside the backward where gradients of one
 layer coexist with saved activations of the layers below), not a sum of parts.
 
@@ -110,6 +125,7 @@ class _Replayer:
         self.fresh = np.asarray(cfg.fresh_grads, dtype=bool)
         self.pelt = cfg.model.param_dtype.itemsize
         self.shapes = parameter_shapes(cfg.model)
+        self.pyg = cfg.model.backend == "pyg"
 
     # ------------------------------------------------------------------ params
     def param_grads(self, shapes, tag: str) -> None:
@@ -155,19 +171,21 @@ class _Replayer:
         return out
 
     def _hash_mask(self, n, width: int, tag: str) -> None:
-        # SplitMix64 of the (n,) row IDs: three int64 vectors alive at once, one kept
+        # SplitMix64 of the (n,) row IDs and of the (width,) column IDs: three int64
+        # vectors alive at once, one kept, for each
         tl = self.tl
         self._rows = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout row words")
         a = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout mix")
         b = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout mix")
         tl.release(a, b)
+        self._cols = tl.alloc(width * INDEX_BYTES, DROP, f"{tag} dropout column words")
 
     def _hash_chunks(self, n, width: int, tag: str) -> None:
         tl = self.tl
         rows_per_chunk = np.minimum(n, max(1, _DROPOUT_CHUNK_ELEMENTS // max(width, 1)))
         scratch = tl.alloc(rows_per_chunk * width * INDEX_BYTES, DROP, f"{tag} dropout scratch")
         keep = tl.alloc(rows_per_chunk * width, DROP, f"{tag} dropout keep chunk")
-        tl.release(self._rows, scratch, keep)
+        tl.release(self._rows, self._cols, scratch, keep)
 
     def dropout_bwd(self, g: Buffer, n, width: int, tag: str, mask: Buffer | None = None) -> Buffer:
         tl, e = self.tl, self.e
@@ -194,6 +212,31 @@ class _Replayer:
         tl.release(g_full, sb)
         return acc
 
+    def bucket_sum(self, run, have, new, mask, tag: str):
+        """Sum per-bucket gradients out of place, in the pieces that have the bucket.
+
+        ``run``: per tensor, the buffers holding the running sum (None before the first
+        bucket); ``have``: ``(P,)`` pieces where a running sum exists; ``new``: this
+        bucket's gradient per tensor (0 bytes where ``mask`` is False, the pieces
+        without this degree bucket). Where ``mask & have`` each tensor's sum is
+        allocated and its old parts freed (tensor by tensor), then the bucket's own
+        gradients are freed; where only ``mask`` the bucket's gradient becomes the sum.
+        Returns ``(run, have)``.
+        """
+        tl = self.tl
+        if run is None:
+            return [[b] for b in new], np.asarray(mask, dtype=bool).copy()
+        both = mask & have
+        out = []
+        for parts, b in zip(run, new):
+            summed = tl.alloc(np.where(both, b.size, 0.0), b.component, f"{tag} sum")
+            for part in parts:
+                tl.free_where(part, both)
+            out.append(parts + [summed])
+        for b in new:
+            tl.free_where(b, both)
+        return [parts + [b] for parts, b in zip(out, new)], have | mask
+
     # ------------------------------------------------------------------ SAGE
     def sage_layer(self, l: int, h: Buffer, h_grad: bool):
         s, tl, e = self.s, self.tl, self.e
@@ -204,12 +247,56 @@ class _Replayer:
         tag = f"layer {l} sage-{agg}"
         shp = self.shapes[l]
         if agg == "mean":
-            return self._sage_mean(tag, shp, h, h_grad, n_src, n_dst, wi, wo, lbm)
+            return self._sage_mean(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm)
         if agg == "gcn":
-            return self._sage_gcn(tag, shp, h, h_grad, n_src, n_dst, wi, wo, lbm)
+            return self._sage_gcn(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm)
         if agg == "pool":
-            return self._sage_pool(tag, shp, h, h_grad, n_src, n_dst, wi, wo)
-        return self._sage_lstm(tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo)
+            pool = self._pyg_sage_pool if self.pyg else self._sage_pool
+            return pool(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo)
+        lstm = self._pyg_sage_lstm if self.pyg else self._sage_lstm
+        return lstm(tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo)
+
+    # ------------------------------------------------------------------ aggregations
+    # The two backends aggregate with different ops: DGL with fused sparse kernels
+    # (gspmm: no per-edge tensor), PyG with a gather of the (E, W) messages and a
+    # scatter into zeros (scatter's backward: a gather, then index_put into zeros).
+    def _mean_aggregate(self, tag, n_dst, n_e, w):
+        """Mean over in-edges of a ``(n_src, w)`` input: ``(degrees, mean)`` buffers."""
+        tl, e = self.tl, self.e
+        if self.pyg:  # scatter(x[src], dst, reduce="mean")
+            msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
+            c0 = tl.alloc(n_dst * e, AGG, f"{tag} count zeros")
+            tl.temp(n_e * e, AGG, f"{tag} count ones")
+            deg = tl.alloc(n_dst * e, AGG, f"{tag} count clamp")
+            tl.release(c0)
+            z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
+            q = tl.alloc(n_dst * w * e, AGG, f"{tag} mean")
+            tl.release(msg, z)
+            return deg, q
+        z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
+        deg = self._degrees(n_dst, tag, clamp=True)
+        q = tl.alloc(n_dst * w * e, AGG, f"{tag} mean")
+        tl.release(z)
+        return deg, q
+
+    def _copy_u_sum_bwd(self, g_dst: Buffer, n_src, n_e, w, tag) -> Buffer:
+        """Gradient ``(n_src, w)`` of a sum over in-edges from the ``(n_dst, w)``
+        gradient ``g_dst`` (released)."""
+        tl, e = self.tl, self.e
+        if not self.pyg:
+            gz = tl.alloc(n_src * w * e, BWD, f"{tag} grad h (gspmm)")
+            tl.release(g_dst)
+            return gz
+        ge = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages (gather)")
+        tl.release(g_dst)
+        return self._index_bwd(ge, n_src, w, tag)
+
+    def _index_bwd(self, g_rows: Buffer, n_src, w, tag) -> Buffer:
+        """Backward of ``x[index]`` (``x`` of ``(n_src, w)``): zeros, then an
+        out-of-place ``index_put`` accumulating ``g_rows`` (released)."""
+        gi = self._index_bwd_alloc(n_src, w, tag)
+        self.tl.release(g_rows)
+        return gi
 
     def _degrees(self, n_dst, tag, clamp: bool) -> Buffer:
         """``in_degrees()`` as a float vector (DGL's result itself is not a torch tensor)."""
@@ -222,7 +309,7 @@ class _Replayer:
             return d
         return tl.alloc(n_dst * self.e, AGG, f"{tag} degrees")
 
-    def _sage_mean(self, tag, shp, h, h_grad, n_src, n_dst, wi, wo, lbm):
+    def _sage_mean(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm):
         tl, e = self.tl, self.e
         fc_neigh, fc_self = [shp[0]], shp[1:]
         agg_grad = h_grad or lbm
@@ -231,10 +318,7 @@ class _Replayer:
             w = wo
         else:
             m, w = None, wi
-        z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
-        deg = self._degrees(n_dst, tag, clamp=True)
-        q = tl.alloc(n_dst * w * e, AGG, f"{tag} mean")
-        tl.release(z)
+        deg, q = self._mean_aggregate(tag, n_dst, n_e, w)
         if not agg_grad:
             tl.release(deg)
             deg = None
@@ -252,11 +336,14 @@ class _Replayer:
         def backward(g: Buffer) -> Buffer | None:
             gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
             self.param_grads(fc_self, f"{tag} fc_self")
+            h_kept = h
+            if self.pyg and not lbm:  # only fc_self kept h (the gather keeps its index)
+                tl.release(h)
+                h_kept = None
             if lbm:
                 gd = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad mean")
                 tl.release(g, deg)
-                gz = tl.alloc(n_src * wo * e, BWD, f"{tag} grad fc_neigh(src)")
-                tl.release(gd)
+                gz = self._copy_u_sum_bwd(gd, n_src, n_e, wo, tag)
                 self.param_grads(fc_neigh, f"{tag} fc_neigh")
                 gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
                 tl.release(gz)
@@ -266,18 +353,17 @@ class _Replayer:
             gq = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad mean") if h_grad else None
             tl.release(g, q)
             if not h_grad:
-                tl.release(h)
+                tl.release(h_kept)
                 return None
             gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad sum")
             tl.release(gq, deg)
-            gz = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h (gspmm)")
-            tl.release(gd)
-            tl.release(h)
+            gz = self._copy_u_sum_bwd(gd, n_src, n_e, wi, tag)
+            tl.release(h_kept)
             return self.accumulate_src_grad(gz, gs, n_src, wi, tag)
 
         return out, backward
 
-    def _sage_gcn(self, tag, shp, h, h_grad, n_src, n_dst, wi, wo, lbm):
+    def _sage_gcn(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm):
         tl, e = self.tl, self.e
         fc_neigh, bias = [shp[0]], [shp[1]]
         agg_grad = h_grad or lbm
@@ -286,12 +372,7 @@ class _Replayer:
             w = wo
         else:
             m, w = None, wi
-        z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
-        deg = self._degrees(n_dst, tag, clamp=False)
-        sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
-        deg1 = tl.alloc(n_dst * e, AGG, f"{tag} degrees + 1")
-        q = tl.alloc(n_dst * w * e, AGG, f"{tag} normalized")
-        tl.release(sm)
+        z, deg, deg1, q = self._gcn_aggregate(tag, n_dst, n_e, w)
         if not agg_grad:
             tl.release(deg1)
             deg1 = None
@@ -310,8 +391,7 @@ class _Replayer:
             if lbm:
                 gd = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad normalized")
                 tl.release(g, deg1)
-                gz = tl.alloc(n_src * wo * e, BWD, f"{tag} grad fc_neigh(src)")
-                acc = self.accumulate_src_grad(gz, gd, n_src, wo, tag)
+                acc = self._gcn_neigh_bwd(gd, n_src, n_e, wo, tag)
                 self.param_grads(fc_neigh, f"{tag} fc_neigh")
                 gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
                 tl.release(acc, h)
@@ -323,12 +403,47 @@ class _Replayer:
                 return None
             gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad sum + self")
             tl.release(gq, deg1)
-            gz = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h (gspmm)")
-            return self.accumulate_src_grad(gz, gd, n_src, wi, tag)
+            return self._gcn_neigh_bwd(gd, n_src, n_e, wi, tag)
 
         return out, backward
 
-    def _sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, wi, wo):
+    def _gcn_aggregate(self, tag, n_dst, n_e, w):
+        """``(sum_{in-edges} x_src + x_dst) / (deg + 1)``: the ``(sum, degrees,
+        degrees + 1, normalized)`` buffers (``sum`` None where it is already freed)."""
+        tl, e = self.tl, self.e
+        if self.pyg:  # in_degrees() (bincount, cast), scatter(x[src], dst, reduce="sum")
+            bc = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bincount")
+            deg = tl.alloc(n_dst * e, AGG, f"{tag} degrees")
+            tl.release(bc)
+            msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
+            z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
+            tl.release(msg)
+            sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
+            tl.release(z)
+            z = None
+        else:
+            z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
+            deg = self._degrees(n_dst, tag, clamp=False)
+            sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
+        deg1 = tl.alloc(n_dst * e, AGG, f"{tag} degrees + 1")
+        q = tl.alloc(n_dst * w * e, AGG, f"{tag} normalized")
+        tl.release(sm)
+        return z, deg, deg1, q
+
+    def _gcn_neigh_bwd(self, gd: Buffer, n_src, n_e, w, tag) -> Buffer:
+        """``(n_src, w)`` gradient of ``sum_{in-edges} x_src + x_src[:n_dst]`` from
+        ``gd`` ``(n_dst, w)`` (released)."""
+        tl, e = self.tl, self.e
+        if not self.pyg:
+            gz = tl.alloc(n_src * w * e, BWD, f"{tag} grad h (gspmm)")
+            return self.accumulate_src_grad(gz, gd, n_src, w, tag)
+        sb = tl.alloc(n_src * w * e, BWD, f"{tag} slice_backward")
+        gi = self._copy_u_sum_bwd(gd, n_src, n_e, w, tag)
+        acc = tl.alloc(n_src * w * e, BWD, f"{tag} grad accumulate")
+        tl.release(sb, gi)
+        return acc
+
+    def _sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo):
         tl, e = self.tl, self.e
         fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
         p1 = tl.alloc(n_src * wi * e, AGG, f"{tag} fc_pool")
@@ -428,22 +543,19 @@ class _Replayer:
             tl.release(gn, cat_idx, cat)
             acc = None
             lstm_grad = None
+            have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
             for t, b, bufs in reversed(saved):
+                m = b > 0  # the pieces that have this bucket (DGL buckets the degrees present)
                 gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
                 tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
-                new = [tl.alloc(nb, GRADS, f"{tag} lstm weight grad") for nb in lstm_param_bytes]
+                new = [tl.alloc(np.where(m, nb, 0), GRADS, f"{tag} lstm weight grad")
+                       for nb in lstm_param_bytes]
                 tl.temp(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
                 tl.release(*bufs)  # the node's saved tensors go before its outputs are summed
-                if lstm_grad is not None:
-                    # the engine sums each parameter's gradients out of place, one
-                    # parameter at a time, then drops the bucket's own gradients
-                    summed = []
-                    for old, nb in zip(lstm_grad, lstm_param_bytes):
-                        summed.append(tl.alloc(nb, GRADS, f"{tag} lstm weight grads sum"))
-                        tl.release(old)
-                    tl.release(*new)
-                    new = summed
-                lstm_grad = new
+                # the engine sums each parameter's gradients out of place, one parameter
+                # at a time, then drops the bucket's own gradients
+                lstm_grad, have_grad = self.bucket_sum(lstm_grad, have_grad, new, m,
+                                                       f"{tag} lstm weight grads")
                 if not h_grad:
                     tl.release(gx)
                     continue
@@ -451,27 +563,197 @@ class _Replayer:
                     gxb = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input batch-major deg {t}")
                     tl.release(gx)
                     gx = gxb
-                zeros = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages zeros deg {t}")
-                ia = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages deg {t}")
+                ne = np.where(m, n_e * w * e, 0)
+                zeros = tl.alloc(ne, BWD, f"{tag} grad messages zeros deg {t}")
+                ia = tl.alloc(ne, BWD, f"{tag} grad messages deg {t}")
                 tl.release(zeros, gx)
-                if acc is None:
-                    acc = ia
-                else:
-                    summed = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages sum")
-                    tl.release(acc, ia)
-                    acc = summed
+                acc, have_acc = self.bucket_sum(acc, have_acc, [ia], m, f"{tag} grad messages")
             tl.release(gc)
             if lstm_grad is not None:
                 # AccumulateGrad: the sum becomes .grad on a fresh piece (kept), else it is
                 # added in place into .grad and freed
-                for buf in lstm_grad:
-                    tl.release_where(buf, ~self.fresh)
+                for parts in lstm_grad:
+                    for buf in parts:
+                        tl.release_where(buf, ~self.fresh)
             tl.release(h)
             if not h_grad:
                 return None
             gsrc = tl.alloc(n_src * w * e, BWD, f"{tag} grad h (copy_u)")
-            tl.release(acc)
+            tl.release(*(acc[0] if acc is not None else []))
             return self.accumulate_src_grad(gsrc, gs, n_src, wi, tag)
+
+        return out, backward
+
+    # ------------------------------------------------------------------ SAGE, PyG ops
+    def _pyg_sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo):
+        """PygSAGEConv pool: ``relu(fc_pool(h))``, then ``scatter(reduce="max")``
+        (a ``scatter_reduce_`` into zeros that autograd saves with a clone of the zeros
+        and the messages; its backward finds the arg-max by comparisons)."""
+        tl, e = self.tl, self.e
+        fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
+        p1 = tl.alloc(n_src * wi * e, AGG, f"{tag} fc_pool")
+        p2 = tl.alloc(n_src * wi * e, AGG, f"{tag} relu(fc_pool)")
+        tl.release(p1)
+        tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
+        msg = tl.alloc(n_e * wi * e, AGG, f"{tag} messages")
+        z = tl.alloc(n_dst * wi * e, AGG, f"{tag} max")
+        cl = tl.alloc(n_dst * wi * e, AGG, f"{tag} max zeros (saved clone)")
+        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
+        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+        tl.release(f, mm)
+
+        def backward(g: Buffer) -> Buffer | None:
+            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
+            self.param_grads(fc_self, f"{tag} fc_self")
+            self.param_grads(fc_neigh, f"{tag} fc_neigh")
+            gz = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max")
+            tl.release(g)
+            # scatter_reduce(amax) backward: which entries reached the max, how many tie
+            val = tl.alloc(n_e * wi * e, BWD, f"{tag} max gathered")
+            eq = tl.alloc(n_dst * wi, BWD, f"{tag} self == max")
+            t1 = tl.alloc(n_dst * wi * e, BWD, f"{tag} self == max (float)")
+            tl.release(eq)
+            eq = tl.alloc(n_e * wi, BWD, f"{tag} src == max")
+            t2 = tl.alloc(n_e * wi * e, BWD, f"{tag} src == max (float)")
+            tl.release(eq)
+            ties = tl.alloc(n_dst * wi * e, BWD, f"{tag} ties")
+            gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad / ties")
+            eq = tl.alloc(n_dst * wi, BWD, f"{tag} self == max")
+            gself = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad self")
+            tl.release(eq)
+            gg = tl.alloc(n_e * wi * e, BWD, f"{tag} grad gathered")
+            eq = tl.alloc(n_e * wi, BWD, f"{tag} src == max")
+            gsrc = tl.alloc(n_e * wi * e, BWD, f"{tag} grad messages")
+            tl.release(eq, gg)
+            tl.release(gd, ties, t2, t1, val)
+            tl.temp(n_dst * wi * e, BWD, f"{tag} grad self (scatter)")
+            tl.release(gself)
+            tl.release(gz, cl, msg, z)
+            gi = self._index_bwd(gsrc, n_src, wi, tag)
+            gr = tl.alloc(n_src * wi * e, BWD, f"{tag} grad fc_pool")
+            tl.release(gi, p2)
+            gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+            self.param_grads(fc_pool, f"{tag} fc_pool")
+            tl.release(gr)
+            tl.release(h)
+            return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
+
+        return out, backward
+
+    def _pyg_sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
+        """:func:`betty.backends.pyg_backend.lstm_aggregate`: edges sorted by
+        destination, then one LSTM call per in-degree bucket on a mailbox gathered from
+        ``h`` (``(B, d, W)``, its index kept for backward when ``h`` needs a gradient),
+        the buckets' last hidden states put into zeros."""
+        tl, e, c = self.tl, self.e, self.cfg.constants
+        lstm_params, fc_neigh, fc_self = shp[0:4], [shp[4]], shp[5:]
+        w = wi
+        degs, counts = self.s.degrees[l], self.s.degree_counts[l]
+        n_nonzero = sum((counts[:, j] for j, t in enumerate(degs.tolist()) if t > 0),
+                        np.zeros(self.s.num_pieces))
+        book = [tl.alloc(n_e * INDEX_BYTES, AGG, f"{tag} edge order"),
+                tl.alloc(n_e * INDEX_BYTES, AGG, f"{tag} sorted sources"),
+                tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} in-degrees")]
+        cs = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} cumsum")
+        book.append(tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} first edge"))
+        tl.release(cs)
+        gt = tl.alloc(n_dst, AGG, f"{tag} degree > 0")
+        nz = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} nonzero degrees")
+        tl.release(gt, nz)
+        saved, results = [], []
+        steps = mailbox = c_last = None
+        for j, t in enumerate(degs.tolist()):
+            if t == 0:
+                continue
+            b = counts[:, j]
+            eq = tl.alloc(np.where(b > 0, n_dst, 0), AGG, f"{tag} degree == {t}")
+            book.append(tl.alloc(b * INDEX_BYTES, AGG, f"{tag} nodes deg {t}"))
+            tl.release(eq)
+            first = tl.alloc(b * INDEX_BYTES, AGG, f"{tag} first edges deg {t}")
+            new_steps = tl.alloc(b * t * INDEX_BYTES, AGG, f"{tag} steps deg {t}")
+            tl.release(first, steps)
+            steps = new_steps
+            idx = tl.alloc(b * t * INDEX_BYTES, AGG, f"{tag} mailbox index deg {t}")
+            mb = tl.alloc(b * t * w * e, LSTM, f"{tag} mailbox deg {t}")
+            if not h_grad:  # the gather saves its index only when h needs a gradient
+                tl.release(idx)
+                idx = None
+            tl.release(mailbox)
+            z0 = tl.alloc(b * w * e, LSTM, f"{tag} h0 = c0 deg {t}")
+            if t > 1:
+                x_in = tl.alloc(t * b * w * e, LSTM, f"{tag} time-major input deg {t}")
+                mailbox = mb
+            else:
+                x_in = mb  # (B, 1, W) is already time-major: saved as is
+                mailbox = None
+            o = tl.alloc(t * b * w * e, LSTM, f"{tag} lstm output deg {t}")
+            hy = tl.alloc(b * w * e, LSTM, f"{tag} h_T deg {t}")
+            cy = tl.alloc(b * w * e, LSTM, f"{tag} c_T deg {t}")
+            ws = tl.alloc(c.lstm_saved_bytes(t, b, w, e), LSTM, f"{tag} lstm state deg {t}")
+            results.append(tl.alloc(b * w * e, LSTM, f"{tag} h_n deg {t}"))
+            c_new = tl.alloc(b * w * e, LSTM, f"{tag} c_n deg {t}")
+            tl.release(c_last)
+            c_last = c_new
+            saved.append((t, b, [z0, x_in, o, hy, cy, ws], idx))
+        z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
+        cat_idx = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} bucket result index")
+        cat = tl.alloc(n_nonzero * w * e, AGG, f"{tag} bucket results")
+        neigh = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh")
+        tl.release(cat)
+        tl.release(*book, *results, c_last, steps, mailbox, z)
+        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
+        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+        tl.release(f, mm)
+        tl.hold(h)  # fc_self saves h[:n_dst]
+        lstm_param_bytes = [_numel(s) * self.pelt for s in lstm_params]
+
+        def backward(g: Buffer) -> Buffer | None:
+            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
+            self.param_grads(fc_self, f"{tag} fc_self")
+            tl.release(h)  # only fc_self kept h (the mailbox gathers keep their indices)
+            self.param_grads(fc_neigh, f"{tag} fc_neigh")
+            gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
+            tl.release(g, neigh)
+            gc = tl.alloc(n_nonzero * w * e, BWD, f"{tag} grad bucket results")
+            tl.release(gn, cat_idx)
+            acc = lstm_grad = None
+            have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
+            for i, (t, b, bufs, idx) in enumerate(reversed(saved)):
+                m = b > 0  # the pieces that have this bucket
+                gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
+                tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
+                new = [tl.alloc(np.where(m, nb, 0), GRADS, f"{tag} lstm weight grad")
+                       for nb in lstm_param_bytes]
+                gh0 = tl.alloc(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
+                if not h_grad:
+                    tl.release(gx)
+                    gx = None
+                tl.release(gh0)
+                if i == len(saved) - 1:
+                    tl.release(gc)
+                tl.release(*bufs)
+                lstm_grad, have_grad = self.bucket_sum(lstm_grad, have_grad, new, m,
+                                                       f"{tag} lstm weight grads")
+                if gx is None:
+                    continue
+                gi = self._index_bwd_alloc(np.where(m, n_src, 0), w, tag)
+                tl.release(gx, idx)
+                acc, have_acc = self.bucket_sum(acc, have_acc, [gi], m, f"{tag} grad h")
+            if not saved:
+                tl.release(gc)
+            if lstm_grad is not None:
+                for parts in lstm_grad:
+                    for buf in parts:
+                        tl.release_where(buf, ~self.fresh)
+            if not h_grad:
+                return None
+            acc = tl.merge(*acc[0]) if acc is not None else None
+            if not have_acc.all():  # no in-edges in a piece: no index_put ran there
+                zeros = tl.alloc(np.where(have_acc, 0, n_src * w * e), BWD, f"{tag} grad h (zeros)")
+                acc = zeros if acc is None else tl.merge(acc, zeros)
+            return self.accumulate_src_grad(acc, gs, n_src, wi, tag)
 
         return out, backward
 
@@ -491,15 +773,33 @@ class _Replayer:
         el = tl.alloc(n_src * heads * e, ATT, f"{tag} el")
         tl.temp(n_dst * hf * e, ATT, f"{tag} z*attn_r")
         er = tl.alloc(n_dst * heads * e, ATT, f"{tag} er")
-        uav = tl.alloc(n_e * heads * e, ATT, f"{tag} el+er")
+        if self.pyg:  # el[src] + er[dst]: two gathers
+            i1 = tl.alloc(n_e * heads * e, ATT, f"{tag} el[src]")
+            i2 = tl.alloc(n_e * heads * e, ATT, f"{tag} er[dst]")
+            uav = tl.alloc(n_e * heads * e, ATT, f"{tag} el+er")
+            tl.release(i1, i2)
+        else:
+            uav = tl.alloc(n_e * heads * e, ATT, f"{tag} el+er")
         lr = tl.alloc(n_e * heads * e, ATT, f"{tag} leaky_relu")
+        if self.pyg:
+            mx, ex, den = self._pyg_softmax_fwd(n_dst, n_e, heads, tag)
         a = tl.alloc(n_e * heads * e, ATT, f"{tag} edge_softmax")
+        if self.pyg:
+            tl.release(mx)
         attn_drop = cfg.training and cfg.model.attn_dropout > 0
         a_used, amask = a, None
         if attn_drop:
             a_used = self.dropout_fwd(a, n_e, heads, True, f"{tag} attention")
             amask = getattr(self, "_std_mask", None) if cfg.model.dropout_mode == "standard" else None
-        u = tl.alloc(n_dst * hf * e, ACT, f"{tag} u_mul_e_sum")
+        if self.pyg:  # scatter(z[src] * a, dst): the gathered z[src] is saved
+            if attn_drop:
+                tl.release(a)  # the softmax's output is not saved by PyG's ops
+            zs = tl.alloc(n_e * hf * e, ATT, f"{tag} z[src]")
+            m = tl.alloc(n_e * hf * e, ATT, f"{tag} z[src] * a")
+            u = tl.alloc(n_dst * hf * e, ACT, f"{tag} u_mul_e_sum")
+            tl.release(m)
+        else:
+            u = tl.alloc(n_dst * hf * e, ACT, f"{tag} u_mul_e_sum")
         o = tl.alloc(n_dst * hf * e, ACT, f"{tag} out + bias")
         tl.release(el, er, lr, u)
         if last:
@@ -515,20 +815,24 @@ class _Replayer:
                 tl.release(g)
                 g = gm
             self.param_grads([bias], f"{tag} bias")
-            gza = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z (aggregation)")
-            ga = tl.alloc(n_e * heads * e, BWD, f"{tag} grad attention")
-            tl.release(g)
-            if attn_drop:
-                ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
-                tl.release(a_used)
-            t1 = tl.alloc(n_e * heads * e, BWD, f"{tag} softmax backward")
-            gsm = tl.alloc(n_e * heads * e, BWD, f"{tag} grad logits")
-            tl.release(t1, ga, a)
-            lrb = tl.alloc(n_e * heads * e, BWD, f"{tag} grad leaky_relu")
-            tl.release(gsm, uav)
-            gel = tl.alloc(n_src * heads * e, BWD, f"{tag} grad el")
-            ger = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad er")
-            tl.release(lrb)
+            if self.pyg:
+                gza, gel, ger = self._pyg_attention_bwd(g, zs, a_used, amask, attn_drop, ex, den,
+                                                        uav, n_src, n_dst, n_e, heads, hf, tag)
+            else:
+                gza = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z (aggregation)")
+                ga = tl.alloc(n_e * heads * e, BWD, f"{tag} grad attention")
+                tl.release(g)
+                if attn_drop:
+                    ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
+                    tl.release(a_used)
+                t1 = tl.alloc(n_e * heads * e, BWD, f"{tag} softmax backward")
+                gsm = tl.alloc(n_e * heads * e, BWD, f"{tag} grad logits")
+                tl.release(t1, ga, a)
+                lrb = tl.alloc(n_e * heads * e, BWD, f"{tag} grad leaky_relu")
+                tl.release(gsm, uav)
+                gel = tl.alloc(n_src * heads * e, BWD, f"{tag} grad el")
+                ger = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad er")
+                tl.release(lrb)
             gzr = tl.alloc(n_dst * hf * e, BWD, f"{tag} grad z_dst")
             tl.temp(n_dst * hf * e, BWD, f"{tag} grad attn_r")
             self.param_grads([attn_r], f"{tag} attn_r")
@@ -547,6 +851,73 @@ class _Replayer:
 
         return out, backward, o
 
+    def _pyg_softmax_fwd(self, n_dst, n_e, heads, tag):
+        """``torch_geometric.utils.softmax`` up to its last op: the per-destination
+        max (freed after the division), ``exp(x - max[dst])`` and the gathered
+        denominators (both saved by the final division, which the caller allocates)."""
+        tl, e = self.tl, self.e
+        mx = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax max")
+        sel = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax max[dst]")
+        sub = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax x - max")
+        tl.release(sel)
+        ex = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax exp")
+        tl.release(sub)
+        z = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax sum")
+        s = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax sum + eps")
+        tl.release(z)
+        den = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax sum[dst]")
+        tl.release(s)
+        return mx, ex, den
+
+    def _pyg_attention_bwd(self, g, zs, a_used, amask, attn_drop, ex, den, uav,
+                           n_src, n_dst, n_e, heads, hf, tag):
+        """Backward of ``scatter(z[src] * a, dst)``, PyG's softmax and ``el[src] +
+        er[dst]`` from the ``(n_dst, H, F)`` gradient ``g`` (released): the
+        gradients of ``z`` (aggregation path), ``el`` and ``er``."""
+        tl, e = self.tl, self.e
+        eh = n_e * heads * e
+        ge = tl.alloc(n_e * hf * e, BWD, f"{tag} grad messages (gather)")
+        tl.release(g)
+        gzs = tl.alloc(n_e * hf * e, BWD, f"{tag} grad z[src]")
+        gaf = tl.alloc(n_e * hf * e, BWD, f"{tag} grad a (broadcast)")
+        ga = tl.alloc(eh, BWD, f"{tag} grad attention")
+        tl.release(gaf, ge)
+        tl.release(a_used, zs)
+        gza = self._index_bwd(gzs, n_src, hf, tag)
+        if attn_drop:
+            ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
+        # a = ex / den: the denominator's gradient first, then the numerator's
+        d2 = tl.alloc(eh, BWD, f"{tag} softmax ex / den")
+        d3 = tl.alloc(eh, BWD, f"{tag} softmax ex / den^2")
+        ng = tl.alloc(eh, BWD, f"{tag} softmax -grad")
+        gden = tl.alloc(eh, BWD, f"{tag} grad den")
+        tl.release(ng, d3, d2)
+        gex = tl.alloc(eh, BWD, f"{tag} grad ex (division)")
+        tl.release(ga, den)
+        z = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad sum zeros")
+        gs = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad sum (index_add)")
+        tl.release(z, gden)
+        gg = tl.alloc(eh, BWD, f"{tag} grad ex (sum)")
+        tl.release(gs)
+        gsum = tl.alloc(eh, BWD, f"{tag} grad ex")
+        tl.release(gex, gg)
+        gl = tl.alloc(eh, BWD, f"{tag} grad logits")
+        tl.release(gsum, ex)
+        lrb = tl.alloc(eh, BWD, f"{tag} grad leaky_relu")
+        tl.release(gl, uav)
+        ger = self._index_bwd_alloc(n_dst, heads, tag)
+        gel = self._index_bwd_alloc(n_src, heads, tag)
+        tl.release(lrb)
+        return gza, gel, ger
+
+    def _index_bwd_alloc(self, n, w, tag) -> Buffer:
+        """Zeros ``(n, w)``, then the out-of-place ``index_put`` (the zeros freed)."""
+        tl, e = self.tl, self.e
+        z0 = tl.alloc(n * w * e, BWD, f"{tag} index backward zeros")
+        gi = tl.alloc(n * w * e, BWD, f"{tag} index backward")
+        tl.release(z0)
+        return gi
+
     # ------------------------------------------------------------------ whole step
     def run(self) -> Timeline:
         s, cfg, tl, e = self.s, self.cfg, self.tl, self.e
@@ -556,6 +927,8 @@ class _Replayer:
         tl.phase = "blocks"
         for l in range(L):
             tl.alloc(2 * s.num_edges[l] * INDEX_BYTES, BLOCKS, f"layer {l} edge index copies")
+            if self.pyg:  # PygBlock: the (2, E) edge_index only, no graph formats
+                continue
             tl.alloc(cfg.constants.block_bytes_per_edge * s.num_edges[l]
                      + cfg.constants.block_bytes_per_node * (s.n_src[l] + s.n_dst[l]),
                      BLOCKS, f"layer {l} device graph formats")

@@ -18,6 +18,7 @@ __all__ = ["ModelSpec", "OptimizerSpec", "parameter_shapes", "as_model_spec", "a
 ARCHS = ("sage", "gat")
 AGGREGATORS = ("mean", "gcn", "pool", "lstm")
 OPTIMIZER_NAMES = ("adam", "sgd")
+GNN_BACKENDS = ("dgl", "pyg")  # betty.backends.BACKENDS (not imported: no framework import here)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class ModelSpec:
         attn_dropout: GAT attention dropout probability.
         dropout_mode: ``"deterministic"`` (hash dropout) or ``"standard"``.
         param_dtype: dtype of the parameters (their gradients and optimizer state).
+        backend: the GNN backend the model runs on (``"dgl"`` or ``"pyg"``,
+            :mod:`betty.backends`): the replay follows that backend's op sequences.
     """
 
     arch: str
@@ -45,8 +48,11 @@ class ModelSpec:
     attn_dropout: float = 0.0
     dropout_mode: str = "deterministic"
     param_dtype: torch.dtype = torch.float32
+    backend: str = "dgl"
 
     def __post_init__(self) -> None:
+        if self.backend not in GNN_BACKENDS:
+            raise ValueError(f"backend must be one of {GNN_BACKENDS}, got {self.backend!r}")
         if self.arch not in ARCHS:
             raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
         if self.arch == "sage" and self.aggregator not in AGGREGATORS:
@@ -69,14 +75,16 @@ class ModelSpec:
                     layers: int = 2, aggregator: str = "mean", heads: int = 4,
                     dropout: float = 0.0, attn_dropout: float = 0.0,
                     dropout_mode: str = "deterministic",
-                    param_dtype: torch.dtype = torch.float32) -> "ModelSpec":
-        """Same arguments as :func:`betty.models.build_model`."""
+                    param_dtype: torch.dtype = torch.float32,
+                    backend: str = "dgl") -> "ModelSpec":
+        """Same arguments as :func:`betty.models.build_model` (``backend`` resolved:
+        ``"dgl"`` or ``"pyg"``)."""
         if arch == "gat":
             widths = (in_feats,) + (hidden * heads,) * (layers - 1) + (out_feats,)
         else:
             widths = (in_feats,) + (hidden,) * (layers - 1) + (out_feats,)
         return cls(arch, tuple(int(w) for w in widths), aggregator, heads, dropout,
-                   attn_dropout, dropout_mode, param_dtype)
+                   attn_dropout, dropout_mode, param_dtype, backend)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module) -> "ModelSpec":
@@ -84,12 +92,13 @@ class ModelSpec:
         from betty.models import GAT, GraphSAGE
 
         dtype = next(model.parameters()).dtype
+        backend = getattr(model, "backend_name", "dgl")
         if isinstance(model, GraphSAGE):
             return cls("sage", tuple(model.widths), model.aggregator, 1, model.dropout, 0.0,
-                       model.dropout_mode, dtype)
+                       model.dropout_mode, dtype, backend)
         if isinstance(model, GAT):
             return cls("gat", tuple(model.widths), "mean", model.heads, model.dropout,
-                       model.attn_dropout, model.dropout_mode, dtype)
+                       model.attn_dropout, model.dropout_mode, dtype, backend)
         raise TypeError(f"model must be a betty GraphSAGE or GAT, got {type(model).__name__}")
 
 

@@ -141,6 +141,25 @@ class Timeline:
         buf.size = buf.size - freed
         buf.holders = 0
 
+    def free_where(self, buf: Buffer, mask) -> None:
+        """Free ``buf``'s bytes in the pieces where ``mask`` is True; it stays held
+        (and alive) in the others (a tensor that exists in some pieces only)."""
+        mask = np.broadcast_to(np.asarray(mask, dtype=bool), (self.num_pieces,))
+        freed = np.where(mask, buf.size, 0.0)
+        self._by_component[buf.component][:] -= freed
+        self.live -= freed
+        buf.size = buf.size - freed
+
+    def merge(self, *bufs: Buffer) -> Buffer:
+        """One buffer standing for ``bufs`` (same component; each held once), e.g. the
+        per-piece parts of one tensor; live bytes do not change."""
+        out = Buffer(sum(b.size for b in bufs), bufs[0].component, bufs[0].name)
+        for b in bufs:
+            if b.holders != 1 or b.component != out.component:
+                raise RuntimeError(f"cannot merge buffer {b.name}")
+            b.holders, b.size = 0, np.zeros_like(b.size)
+        return out
+
     # ------------------------------------------------------------------ results
     def breakdown(self) -> list[dict[str, int]]:
         """Per piece, live bytes of every component at that piece's peak."""

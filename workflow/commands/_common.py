@@ -63,7 +63,9 @@ def cli_errors(fn):
     def wrapper(*args, **kwargs):
         from workflow.spec import SpecError
 
-        _sigterm_as_interrupt()
+        from workflow import signals
+
+        previous = signals.install()  # SIGINT/SIGTERM -> KeyboardInterrupt once: runs end KILLED
         try:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
@@ -78,21 +80,10 @@ def cli_errors(fn):
 
                 traceback.print_exc()
             raise fail(f"{type(err).__name__}: {err}", 1) from None
+        finally:
+            signals.restore(previous)
 
     return wrapper
-
-
-def _interrupt(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _sigterm_as_interrupt() -> None:
-    """Treat SIGTERM like Ctrl-C, so runs end KILLED instead of staying RUNNING."""
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)
 
 
 def load(spec: str, overrides: list[str] | None):

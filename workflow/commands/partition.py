@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, load
+from workflow.progress import format_number
 
 REPORT_KEYS = ("method", "k", "redundancy", "redundancy_per_layer", "imbalance", "time_build_s",
                "time_partition_s", "time_blocks_s")
@@ -42,7 +43,7 @@ def partition(spec: SpecArg,
             emit_json(out)
             return
         for key, value in out.items():
-            typer.echo(f"{key:>22}: {value:.4g}" if isinstance(value, float) else f"{key:>22}: {value}")
+            typer.echo(f"{key:>22}: {format_number(value)}")
         return
     batch = trainer.sample(0, 0)
     report, result, _ = measure_split(trainer, batch)
@@ -60,7 +61,7 @@ def partition(spec: SpecArg,
         emit_json(out)
         return
     for key, value in out.items():
-        typer.echo(f"{key:>22}: {value:.4g}" if isinstance(value, float) else f"{key:>22}: {value}")
+        typer.echo(f"{key:>22}: {format_number(value)}")
 
 
 CLUSTER_KEYS = ("method", "k", "part_nodes", "part_edges", "part_train", "edges_kept_fraction",

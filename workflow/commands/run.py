@@ -27,7 +27,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     from mlflow.tracking import MlflowClient
 
     from workflow.pipeline import InProcessLauncher, run_pipeline
-    from workflow.progress import RichReporter
+    from workflow.progress import make_reporter
 
     from workflow.tracking import use_spec_experiment
 
@@ -38,7 +38,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
         train_distributed(rspec)  # this machine's ranks; node 0 holds the runs
         return
     use_spec_experiment(rspec, experiment)
-    with RichReporter() as reporter:
+    with make_reporter() as reporter:
         outcomes = run_pipeline(rspec, InProcessLauncher(reporter), reuse=reuse, reporter=reporter)
     parent = MlflowClient().get_run(outcomes["main"]["run_id"])
     metrics = parent.data.metrics
@@ -50,6 +50,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     from rich.console import Console
     from rich.table import Table
 
+    from workflow.progress import format_number
     from workflow.sizes import format_bytes
 
     table = Table(title=f"{rspec.name} (run {parent.info.run_id})")
@@ -57,7 +58,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     table.add_column("value", justify="right")
     for key in SUMMARY_KEYS:
         if key in metrics:
-            value = format_bytes(metrics[key]) if key.endswith("_bytes") else f"{metrics[key]:.4g}"
+            value = format_bytes(metrics[key]) if key.endswith("_bytes") else format_number(metrics[key])
             table.add_row(key, value)
     Console().print(table)
 

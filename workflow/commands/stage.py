@@ -38,7 +38,7 @@ def stage(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(STAGES)}
     """Run one stage in its own MLflow run. Stages without --upstream compute what they
     need from the spec (evaluate looks up the newest matching train run)."""
     from workflow.pipeline import run_stage
-    from workflow.progress import RichReporter
+    from workflow.progress import format_metrics, make_reporter
     from workflow.runs import decode_upstream
 
     if name not in STAGES:
@@ -52,7 +52,7 @@ def stage(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(STAGES)}
     rspec = load(spec, set_)
     exp = use_spec_experiment(rspec, experiment) or experiment_id(experiment)
     ups = _auto_upstream(rspec, name, ups, exp)
-    with RichReporter() as reporter:
+    with make_reporter() as reporter:
         reporter.stage_started(name)
         try:
             run_id, metrics = run_stage(name, rspec, ups, reporter=reporter)
@@ -63,7 +63,7 @@ def stage(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(STAGES)}
     if json_:
         emit_json({"stage": name, "run_id": run_id, "metrics": metrics})
     else:
-        typer.echo(f"{name}: run {run_id} " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        typer.echo(f"{name}: run {run_id} {format_metrics(metrics)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import mlflow
 import torch
 
 from workflow.artifacts import write_csv, write_json
+from workflow.checksums import fetch, log_artifact
 from workflow.components import load_data, resolve_device
 from workflow.progress import Reporter
 from workflow.specfile import ResolvedSpec
@@ -61,8 +62,10 @@ class StageContext:
         return self.shared["dataset"]
 
     def upstream_file(self, stage: str, artifact_path: str, *, required: bool = False) -> Path | None:
-        """Download ``artifact_path`` of the ``stage`` run; ``None`` when no such run was
-        given (or :class:`UpstreamMissing` if ``required``)."""
+        """Download ``artifact_path`` of the ``stage`` run, checked against its checksum
+        (:func:`workflow.checksums.fetch`, raises
+        :class:`~workflow.checksums.ArtifactDamaged` naming the run and file); ``None``
+        when no such run was given (or :class:`UpstreamMissing` if ``required``)."""
         run_id = self.upstream.get(stage)
         if run_id is None:
             if required:
@@ -72,8 +75,73 @@ class StageContext:
             return None
         dst = self.workdir / f"upstream-{stage}-{run_id}"
         dst.mkdir(parents=True, exist_ok=True)
-        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
-                                                        dst_path=str(dst)))
+        return fetch(run_id, artifact_path, dst)
+
+
+def sweep_plan(ks: list[int], method: str, max_k: Mapping[str, int] | None) -> tuple[list[int], str | None]:
+    """``(Ks to try, reason for the others or None)``: ``ks`` bounded by ``max_k[method]``
+    (the spec's ``partition.sweep.max_k``), the same on every machine."""
+    cap = (max_k or {}).get(method)
+    if cap is None:
+        return list(ks), None
+    dropped = [k for k in ks if k > cap]
+    reason = f"K={','.join(map(str, dropped))} skipped: above sweep.max_k.{method}={cap}" if dropped else None
+    return [k for k in ks if k <= cap], reason
+
+
+def time_limit_reason(k: int, took: float, limit: float, rest: list[int]) -> str:
+    """The ``sweep_skipped`` text when ``time_limit_s`` cut a method short."""
+    return (f"K={k} took {took:.1f}s > sweep.time_limit_s={limit} (machine-dependent); "
+            f"K={','.join(map(str, rest))} skipped")
+
+
+def sweep_grid(methods: Sequence[str], ks: Sequence[int], measure: Callable[[str, int], dict], *,
+               time_limit_s: float | None = None, max_k: Mapping[str, int] | None = None,
+               reporter: Reporter | None = None) -> tuple[list[dict], dict[str, str]]:
+    """Every method at every K (``ks`` increasing, ``<= max_k[method]``, see
+    :func:`sweep_plan`): ``measure(method, k)`` returns the row's metrics (``method`` and
+    ``k`` are put first). A method that raises gets a row with ``error`` and is cut short;
+    so is one whose K took longer than ``time_limit_s`` seconds (:func:`time_limit_reason`).
+    The partition stages of both engines run their sweeps through this loop.
+
+    Returns:
+        ``(rows, skipped)``: one row per (method, K) tried and ``{method: reason}`` naming
+        the Ks not tried and why.
+    """
+    rows: list[dict] = []
+    skipped: dict[str, str] = {}
+    advance = reporter.steps("partition sweep", len(ks) * len(methods)) if reporter else None
+    for method in methods:
+        planned, capped = sweep_plan(list(ks), method, max_k)
+        reasons = [capped] if capped else []
+        for i, k in enumerate(planned):
+            start = time.perf_counter()
+            stop = None
+            try:
+                row = measure(method, k)
+            except Exception as err:  # noqa: BLE001  (a method unsuited to this graph)
+                reason = f"{type(err).__name__}: {err}"
+                rows.append({"method": method, "k": k, "error": reason})
+                stop = f"failed at K={k}: {reason}"
+            else:
+                rows.append({"method": method, "k": k, **row})
+                took = time.perf_counter() - start
+                if time_limit_s is not None and took > time_limit_s and i + 1 < len(planned):
+                    stop = time_limit_reason(k, took, time_limit_s, planned[i + 1:])
+            if advance:
+                advance(1)
+            if stop:
+                reasons.insert(0, stop)
+                if advance and len(planned) - i - 1:
+                    advance(len(planned) - i - 1)
+                break
+        if advance and len(ks) > len(planned):
+            advance(len(ks) - len(planned))
+        if reasons:
+            skipped[method] = "; ".join(reasons)
+            if reporter:
+                reporter.note(f"sweep: {method} {skipped[method]}")
+    return rows, skipped
 
 
 def log_sweep_artifacts(ctx: StageContext, table: list[dict], skipped: dict[str, str],
@@ -81,50 +149,7 @@ def log_sweep_artifacts(ctx: StageContext, table: list[dict], skipped: dict[str,
     """Log a partition stage's method x K comparison: ``partition_sweep.csv`` (``columns``),
     ``partition_sweep.json`` (``{"rows", "skipped"}``) and, when a method was cut short,
     the ``sweep_skipped`` tag (``method: reason; ...``, at most 500 characters)."""
-    mlflow.log_artifact(str(write_csv(ctx.workdir / "partition_sweep.csv", table, columns)))
-    mlflow.log_artifact(str(write_json(ctx.workdir / "partition_sweep.json",
-                                       {"rows": table, "skipped": skipped})))
+    log_artifact(write_csv(ctx.workdir / "partition_sweep.csv", table, columns))
+    log_artifact(write_json(ctx.workdir / "partition_sweep.json", {"rows": table, "skipped": skipped}))
     if skipped:
         mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])
-
-
-def sweep_grid(methods: Sequence[str], ks: Sequence[int], measure: Callable[[str, int], dict], *,
-               time_limit_s: float | None = None,
-               reporter: Reporter | None = None) -> tuple[list[dict], dict[str, str]]:
-    """Every method at every K (``ks`` increasing): ``measure(method, k)`` returns the
-    row's metrics (``method`` and ``k`` are added). A method that raises gets a row with
-    ``error`` and is cut short; so is one whose K took longer than ``time_limit_s``
-    seconds (larger K skipped). The partition stages of both engines run their sweeps
-    through this loop.
-
-    Returns:
-        ``(rows, skipped)``: one row per (method, K) tried and ``{method: reason}`` for
-        methods cut short.
-    """
-    rows: list[dict] = []
-    skipped: dict[str, str] = {}
-    advance = reporter.steps("partition sweep", len(ks) * len(methods)) if reporter else None
-    for method in methods:
-        for i, k in enumerate(ks):
-            start = time.perf_counter()
-            try:
-                row = measure(method, k)
-            except Exception as err:  # noqa: BLE001  (a method unsuited to this graph)
-                reason = f"{type(err).__name__}: {err}"
-                rows.append({"method": method, "k": k, "error": reason})
-                skipped[method] = f"failed at K={k}: {reason}"
-            else:
-                rows.append({"method": method, "k": k, **row})
-                took = time.perf_counter() - start
-                if time_limit_s is not None and took > time_limit_s and i + 1 < len(ks):
-                    skipped[method] = (f"K={k} took {took:.1f}s > sweep.time_limit_s="
-                                       f"{time_limit_s}; larger K skipped")
-            if advance:
-                advance(1)
-            if method in skipped:
-                if advance and len(ks) - i - 1:
-                    advance(len(ks) - i - 1)
-                if reporter:
-                    reporter.note(f"sweep: {method} {skipped[method]}")
-                break
-    return rows, skipped

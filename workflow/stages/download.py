@@ -14,6 +14,7 @@ import time
 import mlflow
 
 from workflow.artifacts import write_json
+from workflow.checksums import log_artifact
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext
 
@@ -35,7 +36,7 @@ def run(ctx: StageContext) -> dict[str, float]:
     info = {"name": spec.dataset.name, "root": spec.dataset.root, "options": ctx.rspec.dataset_options,
             "cache_file": str(cached.resolve()) if cached is not None else None,
             "is_ogb": ds.is_ogb, "ogb_name": ds.ogb_name, "stats": stats}
-    mlflow.log_artifact(str(write_json(ctx.workdir / "dataset.json", info)))
+    log_artifact(write_json(ctx.workdir / "dataset.json", info))
     ctx.reporter.note(f"{spec.dataset.name}: {stats['num_nodes']:,} nodes, {stats['num_edges']:,} edges, "
                       f"{stats['num_train']:,} training nodes ({took:.1f}s)")
     return {"num_nodes": stats["num_nodes"], "num_edges": stats["num_edges"], "time_load_s": took}

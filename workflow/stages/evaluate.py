@@ -17,6 +17,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from workflow.artifacts import write_json
+from workflow.checksums import fetch, log_artifact
 from workflow.components import build_model
 from workflow.evaluation import evaluate_model
 from workflow.runs import clean_metrics, log_metrics
@@ -29,8 +30,7 @@ __all__ = ["run"]
 def _model_file(ctx: StageContext, entry: dict) -> str:
     dst = ctx.workdir / f"model-{entry['repeat']}"
     dst.mkdir(parents=True, exist_ok=True)
-    return mlflow.artifacts.download_artifacts(run_id=entry["run_id"], artifact_path=entry["artifact"],
-                                               dst_path=str(dst))
+    return str(fetch(entry["run_id"], entry["artifact"], dst))
 
 
 def run(ctx: StageContext) -> dict[str, float]:
@@ -57,6 +57,6 @@ def run(ctx: StageContext) -> dict[str, float]:
     scores = [{k: v for k, v in r.items() if k.endswith(("_acc", "_rocauc"))} for r in results]
     summary = scores[0] if len(scores) == 1 else summarize_repeats(scores)
     log_metrics({**summary, "time_inference_s": took})
-    mlflow.log_artifact(str(write_json(ctx.workdir / "evaluation.json", {"models": results, "summary": summary})))
+    log_artifact(write_json(ctx.workdir / "evaluation.json", {"models": results, "summary": summary}))
     ctx.reporter.note(" ".join(f"{k}={v:.4f}" for k, v in summary.items() if not k.endswith("_mean")))
     return summary

@@ -28,11 +28,13 @@ Ks with the reason in the table, a note and the ``sweep_skipped`` tag.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import mlflow
 import numpy as np
 
 from workflow.artifacts import ksearch_records, load_batch, write_csv, write_json
+from workflow.checksums import log_artifact
 from workflow.components import is_reversible, make_trainer, partition_options
 from workflow.plots import redundancy_figure
 from workflow.runs import log_metrics
@@ -82,13 +84,14 @@ def measure_split(trainer, batch) -> tuple[dict, object, list]:
 
 
 def sweep(batch, ks, methods, *, seed: int, graph=None, time_limit_s: float | None = None,
-          reporter=None, options: dict | None = None) -> tuple[list[dict], dict[str, str]]:
-    """Every method at every K (``<= batch.num_outputs``); ``options`` go to
-    ``partition_batch`` (``partition.time_limit_s`` etc.).
+          max_k: Mapping[str, int] | None = None, reporter=None,
+          options: dict | None = None) -> tuple[list[dict], dict[str, str]]:
+    """Every method at every K (``<= batch.num_outputs``, ``<= max_k[method]``);
+    ``options`` go to ``partition_batch`` (``partition.time_limit_s`` etc.).
 
     Returns:
         ``(rows, skipped)``: one row per (method, K) tried (with ``error`` set when it
-        failed) and ``{method: reason}`` for methods cut short.
+        failed) and ``{method: reason}`` naming the Ks not tried and why.
     """
     from betty.partition import partition_batch, split_metrics
 
@@ -101,7 +104,8 @@ def sweep(batch, ks, methods, *, seed: int, graph=None, time_limit_s: float | No
                 "time_build_s": result.time_build_s, "time_partition_s": result.time_partition_s,
                 "max_inputs_per_piece": max(stats["input_nodes_per_piece"])}
 
-    return sweep_grid(methods, ks, measure, time_limit_s=time_limit_s, reporter=reporter)
+    return sweep_grid(methods, ks, measure, time_limit_s=time_limit_s, max_k=max_k,
+                      reporter=reporter)
 
 
 def run(ctx: StageContext) -> dict[str, float]:
@@ -133,19 +137,19 @@ def run(ctx: StageContext) -> dict[str, float]:
         rows.append(row)
         log_metrics({"micro_outputs": row["num_outputs"], "micro_inputs": row["num_inputs"],
                      "micro_edges": row["num_edges"], "micro_estimated_bytes": row["estimated_bytes"]}, step=i)
-    mlflow.log_artifact(str(write_csv(ctx.workdir / "microbatches.csv", rows)))
+    log_artifact(write_csv(ctx.workdir / "microbatches.csv", rows))
     path = ctx.workdir / "partition.npz"
     np.savez_compressed(path, outputs=batch.output_nid.numpy(), groups=result.groups.numpy())
-    mlflow.log_artifact(str(path))
+    log_artifact(path)
     if searches:
-        mlflow.log_artifact(str(write_json(ctx.workdir / "ksearch.json", ksearch_records(searches))))
+        log_artifact(write_json(ctx.workdir / "ksearch.json", ksearch_records(searches)))
     ctx.reporter.note(f"{result.method} K={result.k}: redundancy {report['redundancy']:.3f}, "
                       f"imbalance {report['imbalance']:.3f}")
 
     if p.sweep.k:
         methods = p.sweep.methods or sorted(PARTITIONERS)
         table, skipped = sweep(batch, p.sweep.k, methods, seed=spec.sampling.seed, graph=ds.graph,
-                               time_limit_s=p.sweep.time_limit_s, reporter=ctx.reporter,
+                               time_limit_s=p.sweep.time_limit_s, max_k=p.sweep.max_k, reporter=ctx.reporter,
                                options=partition_options(ctx.rspec))
         for row in table:
             if row.get("redundancy") is not None:

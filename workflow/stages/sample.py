@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-import mlflow
 
 from workflow.artifacts import save_batch
+from workflow.checksums import log_artifact
 from workflow.components import first_batch, is_reversible
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext
@@ -42,7 +42,7 @@ def run(ctx: StageContext) -> dict[str, float]:
     metrics = {"time_sample_s": took, "num_outputs": batch.num_outputs,
                "num_inputs": batch.layers[0].num_src, **block_sizes(batch)}
     log_metrics(metrics)
-    mlflow.log_artifact(str(save_batch(ctx.workdir / "batch.npz", batch)))
+    log_artifact(save_batch(ctx.workdir / "batch.npz", batch))
     ctx.reporter.note(f"batch: {batch.num_outputs:,} outputs, {batch.layers[0].num_src:,} inputs, "
                       f"{sum(l.num_edges for l in batch.layers):,} edges")
     return {"num_outputs": batch.num_outputs, "num_inputs": batch.layers[0].num_src}

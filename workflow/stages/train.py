@@ -40,6 +40,7 @@ import mlflow
 import torch
 
 from workflow.artifacts import ksearch_records, write_csv, write_json
+from workflow.checksums import log_artifact
 from workflow.components import is_reversible, make_trainer
 from workflow.evaluation import evaluate_model
 from workflow.plots import curves_figure, memory_figure
@@ -131,7 +132,7 @@ def _log_outputs(ctx: StageContext, repeat: int, model, history: list[dict], row
     folder = ctx.workdir / f"repeat-{repeat}"
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, folder / "model.pt")
-    mlflow.log_artifact(str(folder / "model.pt"))
+    log_artifact(folder / "model.pt")
     log_pytorch_model(model, ctx.rspec)
     if reversible:
         from workflow.revgnn import PART_COLUMNS
@@ -141,9 +142,9 @@ def _log_outputs(ctx: StageContext, repeat: int, model, history: list[dict], row
         table, columns, unit = "memory_per_microbatch", MEMORY_COLUMNS, "micro"
     if ctx.rspec.spec.train.world_size > 1:
         columns = (*columns, "rank")
-    mlflow.log_artifact(str(write_csv(folder / f"{table}.csv", rows, columns)))
+    log_artifact(write_csv(folder / f"{table}.csv", rows, columns))
     if searches:
-        mlflow.log_artifact(str(write_json(folder / "ksearch.json", ksearch_records(searches))))
+        log_artifact(write_json(folder / "ksearch.json", ksearch_records(searches)))
     _log_figures(ctx, history, rows, table, unit)
 
     final = {k: v for k, v in history[-1].items() if k != "epoch"}
@@ -209,5 +210,5 @@ def run(ctx: StageContext) -> dict[str, float]:
                                "k": int(finals[-1]["k"])})
         final = summarize_repeats(finals)
         log_metrics(final)
-    mlflow.log_artifact(str(write_json(ctx.workdir / "models.json", models)))
+    log_artifact(write_json(ctx.workdir / "models.json", models))
     return final

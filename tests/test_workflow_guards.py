@@ -1,0 +1,225 @@
+"""Guards around the workflow: --upstream lineage checks, artifact checksums, progress
+lines without a terminal, number formatting and spec-file diagnostics."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from test_workflow_support import activate_store, end_active_runs, runs_of
+from workflow.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    yield activate_store(tmp_path, monkeypatch, experiment="guards-test")
+    end_active_runs()
+
+
+def _stage(*args: str) -> str:
+    res = invoke("stage", *args, "--experiment", "guards-test", "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)["run_id"]
+
+
+def test_upstream_is_checked_before_a_run_exists(tracking):
+    uri, exp = tracking
+    download = _stage("download", "tiny")
+    sample = _stage("sample", "tiny", "--upstream", f"download={download}")
+    before = {r.info.run_id for r in runs_of(uri, exp)}
+
+    def refused(*args: str) -> str:
+        res = invoke("stage", *args, "--experiment", "guards-test")
+        assert res.exit_code != 0, res.output
+        return res.stderr
+
+    # a sample run of spec tiny cannot feed the partition stage of spec synthetic
+    err = refused("partition", "synthetic", "--upstream", f"sample={sample}")
+    assert sample in err and "'tiny'" in err and "'synthetic'" in err and "spec.dataset.num_nodes = 400 there" in err
+    # a run of another stage, a run that does not exist, a stage that is not upstream
+    assert "is not a sample stage run" in refused("partition", "tiny", "--upstream", f"sample={download}")
+    assert "no such run" in refused("train", "tiny", "--upstream", "partition=bogus")
+    assert "takes runs of" in refused("sample", "tiny", "--upstream", f"partition={sample}")
+    # a run that did not finish
+    MlflowClient(uri).set_terminated(download, "KILLED")
+    assert "KILLED, not FINISHED" in refused("sample", "tiny", "--upstream", f"download={download}")
+    # refused before any run was created; a matching lineage is accepted
+    assert {r.info.run_id for r in runs_of(uri, exp)} == before
+    _stage("partition", "tiny", "--upstream", f"sample={sample}", "-s", "partition.sweep.k=[2]",
+           "-s", "partition.sweep.methods=[range]")
+
+
+def _artifact(tmp_path, run_id: str, name: str):
+    return tmp_path / "artifacts" / run_id / "artifacts" / name
+
+
+def test_damaged_or_missing_artifacts_rerun_the_stage(tracking, tmp_path):
+    from workflow.checksums import TAG_PREFIX, file_sha256
+    from workflow.pipeline import InProcessLauncher, run_pipeline
+    from workflow.specfile import load_spec
+
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    rspec = load_spec("tiny", ["partition.sweep.k=[2]", "partition.sweep.methods=[range]"])
+    first = run_pipeline(rspec, InProcessLauncher())
+    sample = first["sample"]["run_id"]
+    tags = client.get_run(sample).data.tags
+    assert tags[TAG_PREFIX + "batch.npz"] == file_sha256(_artifact(tmp_path, sample, "batch.npz"))
+
+    _artifact(tmp_path, first["evaluate"]["run_id"], "evaluation.json").unlink()
+    with pytest.warns(UserWarning, match=f"evaluate run {first['evaluate']['run_id']}: evaluation.json is missing"):
+        second = run_pipeline(rspec, InProcessLauncher())
+    assert [s for s in second if s != "main" and second[s]["reused"]] == ["download", "sample", "partition", "train"]
+    assert second["evaluate"]["run_id"] != first["evaluate"]["run_id"]
+
+    batch = _artifact(tmp_path, sample, "batch.npz")
+    batch.write_bytes(batch.read_bytes()[:-1] + b"x")  # one byte changed
+    with pytest.warns(UserWarning, match=f"sample run {sample}: batch.npz is damaged"):
+        third = run_pipeline(rspec, InProcessLauncher())
+    assert [s for s in third if s != "main" and third[s]["reused"]] == ["download"]
+    parent = client.get_run(third["main"]["run_id"])
+    assert parent.data.tags["reuse_refused.sample"] == f"{sample}: batch.npz"
+    assert {r.info.status for r in runs_of(uri, exp)} == {"FINISHED"}
+
+    # a damaged artifact given with --upstream: a clear error naming the run and the file
+    res = invoke("stage", "partition", "tiny", "--experiment", "guards-test", "--upstream", f"sample={sample}")
+    assert res.exit_code == 1 and f"artifact 'batch.npz' of run {sample} is damaged" in res.stderr
+    assert "Traceback" not in res.output
+
+
+def test_numbers_in_logs_are_human():
+    from workflow.progress import format_metrics, format_number
+
+    assert format_number(10000.0) == "10,000" and format_number(10000) == "10,000"
+    assert format_number(12345.678) == "12,345.7" and format_number(0.41234) == "0.4123"
+    assert format_number(0.0004) == "0.0004" and format_number(2.5e-06) == "2.5e-06"
+    assert format_number(float("nan")) == "nan" and format_number(True) == "True"
+    assert format_metrics({"num_nodes": 1e4, "loss": 0.5, "skip": None}) == "num_nodes=10,000 loss=0.5"
+
+
+def test_progress_without_a_terminal_is_line_per_stage_and_epoch(tracking):
+    """``betty run`` with stderr not a terminal (the CLI runner's): plain flushed lines."""
+    res = invoke("run", "tiny", "--experiment", "guards-test", "-s", "train.epochs=3",
+                 "-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]")
+    assert res.exit_code == 0, res.output
+    lines = [line for line in res.stderr.splitlines() if line.startswith("[betty]")]
+    for stage in ("download", "sample", "partition", "train", "evaluate"):
+        assert any(line.startswith(f"[betty] {stage}: started") for line in lines), stage
+        assert any(line.startswith(f"[betty] {stage}: finished after ") for line in lines), stage
+    epoch_lines = [line for line in lines if "/3 elapsed " in line]
+    assert len(epoch_lines) == 3, lines
+    assert all(" eta " in line and "loss=" in line for line in epoch_lines)
+    assert "e+0" not in res.stderr
+
+
+def test_spec_file_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ndataset:\n  name: synthetic\n  bad: [1, 2\nmodel: {}\n")
+    res = invoke("validate", str(bad))
+    assert res.exit_code == 2 and f"{bad}:5:" in res.stderr and "<unicode string>" not in res.stderr
+    for text in ("", "# nothing but a comment\n\n"):
+        empty = tmp_path / "empty.yaml"
+        empty.write_text(text)
+        res = invoke("validate", str(empty))
+        assert res.exit_code == 2 and "spec file is empty" in res.stderr, res.stderr
+
+
+def test_validate_warns_about_what_this_machine_lacks(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    res = invoke("validate", "reddit_sage")
+    assert res.exit_code == 0 and "warning: data files missing" in res.stderr and "reddit" in res.stderr
+    res = invoke("validate", "reddit_sage", "--strict")
+    assert res.exit_code == 2 and "error: data files missing" in res.stderr
+    out = json.loads(invoke("validate", "tiny", "--json").stdout)
+    assert out["valid"] and out["specs"][0]["warnings"] == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = invoke("validate", "tiny", "-s", "train.device=cuda")
+    assert res.exit_code == 0 and "warning: train.device is 'cuda' but CUDA is not available" in res.stderr
+    assert invoke("validate", "tiny", "-s", "train.device=cuda", "--strict").exit_code == 2
+
+
+def test_sweep_bounded_by_max_k_the_same_everywhere(tmp_path, monkeypatch):
+    from workflow.components import first_batch, load_data
+    from workflow.spec import SpecError
+    from workflow.specfile import load_spec
+    from workflow.stages.partition import sweep
+
+    monkeypatch.chdir(tmp_path)
+    rspec = load_spec("tiny", ["partition.sweep.max_k={range: 4}"])
+    assert rspec.spec.partition.sweep.max_k == {"range": 4}
+    ds = load_data(rspec)
+    batch = first_batch(rspec, ds)
+    rows, skipped = sweep(batch, [2, 4, 8, 16], ["range", "random"], seed=0, graph=ds.graph,
+                          max_k=rspec.spec.partition.sweep.max_k)
+    assert [(r["method"], r["k"]) for r in rows] == [("range", 2), ("range", 4), ("random", 2), ("random", 4),
+                                                     ("random", 8), ("random", 16)]
+    assert skipped == {"range": "K=8,16 skipped: above sweep.max_k.range=4"}
+    rows, skipped = sweep(batch, [2, 4, 8], ["random"], seed=0, graph=ds.graph, time_limit_s=1e-9)
+    assert "K=4,8 skipped" in skipped["random"] and "machine-dependent" in skipped["random"]
+    with pytest.raises(SpecError, match="max_k"):
+        load_spec("tiny", ["partition.sweep.max_k={nope: 4}"])
+
+
+def test_cleanup_finds_stuck_betty_runs(tracking):
+    import socket
+    import subprocess
+    import sys
+
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    host = socket.gethostname()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # a pid that no longer exists
+    parent = client.create_run(exp, tags={"run_kind": "main", "stage": "main"}).info.run_id
+    client.set_terminated(parent, "KILLED")
+    orphan = client.create_run(exp, tags={"run_kind": "stage", "stage": "sample",
+                                          "mlflow.parentRunId": parent}).info.run_id
+    dead = client.create_run(exp, tags={"run_kind": "stage", "stage": "train", "betty.host": host,
+                                        "betty.pid": gone}).info.run_id
+    alive = client.create_run(exp, tags={"run_kind": "stage", "stage": "train", "betty.host": host,
+                                         "betty.pid": str(os.getpid())}).info.run_id
+    listed = json.loads(invoke("cleanup", "--experiment", "guards-test", "--json").stdout)["stale"]
+    reasons = {r["run_id"]: r["reason"] for r in listed}
+    assert set(reasons) == {orphan, dead}
+    assert f"parent run {parent} ended KILLED" in reasons[orphan] and f"process {gone}" in reasons[dead]
+    assert invoke("cleanup", "--experiment", "guards-test", "--fail").exit_code == 0
+    assert client.get_run(orphan).info.status == "KILLED" and client.get_run(dead).info.status == "KILLED"
+    assert "stuck" in client.get_run(dead).data.tags["error"]
+    assert client.get_run(alive).info.status == "RUNNING"
+    client.set_terminated(alive, "FINISHED")
+
+
+def test_signal_handling_is_light_and_complete():
+    import signal as _signal
+
+    from workflow import mlproject, signals
+    from workflow.specfile import STAGES
+
+    assert mlproject.ENTRIES == ("main", *STAGES)
+    previous = signals.install()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), _signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+        with signals.shield():  # held back inside, raised by check() afterwards
+            os.kill(os.getpid(), _signal.SIGINT)
+            for _ in range(1000):
+                pass
+        with pytest.raises(KeyboardInterrupt, match="received earlier"):
+            signals.check()
+    finally:
+        signals.restore(previous)
+    signals.check()  # restored: the signals handled above are forgotten

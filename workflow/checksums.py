@@ -1,0 +1,85 @@
+"""Artifacts with checksums: logged with their SHA-256, checked when read back.
+
+:func:`log_artifact` logs a file on the active run and sets the tag
+``artifact_sha256.<file name>`` to the SHA-256 (hex) of its bytes. :func:`fetch`
+downloads an artifact of a run and raises :class:`ArtifactDamaged` (naming the run and
+the file) when it is missing or its bytes do not hash to the recorded value.
+:func:`damaged_artifacts` checks every checksummed artifact of a run; the pipeline
+calls it before reusing a stage run and runs the stage again (with a warning) when it
+finds one (:func:`workflow.pipeline.run_pipeline`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+__all__ = ["TAG_PREFIX", "ArtifactDamaged", "file_sha256", "log_artifact", "fetch", "damaged_artifacts"]
+
+TAG_PREFIX = "artifact_sha256."
+
+
+class ArtifactDamaged(RuntimeError):
+    """An artifact of a run is missing or does not match its recorded checksum."""
+
+    def __init__(self, run_id: str, artifact: str, problem: str) -> None:
+        super().__init__(f"artifact {artifact!r} of run {run_id} is {problem}")
+        self.run_id, self.artifact, self.problem = run_id, artifact, problem
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 (hex) of the file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def log_artifact(path: str | Path) -> Path:
+    """Log ``path`` on the active run (top level, under its file name) with its checksum tag."""
+    path = Path(path)
+    digest = file_sha256(path)
+    mlflow.log_artifact(str(path))
+    mlflow.set_tag(TAG_PREFIX + path.name, digest)
+    return path
+
+
+def fetch(run_id: str, artifact: str, dst: str | Path, *, tags: dict | None = None) -> Path:
+    """Download ``artifact`` of ``run_id`` into ``dst`` and check it against the run's
+    checksum tag (when the run has one for it).
+
+    Raises:
+        ArtifactDamaged: the artifact is missing or its checksum does not match.
+    """
+    if tags is None:
+        tags = MlflowClient().get_run(run_id).data.tags
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact, dst_path=str(dst)))
+    except Exception as err:  # noqa: BLE001  (MLflow raises several types for a missing file)
+        first = str(err).splitlines()[0][:200] if str(err) else ""
+        raise ArtifactDamaged(run_id, artifact, f"missing or unreadable ({type(err).__name__}: {first})") from None
+    if not local.is_file():
+        raise ArtifactDamaged(run_id, artifact, "missing")
+    want = tags.get(TAG_PREFIX + artifact)
+    if want is not None and file_sha256(local) != want:
+        raise ArtifactDamaged(run_id, artifact, f"damaged (SHA-256 differs from the recorded {want[:12]}...)")
+    return local
+
+
+def damaged_artifacts(run_id: str) -> list[ArtifactDamaged]:
+    """Every checksummed artifact of ``run_id`` that is missing or does not match."""
+    tags = MlflowClient().get_run(run_id).data.tags
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="betty-verify-") as tmp:
+        for key in sorted(tags):
+            if key.startswith(TAG_PREFIX):
+                try:
+                    fetch(run_id, key[len(TAG_PREFIX):], tmp, tags=tags)
+                except ArtifactDamaged as err:
+                    problems.append(err)
+    return problems

@@ -1,0 +1,85 @@
+"""Checks on ``--upstream`` runs before a stage uses them.
+
+A stage given ``upstream = {stage: run_id}`` reads that run's artifacts as if they were
+computed from the current spec. :func:`check_upstream` refuses the lineage unless, for
+every entry,
+
+* the run exists in the tracking store;
+* it is a stage run (``run_kind = stage``) of that stage (tag ``stage``);
+* its status is ``FINISHED``;
+* its spec params (``spec.<key.path>``) equal the current spec's on every key of the
+  sections that stage depends on (:data:`workflow.specfile.STAGE_SECTIONS`), except
+  the section of the stage being run (an ``evaluate`` stage with other ``evaluate``
+  settings may score a train run) and ``partition.sweep`` (a report only). So a
+  ``sample`` run of spec ``tiny`` cannot feed a ``partition`` stage of spec
+  ``synthetic``.
+
+The error names both sides: the given run (its ID, spec name and source) and the
+current spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from workflow.specfile import STAGE_SECTIONS, STAGES, ResolvedSpec
+
+__all__ = ["UpstreamMismatch", "check_upstream"]
+
+
+class UpstreamMismatch(ValueError):
+    """An ``--upstream`` run does not exist or was not produced by this spec's stage."""
+
+
+def _describe(run) -> str:
+    tags = run.data.tags
+    source = tags.get("spec_source")
+    return (f"run {run.info.run_id} (spec {tags.get('spec_name', '?')!r}"
+            + (f" from {source}" if source else "") + ")")
+
+
+def _settings(params: Mapping[str, str], sections: list[str]) -> dict[str, str]:
+    """The ``spec.<section>.*`` params of ``sections``, without ``partition.sweep``."""
+    prefixes = tuple(f"spec.{s}." for s in sections)
+    return {k: v for k, v in params.items()
+            if k.startswith(prefixes) and not k.startswith("spec.partition.sweep.")}
+
+
+def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str]) -> None:
+    """Raise :class:`UpstreamMismatch` unless every ``upstream`` run can feed ``stage``
+    of ``rspec`` (see the module docstring). The device is not compared: a model
+    trained on one device may be scored on another."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    here = f"spec {rspec.name!r}" + (f" from {rspec.source}" if rspec.source else "")
+    earlier = STAGES[: STAGES.index(stage)] if stage in STAGES else STAGES
+    for ustage, run_id in upstream.items():
+        if ustage not in earlier:
+            raise UpstreamMismatch(
+                f"--upstream {ustage}={run_id}: the {stage} stage takes runs of "
+                f"{', '.join(earlier) or 'no stage'}, not {ustage!r}")
+        try:
+            run = client.get_run(run_id)
+        except MlflowException:
+            raise UpstreamMismatch(
+                f"--upstream {ustage}={run_id}: no such run in {client.tracking_uri}") from None
+        tags = run.data.tags
+        what = f"--upstream {ustage}={run_id}: {_describe(run)}"
+        if tags.get("run_kind") != "stage" or tags.get("stage") != ustage:
+            raise UpstreamMismatch(
+                f"{what} is not a {ustage} stage run (run_kind={tags.get('run_kind')!r}, "
+                f"stage={tags.get('stage')!r})")
+        if run.info.status != "FINISHED":
+            raise UpstreamMismatch(f"{what} is {run.info.status}, not FINISHED")
+        sections = [s for s in STAGE_SECTIONS[ustage] if s != stage]
+        want, have = _settings(rspec.params(), sections), _settings(run.data.params, sections)
+        differ = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
+        if differ:
+            shown = "; ".join(f"{k} = {have.get(k, '(unset)')} there, {want.get(k, '(unset)')} here"
+                              for k in differ[:3])
+            more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+            raise UpstreamMismatch(
+                f"{what} was computed from other {ustage} settings than {here}: {shown}{more}; "
+                f"run the {ustage} stage for {rspec.name!r} or pass its run")
