@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from betty.engine import memory_metrics
 from betty.models.dropout import dropout_key, hash_keep_mask
-from betty.models.rev_training import GraphPart, cluster_partition, count_train_nodes
+from betty.models.rev_training import GraphPart, backend_graph, cluster_partition, count_train_nodes
 from betty.train import node_loss_sum
 
 __all__ = [
@@ -434,7 +434,7 @@ class RevTrainer:
     def _search(self, epoch: int) -> list[GraphPart]:
         from betty.memory.rev import search_k_rev
 
-        result = search_k_rev(self.dataset.graph.to_dgl(), self.model, int(self.plan.memory_budget),
+        result = search_k_rev(backend_graph(self.model, self.dataset.graph), self.model, int(self.plan.memory_budget),
                               method=self.plan.method, seed=self._split_seed(epoch),
                               train_mask=self.train_mask, safety_margin=self.plan.safety_margin,
                               optimizer=self.optimizer, **self.memory_kwargs)
@@ -468,7 +468,7 @@ class RevTrainer:
         if searched:
             parts = self._search(epoch)
         else:
-            parts = cluster_partition(self.dataset.graph.to_dgl(), self.k, self.plan.method, self._split_seed(epoch))
+            parts = cluster_partition(backend_graph(self.model, self.dataset.graph), self.k, self.plan.method, self._split_seed(epoch))
         took = time.perf_counter() - start
         estimates = self.search_result.estimates if searched else None
         estimates = [int(e.peak) for e in estimates] if estimates else self.estimate(parts)
