@@ -193,9 +193,11 @@ def _run_coupling(
 def _check_same_node_set(graph, x: Tensor) -> None:
     from betty.backends import backend_of_graph
 
-    if backend_of_graph(graph).is_block(graph):
+    ops = backend_of_graph(graph)
+    if ops.is_block(graph):
+        label = {"dgl": "DGL", "pyg": "PyG"}[ops.name]
         raise ValueError(
-            "graph is a sampled block (bipartite layer): reversible blocks need the same "
+            f"graph is a {label} block (sampled bipartite layer): reversible blocks need the same "
             "node set at input and output; pass a whole graph or an induced subgraph "
             "(betty.models.rev_training.cluster_partition)"
         )
