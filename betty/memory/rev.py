@@ -67,6 +67,7 @@ __all__ = [
 
 _CONVS = ("gcn", "sage", "gat")
 _NORMS = ("layer", "batch", "none")
+_GRAPH_BACKENDS = ("dgl", "pyg")
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class RevModelShape:
 
     Attributes mirror :class:`~betty.models.rev.RevArchitecture`, plus ``dropout`` (the
     probability of RevGNN's Bernoulli masks; 0: no masks) and ``check_consistency``
-    (the reversible backward's recomputation check, two ``(N, D)`` transients).
+    (the reversible backward's recomputation check, two ``(N, D)`` transients), and
+    ``graph_backend`` (``"dgl"`` or ``"pyg"``: whose convolution op sequence is replayed).
     ``num_parameters``, when known, is checked against the parameter shapes the
     estimator derives.
     """
@@ -97,6 +99,7 @@ class RevModelShape:
     dtype: torch.dtype = torch.float32
     num_parameters: Optional[int] = None
     uses_mask_fn: bool = False
+    graph_backend: str = "dgl"
 
     def __post_init__(self) -> None:
         for name in ("in_feats", "hidden", "out_feats", "num_layers", "heads"):
@@ -112,6 +115,8 @@ class RevModelShape:
             raise ValueError(f"conv must be one of {_CONVS}, got {self.conv!r}")
         if self.norm not in _NORMS:
             raise ValueError(f"norm must be one of {_NORMS}, got {self.norm!r}")
+        if self.graph_backend not in _GRAPH_BACKENDS:
+            raise ValueError(f"graph_backend must be one of {_GRAPH_BACKENDS}, got {self.graph_backend!r}")
         if self.gat_merge not in ("mean", "concat"):
             raise ValueError(f"gat_merge must be 'mean' or 'concat', got {self.gat_merge!r}")
         if self.conv == "gat" and self.gat_merge == "concat" and self.group_width % self.heads:
@@ -198,7 +203,7 @@ class RevModelShape:
 def _architecture_fields(arch) -> dict:
     names = ("in_feats", "hidden", "out_feats", "num_layers", "num_groups", "conv", "heads",
              "gat_merge", "norm", "reversible", "checkpoint", "weight_tied", "dtype",
-             "num_parameters")
+             "num_parameters", "graph_backend")
     return {n: getattr(arch, n) for n in names if hasattr(arch, n)}
 
 
@@ -283,7 +288,7 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
     cfg = RevReplayConfig(
         hidden=shape.hidden, num_groups=shape.num_groups, num_layers=shape.num_layers,
         in_feats=shape.in_feats, out_feats=shape.out_feats, conv=shape.conv, heads=shape.heads,
-        gat_merge=shape.gat_merge, norm=shape.norm, mode=shape.mode,
+        gat_merge=shape.gat_merge, norm=shape.norm, mode=shape.mode, graph_backend=shape.graph_backend,
         weight_tied=shape.weight_tied, dropout=shape.dropout,
         check_consistency=shape.check_consistency, optimizer=opt, elt=elt,
         feat_elt=_itemsize(feat_dtype, "feat_dtype") if feat_dtype is not None else elt,

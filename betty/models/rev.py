@@ -400,6 +400,7 @@ class RevArchitecture:
     num_distinct_blocks: int  # 1 if weight-tied, else num_layers
     num_parameters: int
     dtype: torch.dtype
+    graph_backend: str = "dgl"  # whose convolutions run (betty.backends): "dgl" | "pyg"
 
 
 class RevGNN(nn.Module):
@@ -527,6 +528,7 @@ class RevGNN(nn.Module):
             num_distinct_blocks=len(self.stack.blocks),
             num_parameters=sum(p.numel() for p in self.parameters()),
             dtype=self.encoder.weight.dtype,
+            graph_backend=self.backend_name,
         )
 
     def masks_for(
