@@ -353,10 +353,12 @@ def train_step_parts(
 
 
 def supports_estimate(model: nn.Module) -> bool:
-    """Whether :mod:`betty.memory.rev` can estimate ``model`` (a RevGNN, not the DEQ)."""
+    """Whether :mod:`betty.memory.rev` can estimate ``model`` (a RevGNN, not the DEQ;
+    not GAT on the PyG backend, whose op sequence is not modelled)."""
+    from betty.memory.rev import modelled
     from betty.models.rev import RevGNN
 
-    return isinstance(model, RevGNN)
+    return isinstance(model, RevGNN) and modelled(model.conv_type, model.backend_name)
 
 
 def estimate_parts(model: nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[GraphPart],

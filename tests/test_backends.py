@@ -1,5 +1,5 @@
 """The backend boundary: resolution of ``auto``, clear refusals for a missing backend
-(spec validation names the backend and its install command), RevGNN on DGL only."""
+(spec validation names the backend and its install command), RevGNN accepted on both."""
 
 from __future__ import annotations
 

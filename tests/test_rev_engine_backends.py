@@ -86,20 +86,41 @@ def _dataset(n=240, seed=0) -> GraphDataset:
                         test_idx=perm[3 * n // 4:], num_classes=CLASSES, multilabel=False)
 
 
-def test_trainer_learns_and_is_reproducible(backend):
+@pytest.mark.parametrize("conv", ["gcn", "sage"])
+def test_trainer_learns_is_reproducible_and_estimates_memory(backend, conv):
     ds = _dataset()
     runs = []
     for _ in range(2):
         torch.manual_seed(0)
-        model = build_model("revgnn", FEATS, CLASSES, hidden=16, layers=6, dropout=0.1, backend=backend)
+        model = build_model("revgnn", FEATS, CLASSES, hidden=16, layers=6, dropout=0.1, conv=conv,
+                            backend=backend)
         opt = torch.optim.Adam(model.parameters(), lr=0.02)
         meter = MemoryMeter("cpu")
         meter.track(model, opt)
         trainer = RevTrainer(model, opt, ds, RevPlan("metis", 3), seed=0, meter=meter)
         runs.append([trainer.train_epoch(e) for e in range(6)])
     records = runs[0]
-    assert records[-1].loss < 0.8 * records[0].loss
+    assert records[-1].loss < 0.9 * records[0].loss
     assert [r.loss for r in runs[0]] == [r.loss for r in runs[1]]
     assert [r.repartitioned for r in records[:2]] == [True, False]
-    for part in records[-1].parts:
-        assert part.peak_bytes and part.estimated_bytes
+    # after the first step (Adam state exists) the replay of the backend's op sequence
+    # matches the measured peak of every part (measured: <= 0.8% on both backends)
+    for rec in records[1:]:
+        for part in rec.parts:
+            assert part.peak_bytes and part.estimated_bytes
+            assert abs(part.estimated_bytes - part.peak_bytes) <= 0.02 * part.peak_bytes, part
+
+
+def test_gat_on_pyg_is_not_estimated():
+    pytest.importorskip("torch_geometric")
+    from betty.memory.rev import RevModelShape
+    from betty.rev_engine import supports_estimate
+
+    with pytest.raises(ValueError, match="not modelled"):
+        RevModelShape(4, 8, 2, 3, conv="gat", graph_backend="pyg")
+    model = build_model("revgnn", FEATS, CLASSES, hidden=8, layers=2, conv="gat", backend="pyg")
+    assert not supports_estimate(model)
+    assert supports_estimate(build_model("revgnn", FEATS, CLASSES, hidden=8, layers=2, backend="pyg"))
+    with pytest.raises(ValueError, match="k='auto' needs the reversible memory estimator"):
+        RevTrainer(model, torch.optim.Adam(model.parameters()), _dataset(),
+                   RevPlan("random", "auto", memory_budget=10**9))

@@ -126,8 +126,8 @@ class RevReplayConfig:
             tensors counted); else CUDA's foreach Adam with host steps.
         granule: allocation rounding in bytes (CUDA's caching allocator: 512).
         graph_backend: ``"dgl"`` (DGL's fused message passing) or ``"pyg"`` (betty's
-            PyG layers: gathered ``(E, w)`` messages and ``scatter_add``); GAT is
-            replayed with DGL's sequence on both (the PyG GAT sequence is not modelled).
+            PyG layers: gathered ``(E, w)`` messages and ``scatter_add``); GAT on PyG
+            is not modelled (refused by :class:`betty.memory.rev.RevModelShape`).
     """
 
     hidden: int
@@ -251,6 +251,8 @@ class _RevReplayer:
             m = relu
         convs = {"gcn": self._gcn, "sage": self._sage, "gat": self._gat}
         if cfg.graph_backend == "pyg":
+            if cfg.conv == "gat":
+                raise ValueError("the PyG GAT op sequence is not modelled (conv='gat', graph_backend='pyg')")
             convs.update(gcn=self._gcn_pyg, sage=self._sage_pyg)
         conv = convs[cfg.conv]
         out, conv_bwd = conv(m, grad, tag, stop_early)
