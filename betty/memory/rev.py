@@ -352,7 +352,7 @@ def _part_sizes(parts: Sequence[Any], train_mask: Optional[torch.Tensor]):
     for part in parts:
         graph = getattr(part, "graph", part)
         if not hasattr(graph, "num_nodes"):
-            raise TypeError(f"parts must be GraphPart objects or DGL graphs, "
+            raise TypeError(f"parts must be GraphPart objects or whole graphs (dgl.DGLGraph, PygGraph), "
                             f"got {type(part).__name__}")
         n.append(graph.num_nodes())
         e.append(graph.num_edges())
@@ -374,7 +374,7 @@ def estimate_rev_parts(parts: Sequence[Any], arch: Any, *,
 
     Args:
         parts: :class:`~betty.models.rev_training.GraphPart` list (from
-            :func:`~betty.models.rev_training.cluster_partition`) or DGL graphs.
+            :func:`~betty.models.rev_training.cluster_partition`) or whole graphs of either backend.
         arch: see :func:`estimate_rev`.
         train_mask: ``(N,)`` bool over the full graph (default: every node trains).
             Parts without training nodes are skipped by the step: their estimate is the
