@@ -364,7 +364,8 @@ def supports_estimate(model: nn.Module) -> bool:
 def estimate_parts(model: nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[GraphPart],
                    train_mask: Tensor, **memory_kwargs: Any) -> list[int]:
     """Estimated peak bytes of every part's step (:func:`betty.memory.rev.estimate_rev_parts`;
-    ``memory_kwargs``: ``dtype``, ``backend``, ``label_columns``, ``feat_dtype``)."""
+    ``memory_kwargs``: ``dtype``, ``backend``, ``label_columns``, ``feat_dtype``,
+    ``masks_held``)."""
     from betty.memory.rev import estimate_rev_parts
 
     return [int(e.peak) for e in estimate_rev_parts(parts, model, train_mask=train_mask,
@@ -417,7 +418,8 @@ class RevTrainer:
         self.train_mask[dataset.train_idx] = True
         self.memory_kwargs = dict(dtype=dtype, backend=default_backend(self.device),
                                   feat_dtype=dataset.feat.dtype,
-                                  label_columns=dataset.num_classes if dataset.multilabel else 0)
+                                  label_columns=dataset.num_classes if dataset.multilabel else 0,
+                                  masks_held=dropout_mode == "deterministic")  # SharedHashMasks cache
         self.k: int | None = None if plan.k == "auto" else int(plan.k)
         self.search_result = None
         self.last_split_times: dict[str, float | None] = {}

@@ -84,7 +84,10 @@ class RevModelShape:
     Attributes mirror :class:`~betty.models.rev.RevArchitecture`, plus ``dropout`` (the
     probability of RevGNN's Bernoulli masks; 0: no masks) and ``check_consistency``
     (the reversible backward's recomputation check, two ``(N, D)`` transients), and
-    ``graph_backend`` (``"dgl"`` or ``"pyg"``: whose convolution op sequence is replayed).
+    ``graph_backend`` (``"dgl"`` or ``"pyg"``: whose convolution op sequence is replayed)
+    and ``masks_held`` (the two dropout masks live until the part's backward ends, as
+    RevTrainer's per-part ``SharedHashMasks`` cache keeps them; ``False``: RevGNN's own
+    masks, which the residual network's autograd graph lets go of as it goes).
     ``num_parameters``, when known, is checked against the parameter shapes the
     estimator derives.
     """
@@ -107,6 +110,7 @@ class RevModelShape:
     num_parameters: Optional[int] = None
     uses_mask_fn: bool = False
     graph_backend: str = "dgl"
+    masks_held: bool = False
 
     def __post_init__(self) -> None:
         for name in ("in_feats", "hidden", "out_feats", "num_layers", "heads"):
@@ -300,6 +304,7 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
         hidden=shape.hidden, num_groups=shape.num_groups, num_layers=shape.num_layers,
         in_feats=shape.in_feats, out_feats=shape.out_feats, conv=shape.conv, heads=shape.heads,
         gat_merge=shape.gat_merge, norm=shape.norm, mode=shape.mode, graph_backend=shape.graph_backend,
+        masks_held=shape.masks_held,
         weight_tied=shape.weight_tied, dropout=shape.dropout,
         check_consistency=shape.check_consistency, optimizer=opt, elt=elt,
         feat_elt=_itemsize(feat_dtype, "feat_dtype") if feat_dtype is not None else elt,

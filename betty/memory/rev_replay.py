@@ -128,6 +128,8 @@ class RevReplayConfig:
         graph_backend: ``"dgl"`` (DGL's fused message passing) or ``"pyg"`` (betty's
             PyG layers: gathered ``(E, w)`` messages and ``scatter_add``); GAT on PyG
             is not modelled (refused by :class:`betty.memory.rev.RevModelShape`).
+        masks_held: the dropout masks live until the part ends (a per-part mask cache);
+            else the residual network frees each with its last autograd holder.
     """
 
     hidden: int
@@ -152,6 +154,7 @@ class RevReplayConfig:
     host: bool = True
     granule: int = 1
     graph_backend: str = "dgl"
+    masks_held: bool = False
 
     @property
     def shapes(self) -> list[list[tuple[int, ...]]]:
@@ -778,7 +781,7 @@ class _RevReplayer:
             g2 = self.a(nd, BWD, "grad head dropout")
             self.r(g)
             g = g2
-            if mode == "residual":
+            if mode == "residual" and not cfg.masks_held:
                 self.r(masks[1])  # its only holder was the head's multiplication
                 masks[1] = None
         t = self.a(nd, BWD, "grad head relu")
@@ -808,7 +811,7 @@ class _RevReplayer:
                 g = self.coupling_backward(g, backs, tag)
                 self.r(xin)  # the checkpoint frame lets go of its input
                 self.block_param_grads(l, tag)
-            if mode == "residual" and l == 0 and self.has_mask:
+            if mode == "residual" and l == 0 and self.has_mask and not cfg.masks_held:
                 self.r(masks[0])
                 masks[0] = None
 
