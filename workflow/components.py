@@ -88,7 +88,7 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
         aggregator=m.aggregator, heads=m.heads, dropout=m.dropout, attn_dropout=m.attn_dropout,
         dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
         reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq,
-        **({} if m.arch == "revgnn" else {"backend": m.backend}))
+        backend=m.backend)
     return model.to(torch_dtype(rspec))
 
 
