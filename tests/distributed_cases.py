@@ -60,13 +60,18 @@ def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "dgl", par
     return state
 
 
-def rank_all_cases(cases=None) -> dict[str, dict[str, torch.Tensor]]:
+def rank_all_cases(cases=None, shared=None) -> dict[str, dict[str, torch.Tensor]]:
     """On one rank: every case with a :class:`betty.distributed.DataParallel` (checksum
-    every step), plus the pieces this rank ran in its last step."""
+    every step), plus the pieces this rank ran in its last step. ``shared``: a
+    :class:`betty.distributed.shared.SharedDataset` to map instead of building the
+    dataset (the shared files this process maps come back under ``"_files"``)."""
     from betty.distributed import DataParallel
 
-    ds = dataset()
+    ds = dataset() if shared is None else shared.attach()
     out = {}
+    if shared is not None:
+        with open("/proc/self/maps") as fh:
+            out["_files"] = sorted({line.split()[-1] for line in fh if shared.folder in line})
     for case in cases or CASES:
         dp = DataParallel(check_every=1)
         out[case_name(*case)] = train_case(ds, *case, parallel=dp)

@@ -8,10 +8,13 @@ half needs no DGL and runs in ``.venv-pyg``). One launch per (backend, N) runs e
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from betty.distributed.launch import launch
+from betty.distributed.shared import share_dataset
 from betty.train import max_relative_difference
 from distributed_cases import CASES, PYG_CASES, case_name, dataset, rank_all_cases, train_case
 
@@ -35,7 +38,15 @@ def test_ranks_equal_single_process(backend, nproc):
     if backend == "pyg":
         pytest.importorskip("torch_geometric")
     cases = BACKEND_CASES[backend]
-    results = launch(rank_all_cases, (cases,), nproc=nproc)
+    if backend == "dgl":  # every rank builds its own dataset
+        results = launch(rank_all_cases, (cases,), nproc=nproc)
+    else:  # the ranks map one shared copy (betty.distributed.shared): same results
+        with share_dataset(dataset()) as shared:
+            results = launch(rank_all_cases, (cases, shared), nproc=nproc)
+        for rank in range(nproc):
+            mapped = results[rank].pop("_files")  # the rank reads the launcher's copy
+            assert mapped == sorted(t.path for t in shared.tensors.values()), mapped
+        assert not os.path.exists(shared.folder)
     assert sorted(results) == list(range(nproc))
     assert sorted(results[0]) == sorted(case_name(*c) for c in cases)
     for name, ref in reference(backend).items():
