@@ -9,14 +9,14 @@ FEATS, CLASSES, STEPS, DROPOUT = 12, 5, 3, 0.5
 KS = (3, 4, 7)
 CASES = [(arch, agg, k) for arch, agg in [("sage", "mean"), ("sage", "lstm"), ("gat", None), ("revgnn", None)]
          for k in KS]
-"""DGL backend cases (RevGNN runs on DGL only)."""
+"""Cases on the default backend ("auto": DGL where it imports; RevGNN runs on DGL only)."""
 PYG_CASES = [(arch, agg, k, "pyg") for arch, agg in [("sage", "mean"), ("sage", "lstm"), ("gat", None)]
              for k in KS]
 """The same sampled-block cases on the PyG backend (no DGL needed)."""
 
 
-def case_name(arch: str, agg: str | None, k: int, backend: str = "dgl") -> str:
-    return f"{arch}{'-' + agg if agg else ''}-k{k}{'' if backend == 'dgl' else '-' + backend}"
+def case_name(arch: str, agg: str | None, k: int, backend: str = "auto") -> str:
+    return f"{arch}{'-' + agg if agg else ''}-k{k}{'' if backend == 'auto' else '-' + backend}"
 
 
 def dataset(num_nodes: int = 240):
@@ -32,10 +32,10 @@ def dataset(num_nodes: int = 240):
                         num_classes=CLASSES)
 
 
-def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "dgl", parallel=None,
+def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "auto", parallel=None,
                steps: int = STEPS, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
     """Parameters after ``steps`` optimizer steps of K-way training (float64, dropout 0.5)
-    with the model on ``backend`` (``"dgl"`` or ``"pyg"``)."""
+    with the model on ``backend`` (``"auto"``, ``"dgl"`` or ``"pyg"``)."""
     from betty.engine import PartitionPlan, Trainer
     from betty.models import build_model
 
@@ -50,7 +50,7 @@ def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "dgl", par
     else:
         model = build_model(arch, FEATS, CLASSES, hidden=8, layers=2, aggregator=agg or "mean",
                             heads=2, dropout=DROPOUT, attn_dropout=DROPOUT / 2, backend=backend).to(dtype)
-        assert model.backend_name == backend
+        assert backend == "auto" or model.backend_name == backend
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         trainer = Trainer(model, opt, ds, [4, 6], PartitionPlan("random", k), seed=1, dtype=dtype,
                           estimate_memory=False, parallel=parallel)
