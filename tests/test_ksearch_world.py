@@ -118,3 +118,12 @@ def test_spec_rejects_fixed_k_below_world_size():
     resolve_spec(apply_overrides(base, ["train.world_size=2"]))  # K = N is fine
     resolve_spec(apply_overrides(base, ["train.world_size=3", "partition.k=auto",
                                         "partition.memory_budget=1GiB"]))
+
+
+def test_spec_world_size_sets_the_plans_smallest_k():
+    """The partition stage and the ranks build the plan from the spec: both search from N."""
+    from workflow.components import partition_plan
+    from workflow.specfile import load_spec
+
+    assert partition_plan(load_spec("synthetic_products", ["train.world_size=3"])).min_k == 3
+    assert partition_plan(load_spec("synthetic_products", [])).min_k == 1
