@@ -62,17 +62,6 @@ def _quiesce() -> None:
     time.sleep(0.2)
 
 
-PEER_LOST_GRACE_S = 3.0
-"""How long a rank whose collective failed because a peer went away waits before exiting."""
-
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-
-
-def _peer_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` is a collective failing because another rank went away (gloo)."""
-    return isinstance(exc, RuntimeError) and any(words in str(exc) for words in _PEER_LOST)
-
-
 def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, *args: Any) -> Any:
     """Body of one rank: set threads and device, join the group, run ``fn``, leave."""
     import torch.distributed as dist
@@ -86,14 +75,6 @@ def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, *args:
     try:
         result = record(fn)(*args)
         _quiesce()
-    except Exception as exc:
-        if _peer_lost(exc):
-            # another rank failed first and closed its connections: let the launcher see
-            # that rank exit first, so the failure it reports names the cause, not us
-            import time
-
-            time.sleep(PEER_LOST_GRACE_S)
-        raise
     finally:
         dist.destroy_process_group()
     # Plain bytes back to the launcher: a tensor in the return value would otherwise go
