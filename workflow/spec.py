@@ -548,6 +548,12 @@ def check_spec(spec: Spec) -> list[Problem]:
         out.append(Problem("partition.memory_budget", None,
                            "is required when partition.k is 'auto'; allowed: " + BYTE_SIZE_HELP,
                            missing=True))
+    world = spec.train.world_size
+    if isinstance(p.k, int) and p.k < world:
+        out.append(Problem("partition.k", p.k,
+                           f"is below train.world_size {world}: training on N ranks splits each batch "
+                           f"into K >= N micro-batches so that every rank has one; allowed: an integer "
+                           f">= {world}, or 'auto' (the K search then starts at K = {world})"))
     if spec.evaluate.fanouts is not None and spec.evaluate.inference != "sampled":
         out.append(Problem("evaluate.fanouts", spec.evaluate.fanouts,
                            "applies to evaluate.inference 'sampled' only"))

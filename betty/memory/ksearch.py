@@ -18,6 +18,13 @@ trains: it only partitions and estimates.
 3. **Refine.** Binary search between the largest K tried that failed and the smallest
    that fit, down to adjacent integers.
 
+Smallest K (``min_k``, data-parallel training on N ranks: ``min_k = N``): steps 1-3 start
+from ``K_lo = min(min_k, outputs)`` instead of 1, so the K returned is ``>= K_lo`` and every
+rank gets a piece. The start estimate is ``M(K_lo)``; when it is over budget the first jump
+is ``K ← max(K_lo + 1, ceil(K_lo · (M(K_lo) − F) / (U − F)))`` (step 1 for ``K_lo = 1``).
+Each rank runs its pieces one after another, so its peak is its largest piece's: a K
+whose every piece fits ``U`` fits every rank (all ranks have the same budget).
+
 Non-monotonicity rule: a K-way partition's largest piece is not always smaller than a
 (K − 1)-way one (partitioners are heuristics, balance is in output nodes, redundancy
 varies). The binary search uses monotonicity only to decide which K to try next; the
@@ -234,7 +241,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
              seed: int = 0, graph=None, dtype: torch.dtype | None = None,
              backend: str = "cpu", partition_fn: Callable | None = None,
              max_evaluations: int = 40, partition_options: Mapping | None = None,
-             screen_method: str | None = "reg", **estimate_kwargs) -> KSearchResult:
+             screen_method: str | None = "reg", min_k: int = 1, **estimate_kwargs) -> KSearchResult:
     """Smallest K (see the module docstring) whose partition's largest piece fits.
 
     Args:
@@ -256,6 +263,8 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
         screen_method: for a method in :data:`betty.partition.EXPENSIVE_METHODS`, search
             K with this method first, then split once with ``method`` (module
             docstring); ``None``: search with ``method`` itself at every K.
+        min_k: smallest K allowed (capped at the number of outputs); the world size
+            for data-parallel training, so each rank has at least one piece.
 
     Raises:
         KSearchError: no K fits (fixed costs or one output's neighbourhood exceed it),
@@ -263,6 +272,8 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
         ValueError: bad arguments.
     """
     usable = usable_budget(memory_budget, safety_margin)
+    if min_k < 1:
+        raise ValueError(f"min_k must be >= 1, got {min_k}")
     if balance not in ("nodes", "memory"):
         raise ValueError(f"balance must be 'nodes' or 'memory', got {balance!r}")
     partition_fn = partition_fn or functools.partial(_default_partition, options=partition_options)
@@ -274,7 +285,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
             batch, model, optimizer, method=method, screen_method=screen_method,
             partition_fn=partition_fn, weights=weights, memory_budget=memory_budget,
             safety_margin=safety_margin, seed=seed, graph=graph, dtype=dtype, backend=backend,
-            max_evaluations=max_evaluations, search_kwargs={"balance": balance},
+            max_evaluations=max_evaluations, search_kwargs={"balance": balance, "min_k": min_k},
             estimate_kwargs=estimate_kwargs)
     n_out = batch.num_outputs
     tried: list[tuple[int, int]] = []
@@ -299,23 +310,24 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
     def peak(k: int) -> int:
         return max(e.peak for e in evaluate(k)[1])
 
-    full = evaluate(1)[1][0]
+    lo = min(min_k, n_out)
+    start = peak(lo)
     fixed = persistent_bytes(model, optimizer, backend)
     if fixed >= usable:
         raise KSearchError(
             f"fixed costs alone ({fixed} bytes: parameters, gradients, optimizer state) exceed the "
             f"usable budget {int(usable)} bytes (memory_budget {int(memory_budget)} with "
             f"safety_margin {safety_margin}); no K can fit. Smallest budget: about "
-            f"{math.ceil(full.peak / (1 - safety_margin))} bytes for K = 1, at least "
+            f"{math.ceil(start / (1 - safety_margin))} bytes for K = {lo}, at least "
             f"{math.ceil(fixed / (1 - safety_margin))}",
             budget=memory_budget, usable=usable, dominant="parameters+gradients+optimizer_state",
             smallest_budget=math.ceil(fixed / (1 - safety_margin)), tried=tried)
 
-    if full.peak <= usable:
-        k_fit, k_fail = 1, 0
+    if start <= usable:
+        k_fit, k_fail = lo, lo - 1
     else:
-        k = min(n_out, max(2, math.ceil((full.peak - fixed) / (usable - fixed))))
-        k_fail, k_fit = 1, None
+        k = min(n_out, max(lo + 1, math.ceil(lo * (start - fixed) / (usable - fixed))))
+        k_fail, k_fit = lo, None
         while True:
             m = peak(k)
             if m <= usable:
@@ -354,7 +366,8 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
     """A :data:`betty.engine.KChooser`: ``(batch, plan, seed) -> (partition, per-piece
     estimated peak bytes)`` running :func:`search_k` with the plan's ``method``,
     ``memory_budget``, ``safety_margin`` and ``balance``. ``on_search`` receives each
-    :class:`KSearchResult` (e.g. to log the K tried)."""
+    :class:`KSearchResult` (e.g. to log the K tried). The plan's ``min_k`` (default 1) is
+    the smallest K allowed (the world size in data-parallel training)."""
 
     def choose(batch: SampledBatch, plan, seed: int):
         if plan.memory_budget is None:
@@ -363,7 +376,8 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
                           safety_margin=plan.safety_margin, method=plan.method,
                           balance=plan.balance, seed=seed, graph=graph, dtype=dtype,
                           backend=backend, partition_fn=partition_fn,
-                          partition_options=getattr(plan, "options", None), **estimate_kwargs)
+                          partition_options=getattr(plan, "options", None),
+                          min_k=getattr(plan, "min_k", 1), **estimate_kwargs)
         if on_search is not None:
             on_search(result)
         return result.partition, [int(e.peak) for e in result.estimates]
