@@ -16,6 +16,7 @@ the current sample.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ class PartitionPlan:
         safety_margin: fraction of the budget kept free.
         options: method options for :func:`betty.partition.partition_batch` (e.g.
             ``time_limit_s``, ``deterministic``, ``threads`` for ``hypergraph``).
+        min_k: smallest K the search (``k="auto"``) may choose; a data-parallel
+            :class:`Trainer` raises it to its world size (K >= N ranks).
     """
 
     method: str = "random"
@@ -58,6 +61,7 @@ class PartitionPlan:
     memory_budget: int | None = None
     safety_margin: float = DEFAULT_SAFETY_MARGIN
     options: dict = field(default_factory=dict)
+    min_k: int = 1
 
 
 @dataclass
@@ -241,7 +245,10 @@ class Trainer:
     def _fresh_partition(self, batch: SampledBatch, epoch: int, batch_index: int):
         seed = self.seed + 1000 * epoch + batch_index
         if self.plan.k == "auto":
-            return self.k_chooser(batch, self.plan, seed)
+            plan = self.plan
+            if self.parallel is not None and self.parallel.world_size > plan.min_k:
+                plan = dataclasses.replace(plan, min_k=self.parallel.world_size)  # K >= N
+            return self.k_chooser(batch, plan, seed)
         weights = None
         if self.plan.balance == "memory":
             weights = memory_balance_weights(batch, self.model)

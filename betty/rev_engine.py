@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from betty.engine import estimate_error, memory_metrics
 from betty.models.dropout import dropout_key, hash_keep_mask
-from betty.models.rev_training import GraphPart, cluster_partition, count_train_nodes
+from betty.models.rev_training import GraphPart, backend_graph, cluster_partition, count_train_nodes
 from betty.train import (PieceForward, accumulate_pieces, count_correct, largest_peak,
                          node_loss_sum, step_over_pieces)
 
@@ -354,16 +354,19 @@ def train_step_parts(
 
 
 def supports_estimate(model: nn.Module) -> bool:
-    """Whether :mod:`betty.memory.rev` can estimate ``model`` (a RevGNN, not the DEQ)."""
+    """Whether :mod:`betty.memory.rev` can estimate ``model`` (a RevGNN, not the DEQ;
+    not GAT on the PyG backend, whose op sequence is not modelled)."""
+    from betty.memory.rev import modelled
     from betty.models.rev import RevGNN
 
-    return isinstance(model, RevGNN)
+    return isinstance(model, RevGNN) and modelled(model.conv_type, model.backend_name)
 
 
 def estimate_parts(model: nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[GraphPart],
                    train_mask: Tensor, **memory_kwargs: Any) -> list[int]:
     """Estimated peak bytes of every part's step (:func:`betty.memory.rev.estimate_rev_parts`;
-    ``memory_kwargs``: ``dtype``, ``backend``, ``label_columns``, ``feat_dtype``)."""
+    ``memory_kwargs``: ``dtype``, ``backend``, ``label_columns``, ``feat_dtype``,
+    ``masks_held``)."""
     from betty.memory.rev import estimate_rev_parts
 
     return [int(e.peak) for e in estimate_rev_parts(parts, model, train_mask=train_mask,
@@ -419,7 +422,8 @@ class RevTrainer:
         self.train_mask[dataset.train_idx] = True
         self.memory_kwargs = dict(dtype=dtype, backend=default_backend(self.device),
                                   feat_dtype=dataset.feat.dtype,
-                                  label_columns=dataset.num_classes if dataset.multilabel else 0)
+                                  label_columns=dataset.num_classes if dataset.multilabel else 0,
+                                  masks_held=dropout_mode == "deterministic")  # SharedHashMasks cache
         self.k: int | None = None if plan.k == "auto" else int(plan.k)
         self.search_result = None
         self.last_split_times: dict[str, float | None] = {}
@@ -438,7 +442,7 @@ class RevTrainer:
     def _search(self, epoch: int) -> list[GraphPart]:
         from betty.memory.rev import search_k_rev
 
-        result = search_k_rev(self.dataset.graph.to_dgl(), self.model, int(self.plan.memory_budget),
+        result = search_k_rev(backend_graph(self.model, self.dataset.graph), self.model, int(self.plan.memory_budget),
                               method=self.plan.method, seed=self._split_seed(epoch),
                               train_mask=self.train_mask, safety_margin=self.plan.safety_margin,
                               optimizer=self.optimizer, **self.memory_kwargs)
@@ -472,7 +476,7 @@ class RevTrainer:
         if searched:
             parts = self._search(epoch)
         else:
-            parts = cluster_partition(self.dataset.graph.to_dgl(), self.k, self.plan.method, self._split_seed(epoch))
+            parts = cluster_partition(backend_graph(self.model, self.dataset.graph), self.k, self.plan.method, self._split_seed(epoch))
         took = time.perf_counter() - start
         estimates = self.search_result.estimates if searched else None
         if estimates:

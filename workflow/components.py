@@ -88,13 +88,14 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
         aggregator=m.aggregator, heads=m.heads, dropout=m.dropout, attn_dropout=m.attn_dropout,
         dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
         reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq,
-        **({} if m.arch == "revgnn" else {"backend": m.backend}))
+        backend=m.backend)
     return model.to(torch_dtype(rspec))
 
 
 def partition_plan(rspec: ResolvedSpec):
     """``betty.engine.PartitionPlan`` (``sage``/``gat``) or ``betty.rev_engine.RevPlan``
-    (``revgnn``) of the spec's ``partition`` section."""
+    (``revgnn``) of the spec's ``partition`` section; with ``train.world_size: N`` the K
+    search starts at N (so the partition stage reports the K the ranks will use)."""
     p = rspec.spec.partition
     if is_reversible(rspec):
         from betty.rev_engine import RevPlan
@@ -105,7 +106,7 @@ def partition_plan(rspec: ResolvedSpec):
 
     return PartitionPlan(method=p.method, k=p.k, reuse=p.reuse, balance=p.balance,
                          memory_budget=p.memory_budget, safety_margin=p.safety_margin,
-                         options=partition_options(rspec))
+                         options=partition_options(rspec), min_k=rspec.spec.train.world_size)
 
 
 def partition_options(rspec: ResolvedSpec) -> dict:

@@ -107,9 +107,9 @@ def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None
         ``(rows, skipped)``: one row per (method, K) tried (``error`` set when it
         failed) and ``{method: reason}`` naming the Ks not tried and why.
     """
-    from betty.models.rev_training import cluster_partition
+    from betty.models.rev_training import backend_graph, cluster_partition
 
-    graph = trainer.dataset.graph.to_dgl()  # RevGNN parts are DGL subgraphs
+    graph = backend_graph(trainer.model, trainer.dataset.graph)  # parts: subgraphs of the model's backend
     ks = sorted({int(k) for k in ks if int(k) <= graph.num_nodes()})
 
     def measure(method: str, k: int) -> dict:

@@ -18,6 +18,13 @@ trains: it only partitions and estimates.
 3. **Refine.** Binary search between the largest K tried that failed and the smallest
    that fit, down to adjacent integers.
 
+Smallest K (``min_k``, data-parallel training on N ranks: ``min_k = N``): steps 1-3 start
+from ``K_lo = min(min_k, outputs)`` instead of 1, so the K returned is ``>= K_lo`` and every
+rank gets a piece. The start estimate is ``M(K_lo)``; when it is over budget the first jump
+is ``K ← max(K_lo + 1, ceil(K_lo · (M(K_lo) − F) / (U − F)))`` (step 1 for ``K_lo = 1``).
+Each rank runs its pieces one after another, so its peak is its largest piece's: a K
+whose every piece fits ``U`` fits every rank (all ranks have the same budget).
+
 Non-monotonicity rule: a K-way partition's largest piece is not always smaller than a
 (K − 1)-way one (partitioners are heuristics, balance is in output nodes, redundancy
 varies). The binary search uses monotonicity only to decide which K to try next; the
@@ -219,7 +226,7 @@ def _next_k(k: int, m: float, fixed: float, usable: float, k_max: int) -> int:
 def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: float,
                        safety_margin: float, fixed: float, k_max: int,
                        max_evaluations: int = 40, start_k: int | None = None,
-                       tried: Sequence[tuple[int, int]] = (),
+                       min_k: int = 1, tried: Sequence[tuple[int, int]] = (),
                        limit: str = "one output node per piece",
                        error_cls: type[KSearchError] = KSearchError) -> KLoopResult:
     """The one K-search loop of both engines (module docstring, steps 1-3).
@@ -228,8 +235,9 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
     removes) and ``M(K) = max`` over the pieces of ``split_and_estimate(K)`` of their
     estimated peaks:
 
-    * ``start_k=None``: estimate ``K = 1``; fail if ``F >= U``; otherwise start at the
-      lower bound ``K_0 = ceil((M(1) − F) / (U − F))``, jump by the overshoot
+    * ``start_k=None``: estimate ``K_lo = min(min_k, k_max)``; fail if ``F >= U``;
+      otherwise start at the lower bound ``max(K_lo + 1, ceil(K_lo · (M(K_lo) − F) /
+      (U − F)))``, jump by the overshoot
       (:func:`_next_k`) while ``M(K) > U``, then bisect between the last K that failed
       and the first that fit, down to adjacent integers;
     * ``start_k=K``: evaluate from ``K`` and step up by the same jump until a split fits,
@@ -241,6 +249,7 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
         fixed: ``F`` (parameters, gradients, optimizer state).
         k_max: the largest K possible (``limit`` says why, for the error message).
         max_evaluations: cap on calls to ``split_and_estimate``.
+        min_k: the smallest K allowed (capped at ``k_max``; without ``start_k``).
         tried: rounds of an earlier search to prepend to the record.
         error_cls: the :class:`KSearchError` subclass raised.
 
@@ -274,21 +283,24 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
     def need(nbytes: float) -> int:
         return math.ceil(nbytes / (1 - safety_margin))
 
+    if min_k < 1:
+        raise ValueError(f"min_k must be >= 1, got {min_k}")
     if start_k is None:
-        full = peak(1)
+        lo = min(int(min_k), k_max)
+        full = peak(lo)
         if fixed >= usable:
             raise error_cls(
                 f"fixed costs alone ({int(fixed)} bytes: parameters, gradients, optimizer "
                 f"state) exceed the usable budget {int(usable)} bytes (memory_budget "
                 f"{int(memory_budget)} with safety_margin {safety_margin}); no K can fit. "
-                f"Smallest budget: about {need(full)} bytes for K = 1, at least {need(fixed)}",
+                f"Smallest budget: about {need(full)} bytes for K = {lo}, at least {need(fixed)}",
                 budget=memory_budget, usable=usable,
                 dominant="parameters+gradients+optimizer_state",
                 smallest_budget=need(fixed), tried=record)
         if full <= usable:
-            return KLoopResult(1, *evaluate(1), tried=record, usable_budget=usable)
-        k_fail: int | None = 1
-        k = min(k_max, max(2, math.ceil((full - fixed) / (usable - fixed))))
+            return KLoopResult(lo, *evaluate(lo), tried=record, usable_budget=usable)
+        k_fail: int | None = lo
+        k = min(k_max, max(lo + 1, math.ceil(lo * (full - fixed) / (usable - fixed))))
     else:
         k_fail, k = None, min(k_max, max(1, int(start_k)))
     while (m := peak(k)) > usable:
@@ -321,7 +333,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
              seed: int = 0, graph=None, dtype: torch.dtype | None = None,
              backend: str = "cpu", partition_fn: Callable | None = None,
              max_evaluations: int = 40, partition_options: Mapping | None = None,
-             screen_method: str | None = "reg", **estimate_kwargs) -> KSearchResult:
+             screen_method: str | None = "reg", min_k: int = 1, **estimate_kwargs) -> KSearchResult:
     """Smallest K (see the module docstring) whose partition's largest piece fits.
 
     Args:
@@ -343,6 +355,8 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
         screen_method: for a method in :data:`betty.partition.EXPENSIVE_METHODS`, search
             K with this method first, then split once with ``method`` (module
             docstring); ``None``: search with ``method`` itself at every K.
+        min_k: smallest K allowed (capped at the number of outputs); the world size
+            for data-parallel training, so each rank has at least one piece.
 
     Raises:
         KSearchError: no K fits (fixed costs or one output's neighbourhood exceed it),
@@ -350,6 +364,8 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
         ValueError: bad arguments.
     """
     usable_budget(memory_budget, safety_margin)  # argument checks before any work
+    if min_k < 1:
+        raise ValueError(f"min_k must be >= 1, got {min_k}")
     if balance not in ("nodes", "memory"):
         raise ValueError(f"balance must be 'nodes' or 'memory', got {balance!r}")
     partition_fn = partition_fn or functools.partial(_default_partition, options=partition_options)
@@ -368,12 +384,12 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
                              safety_margin=safety_margin, fixed=fixed,
                              k_max=batch.num_outputs, max_evaluations=max_evaluations)
     if screen_method is not None and method in EXPENSIVE_METHODS and method != screen_method:
-        screen = loop(split_with(screen_method))
+        screen = loop(split_with(screen_method), min_k=min_k)
         found = loop(split_with(method), start_k=screen.k, tried=screen.tried,
                      limit=f"one output node per piece, {method!r} split after "
                            f"{screen_method!r} chose K = {screen.k}")
     else:
-        found = loop(split_with(method))
+        found = loop(split_with(method), min_k=min_k)
     return KSearchResult(k=found.k, partition=found.pieces, estimates=found.estimates,
                          tried=found.tried, usable_budget=found.usable_budget)
 
@@ -385,7 +401,8 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
     """A :data:`betty.engine.KChooser`: ``(batch, plan, seed) -> (partition, per-piece
     estimated peak bytes)`` running :func:`search_k` with the plan's ``method``,
     ``memory_budget``, ``safety_margin`` and ``balance``. ``on_search`` receives each
-    :class:`KSearchResult` (e.g. to log the K tried)."""
+    :class:`KSearchResult` (e.g. to log the K tried). The plan's ``min_k`` (default 1) is
+    the smallest K allowed (the world size in data-parallel training)."""
 
     def choose(batch: SampledBatch, plan, seed: int):
         if plan.memory_budget is None:
@@ -394,7 +411,8 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
                           safety_margin=plan.safety_margin, method=plan.method,
                           balance=plan.balance, seed=seed, graph=graph, dtype=dtype,
                           backend=backend, partition_fn=partition_fn,
-                          partition_options=getattr(plan, "options", None), **estimate_kwargs)
+                          partition_options=getattr(plan, "options", None),
+                          min_k=getattr(plan, "min_k", 1), **estimate_kwargs)
         if on_search is not None:
             on_search(result)
         return result.partition, [int(e.peak) for e in result.estimates]

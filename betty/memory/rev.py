@@ -61,12 +61,20 @@ __all__ = [
     "estimate_rev",
     "estimate_rev_parts",
     "estimate_rev_sizes",
+    "modelled",
     "rev_persistent_bytes",
     "search_k_rev",
 ]
 
 _CONVS = ("gcn", "sage", "gat")
 _NORMS = ("layer", "batch", "none")
+_GRAPH_BACKENDS = ("dgl", "pyg")
+_UNMODELLED = {("gat", "pyg")}  # (conv, graph backend) whose op sequence the replay lacks
+
+
+def modelled(conv: str, graph_backend: str) -> bool:
+    """Whether the replay models ``conv`` on ``graph_backend`` (all but GAT on PyG)."""
+    return (conv, graph_backend) not in _UNMODELLED
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,11 @@ class RevModelShape:
 
     Attributes mirror :class:`~betty.models.rev.RevArchitecture`, plus ``dropout`` (the
     probability of RevGNN's Bernoulli masks; 0: no masks) and ``check_consistency``
-    (the reversible backward's recomputation check, two ``(N, D)`` transients).
+    (the reversible backward's recomputation check, two ``(N, D)`` transients), and
+    ``graph_backend`` (``"dgl"`` or ``"pyg"``: whose convolution op sequence is replayed)
+    and ``masks_held`` (the two dropout masks live until the part's backward ends, as
+    RevTrainer's per-part ``SharedHashMasks`` cache keeps them; ``False``: RevGNN's own
+    masks, which the residual network's autograd graph lets go of as it goes).
     ``num_parameters``, when known, is checked against the parameter shapes the
     estimator derives.
     """
@@ -97,6 +109,8 @@ class RevModelShape:
     dtype: torch.dtype = torch.float32
     num_parameters: Optional[int] = None
     uses_mask_fn: bool = False
+    graph_backend: str = "dgl"
+    masks_held: bool = False
 
     def __post_init__(self) -> None:
         for name in ("in_feats", "hidden", "out_feats", "num_layers", "heads"):
@@ -112,6 +126,12 @@ class RevModelShape:
             raise ValueError(f"conv must be one of {_CONVS}, got {self.conv!r}")
         if self.norm not in _NORMS:
             raise ValueError(f"norm must be one of {_NORMS}, got {self.norm!r}")
+        if self.graph_backend not in _GRAPH_BACKENDS:
+            raise ValueError(f"graph_backend must be one of {_GRAPH_BACKENDS}, got {self.graph_backend!r}")
+        if not modelled(self.conv, self.graph_backend):
+            raise ValueError(f"conv={self.conv!r} on the {self.graph_backend} backend is not modelled "
+                             "by the RevGNN memory replay (its op sequence differs from DGL's); "
+                             "modelled there: gcn, sage (or use the dgl backend)")
         if self.gat_merge not in ("mean", "concat"):
             raise ValueError(f"gat_merge must be 'mean' or 'concat', got {self.gat_merge!r}")
         if self.conv == "gat" and self.gat_merge == "concat" and self.group_width % self.heads:
@@ -198,7 +218,7 @@ class RevModelShape:
 def _architecture_fields(arch) -> dict:
     names = ("in_feats", "hidden", "out_feats", "num_layers", "num_groups", "conv", "heads",
              "gat_merge", "norm", "reversible", "checkpoint", "weight_tied", "dtype",
-             "num_parameters")
+             "num_parameters", "graph_backend")
     return {n: getattr(arch, n) for n in names if hasattr(arch, n)}
 
 
@@ -283,7 +303,8 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
     cfg = RevReplayConfig(
         hidden=shape.hidden, num_groups=shape.num_groups, num_layers=shape.num_layers,
         in_feats=shape.in_feats, out_feats=shape.out_feats, conv=shape.conv, heads=shape.heads,
-        gat_merge=shape.gat_merge, norm=shape.norm, mode=shape.mode,
+        gat_merge=shape.gat_merge, norm=shape.norm, mode=shape.mode, graph_backend=shape.graph_backend,
+        masks_held=shape.masks_held,
         weight_tied=shape.weight_tied, dropout=shape.dropout,
         check_consistency=shape.check_consistency, optimizer=opt, elt=elt,
         feat_elt=_itemsize(feat_dtype, "feat_dtype") if feat_dtype is not None else elt,
@@ -336,7 +357,7 @@ def _part_sizes(parts: Sequence[Any], train_mask: Optional[torch.Tensor]):
     for part in parts:
         graph = getattr(part, "graph", part)
         if not hasattr(graph, "num_nodes"):
-            raise TypeError(f"parts must be GraphPart objects or DGL graphs, "
+            raise TypeError(f"parts must be GraphPart objects or whole graphs (dgl.DGLGraph, PygGraph), "
                             f"got {type(part).__name__}")
         n.append(graph.num_nodes())
         e.append(graph.num_edges())
@@ -358,7 +379,7 @@ def estimate_rev_parts(parts: Sequence[Any], arch: Any, *,
 
     Args:
         parts: :class:`~betty.models.rev_training.GraphPart` list (from
-            :func:`~betty.models.rev_training.cluster_partition`) or DGL graphs.
+            :func:`~betty.models.rev_training.cluster_partition`) or whole graphs of either backend.
         arch: see :func:`estimate_rev`.
         train_mask: ``(N,)`` bool over the full graph (default: every node trains).
             Parts without training nodes are skipped by the step: their estimate is the

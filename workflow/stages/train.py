@@ -112,7 +112,7 @@ def _train_once_distributed(ctx: StageContext, repeat: int) -> dict[str, float]:
     """:func:`train_once` on ``train.world_size`` ranks (:mod:`workflow.distributed`)."""
     from workflow.distributed import train_distributed
 
-    out = train_distributed(ctx.rspec, repeat)
+    out = train_distributed(ctx.rspec, repeat, dataset=ctx.dataset())
     advance = ctx.reporter.steps(f"epochs ({ctx.rspec.spec.train.world_size} ranks)", len(out["history"]))
     for entry in out["history"]:
         metrics = {k: v for k, v in entry.items() if k != "epoch"}
