@@ -138,9 +138,9 @@ def _backend(name: str) -> SimpleNamespace:
     from betty.data.synthetic import SYNTHETIC_PRESETS, generate_synthetic
     from betty.graph import Graph
     from betty.models import build_model
-    from betty.models.rev import RevGNN
-    from betty.models.rev_training import cluster_partition
-    from betty.rev_engine import estimate_parts, train_step_parts
+    from betty.rev.model import RevGNN
+    from betty.rev.training import cluster_partition
+    from betty.rev.engine import estimate_parts, train_step_parts
     from betty.sampling import sample_full_batch
     from betty.train import _device_ids, _to_device_blocks
 
@@ -353,8 +353,8 @@ def budget_block(be, kind, graph, feat, label, mask, sizes, device, backend, con
 
 def budget_rev(be, graph, feat, label, mask, sizes, device, backend, consts,
                k1_peak: int) -> dict:
-    """The same for the RevGNN (:func:`betty.memory.rev.search_k_rev`)."""
-    from betty.memory.rev import RevKSearchError, rev_persistent_bytes, search_k_rev
+    """The same for the RevGNN (:func:`betty.rev.memory.search_k_rev`)."""
+    from betty.rev.memory import RevKSearchError, rev_persistent_bytes, search_k_rev
 
     graph = be.rev_graph(graph)
 

@@ -82,7 +82,7 @@ def count_correct(logits: torch.Tensor, target: torch.Tensor, multilabel: bool =
 
 # ---------------------------------------------------------------------------------------
 # The training-step skeleton shared by both engines (sampled blocks here, RevGNN parts in
-# betty.rev_engine): pieces -> loss sum / N_global -> backward -> (all-reduce) -> step.
+# betty.rev.engine): pieces -> loss sum / N_global -> backward -> (all-reduce) -> step.
 
 P = TypeVar("P")
 T = TypeVar("T")

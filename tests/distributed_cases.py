@@ -41,7 +41,7 @@ def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "auto", pa
 
     torch.manual_seed(0)
     if arch == "revgnn":
-        from betty.rev_engine import RevPlan, RevTrainer  # DGL only
+        from betty.rev.engine import RevPlan, RevTrainer  # DGL only
 
         model = build_model("revgnn", FEATS, CLASSES, hidden=8, layers=3, dropout=DROPOUT).to(dtype)
         opt = torch.optim.Adam(model.parameters(), lr=0.01)

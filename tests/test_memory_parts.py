@@ -300,7 +300,7 @@ def test_one_safety_margin_default_for_every_k_search():
 
     from betty.memory import DEFAULT_SAFETY_MARGIN, search_k_rev
     from betty.memory.report import estimate_report
-    from betty.rev_engine import RevPlan
+    from betty.rev.engine import RevPlan
     from workflow.spec import PartitionSection
 
     assert DEFAULT_SAFETY_MARGIN == 0.05

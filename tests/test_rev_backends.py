@@ -11,9 +11,9 @@ pytest.importorskip("torch_geometric")
 
 from betty.backends import backend_of_graph, get_backend  # noqa: E402
 from betty.graph import Graph  # noqa: E402
-from betty.models.rev import RevGNN  # noqa: E402
-from betty.models.rev_deq import RevGNNDEQ  # noqa: E402
-from betty.models.rev_training import backend_graph, cluster_partition  # noqa: E402
+from betty.rev.model import RevGNN  # noqa: E402
+from betty.rev.deq import RevGNNDEQ  # noqa: E402
+from betty.rev.training import backend_graph, cluster_partition  # noqa: E402
 
 pytestmark = pytest.mark.dgl  # needs both frameworks
 

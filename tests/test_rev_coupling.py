@@ -6,8 +6,8 @@ import torch
 from graphs import backend_params, rand_whole_graph
 from torch import nn
 
-from betty.models.rev import GroupedReversibleStack, RevGNN, make_coupling
-from betty.models.rev_coupling import (
+from betty.rev.model import GroupedReversibleStack, RevGNN, make_coupling
+from betty.rev.coupling import (
     GroupFunction,
     ReversibleCoupling,
     find_stochastic_modules,

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from graphs import backend_params, rand_whole_graph
 
-from betty.models.rev import RevGNN
-from betty.models.rev_deq import RevGNNDEQ, anderson_iteration, fixed_point_iteration
+from betty.rev.model import RevGNN
+from betty.rev.deq import RevGNNDEQ, anderson_iteration, fixed_point_iteration
 
 
 @pytest.fixture(params=backend_params())

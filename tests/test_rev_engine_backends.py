@@ -1,4 +1,4 @@
-"""The reversible epoch loop (betty.rev_engine) on each backend: K-part accumulation is
+"""The reversible epoch loop (betty.rev.engine) on each backend: K-part accumulation is
 exact where it is mathematically true (parts that cut no edge), and RevTrainer trains
 with its K split and per-part memory records on the PyG backend as on DGL."""
 
@@ -14,8 +14,8 @@ from betty.data.types import GraphDataset
 from betty.graph import Graph
 from betty.memory import MemoryMeter
 from betty.models import build_model
-from betty.models.rev_training import GraphPart, backend_graph, cluster_partition
-from betty.rev_engine import RevPlan, RevTrainer, SharedHashMasks, backward_parts
+from betty.rev.training import GraphPart, backend_graph, cluster_partition
+from betty.rev.engine import RevPlan, RevTrainer, SharedHashMasks, backward_parts
 
 FEATS, CLASSES, TASKS = 6, 4, 3
 
@@ -115,8 +115,8 @@ def test_trainer_learns_is_reproducible_and_estimates_memory(backend, conv, reve
 
 def test_gat_on_pyg_is_not_estimated():
     pytest.importorskip("torch_geometric")
-    from betty.memory.rev import RevModelShape
-    from betty.rev_engine import supports_estimate
+    from betty.rev.memory import RevModelShape
+    from betty.rev.engine import supports_estimate
 
     with pytest.raises(ValueError, match="not modelled"):
         RevModelShape(4, 8, 2, 3, conv="gat", graph_backend="pyg")

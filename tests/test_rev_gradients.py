@@ -5,8 +5,8 @@ import pytest
 import torch
 from graphs import backend_params, rand_whole_graph
 
-from betty.models.rev import RevGNN
-from betty.models.rev_check import assert_gradient_parity, gradient_parity
+from betty.rev.model import RevGNN
+from betty.rev.check import assert_gradient_parity, gradient_parity
 
 
 @pytest.fixture(params=backend_params())

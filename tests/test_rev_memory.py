@@ -17,8 +17,8 @@ from graphs import backend_params, whole_graph
 
 from betty.backends import backend_of_graph
 from betty.memory.meter import MemoryMeter
-from betty.models.rev import RevGNN
-from betty.models.rev_training import cluster_partition, train_step_partitions
+from betty.rev.model import RevGNN
+from betty.rev.training import cluster_partition, train_step_partitions
 
 N, HIDDEN, IN, OUT = 4096, 8, 8, 4
 ACTIVATION_BYTES = N * HIDDEN * 4  # one (N, hidden) float32 tensor

@@ -10,9 +10,9 @@ from torch import nn
 from betty.batch import LayerEdges
 from betty.backends import get_backend
 
-from betty.models.rev import GroupedReversibleStack, RevGNN, make_coupling
-from betty.models.rev_check import GradientMismatchError, assert_gradient_parity, gradient_parity
-from betty.models.rev_coupling import GroupFunction, ReversibleCoupling
+from betty.rev.model import GroupedReversibleStack, RevGNN, make_coupling
+from betty.rev.check import GradientMismatchError, assert_gradient_parity, gradient_parity
+from betty.rev.coupling import GroupFunction, ReversibleCoupling
 
 
 @pytest.fixture(params=backend_params())

@@ -9,8 +9,8 @@ from torch import nn
 
 from betty.backends import get_backend
 
-from betty.models.rev import RevGNN
-from betty.models.rev_training import (
+from betty.rev.model import RevGNN
+from betty.rev.training import (
     GraphPart,
     cluster_partition,
     full_graph_inference,

@@ -1,7 +1,7 @@
 """What the stages do for ``model.arch: revgnn`` (reversible deep GNNs).
 
 RevGNN trains on the whole graph (K = 1) or on K induced subgraphs per step
-(:class:`betty.rev_engine.RevTrainer`), never on sampled blocks, so:
+(:class:`betty.rev.engine.RevTrainer`), never on sampled blocks, so:
 
 * ``sample`` samples nothing: it logs the "batch" every step covers (``num_outputs`` =
   training nodes, ``num_inputs`` = every node), the tag ``sampling = none (revgnn)`` and
@@ -66,7 +66,7 @@ def sample_stage(ctx: StageContext) -> dict[str, float]:
 
 
 def _split_report(parts, estimates, num_edges: int) -> dict:
-    from betty.rev_engine import edges_kept_fraction
+    from betty.rev.engine import edges_kept_fraction
 
     nodes = [int(p.graph.num_nodes()) for p in parts]
     kept = edges_kept_fraction(parts, num_edges)
@@ -107,7 +107,7 @@ def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None
         ``(rows, skipped)``: one row per (method, K) tried (``error`` set when it
         failed) and ``{method: reason}`` naming the Ks not tried and why.
     """
-    from betty.models.rev_training import backend_graph, cluster_partition
+    from betty.rev.training import backend_graph, cluster_partition
 
     graph = backend_graph(trainer.model, trainer.dataset.graph)  # parts: subgraphs of the model's backend
     ks = sorted({int(k) for k in ks if int(k) <= graph.num_nodes()})
@@ -184,7 +184,7 @@ def partition_stage(ctx: StageContext) -> dict[str, float]:
 
 
 def part_rows(record, repeat: int) -> list[dict]:
-    """One row per part of a :class:`betty.rev_engine.RevEpochRecord` (``PART_COLUMNS``)."""
+    """One row per part of a :class:`betty.rev.engine.RevEpochRecord` (``PART_COLUMNS``)."""
     return [{"repeat": repeat, "epoch": record.epoch, "part": p.index, "num_nodes": p.num_nodes,
              "num_edges": p.num_edges, "num_train": p.num_train, "skipped": p.skipped,
              "peak_bytes": p.peak_bytes, "estimated_bytes": p.estimated_bytes,

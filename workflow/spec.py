@@ -59,13 +59,13 @@ __all__ = [
 ARCHS = ("sage", "gat", "revgnn")
 """Architectures a spec may name: ``sage`` and ``gat`` train on sampled blocks
 (:mod:`betty.engine`), ``revgnn`` on the whole graph or K cluster parts
-(:mod:`betty.rev_engine`)."""
+(:mod:`betty.rev.engine`)."""
 
 REVGNN_CONVS = ("gcn", "sage", "gat")
 REVGNN_NORMS = ("layer", "batch", "none")
 REVGNN_PARTITION_METHODS = ("random", "metis")
 """``partition.method`` for ``revgnn``: how the graph is cut into K induced subgraphs
-(``betty.models.rev_training.cluster_partition``)."""
+(``betty.rev.training.cluster_partition``)."""
 DEFAULT_SWEEP_K = (2, 4, 8, 16, 32)
 
 
@@ -497,7 +497,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
             out.append(Problem("model.norm", m.norm, "allowed with model.deq: true: layer, none"))
         if p.k == "auto":
             out.append(Problem("partition.k", p.k, "'auto' needs the reversible memory estimator "
-                               "(betty.memory.rev), which does not model model.deq: true; allowed: "
+                               "(betty.rev.memory), which does not model model.deq: true; allowed: "
                                "an integer >= 1"))
     elif m.hidden % m.groups:
         out.append(Problem("model.hidden", m.hidden,

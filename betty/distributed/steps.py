@@ -43,13 +43,13 @@ def train_step_parts_parallel(dp: DataParallel, model: torch.nn.Module, optimize
                               parts: Sequence, feat: torch.Tensor, label: torch.Tensor,
                               train_mask: torch.Tensor, *, costs: Sequence[float] | None = None,
                               **kwargs: Any):
-    """:func:`betty.rev_engine.train_step_parts` over ``dp``'s ranks (``parallel=dp``).
+    """:func:`betty.rev.engine.train_step_parts` over ``dp``'s ranks (``parallel=dp``).
 
     ``costs`` (K,): default, each part's nodes + edges. ``kwargs``: those of
-    :func:`betty.rev_engine.backward_parts` (``after_last`` excepted). Returns a
-    :class:`betty.rev_engine.RevStepResult` whose ``parts`` are this rank's.
+    :func:`betty.rev.engine.backward_parts` (``after_last`` excepted). Returns a
+    :class:`betty.rev.engine.RevStepResult` whose ``parts`` are this rank's.
     """
-    from betty.rev_engine import train_step_parts
+    from betty.rev.engine import train_step_parts
 
     return train_step_parts(model, optimizer, parts, feat, label, train_mask, parallel=dp,
                             costs=costs, **kwargs)

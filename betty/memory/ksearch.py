@@ -42,7 +42,7 @@ lists the ``reg`` rounds, then the expensive ones.
 The loop itself (steps 1-3, and the stepping of the expensive split) is
 :func:`smallest_fitting_k`, over a callable ``split_and_estimate(K) -> (pieces,
 per-piece estimates)``: the sampled-batch search here and the RevGNN one
-(:func:`betty.memory.rev.search_k_rev`, cluster parts of the whole graph) both call it.
+(:func:`betty.rev.memory.search_k_rev`, cluster parts of the whole graph) both call it.
 
 ``balance: memory``: :func:`memory_balance_weights` gives each output node a weight
 proportional to its estimated memory (the size of its sampled L-hop neighbourhood per
@@ -82,13 +82,13 @@ _JUMP_SLACK = 1.05
 
 DEFAULT_SAFETY_MARGIN = 0.05
 """The one default fraction of the memory budget every K search keeps free
-(:func:`search_k`, :func:`betty.memory.rev.search_k_rev`, the plans and the spec)."""
+(:func:`search_k`, :func:`betty.rev.memory.search_k_rev`, the plans and the spec)."""
 
 
 class KSearchError(RuntimeError):
     """A K search failed: no K makes the largest piece fit the budget, or the search
     stopped before finding one (``max_evaluations``). Every K-search failure raises
-    this class (:class:`betty.memory.rev.RevKSearchError` is a subclass).
+    this class (:class:`betty.rev.memory.RevKSearchError` is a subclass).
 
     Attributes:
         budget: the memory budget (bytes).

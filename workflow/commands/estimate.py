@@ -76,8 +76,8 @@ def _sampled_report(rspec, ds, device, trainer, model, optimizer, measure: bool)
 def _reversible_report(rspec, ds, device, trainer, model, optimizer, measure: bool) -> dict:
     """RevGNN: the first epoch's K cluster parts (each a whole induced subgraph)."""
     from betty.memory import MemoryMeter
-    from betty.memory.rev import estimate_rev_parts
-    from betty.rev_engine import supports_estimate, train_step_parts
+    from betty.rev.memory import estimate_rev_parts
+    from betty.rev.engine import supports_estimate, train_step_parts
 
     if not supports_estimate(model):
         raise ValueError("the memory model does not cover this reversible variant "

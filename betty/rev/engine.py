@@ -1,5 +1,5 @@
-"""The epoch loop of reversible deep GNNs (:class:`betty.models.rev.RevGNN`,
-:class:`betty.models.rev_deq.RevGNNDEQ`): full graph or K cluster parts per step.
+"""The epoch loop of reversible deep GNNs (:class:`betty.rev.model.RevGNN`,
+:class:`betty.rev.deq.RevGNNDEQ`): full graph or K cluster parts per step.
 
 A reversible block maps a node set to *the same* node set, so these models cannot run
 on Betty's shrinking sampled blocks (:mod:`betty.engine`). Each training step instead
@@ -8,7 +8,7 @@ accumulates their gradients into one optimizer step, as RevGNN does on ogbn-prot
 (10 random parts) and ogbn-products:
 
 * K = 1: the full graph, an exact full-batch step;
-* K > 1: :func:`betty.models.rev_training.cluster_partition` with ``method="random"``
+* K > 1: :func:`betty.rev.training.cluster_partition` with ``method="random"``
   (a fresh uniform split every epoch, seeded by :func:`cluster_seed` ``(seed, epoch)``)
   or ``"metis"`` (computed once, kept for the run). Edges between parts are dropped,
   so a K-part step is the gradient of a *different* model (each node sees only its
@@ -31,9 +31,9 @@ model (Bernoulli, per forward).
 
 Memory: one :class:`betty.memory.MemoryMeter` region per part (forward + backward; the
 first region also creates the gradients, the last one holds the optimizer step), and
-per part the analytic estimate of :func:`betty.memory.rev.estimate_rev_parts` (RevGNN
+per part the analytic estimate of :func:`betty.rev.memory.estimate_rev_parts` (RevGNN
 only: the DEQ variant has no estimator). ``k="auto"`` picks the smallest K whose largest
-part fits the budget (:func:`betty.memory.rev.search_k_rev`) at the first split; with
+part fits the budget (:func:`betty.rev.memory.search_k_rev`) at the first split; with
 random parts every later epoch's fresh split is estimated against the budget too, and a
 split that does not fit runs the search again for that epoch (as the sampled-batch
 engine re-partitions a batch whose estimate grew past the budget).
@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from betty.engine import estimate_error, memory_metrics
 from betty.models.dropout import dropout_key, hash_keep_mask
-from betty.models.rev_training import GraphPart, backend_graph, cluster_partition, count_train_nodes
+from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes
 from betty.train import (PieceForward, accumulate_pieces, count_correct, largest_peak,
                          node_loss_sum, step_over_pieces)
 
@@ -354,20 +354,20 @@ def train_step_parts(
 
 
 def supports_estimate(model: nn.Module) -> bool:
-    """Whether :mod:`betty.memory.rev` can estimate ``model`` (a RevGNN, not the DEQ;
+    """Whether :mod:`betty.rev.memory` can estimate ``model`` (a RevGNN, not the DEQ;
     not GAT on the PyG backend, whose op sequence is not modelled)."""
-    from betty.memory.rev import modelled
-    from betty.models.rev import RevGNN
+    from betty.rev.memory import modelled
+    from betty.rev.model import RevGNN
 
     return isinstance(model, RevGNN) and modelled(model.conv_type, model.backend_name)
 
 
 def estimate_parts(model: nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[GraphPart],
                    train_mask: Tensor, **memory_kwargs: Any) -> list[int]:
-    """Estimated peak bytes of every part's step (:func:`betty.memory.rev.estimate_rev_parts`;
+    """Estimated peak bytes of every part's step (:func:`betty.rev.memory.estimate_rev_parts`;
     ``memory_kwargs``: ``dtype``, ``backend``, ``label_columns``, ``feat_dtype``,
     ``masks_held``)."""
-    from betty.memory.rev import estimate_rev_parts
+    from betty.rev.memory import estimate_rev_parts
 
     return [int(e.peak) for e in estimate_rev_parts(parts, model, train_mask=train_mask,
                                                     optimizer=optimizer, **memory_kwargs)]
@@ -378,8 +378,8 @@ class RevTrainer:
     accumulated over the plan's K parts.
 
     Args:
-        model: a :class:`~betty.models.rev.RevGNN` or
-            :class:`~betty.models.rev_deq.RevGNNDEQ` on ``device``.
+        model: a :class:`~betty.rev.model.RevGNN` or
+            :class:`~betty.rev.deq.RevGNNDEQ` on ``device``.
         optimizer: its optimizer.
         dataset: a :class:`betty.data.GraphDataset`.
         plan: the split (:class:`RevPlan`).
@@ -391,7 +391,7 @@ class RevTrainer:
         dropout_mode: ``"deterministic"`` (:class:`SharedHashMasks`) or ``"standard"``.
         meter: optional :class:`betty.memory.MemoryMeter` (one region per part).
         estimate_memory: estimate every part (RevGNN only; ignored for the DEQ).
-        on_search: called with the :class:`betty.memory.rev.RevKSearchResult` of
+        on_search: called with the :class:`betty.rev.memory.RevKSearchResult` of
             ``k="auto"``.
         parallel: a :class:`betty.distributed.DataParallel`: spread the parts over its
             ranks and all-reduce the gradients (every rank builds the same trainer).
@@ -440,7 +440,7 @@ class RevTrainer:
         return int(getattr(self.model, "num_layers", 1)) if supports_estimate(self.model) else 1
 
     def _search(self, epoch: int) -> list[GraphPart]:
-        from betty.memory.rev import search_k_rev
+        from betty.rev.memory import search_k_rev
 
         result = search_k_rev(backend_graph(self.model, self.dataset.graph), self.model, int(self.plan.memory_budget),
                               method=self.plan.method, seed=self._split_seed(epoch),

@@ -1,14 +1,14 @@
-"""Analytic training memory of reversible deep GNNs (:class:`betty.models.rev.RevGNN`).
+"""Analytic training memory of reversible deep GNNs (:class:`betty.rev.model.RevGNN`).
 
 What is estimated is the peak :class:`~betty.memory.meter.MemoryMeter` reads around one
-:func:`betty.models.rev_training.train_step_partitions` step with the model and the
+:func:`betty.rev.training.train_step_partitions` step with the model and the
 optimizer tracked (optimizer state assumed to exist: the steady state after the first
 step): the maximum over the step of
 
     parameters + optimizer state + gradients + everything one part allocates
     (+ the optimizer's temporaries during its step),
 
-computed by replaying the step op by op (:mod:`betty.memory.rev_replay`), not by adding
+computed by replaying the step op by op (:mod:`betty.rev.replay`), not by adding
 up parts. For ``N`` nodes and ``E`` edges in a part, hidden width ``D`` in ``C``
 groups of width ``w = D / C``, depth ``L`` and ``e`` bytes per element, the terms are:
 
@@ -27,7 +27,7 @@ groups of width ``w = D / C``, depth ``L`` and ``e`` bytes per element, the term
 * head (norm, ReLU, dropout, decoder) and loss.
 
 :func:`estimate_rev` estimates one part (or the whole graph); :func:`estimate_rev_parts`
-every part of a K-way split (:func:`~betty.models.rev_training.cluster_partition`), the
+every part of a K-way split (:func:`~betty.rev.training.cluster_partition`), the
 largest of which is the step's peak; :func:`search_k_rev` picks the smallest K whose
 largest part fits a budget (``k: auto`` for reversible models).
 
@@ -51,7 +51,7 @@ import torch
 from betty.memory.constants import BackendConstants, load_constants
 from betty.memory.estimator import MemoryEstimate
 from betty.memory.ksearch import DEFAULT_SAFETY_MARGIN, KSearchError
-from betty.memory.rev_replay import RevReplayConfig, replay_rev, rev_parameter_shapes
+from betty.rev.replay import RevReplayConfig, replay_rev, rev_parameter_shapes
 from betty.memory.spec import OptimizerSpec, as_optimizer_spec
 
 __all__ = [
@@ -81,7 +81,7 @@ def modelled(conv: str, graph_backend: str) -> bool:
 class RevModelShape:
     """What the estimator needs to know about a RevGNN (see :meth:`of`).
 
-    Attributes mirror :class:`~betty.models.rev.RevArchitecture`, plus ``dropout`` (the
+    Attributes mirror :class:`~betty.rev.model.RevArchitecture`, plus ``dropout`` (the
     probability of RevGNN's Bernoulli masks; 0: no masks) and ``check_consistency``
     (the reversible backward's recomputation check, two ``(N, D)`` transients), and
     ``graph_backend`` (``"dgl"`` or ``"pyg"``: whose convolution op sequence is replayed)
@@ -179,8 +179,8 @@ class RevModelShape:
     # ------------------------------------------------------------------ construction
     @classmethod
     def of(cls, arch: Any, **overrides: Any) -> "RevModelShape":
-        """From a :class:`~betty.models.rev.RevGNN`, a
-        :class:`~betty.models.rev.RevArchitecture` (which does not record the dropout:
+        """From a :class:`~betty.rev.model.RevGNN`, a
+        :class:`~betty.rev.model.RevArchitecture` (which does not record the dropout:
         pass ``dropout=``), another :class:`RevModelShape` or a mapping of its fields;
         ``overrides`` replace fields (``None`` values are ignored)."""
         overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -374,12 +374,12 @@ def _part_sizes(parts: Sequence[Any], train_mask: Optional[torch.Tensor]):
 def estimate_rev_parts(parts: Sequence[Any], arch: Any, *,
                        train_mask: Optional[torch.Tensor] = None, zeroed_grads: bool = True,
                        **kwargs: Any) -> list[MemoryEstimate]:
-    """Estimate every part of a split as :func:`~betty.models.rev_training.
+    """Estimate every part of a split as :func:`~betty.rev.training.
     train_step_partitions` runs it; the step's peak is the largest.
 
     Args:
-        parts: :class:`~betty.models.rev_training.GraphPart` list (from
-            :func:`~betty.models.rev_training.cluster_partition`) or whole graphs of either backend.
+        parts: :class:`~betty.rev.training.GraphPart` list (from
+            :func:`~betty.rev.training.cluster_partition`) or whole graphs of either backend.
         arch: see :func:`estimate_rev`.
         train_mask: ``(N,)`` bool over the full graph (default: every node trains).
             Parts without training nodes are skipped by the step: their estimate is the
@@ -443,7 +443,7 @@ def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed:
     keywords: see :func:`estimate_rev_sizes`.
     """
     from betty.memory.ksearch import smallest_fitting_k
-    from betty.models.rev_training import cluster_partition
+    from betty.rev.training import cluster_partition
 
     n_nodes = graph.num_nodes()
     max_k = n_nodes if max_k is None else int(max_k)

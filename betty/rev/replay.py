@@ -1,9 +1,9 @@
 """Symbolic replay of one RevGNN training step on one graph part: every tensor it
 allocates and frees, op by op.
 
-The replay walks what :func:`betty.models.rev_training.train_step_partitions` does for
+The replay walks what :func:`betty.rev.training.train_step_partitions` does for
 one part (``N`` nodes, ``E`` edges, ``T`` training nodes) of a
-:class:`~betty.models.rev.RevGNN` and records each tensor storage on a
+:class:`~betty.rev.model.RevGNN` and records each tensor storage on a
 :class:`~betty.memory.timeline.Timeline` when it is created and when its last holder
 (a Python variable, a tensor autograd saved, a DGL frame, an autograd input buffer, a
 reversible hand-off) lets go of it. The estimate is the maximum of the live bytes over
@@ -43,7 +43,7 @@ element):
    and allocates ``sqrt(v)`` and ``sqrt(v) / c`` per parameter (the previous
    denominator is freed when the next one is assigned); SGD allocates nothing.
 
-The op sequences were read off the code of ``betty.models.rev*``, DGL 2.1's
+The op sequences were read off the code of ``betty.rev.model*``, DGL 2.1's
 ``GraphConv`` (``norm='both'``), ``SAGEConv('mean')`` and ``GATConv``, PyTorch 2.2's
 autograd engine (gradient accumulation in its input buffers, non-reentrant
 checkpointing with early stop) and checked op by op against a dispatch-mode trace on
@@ -127,7 +127,7 @@ class RevReplayConfig:
         granule: allocation rounding in bytes (CUDA's caching allocator: 512).
         graph_backend: ``"dgl"`` (DGL's fused message passing) or ``"pyg"`` (betty's
             PyG layers: gathered ``(E, w)`` messages and ``scatter_add``); GAT on PyG
-            is not modelled (refused by :class:`betty.memory.rev.RevModelShape`).
+            is not modelled (refused by :class:`betty.rev.memory.RevModelShape`).
         masks_held: the dropout masks live until the part ends (a per-part mask cache);
             else the residual network frees each with its last autograd holder.
     """

@@ -50,8 +50,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from betty.models.rev import MaskFn, check_graph_backend, graph_node_ids, resolve_mask_source
-from betty.models.rev_coupling import CONV_TYPES, ConvLayer, make_norm
+from betty.rev.model import MaskFn, check_graph_backend, graph_node_ids, resolve_mask_source
+from betty.rev.coupling import CONV_TYPES, ConvLayer, make_norm
 
 __all__ = [
     "DEQArchitecture",
@@ -376,7 +376,7 @@ class RevGNNDEQ(nn.Module):
         mask_fn: Optional[MaskFn] = None,
     ) -> Tensor:
         """Node outputs ``(N, out_feats)`` for features ``x`` ``(N, in_feats)``; masks as
-        in :meth:`betty.models.rev.RevGNN.forward` (cell = layer 0, decoder = layer 1)."""
+        in :meth:`betty.rev.model.RevGNN.forward` (cell = layer 0, decoder = layer 1)."""
         check_graph_backend(graph, self.backend_name)
         if x.dim() != 2 or x.shape[1] != self.in_feats or x.shape[0] != graph.num_nodes():
             raise ValueError(

@@ -5,9 +5,9 @@ math and parameter names on both, so one state_dict loads in either).
 
 Layers, thinnest first:
 
-* :class:`~betty.models.rev_coupling.ReversibleCoupling` - the grouped coupling math
+* :class:`~betty.rev.coupling.ReversibleCoupling` - the grouped coupling math
   ``X'_i = f_i(X'_{i-1}) + X_i`` and its inverse;
-* :func:`~betty.models.rev_autograd.apply_reversible` - the autograd Function that keeps
+* :func:`~betty.rev.autograd.apply_reversible` - the autograd Function that keeps
   no activations (forward under ``no_grad``, input storage freed, backward reconstructs);
 * :class:`ReversibleBlock` - a module wrapping one coupling, switchable to a plain
   residual block (``disable``) with optional gradient checkpointing;
@@ -18,7 +18,7 @@ Layers, thinnest first:
 
 Every block maps ``(N, D) -> (N, D)`` on the same node set: reversible networks cannot run
 on shrinking sampled blocks. Train them on the full graph or on K induced subgraphs per
-step (:mod:`betty.models.rev_training`).
+step (:mod:`betty.rev.training`).
 
 Dropout: one multiplier mask per forward pass, shared by all blocks (as in RevGNN), or a
 deterministic ``mask_fn(shape, node_ids, layer)`` evaluated again in the backward pass.
@@ -40,8 +40,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from betty.models.rev_autograd import MaskSource, apply_reversible
-from betty.models.rev_coupling import (
+from betty.rev.autograd import MaskSource, apply_reversible
+from betty.rev.coupling import (
     CONV_TYPES,
     NORM_TYPES,
     GroupFunction,
@@ -199,7 +199,7 @@ def _check_same_node_set(graph, x: Tensor) -> None:
         raise ValueError(
             f"graph is a {label} block (sampled bipartite layer): reversible blocks need the same "
             "node set at input and output; pass a whole graph or an induced subgraph "
-            "(betty.models.rev_training.cluster_partition)"
+            "(betty.rev.training.cluster_partition)"
         )
     if x.shape[0] != graph.num_nodes():
         raise ValueError(
