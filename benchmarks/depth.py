@@ -1,7 +1,7 @@
 """Training memory of RevGNN versus depth: reversible, residual, residual + checkpointing.
 
 For each depth and mode, builds ``RevGNN(in, hidden, out, depth)`` on a random graph and
-measures one training step (:func:`betty.models.rev_training.train_step_partitions`:
+measures one training step (:func:`betty.rev.training.train_step_partitions`:
 ``zero_grad`` + forward + backward on each of ``--parts`` random parts + optimizer step,
 cross-entropy on random labels, every node training) with
 ``betty.memory.meter.MemoryMeter`` (tracking the model and optimizer; with Adam, one
@@ -10,7 +10,7 @@ unmeasured step first so its state exists). Columns:
 * ``peak``: measured peak live bytes (parameters included);
 * ``params``: parameter bytes (the gradients add the same again during the step);
 * ``activ``: ``peak - 2 * params`` (what is neither a parameter nor a gradient);
-* ``estimate``: :func:`betty.memory.rev.estimate_rev_parts` (largest part), and ``err``
+* ``estimate``: :func:`betty.rev.memory.estimate_rev_parts` (largest part), and ``err``
   its relative error against ``peak``;
 * ``time``: wall time of the measured step (the dispatch meter slows small ops down).
 
@@ -29,9 +29,9 @@ import dgl
 import torch
 
 from betty.memory.meter import MemoryMeter
-from betty.memory.rev import estimate_rev_parts
-from betty.models.rev import RevGNN
-from betty.models.rev_training import cluster_partition, train_step_partitions
+from betty.rev.memory import estimate_rev_parts
+from betty.rev.model import RevGNN
+from betty.rev.training import cluster_partition, train_step_partitions
 
 MODES = ("reversible", "residual", "checkpoint")
 

@@ -100,49 +100,58 @@ FULL = Sizes(graph_nodes=(20_000, 100_000), avg_degree=12.0, feats=100, classes=
 def resolve_backend(name: str) -> SimpleNamespace:
     """The graph backend's callables, the only backend-specific part of the check.
 
-    Fields: ``name``; ``graph(src, dst, n)`` -> the backend's graph; ``sample(graph,
+    Fields: ``name``; ``graph(src, dst, n)`` -> a :class:`betty.graph.Graph`;
+    ``rev_graph(graph)`` -> the backend's whole-graph object for the RevGNN; ``sample(graph,
     outputs, fanouts, seed=)`` -> :class:`betty.batch.SampledBatch`; ``build_model(arch,
     in, out, **kw)``; ``rev_model(in, hidden, out, layers)``; ``cluster_partition(graph,
-    k, method, seed)``; ``to_device_blocks(mb, device)``; ``device_ids(model, mb,
+    k, method, seed)``; ``to_device_blocks(mb, device, model)``; ``device_ids(model, mb,
     device)``; ``train_step_parts`` / ``estimate_parts`` (reversible steps);
     ``products(scale)`` -> ``(graph, feat, label, train_idx)``; ``block_formats``
     (whether calibration measures device graph formats).
 
     Raises:
         ValueError: unknown name (allowed: auto, dgl, pyg).
-        RuntimeError: the backend cannot run here (not installed / not wired).
+        RuntimeError: the backend's framework is not installed (names the install command).
     """
     allowed = ("auto", "dgl", "pyg")
     if name not in allowed:
         raise ValueError(f"--backend must be one of {allowed}, got {name!r}")
-    if name == "auto":
-        name = "dgl" if importlib.util.find_spec("dgl") is not None else "pyg"
-    if name == "pyg":
-        raise RuntimeError("PyG backend not available in this version of betty: gpu_check "
-                           "runs with --backend dgl only (wire the PyG backend in "
-                           "benchmarks/gpu_check.py:resolve_backend)")
-    if importlib.util.find_spec("dgl") is None:
-        raise RuntimeError("--backend dgl needs the dgl package, which is not installed here")
-    return _dgl_backend()
+    from betty.backends import BackendUnavailable
+    from betty.backends import resolve_backend as resolve_gnn_backend
+
+    try:
+        name = resolve_gnn_backend(name)
+    except BackendUnavailable as err:
+        raise RuntimeError(str(err)) from err
+    return _backend(name)
 
 
-def _dgl_backend() -> SimpleNamespace:
-    import dgl
+def _backend(name: str) -> SimpleNamespace:
+    """The seam for GNN backend ``name`` (``"dgl"`` or ``"pyg"``): graphs are
+    :class:`betty.graph.Graph` (betty's sampler reads them directly); the RevGNN runs on
+    the backend's whole-graph object (``rev_graph``); models and blocks are built on
+    ``name``; calibration measures device graph formats only for DGL (PyG blocks are a
+    plain ``edge_index``)."""
+    from functools import partial
 
+    from betty.backends import get_backend
     from betty.data.synthetic import SYNTHETIC_PRESETS, generate_synthetic
+    from betty.graph import Graph
     from betty.models import build_model
-    from betty.models.rev import RevGNN
-    from betty.rev_engine import estimate_parts, train_step_parts
-    from betty.models.rev_training import cluster_partition
+    from betty.rev.model import RevGNN
+    from betty.rev.training import cluster_partition
+    from betty.rev.engine import estimate_parts, train_step_parts
     from betty.sampling import sample_full_batch
     from betty.train import _device_ids, _to_device_blocks
 
+    gnn = get_backend(name)
+
     def graph(src, dst, n):
-        return dgl.graph((src, dst), num_nodes=n, idtype=torch.int64)
+        return Graph(src, dst, n)
 
     def rev_model(in_feats, hidden, out_feats, layers):
         return RevGNN(in_feats, hidden, out_feats, layers, num_groups=2, conv="sage",
-                      dropout=0.1, norm="layer")
+                      dropout=0.1, norm="layer", backend=name)
 
     def products(scale):
         from dataclasses import replace
@@ -151,12 +160,13 @@ def _dgl_backend() -> SimpleNamespace:
                                 "synthetic-products")
         return ds.graph, ds.feat, ds.label, ds.train_idx
 
-    return SimpleNamespace(name="dgl", graph=graph, sample=sample_full_batch,
-                           build_model=build_model, rev_model=rev_model,
+    return SimpleNamespace(name=name, graph=graph, rev_graph=gnn.full_graph,
+                           sample=sample_full_batch,
+                           build_model=partial(build_model, backend=name), rev_model=rev_model,
                            cluster_partition=cluster_partition,
                            to_device_blocks=_to_device_blocks, device_ids=_device_ids,
                            train_step_parts=train_step_parts, estimate_parts=estimate_parts,
-                           products=products, block_formats=True)
+                           products=products, block_formats=name == "dgl")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -276,6 +286,8 @@ def rev_rows(be, graph, feat, label, mask, sizes, device, backend, consts):
     """Estimate vs measure every part of K in :data:`KS` for the RevGNN."""
     from betty.memory import MemoryMeter
 
+    graph = be.rev_graph(graph)
+
     before = device_bytes(device)
     torch.manual_seed(0)
     model = be.rev_model(sizes.feats, sizes.hidden, sizes.classes, sizes.rev_layers).to(device)
@@ -341,8 +353,10 @@ def budget_block(be, kind, graph, feat, label, mask, sizes, device, backend, con
 
 def budget_rev(be, graph, feat, label, mask, sizes, device, backend, consts,
                k1_peak: int) -> dict:
-    """The same for the RevGNN (:func:`betty.memory.rev.search_k_rev`)."""
-    from betty.memory.rev import RevKSearchError, rev_persistent_bytes, search_k_rev
+    """The same for the RevGNN (:func:`betty.rev.memory.search_k_rev`)."""
+    from betty.rev.memory import RevKSearchError, rev_persistent_bytes, search_k_rev
+
+    graph = be.rev_graph(graph)
 
     torch.manual_seed(0)
     model = be.rev_model(sizes.feats, sizes.hidden, sizes.classes, sizes.rev_layers).to(device)
@@ -428,7 +442,7 @@ def timed_epoch(be, model, opt, graph, feat, label, outputs, fanouts, k, method,
         mb = carver.carve(idx)
         t["carving"] += time.perf_counter() - start
         start = time.perf_counter()
-        blocks = be.to_device_blocks(mb, device)
+        blocks = be.to_device_blocks(mb, device, model)
         src_nids, edge_ids = be.device_ids(model, mb, device)
         x = feat[mb.input_nid].to(device)
         y = label[mb.output_nid].to(device)

@@ -16,8 +16,9 @@ the current sample.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,8 @@ class PartitionPlan:
         safety_margin: fraction of the budget kept free.
         options: method options for :func:`betty.partition.partition_batch` (e.g.
             ``time_limit_s``, ``deterministic``, ``threads`` for ``hypergraph``).
+        min_k: smallest K the search (``k="auto"``) may choose; a data-parallel
+            :class:`Trainer` raises it to its world size (K >= N ranks).
     """
 
     method: str = "random"
@@ -58,6 +61,7 @@ class PartitionPlan:
     memory_budget: int | None = None
     safety_margin: float = DEFAULT_SAFETY_MARGIN
     options: dict = field(default_factory=dict)
+    min_k: int = 1
 
 
 @dataclass
@@ -102,14 +106,9 @@ class EpochRecord:
     @property
     def mem_estimate_error(self) -> float | None:
         """max over micro-batches of |estimated - measured| / measured."""
-        errs = []
-        for b in self.batches:
-            if b.micro_estimated_bytes is None:
-                continue
-            for m, est in zip(b.micro, b.micro_estimated_bytes):
-                if m.peak_bytes:
-                    errs.append(abs(est - m.peak_bytes) / m.peak_bytes)
-        return max(errs) if errs else None
+        return estimate_error((est, m.peak_bytes) for b in self.batches
+                              if b.micro_estimated_bytes is not None
+                              for m, est in zip(b.micro, b.micro_estimated_bytes))
 
     def metrics(self) -> dict[str, float]:
         """The per-epoch metrics with their stable MLflow names."""
@@ -127,6 +126,13 @@ class EpochRecord:
         out.update(memory_metrics(self.peak_mem_measured_bytes, self.peak_mem_estimated_bytes,
                                   self.mem_estimate_error))
         return out
+
+
+def estimate_error(pairs: Iterable[tuple[int | None, int | None]]) -> float | None:
+    """``max |estimated − measured| / measured`` over the ``(estimated, measured)`` pairs
+    where both are known (and measured > 0); ``None`` when there is none."""
+    errs = [abs(est - meas) / meas for est, meas in pairs if meas and est is not None]
+    return max(errs) if errs else None
 
 
 def memory_metrics(measured: int | None, estimated: int | None, error: float | None) -> dict[str, float]:
@@ -239,7 +245,10 @@ class Trainer:
     def _fresh_partition(self, batch: SampledBatch, epoch: int, batch_index: int):
         seed = self.seed + 1000 * epoch + batch_index
         if self.plan.k == "auto":
-            return self.k_chooser(batch, self.plan, seed)
+            plan = self.plan
+            if self.parallel is not None and self.parallel.world_size > plan.min_k:
+                plan = dataclasses.replace(plan, min_k=self.parallel.world_size)  # K >= N
+            return self.k_chooser(batch, plan, seed)
         weights = None
         if self.plan.balance == "memory":
             weights = memory_balance_weights(batch, self.model)

@@ -19,9 +19,10 @@ and everything is released before the next one starts.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 from torch.nn import functional as F
@@ -30,6 +31,12 @@ from betty.batch import MicroBatch, SampledBatch
 from betty.microbatch import Carver, validate_groups
 
 __all__ = [
+    "PieceForward",
+    "PieceRun",
+    "accumulate_pieces",
+    "step_over_pieces",
+    "count_correct",
+    "largest_peak",
     "MicroBatchRecord",
     "StepResult",
     "train_step",
@@ -64,10 +71,137 @@ def node_loss_sum(logits: torch.Tensor, target: torch.Tensor, multilabel: bool =
     return F.cross_entropy(logits, target, reduction="sum")
 
 
-def _correct(logits: torch.Tensor, target: torch.Tensor, multilabel: bool) -> float:
-    if multilabel:  # fraction of correct task predictions, summed over nodes
+def count_correct(logits: torch.Tensor, target: torch.Tensor, multilabel: bool = False) -> float:
+    """Correct predictions summed over the ``n`` rows: single-label ``logits (n, C)``,
+    ``target (n,)``: ``Σ [argmax logits = target]``; multi-label ``(n, T)``: the
+    fraction of the T tasks whose sign is right, summed over rows."""
+    if multilabel:
         return float(((logits > 0) == (target > 0.5)).float().mean(1).sum())
     return float((logits.argmax(1) == target).sum())
+
+
+# ---------------------------------------------------------------------------------------
+# The training-step skeleton shared by both engines (sampled blocks here, RevGNN parts in
+# betty.rev.engine): pieces -> loss sum / N_global -> backward -> (all-reduce) -> step.
+
+P = TypeVar("P")
+T = TypeVar("T")
+
+
+@dataclass
+class PieceForward:
+    """What an engine's forward of one piece hands to :func:`accumulate_pieces`.
+
+    Attributes:
+        loss_sum: 0-dim tensor ``Σ_{v in piece} ℓ(v)`` (not yet divided by ``N``).
+        count_correct: called after the backward: correct predictions of the piece
+            (:func:`count_correct`).
+        keep: tensors to keep alive until the piece ends (the memory model replays
+            them as live through the backward: blocks, features, IDs).
+        release: called after ``count_correct`` (e.g. to drop cached dropout masks).
+        info: engine data passed through to :attr:`PieceRun.info`.
+    """
+
+    loss_sum: torch.Tensor | None
+    count_correct: Callable[[], float]
+    keep: tuple = ()
+    release: Callable[[], None] | None = None
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class PieceRun:
+    """One piece that ran: ``loss`` = ``loss_sum / N``, ``correct``, wall ``seconds`` of
+    its meter region (forward, backward and ``after_last``), measured ``peak_bytes``
+    (``None`` without a meter) and the forward's ``info``."""
+
+    index: int
+    loss: float
+    correct: float
+    seconds: float
+    peak_bytes: int | None
+    info: dict
+
+
+def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], PieceForward],
+                      n_global: int, *, meter=None, last_index: int | None = None,
+                      after_last: Callable[[], None] | None = None) -> list[PieceRun]:
+    """Forward and backward each piece, accumulating ``∇ (loss_sum_k / N)`` into ``.grad``.
+
+    With ``N = n_global`` the number of loss terms of the whole step (all pieces, all
+    ranks), ``Σ_k loss_sum_k / N`` is the full step's mean loss, and the gradients left
+    in ``.grad`` are its gradient (no zeroing, no optimizer step here).
+
+    Args:
+        pieces: ``(index, piece)`` pairs; whatever producing a piece costs (carving a
+            micro-batch) happens outside the piece's meter region.
+        forward: the engine's forward of one piece (inside the region).
+        n_global: ``N``.
+        meter: a :class:`betty.memory.MemoryMeter`: one region per piece.
+        last_index, after_last: ``after_last()`` runs inside piece ``last_index``'s
+            region, after everything the piece allocated is released (the optimizer
+            step, so its temporaries are measured with the last piece).
+    """
+    runs: list[PieceRun] = []
+    for index, piece in pieces:
+        start = time.perf_counter()
+        with (meter.measure() if meter is not None else nullcontext()) as reading:
+            fwd = forward(piece)
+            loss = fwd.loss_sum / n_global
+            fwd.loss_sum = None
+            loss.backward()
+            value, correct, info = float(loss.detach()), fwd.count_correct(), fwd.info
+            if fwd.release is not None:
+                fwd.release()
+            del fwd, loss
+            if after_last is not None and index == last_index:
+                after_last()
+        runs.append(PieceRun(index=index, loss=value, correct=correct,
+                             seconds=time.perf_counter() - start,
+                             peak_bytes=None if reading is None else int(reading.peak_bytes),
+                             info=info))
+    return runs
+
+
+def step_over_pieces(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     run: Callable[[frozenset[int] | None, Callable[[], None] | None],
+                                   tuple[T, float, float]],
+                     *, parallel=None, costs: Sequence[float] | None = None,
+                     step_in_last_region: bool = False) -> tuple[T, float, float]:
+    """One optimizer step: ``zero_grad`` -> ``run(pieces, after_last)`` -> (gradient
+    all-reduce) -> ``optimizer.step()``.
+
+    ``run(None, after_last)`` runs every piece (``pieces``: a set of piece indices, this
+    rank's under ``parallel``) and returns ``(result, loss, correct)``; ``after_last``
+    (only with ``step_in_last_region``, single process) is the optimizer step, to be
+    run inside the last piece's meter region (stepped here if ``run`` did not).
+    ``parallel``: a :class:`betty.distributed.DataParallel` that assigns the pieces by
+    ``costs`` (K,), all-reduces the gradients and steps; ``loss`` and ``correct`` are
+    then summed over the ranks. Returns ``(result, loss, correct)``.
+    """
+    if parallel is not None:
+        result, loss, correct = parallel.step(model, optimizer, costs,
+                                              lambda mine: run(frozenset(mine), None))
+        loss, correct = parallel.sum_scalars(loss, correct)
+        return result, loss, correct
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    stepped: list[bool] = []
+
+    def step() -> None:
+        optimizer.step()
+        stepped.append(True)
+
+    out = run(None, step if step_in_last_region else None)
+    if not stepped:
+        optimizer.step()
+    return out
+
+
+def largest_peak(records: Iterable) -> int | None:
+    """The largest ``peak_bytes`` of ``records`` that have one (``None`` if none do)."""
+    peaks = [r.peak_bytes for r in records if r.peak_bytes is not None]
+    return max(peaks) if peaks else None
 
 
 @dataclass
@@ -113,8 +247,7 @@ class StepResult:
 
     @property
     def peak_bytes(self) -> int | None:
-        peaks = [m.peak_bytes for m in self.micro if m.peak_bytes is not None]
-        return max(peaks) if peaks else None
+        return largest_peak(self.micro)
 
 
 def _device_ids(model, mb: MicroBatch, device):
@@ -195,44 +328,45 @@ def accumulate_gradients(
         k = int(groups.max()) + 1
     groups = validate_groups(groups, batch.num_outputs, k)
     n_total = batch.num_outputs
-    total_loss, total_correct = 0.0, 0.0
-    records: list[MicroBatchRecord] = []
     if pieces is not None:
         pieces = frozenset(int(p) for p in pieces)
-    for index, mb, t_carve in _micro_batches(batch, groups, k, pieces):
-        region = meter.measure() if meter is not None else nullcontext()
-        with region as reading:
-            start = time.perf_counter()
-            blocks = _to_device_blocks(mb, device, model)
-            src_nids, edge_ids = _device_ids(model, mb, device)
-            t_block = t_carve + time.perf_counter() - start
 
-            start = time.perf_counter()
-            x = feat[mb.input_nid].to(device)
-            if dtype is not None:
-                x = x.to(dtype)
-            y = label[mb.output_nid].to(device)
-            logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids, dropout_key=dropout_key)
-            loss = node_loss_sum(logits, y, multilabel) / n_total
-            loss.backward()
-            piece_loss = float(loss.detach())
-            total_loss += piece_loss
-            total_correct += _correct(logits.detach(), y, multilabel)
-            del blocks, src_nids, edge_ids, x, y, logits, loss
-            t_compute = time.perf_counter() - start
-        records.append(
-            MicroBatchRecord(
-                index=index,
-                num_outputs=mb.num_outputs,
-                num_inputs=mb.layers[0].num_src,
-                num_edges=sum(layer.num_edges for layer in mb.layers),
-                loss=piece_loss,
-                time_block_s=t_block,
-                time_compute_s=t_compute,
-                peak_bytes=None if reading is None else reading.peak_bytes,
-            )
+    def forward(carved: tuple[MicroBatch, float]) -> PieceForward:
+        mb, t_carve = carved
+        start = time.perf_counter()
+        blocks = _to_device_blocks(mb, device, model)
+        src_nids, edge_ids = _device_ids(model, mb, device)
+        t_block = time.perf_counter() - start
+        x = feat[mb.input_nid].to(device)
+        if dtype is not None:
+            x = x.to(dtype)
+        y = label[mb.output_nid].to(device)
+        logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids, dropout_key=dropout_key)
+        return PieceForward(
+            loss_sum=node_loss_sum(logits, y, multilabel),
+            count_correct=lambda: count_correct(logits.detach(), y, multilabel),
+            keep=(blocks, src_nids, edge_ids, x),
+            info={"num_outputs": mb.num_outputs, "num_inputs": mb.layers[0].num_src,
+                  "num_edges": sum(layer.num_edges for layer in mb.layers),
+                  "t_carve": t_carve, "t_block": t_block})
+
+    runs = accumulate_pieces(((i, (mb, t)) for i, mb, t in _micro_batches(batch, groups, k, pieces)),
+                             forward, n_total, meter=meter)
+    records = [
+        MicroBatchRecord(
+            index=r.index,
+            num_outputs=r.info["num_outputs"],
+            num_inputs=r.info["num_inputs"],
+            num_edges=r.info["num_edges"],
+            loss=r.loss,
+            time_block_s=r.info["t_carve"] + r.info["t_block"],
+            time_compute_s=r.seconds - r.info["t_block"],
+            peak_bytes=r.peak_bytes,
         )
-    return StepResult(loss=total_loss, train_acc=total_correct / n_total, micro=records)
+        for r in runs
+    ]
+    return StepResult(loss=sum(r.loss for r in runs),
+                      train_acc=sum(r.correct for r in runs) / n_total, micro=records)
 
 
 def train_step(
@@ -242,17 +376,36 @@ def train_step(
     groups: torch.Tensor,
     feat: torch.Tensor,
     label: torch.Tensor,
+    *,
+    parallel=None,
+    costs: Sequence[float] | None = None,
     **kwargs,
 ) -> StepResult:
-    """Zero gradients, accumulate over all micro-batches, take one optimizer step.
+    """Zero gradients, accumulate over all micro-batches, take one optimizer step
+    (:func:`step_over_pieces`).
 
-    Keyword arguments are those of :func:`accumulate_gradients`.
+    ``parallel``: a :class:`betty.distributed.DataParallel`: this rank runs its share of
+    the pieces (assigned by ``costs`` (K,), default
+    :func:`betty.distributed.steps.piece_output_costs`), gradients are all-reduced before
+    the step, and the loss and accuracy returned are summed over the ranks (``micro``
+    lists this rank's pieces). Other keyword arguments: those of
+    :func:`accumulate_gradients` (``pieces`` excepted).
     """
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    result = accumulate_gradients(model, batch, groups, feat, label, **kwargs)
-    optimizer.step()
-    return result
+    if "pieces" in kwargs:
+        raise TypeError("train_step runs every piece (or this rank's share with parallel=); "
+                        "use accumulate_gradients(pieces=...) for a subset")
+    if parallel is not None and costs is None:
+        from betty.distributed.steps import piece_output_costs
+
+        k = kwargs.get("k")
+        costs = piece_output_costs(groups, int(torch.as_tensor(groups).max()) + 1 if k is None else k)
+
+    def run(mine, _after_last):
+        res = accumulate_gradients(model, batch, groups, feat, label, pieces=mine, **kwargs)
+        return res.micro, res.loss, res.train_acc
+
+    micro, loss, acc = step_over_pieces(model, optimizer, run, parallel=parallel, costs=costs)
+    return StepResult(loss=loss, train_acc=acc, micro=micro)
 
 
 def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:

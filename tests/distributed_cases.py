@@ -6,12 +6,17 @@ from __future__ import annotations
 import torch
 
 FEATS, CLASSES, STEPS, DROPOUT = 12, 5, 3, 0.5
+KS = (3, 4, 7)
 CASES = [(arch, agg, k) for arch, agg in [("sage", "mean"), ("sage", "lstm"), ("gat", None), ("revgnn", None)]
-         for k in (3, 4, 7)]
+         for k in KS]
+"""Cases on the default backend ("auto": DGL where it imports; RevGNN runs on DGL only)."""
+PYG_CASES = [(arch, agg, k, "pyg") for arch, agg in [("sage", "mean"), ("sage", "lstm"), ("gat", None)]
+             for k in KS]
+"""The same sampled-block cases on the PyG backend (no DGL needed)."""
 
 
-def case_name(arch: str, agg: str | None, k: int) -> str:
-    return f"{arch}{'-' + agg if agg else ''}-k{k}"
+def case_name(arch: str, agg: str | None, k: int, backend: str = "auto") -> str:
+    return f"{arch}{'-' + agg if agg else ''}-k{k}{'' if backend == 'auto' else '-' + backend}"
 
 
 def dataset(num_nodes: int = 240):
@@ -27,22 +32,25 @@ def dataset(num_nodes: int = 240):
                         num_classes=CLASSES)
 
 
-def train_case(ds, arch: str, agg: str | None, k: int, parallel=None, steps: int = STEPS,
-               dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
-    """Parameters after ``steps`` optimizer steps of K-way training (float64, dropout 0.5)."""
+def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "auto", parallel=None,
+               steps: int = STEPS, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+    """Parameters after ``steps`` optimizer steps of K-way training (float64, dropout 0.5)
+    with the model on ``backend`` (``"auto"``, ``"dgl"`` or ``"pyg"``)."""
     from betty.engine import PartitionPlan, Trainer
     from betty.models import build_model
-    from betty.rev_engine import RevPlan, RevTrainer
 
     torch.manual_seed(0)
     if arch == "revgnn":
+        from betty.rev.engine import RevPlan, RevTrainer  # DGL only
+
         model = build_model("revgnn", FEATS, CLASSES, hidden=8, layers=3, dropout=DROPOUT).to(dtype)
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         trainer = RevTrainer(model, opt, ds, RevPlan("random", k), seed=1, dtype=dtype,
                              estimate_memory=False, parallel=parallel)
     else:
         model = build_model(arch, FEATS, CLASSES, hidden=8, layers=2, aggregator=agg or "mean",
-                            heads=2, dropout=DROPOUT, attn_dropout=DROPOUT / 2).to(dtype)
+                            heads=2, dropout=DROPOUT, attn_dropout=DROPOUT / 2, backend=backend).to(dtype)
+        assert backend == "auto" or model.backend_name == backend
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         trainer = Trainer(model, opt, ds, [4, 6], PartitionPlan("random", k), seed=1, dtype=dtype,
                           estimate_memory=False, parallel=parallel)
@@ -52,17 +60,22 @@ def train_case(ds, arch: str, agg: str | None, k: int, parallel=None, steps: int
     return state
 
 
-def rank_all_cases(cases=None) -> dict[str, dict[str, torch.Tensor]]:
+def rank_all_cases(cases=None, shared=None) -> dict[str, dict[str, torch.Tensor]]:
     """On one rank: every case with a :class:`betty.distributed.DataParallel` (checksum
-    every step), plus the pieces this rank ran in its last step."""
+    every step), plus the pieces this rank ran in its last step. ``shared``: a
+    :class:`betty.distributed.shared.SharedDataset` to map instead of building the
+    dataset (the shared files this process maps come back under ``"_files"``)."""
     from betty.distributed import DataParallel
 
-    ds = dataset()
+    ds = dataset() if shared is None else shared.attach()
     out = {}
-    for arch, agg, k in cases or CASES:
+    if shared is not None:
+        with open("/proc/self/maps") as fh:
+            out["_files"] = sorted({line.split()[-1] for line in fh if shared.folder in line})
+    for case in cases or CASES:
         dp = DataParallel(check_every=1)
-        out[case_name(arch, agg, k)] = train_case(ds, arch, agg, k, parallel=dp)
-        out[case_name(arch, agg, k)]["_pieces"] = torch.tensor(dp.history[-1].pieces)
+        out[case_name(*case)] = train_case(ds, *case, parallel=dp)
+        out[case_name(*case)]["_pieces"] = torch.tensor(dp.history[-1].pieces)
     return out
 
 

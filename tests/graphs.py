@@ -52,3 +52,35 @@ def planetoid_dir():
         if candidate and (Path(candidate) / "ind.cora.graph").is_file():
             return Path(candidate)
     return None
+
+
+def backend_params():
+    """``pytest.param("dgl")``, ``pytest.param("pyg")``: each marked with its framework's
+    marker (so ``-m "not dgl"`` deselects the DGL half) and skipped where it does not import."""
+    import pytest
+
+    from betty.backends import BACKENDS, available
+
+    return [pytest.param(name, id=name, marks=[getattr(pytest.mark, name),
+                                               pytest.mark.skipif(not available(name),
+                                                                  reason=f"{name} not installed")])
+            for name in BACKENDS]
+
+
+def whole_graph(src, dst, num_nodes: int, backend: str, *, self_loops: bool = True):
+    """The backend's whole graph of edges ``src -> dst`` plus, with ``self_loops``, one
+    loop per node appended in node order (the edge order of
+    ``dgl.add_self_loop(dgl.graph((src, dst)))``)."""
+    from betty.backends import get_backend
+    from betty.graph import Graph
+
+    if self_loops:
+        loops = torch.arange(num_nodes)
+        src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
+    return get_backend(backend).full_graph(Graph(src, dst, num_nodes))
+
+
+def rand_whole_graph(num_nodes: int, num_edges: int, backend: str):
+    """``num_edges`` random edges from torch's global RNG (src drawn first), plus self-loops."""
+    src, dst = torch.randint(num_nodes, (num_edges,)), torch.randint(num_nodes, (num_edges,))
+    return whole_graph(src, dst, num_nodes, backend)

@@ -1,5 +1,5 @@
 """The backend boundary: resolution of ``auto``, clear refusals for a missing backend
-(spec validation names the backend and its install command), RevGNN on DGL only."""
+(spec validation names the backend and its install command), RevGNN accepted on both."""
 
 from __future__ import annotations
 
@@ -52,11 +52,10 @@ def test_no_backend_at_all(monkeypatch):
         load_spec("tiny")
 
 
-@spec_needs_dgl
-def test_revgnn_refused_on_pyg(monkeypatch):
+def test_revgnn_accepted_on_pyg():
     pytest.importorskip("torch_geometric")
-    with pytest.raises(SpecError, match="revgnn runs on the dgl backend only"):
-        load_spec("tiny", ["model.arch=revgnn", "model.backend=pyg"])
+    spec = load_spec("synthetic_revgnn", ["model.backend=pyg"]).spec
+    assert (spec.model.arch, spec.model.backend) == ("revgnn", "pyg")
 
 
 @spec_needs_dgl

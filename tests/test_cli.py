@@ -35,13 +35,7 @@ def test_commands_are_discovered():
 def test_validate_exit_codes_and_messages():
     from workflow.specfile import shipped_specs
 
-    from betty.backends import available
-
-    # RevGNN specs need DGL (refused at validation where it does not import)
-    import yaml
-
-    specs = [p for p in shipped_specs()
-             if available("dgl") or yaml.safe_load(p.read_text())["model"].get("arch") != "revgnn"]
+    specs = shipped_specs()
     ok = invoke("validate", *[str(p) for p in specs])
     assert ok.exit_code == 0 and ok.stdout.count("ok ") == len(specs)
     bad = invoke("validate", "tiny", "--set", "model.aggregator=max", "--set", "partition.memory_budget=24 gigs")

@@ -58,7 +58,6 @@ REV = ["--set", "dataset.num_nodes=600", "--set", "model.layers=6", "--set", "mo
        "--set", "partition.k=2"]
 
 
-@pytest.mark.dgl  # RevGNN needs DGL
 def test_estimate_covers_reversible_specs():
     res = invoke("estimate", "synthetic_revgnn", "--measure", "--json", *REV)
     assert res.exit_code == 0, res.output

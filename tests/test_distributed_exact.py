@@ -2,32 +2,54 @@
 
 float64, dropout 0.5, 3 Adam steps: parameters on every rank equal the single-process
 run's to 1e-10 relative, for SAGE mean and lstm, GAT and RevGNN parts, K in {3, 4, 7},
-N in {2, 3}.
+N in {2, 3}, on the DGL backend; SAGE mean and lstm and GAT on the PyG backend too (that
+half needs no DGL and runs in ``.venv-pyg``). One launch per (backend, N) runs every case.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 from betty.distributed.launch import launch
+from betty.distributed.shared import share_dataset
 from betty.train import max_relative_difference
-from distributed_cases import CASES, case_name, dataset, rank_all_cases, train_case
+from distributed_cases import CASES, PYG_CASES, case_name, dataset, rank_all_cases, train_case
 
 TOL = 1e-10
+BACKEND_CASES = {"dgl": CASES, "pyg": PYG_CASES}
+_REFERENCE: dict[str, dict] = {}
 
 
-@pytest.fixture(scope="module")
-def reference():
-    ds = dataset()
-    return {case_name(*c): train_case(ds, *c) for c in CASES}
+def reference(backend: str) -> dict[str, dict[str, torch.Tensor]]:
+    """Single-process K-way results of ``backend``'s cases (computed once per session)."""
+    if backend not in _REFERENCE:
+        ds = dataset()
+        _REFERENCE[backend] = {case_name(*c): train_case(ds, *c) for c in BACKEND_CASES[backend]}
+    return _REFERENCE[backend]
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
-def test_ranks_equal_single_process(reference, nproc):
-    results = launch(rank_all_cases, nproc=nproc)
+@pytest.mark.parametrize("backend", [pytest.param("dgl", marks=pytest.mark.dgl),
+                                     pytest.param("pyg", marks=pytest.mark.pyg)])
+def test_ranks_equal_single_process(backend, nproc):
+    if backend == "pyg":
+        pytest.importorskip("torch_geometric")
+    cases = BACKEND_CASES[backend]
+    if backend == "dgl":  # every rank builds its own dataset
+        results = launch(rank_all_cases, (cases,), nproc=nproc)
+    else:  # the ranks map one shared copy (betty.distributed.shared): same results
+        with share_dataset(dataset()) as shared:
+            results = launch(rank_all_cases, (cases, shared), nproc=nproc)
+        for rank in range(nproc):
+            mapped = results[rank].pop("_files")  # the rank reads the launcher's copy
+            assert mapped == sorted(t.path for t in shared.tensors.values()), mapped
+        assert not os.path.exists(shared.folder)
     assert sorted(results) == list(range(nproc))
-    for name, ref in reference.items():
+    assert sorted(results[0]) == sorted(case_name(*c) for c in cases)
+    for name, ref in reference(backend).items():
         ref_params = {n: t for n, t in ref.items() if not n.startswith("_")}
         covered = []
         for rank in range(nproc):
@@ -36,7 +58,7 @@ def test_ranks_equal_single_process(reference, nproc):
             err = max_relative_difference({n: got[n] for n in ref_params}, ref_params)
             assert err < TOL, f"{name} rank {rank}/{nproc}: relative parameter error {err:.3e}"
             assert torch.allclose(got["_losses"], ref["_losses"], rtol=TOL, atol=0), name
-        k = int(name.rsplit("k", 1)[1])
+        k = _parse(name)[2]
         assert sorted(covered) == list(range(k)), f"{name}: pieces {covered} do not cover K={k} once"
         # the parameters moved: the comparison is not between two untouched models
         assert any(float((ref_params[n] - t).abs().max()) > 0 for n, t in
@@ -44,7 +66,7 @@ def test_ranks_equal_single_process(reference, nproc):
 
 
 def _parse(name):
-    for c in CASES:
+    for c in CASES + PYG_CASES:
         if case_name(*c) == name:
             return c
     raise KeyError(name)

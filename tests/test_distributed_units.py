@@ -88,3 +88,4 @@ def test_two_machines_on_localhost_equal_single_process(tmp_path):
         params = {n: t for n, t in ref.items() if not n.startswith("_")}
         assert max_relative_difference({n: got[n] for n in params}, params) < 1e-10
     assert sorted(results[0][name]["_pieces"].tolist() + results[1][name]["_pieces"].tolist()) == [0, 1, 2, 3]
+

@@ -293,7 +293,6 @@ def test_tests_never_read_the_users_constants_file(tmp_path):
         assert load_constants("cpu") == load_constants("cpu", use_user=False)
 
 
-@pytest.mark.dgl  # imports betty.rev_engine (RevGNN needs DGL)
 def test_one_safety_margin_default_for_every_k_search():
     """search_k, search_k_rev, the estimate report, both plans and the spec share one
     default margin."""
@@ -301,7 +300,7 @@ def test_one_safety_margin_default_for_every_k_search():
 
     from betty.memory import DEFAULT_SAFETY_MARGIN, search_k_rev
     from betty.memory.report import estimate_report
-    from betty.rev_engine import RevPlan
+    from betty.rev.engine import RevPlan
     from workflow.spec import PartitionSection
 
     assert DEFAULT_SAFETY_MARGIN == 0.05

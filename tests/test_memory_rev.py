@@ -1,4 +1,4 @@
-"""The analytic memory model of reversible GNNs (betty.memory.rev) against the meter.
+"""The analytic memory model of reversible GNNs (betty.rev.memory) against the meter.
 
 For GCN, SAGE-mean and GAT couplings, in the three modes (reversible, residual,
 residual + checkpointing), two configurations each (a 600-node graph with hidden 16 and
@@ -25,7 +25,7 @@ pytest.importorskip("dgl")
 import torch
 
 from betty.memory import MemoryMeter
-from betty.memory.rev import (
+from betty.rev.memory import (
     RevKSearchError,
     RevModelShape,
     estimate_rev,
@@ -34,8 +34,8 @@ from betty.memory.rev import (
     rev_persistent_bytes,
     search_k_rev,
 )
-from betty.models.rev import RevGNN
-from betty.models.rev_training import cluster_partition, train_step_partitions
+from betty.rev.model import RevGNN
+from betty.rev.training import cluster_partition, train_step_partitions
 from graphs import power_law_graph
 
 TOLERANCE = 0.05

@@ -1,16 +1,13 @@
-"""Grouped reversible coupling: exact inverse, mask handling, construction checks."""
+"""Grouped reversible coupling: exact inverse, mask handling, construction checks, on
+each backend (every test runs once per installed backend)."""
 
 import pytest
-
-pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
-pytest.importorskip("dgl")
-import dgl  # noqa: E402
-
 import torch
+from graphs import backend_params, rand_whole_graph
 from torch import nn
 
-from betty.models.rev import GroupedReversibleStack, RevGNN, make_coupling
-from betty.models.rev_coupling import (
+from betty.rev.model import GroupedReversibleStack, RevGNN, make_coupling
+from betty.rev.coupling import (
     GroupFunction,
     ReversibleCoupling,
     find_stochastic_modules,
@@ -18,22 +15,22 @@ from betty.models.rev_coupling import (
 )
 
 
-def _rand_graph(n: int, e: int) -> dgl.DGLGraph:
-    """Random graph from torch's RNG (``dgl.rand_graph`` uses DGL's own RNG) plus self-loops."""
-    src, dst = torch.randint(n, (e,)), torch.randint(n, (e,))
-    return dgl.add_self_loop(dgl.graph((src, dst), num_nodes=n))
+@pytest.fixture(params=backend_params())
+def backend(request):
+    return request.param
 
 
-def _graph(n: int = 30, e: int = 90, seed: int = 0) -> dgl.DGLGraph:
+def _graph(n: int = 30, e: int = 90, seed: int = 0, *, backend: str):
+    """Random graph from torch's RNG (seeded) plus self-loops, as ``backend``'s whole graph."""
     torch.manual_seed(seed)
-    return _rand_graph(n, e)
+    return rand_whole_graph(n, e, backend)
 
 
 @pytest.mark.parametrize("conv", ["gcn", "sage", "gat"])
 @pytest.mark.parametrize("groups", [2, 3, 4])
-def test_coupling_inverse_recovers_input(conv, groups):
-    g = _graph()
-    coupling = make_coupling(12, groups, conv, heads=2).double()
+def test_coupling_inverse_recovers_input(backend, conv, groups):
+    g = _graph(backend=backend)
+    coupling = make_coupling(12, groups, conv, heads=2, backend=backend).double()
     x = torch.randn(30, 12, dtype=torch.float64)
     mask = (torch.rand(30, 12) > 0.3).double() / 0.7
     with torch.no_grad():
@@ -43,10 +40,10 @@ def test_coupling_inverse_recovers_input(conv, groups):
     assert (x_rec - x).abs().max() < 1e-13
 
 
-def test_coupling_matches_the_formula_for_three_groups():
+def test_coupling_matches_the_formula_for_three_groups(backend):
     """X'_0 = X_2 + X_3; X'_i = f_i(X'_{i-1}) + X_i, written out by hand."""
-    g = _graph()
-    coupling = make_coupling(9, 3, "sage").double()
+    g = _graph(backend=backend)
+    coupling = make_coupling(9, 3, "sage", backend=backend).double()
     x = torch.randn(30, 9, dtype=torch.float64)
     f = coupling.functions
     x1, x2, x3 = x.split(3, dim=1)
@@ -56,9 +53,9 @@ def test_coupling_matches_the_formula_for_three_groups():
     torch.testing.assert_close(coupling(g, x), torch.cat([y1, y2, y3], dim=1), rtol=0, atol=0)
 
 
-def test_reconstruction_after_100_blocks_float64():
-    g = _graph(40, 160)
-    stack = GroupedReversibleStack([make_coupling(8, 2, "gcn") for _ in range(100)]).double()
+def test_reconstruction_after_100_blocks_float64(backend):
+    g = _graph(40, 160, backend=backend)
+    stack = GroupedReversibleStack([make_coupling(8, 2, "gcn", backend=backend) for _ in range(100)]).double()
     x = torch.randn(40, 8, dtype=torch.float64)
     mask = (torch.rand(40, 8) > 0.2).double() / 0.8
     with torch.no_grad():
@@ -69,10 +66,10 @@ def test_reconstruction_after_100_blocks_float64():
     assert err < 1e-10, err
 
 
-def test_inverse_with_a_different_mask_is_wrong():
+def test_inverse_with_a_different_mask_is_wrong(backend):
     """Negative control for the reconstruction test: the mask matters."""
-    g = _graph()
-    stack = GroupedReversibleStack([make_coupling(8, 2, "gcn") for _ in range(5)]).double()
+    g = _graph(backend=backend)
+    stack = GroupedReversibleStack([make_coupling(8, 2, "gcn", backend=backend) for _ in range(5)]).double()
     x = torch.randn(30, 8, dtype=torch.float64)
     mask = (torch.rand(30, 8) > 0.5).double() * 2
     with torch.no_grad():
@@ -92,20 +89,20 @@ def test_group_masks_split_or_shared():
         split_group_masks(torch.ones(2, 5), 3, 2)
 
 
-def test_per_group_mask_equals_repeated_full_mask():
-    g = _graph()
-    coupling = make_coupling(8, 2, "gcn").double()
+def test_per_group_mask_equals_repeated_full_mask(backend):
+    g = _graph(backend=backend)
+    coupling = make_coupling(8, 2, "gcn", backend=backend).double()
     x = torch.randn(30, 8, dtype=torch.float64)
     m = (torch.rand(30, 4) > 0.5).double() * 2
     with torch.no_grad():
         torch.testing.assert_close(coupling(g, x, m), coupling(g, x, m.repeat(1, 2)))
 
 
-def test_construction_refuses_stochastic_dropout():
+def test_construction_refuses_stochastic_dropout(backend):
     class DropoutF(nn.Module):
         def __init__(self):
             super().__init__()
-            self.inner = GroupFunction(4)
+            self.inner = GroupFunction(4, backend=backend)
             self.drop = nn.Dropout(0.5)
 
         def forward(self, graph, h, mask=None):
@@ -115,12 +112,12 @@ def test_construction_refuses_stochastic_dropout():
         ReversibleCoupling([DropoutF(), DropoutF()])
     assert find_stochastic_modules(DropoutF()) == ["drop"]
     # DGL convs hold nn.Dropout(p=0) modules: harmless, accepted
-    assert find_stochastic_modules(make_coupling(8, 2, "gat")) == []
+    assert find_stochastic_modules(make_coupling(8, 2, "gat", backend=backend)) == []
 
 
-def test_batchnorm_warns_about_statistics():
+def test_batchnorm_warns_about_statistics(backend):
     with pytest.warns(RuntimeWarning, match="three times per training step"):
-        make_coupling(8, 2, "gcn", norm="batch")
+        make_coupling(8, 2, "gcn", norm="batch", backend=backend)
 
 
 @pytest.mark.parametrize(
@@ -133,37 +130,37 @@ def test_batchnorm_warns_about_statistics():
         (dict(hidden=8, num_groups=2, conv="gat", heads=3, gat_merge="concat"), "heads to divide"),
     ],
 )
-def test_bad_arguments_are_named(kwargs, match):
+def test_bad_arguments_are_named(backend, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        make_coupling(**kwargs)
+        make_coupling(**kwargs, backend=backend)
 
 
-def test_model_argument_errors():
+def test_model_argument_errors(backend):
     with pytest.raises(ValueError, match="dropout must be in"):
-        RevGNN(4, 8, 2, num_layers=2, dropout=1.0)
+        RevGNN(4, 8, 2, num_layers=2, dropout=1.0, backend=backend)
     with pytest.raises(ValueError, match="checkpoint=True applies to the residual"):
-        RevGNN(4, 8, 2, num_layers=2, reversible=True, checkpoint=True)
-    model = RevGNN(4, 8, 2, num_layers=2)
+        RevGNN(4, 8, 2, num_layers=2, reversible=True, checkpoint=True, backend=backend)
+    model = RevGNN(4, 8, 2, num_layers=2, backend=backend)
     with pytest.raises(ValueError, match=r"x must be \(num_nodes=30, in_feats=4\)"):
-        model(_graph(), torch.randn(30, 5))
+        model(_graph(backend=backend), torch.randn(30, 5))
 
 
-def test_architecture_reports_what_an_estimator_needs():
-    deep = RevGNN(8, 80, 112, num_layers=1001, num_groups=2, dropout=0.1)  # RevGNN-Deep
+def test_architecture_reports_what_an_estimator_needs(backend):
+    deep = RevGNN(8, 80, 112, num_layers=1001, num_groups=2, dropout=0.1, backend=backend)  # RevGNN-Deep
     arch = deep.architecture()
     assert (arch.num_layers, arch.num_groups, arch.group_width) == (1001, 2, 40)
     assert arch.conv == "gcn" and arch.reversible and not arch.weight_tied
     # per group: LayerNorm 2*40 + GraphConv 40*40 + 40
     per_block = 2 * (2 * 40 + 40 * 40 + 40)
     assert arch.num_parameters == 1001 * per_block + (8 * 80 + 80) + 2 * 80 + (80 * 112 + 112)
-    tied = RevGNN(8, 80, 112, num_layers=1001, weight_tied=True).architecture()
+    tied = RevGNN(8, 80, 112, num_layers=1001, weight_tied=True, backend=backend).architecture()
     assert tied.weight_tied and tied.num_distinct_blocks == 1
     assert tied.num_parameters == per_block + (8 * 80 + 80) + 2 * 80 + (80 * 112 + 112)
 
 
-def test_reset_parameters_changes_weights():
+def test_reset_parameters_changes_weights(backend):
     torch.manual_seed(0)
-    model = RevGNN(4, 8, 2, num_layers=3, conv="gat")
+    model = RevGNN(4, 8, 2, num_layers=3, conv="gat", backend=backend)
     before = [p.detach().clone() for p in model.parameters()]
     model.reset_parameters()
     changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters())]

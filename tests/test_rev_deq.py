@@ -1,33 +1,35 @@
-"""Weight-tied reversible model and the deep-equilibrium variant: training and gradients."""
+"""Weight-tied reversible model and the deep-equilibrium variant: training and gradients,
+on each backend (the model tests run once per installed backend)."""
 
 import warnings
 
 import pytest
-
-pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
-pytest.importorskip("dgl")
-import dgl  # noqa: E402
-
 import torch
 import torch.nn.functional as F
+from graphs import backend_params, rand_whole_graph
 
-from betty.models.rev import RevGNN
-from betty.models.rev_deq import RevGNNDEQ, anderson_iteration, fixed_point_iteration
-
-
-def _rand_graph(n: int, e: int) -> dgl.DGLGraph:
-    """Random graph from torch's RNG (``dgl.rand_graph`` uses DGL's own RNG) plus self-loops."""
-    src, dst = torch.randint(n, (e,)), torch.randint(n, (e,))
-    return dgl.add_self_loop(dgl.graph((src, dst), num_nodes=n))
+from betty.rev.model import RevGNN
+from betty.rev.deq import RevGNNDEQ, anderson_iteration, fixed_point_iteration
 
 
-def _task(n=60, seed=0, dtype=torch.float64):
+@pytest.fixture(params=backend_params())
+def backend(request):
+    return request.param
+
+
+def _rand_graph(n: int, e: int, backend: str):
+    """Random graph from torch's RNG plus self-loops, as ``backend``'s whole graph."""
+    return rand_whole_graph(n, e, backend)
+
+
+def _task(n=60, seed=0, dtype=torch.float64, *, backend: str):
     """Labels that depend on the features of a node and of its neighbours."""
     torch.manual_seed(seed)
-    g = _rand_graph(n, 3 * n)
+    g = _rand_graph(n, 3 * n, backend)
     x = torch.randn(n, 6, dtype=dtype)
     with torch.no_grad():
-        smooth = dgl.ops.copy_u_mean(g, x)
+        src, dst = g.edges()  # mean over in-neighbours (every node has a self-loop)
+        smooth = torch.zeros_like(x).index_add_(0, dst, x[src]) / torch.bincount(dst, minlength=n)[:, None]
     y = (x[:, 0] + smooth[:, 1] > 0).long() + (x[:, 2] > 0.5).long()
     return g, x, y
 
@@ -44,18 +46,18 @@ def _train(model, g, x, y, steps=12, lr=0.02):
     return losses
 
 
-def test_weight_tied_reversible_trains():
-    g, x, y = _task()
-    model = RevGNN(6, 8, 3, num_layers=10, weight_tied=True, dropout=0.1).double()
+def test_weight_tied_reversible_trains(backend):
+    g, x, y = _task(backend=backend)
+    model = RevGNN(6, 8, 3, num_layers=10, weight_tied=True, dropout=0.1, backend=backend).double()
     losses = _train(model, g, x, y)
     assert losses[-1] < 0.85 * losses[0], losses
 
 
-def test_weight_tied_gradcheck():
+def test_weight_tied_gradcheck(backend):
     torch.manual_seed(1)
-    g = _rand_graph(8, 16)
+    g = _rand_graph(8, 16, backend)
     x = torch.randn(8, 3, dtype=torch.float64)
-    model = RevGNN(3, 4, 2, num_layers=4, weight_tied=True, dropout=0.5, conv="gcn").double()
+    model = RevGNN(3, 4, 2, num_layers=4, weight_tied=True, dropout=0.5, conv="gcn", backend=backend).double()
     mask = torch.rand(8, 4, generator=torch.Generator().manual_seed(2)) >= 0.5
     weights = torch.linspace(-1, 1, 16, dtype=torch.float64).view(8, 2)
     assert torch.autograd.gradcheck(
@@ -68,11 +70,11 @@ def test_weight_tied_gradcheck():
     "conv, solver, backward_solver",
     [("gcn", "anderson", "anderson"), ("gat", "anderson", "anderson")],
 )
-def test_deq_trains_and_reports_convergence(conv, solver, backward_solver):
-    g, x, y = _task(seed=0)
+def test_deq_trains_and_reports_convergence(backend, conv, solver, backward_solver):
+    g, x, y = _task(seed=0, backend=backend)
     model = RevGNNDEQ(
         6, 8, 3, conv=conv, dropout=0.1, tol=1e-8, max_iter=200, backward_tol=1e-8,
-        backward_max_iter=200, solver=solver, backward_solver=backward_solver,
+        backward_max_iter=200, solver=solver, backward_solver=backward_solver, backend=backend
     ).double()
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
     losses = []
@@ -98,13 +100,13 @@ def _deq_gradcheck(model, g, x, mask):
     )
 
 
-def test_deq_gradcheck_implicit_gradient():
+def test_deq_gradcheck_implicit_gradient(backend):
     torch.manual_seed(4)
-    g = _rand_graph(8, 16)
+    g = _rand_graph(8, 16, backend)
     x = torch.randn(8, 3, dtype=torch.float64)
     mask = torch.rand(8, 4, generator=torch.Generator().manual_seed(5)) >= 0.3
     model = RevGNNDEQ(3, 4, 2, conv="gcn", dropout=0.3, tol=1e-13, max_iter=500,
-                      backward_tol=1e-13, backward_max_iter=500).double()
+                      backward_tol=1e-13, backward_max_iter=500, backend=backend).double()
     assert _deq_gradcheck(model, g, x, mask)
     assert model.last_forward_stats.converged and model.last_backward_stats.converged
 
@@ -131,19 +133,19 @@ def _directional_error(model, g, x, mask, eps=1e-6):
     return abs(analytic - numeric) / abs(numeric)
 
 
-def test_deq_finite_difference_needs_the_backward_solve():
+def test_deq_finite_difference_needs_the_backward_solve(backend):
     """Negative control: one backward iteration (g = v, the 'Jacobian-free' shortcut) is
     not the implicit gradient, and a finite-difference check notices; with the solve
     the same check agrees to ~1e-8."""
     errors = {}
     for backward_max_iter in (1, 500):
         torch.manual_seed(4)
-        g = _rand_graph(8, 16)
+        g = _rand_graph(8, 16, backend)
         x = torch.randn(8, 3, dtype=torch.float64)
         mask = torch.rand(8, 4, generator=torch.Generator().manual_seed(5)) >= 0.3
         model = RevGNNDEQ(3, 4, 2, conv="gcn", dropout=0.3, tol=1e-13, max_iter=500,
                           backward_tol=1e-13, backward_max_iter=backward_max_iter,
-                          backward_solver="picard").double()
+                          backward_solver="picard", backend=backend).double()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             errors[backward_max_iter] = _directional_error(model, g, x, mask)
@@ -151,21 +153,21 @@ def test_deq_finite_difference_needs_the_backward_solve():
     assert errors[1] > 1e-3, errors
 
 
-def test_deq_warns_when_a_solve_hits_its_cap():
-    g, x, y = _task(seed=5)
-    model = RevGNNDEQ(6, 8, 3, max_iter=2, tol=1e-12).double()
+def test_deq_warns_when_a_solve_hits_its_cap(backend):
+    g, x, y = _task(seed=5, backend=backend)
+    model = RevGNNDEQ(6, 8, 3, max_iter=2, tol=1e-12, backend=backend).double()
     with pytest.warns(RuntimeWarning, match="forward solve stopped at max_iter=2"):
         model(g, x)
     assert model.last_forward_stats.iterations == 2 and not model.last_forward_stats.converged
 
 
-def test_deq_rejects_bad_arguments():
+def test_deq_rejects_bad_arguments(backend):
     with pytest.raises(ValueError, match="norm must be 'layer' or 'none'"):
-        RevGNNDEQ(4, 8, 2, norm="batch")
+        RevGNNDEQ(4, 8, 2, norm="batch", backend=backend)
     with pytest.raises(ValueError, match="solver must be one of"):
-        RevGNNDEQ(4, 8, 2, solver="broyden")
+        RevGNNDEQ(4, 8, 2, solver="broyden", backend=backend)
     with pytest.raises(ValueError, match="max_iter must be >= 1"):
-        RevGNNDEQ(4, 8, 2, max_iter=0)
+        RevGNNDEQ(4, 8, 2, max_iter=0, backend=backend)
 
 
 def test_solvers_find_the_fixed_point_of_a_linear_contraction():

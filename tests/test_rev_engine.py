@@ -1,4 +1,4 @@
-"""The reversible epoch loop (betty.rev_engine): exactness of K-part accumulation where it
+"""The reversible epoch loop (betty.rev.engine): exactness of K-part accumulation where it
 is mathematically true, deterministic dropout, training, memory records, K search."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from betty.graph import as_graph
 from betty.memory import MemoryMeter
 from betty.models import build_model
 from betty.models.dropout import hash_keep_mask
-from betty.models.rev_training import GraphPart, cluster_partition
-from betty.rev_engine import (
+from betty.rev.training import GraphPart, cluster_partition
+from betty.rev.engine import (
     RevPlan,
     RevTrainer,
     SharedHashMasks,
@@ -214,7 +214,7 @@ def test_k_auto_rechecks_every_fresh_random_split(monkeypatch):
     """Each epoch's new random split is estimated against the budget; one that does not
     fit (here: its estimate inflated past the budget) runs the search again, so no epoch
     trains a split estimated over budget."""
-    import betty.rev_engine as rev_engine
+    import betty.rev.engine as rev_engine
 
     ds = _dataset(n=300)
     probe, _ = _trainer(ds, RevPlan("random", 1))

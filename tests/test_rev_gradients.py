@@ -1,29 +1,30 @@
-"""Reversible gradients equal residual (and checkpointed residual) gradients, same weights."""
+"""Reversible gradients equal residual (and checkpointed residual) gradients, same weights,
+on each backend (every test runs once per installed backend)."""
 
 import pytest
-
-pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
-pytest.importorskip("dgl")
-import dgl  # noqa: E402
-
 import torch
+from graphs import backend_params, rand_whole_graph
 
-from betty.models.rev import RevGNN
-from betty.models.rev_check import assert_gradient_parity, gradient_parity
+from betty.rev.model import RevGNN
+from betty.rev.check import assert_gradient_parity, gradient_parity
 
 
-def _rand_graph(n: int, e: int) -> dgl.DGLGraph:
-    """Random graph from torch's RNG (``dgl.rand_graph`` uses DGL's own RNG) plus self-loops."""
-    src, dst = torch.randint(n, (e,)), torch.randint(n, (e,))
-    return dgl.add_self_loop(dgl.graph((src, dst), num_nodes=n))
+@pytest.fixture(params=backend_params())
+def backend(request):
+    return request.param
+
+
+def _rand_graph(n: int, e: int, backend: str):
+    """Random graph from torch's RNG plus self-loops, as ``backend``'s whole graph."""
+    return rand_whole_graph(n, e, backend)
 
 
 N, IN, OUT = 40, 6, 3
 
 
-def _data(seed=0):
+def _data(seed: int, backend: str):
     torch.manual_seed(seed)
-    g = _rand_graph(N, 160)
+    g = _rand_graph(N, 160, backend)
     x = torch.randn(N, IN, dtype=torch.float64)
     y = torch.randint(0, OUT, (N,))
     return g, x, y
@@ -42,9 +43,9 @@ def _max_rel(a, b):
 
 @pytest.mark.parametrize("conv", ["gcn", "sage", "gat"])
 @pytest.mark.parametrize("groups", [2, 3])
-def test_reversible_equals_residual_and_checkpoint(conv, groups):
-    g, x, y = _data()
-    model = RevGNN(IN, 12, OUT, num_layers=6, num_groups=groups, conv=conv, dropout=0.3, heads=2).double()
+def test_reversible_equals_residual_and_checkpoint(backend, conv, groups):
+    g, x, y = _data(0, backend)
+    model = RevGNN(IN, 12, OUT, num_layers=6, num_groups=groups, conv=conv, dropout=0.3, heads=2, backend=backend).double()
     model.train()
     mask = torch.rand(N, 12) >= 0.3  # bool keep-mask, scaled by 1/(1-p) by the model
     rev = _grads(model, g, x, y, mask)
@@ -60,9 +61,9 @@ def test_reversible_equals_residual_and_checkpoint(conv, groups):
     assert _max_rel(other, res) > 1e-3
 
 
-def test_gat_concat_heads_parity():
-    g, x, y = _data(1)
-    model = RevGNN(IN, 16, OUT, num_layers=4, conv="gat", heads=4, gat_merge="concat", dropout=0.2).double()
+def test_gat_concat_heads_parity(backend):
+    g, x, y = _data(1, backend)
+    model = RevGNN(IN, 16, OUT, num_layers=4, conv="gat", heads=4, gat_merge="concat", dropout=0.2, backend=backend).double()
     report = assert_gradient_parity(
         model,
         lambda m: torch.nn.functional.cross_entropy(
@@ -73,16 +74,16 @@ def test_gat_concat_heads_parity():
     assert report.max_rel_error < 1e-8
 
 
-def test_default_shared_mask_parity_under_same_seed():
+def test_default_shared_mask_parity_under_same_seed(backend):
     """Model-sampled shared mask: same RNG state -> same mask in both runs."""
-    g, x, y = _data(2)
-    model = RevGNN(IN, 8, OUT, num_layers=5, conv="sage", dropout=0.5).double()
+    g, x, y = _data(2, backend)
+    model = RevGNN(IN, 8, OUT, num_layers=5, conv="sage", dropout=0.5, backend=backend).double()
     report = gradient_parity(model, lambda m: torch.nn.functional.cross_entropy(m(g, x), y))
     assert report.max_rel_error < 1e-8
 
 
-def test_deterministic_mask_fn_is_called_per_layer_and_matches():
-    g, x, y = _data(3)
+def test_deterministic_mask_fn_is_called_per_layer_and_matches(backend):
+    g, x, y = _data(3, backend)
     calls = []
 
     def mask_fn(shape, node_ids, layer):
@@ -90,7 +91,7 @@ def test_deterministic_mask_fn_is_called_per_layer_and_matches():
         gen = torch.Generator().manual_seed(1000 + layer)  # keyed by layer: deterministic
         return torch.rand(shape, generator=gen) >= 0.25
 
-    model = RevGNN(IN, 8, OUT, num_layers=4, dropout=0.25, mask_fn=mask_fn).double()
+    model = RevGNN(IN, 8, OUT, num_layers=4, dropout=0.25, mask_fn=mask_fn, backend=backend).double()
     report = gradient_parity(model, lambda m: torch.nn.functional.cross_entropy(m(g, x), y))
     assert report.max_rel_error < 1e-8
     # reversible run: forward 0..3 + head 4, then twice per block in backward
@@ -98,9 +99,9 @@ def test_deterministic_mask_fn_is_called_per_layer_and_matches():
     assert [calls.count(layer) for layer in range(5)] == [4, 4, 4, 4, 2]
 
 
-def test_weight_tied_parity_and_shared_parameters():
-    g, x, y = _data(4)
-    model = RevGNN(IN, 8, OUT, num_layers=7, weight_tied=True, dropout=0.2).double()
+def test_weight_tied_parity_and_shared_parameters(backend):
+    g, x, y = _data(4, backend)
+    model = RevGNN(IN, 8, OUT, num_layers=7, weight_tied=True, dropout=0.2, backend=backend).double()
     assert len(model.stack.blocks) == 1
     report = assert_gradient_parity(
         model,
@@ -112,10 +113,10 @@ def test_weight_tied_parity_and_shared_parameters():
     assert report.max_rel_error < 1e-8
 
 
-def test_input_gradient_through_reversible_stack():
+def test_input_gradient_through_reversible_stack(backend):
     """dL/dx (through encoder and blocks) matches the residual network."""
-    g, x, y = _data(5)
-    model = RevGNN(IN, 8, OUT, num_layers=5).double()
+    g, x, y = _data(5, backend)
+    model = RevGNN(IN, 8, OUT, num_layers=5, backend=backend).double()
     grads = []
     for reversible in (True, False):
         model.set_mode(reversible=reversible)
@@ -125,10 +126,10 @@ def test_input_gradient_through_reversible_stack():
     assert ((grads[0] - grads[1]).norm() / grads[1].norm()).item() < 1e-10
 
 
-def test_second_backward_with_retain_graph():
+def test_second_backward_with_retain_graph(backend):
     """The last block keeps its output, so a retained graph can be differentiated twice."""
-    g, x, y = _data(6)
-    model = RevGNN(IN, 8, OUT, num_layers=4).double()
+    g, x, y = _data(6, backend)
+    model = RevGNN(IN, 8, OUT, num_layers=4, backend=backend).double()
     loss = torch.nn.functional.cross_entropy(model(g, x), y)
     loss.backward(retain_graph=True)
     first = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -137,12 +138,12 @@ def test_second_backward_with_retain_graph():
         torch.testing.assert_close(p.grad, 2 * first[n], rtol=1e-10, atol=1e-12)
 
 
-def test_gradcheck_reversible_model_parameters():
+def test_gradcheck_reversible_model_parameters(backend):
     """Finite differences agree with the reversible backward (float64, tiny graph)."""
     torch.manual_seed(7)
-    g = _rand_graph(8, 16)
+    g = _rand_graph(8, 16, backend)
     x = torch.randn(8, 3, dtype=torch.float64)
-    model = RevGNN(3, 4, 2, num_layers=3, dropout=0.5, conv="sage").double()
+    model = RevGNN(3, 4, 2, num_layers=3, dropout=0.5, conv="sage", backend=backend).double()
     mask = torch.rand(8, 4, generator=torch.Generator().manual_seed(1)) >= 0.5
     weights = torch.linspace(-1, 1, 16, dtype=torch.float64).view(8, 2)
 
@@ -154,13 +155,13 @@ def test_gradcheck_reversible_model_parameters():
     assert torch.autograd.gradcheck(loss, tuple(model.parameters()), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
-def test_batchnorm_gradients_exact_but_running_stats_updated_three_times():
+def test_batchnorm_gradients_exact_but_running_stats_updated_three_times(backend):
     """Training-mode BatchNorm normalises with batch statistics, a deterministic function
     of the input, so reversible gradients stay exact; its running statistics are updated
     in the forward pass, the reconstruction and the recomputation (3x per step)."""
-    g, x, y = _data(8)
+    g, x, y = _data(8, backend)
     with pytest.warns(RuntimeWarning, match="three times"):
-        model = RevGNN(IN, 8, OUT, num_layers=3, norm="batch").double()
+        model = RevGNN(IN, 8, OUT, num_layers=3, norm="batch", backend=backend).double()
     bn = model.stack.blocks[0].coupling.functions[0].norm
     counts = []
     for reversible in (True, False):

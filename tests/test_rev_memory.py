@@ -12,26 +12,26 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
-pytest.importorskip("dgl")
-import dgl  # noqa: E402
-
 import torch
+from graphs import backend_params, whole_graph
 
+from betty.backends import backend_of_graph
 from betty.memory.meter import MemoryMeter
-from betty.models.rev import RevGNN
-from betty.models.rev_training import cluster_partition, train_step_partitions
+from betty.rev.model import RevGNN
+from betty.rev.training import cluster_partition, train_step_partitions
 
 N, HIDDEN, IN, OUT = 4096, 8, 8, 4
 ACTIVATION_BYTES = N * HIDDEN * 4  # one (N, hidden) float32 tensor
 
 
-@pytest.fixture(scope="module")
-def graph_and_features():
+@pytest.fixture(scope="module", params=backend_params())
+def graph_and_features(request):
+    """The same random graph (plus self-loops) as each backend's whole graph."""
     torch.manual_seed(0)
     src, dst = torch.randint(N, (4 * N,)), torch.randint(N, (4 * N,))
-    g = dgl.add_self_loop(dgl.graph((src, dst), num_nodes=N))
-    g.create_formats_()
+    g = whole_graph(src, dst, N, request.param)
+    if request.param == "dgl":
+        g.create_formats_()  # sparse formats built outside the measured step
     return g, torch.randn(N, IN)
 
 
@@ -39,7 +39,8 @@ def measure_step(g, x, depth, mode):
     """Peak bytes of zero_grad + forward + backward + SGD step, and parameter bytes."""
     torch.manual_seed(1)
     model = RevGNN(IN, HIDDEN, OUT, num_layers=depth, dropout=0.1,
-                   reversible=mode == "reversible", checkpoint=mode == "checkpoint")
+                   reversible=mode == "reversible", checkpoint=mode == "checkpoint",
+                   backend=backend_of_graph(g).name)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     meter = MemoryMeter("cpu")
     meter.track(model, opt)
@@ -84,17 +85,18 @@ def test_depth_512_versus_8(graph_and_features):
 
 
 @pytest.mark.slow
-def test_revgnn_deep_1001_layers_80_channels_trains_one_epoch():
+@pytest.mark.parametrize("backend", backend_params())
+def test_revgnn_deep_1001_layers_80_channels_trains_one_epoch(backend):
     """RevGNN-Deep's shape (1001 blocks x 80 channels, C = 2, dropout 0.1) on a small
     synthetic graph: one epoch = one optimizer step over K = 2 random parts."""
     torch.manual_seed(2)
     n = 600
     src, dst = torch.randint(n, (3 * n,)), torch.randint(n, (3 * n,))
-    g = dgl.add_self_loop(dgl.graph((src, dst), num_nodes=n))
+    g = whole_graph(src, dst, n, backend)
     feat = torch.randn(n, 16)
     label = (feat[:, 0] > 0).long()
     train_mask = torch.rand(n) < 0.5
-    model = RevGNN(16, 80, 2, num_layers=1001, num_groups=2, dropout=0.1)
+    model = RevGNN(16, 80, 2, num_layers=1001, num_groups=2, dropout=0.1, backend=backend)
     before = [p.detach().clone() for p in (model.stack.blocks[0].coupling.functions[0].conv.conv.weight,
                                             model.stack.blocks[-1].coupling.functions[1].conv.conv.weight)]
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

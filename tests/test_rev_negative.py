@@ -1,40 +1,39 @@
-"""Misuse of reversible blocks must fail loudly, never corrupt silently."""
+"""Misuse of reversible blocks must fail loudly, never corrupt silently (on each backend:
+every test runs once per installed backend)."""
 
 import pytest
-
-pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
-pytest.importorskip("dgl")
-import dgl  # noqa: E402
-
 import torch
 import torch.nn.functional as F
+from graphs import backend_params, rand_whole_graph
 from torch import nn
 
-from betty.models.rev import GroupedReversibleStack, RevGNN, make_coupling
-from betty.models.rev_check import GradientMismatchError, assert_gradient_parity, gradient_parity
-from betty.models.rev_coupling import GroupFunction, ReversibleCoupling
+from betty.batch import LayerEdges
+from betty.backends import get_backend
+
+from betty.rev.model import GroupedReversibleStack, RevGNN, make_coupling
+from betty.rev.check import GradientMismatchError, assert_gradient_parity, gradient_parity
+from betty.rev.coupling import GroupFunction, ReversibleCoupling
 
 
-def _rand_graph(n: int, e: int) -> dgl.DGLGraph:
-    """Random graph from torch's RNG (``dgl.rand_graph`` uses DGL's own RNG) plus self-loops."""
-    src, dst = torch.randint(n, (e,)), torch.randint(n, (e,))
-    return dgl.add_self_loop(dgl.graph((src, dst), num_nodes=n))
+@pytest.fixture(params=backend_params())
+def backend(request):
+    return request.param
 
 
 N = 30
 
 
-def _graph(seed=0):
+def _graph(seed=0, *, backend: str):
     torch.manual_seed(seed)
-    return _rand_graph(N, 90)
+    return rand_whole_graph(N, 90, backend)
 
 
 class FunctionalDropoutF(nn.Module):
     """A group function that hides a stochastic F.dropout (invisible to module scans)."""
 
-    def __init__(self, width):
+    def __init__(self, width, *, backend: str):
         super().__init__()
-        self.inner = GroupFunction(width)
+        self.inner = GroupFunction(width, backend=backend)
 
     def forward(self, graph, h, mask=None):
         return self.inner(graph, F.dropout(h, 0.5, training=True), mask)
@@ -59,15 +58,16 @@ class _Wrapper(nn.Module):
         return self.stack(g, self.encoder(x))
 
 
-def _stochastic_model(check_consistency):
+def _stochastic_model(check_consistency, *, backend: str):
     torch.manual_seed(0)
-    couplings = [ReversibleCoupling([FunctionalDropoutF(4), FunctionalDropoutF(4)]) for _ in range(3)]
+    couplings = [ReversibleCoupling([FunctionalDropoutF(4, backend=backend),
+                                     FunctionalDropoutF(4, backend=backend)]) for _ in range(3)]
     return _Wrapper(GroupedReversibleStack(couplings, check_consistency=check_consistency)).double()
 
 
-def test_leaf_input_to_first_block_raises():
-    g = _graph()
-    stack = GroupedReversibleStack([make_coupling(8, 2) for _ in range(3)])
+def test_leaf_input_to_first_block_raises(backend):
+    g = _graph(backend=backend)
+    stack = GroupedReversibleStack([make_coupling(8, 2, backend=backend) for _ in range(3)])
     features = torch.randn(N, 8, requires_grad=True)
     kept = features.detach().clone()
     with pytest.raises(ValueError, match="is a leaf tensor"):
@@ -77,9 +77,9 @@ def test_leaf_input_to_first_block_raises():
         stack(g, torch.randn(N, 8))
 
 
-def test_relu_output_as_first_input_raises():
-    g = _graph()
-    stack = GroupedReversibleStack([make_coupling(8, 2) for _ in range(2)])
+def test_relu_output_as_first_input_raises(backend):
+    g = _graph(backend=backend)
+    stack = GroupedReversibleStack([make_coupling(8, 2, backend=backend) for _ in range(2)])
     enc = nn.Linear(8, 8)
     with pytest.raises(ValueError, match="saved by its producer ReluBackward0"):
         stack(g, torch.relu(enc(torch.randn(N, 8))))
@@ -87,17 +87,17 @@ def test_relu_output_as_first_input_raises():
         stack(g, torch.sigmoid(enc(torch.randn(N, 8))))
 
 
-def test_view_as_first_input_raises():
-    g = _graph()
-    stack = GroupedReversibleStack([make_coupling(8, 2) for _ in range(2)])
+def test_view_as_first_input_raises(backend):
+    g = _graph(backend=backend)
+    stack = GroupedReversibleStack([make_coupling(8, 2, backend=backend) for _ in range(2)])
     h = nn.Linear(8, 16)(torch.randn(N, 8))
     with pytest.raises(ValueError, match="is a view"):
         stack(g, h[:, :8])
 
 
-def test_encoder_output_is_accepted_and_freed_until_backward():
-    g = _graph()
-    stack = GroupedReversibleStack([make_coupling(8, 2) for _ in range(2)])
+def test_encoder_output_is_accepted_and_freed_until_backward(backend):
+    g = _graph(backend=backend)
+    stack = GroupedReversibleStack([make_coupling(8, 2, backend=backend) for _ in range(2)])
     h = nn.Linear(8, 8)(torch.randn(N, 8))
     expected = h.detach().clone()
     out = stack(g, h)
@@ -107,9 +107,9 @@ def test_encoder_output_is_accepted_and_freed_until_backward():
     torch.testing.assert_close(h.detach(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_reversible_output_feeds_only_one_block():
-    g = _graph()
-    block = GroupedReversibleStack([make_coupling(8, 2)]).blocks[0]
+def test_reversible_output_feeds_only_one_block(backend):
+    g = _graph(backend=backend)
+    block = GroupedReversibleStack([make_coupling(8, 2, backend=backend)]).blocks[0]
     h = nn.Linear(8, 8)(torch.randn(N, 8))
     y = block(g, h)
     block(g, y)
@@ -117,9 +117,9 @@ def test_reversible_output_feeds_only_one_block():
         block(g, y)
 
 
-def test_output_modified_in_place_raises_in_backward():
-    g = _graph()
-    stack = GroupedReversibleStack([make_coupling(8, 2) for _ in range(2)])
+def test_output_modified_in_place_raises_in_backward(backend):
+    g = _graph(backend=backend)
+    stack = GroupedReversibleStack([make_coupling(8, 2, backend=backend) for _ in range(2)])
     out = stack(g, nn.Linear(8, 8)(torch.randn(N, 8)))
     loss = (out * 2).sum()
     out.add_(1.0)
@@ -127,9 +127,9 @@ def test_output_modified_in_place_raises_in_backward():
         loss.backward()
 
 
-def test_nn_dropout_injected_after_construction_is_refused_in_forward():
-    g = _graph()
-    model = RevGNN(4, 8, 2, num_layers=3)
+def test_nn_dropout_injected_after_construction_is_refused_in_forward(backend):
+    g = _graph(backend=backend)
+    model = RevGNN(4, 8, 2, num_layers=3, backend=backend)
     model.stack.blocks[1].coupling.functions[0].norm = nn.Sequential(nn.LayerNorm(4), nn.Dropout(0.5))
     with pytest.raises(ValueError, match="nn.Dropout"):
         model(g, torch.randn(N, 4))
@@ -138,48 +138,51 @@ def test_nn_dropout_injected_after_construction_is_refused_in_forward():
         assert model(g, torch.randn(N, 4)).shape == (N, 2)
 
 
-def test_hidden_stochastic_dropout_fails_the_backward_consistency_check():
-    g = _graph()
-    model = _stochastic_model(check_consistency=True)
+def test_hidden_stochastic_dropout_fails_the_backward_consistency_check(backend):
+    g = _graph(backend=backend)
+    model = _stochastic_model(check_consistency=True, backend=backend)
     loss = model(g, torch.randn(N, 4, dtype=torch.float64)).pow(2).sum()
     with pytest.raises(RuntimeError, match="not a deterministic function"):
         loss.backward()
 
 
-def test_hidden_stochastic_dropout_gives_wrong_gradients_detected_by_parity_check():
+def test_hidden_stochastic_dropout_gives_wrong_gradients_detected_by_parity_check(backend):
     """With the runtime check off, the gradients are silently wrong: the parity check
     measures the error and assert_gradient_parity raises."""
-    g = _graph()
+    g = _graph(backend=backend)
     x = torch.randn(N, 4, dtype=torch.float64)
-    model = _stochastic_model(check_consistency=False)
+    model = _stochastic_model(check_consistency=False, backend=backend)
     report = gradient_parity(model, lambda m: m(g, x).pow(2).sum())
     assert report.max_rel_error > 0.1, report
     with pytest.raises(GradientMismatchError, match="relative error"):
         assert_gradient_parity(model, lambda m: m(g, x).pow(2).sum())
 
 
-def test_stochastic_mask_fn_is_caught():
-    g = _graph()
-    model = RevGNN(4, 8, 2, num_layers=3, dropout=0.5).double()
+def test_stochastic_mask_fn_is_caught(backend):
+    g = _graph(backend=backend)
+    model = RevGNN(4, 8, 2, num_layers=3, dropout=0.5, backend=backend).double()
     loss = model(g, torch.randn(N, 4, dtype=torch.float64),
                  mask_fn=lambda shape, ids, layer: torch.rand(shape) >= 0.5).pow(2).sum()
     with pytest.raises(RuntimeError, match="mask source that returns different masks"):
         loss.backward()
 
 
-def test_deterministic_model_passes_the_parity_check():
+def test_deterministic_model_passes_the_parity_check(backend):
     """Positive control for the parity check."""
-    g = _graph()
+    g = _graph(backend=backend)
     x = torch.randn(N, 4, dtype=torch.float64)
-    model = RevGNN(4, 8, 2, num_layers=3, dropout=0.5).double()
+    model = RevGNN(4, 8, 2, num_layers=3, dropout=0.5, backend=backend).double()
     report = assert_gradient_parity(model, lambda m: m(g, x).pow(2).sum(), rtol=1e-8)
     assert report.max_rel_error < 1e-8
 
 
-def test_sampled_dgl_block_is_refused():
-    g = _graph()
-    block = dgl.to_block(g, dst_nodes=torch.arange(10))
-    stack = GroupedReversibleStack([make_coupling(8, 2)])
-    h = nn.Linear(8, 8)(torch.randn(block.num_src_nodes(), 8))
-    with pytest.raises(ValueError, match="DGL block"):
+def test_sampled_block_is_refused(backend):
+    layer = LayerEdges(src_nid=torch.tensor([7, 3, 9, 1]), num_dst=2,
+                       edge_src=torch.tensor([2, 3, 0]), edge_dst=torch.tensor([0, 0, 1]),
+                       edge_id=torch.tensor([5, 6, 7]))
+    block = get_backend(backend).make_block(layer)
+    stack = GroupedReversibleStack([make_coupling(8, 2, backend=backend)])
+    h = nn.Linear(8, 8)(torch.randn(4, 8))
+    label = {"dgl": "DGL", "pyg": "PyG"}[backend]
+    with pytest.raises(ValueError, match=f"{label} block"):
         stack(block, h)

@@ -1,17 +1,16 @@
-"""Full-graph / K-partition training and multi-view inference for reversible GNNs."""
+"""Full-graph / K-partition training and multi-view inference for reversible GNNs, on
+each backend (every test runs once per installed backend)."""
 
 import numpy as np
 import pytest
-
-pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
-pytest.importorskip("dgl")
-import dgl  # noqa: E402
-
 import torch
+from graphs import backend_params, rand_whole_graph, whole_graph
 from torch import nn
 
-from betty.models.rev import RevGNN
-from betty.models.rev_training import (
+from betty.backends import get_backend
+
+from betty.rev.model import RevGNN
+from betty.rev.training import (
     GraphPart,
     cluster_partition,
     full_graph_inference,
@@ -20,12 +19,16 @@ from betty.models.rev_training import (
 )
 
 
-def _rand_graph(n: int, e: int) -> dgl.DGLGraph:
-    src, dst = torch.randint(n, (e,)), torch.randint(n, (e,))
-    return dgl.add_self_loop(dgl.graph((src, dst), num_nodes=n))
+@pytest.fixture(params=backend_params())
+def backend(request):
+    return request.param
 
 
-def _clustered_graph(sizes, intra_edges, inter_edges=0, seed=0):
+def _rand_graph(n: int, e: int, backend: str):
+    return rand_whole_graph(n, e, backend)
+
+
+def _clustered_graph(sizes, intra_edges, inter_edges=0, seed=0, *, backend: str):
     """Dense random clusters of the given sizes, plus ``inter_edges`` random edges."""
     torch.manual_seed(seed)
     offsets = np.cumsum([0] + list(sizes))
@@ -36,8 +39,7 @@ def _clustered_graph(sizes, intra_edges, inter_edges=0, seed=0):
     n = int(offsets[-1])
     src.append(torch.randint(n, (inter_edges,)))
     dst.append(torch.randint(n, (inter_edges,)))
-    g = dgl.graph((torch.cat(src), torch.cat(dst)), num_nodes=n)
-    return dgl.add_self_loop(g)
+    return whole_graph(torch.cat(src), torch.cat(dst), n, backend)
 
 
 def _global_mask_fn(shape, node_ids, layer):
@@ -48,9 +50,9 @@ def _global_mask_fn(shape, node_ids, layer):
 
 
 @pytest.mark.parametrize("method", ["random", "metis"])
-def test_partition_covers_nodes_once_with_induced_subgraphs(method):
+def test_partition_covers_nodes_once_with_induced_subgraphs(backend, method):
     torch.manual_seed(0)
-    g = _clustered_graph([25, 30, 20, 25], intra_edges=120, inter_edges=30)
+    g = _clustered_graph([25, 30, 20, 25], intra_edges=120, inter_edges=30, backend=backend)
     parts = cluster_partition(g, 4, method=method, seed=1)
     ids = torch.cat([p.node_ids for p in parts])
     assert sorted(ids.tolist()) == list(range(g.num_nodes()))
@@ -58,7 +60,7 @@ def test_partition_covers_nodes_once_with_induced_subgraphs(method):
     part_of = torch.empty(g.num_nodes(), dtype=torch.long)
     for i, p in enumerate(parts):
         part_of[p.node_ids] = i
-        assert torch.equal(p.graph.ndata[dgl.NID], p.node_ids)
+        assert torch.equal(get_backend(backend).graph_node_ids(p.graph), p.node_ids)
         assert bool((p.node_ids[1:] > p.node_ids[:-1]).all())
     for i, p in enumerate(parts):  # induced: exactly the edges with both ends in the part
         both = (part_of[src] == i) & (part_of[dst] == i)
@@ -70,8 +72,8 @@ def test_partition_covers_nodes_once_with_induced_subgraphs(method):
         assert sorted(len(p.node_ids) for p in parts) == [25, 25, 25, 25]
 
 
-def test_metis_cuts_fewer_edges_than_random():
-    g = _clustered_graph([40, 40, 40, 40], intra_edges=300, inter_edges=20)
+def test_metis_cuts_fewer_edges_than_random(backend):
+    g = _clustered_graph([40, 40, 40, 40], intra_edges=300, inter_edges=20, backend=backend)
     src, dst = g.edges()
 
     def cut(parts):
@@ -84,8 +86,8 @@ def test_metis_cuts_fewer_edges_than_random():
     assert metis <= 40 < random  # at most the 20 planted cross edges (both directions)
 
 
-def test_partition_arguments():
-    g = _rand_graph(10, 20)
+def test_partition_arguments(backend):
+    g = _rand_graph(10, 20, backend)
     with pytest.raises(ValueError, match=r"k must be in \[1, num_nodes=10\]"):
         cluster_partition(g, 11)
     with pytest.raises(ValueError, match="method must be one of"):
@@ -93,8 +95,8 @@ def test_partition_arguments():
     assert cluster_partition(g, 1)[0].graph.num_edges() == g.num_edges()
 
 
-def _components_setup():
-    g = _clustered_graph([20, 15, 25], intra_edges=60, inter_edges=0, seed=3)
+def _components_setup(*, backend: str):
+    g = _clustered_graph([20, 15, 25], intra_edges=60, inter_edges=0, seed=3, backend=backend)
     n = g.num_nodes()
     torch.manual_seed(4)
     feat = torch.randn(n, 5, dtype=torch.float64)
@@ -102,18 +104,18 @@ def _components_setup():
     train_mask = torch.rand(n) < 0.6
     bounds = [0, 20, 35, 60]
     parts = [
-        GraphPart(dgl.node_subgraph(g, torch.arange(a, b)), torch.arange(a, b))
+        GraphPart(get_backend(backend).node_subgraph(g, torch.arange(a, b)), torch.arange(a, b))
         for a, b in zip(bounds[:-1], bounds[1:])
     ]
     return g, feat, label, train_mask, parts
 
 
-def test_k_parts_without_cut_edges_equal_full_graph_training():
+def test_k_parts_without_cut_edges_equal_full_graph_training(backend):
     """Parts = connected components, dropout keyed by global node ID: accumulating the K
     part gradients reproduces the full-graph gradient of the mean training loss."""
-    g, feat, label, train_mask, parts = _components_setup()
+    g, feat, label, train_mask, parts = _components_setup(backend=backend)
     torch.manual_seed(5)
-    model = RevGNN(5, 8, 3, num_layers=4, dropout=0.3, mask_fn=_global_mask_fn).double()
+    model = RevGNN(5, 8, 3, num_layers=4, dropout=0.3, mask_fn=_global_mask_fn, backend=backend).double()
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     total = train_step_partitions(model, parts, feat, label, train_mask, opt, loss_fn)
@@ -130,14 +132,14 @@ def test_k_parts_without_cut_edges_equal_full_graph_training():
     assert total_full == pytest.approx(ref.item(), rel=1e-12)
 
 
-def test_cut_edges_change_the_gradient():
+def test_cut_edges_change_the_gradient(backend):
     """Control: with edges across parts, K-partition training is a different computation."""
-    g = _clustered_graph([30, 30], intra_edges=100, inter_edges=60, seed=6)
+    g = _clustered_graph([30, 30], intra_edges=100, inter_edges=60, seed=6, backend=backend)
     n = g.num_nodes()
     feat = torch.randn(n, 5, dtype=torch.float64)
     label = torch.randint(0, 3, (n,))
     train_mask = torch.ones(n, dtype=torch.bool)
-    model = RevGNN(5, 8, 3, num_layers=3).double()
+    model = RevGNN(5, 8, 3, num_layers=3, backend=backend).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     train_step_partitions(model, cluster_partition(g, 2, "metis"), feat, label, train_mask, opt, loss_fn)
@@ -146,13 +148,13 @@ def test_cut_edges_change_the_gradient():
     assert (part - model.encoder.weight.grad).norm() > 1e-6 * part.norm()
 
 
-def test_partition_training_reduces_loss():
-    g = _clustered_graph([50, 50, 50], intra_edges=200, inter_edges=40, seed=7)
+def test_partition_training_reduces_loss(backend):
+    g = _clustered_graph([50, 50, 50], intra_edges=200, inter_edges=40, seed=7, backend=backend)
     n = g.num_nodes()
     feat = torch.randn(n, 5)
     label = (feat[:, 0] > 0).long() + (feat[:, 1] > 0).long()
     train_mask = torch.rand(n) < 0.7
-    model = RevGNN(5, 16, 3, num_layers=4, dropout=0.1)
+    model = RevGNN(5, 16, 3, num_layers=4, dropout=0.1, backend=backend)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     losses = [
@@ -163,9 +165,9 @@ def test_partition_training_reduces_loss():
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-def test_train_step_argument_checks():
-    g, feat, label, train_mask, parts = _components_setup()
-    model = RevGNN(5, 8, 3, num_layers=2).double()
+def test_train_step_argument_checks(backend):
+    g, feat, label, train_mask, parts = _components_setup(backend=backend)
+    model = RevGNN(5, 8, 3, num_layers=2, backend=backend).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="reduction='sum'"):
         train_step_partitions(model, parts, feat, label, train_mask, opt, nn.CrossEntropyLoss())
@@ -177,11 +179,11 @@ def test_train_step_argument_checks():
                               nn.CrossEntropyLoss(reduction="sum"))
 
 
-def test_multiview_inference_averages_partition_predictions():
-    g = _clustered_graph([30, 30], intra_edges=100, inter_edges=40, seed=8)
+def test_multiview_inference_averages_partition_predictions(backend):
+    g = _clustered_graph([30, 30], intra_edges=100, inter_edges=40, seed=8, backend=backend)
     n = g.num_nodes()
     feat = torch.randn(n, 5, dtype=torch.float64)
-    model = RevGNN(5, 8, 3, num_layers=3, dropout=0.5).double()
+    model = RevGNN(5, 8, 3, num_layers=3, dropout=0.5, backend=backend).double()
     full = full_graph_inference(model, g, feat)
     assert not model.training
     torch.testing.assert_close(multiview_inference(model, g, feat, k=1, num_views=2), full)

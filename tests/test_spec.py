@@ -94,12 +94,6 @@ def test_future_features_validate():
     assert r.data["partition"]["memory_budget"] == 1_500_000_000
     rev = apply_overrides(BASE, ["model.arch=revgnn", "model.layers=112", "model.hidden=64",
                                  "model.groups=2", "model.conv=gat", "model.heads=1"])
-    from betty.backends import available
-
-    if not available("dgl"):  # RevGNN needs DGL
-        with pytest.raises(SpecError, match="revgnn runs on the dgl backend only"):
-            resolve_spec(rev)
-        return
     assert resolve_spec(rev).spec.model.layers == 112  # fanouts need not match RevGNN depth
     err = problems(["model.arch=revgnn", "model.hidden=63", "model.groups=2"])
     assert "divisible by model.groups" in str(err)
@@ -209,22 +203,12 @@ def test_params_are_flat_with_prefix():
     assert all(k.startswith("spec.") for k in params)
 
 
-def _revgnn_without_dgl(path) -> bool:
-    from betty.backends import available
-
-    return not available("dgl") and yaml.safe_load(path.read_text())["model"].get("arch") == "revgnn"
-
-
 def test_every_shipped_spec_validates():
     paths = shipped_specs()
     names = {p.stem for p in paths}
     assert {"synthetic", "synthetic_products", "products_lstm", "products_sage_mean", "arxiv_sage",
             "arxiv_gat", "reddit_sage", "tiny"} <= names
     for path in paths:
-        if _revgnn_without_dgl(path):  # RevGNN needs DGL: refused, naming the install command
-            with pytest.raises(SpecError, match=r"pip install 'betty\[dgl\]'"):
-                load_spec(path)
-            continue
         r = load_spec(path)
         assert r.spec.description, f"{path.name} needs a one-line description"
         assert "\n" not in r.spec.description.strip()

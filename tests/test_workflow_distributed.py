@@ -44,8 +44,9 @@ def test_run_nproc_2_logs_per_rank_metrics_and_single_process_losses(tracking):
     assert m["world_size"] == 2.0 and train.data.params["spec.train.world_size"] == "2"
     for r in (0, 1):
         for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
-                    "allreduce_wait_s", "host_rss_peak_bytes"):
+                    "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes"):
             assert f"{key}.rank{r}" in m, f"{key}.rank{r} missing"
+        assert 0 < m[f"host_pss_bytes.rank{r}"] <= m[f"host_rss_peak_bytes.rank{r}"]
     assert m["allreduce_bytes"] > 0
     assert m["peak_mem_measured_bytes"] == max(m["peak_mem_measured_bytes.rank0"],
                                                m["peak_mem_measured_bytes.rank1"])

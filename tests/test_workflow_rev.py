@@ -11,8 +11,6 @@ import sys
 import mlflow
 import pytest
 
-pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
-pytest.importorskip("dgl")
 
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner

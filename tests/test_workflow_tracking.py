@@ -91,3 +91,26 @@ def test_run_records_are_mlflow_native(tracking):
     assert torch.equal(a, b)
     spec_yaml = mlflow.artifacts.download_artifacts(f"runs:/{train_id}/model/extra_files/spec.yaml")
     assert load_spec(spec_yaml).sha == rspec.sha
+
+
+def test_losing_the_experiment_create_race_still_activates_it(tracking, monkeypatch):
+    """Two team members start at once: the second ``create_experiment`` fails with
+    RESOURCE_ALREADY_EXISTS. MLflow 3.17's ``set_experiment`` then returns the experiment
+    without activating it; betty must still log into it, not into "Default"."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS
+    from mlflow.tracking._tracking_service.client import TrackingServiceClient
+
+    from workflow.tracking import use_spec_experiment
+
+    real_create = TrackingServiceClient.create_experiment
+
+    def lose_the_race(self, name, *args, **kwargs):
+        real_create(self, name, *args, **kwargs)  # the other member's create wins
+        raise MlflowException(f"experiment {name!r} already exists", error_code=RESOURCE_ALREADY_EXISTS)
+
+    monkeypatch.setattr(TrackingServiceClient, "create_experiment", lose_the_race)
+    exp_id = use_spec_experiment(load_spec("tiny"), "raced")
+    assert exp_id == MlflowClient().get_experiment_by_name("raced").experiment_id
+    with mlflow.start_run() as run:
+        assert run.info.experiment_id == exp_id

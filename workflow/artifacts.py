@@ -102,7 +102,7 @@ def write_json(path: str | Path, obj) -> Path:
 
 def ksearch_records(results) -> list[dict]:
     """K-search results (``betty.memory.KSearchResult``; for ``revgnn``
-    ``betty.memory.rev.RevKSearchResult``: chosen ``k``, its largest part's estimated
+    ``betty.rev.memory.RevKSearchResult``: chosen ``k``, its largest part's estimated
     ``peak`` and every K ``tried`` with its largest part) as JSON-ready dicts."""
     out = []
     for r in results:

@@ -34,7 +34,7 @@ __all__ = [
 
 def is_reversible(rspec: ResolvedSpec) -> bool:
     """Whether the spec's model is ``revgnn`` (whole graph or K cluster parts per step,
-    :mod:`betty.rev_engine`) rather than a sampled-block model (:mod:`betty.engine`)."""
+    :mod:`betty.rev.engine`) rather than a sampled-block model (:mod:`betty.engine`)."""
     return rspec.spec.model.arch == "revgnn"
 
 
@@ -88,16 +88,17 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
         aggregator=m.aggregator, heads=m.heads, dropout=m.dropout, attn_dropout=m.attn_dropout,
         dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
         reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq,
-        **({} if m.arch == "revgnn" else {"backend": m.backend}))
+        backend=m.backend)
     return model.to(torch_dtype(rspec))
 
 
 def partition_plan(rspec: ResolvedSpec):
-    """``betty.engine.PartitionPlan`` (``sage``/``gat``) or ``betty.rev_engine.RevPlan``
-    (``revgnn``) of the spec's ``partition`` section."""
+    """``betty.engine.PartitionPlan`` (``sage``/``gat``) or ``betty.rev.engine.RevPlan``
+    (``revgnn``) of the spec's ``partition`` section; with ``train.world_size: N`` the K
+    search starts at N (so the partition stage reports the K the ranks will use)."""
     p = rspec.spec.partition
     if is_reversible(rspec):
-        from betty.rev_engine import RevPlan
+        from betty.rev.engine import RevPlan
 
         return RevPlan(method=p.method, k=p.k, memory_budget=p.memory_budget,
                        safety_margin=p.safety_margin)
@@ -105,7 +106,7 @@ def partition_plan(rspec: ResolvedSpec):
 
     return PartitionPlan(method=p.method, k=p.k, reuse=p.reuse, balance=p.balance,
                          memory_budget=p.memory_budget, safety_margin=p.safety_margin,
-                         options=partition_options(rspec))
+                         options=partition_options(rspec), min_k=rspec.spec.train.world_size)
 
 
 def partition_options(rspec: ResolvedSpec) -> dict:
@@ -125,7 +126,7 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
                  on_search=None):
     """``(trainer, model, optimizer)`` for repeat ``repeat``: a fresh model (weights
     seeded by ``train.seed + repeat``) on ``device`` and a :class:`betty.engine.Trainer`
-    (``revgnn``: a :class:`betty.rev_engine.RevTrainer`) seeded by ``sampling.seed +
+    (``revgnn``: a :class:`betty.rev.engine.RevTrainer`) seeded by ``sampling.seed +
     repeat``. The trainer builds the memory estimator and, for ``partition.k: auto``,
     the K search itself; ``on_search`` receives every K-search result (when the trainer
     supports it)."""
@@ -139,7 +140,7 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
     model = build_model(rspec, dataset, seed=t.seed + repeat).to(device)
     optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     if is_reversible(rspec):
-        from betty.rev_engine import RevTrainer
+        from betty.rev.engine import RevTrainer
 
         trainer = RevTrainer(model, optimizer, dataset, partition_plan(rspec), device=device,
                              seed=rspec.spec.sampling.seed + repeat, dropout_seed=t.seed + repeat,
@@ -161,7 +162,7 @@ def first_batch(rspec: ResolvedSpec, dataset, *, repeat: int = 0, device=None):
     (``sage``/``gat`` only: ``revgnn`` samples nothing)."""
     if is_reversible(rspec):
         raise ValueError("model.arch revgnn samples no batches: it trains on the whole graph or "
-                         "on partition.k cluster parts (betty.rev_engine.RevTrainer.split)")
+                         "on partition.k cluster parts (betty.rev.engine.RevTrainer.split)")
     device = device or resolve_device(rspec.spec.train.device)
     trainer, _, _ = make_trainer(rspec, dataset, device, repeat=repeat)
     return trainer.sample(0, 0)

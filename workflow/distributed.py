@@ -8,9 +8,15 @@ the whole history, which the stage logs: the usual per-epoch contract (``loss``,
 ``train_acc`` are the full-batch ones; peak memory is the maximum over ranks) plus, per
 rank r, ``peak_mem_measured_bytes.rank<r>``, ``peak_mem_estimated_bytes.rank<r>``,
 ``time_compute_s.rank<r>``, ``allreduce_wait_s.rank<r>``, ``host_rss_peak_bytes.rank<r>``
-(the rank's peak resident memory on the host), and ``allreduce_bytes``
+(the rank's peak resident memory on the host), ``host_pss_bytes.rank<r>`` (its
+proportional set size at the end of the epoch: pages shared with the other ranks are
+divided among them), and ``allreduce_bytes``
 (gradient payload per rank per epoch) and ``world_size``. A failing rank raises
 ``ChildFailedError`` naming it, and the stage's run ends FAILED with that message.
+
+Host memory: the launching process loads the dataset once and shares its tensors with
+its ranks (:func:`betty.distributed.shared.share_dataset`: files in ``/dev/shm`` the
+ranks map instead of loading the dataset again); every machine does so for its own ranks.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from workflow.specfile import ResolvedSpec
 __all__ = ["PER_RANK_METRICS", "RankFailed", "train_distributed", "rank_train", "launch_options"]
 
 PER_RANK_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
-                    "allreduce_wait_s", "host_rss_peak_bytes")
+                    "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes")
 
 
 def launch_options() -> dict[str, Any]:
@@ -65,29 +71,36 @@ def _rank_figures(record, dp, steps_before: int) -> dict[str, float | None]:
             "time_compute_s": sum(s.time_compute_s for s in stats),
             "allreduce_wait_s": sum(s.reduce.wait_s for s in stats),
             "allreduce_bytes": float(sum(s.reduce.bytes for s in stats)),
-            "host_rss_peak_bytes": _peak_rss_bytes()}
+            **_host_memory()}
 
 
-def _peak_rss_bytes() -> float:
-    """This process's peak resident set size so far (Linux reports KiB)."""
-    import resource
+def _host_memory() -> dict[str, float | None]:
+    """This process's peak resident set size so far and its proportional set size now."""
+    from betty.distributed.shared import memory_of_process
 
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    mem = memory_of_process()
+    return {"host_rss_peak_bytes": mem["rss_peak_bytes"], "host_pss_bytes": mem.get("pss_bytes")}
 
 
-def rank_train(rspec: ResolvedSpec, repeat: int) -> dict | None:
-    """One rank's training (module-level: the launcher pickles it). Returns, on rank 0,
-    ``{"history", "rows", "state", "searches"}``; ``None`` elsewhere."""
+def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
+    """One rank's training (module-level: the launcher pickles it). ``shared``: the
+    launcher's :class:`betty.distributed.shared.SharedDataset` (``None``: load the
+    dataset here). Returns, on rank 0, ``{"history", "rows", "state", "searches"}``;
+    ``None`` elsewhere."""
     import torch.distributed as dist
 
     from betty.distributed import DataParallel
     from betty.distributed.launch import rank_device
     from betty.memory.meter import MemoryMeter
-    from workflow.components import is_reversible, load_data, make_trainer, resolve_device
+    from workflow.components import configure_threads, is_reversible, load_data, make_trainer, resolve_device
     from workflow.evaluation import evaluate_model
 
     spec = rspec.spec
-    ds = load_data(rspec)
+    if shared is None:
+        ds = load_data(rspec)
+    else:
+        configure_threads(rspec)
+        ds = shared.attach()
     device = rank_device() if resolve_device(spec.train.device).type == "cuda" else torch.device("cpu")
     meter = MemoryMeter(device) if spec.train.measure_memory else None
     searches: list = []
@@ -146,10 +159,14 @@ def _estimate_error(rows: list[dict]) -> float | None:
     return max(errs) if errs else None
 
 
-def train_distributed(rspec: ResolvedSpec, repeat: int = 0) -> dict | None:
+def train_distributed(rspec: ResolvedSpec, repeat: int = 0, dataset=None) -> dict | None:
     """Launch ``train.world_size`` ranks on this machine (or this node's share, see
-    :func:`launch_options`) and return rank 0's result (``None`` on nodes without it)."""
+    :func:`launch_options`) and return rank 0's result (``None`` on nodes without it).
+    ``dataset``: the spec's dataset if this process holds it already (else loaded
+    here); its tensors are shared with the ranks, not loaded again by each."""
     from betty.distributed.launch import launch
+    from betty.distributed.shared import share_dataset
+    from workflow.components import load_data
 
     options = launch_options()
     nnodes = options.get("nnodes", 1)
@@ -159,8 +176,9 @@ def train_distributed(rspec: ResolvedSpec, repeat: int = 0) -> dict | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
-        results = launch(rank_train, (rspec, repeat), nproc=world // nnodes,
-                         threads=rspec.spec.train.threads or 1, **options)
+        with share_dataset(dataset if dataset is not None else load_data(rspec)) as shared:
+            results = launch(rank_train, (rspec, repeat, shared), nproc=world // nnodes,
+                             threads=rspec.spec.train.threads or 1, **options)
     except ChildFailedError as exc:
         raise RankFailed(describe_failures(exc)) from exc
     return results.get(0)

@@ -10,7 +10,7 @@ whole graph once and reads every split from it; ``sampled`` samples each split's
 neighbourhoods with ``evaluate.fanouts`` (default: the training fanouts).
 
 ``revgnn`` (:func:`rev_predictions`): ``full`` runs the model on the whole graph at once
-(``betty.models.rev_training.full_graph_inference``; reversible blocks need every node
+(``betty.rev.training.full_graph_inference``; reversible blocks need every node
 of the set they map); ``multiview`` averages the predicted probabilities (softmax, or
 sigmoid for multi-label data) over ``evaluate.views`` random splits into
 ``evaluate.parts`` induced subgraphs (default: the training K), seeded by
@@ -41,12 +41,12 @@ def split_nodes(dataset, split: str) -> torch.Tensor:
 def rev_predictions(model, dataset, rspec: ResolvedSpec, device, *, train_k: int | None = None) -> torch.Tensor:
     """``(N, C)`` host scores of a RevGNN for every node: logits (``full``) or averaged
     probabilities (``multiview``, ``evaluate.parts`` or else ``train_k`` parts)."""
-    from betty.models.rev_training import full_graph_inference, multiview_inference
+    from betty.rev.training import backend_graph, full_graph_inference, multiview_inference
 
     ev = rspec.spec.evaluate
     feat = dataset.feat.to(torch_dtype(rspec))
     if ev.inference == "full":
-        return full_graph_inference(model, dataset.graph.to_dgl(), feat, device=device).cpu()
+        return full_graph_inference(model, backend_graph(model, dataset.graph), feat, device=device).cpu()
     k = ev.parts or train_k
     if k is None:
         p = rspec.spec.partition
@@ -56,7 +56,7 @@ def rev_predictions(model, dataset, rspec: ResolvedSpec, device, *, train_k: int
         k = int(p.k)
     k = min(int(k), dataset.num_nodes)
     transform = torch.sigmoid if dataset.multilabel else (lambda out: torch.softmax(out, dim=1))
-    return multiview_inference(model, dataset.graph.to_dgl(), feat, k, ev.views, method="random",
+    return multiview_inference(model, backend_graph(model, dataset.graph), feat, k, ev.views, method="random",
                                seed=rspec.spec.sampling.seed, device=device, transform=transform).cpu()
 
 

@@ -1,7 +1,7 @@
 """Library features the schema accepts but a given version of betty may lack.
 
 ``partition.k: auto`` and ``partition.balance: memory`` need the memory model
-(``betty.memory.ksearch``; for ``revgnn`` the reversible one, ``betty.memory.rev``),
+(``betty.memory.ksearch``; for ``revgnn`` the reversible one, ``betty.rev.memory``),
 ``model.arch: revgnn`` needs ``"revgnn"`` in ``betty.models.ARCHS``. The spec schema validates them regardless; at run time
 :func:`preflight` checks the library before any work and raises
 :class:`NotAvailableYet` with a clear message (a FAILED run) instead of silently doing
@@ -18,7 +18,7 @@ __all__ = ["NotAvailableYet", "find_feature", "require_arch", "missing_features"
 
 K_SEARCH = ("betty.memory.ksearch", "make_k_chooser")
 MEMORY_BALANCE = ("betty.memory.ksearch", "memory_balance_weights")
-REV_K_SEARCH = ("betty.memory.rev", "search_k_rev")
+REV_K_SEARCH = ("betty.rev.memory", "search_k_rev")
 
 
 class NotAvailableYet(RuntimeError):

@@ -97,22 +97,27 @@ def main(argv: list[str] | None = None) -> int:
     """Run the entry point; every exit path ends this process's run (see the module docstring)."""
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        _watch_parent()
         return _main(args, overrides)
     except KeyboardInterrupt as err:  # also while importing or loading the spec
         return _fail("interrupted", 130, err)
 
 
 def _main(args: argparse.Namespace, overrides: list[str]) -> int:
-    from workflow.progress import LogReporter, format_metrics
-    from workflow.spec import SpecError
-    from workflow.specfile import load_spec
+    # Signals during the imports and the spec load are recorded, not raised: a
+    # KeyboardInterrupt raised inside an import leaves that module half-initialised
+    # (seen: numpy, then MLflow's import in _fail died with a RecursionError and the run
+    # ended FAILED). check() raises it right after, before any work starts.
+    with _signals.shield():
+        _watch_parent()
+        from workflow.progress import LogReporter, format_metrics
+        from workflow.spec import SpecError
+        from workflow.specfile import load_spec
 
-    try:
-        rspec = load_spec(args.spec, overrides)
-    except SpecError as err:
-        return _fail(str(err), 2, err)
-    _signals.check()  # a signal during the imports above may have been swallowed
+        try:
+            rspec = load_spec(args.spec, overrides)
+        except SpecError as err:
+            return _fail(str(err), 2, err)
+    _signals.check()
     reporter = LogReporter()
     try:
         if args.entry == "main":

@@ -1,7 +1,7 @@
 """What the stages do for ``model.arch: revgnn`` (reversible deep GNNs).
 
 RevGNN trains on the whole graph (K = 1) or on K induced subgraphs per step
-(:class:`betty.rev_engine.RevTrainer`), never on sampled blocks, so:
+(:class:`betty.rev.engine.RevTrainer`), never on sampled blocks, so:
 
 * ``sample`` samples nothing: it logs the "batch" every step covers (``num_outputs`` =
   training nodes, ``num_inputs`` = every node), the tag ``sampling = none (revgnn)`` and
@@ -35,7 +35,7 @@ from workflow.artifacts import ksearch_records, write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import make_trainer
 from workflow.runs import log_metrics
-from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_plan, time_limit_reason
+from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_grid
 
 __all__ = ["PART_COLUMNS", "SWEEP_COLUMNS", "sample_stage", "measure_cluster_split", "cluster_sweep",
            "partition_stage", "part_rows"]
@@ -66,7 +66,7 @@ def sample_stage(ctx: StageContext) -> dict[str, float]:
 
 
 def _split_report(parts, estimates, num_edges: int) -> dict:
-    from betty.rev_engine import edges_kept_fraction
+    from betty.rev.engine import edges_kept_fraction
 
     nodes = [int(p.graph.num_nodes()) for p in parts]
     kept = edges_kept_fraction(parts, num_edges)
@@ -107,51 +107,26 @@ def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None
         ``(rows, skipped)``: one row per (method, K) tried (``error`` set when it
         failed) and ``{method: reason}`` naming the Ks not tried and why.
     """
-    from betty.models.rev_training import cluster_partition
+    from betty.rev.training import backend_graph, cluster_partition
 
-    graph = trainer.dataset.graph.to_dgl()  # RevGNN parts are DGL subgraphs
+    graph = backend_graph(trainer.model, trainer.dataset.graph)  # parts: subgraphs of the model's backend
     ks = sorted({int(k) for k in ks if int(k) <= graph.num_nodes()})
-    rows, skipped = [], {}
-    advance = reporter.steps("partition sweep", len(ks) * len(methods)) if reporter else None
-    for method in methods:
-        planned, capped = sweep_plan(ks, method, max_k)
-        reasons = [capped] if capped else []
-        for i, k in enumerate(planned):
-            start = time.perf_counter()
-            stop = None
-            try:
-                parts = cluster_partition(graph, k, method, seed)
-                took = time.perf_counter() - start
-                report = _split_report(parts, trainer.estimate(parts), graph.num_edges())
-            except Exception as err:  # noqa: BLE001  (a method unsuited to this graph)
-                reason = f"{type(err).__name__}: {err}"
-                rows.append({"method": method, "k": k, "error": reason})
-                stop = f"failed at K={k}: {reason}"
-            else:
-                est = report["estimated_bytes"]
-                rows.append({"method": method, "k": k, "num_parts": report["num_parts"],
-                             "edges_kept_fraction": report["edges_kept_fraction"],
-                             "max_part_nodes": max(report["part_nodes"]),
-                             "max_part_edges": max(report["part_edges"]),
-                             "imbalance": report["imbalance"],
-                             "peak_estimated_bytes": max(est) if est else None, "time_partition_s": took})
-                total = time.perf_counter() - start
-                if time_limit_s is not None and total > time_limit_s and i + 1 < len(planned):
-                    stop = time_limit_reason(k, total, time_limit_s, planned[i + 1:])
-            if advance:
-                advance(1)
-            if stop:
-                reasons.insert(0, stop)
-                if advance and len(planned) - i - 1:
-                    advance(len(planned) - i - 1)
-                break
-        if advance and len(ks) > len(planned):
-            advance(len(ks) - len(planned))
-        if reasons:
-            skipped[method] = "; ".join(reasons)
-            if reporter:
-                reporter.note(f"sweep: {method} {skipped[method]}")
-    return rows, skipped
+
+    def measure(method: str, k: int) -> dict:
+        start = time.perf_counter()
+        parts = cluster_partition(graph, k, method, seed)
+        took = time.perf_counter() - start
+        report = _split_report(parts, trainer.estimate(parts), graph.num_edges())
+        est = report["estimated_bytes"]
+        return {"num_parts": report["num_parts"],
+                "edges_kept_fraction": report["edges_kept_fraction"],
+                "max_part_nodes": max(report["part_nodes"]),
+                "max_part_edges": max(report["part_edges"]),
+                "imbalance": report["imbalance"],
+                "peak_estimated_bytes": max(est) if est else None, "time_partition_s": took}
+
+    return sweep_grid(methods, ks, measure, time_limit_s=time_limit_s, max_k=max_k,
+                      reporter=reporter)
 
 
 def partition_stage(ctx: StageContext) -> dict[str, float]:
@@ -209,7 +184,7 @@ def partition_stage(ctx: StageContext) -> dict[str, float]:
 
 
 def part_rows(record, repeat: int) -> list[dict]:
-    """One row per part of a :class:`betty.rev_engine.RevEpochRecord` (``PART_COLUMNS``)."""
+    """One row per part of a :class:`betty.rev.engine.RevEpochRecord` (``PART_COLUMNS``)."""
     return [{"repeat": repeat, "epoch": record.epoch, "part": p.index, "num_nodes": p.num_nodes,
              "num_edges": p.num_edges, "num_train": p.num_train, "skipped": p.skipped,
              "peak_bytes": p.peak_bytes, "estimated_bytes": p.estimated_bytes,

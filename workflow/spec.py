@@ -59,13 +59,13 @@ __all__ = [
 ARCHS = ("sage", "gat", "revgnn")
 """Architectures a spec may name: ``sage`` and ``gat`` train on sampled blocks
 (:mod:`betty.engine`), ``revgnn`` on the whole graph or K cluster parts
-(:mod:`betty.rev_engine`)."""
+(:mod:`betty.rev.engine`)."""
 
 REVGNN_CONVS = ("gcn", "sage", "gat")
 REVGNN_NORMS = ("layer", "batch", "none")
 REVGNN_PARTITION_METHODS = ("random", "metis")
 """``partition.method`` for ``revgnn``: how the graph is cut into K induced subgraphs
-(``betty.models.rev_training.cluster_partition``)."""
+(``betty.rev.training.cluster_partition``)."""
 DEFAULT_SWEEP_K = (2, 4, 8, 16, 32)
 
 
@@ -239,7 +239,7 @@ class ModelSection(_Section):
     with a note, ``reversible: false``, ``checkpoint``, ``weight_tied`` refused).
     ``backend``: ``auto`` (DGL where it imports, else PyG), ``dgl`` or ``pyg``
     (:mod:`betty.backends`); a backend that does not import here is refused with the
-    command that installs it; ``revgnn`` runs on ``dgl`` only."""
+    command that installs it; every arch runs on both."""
 
     arch: Literal["sage", "gat", "revgnn"] = "sage"
     hidden: int = Field(256, ge=1)
@@ -497,7 +497,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
             out.append(Problem("model.norm", m.norm, "allowed with model.deq: true: layer, none"))
         if p.k == "auto":
             out.append(Problem("partition.k", p.k, "'auto' needs the reversible memory estimator "
-                               "(betty.memory.rev), which does not model model.deq: true; allowed: "
+                               "(betty.rev.memory), which does not model model.deq: true; allowed: "
                                "an integer >= 1"))
     elif m.hidden % m.groups:
         out.append(Problem("model.hidden", m.hidden,
@@ -531,24 +531,6 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     return out
 
 
-def _backend_problems(m: ModelSection) -> list[Problem]:
-    """RevGNN's layers are DGL's: refuse ``revgnn`` where the backend resolves to pyg."""
-    from betty.backends import INSTALL, BackendUnavailable, resolve_backend
-
-    if m.arch != "revgnn":
-        return []
-    try:
-        backend = resolve_backend(m.backend)
-    except BackendUnavailable:  # already reported by the field validator
-        return []
-    if backend == "dgl":
-        return []
-    how = "set model.backend: dgl" if m.backend == "pyg" else f"install DGL: {INSTALL['dgl']}"
-    return [Problem("model.backend", m.backend,
-                    f"model.arch revgnn runs on the dgl backend only (this resolves to {backend!r}); "
-                    f"allowed: dgl, auto with DGL installed ({how})")]
-
-
 def check_spec(spec: Spec) -> list[Problem]:
     """Rules spanning several keys (field-level rules live in the models)."""
     out = _dataset_problems(spec.dataset)
@@ -561,12 +543,17 @@ def check_spec(spec: Spec) -> list[Problem]:
             out.append(Problem(f"model.{key}", getattr(m, key),
                                f"applies to model.arch {' or '.join(archs)} only (model.arch is {m.arch!r})"))
     out.extend(_revgnn_problems(spec) if m.arch == "revgnn" else _sampled_problems(spec))
-    out.extend(_backend_problems(m))
     p = spec.partition
     if p.k == "auto" and p.memory_budget is None:
         out.append(Problem("partition.memory_budget", None,
                            "is required when partition.k is 'auto'; allowed: " + BYTE_SIZE_HELP,
                            missing=True))
+    world = spec.train.world_size
+    if isinstance(p.k, int) and p.k < world:
+        out.append(Problem("partition.k", p.k,
+                           f"is below train.world_size {world}: training on N ranks splits each batch "
+                           f"into K >= N micro-batches so that every rank has one; allowed: an integer "
+                           f">= {world}, or 'auto' (the K search then starts at K = {world})"))
     if spec.evaluate.fanouts is not None and spec.evaluate.inference != "sampled":
         out.append(Problem("evaluate.fanouts", spec.evaluate.fanouts,
                            "applies to evaluate.inference 'sampled' only"))

@@ -68,6 +68,11 @@ def use_spec_experiment(rspec: ResolvedSpec, cli_name: str | None = None) -> str
         if MlflowClient().get_experiment_by_name(name) is None:
             raise
         exp = mlflow.set_experiment(name)
+    # MLflow 3.17's set_experiment, when its create loses that race
+    # (RESOURCE_ALREADY_EXISTS), returns the experiment WITHOUT making it active, so the
+    # runs would go to "Default" (seen in the team-server test). Activating it by ID is
+    # idempotent and always sets it.
+    exp = mlflow.set_experiment(experiment_id=exp.experiment_id)
     mark_model_training(exp.experiment_id)
     return exp.experiment_id
 

@@ -21,7 +21,7 @@ from functools import lru_cache
 from betty.backends.base import Backend
 
 __all__ = ["Backend", "BACKENDS", "BACKEND_CHOICES", "INSTALL", "BackendUnavailable",
-           "available", "resolve_backend", "get_backend", "backend_of"]
+           "available", "resolve_backend", "get_backend", "backend_of", "backend_of_graph"]
 
 BACKENDS = ("dgl", "pyg")
 BACKEND_CHOICES = ("auto",) + BACKENDS
@@ -81,3 +81,16 @@ def backend_of(model) -> Backend:
     """The backend a model was built for (``model.backend_name``; ``auto`` for a model
     without one, or ``None``)."""
     return get_backend(getattr(model, "backend_name", "auto"))
+
+
+def backend_of_graph(graph) -> Backend:
+    """The backend whose graph or block object ``graph`` is (a ``dgl.DGLGraph`` ->
+    ``dgl``; a :class:`~betty.backends.pyg_backend.PygBlock` / ``PygGraph`` -> ``pyg``),
+    told apart by the defining module so neither framework is imported to ask."""
+    module = type(graph).__module__
+    if module == "dgl" or module.startswith("dgl."):
+        return get_backend("dgl")
+    if module == _MODULE["pyg"]:
+        return get_backend("pyg")
+    raise TypeError(f"expected a DGL graph or a betty PyG graph/block, got {type(graph).__name__} "
+                    "(turn a betty.graph.Graph into one with get_backend(name).full_graph(graph))")

@@ -3,6 +3,12 @@
 Shapes: a block has ``n_src`` source and ``n_dst`` destination nodes (destinations are
 the first ``n_dst`` sources) and ``E`` edges ``edge_src[e] -> edge_dst[e]`` in the
 order of :class:`betty.batch.LayerEdges` (the canonical neighbour order).
+
+A *whole graph* (what reversible GNNs run on: the same ``N`` nodes at every layer's
+input and output) is the backend's graph object for a :class:`betty.graph.Graph` or an
+induced subgraph of one; it answers ``num_nodes()``, ``num_edges()``, ``edges()``,
+``to(device)`` and ``device`` (DGL's read API). Its convolutions map ``(N, in)`` to
+``(N, out)``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,39 @@ class Backend:
 
     def u_mul_e_sum(self, block, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """``(n_dst, *)``: ``sum_{e: dst(e)=v} z[src(e)] * a[e]`` (0 without in-edges)."""
+        raise NotImplementedError
+
+    # -- whole graphs (reversible GNNs) ------------------------------------------------
+    def full_graph(self, graph, device: torch.device | str = "cpu"):
+        """The backend's whole-graph object for ``graph`` (a :class:`betty.graph.Graph`
+        or anything with ``edges()`` and ``num_nodes()``), edge order kept, on ``device``."""
+        raise NotImplementedError
+
+    def node_subgraph(self, graph, node_ids: torch.Tensor):
+        """The subgraph induced by ``node_ids`` ``(n,)`` (increasing global IDs): local
+        node ``i`` is ``node_ids[i]``; the edges with both ends inside (PyG: in edge-ID
+        order; DGL: in ``dgl.node_subgraph``'s order).
+        :meth:`graph_node_ids` of the result returns ``node_ids``."""
+        raise NotImplementedError
+
+    def graph_node_ids(self, graph) -> torch.Tensor | None:
+        """``(N,)`` global IDs recorded by :meth:`node_subgraph`, else ``None``."""
+        raise NotImplementedError
+
+    def is_block(self, graph) -> bool:
+        """Whether ``graph`` is a sampled bipartite block rather than a whole graph."""
+        raise NotImplementedError
+
+    def graph_conv(self, in_feats: int, out_feats: int) -> nn.Module:
+        """DGL ``GraphConv(norm='both', allow_zero_in_degree=True)`` (parameters
+        ``weight`` ``(in, out)``, ``bias`` ``(out,)``) on a whole graph:
+        ``D_in^{-1/2} A D_out^{-1/2} H W + b``, degrees clamped to at least 1."""
+        raise NotImplementedError
+
+    def gat_conv(self, in_feats: int, out_feats: int, heads: int) -> nn.Module:
+        """DGL ``GATConv(in, out, heads, allow_zero_in_degree=True)`` (parameters
+        ``fc.weight``, ``attn_l``, ``attn_r`` ``(1, H, out)``, ``bias`` ``(H * out,)``)
+        on a whole graph: ``(N, in)`` -> ``(N, H, out)``."""
         raise NotImplementedError
 
     # -- layers -----------------------------------------------------------------------

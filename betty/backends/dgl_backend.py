@@ -5,7 +5,7 @@ from __future__ import annotations
 import dgl
 import dgl.ops as ops
 import torch
-from dgl.nn import SAGEConv
+from dgl.nn import GATConv, GraphConv, SAGEConv
 
 from betty.backends.base import Backend
 
@@ -34,6 +34,29 @@ class DGLBackend(Backend):
 
     def u_mul_e_sum(self, block, z, a):
         return ops.u_mul_e_sum(block, z, a)
+
+    def full_graph(self, graph, device="cpu"):
+        if isinstance(graph, dgl.DGLGraph):
+            return graph.to(device)
+        if hasattr(graph, "to_dgl"):  # betty.graph.Graph caches its DGL graph
+            return graph.to_dgl().to(device)
+        src, dst = graph.edges()
+        return dgl.graph((src, dst), num_nodes=graph.num_nodes(), idtype=torch.int64, device=device)
+
+    def node_subgraph(self, graph, node_ids):
+        return dgl.node_subgraph(graph, node_ids.to(graph.device))
+
+    def graph_node_ids(self, graph):
+        return graph.ndata.get(dgl.NID)
+
+    def is_block(self, graph):
+        return bool(graph.is_block)
+
+    def graph_conv(self, in_feats, out_feats):
+        return GraphConv(in_feats, out_feats, norm="both", allow_zero_in_degree=True)
+
+    def gat_conv(self, in_feats, out_feats, heads):
+        return GATConv(in_feats, out_feats, num_heads=heads, allow_zero_in_degree=True)
 
     def sage_conv(self, in_feats, out_feats, aggregator):
         return SAGEConv(in_feats, out_feats, aggregator)

@@ -11,11 +11,17 @@ micro-batch. :class:`PygSAGEConv` instead has DGL ``SAGEConv``'s parameters and 
 its LSTM runs exactly ``d`` steps for a node of in-degree ``d`` (nodes bucketed by
 degree, as DGL's degree bucketing does), over the neighbours in edge order (betty's
 canonical order: ascending source global ID).
+
+Whole graphs (reversible GNNs) are :class:`PygGraph` (a block with ``n_src = n_dst = N``
+plus the global node IDs of an induced subgraph); :class:`PygGraphConv` and
+:class:`PygGATConv` have DGL ``GraphConv`` / ``GATConv``'s parameters, initialisation
+and math, so a state_dict loads in either backend.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 from torch import nn
@@ -24,7 +30,8 @@ from torch_geometric.utils import scatter, softmax
 
 from betty.backends.base import Backend
 
-__all__ = ["PygBlock", "PygSAGEConv", "lstm_aggregate", "PygBackend", "BACKEND"]
+__all__ = ["PygBlock", "PygGraph", "PygSAGEConv", "PygGraphConv", "PygGATConv", "lstm_aggregate",
+           "PygBackend", "BACKEND"]
 
 
 @dataclass
@@ -61,6 +68,34 @@ class PygBlock:
     def in_degrees(self) -> torch.Tensor:
         """``(n_dst,)`` int64 in-degree of every destination."""
         return torch.bincount(self.dst, minlength=self.n_dst)
+
+
+@dataclass
+class PygGraph(PygBlock):
+    """A whole graph of ``N = n_src = n_dst`` nodes, edges ``edge_index`` ``(2, E)``;
+    ``node_ids`` ``(N,)`` are the global IDs of an induced subgraph (else ``None``).
+    Answers DGL's small read API (``num_nodes``, ``num_edges``, ``edges``, ``to``)."""
+
+    node_ids: Optional[torch.Tensor] = None
+    is_block = False
+
+    def num_nodes(self) -> int:
+        return self.n_src
+
+    def edges(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.src, self.dst
+
+    def out_degrees(self) -> torch.Tensor:
+        """``(N,)`` int64 out-degree of every node."""
+        return torch.bincount(self.src, minlength=self.n_src)
+
+    @property
+    def device(self) -> torch.device:
+        return self.edge_index.device
+
+    def to(self, device) -> "PygGraph":
+        ids = None if self.node_ids is None else self.node_ids.to(device)
+        return replace(self, edge_index=self.edge_index.to(device), node_ids=ids)
 
 
 def lstm_aggregate(lstm: nn.LSTM, h_src: torch.Tensor, block: PygBlock) -> torch.Tensor:
@@ -145,6 +180,68 @@ class PygSAGEConv(nn.Module):
         return self.fc_self(h_self) + neigh
 
 
+class PygGraphConv(nn.Module):
+    """DGL ``GraphConv(norm='both')`` on a :class:`PygGraph`: ``(N, in)`` -> ``(N, out)``,
+
+        out = D_in^{-1/2} A D_out^{-1/2} H W + b       (degrees clamped to >= 1),
+
+    ``W`` applied before the aggregation when ``in > out``, after it otherwise (DGL's
+    order); a node without in-edges gets ``b``."""
+
+    def __init__(self, in_feats: int, out_feats: int) -> None:
+        super().__init__()
+        self._in_feats, self._out_feats = in_feats, out_feats
+        self.weight = nn.Parameter(torch.empty(in_feats, out_feats))
+        self.bias = nn.Parameter(torch.empty(out_feats))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.weight)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, graph: PygGraph, h: torch.Tensor) -> torch.Tensor:
+        src, dst, n = graph.src, graph.dst, graph.n_dst
+        h = h * graph.out_degrees().to(h).clamp(min=1).pow(-0.5)[:, None]
+        if self._in_feats > self._out_feats:
+            out = scatter((h @ self.weight)[src], dst, 0, n, reduce="sum")
+        else:
+            out = scatter(h[src], dst, 0, n, reduce="sum") @ self.weight
+        return out * graph.in_degrees().to(h).clamp(min=1).pow(-0.5)[:, None] + self.bias
+
+
+class PygGATConv(nn.Module):
+    """DGL ``GATConv`` (no dropout, no residual) on a :class:`PygGraph`, via the PyG
+    backend's primitives: ``(N, in)`` -> ``(N, H, out)`` (see :mod:`betty.models.gat` for
+    the math); a node without in-edges gets the bias."""
+
+    def __init__(self, in_feats: int, out_feats: int, heads: int, negative_slope: float = 0.2) -> None:
+        super().__init__()
+        self._num_heads, self._out_feats = heads, out_feats
+        # construction order as in DGL (the Linear draws its default init first)
+        self.fc = nn.Linear(in_feats, out_feats * heads, bias=False)
+        self.attn_l = nn.Parameter(torch.empty(1, heads, out_feats))
+        self.attn_r = nn.Parameter(torch.empty(1, heads, out_feats))
+        self.bias = nn.Parameter(torch.empty(heads * out_feats))
+        self.negative_slope = negative_slope
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        gain = nn.init.calculate_gain("relu")
+        nn.init.xavier_normal_(self.fc.weight, gain=gain)
+        nn.init.xavier_normal_(self.attn_l, gain=gain)
+        nn.init.xavier_normal_(self.attn_r, gain=gain)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, graph: PygGraph, h: torch.Tensor) -> torch.Tensor:
+        z = self.fc(h).view(-1, self._num_heads, self._out_feats)  # (N, H, F)
+        el = (z * self.attn_l).sum(-1, keepdim=True)  # (N, H, 1)
+        er = (z * self.attn_r).sum(-1, keepdim=True)
+        e = F.leaky_relu(BACKEND.u_add_v(graph, el, er), self.negative_slope)  # (E, H, 1)
+        a = BACKEND.edge_softmax(graph, e)
+        out = BACKEND.u_mul_e_sum(graph, z, a)  # (N, H, F)
+        return out + self.bias.view(1, self._num_heads, self._out_feats)
+
+
 class PygBackend(Backend):
     name = "pyg"
 
@@ -163,6 +260,35 @@ class PygBackend(Backend):
 
     def u_mul_e_sum(self, block, z, a):
         return scatter(z[block.src] * a, block.dst, 0, block.n_dst, reduce="sum")
+
+    def full_graph(self, graph, device="cpu"):
+        if isinstance(graph, PygGraph):
+            return graph.to(device)
+        src, dst = graph.edges()
+        edge_index = torch.stack([torch.as_tensor(src), torch.as_tensor(dst)]).to(device, torch.int64)
+        n = graph.num_nodes()
+        return PygGraph(edge_index, n, n)
+
+    def node_subgraph(self, graph, node_ids):
+        node_ids = node_ids.to(graph.device, torch.int64)
+        local = torch.full((graph.num_nodes(),), -1, dtype=torch.int64, device=graph.device)
+        local[node_ids] = torch.arange(node_ids.numel(), device=graph.device)
+        mapped = local[graph.edge_index]  # (2, E), -1 outside the part
+        keep = (mapped >= 0).all(dim=0)
+        n = int(node_ids.numel())
+        return PygGraph(mapped[:, keep], n, n, node_ids)
+
+    def graph_node_ids(self, graph):
+        return getattr(graph, "node_ids", None)
+
+    def is_block(self, graph):
+        return not isinstance(graph, PygGraph)
+
+    def graph_conv(self, in_feats, out_feats):
+        return PygGraphConv(in_feats, out_feats)
+
+    def gat_conv(self, in_feats, out_feats, heads):
+        return PygGATConv(in_feats, out_feats, heads)
 
     def sage_conv(self, in_feats, out_feats, aggregator):
         return PygSAGEConv(in_feats, out_feats, aggregator)

@@ -26,45 +26,30 @@ def piece_output_costs(groups: torch.Tensor, k: int) -> list[float]:
 def train_step_parallel(dp: DataParallel, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         batch, groups: torch.Tensor, feat: torch.Tensor, label: torch.Tensor, *,
                         k: int, costs: Sequence[float] | None = None, **kwargs: Any):
-    """:func:`betty.train.train_step` over ``dp``'s ranks.
+    """:func:`betty.train.train_step` over ``dp``'s ranks (``parallel=dp``).
 
     ``costs`` (K,): estimated cost of each piece for the assignment (e.g. estimated
     peak bytes); default :func:`piece_output_costs`. ``kwargs``: those of
     :func:`betty.train.accumulate_gradients`. Returns a
     :class:`betty.train.StepResult` whose ``micro`` lists only this rank's pieces.
     """
-    from betty.train import StepResult, accumulate_gradients
+    from betty.train import train_step
 
-    if costs is None:
-        costs = piece_output_costs(groups, k)
-    result = dp.step(model, optimizer, costs, lambda mine: accumulate_gradients(
-        model, batch, groups, feat, label, k=k, pieces=mine, **kwargs))
-    loss, acc = dp.sum_scalars(result.loss, result.train_acc)
-    return StepResult(loss=loss, train_acc=acc, micro=result.micro)
+    return train_step(model, optimizer, batch, groups, feat, label, k=k, parallel=dp,
+                      costs=costs, **kwargs)
 
 
 def train_step_parts_parallel(dp: DataParallel, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                               parts: Sequence, feat: torch.Tensor, label: torch.Tensor,
                               train_mask: torch.Tensor, *, costs: Sequence[float] | None = None,
                               **kwargs: Any):
-    """:func:`betty.rev_engine.train_step_parts` over ``dp``'s ranks.
+    """:func:`betty.rev.engine.train_step_parts` over ``dp``'s ranks (``parallel=dp``).
 
     ``costs`` (K,): default, each part's nodes + edges. ``kwargs``: those of
-    :func:`betty.rev_engine.backward_parts` (``after_last`` excepted). Returns a
-    :class:`betty.rev_engine.RevStepResult` whose ``parts`` are this rank's.
+    :func:`betty.rev.engine.backward_parts` (``after_last`` excepted). Returns a
+    :class:`betty.rev.engine.RevStepResult` whose ``parts`` are this rank's.
     """
-    from betty.rev_engine import RevStepResult, backward_parts
+    from betty.rev.engine import train_step_parts
 
-    if costs is None:
-        costs = [float(p.graph.num_nodes() + p.graph.num_edges()) for p in parts]
-
-    def run(mine):
-        records, correct = backward_parts(model, [parts[i] for i in mine], feat, label,
-                                          train_mask, **kwargs)
-        for rec, i in zip(records, mine):
-            rec.index = i
-        return records, correct
-
-    records, correct = dp.step(model, optimizer, costs, run)
-    loss, correct = dp.sum_scalars(sum(r.loss for r in records), correct)
-    return RevStepResult(loss=loss, train_acc=correct / int(train_mask.sum()), parts=records)
+    return train_step_parts(model, optimizer, parts, feat, label, train_mask, parallel=dp,
+                            costs=costs, **kwargs)

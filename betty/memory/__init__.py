@@ -21,7 +21,7 @@ from betty.memory.ksearch import (
 from betty.memory.calibrate import calibrate
 from betty.memory.cuda import EstimatedOOMError, apply_budget, oom_guard
 from betty.memory.report import estimate_report
-from betty.memory.rev import (
+from betty.rev.memory import (
     RevKSearchError,
     RevKSearchResult,
     RevModelShape,

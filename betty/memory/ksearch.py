@@ -18,6 +18,13 @@ trains: it only partitions and estimates.
 3. **Refine.** Binary search between the largest K tried that failed and the smallest
    that fit, down to adjacent integers.
 
+Smallest K (``min_k``, data-parallel training on N ranks: ``min_k = N``): steps 1-3 start
+from ``K_lo = min(min_k, outputs)`` instead of 1, so the K returned is ``>= K_lo`` and every
+rank gets a piece. The start estimate is ``M(K_lo)``; when it is over budget the first jump
+is ``K ← max(K_lo + 1, ceil(K_lo · (M(K_lo) − F) / (U − F)))`` (step 1 for ``K_lo = 1``).
+Each rank runs its pieces one after another, so its peak is its largest piece's: a K
+whose every piece fits ``U`` fits every rank (all ranks have the same budget).
+
 Non-monotonicity rule: a K-way partition's largest piece is not always smaller than a
 (K − 1)-way one (partitioners are heuristics, balance is in output nodes, redundancy
 varies). The binary search uses monotonicity only to decide which K to try next; the
@@ -32,6 +39,11 @@ fit, K steps up by the same overshoot rule as step 2 (each step one more expensi
 split). The K returned is one whose expensive split was estimated to fit; ``tried``
 lists the ``reg`` rounds, then the expensive ones.
 
+The loop itself (steps 1-3, and the stepping of the expensive split) is
+:func:`smallest_fitting_k`, over a callable ``split_and_estimate(K) -> (pieces,
+per-piece estimates)``: the sampled-batch search here and the RevGNN one
+(:func:`betty.rev.memory.search_k_rev`, cluster parts of the whole graph) both call it.
+
 ``balance: memory``: :func:`memory_balance_weights` gives each output node a weight
 proportional to its estimated memory (the size of its sampled L-hop neighbourhood per
 layer, times the widths that layer stores per node and per edge), passed as
@@ -42,7 +54,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,6 +72,9 @@ __all__ = [
     "make_k_chooser",
     "make_estimator",
     "usable_budget",
+    "smallest_fitting_k",
+    "KLoopResult",
+    "SplitAndEstimate",
     "DEFAULT_SAFETY_MARGIN",
 ]
 
@@ -67,13 +82,13 @@ _JUMP_SLACK = 1.05
 
 DEFAULT_SAFETY_MARGIN = 0.05
 """The one default fraction of the memory budget every K search keeps free
-(:func:`search_k`, :func:`betty.memory.rev.search_k_rev`, the plans and the spec)."""
+(:func:`search_k`, :func:`betty.rev.memory.search_k_rev`, the plans and the spec)."""
 
 
 class KSearchError(RuntimeError):
     """A K search failed: no K makes the largest piece fit the budget, or the search
     stopped before finding one (``max_evaluations``). Every K-search failure raises
-    this class (:class:`betty.memory.rev.RevKSearchError` is a subclass).
+    this class (:class:`betty.rev.memory.RevKSearchError` is a subclass).
 
     Attributes:
         budget: the memory budget (bytes).
@@ -185,47 +200,131 @@ def _default_partition(batch, k, method, *, seed, weights, graph, options=None):
                            options=options)
 
 
-def _expensive_search(batch, model, optimizer, *, method: str, screen_method: str,
-                      partition_fn: Callable, weights, memory_budget: float,
-                      safety_margin: float, seed: int, graph, dtype, backend: str,
-                      max_evaluations: int, search_kwargs: dict,
-                      estimate_kwargs: dict) -> "KSearchResult":
-    """K found with ``screen_method``, then ``method`` once at that K, stepping K up
-    until its split fits (see the module docstring)."""
-    screen = search_k(batch, model, optimizer, memory_budget=memory_budget,
-                      safety_margin=safety_margin, method=screen_method, seed=seed,
-                      graph=graph, dtype=dtype, backend=backend, partition_fn=partition_fn,
-                      max_evaluations=max_evaluations, screen_method=None, **search_kwargs,
-                      **estimate_kwargs)
-    usable = screen.usable_budget
-    fixed = persistent_bytes(model, optimizer, backend)
-    tried = list(screen.tried)
-    n_out, k = batch.num_outputs, screen.k
-    for _ in range(max_evaluations):
-        part = partition_fn(batch, k, method, seed=seed, weights=weights, graph=graph)
-        ests = estimate_pieces(batch, part.groups, part.k, model, optimizer, dtype, backend,
-                               **estimate_kwargs)
-        m = max(e.peak for e in ests)
-        tried.append((k, m))
-        if m <= usable:
-            return KSearchResult(k=k, partition=part, estimates=ests, tried=tried,
-                                 usable_budget=usable)
-        if k >= n_out:
-            worst = max(ests, key=lambda e: e.peak)
-            need = math.ceil(worst.peak / (1 - safety_margin))
-            raise KSearchError(
-                f"{method!r} at K = {k} (one output node per piece) leaves a piece of "
-                f"{worst.peak} bytes over the usable budget {int(usable)} bytes; its largest "
-                f"component is {worst.dominant!r}. Smallest memory_budget that would work: "
-                f"{need} bytes (safety_margin {safety_margin})",
+SplitAndEstimate = Callable[[int], "tuple[object, Sequence[MemoryEstimate]]"]
+"""``split_and_estimate(k) -> (pieces, estimates)``: split into k pieces (any object the
+engine trains with) and estimate each piece (one :class:`~betty.memory.estimator.
+MemoryEstimate` per piece: its ``peak`` bytes and the ``breakdown`` by component)."""
+
+
+@dataclass
+class KLoopResult:
+    """Outcome of :func:`smallest_fitting_k`: the K chosen, its pieces and estimates, and
+    every ``(K, largest estimated peak)`` evaluated, in order."""
+
+    k: int
+    pieces: object
+    estimates: list[MemoryEstimate]
+    tried: list[tuple[int, int]]
+    usable_budget: float
+
+
+def _next_k(k: int, m: float, fixed: float, usable: float, k_max: int) -> int:
+    """Overshoot jump: ``min(k_max, max(k + 1, ceil(k · (m − F) / (U − F) · 1.05)))``."""
+    return min(k_max, max(k + 1, math.ceil(k * (m - fixed) / (usable - fixed) * _JUMP_SLACK)))
+
+
+def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: float,
+                       safety_margin: float, fixed: float, k_max: int,
+                       max_evaluations: int = 40, start_k: int | None = None,
+                       min_k: int = 1, tried: Sequence[tuple[int, int]] = (),
+                       limit: str = "one output node per piece",
+                       error_cls: type[KSearchError] = KSearchError) -> KLoopResult:
+    """The one K-search loop of both engines (module docstring, steps 1-3).
+
+    With ``U = memory_budget · (1 − safety_margin)``, ``F = fixed`` (bytes no split
+    removes) and ``M(K) = max`` over the pieces of ``split_and_estimate(K)`` of their
+    estimated peaks:
+
+    * ``start_k=None``: estimate ``K_lo = min(min_k, k_max)``; fail if ``F >= U``;
+      otherwise start at the lower bound ``max(K_lo + 1, ceil(K_lo · (M(K_lo) − F) /
+      (U − F)))``, jump by the overshoot
+      (:func:`_next_k`) while ``M(K) > U``, then bisect between the last K that failed
+      and the first that fit, down to adjacent integers;
+    * ``start_k=K``: evaluate from ``K`` and step up by the same jump until a split fits,
+      no bisection (a second, expensive splitter after a screening search).
+
+    Args:
+        split_and_estimate: see :data:`SplitAndEstimate` (called at most once per K).
+        memory_budget, safety_margin: the budget in bytes and the fraction kept free.
+        fixed: ``F`` (parameters, gradients, optimizer state).
+        k_max: the largest K possible (``limit`` says why, for the error message).
+        max_evaluations: cap on calls to ``split_and_estimate``.
+        min_k: the smallest K allowed (capped at ``k_max``; without ``start_k``).
+        tried: rounds of an earlier search to prepend to the record.
+        error_cls: the :class:`KSearchError` subclass raised.
+
+    Raises:
+        KSearchError (``error_cls``): ``F >= U``; ``M(k_max) > U`` (``dominant``: the
+            largest component of the worst piece, ``smallest_budget``: the budget that
+            would fit it); or ``max_evaluations`` ran out.
+    """
+    usable = usable_budget(memory_budget, safety_margin)
+    record: list[tuple[int, int]] = list(tried)
+    cache: dict[int, tuple[object, list[MemoryEstimate]]] = {}
+
+    def evaluate(k: int) -> tuple[object, list[MemoryEstimate]]:
+        if k not in cache:
+            if len(cache) >= max_evaluations:
+                raise error_cls(
+                    f"K search stopped after max_evaluations={max_evaluations} split + "
+                    f"estimate rounds without settling on a K (tried, as (K, largest piece "
+                    f"bytes): {record}; usable budget {int(usable)} bytes); raise "
+                    f"max_evaluations or the memory budget",
+                    budget=memory_budget, usable=usable, dominant=None,
+                    smallest_budget=None, tried=record)
+            pieces, ests = split_and_estimate(k)
+            cache[k] = (pieces, list(ests))
+            record.append((k, max(e.peak for e in cache[k][1])))
+        return cache[k]
+
+    def peak(k: int) -> int:
+        return max(e.peak for e in evaluate(k)[1])
+
+    def need(nbytes: float) -> int:
+        return math.ceil(nbytes / (1 - safety_margin))
+
+    if min_k < 1:
+        raise ValueError(f"min_k must be >= 1, got {min_k}")
+    if start_k is None:
+        lo = min(int(min_k), k_max)
+        full = peak(lo)
+        if fixed >= usable:
+            raise error_cls(
+                f"fixed costs alone ({int(fixed)} bytes: parameters, gradients, optimizer "
+                f"state) exceed the usable budget {int(usable)} bytes (memory_budget "
+                f"{int(memory_budget)} with safety_margin {safety_margin}); no K can fit. "
+                f"Smallest budget: about {need(full)} bytes for K = {lo}, at least {need(fixed)}",
+                budget=memory_budget, usable=usable,
+                dominant="parameters+gradients+optimizer_state",
+                smallest_budget=need(fixed), tried=record)
+        if full <= usable:
+            return KLoopResult(lo, *evaluate(lo), tried=record, usable_budget=usable)
+        k_fail: int | None = lo
+        k = min(k_max, max(lo + 1, math.ceil(lo * (full - fixed) / (usable - fixed))))
+    else:
+        k_fail, k = None, min(k_max, max(1, int(start_k)))
+    while (m := peak(k)) > usable:
+        k_fail = k
+        if k >= k_max:
+            worst = max(evaluate(k)[1], key=lambda e: e.peak)
+            raise error_cls(
+                f"even K = {k} ({limit}) leaves a piece of {worst.peak} bytes over the "
+                f"usable budget {int(usable)} bytes; its largest component is "
+                f"{worst.dominant!r} ({worst.breakdown.get(worst.dominant, 0)} bytes). "
+                f"Smallest memory_budget that would work: {need(worst.peak)} bytes "
+                f"(safety_margin {safety_margin})",
                 budget=memory_budget, usable=usable, dominant=worst.dominant,
-                smallest_budget=need, tried=tried)
-        k = min(n_out, max(k + 1, math.ceil(k * (m - fixed) / (usable - fixed) * _JUMP_SLACK)))
-    raise KSearchError(
-        f"{method!r}: no K fitting the usable budget {int(usable)} bytes within "
-        f"{max_evaluations} splits after the {screen_method!r} search chose K = {screen.k}",
-        budget=memory_budget, usable=usable, dominant="unknown",
-        smallest_budget=math.ceil(tried[-1][1] / (1 - safety_margin)), tried=tried)
+                smallest_budget=need(worst.peak), tried=record)
+        k = _next_k(k, m, fixed, usable, k_max)
+    k_fit = k
+    if start_k is None:
+        while k_fit - k_fail > 1:  # refine between the last failing and the first fitting K
+            mid = (k_fit + k_fail) // 2
+            if peak(mid) <= usable:
+                k_fit = mid
+            else:
+                k_fail = mid
+    return KLoopResult(k_fit, *evaluate(k_fit), tried=record, usable_budget=usable)
 
 
 def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: float,
@@ -234,7 +333,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
              seed: int = 0, graph=None, dtype: torch.dtype | None = None,
              backend: str = "cpu", partition_fn: Callable | None = None,
              max_evaluations: int = 40, partition_options: Mapping | None = None,
-             screen_method: str | None = "reg", **estimate_kwargs) -> KSearchResult:
+             screen_method: str | None = "reg", min_k: int = 1, **estimate_kwargs) -> KSearchResult:
     """Smallest K (see the module docstring) whose partition's largest piece fits.
 
     Args:
@@ -251,100 +350,48 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
             estimate_pieces`.
         partition_fn: ``(batch, k, method, *, seed, weights, graph) -> PartitionResult``
             (default :func:`betty.partition.partition_batch` with ``partition_options``).
-        max_evaluations: cap on partition + estimate rounds.
+        max_evaluations: cap on partition + estimate rounds (per method).
         partition_options: ``options`` for the default ``partition_fn``.
         screen_method: for a method in :data:`betty.partition.EXPENSIVE_METHODS`, search
             K with this method first, then split once with ``method`` (module
             docstring); ``None``: search with ``method`` itself at every K.
+        min_k: smallest K allowed (capped at the number of outputs); the world size
+            for data-parallel training, so each rank has at least one piece.
 
     Raises:
         KSearchError: no K fits (fixed costs or one output's neighbourhood exceed it),
             or ``max_evaluations`` rounds ended without a fitting K.
         ValueError: bad arguments.
     """
-    usable = usable_budget(memory_budget, safety_margin)
+    usable_budget(memory_budget, safety_margin)  # argument checks before any work
+    if min_k < 1:
+        raise ValueError(f"min_k must be >= 1, got {min_k}")
     if balance not in ("nodes", "memory"):
         raise ValueError(f"balance must be 'nodes' or 'memory', got {balance!r}")
     partition_fn = partition_fn or functools.partial(_default_partition, options=partition_options)
     weights = memory_balance_weights(batch, model) if balance == "memory" else None
+    fixed = persistent_bytes(model, optimizer, backend)
     from betty.partition import EXPENSIVE_METHODS
 
+    def split_with(name: str) -> SplitAndEstimate:
+        def split_and_estimate(k: int):
+            part = partition_fn(batch, k, name, seed=seed, weights=weights, graph=graph)
+            return part, estimate_pieces(batch, part.groups, part.k, model, optimizer, dtype,
+                                         backend, **estimate_kwargs)
+        return split_and_estimate
+
+    loop = functools.partial(smallest_fitting_k, memory_budget=memory_budget,
+                             safety_margin=safety_margin, fixed=fixed,
+                             k_max=batch.num_outputs, max_evaluations=max_evaluations)
     if screen_method is not None and method in EXPENSIVE_METHODS and method != screen_method:
-        return _expensive_search(
-            batch, model, optimizer, method=method, screen_method=screen_method,
-            partition_fn=partition_fn, weights=weights, memory_budget=memory_budget,
-            safety_margin=safety_margin, seed=seed, graph=graph, dtype=dtype, backend=backend,
-            max_evaluations=max_evaluations, search_kwargs={"balance": balance},
-            estimate_kwargs=estimate_kwargs)
-    n_out = batch.num_outputs
-    tried: list[tuple[int, int]] = []
-    cache: dict[int, tuple[object, list[MemoryEstimate]]] = {}
-
-    def evaluate(k: int):
-        if k not in cache:
-            if len(cache) >= max_evaluations:
-                raise KSearchError(
-                    f"K search stopped after max_evaluations={max_evaluations} partition + "
-                    f"estimate rounds without settling on a K (tried, as (K, largest piece "
-                    f"bytes): {tried}; usable budget {int(usable)} bytes); raise "
-                    f"max_evaluations or the memory budget",
-                    budget=memory_budget, usable=usable, tried=tried)
-            part = partition_fn(batch, k, method, seed=seed, weights=weights, graph=graph)
-            ests = estimate_pieces(batch, part.groups, part.k, model, optimizer, dtype, backend,
-                                   **estimate_kwargs)
-            cache[k] = (part, ests)
-            tried.append((k, max(e.peak for e in ests)))
-        return cache[k]
-
-    def peak(k: int) -> int:
-        return max(e.peak for e in evaluate(k)[1])
-
-    full = evaluate(1)[1][0]
-    fixed = persistent_bytes(model, optimizer, backend)
-    if fixed >= usable:
-        raise KSearchError(
-            f"fixed costs alone ({fixed} bytes: parameters, gradients, optimizer state) exceed the "
-            f"usable budget {int(usable)} bytes (memory_budget {int(memory_budget)} with "
-            f"safety_margin {safety_margin}); no K can fit. Smallest budget: about "
-            f"{math.ceil(full.peak / (1 - safety_margin))} bytes for K = 1, at least "
-            f"{math.ceil(fixed / (1 - safety_margin))}",
-            budget=memory_budget, usable=usable, dominant="parameters+gradients+optimizer_state",
-            smallest_budget=math.ceil(fixed / (1 - safety_margin)), tried=tried)
-
-    if full.peak <= usable:
-        k_fit, k_fail = 1, 0
+        screen = loop(split_with(screen_method), min_k=min_k)
+        found = loop(split_with(method), start_k=screen.k, tried=screen.tried,
+                     limit=f"one output node per piece, {method!r} split after "
+                           f"{screen_method!r} chose K = {screen.k}")
     else:
-        k = min(n_out, max(2, math.ceil((full.peak - fixed) / (usable - fixed))))
-        k_fail, k_fit = 1, None
-        while True:
-            m = peak(k)
-            if m <= usable:
-                k_fit = k
-                break
-            k_fail = k
-            if k >= n_out:
-                worst = max(evaluate(k)[1], key=lambda e: e.peak)
-                need = math.ceil(worst.peak / (1 - safety_margin))
-                raise KSearchError(
-                    f"even K = {k} (one output node per piece) leaves a piece of {worst.peak} "
-                    f"bytes over the usable budget {int(usable)} bytes: one output's sampled "
-                    f"neighbourhood alone is too large; its largest component is "
-                    f"{worst.dominant!r} ({worst.breakdown.get(worst.dominant, 0)} bytes). "
-                    f"Smallest memory_budget that would work: {need} bytes (safety_margin "
-                    f"{safety_margin}); or reduce fanouts/hidden width",
-                    budget=memory_budget, usable=usable, dominant=worst.dominant,
-                    smallest_budget=need, tried=tried)
-            ratio = (m - fixed) / (usable - fixed)
-            k = min(n_out, max(k + 1, math.ceil(k * ratio * _JUMP_SLACK)))
-        # refine between the last failing and the first fitting K
-        while k_fit - k_fail > 1:
-            mid = (k_fit + k_fail) // 2
-            if peak(mid) <= usable:
-                k_fit = mid
-            else:
-                k_fail = mid
-    part, ests = evaluate(k_fit)
-    return KSearchResult(k=k_fit, partition=part, estimates=ests, tried=tried, usable_budget=usable)
+        found = loop(split_with(method), min_k=min_k)
+    return KSearchResult(k=found.k, partition=found.pieces, estimates=found.estimates,
+                         tried=found.tried, usable_budget=found.usable_budget)
 
 
 def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | None = None,
@@ -354,7 +401,8 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
     """A :data:`betty.engine.KChooser`: ``(batch, plan, seed) -> (partition, per-piece
     estimated peak bytes)`` running :func:`search_k` with the plan's ``method``,
     ``memory_budget``, ``safety_margin`` and ``balance``. ``on_search`` receives each
-    :class:`KSearchResult` (e.g. to log the K tried)."""
+    :class:`KSearchResult` (e.g. to log the K tried). The plan's ``min_k`` (default 1) is
+    the smallest K allowed (the world size in data-parallel training)."""
 
     def choose(batch: SampledBatch, plan, seed: int):
         if plan.memory_budget is None:
@@ -363,7 +411,8 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
                           safety_margin=plan.safety_margin, method=plan.method,
                           balance=plan.balance, seed=seed, graph=graph, dtype=dtype,
                           backend=backend, partition_fn=partition_fn,
-                          partition_options=getattr(plan, "options", None), **estimate_kwargs)
+                          partition_options=getattr(plan, "options", None),
+                          min_k=getattr(plan, "min_k", 1), **estimate_kwargs)
         if on_search is not None:
             on_search(result)
         return result.partition, [int(e.peak) for e in result.estimates]

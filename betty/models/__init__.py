@@ -23,13 +23,13 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
 
     ``"sage"`` / ``"gat"``: a :class:`BlockGNN` on sampled blocks (``aggregator``,
     ``heads``, ``attn_dropout``, ``dropout_mode`` apply). ``"revgnn"``: a
-    :class:`betty.models.rev.RevGNN` on whole graphs or induced subgraphs, ``layers``
+    :class:`betty.rev.model.RevGNN` on whole graphs or induced subgraphs, ``layers``
     blocks of ``groups`` channel groups (``conv``, ``norm``, ``reversible``,
     ``checkpoint``, ``weight_tied``, ``heads`` for ``conv="gat"``), or with ``deq`` a
-    :class:`betty.models.rev_deq.RevGNNDEQ` (one weight-tied cell solved to a fixed
+    :class:`betty.rev.deq.RevGNNDEQ` (one weight-tied cell solved to a fixed
     point; ``layers``, ``groups``, ``reversible``, ``checkpoint``, ``weight_tied`` do not
     apply). ``backend`` (``auto``/``dgl``/``pyg``, :mod:`betty.backends`) applies to
-    ``sage``/``gat``; ``revgnn`` runs on DGL only. RevGNN's dropout masks come from its trainer (:mod:`betty.rev_engine`), so
+    every arch. RevGNN's dropout masks come from its trainer (:mod:`betty.rev.engine`), so
     ``dropout_mode`` is the trainer's argument there.
     """
     if arch == "sage":
@@ -38,16 +38,14 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
         return GAT(in_feats, hidden, out_feats, layers, heads, dropout, attn_dropout, dropout_mode,
                    backend)
     if arch == "revgnn":
-        if backend not in ("auto", "dgl"):
-            raise ValueError(f"model arch 'revgnn' runs on the dgl backend only, got backend {backend!r}")
         if deq:
-            from betty.models.rev_deq import RevGNNDEQ
+            from betty.rev.deq import RevGNNDEQ
 
             return RevGNNDEQ(in_feats, hidden, out_feats, conv=conv, dropout=dropout, norm=norm,
-                             heads=heads)
-        from betty.models.rev import RevGNN
+                             heads=heads, backend=backend)
+        from betty.rev.model import RevGNN
 
         return RevGNN(in_feats, hidden, out_feats, layers, num_groups=groups, conv=conv,
                       dropout=dropout, norm=norm, reversible=reversible, checkpoint=checkpoint,
-                      weight_tied=weight_tied, heads=heads)
+                      weight_tied=weight_tied, heads=heads, backend=backend)
     raise ValueError(f"model arch must be one of {ARCHS}, got {arch!r}")

@@ -264,50 +264,29 @@ def _cut_reg(
     return PartitionResult(groups, k, method, built - start, done - built, info)
 
 
-@register("reg")
-def reg_partition(
-    batch: SampledBatch,
-    k: int,
-    *,
-    seed: int = 0,
-    weights=None,
-    graph=None,
-    max_hub_degree: int | None = DEFAULT_MAX_HUB_DEGREE,
-    hub_links: int = DEFAULT_HUB_LINKS,
-) -> PartitionResult:
-    """METIS on the output-layer REG with shared-source counts as edge weights."""
-    return _cut_reg(batch, k, output_layer_incidence, "reg", weighted=True, seed=seed,
-                    weights=weights, max_hub_degree=max_hub_degree, hub_links=hub_links)
+def _reg_method(name: str, incidence_fn, *, weighted: bool, max_hub_degree: int | None, doc: str):
+    """Register the REG partitioner ``name``: :func:`_cut_reg` with ``incidence_fn``,
+    edge weights on or off and its default hub cap."""
+    default_hub = max_hub_degree
+
+    def partition(batch: SampledBatch, k: int, *, seed: int = 0, weights=None, graph=None,
+                  max_hub_degree: int | None = default_hub,
+                  hub_links: int = DEFAULT_HUB_LINKS) -> PartitionResult:
+        return _cut_reg(batch, k, incidence_fn, name, weighted=weighted, seed=seed,
+                        weights=weights, max_hub_degree=max_hub_degree, hub_links=hub_links)
+
+    partition.__name__ = partition.__qualname__ = name.replace("-", "_") + "_partition"
+    partition.__doc__ = doc
+    return register(name)(partition)
 
 
-@register("reg-unweighted")
-def reg_unweighted_partition(
-    batch: SampledBatch,
-    k: int,
-    *,
-    seed: int = 0,
-    weights=None,
-    graph=None,
-    max_hub_degree: int | None = DEFAULT_MAX_HUB_DEGREE,
-    hub_links: int = DEFAULT_HUB_LINKS,
-) -> PartitionResult:
-    """METIS on the output-layer REG's pattern (unit edge weights), as Betty's artifact."""
-    return _cut_reg(batch, k, output_layer_incidence, "reg-unweighted", weighted=False,
-                    seed=seed, weights=weights, max_hub_degree=max_hub_degree,
-                    hub_links=hub_links)
-
-
-@register("reg-all")
-def reg_all_partition(
-    batch: SampledBatch,
-    k: int,
-    *,
-    seed: int = 0,
-    weights=None,
-    graph=None,
-    max_hub_degree: int | None = DEFAULT_MAX_HUB_DEGREE_ALL,
-    hub_links: int = DEFAULT_HUB_LINKS,
-) -> PartitionResult:
-    """METIS on the weighted REG of the L-hop output -> input incidence."""
-    return _cut_reg(batch, k, multi_hop_incidence, "reg-all", weighted=True, seed=seed,
-                    weights=weights, max_hub_degree=max_hub_degree, hub_links=hub_links)
+reg_partition = _reg_method(
+    "reg", output_layer_incidence, weighted=True, max_hub_degree=DEFAULT_MAX_HUB_DEGREE,
+    doc="METIS on the output-layer REG with shared-source counts as edge weights.")
+reg_unweighted_partition = _reg_method(
+    "reg-unweighted", output_layer_incidence, weighted=False,
+    max_hub_degree=DEFAULT_MAX_HUB_DEGREE,
+    doc="METIS on the output-layer REG's pattern (unit edge weights), as Betty's artifact.")
+reg_all_partition = _reg_method(
+    "reg-all", multi_hop_incidence, weighted=True, max_hub_degree=DEFAULT_MAX_HUB_DEGREE_ALL,
+    doc="METIS on the weighted REG of the L-hop output -> input incidence.")

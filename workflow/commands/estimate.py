@@ -76,12 +76,13 @@ def _sampled_report(rspec, ds, device, trainer, model, optimizer, measure: bool)
 def _reversible_report(rspec, ds, device, trainer, model, optimizer, measure: bool) -> dict:
     """RevGNN: the first epoch's K cluster parts (each a whole induced subgraph)."""
     from betty.memory import MemoryMeter
-    from betty.memory.rev import estimate_rev_parts
-    from betty.rev_engine import supports_estimate, train_step_parts
+    from betty.rev.memory import estimate_rev_parts
+    from betty.rev.engine import supports_estimate, train_step_parts
 
     if not supports_estimate(model):
         raise ValueError("the memory model does not cover this reversible variant "
-                         "(model.deq: true has no estimator)")
+                         "(model.deq: true has no estimator; model.conv: gat is not modelled "
+                         "on model.backend: pyg)")
     parts, _, _ = trainer.split(0)
     estimates = estimate_rev_parts(parts, model, train_mask=trainer.train_mask,
                                    optimizer=optimizer, **trainer.memory_kwargs)

@@ -38,7 +38,7 @@ from workflow.checksums import log_artifact
 from workflow.components import is_reversible, make_trainer, partition_options
 from workflow.plots import redundancy_figure
 from workflow.runs import log_metrics
-from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_plan, time_limit_reason
+from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_grid
 
 __all__ = ["run", "measure_split", "sweep"]
 
@@ -96,44 +96,16 @@ def sweep(batch, ks, methods, *, seed: int, graph=None, time_limit_s: float | No
     from betty.partition import partition_batch, split_metrics
 
     ks = sorted({int(k) for k in ks if int(k) <= batch.num_outputs})
-    rows, skipped = [], {}
-    advance = reporter.steps("partition sweep", len(ks) * len(methods)) if reporter else None
-    for method in methods:
-        planned, capped = sweep_plan(ks, method, max_k)
-        reasons = [capped] if capped else []
-        for i, k in enumerate(planned):
-            start = time.perf_counter()
-            stop = None
-            try:
-                result = partition_batch(batch, k, method, seed=seed, graph=graph,
-                                         options=options)
-                stats = split_metrics(batch, result.groups, k)
-            except Exception as err:  # noqa: BLE001  (a method unsuited to this graph)
-                reason = f"{type(err).__name__}: {err}"
-                rows.append({"method": method, "k": k, "error": reason})
-                stop = f"failed at K={k}: {reason}"
-            else:
-                rows.append({"method": method, "k": k, "redundancy": stats["redundancy"],
-                             "imbalance": stats["imbalance"], "time_build_s": result.time_build_s,
-                             "time_partition_s": result.time_partition_s,
-                             "max_inputs_per_piece": max(stats["input_nodes_per_piece"])})
-                took = time.perf_counter() - start
-                if time_limit_s is not None and took > time_limit_s and i + 1 < len(planned):
-                    stop = time_limit_reason(k, took, time_limit_s, planned[i + 1:])
-            if advance:
-                advance(1)
-            if stop:
-                reasons.insert(0, stop)
-                if advance and len(planned) - i - 1:
-                    advance(len(planned) - i - 1)
-                break
-        if advance and len(ks) > len(planned):
-            advance(len(ks) - len(planned))
-        if reasons:
-            skipped[method] = "; ".join(reasons)
-            if reporter:
-                reporter.note(f"sweep: {method} {skipped[method]}")
-    return rows, skipped
+
+    def measure(method: str, k: int) -> dict:
+        result = partition_batch(batch, k, method, seed=seed, graph=graph, options=options)
+        stats = split_metrics(batch, result.groups, k)
+        return {"redundancy": stats["redundancy"], "imbalance": stats["imbalance"],
+                "time_build_s": result.time_build_s, "time_partition_s": result.time_partition_s,
+                "max_inputs_per_piece": max(stats["input_nodes_per_piece"])}
+
+    return sweep_grid(methods, ks, measure, time_limit_s=time_limit_s, max_k=max_k,
+                      reporter=reporter)
 
 
 def run(ctx: StageContext) -> dict[str, float]:

@@ -17,7 +17,7 @@ MLflow model ``model`` (pytorch flavor with the ``betty`` code and ``spec.yaml``
 (``k: auto`` only) and ``models.json`` (the runs holding the trained models, read by the
 ``evaluate`` stage).
 
-``revgnn`` (:class:`betty.rev_engine.RevTrainer`): one optimizer step per epoch over
+``revgnn`` (:class:`betty.rev.engine.RevTrainer`): one optimizer step per epoch over
 the K cluster parts (random clusters re-drawn every epoch); per epoch ``loss``,
 ``train_acc``, ``k``, ``edges_kept_fraction``, ``time_partition_s``,
 ``time_compute_s``, ``epoch_time_s``, ``peak_mem_measured_bytes`` (one meter region per
@@ -112,7 +112,7 @@ def _train_once_distributed(ctx: StageContext, repeat: int) -> dict[str, float]:
     """:func:`train_once` on ``train.world_size`` ranks (:mod:`workflow.distributed`)."""
     from workflow.distributed import train_distributed
 
-    out = train_distributed(ctx.rspec, repeat)
+    out = train_distributed(ctx.rspec, repeat, dataset=ctx.dataset())
     advance = ctx.reporter.steps(f"epochs ({ctx.rspec.spec.train.world_size} ranks)", len(out["history"]))
     for entry in out["history"]:
         metrics = {k: v for k, v in entry.items() if k != "epoch"}

@@ -1,5 +1,5 @@
-"""The epoch loop of reversible deep GNNs (:class:`betty.models.rev.RevGNN`,
-:class:`betty.models.rev_deq.RevGNNDEQ`): full graph or K cluster parts per step.
+"""The epoch loop of reversible deep GNNs (:class:`betty.rev.model.RevGNN`,
+:class:`betty.rev.deq.RevGNNDEQ`): full graph or K cluster parts per step.
 
 A reversible block maps a node set to *the same* node set, so these models cannot run
 on Betty's shrinking sampled blocks (:mod:`betty.engine`). Each training step instead
@@ -8,7 +8,7 @@ accumulates their gradients into one optimizer step, as RevGNN does on ogbn-prot
 (10 random parts) and ogbn-products:
 
 * K = 1: the full graph, an exact full-batch step;
-* K > 1: :func:`betty.models.rev_training.cluster_partition` with ``method="random"``
+* K > 1: :func:`betty.rev.training.cluster_partition` with ``method="random"``
   (a fresh uniform split every epoch, seeded by :func:`cluster_seed` ``(seed, epoch)``)
   or ``"metis"`` (computed once, kept for the run). Edges between parts are dropped,
   so a K-part step is the gradient of a *different* model (each node sees only its
@@ -31,9 +31,9 @@ model (Bernoulli, per forward).
 
 Memory: one :class:`betty.memory.MemoryMeter` region per part (forward + backward; the
 first region also creates the gradients, the last one holds the optimizer step), and
-per part the analytic estimate of :func:`betty.memory.rev.estimate_rev_parts` (RevGNN
+per part the analytic estimate of :func:`betty.rev.memory.estimate_rev_parts` (RevGNN
 only: the DEQ variant has no estimator). ``k="auto"`` picks the smallest K whose largest
-part fits the budget (:func:`betty.memory.rev.search_k_rev`) at the first split; with
+part fits the budget (:func:`betty.rev.memory.search_k_rev`) at the first split; with
 random parts every later epoch's fresh split is estimated against the budget too, and a
 split that does not fit runs the search again for that epoch (as the sampled-batch
 engine re-partitions a batch whose estimate grew past the budget).
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from contextlib import nullcontext
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -51,10 +50,11 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from betty.engine import memory_metrics
+from betty.engine import estimate_error, memory_metrics
 from betty.models.dropout import dropout_key, hash_keep_mask
-from betty.models.rev_training import GraphPart, cluster_partition, count_train_nodes
-from betty.train import node_loss_sum
+from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes
+from betty.train import (PieceForward, accumulate_pieces, count_correct, largest_peak,
+                         node_loss_sum, step_over_pieces)
 
 __all__ = [
     "CLUSTER_METHODS",
@@ -156,8 +156,7 @@ class RevStepResult:
 
     @property
     def peak_bytes(self) -> int | None:
-        peaks = [p.peak_bytes for p in self.parts if p.peak_bytes is not None]
-        return max(peaks) if peaks else None
+        return largest_peak(self.parts)
 
 
 @dataclass
@@ -180,9 +179,7 @@ class RevEpochRecord:
     @property
     def mem_estimate_error(self) -> float | None:
         """max over measured parts of |estimated - measured| / measured."""
-        errs = [abs(p.estimated_bytes - p.peak_bytes) / p.peak_bytes for p in self.parts
-                if p.peak_bytes and p.estimated_bytes is not None]
-        return max(errs) if errs else None
+        return estimate_error((p.estimated_bytes, p.peak_bytes) for p in self.parts)
 
     def metrics(self) -> dict[str, float]:
         """Per-epoch metrics, named as :meth:`betty.engine.EpochRecord.metrics` where
@@ -244,36 +241,6 @@ class SharedHashMasks:
         self._ids, self._cache = None, {}
 
 
-def _num_correct(logits: Tensor, target: Tensor, multilabel: bool) -> float:
-    if multilabel:  # correct task predictions, as a fraction per node, summed over nodes
-        return float(((logits > 0) == (target > 0.5)).to(torch.float32).mean(1).sum())
-    return float((logits.argmax(1) == target).sum())
-
-
-def _part_backward(model, part: GraphPart, feat: Tensor, label: Tensor, train_mask: Tensor,
-                   n_train: int, *, multilabel: bool, device: torch.device,
-                   dtype: torch.dtype | None, mask_factory) -> tuple[float, float]:
-    """Forward + backward of one part: ``(loss_P, correct count)``; every tensor it
-    allocates is released when it returns."""
-    ids = part.node_ids.to(feat.device)
-    local_train = train_mask[ids].to(device)
-    x = feat[ids].to(device)
-    if dtype is not None and x.dtype != dtype:
-        x = x.to(dtype)
-    kwargs: dict[str, Any] = {"node_ids": ids.to(device)}
-    mask_fn = mask_factory() if mask_factory is not None else None
-    if mask_fn is not None:
-        kwargs["mask_fn"] = mask_fn
-    out = model(part.graph.to(device), x, **kwargs)
-    target = label[ids].to(device)[local_train]
-    loss = node_loss_sum(out[local_train], target, multilabel) / n_train
-    loss.backward()
-    correct = _num_correct(out.detach()[local_train], target, multilabel)
-    if mask_fn is not None and hasattr(mask_fn, "clear"):
-        mask_fn.clear()
-    return float(loss.detach()), correct
-
-
 def backward_parts(
     model: nn.Module,
     parts: Sequence[GraphPart],
@@ -287,9 +254,11 @@ def backward_parts(
     mask_factory: Optional[Callable[[], Callable]] = None,
     meter: Any = None,
     after_last: Optional[Callable[[], None]] = None,
+    indices: Optional[Sequence[int]] = None,
 ) -> tuple[list[PartRecord], float]:
     """Forward and backward of every part with training nodes, accumulating into
-    ``.grad`` (no zeroing, no optimizer step).
+    ``.grad`` (no zeroing, no optimizer step): :func:`betty.train.accumulate_pieces`
+    with this engine's forward of one part.
 
     Args:
         model: called as ``model(part.graph, x, node_ids=ids[, mask_fn=...])`` ``->
@@ -304,6 +273,8 @@ def backward_parts(
         meter: a :class:`betty.memory.MemoryMeter`; one region per part that runs.
         after_last: called inside the last running part's region, after its backward
             (the optimizer step, so its temporaries are measured).
+        indices: the records' ``index`` of each part (default ``0..len(parts)-1``; a
+            rank's share of a split keeps the split's numbering).
 
     Returns:
         ``(records, correct)``: one :class:`PartRecord` per part (loss = ``loss_P``) and
@@ -311,29 +282,39 @@ def backward_parts(
     """
     n_train = count_train_nodes(train_mask)
     device = torch.device(device) if device is not None else feat.device
+    indices = list(range(len(parts))) if indices is None else [int(i) for i in indices]
     model.train()
     counts = [int(train_mask[p.node_ids.to(train_mask.device)].sum()) for p in parts]
-    running = [i for i, c in enumerate(counts) if c > 0]
-    records, correct = [], 0.0
-    for i, part in enumerate(parts):
-        rec = PartRecord(index=i, num_nodes=int(part.graph.num_nodes()),
-                         num_edges=int(part.graph.num_edges()), num_train=counts[i], loss=0.0,
-                         time_compute_s=0.0, skipped=counts[i] == 0)
-        records.append(rec)
-        if rec.skipped:
-            continue
-        start = time.perf_counter()
-        with (meter.measure() if meter is not None else nullcontext()) as reading:
-            rec.loss, part_correct = _part_backward(
-                model, part, feat, label, train_mask, n_train, multilabel=multilabel,
-                device=device, dtype=dtype, mask_factory=mask_factory)
-            if i == running[-1] and after_last is not None:
-                after_last()
-        correct += part_correct
-        if reading is not None:
-            rec.peak_bytes = int(reading.peak_bytes)
-        rec.time_compute_s = time.perf_counter() - start
-    return records, correct
+    records = [PartRecord(index=i, num_nodes=int(part.graph.num_nodes()),
+                          num_edges=int(part.graph.num_edges()), num_train=c, loss=0.0,
+                          time_compute_s=0.0, skipped=c == 0)
+               for i, part, c in zip(indices, parts, counts)]
+    running = [(pos, part) for pos, (part, c) in enumerate(zip(parts, counts)) if c > 0]
+
+    def forward(part: GraphPart) -> PieceForward:
+        ids = part.node_ids.to(feat.device)
+        local_train = train_mask[ids].to(device)
+        x = feat[ids].to(device)
+        if dtype is not None and x.dtype != dtype:
+            x = x.to(dtype)
+        kwargs: dict[str, Any] = {"node_ids": ids.to(device)}
+        mask_fn = mask_factory() if mask_factory is not None else None
+        if mask_fn is not None:
+            kwargs["mask_fn"] = mask_fn
+        out = model(part.graph.to(device), x, **kwargs)
+        target = label[ids].to(device)[local_train]
+        return PieceForward(
+            loss_sum=node_loss_sum(out[local_train], target, multilabel),
+            count_correct=lambda: count_correct(out.detach()[local_train], target, multilabel),
+            keep=(ids, x, kwargs),
+            release=mask_fn.clear if mask_fn is not None and hasattr(mask_fn, "clear") else None)
+
+    runs = accumulate_pieces(running, forward, n_train, meter=meter,
+                             last_index=running[-1][0] if running else None, after_last=after_last)
+    for run in runs:
+        rec = records[run.index]
+        rec.loss, rec.peak_bytes, rec.time_compute_s = run.loss, run.peak_bytes, run.seconds
+    return records, sum(run.correct for run in runs)
 
 
 def train_step_parts(
@@ -343,30 +324,50 @@ def train_step_parts(
     feat: Tensor,
     label: Tensor,
     train_mask: Tensor,
+    *,
+    parallel: Any = None,
+    costs: Optional[Sequence[float]] = None,
     **kwargs: Any,
 ) -> RevStepResult:
     """``zero_grad`` -> :func:`backward_parts` -> one ``optimizer.step()`` (inside the
-    last part's meter region). Keyword arguments: those of :func:`backward_parts`."""
-    optimizer.zero_grad(set_to_none=True)
-    records, correct = backward_parts(model, parts, feat, label, train_mask,
-                                      after_last=optimizer.step, **kwargs)
-    n_train = int(train_mask.sum())
-    return RevStepResult(loss=sum(r.loss for r in records), train_acc=correct / n_train,
-                         parts=records)
+    last part's meter region): :func:`betty.train.step_over_pieces`.
+
+    ``parallel``: a :class:`betty.distributed.DataParallel`: this rank runs its share of
+    the parts (assigned by ``costs`` (K,), default each part's nodes + edges), gradients
+    are all-reduced before the step (outside the meter regions), and the loss and
+    accuracy are summed over the ranks (``parts`` lists this rank's). Other keyword
+    arguments: those of :func:`backward_parts` (``after_last``, ``indices`` excepted).
+    """
+    if parallel is not None and costs is None:
+        costs = [float(p.graph.num_nodes() + p.graph.num_edges()) for p in parts]
+
+    def run(mine, after_last):
+        chosen = range(len(parts)) if mine is None else sorted(mine)
+        records, correct = backward_parts(model, [parts[i] for i in chosen], feat, label,
+                                          train_mask, after_last=after_last, indices=chosen,
+                                          **kwargs)
+        return records, sum(r.loss for r in records), correct
+
+    records, loss, correct = step_over_pieces(model, optimizer, run, parallel=parallel,
+                                              costs=costs, step_in_last_region=True)
+    return RevStepResult(loss=loss, train_acc=correct / int(train_mask.sum()), parts=records)
 
 
 def supports_estimate(model: nn.Module) -> bool:
-    """Whether :mod:`betty.memory.rev` can estimate ``model`` (a RevGNN, not the DEQ)."""
-    from betty.models.rev import RevGNN
+    """Whether :mod:`betty.rev.memory` can estimate ``model`` (a RevGNN, not the DEQ;
+    not GAT on the PyG backend, whose op sequence is not modelled)."""
+    from betty.rev.memory import modelled
+    from betty.rev.model import RevGNN
 
-    return isinstance(model, RevGNN)
+    return isinstance(model, RevGNN) and modelled(model.conv_type, model.backend_name)
 
 
 def estimate_parts(model: nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[GraphPart],
                    train_mask: Tensor, **memory_kwargs: Any) -> list[int]:
-    """Estimated peak bytes of every part's step (:func:`betty.memory.rev.estimate_rev_parts`;
-    ``memory_kwargs``: ``dtype``, ``backend``, ``label_columns``, ``feat_dtype``)."""
-    from betty.memory.rev import estimate_rev_parts
+    """Estimated peak bytes of every part's step (:func:`betty.rev.memory.estimate_rev_parts`;
+    ``memory_kwargs``: ``dtype``, ``backend``, ``label_columns``, ``feat_dtype``,
+    ``masks_held``)."""
+    from betty.rev.memory import estimate_rev_parts
 
     return [int(e.peak) for e in estimate_rev_parts(parts, model, train_mask=train_mask,
                                                     optimizer=optimizer, **memory_kwargs)]
@@ -377,8 +378,8 @@ class RevTrainer:
     accumulated over the plan's K parts.
 
     Args:
-        model: a :class:`~betty.models.rev.RevGNN` or
-            :class:`~betty.models.rev_deq.RevGNNDEQ` on ``device``.
+        model: a :class:`~betty.rev.model.RevGNN` or
+            :class:`~betty.rev.deq.RevGNNDEQ` on ``device``.
         optimizer: its optimizer.
         dataset: a :class:`betty.data.GraphDataset`.
         plan: the split (:class:`RevPlan`).
@@ -390,7 +391,7 @@ class RevTrainer:
         dropout_mode: ``"deterministic"`` (:class:`SharedHashMasks`) or ``"standard"``.
         meter: optional :class:`betty.memory.MemoryMeter` (one region per part).
         estimate_memory: estimate every part (RevGNN only; ignored for the DEQ).
-        on_search: called with the :class:`betty.memory.rev.RevKSearchResult` of
+        on_search: called with the :class:`betty.rev.memory.RevKSearchResult` of
             ``k="auto"``.
         parallel: a :class:`betty.distributed.DataParallel`: spread the parts over its
             ranks and all-reduce the gradients (every rank builds the same trainer).
@@ -421,7 +422,8 @@ class RevTrainer:
         self.train_mask[dataset.train_idx] = True
         self.memory_kwargs = dict(dtype=dtype, backend=default_backend(self.device),
                                   feat_dtype=dataset.feat.dtype,
-                                  label_columns=dataset.num_classes if dataset.multilabel else 0)
+                                  label_columns=dataset.num_classes if dataset.multilabel else 0,
+                                  masks_held=dropout_mode == "deterministic")  # SharedHashMasks cache
         self.k: int | None = None if plan.k == "auto" else int(plan.k)
         self.search_result = None
         self.last_split_times: dict[str, float | None] = {}
@@ -438,9 +440,9 @@ class RevTrainer:
         return int(getattr(self.model, "num_layers", 1)) if supports_estimate(self.model) else 1
 
     def _search(self, epoch: int) -> list[GraphPart]:
-        from betty.memory.rev import search_k_rev
+        from betty.rev.memory import search_k_rev
 
-        result = search_k_rev(self.dataset.graph.to_dgl(), self.model, int(self.plan.memory_budget),
+        result = search_k_rev(backend_graph(self.model, self.dataset.graph), self.model, int(self.plan.memory_budget),
                               method=self.plan.method, seed=self._split_seed(epoch),
                               train_mask=self.train_mask, safety_margin=self.plan.safety_margin,
                               optimizer=self.optimizer, **self.memory_kwargs)
@@ -474,7 +476,7 @@ class RevTrainer:
         if searched:
             parts = self._search(epoch)
         else:
-            parts = cluster_partition(self.dataset.graph.to_dgl(), self.k, self.plan.method, self._split_seed(epoch))
+            parts = cluster_partition(backend_graph(self.model, self.dataset.graph), self.k, self.plan.method, self._split_seed(epoch))
         took = time.perf_counter() - start
         estimates = self.search_result.estimates if searched else None
         if estimates:

@@ -63,7 +63,7 @@ def gradient_parity(
 
     Args:
         model: has ``set_mode(reversible=..., checkpoint=...)`` and ``reversible``
-            (e.g. :class:`betty.models.rev.RevGNN`); its mode is restored afterwards.
+            (e.g. :class:`betty.rev.model.RevGNN`); its mode is restored afterwards.
         loss_closure: runs a forward pass and returns a scalar loss.
         seed: RNG seed set before each of the two runs.
         floor: see :class:`ParityReport`.

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
-import dgl
 import torch
 from torch import Tensor, nn
 
@@ -86,7 +85,7 @@ class ReversibleRun:
     """Everything one block application needs in its backward pass (no activations)."""
 
     coupling: nn.Module  # has forward(graph, x, mask) and inverse(graph, y, mask)
-    graph: dgl.DGLGraph
+    graph: Any  # a whole graph of either backend (dgl.DGLGraph or PygGraph)
     masks: MaskSource
     layer: int
     handoff_in: Optional[Handoff]
@@ -243,7 +242,7 @@ def _check_consistency(y_re: Tensor, y: Tensor, run: ReversibleRun) -> None:
 
 def apply_reversible(
     coupling: nn.Module,
-    graph: dgl.DGLGraph,
+    graph,
     x: Tensor,
     masks: MaskSource,
     layer: int,

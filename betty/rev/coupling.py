@@ -25,9 +25,7 @@ from __future__ import annotations
 import warnings
 from typing import Literal, Optional, Sequence
 
-import dgl
 import torch
-from dgl.nn import GATConv, GraphConv, SAGEConv
 from torch import Tensor, nn
 
 __all__ = [
@@ -68,50 +66,55 @@ def make_norm(norm: str, width: int) -> nn.Module:
 
 
 def make_conv(
-    conv: str, width: int, heads: int = 1, gat_merge: str = "mean"
+    conv: str, width: int, heads: int = 1, gat_merge: str = "mean", backend: str = "auto"
 ) -> nn.Module:
-    """A DGL graph convolution mapping ``(N, width)`` to ``(N, width)`` (GAT: per head).
+    """A whole-graph convolution of ``backend`` (:mod:`betty.backends`) mapping
+    ``(N, width)`` to ``(N, width)`` (GAT: per head), with DGL's math and parameter names
+    on both backends.
 
     ``gcn``: ``GraphConv(norm='both')``; ``sage``: ``SAGEConv('mean')``; ``gat``:
     ``GATConv`` with ``heads`` heads of width ``width`` (``gat_merge='mean'``, heads
     averaged) or ``width // heads`` (``gat_merge='concat'``). Zero in-degree nodes are
     allowed (they occur in K-partition subgraphs); they aggregate nothing.
     """
-    if conv == "gcn":
-        return GraphConv(width, width, norm="both", allow_zero_in_degree=True)
-    if conv == "sage":
-        return SAGEConv(width, width, "mean")
+    if conv not in CONV_TYPES:
+        raise ValueError(f"conv must be one of {CONV_TYPES}, got {conv!r}")
     if conv == "gat":
         if heads < 1:
             raise ValueError(f"heads must be >= 1, got {heads}")
-        if gat_merge == "mean":
-            return GATConv(width, width, num_heads=heads, allow_zero_in_degree=True)
-        if gat_merge == "concat":
-            if width % heads:
-                raise ValueError(
-                    f"gat_merge='concat' needs heads to divide the group width: "
-                    f"width={width}, heads={heads}"
-                )
-            return GATConv(width, width // heads, num_heads=heads, allow_zero_in_degree=True)
-        raise ValueError(f"gat_merge must be 'mean' or 'concat', got {gat_merge!r}")
-    raise ValueError(f"conv must be one of {CONV_TYPES}, got {conv!r}")
+        if gat_merge not in ("mean", "concat"):
+            raise ValueError(f"gat_merge must be 'mean' or 'concat', got {gat_merge!r}")
+        if gat_merge == "concat" and width % heads:
+            raise ValueError(
+                f"gat_merge='concat' needs heads to divide the group width: "
+                f"width={width}, heads={heads}"
+            )
+    from betty.backends import get_backend
+
+    ops = get_backend(backend)
+    if conv == "gcn":
+        return ops.graph_conv(width, width)
+    if conv == "sage":
+        return ops.sage_conv(width, width, "mean")
+    return ops.gat_conv(width, width if gat_merge == "mean" else width // heads, heads)
 
 
 class ConvLayer(nn.Module):
-    """A DGL convolution ``(N, width) -> (N, width)`` (see :func:`make_conv`); GAT heads are
-    averaged (``gat_merge='mean'``) or concatenated (``'concat'``) back to ``width``."""
+    """A whole-graph convolution ``(N, width) -> (N, width)`` (see :func:`make_conv`); GAT
+    heads are averaged (``gat_merge='mean'``) or concatenated (``'concat'``) back to ``width``."""
 
-    def __init__(self, width: int, conv: ConvType = "gcn", heads: int = 1, gat_merge: str = "mean") -> None:
+    def __init__(self, width: int, conv: ConvType = "gcn", heads: int = 1, gat_merge: str = "mean",
+                 backend: str = "auto") -> None:
         super().__init__()
         if width < 1:
             raise ValueError(f"width must be >= 1, got {width}")
         self.width, self.conv_type, self.gat_merge = width, conv, gat_merge
-        self.conv = make_conv(conv, width, heads, gat_merge)
+        self.conv = make_conv(conv, width, heads, gat_merge, backend)
 
     def reset_parameters(self) -> None:
         self.conv.reset_parameters()
 
-    def forward(self, graph: dgl.DGLGraph, h: Tensor) -> Tensor:
+    def forward(self, graph, h: Tensor) -> Tensor:
         out = self.conv(graph, h)
         if self.conv_type == "gat":  # (N, heads, out) -> (N, width)
             out = out.mean(dim=1) if self.gat_merge == "mean" else out.flatten(1)
@@ -122,8 +125,9 @@ class GroupFunction(nn.Module):
     """``f(H, G) = Conv(G, M * ReLU(Norm(H)))`` on one channel group.
 
     Shapes: ``H`` ``(N, w)``, mask ``M`` ``(N, w)`` (or broadcastable, or ``None`` for no
-    dropout), output ``(N, w)``. ``G`` is a ``dgl.DGLGraph`` with ``N`` nodes whose edges
-    go from source to destination (messages flow along edges).
+    dropout), output ``(N, w)``. ``G`` is a whole graph of ``backend`` (a
+    ``dgl.DGLGraph`` or a ``PygGraph``) with ``N`` nodes whose edges go from source to
+    destination (messages flow along edges).
     """
 
     def __init__(
@@ -133,18 +137,19 @@ class GroupFunction(nn.Module):
         norm: NormType = "layer",
         heads: int = 1,
         gat_merge: str = "mean",
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.width = width
         self.norm = make_norm(norm, width)
-        self.conv = ConvLayer(width, conv, heads, gat_merge)
+        self.conv = ConvLayer(width, conv, heads, gat_merge, backend)
 
     def reset_parameters(self) -> None:
         for module in (self.norm, self.conv):
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
-    def forward(self, graph: dgl.DGLGraph, h: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, graph, h: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         h = torch.relu(self.norm(h))
         if mask is not None:
             h = h * mask
@@ -234,7 +239,7 @@ class ReversibleCoupling(nn.Module):
             if hasattr(f, "reset_parameters"):
                 f.reset_parameters()
 
-    def forward(self, graph: dgl.DGLGraph, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, graph, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``X' = coupling(X)``: ``(N, C*w) -> (N, C*w)``."""
         width = self.group_width(x)
         xs = x.split(width, dim=1)
@@ -246,7 +251,7 @@ class ReversibleCoupling(nn.Module):
             outs.append(prev)
         return torch.cat(outs, dim=1)
 
-    def inverse(self, graph: dgl.DGLGraph, y: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    def inverse(self, graph, y: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``X = coupling^{-1}(X')``: recovers the input from the output, ``i = C .. 1``."""
         width = self.group_width(y)
         ys = y.split(width, dim=1)

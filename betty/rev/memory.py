@@ -1,14 +1,14 @@
-"""Analytic training memory of reversible deep GNNs (:class:`betty.models.rev.RevGNN`).
+"""Analytic training memory of reversible deep GNNs (:class:`betty.rev.model.RevGNN`).
 
 What is estimated is the peak :class:`~betty.memory.meter.MemoryMeter` reads around one
-:func:`betty.models.rev_training.train_step_partitions` step with the model and the
+:func:`betty.rev.training.train_step_partitions` step with the model and the
 optimizer tracked (optimizer state assumed to exist: the steady state after the first
 step): the maximum over the step of
 
     parameters + optimizer state + gradients + everything one part allocates
     (+ the optimizer's temporaries during its step),
 
-computed by replaying the step op by op (:mod:`betty.memory.rev_replay`), not by adding
+computed by replaying the step op by op (:mod:`betty.rev.replay`), not by adding
 up parts. For ``N`` nodes and ``E`` edges in a part, hidden width ``D`` in ``C``
 groups of width ``w = D / C``, depth ``L`` and ``e`` bytes per element, the terms are:
 
@@ -27,7 +27,7 @@ groups of width ``w = D / C``, depth ``L`` and ``e`` bytes per element, the term
 * head (norm, ReLU, dropout, decoder) and loss.
 
 :func:`estimate_rev` estimates one part (or the whole graph); :func:`estimate_rev_parts`
-every part of a K-way split (:func:`~betty.models.rev_training.cluster_partition`), the
+every part of a K-way split (:func:`~betty.rev.training.cluster_partition`), the
 largest of which is the step's peak; :func:`search_k_rev` picks the smallest K whose
 largest part fits a budget (``k: auto`` for reversible models).
 
@@ -51,7 +51,7 @@ import torch
 from betty.memory.constants import BackendConstants, load_constants
 from betty.memory.estimator import MemoryEstimate
 from betty.memory.ksearch import DEFAULT_SAFETY_MARGIN, KSearchError
-from betty.memory.rev_replay import RevReplayConfig, replay_rev, rev_parameter_shapes
+from betty.rev.replay import RevReplayConfig, replay_rev, rev_parameter_shapes
 from betty.memory.spec import OptimizerSpec, as_optimizer_spec
 
 __all__ = [
@@ -61,21 +61,33 @@ __all__ = [
     "estimate_rev",
     "estimate_rev_parts",
     "estimate_rev_sizes",
+    "modelled",
     "rev_persistent_bytes",
     "search_k_rev",
 ]
 
 _CONVS = ("gcn", "sage", "gat")
 _NORMS = ("layer", "batch", "none")
+_GRAPH_BACKENDS = ("dgl", "pyg")
+_UNMODELLED = {("gat", "pyg")}  # (conv, graph backend) whose op sequence the replay lacks
+
+
+def modelled(conv: str, graph_backend: str) -> bool:
+    """Whether the replay models ``conv`` on ``graph_backend`` (all but GAT on PyG)."""
+    return (conv, graph_backend) not in _UNMODELLED
 
 
 @dataclass(frozen=True)
 class RevModelShape:
     """What the estimator needs to know about a RevGNN (see :meth:`of`).
 
-    Attributes mirror :class:`~betty.models.rev.RevArchitecture`, plus ``dropout`` (the
+    Attributes mirror :class:`~betty.rev.model.RevArchitecture`, plus ``dropout`` (the
     probability of RevGNN's Bernoulli masks; 0: no masks) and ``check_consistency``
-    (the reversible backward's recomputation check, two ``(N, D)`` transients).
+    (the reversible backward's recomputation check, two ``(N, D)`` transients), and
+    ``graph_backend`` (``"dgl"`` or ``"pyg"``: whose convolution op sequence is replayed)
+    and ``masks_held`` (the two dropout masks live until the part's backward ends, as
+    RevTrainer's per-part ``SharedHashMasks`` cache keeps them; ``False``: RevGNN's own
+    masks, which the residual network's autograd graph lets go of as it goes).
     ``num_parameters``, when known, is checked against the parameter shapes the
     estimator derives.
     """
@@ -97,6 +109,8 @@ class RevModelShape:
     dtype: torch.dtype = torch.float32
     num_parameters: Optional[int] = None
     uses_mask_fn: bool = False
+    graph_backend: str = "dgl"
+    masks_held: bool = False
 
     def __post_init__(self) -> None:
         for name in ("in_feats", "hidden", "out_feats", "num_layers", "heads"):
@@ -112,6 +126,12 @@ class RevModelShape:
             raise ValueError(f"conv must be one of {_CONVS}, got {self.conv!r}")
         if self.norm not in _NORMS:
             raise ValueError(f"norm must be one of {_NORMS}, got {self.norm!r}")
+        if self.graph_backend not in _GRAPH_BACKENDS:
+            raise ValueError(f"graph_backend must be one of {_GRAPH_BACKENDS}, got {self.graph_backend!r}")
+        if not modelled(self.conv, self.graph_backend):
+            raise ValueError(f"conv={self.conv!r} on the {self.graph_backend} backend is not modelled "
+                             "by the RevGNN memory replay (its op sequence differs from DGL's); "
+                             "modelled there: gcn, sage (or use the dgl backend)")
         if self.gat_merge not in ("mean", "concat"):
             raise ValueError(f"gat_merge must be 'mean' or 'concat', got {self.gat_merge!r}")
         if self.conv == "gat" and self.gat_merge == "concat" and self.group_width % self.heads:
@@ -159,8 +179,8 @@ class RevModelShape:
     # ------------------------------------------------------------------ construction
     @classmethod
     def of(cls, arch: Any, **overrides: Any) -> "RevModelShape":
-        """From a :class:`~betty.models.rev.RevGNN`, a
-        :class:`~betty.models.rev.RevArchitecture` (which does not record the dropout:
+        """From a :class:`~betty.rev.model.RevGNN`, a
+        :class:`~betty.rev.model.RevArchitecture` (which does not record the dropout:
         pass ``dropout=``), another :class:`RevModelShape` or a mapping of its fields;
         ``overrides`` replace fields (``None`` values are ignored)."""
         overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -198,7 +218,7 @@ class RevModelShape:
 def _architecture_fields(arch) -> dict:
     names = ("in_feats", "hidden", "out_feats", "num_layers", "num_groups", "conv", "heads",
              "gat_merge", "norm", "reversible", "checkpoint", "weight_tied", "dtype",
-             "num_parameters")
+             "num_parameters", "graph_backend")
     return {n: getattr(arch, n) for n in names if hasattr(arch, n)}
 
 
@@ -283,7 +303,8 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
     cfg = RevReplayConfig(
         hidden=shape.hidden, num_groups=shape.num_groups, num_layers=shape.num_layers,
         in_feats=shape.in_feats, out_feats=shape.out_feats, conv=shape.conv, heads=shape.heads,
-        gat_merge=shape.gat_merge, norm=shape.norm, mode=shape.mode,
+        gat_merge=shape.gat_merge, norm=shape.norm, mode=shape.mode, graph_backend=shape.graph_backend,
+        masks_held=shape.masks_held,
         weight_tied=shape.weight_tied, dropout=shape.dropout,
         check_consistency=shape.check_consistency, optimizer=opt, elt=elt,
         feat_elt=_itemsize(feat_dtype, "feat_dtype") if feat_dtype is not None else elt,
@@ -336,7 +357,7 @@ def _part_sizes(parts: Sequence[Any], train_mask: Optional[torch.Tensor]):
     for part in parts:
         graph = getattr(part, "graph", part)
         if not hasattr(graph, "num_nodes"):
-            raise TypeError(f"parts must be GraphPart objects or DGL graphs, "
+            raise TypeError(f"parts must be GraphPart objects or whole graphs (dgl.DGLGraph, PygGraph), "
                             f"got {type(part).__name__}")
         n.append(graph.num_nodes())
         e.append(graph.num_edges())
@@ -353,12 +374,12 @@ def _part_sizes(parts: Sequence[Any], train_mask: Optional[torch.Tensor]):
 def estimate_rev_parts(parts: Sequence[Any], arch: Any, *,
                        train_mask: Optional[torch.Tensor] = None, zeroed_grads: bool = True,
                        **kwargs: Any) -> list[MemoryEstimate]:
-    """Estimate every part of a split as :func:`~betty.models.rev_training.
+    """Estimate every part of a split as :func:`~betty.rev.training.
     train_step_partitions` runs it; the step's peak is the largest.
 
     Args:
-        parts: :class:`~betty.models.rev_training.GraphPart` list (from
-            :func:`~betty.models.rev_training.cluster_partition`) or DGL graphs.
+        parts: :class:`~betty.rev.training.GraphPart` list (from
+            :func:`~betty.rev.training.cluster_partition`) or whole graphs of either backend.
         arch: see :func:`estimate_rev`.
         train_mask: ``(N,)`` bool over the full graph (default: every node trains).
             Parts without training nodes are skipped by the step: their estimate is the
@@ -407,22 +428,23 @@ class RevKSearchResult:
 
 def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed: int = 0,
                  train_mask: Optional[torch.Tensor] = None, max_k: Optional[int] = None,
-                 safety_margin: float = DEFAULT_SAFETY_MARGIN, **kwargs: Any) -> RevKSearchResult:
+                 safety_margin: float = DEFAULT_SAFETY_MARGIN, max_evaluations: int = 40,
+                 **kwargs: Any) -> RevKSearchResult:
     """The smallest K whose largest part (of ``cluster_partition(graph, K, method,
     seed)``) is estimated to fit ``budget · (1 − safety_margin)`` bytes.
 
-    K doubles from 1 until a split fits, then a binary search between the last K that
-    did not fit and the first that did finds the smallest fitting one (splits are
-    heuristic, so the search never returns a K whose own split was not estimated to
-    fit). Raises :class:`RevKSearchError` when the persistent floor (parameters,
-    gradients, optimizer state) alone exceeds the budget or no K up to ``max_k``
-    (default ``N``) fits. Other keywords: see :func:`estimate_rev_sizes`.
+    The search is the sampled-batch engine's (:func:`betty.memory.ksearch.
+    smallest_fitting_k`): K = 1, then the lower bound from the persistent floor
+    (parameters, gradients, optimizer state), overshoot jumps while the largest part does
+    not fit, then a binary search down to adjacent integers (splits are heuristic, so the
+    search never returns a K whose own split was not estimated to fit). Raises
+    :class:`RevKSearchError` when the floor alone exceeds the usable budget, no K up to
+    ``max_k`` (default ``N``) fits, or ``max_evaluations`` splits did not settle. Other
+    keywords: see :func:`estimate_rev_sizes`.
     """
-    from betty.models.rev_training import cluster_partition
+    from betty.memory.ksearch import smallest_fitting_k
+    from betty.rev.training import cluster_partition
 
-    if not 0.0 <= safety_margin < 1.0:
-        raise ValueError(f"safety_margin must be in [0, 1), got {safety_margin}")
-    usable = budget * (1.0 - safety_margin)
     n_nodes = graph.num_nodes()
     max_k = n_nodes if max_k is None else int(max_k)
     if not 1 <= max_k <= n_nodes:
@@ -431,42 +453,16 @@ def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed:
     floor = rev_persistent_bytes(arch, kwargs.get("optimizer", "adam"),
                                  kwargs.get("backend", "cpu"),
                                  **{k: v for k, v in kwargs.items() if k in shape_keys})
-    if floor >= usable:
-        raise RevKSearchError(
-            f"parameters, gradients and optimizer state alone need {floor} bytes, over the "
-            f"usable budget of {int(usable)} bytes: no number of parts helps (reduce depth "
-            "or width, or use weight tying)", budget=budget, usable=usable,
-            dominant="parameters+gradients+optimizer_state",
-            smallest_budget=math.ceil(floor / (1 - safety_margin)))
-    tried: dict[int, int] = {}
-    splits: dict[int, tuple] = {}
 
-    def fits(k: int) -> bool:
+    def split_and_estimate(k: int):
         parts = cluster_partition(graph, k, method, seed)
-        ests = estimate_rev_parts(parts, arch, train_mask=train_mask, **kwargs)
-        peak = max(est.peak for est in ests)
-        tried[k], splits[k] = peak, (parts, ests, peak)
-        return peak <= usable
+        return parts, estimate_rev_parts(parts, arch, train_mask=train_mask, **kwargs)
 
-    lo, k = 0, 1  # lo: largest K known not to fit
-    while not fits(k):
-        lo = k
-        if k == max_k:
-            worst = max(splits[k][1], key=lambda est: est.peak)
-            raise RevKSearchError(
-                f"even K={k} parts do not fit: the largest part needs {worst.peak} bytes "
-                f"(dominated by {worst.dominant!r}) against a usable budget of {int(usable)}",
-                budget=budget, usable=usable, dominant=worst.dominant,
-                smallest_budget=math.ceil(worst.peak / (1 - safety_margin)),
-                tried=sorted(tried.items()))
-        k = min(2 * k, max_k)
-    hi = k
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-    parts, ests, peak = splits[hi]
-    return RevKSearchResult(k=hi, parts=parts, estimates=ests, peak=peak,
-                            tried=dict(sorted(tried.items())))
+    found = smallest_fitting_k(
+        split_and_estimate, memory_budget=budget, safety_margin=safety_margin, fixed=floor,
+        k_max=max_k, max_evaluations=max_evaluations,
+        limit="one node per part" if max_k == n_nodes else f"max_k = {max_k}",
+        error_cls=RevKSearchError)
+    return RevKSearchResult(k=found.k, parts=found.pieces, estimates=found.estimates,
+                            peak=max(e.peak for e in found.estimates),
+                            tried=dict(sorted(found.tried)))

@@ -1,9 +1,9 @@
 """Symbolic replay of one RevGNN training step on one graph part: every tensor it
 allocates and frees, op by op.
 
-The replay walks what :func:`betty.models.rev_training.train_step_partitions` does for
+The replay walks what :func:`betty.rev.training.train_step_partitions` does for
 one part (``N`` nodes, ``E`` edges, ``T`` training nodes) of a
-:class:`~betty.models.rev.RevGNN` and records each tensor storage on a
+:class:`~betty.rev.model.RevGNN` and records each tensor storage on a
 :class:`~betty.memory.timeline.Timeline` when it is created and when its last holder
 (a Python variable, a tensor autograd saved, a DGL frame, an autograd input buffer, a
 reversible hand-off) lets go of it. The estimate is the maximum of the live bytes over
@@ -43,7 +43,7 @@ element):
    and allocates ``sqrt(v)`` and ``sqrt(v) / c`` per parameter (the previous
    denominator is freed when the next one is assigned); SGD allocates nothing.
 
-The op sequences were read off the code of ``betty.models.rev*``, DGL 2.1's
+The op sequences were read off the code of ``betty.rev.model*``, DGL 2.1's
 ``GraphConv`` (``norm='both'``), ``SAGEConv('mean')`` and ``GATConv``, PyTorch 2.2's
 autograd engine (gradient accumulation in its input buffers, non-reentrant
 checkpointing with early stop) and checked op by op against a dispatch-mode trace on
@@ -125,6 +125,11 @@ class RevReplayConfig:
         host: the measured device is the host (single-tensor Adam, 0-d ``step``
             tensors counted); else CUDA's foreach Adam with host steps.
         granule: allocation rounding in bytes (CUDA's caching allocator: 512).
+        graph_backend: ``"dgl"`` (DGL's fused message passing) or ``"pyg"`` (betty's
+            PyG layers: gathered ``(E, w)`` messages and ``scatter_add``); GAT on PyG
+            is not modelled (refused by :class:`betty.rev.memory.RevModelShape`).
+        masks_held: the dropout masks live until the part ends (a per-part mask cache);
+            else the residual network frees each with its last autograd holder.
     """
 
     hidden: int
@@ -148,6 +153,8 @@ class RevReplayConfig:
     label_elt: int = 4
     host: bool = True
     granule: int = 1
+    graph_backend: str = "dgl"
+    masks_held: bool = False
 
     @property
     def shapes(self) -> list[list[tuple[int, ...]]]:
@@ -245,7 +252,12 @@ class _RevReplayer:
             self.r(relu)
         else:
             m = relu
-        conv = {"gcn": self._gcn, "sage": self._sage, "gat": self._gat}[cfg.conv]
+        convs = {"gcn": self._gcn, "sage": self._sage, "gat": self._gat}
+        if cfg.graph_backend == "pyg":
+            if cfg.conv == "gat":
+                raise ValueError("the PyG GAT op sequence is not modelled (conv='gat', graph_backend='pyg')")
+            convs.update(gcn=self._gcn_pyg, sage=self._sage_pyg)
+        conv = convs[cfg.conv]
         out, conv_bwd = conv(m, grad, tag, stop_early)
         self.r(m)  # the group function returns
         if not grad:
@@ -354,6 +366,108 @@ class _RevReplayer:
         out = self.a(nw, INT, f"{tag} self + neigh")
         self.r(ms, mn, q)
 
+        return out, backward
+
+    def _gcn_pyg(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
+        """:class:`betty.backends.pyg_backend.PygGraphConv`, in = out width: scale by the
+        source norm, gather ``(E, w)`` messages, ``scatter_add`` into zeros, ``@ W``,
+        scale by the destination norm, ``+ bias``."""
+        n, el = self.n, self.el
+        nw, ew = self.nw(), self.e_cnt * self.w * el
+
+        def backward(g: Buffer) -> Buffer:
+            g1 = self.a(nw, BWD, f"{tag} grad * norm dst")
+            self.r(g, nd)
+            g2 = self.a(nw, BWD, f"{tag} grad @ W^T")
+            self.r(g1, agg)
+            g3 = self.a(ew, BWD, f"{tag} grad scatter_add (gather, E x w)")
+            self.r(g2)
+            zeros = self.a(nw, BWD, f"{tag} grad index zeros")
+            g4 = self.a(nw, BWD, f"{tag} grad index (index_put)")
+            self.r(zeros, g3)
+            g5 = self.a(nw, BWD, f"{tag} grad * norm src")
+            self.r(g4, ns)
+            return g5
+
+        ns = self._pyg_degree_norm(tag, "out")
+        fs = self.a(nw, INT, f"{tag} feat * norm src")
+        if grad:
+            self.h(ns)
+        self.r(ns)
+        msg = self.a(ew, INT, f"{tag} messages h[src] (E x w)")
+        agg = self.a(nw, INT, f"{tag} scatter_add")
+        self.r(msg)
+        mmo = self.a(nw, INT, f"{tag} aggregate @ W")
+        if grad:
+            self.h(agg)
+        self.r(agg)
+        nd = self._pyg_degree_norm(tag, "in")
+        if stop:  # the next op (* norm dst) saves norm dst: recomputation ends
+            self.h(nd)
+            self.r(fs, mmo, nd)
+            return None, backward
+        mo = self.a(nw, INT, f"{tag} * norm dst")
+        if grad:
+            self.h(nd)
+        self.r(mmo, nd)
+        out = self.a(nw, INT, f"{tag} + bias")
+        self.r(mo, fs)
+        return out, backward
+
+    def _pyg_degree_norm(self, tag: str, which: str) -> Buffer:
+        """``bincount(...).to(dtype).clamp(min=1).pow(-0.5)``: ``(N,)``, temporaries freed."""
+        n, el = self.n, self.el
+        b = self.a(n * INDEX_BYTES, INT, f"{tag} {which} degrees (bincount)")
+        t = self.a(n * el, INT, f"{tag} {which} degrees .to")
+        self.r(b)
+        c = self.a(n * el, INT, f"{tag} {which} degrees clamp")
+        self.r(t)
+        norm = self.a(n * el, INT, f"{tag} norm {which}")
+        self.r(c)
+        return norm
+
+    def _sage_pyg(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
+        """:class:`betty.backends.pyg_backend.PygSAGEConv` ('mean', in = out width):
+        gather ``(E, w)`` messages, PyG's ``scatter(reduce='mean')`` (counts, sum,
+        divide), ``fc_neigh``, ``fc_self``, sum."""
+        n, el = self.n, self.el
+        nw, ew = self.nw(), self.e_cnt * self.w * el
+
+        def backward(g: Buffer) -> Buffer:
+            gs = self.a(nw, BWD, f"{tag} grad self")
+            self.r(m)
+            gn = self.a(nw, BWD, f"{tag} grad neigh")
+            self.r(g, q)
+            gd = self.a(nw, BWD, f"{tag} grad sum / count")
+            self.r(gn, cnt)
+            gg = self.a(ew, BWD, f"{tag} grad scatter_add (gather, E x w)")
+            self.r(gd)
+            zeros = self.a(nw, BWD, f"{tag} grad index zeros")
+            gi = self.a(nw, BWD, f"{tag} grad index (index_put)")
+            self.r(zeros, gg)
+            acc = self.a(nw, BWD, f"{tag} grad self + neigh")
+            self.r(gs, gi)
+            return acc
+
+        msg = self.a(ew, INT, f"{tag} messages h[src] (E x w)")
+        c0 = self.a(n * el, INT, f"{tag} count zeros")
+        self.tl.temp(self.e_cnt * el, INT, f"{tag} ones (E,)")
+        cnt = self.a(n * el, INT, f"{tag} count clamp")
+        self.r(c0)
+        agg = self.a(nw, INT, f"{tag} scatter_add")
+        q = self.a(nw, INT, f"{tag} neighbour mean")
+        if grad:
+            self.h(cnt)
+        self.r(agg, msg, cnt)
+        mn = self.a(nw, INT, f"{tag} fc_neigh")
+        if grad:
+            self.h(q, m)  # fc_neigh saves the mean, fc_self its input
+        if stop:  # fc_self saves its input before running: recomputation ends
+            self.r(mn, q)
+            return None, backward
+        ms = self.a(nw, INT, f"{tag} fc_self")
+        out = self.a(nw, INT, f"{tag} self + neigh")
+        self.r(ms, mn, q)
         return out, backward
 
     def _gat(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
@@ -667,7 +781,7 @@ class _RevReplayer:
             g2 = self.a(nd, BWD, "grad head dropout")
             self.r(g)
             g = g2
-            if mode == "residual":
+            if mode == "residual" and not cfg.masks_held:
                 self.r(masks[1])  # its only holder was the head's multiplication
                 masks[1] = None
         t = self.a(nd, BWD, "grad head relu")
@@ -697,7 +811,7 @@ class _RevReplayer:
                 g = self.coupling_backward(g, backs, tag)
                 self.r(xin)  # the checkpoint frame lets go of its input
                 self.block_param_grads(l, tag)
-            if mode == "residual" and l == 0 and self.has_mask:
+            if mode == "residual" and l == 0 and self.has_mask and not cfg.masks_held:
                 self.r(masks[0])
                 masks[0] = None
 

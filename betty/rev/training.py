@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-import dgl
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -31,6 +30,7 @@ from betty.partition.metis_cut import metis_cut, symmetric_simple
 
 __all__ = [
     "GraphPart",
+    "backend_graph",
     "cluster_partition",
     "count_train_nodes",
     "full_graph_inference",
@@ -47,15 +47,24 @@ class GraphPart:
 
     Attributes:
         graph: the induced subgraph on ``node_ids`` (local node ``i`` is global node
-            ``node_ids[i]``; also in ``graph.ndata[dgl.NID]``).
+            ``node_ids[i]``; also recorded on the graph, see the backend's
+            ``graph_node_ids``); a ``dgl.DGLGraph`` or a ``PygGraph``.
         node_ids: ``(n_part,)`` int64 global node IDs, increasing.
     """
 
-    graph: dgl.DGLGraph
+    graph: Any
     node_ids: Tensor
 
 
-def _metis_labels(graph: dgl.DGLGraph, k: int, seed: int) -> np.ndarray:
+def backend_graph(model: nn.Module, graph) -> Any:
+    """``graph`` (a :class:`betty.graph.Graph`, or already a backend graph) as the
+    whole-graph object of ``model``'s backend (``model.backend_name``)."""
+    from betty.backends import backend_of
+
+    return backend_of(model).full_graph(graph)
+
+
+def _metis_labels(graph, k: int, seed: int) -> np.ndarray:
     """METIS part of every node, on the symmetrised graph without self-loops (unit
     edge and vertex weights), through betty's one METIS wrapper."""
     n = graph.num_nodes()
@@ -67,12 +76,13 @@ def _metis_labels(graph: dgl.DGLGraph, k: int, seed: int) -> np.ndarray:
 
 
 def cluster_partition(
-    graph: dgl.DGLGraph, k: int, method: str = "random", seed: int = 0
+    graph, k: int, method: str = "random", seed: int = 0
 ) -> list[GraphPart]:
     """Split the nodes of ``graph`` into ``k`` parts and return their induced subgraphs.
 
     Args:
-        graph: the full graph (``N`` nodes).
+        graph: the full graph (``N`` nodes), a whole graph of either backend
+            (``get_backend(name).full_graph(...)``); the parts are of the same backend.
         k: number of parts, ``1 <= k <= N``.
         method: ``"random"`` (a random permutation cut into ``k`` parts of sizes
             ``floor(N/k)`` or ``ceil(N/k)``, as RevGNN's random partitions) or ``"metis"``
@@ -96,10 +106,10 @@ def cluster_partition(
         order = np.argsort(labels, kind="stable")  # node ids increasing within a part
         bounds = np.cumsum(np.bincount(labels, minlength=k))[:-1]
         parts = [torch.from_numpy(p) for p in np.split(order, bounds) if p.size]
-    device = graph.device
-    return [
-        GraphPart(dgl.node_subgraph(graph, ids.to(device)), ids.to(device)) for ids in parts
-    ]
+    from betty.backends import backend_of_graph
+
+    ops, device = backend_of_graph(graph), graph.device
+    return [GraphPart(ops.node_subgraph(graph, ids.to(device)), ids.to(device)) for ids in parts]
 
 
 def _check_sum_reduction(loss_fn: Callable[..., Tensor]) -> None:
@@ -181,7 +191,7 @@ def train_step_partitions(
 
 @torch.no_grad()
 def full_graph_inference(
-    model: nn.Module, graph: dgl.DGLGraph, feat: Tensor, *, device: Optional[torch.device] = None
+    model: nn.Module, graph, feat: Tensor, *, device: Optional[torch.device] = None
 ) -> Tensor:
     """``model(graph, feat)`` in eval mode without gradients: ``(N, C)``."""
     device = torch.device(device) if device is not None else feat.device
@@ -192,7 +202,7 @@ def full_graph_inference(
 @torch.no_grad()
 def multiview_inference(
     model: nn.Module,
-    graph: dgl.DGLGraph,
+    graph,
     feat: Tensor,
     k: int,
     num_views: int,

@@ -47,12 +47,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import dgl
 import torch
 from torch import Tensor, nn
 
-from betty.models.rev import MaskFn, resolve_mask_source
-from betty.models.rev_coupling import CONV_TYPES, ConvLayer, make_norm
+from betty.rev.model import MaskFn, check_graph_backend, graph_node_ids, resolve_mask_source
+from betty.rev.coupling import CONV_TYPES, ConvLayer, make_norm
 
 __all__ = [
     "DEQArchitecture",
@@ -167,6 +166,7 @@ class DEQCell(nn.Module):
         heads: int = 1,
         gat_merge: str = "mean",
         z_init_scale: float = 0.1,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
         self.z_init_scale = z_init_scale
@@ -175,9 +175,9 @@ class DEQCell(nn.Module):
                 f"norm must be 'layer' or 'none' for the DEQ cell, got {norm!r} (BatchNorm "
                 "statistics would change at every fixed-point iteration)"
             )
-        self.conv1 = ConvLayer(hidden, conv, heads, gat_merge)
+        self.conv1 = ConvLayer(hidden, conv, heads, gat_merge, backend)
         self.norm1 = make_norm(norm, hidden)
-        self.conv2 = ConvLayer(hidden, conv, heads, gat_merge)
+        self.conv2 = ConvLayer(hidden, conv, heads, gat_merge, backend)
         self.norm2 = make_norm(norm, hidden)
         self._shrink_z_path()
 
@@ -193,7 +193,7 @@ class DEQCell(nn.Module):
                 module.reset_parameters()
         self._shrink_z_path()
 
-    def forward(self, graph: dgl.DGLGraph, z: Tensor, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, graph, z: Tensor, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         z1 = self.conv1(graph, z)
         h = torch.relu(self.norm1(z1 + x))
         if mask is not None:
@@ -259,6 +259,8 @@ class RevGNNDEQ(nn.Module):
         max_iter, tol: forward solve cap and relative-residual tolerance.
         backward_max_iter, backward_tol: the same for the implicit backward solve.
         mask_fn: default deterministic mask generator (``MaskFn``; layers 0 and 1).
+        backend: ``"auto"``, ``"dgl"`` or ``"pyg"`` (:mod:`betty.backends`); same
+            parameter names and math on both.
     """
 
     def __init__(
@@ -279,8 +281,12 @@ class RevGNNDEQ(nn.Module):
         backward_solver: str = "anderson",
         z_init_scale: float = 0.1,
         mask_fn: Optional[MaskFn] = None,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
+        from betty.backends import resolve_backend
+
+        self.backend_name = resolve_backend(backend)
         if conv not in CONV_TYPES:
             raise ValueError(f"conv must be one of {CONV_TYPES}, got {conv!r}")
         if not 0.0 <= dropout < 1.0:
@@ -301,7 +307,7 @@ class RevGNNDEQ(nn.Module):
         self.backward_max_iter, self.backward_tol = backward_max_iter, backward_tol
         self.solver, self.backward_solver = solver, backward_solver
         self.encoder = nn.Linear(in_feats, hidden)
-        self.cell = DEQCell(hidden, conv, norm, heads, gat_merge, z_init_scale)
+        self.cell = DEQCell(hidden, conv, norm, heads, gat_merge, z_init_scale, self.backend_name)
         self.norm = make_norm(norm, hidden)
         self.decoder = nn.Linear(hidden, out_feats)
         self.last_forward_stats: Optional[FixedPointStats] = None
@@ -330,7 +336,7 @@ class RevGNNDEQ(nn.Module):
         )
 
     def equilibrium(
-        self, graph: dgl.DGLGraph, x_inj: Tensor, mask: Optional[Tensor] = None
+        self, graph, x_inj: Tensor, mask: Optional[Tensor] = None
     ) -> Tensor:
         """``Z*`` ``(N, D)`` for the injected input ``x_inj`` ``(N, D)``, differentiable
         by implicit differentiation when gradients are enabled."""
@@ -363,14 +369,15 @@ class RevGNNDEQ(nn.Module):
 
     def forward(
         self,
-        graph: dgl.DGLGraph,
+        graph,
         x: Tensor,
         dropout_mask: Optional[Tensor] = None,
         node_ids: Optional[Tensor] = None,
         mask_fn: Optional[MaskFn] = None,
     ) -> Tensor:
         """Node outputs ``(N, out_feats)`` for features ``x`` ``(N, in_feats)``; masks as
-        in :meth:`betty.models.rev.RevGNN.forward` (cell = layer 0, decoder = layer 1)."""
+        in :meth:`betty.rev.model.RevGNN.forward` (cell = layer 0, decoder = layer 1)."""
+        check_graph_backend(graph, self.backend_name)
         if x.dim() != 2 or x.shape[1] != self.in_feats or x.shape[0] != graph.num_nodes():
             raise ValueError(
                 f"x must be (num_nodes={graph.num_nodes()}, in_feats={self.in_feats}), "
@@ -378,7 +385,7 @@ class RevGNNDEQ(nn.Module):
             )
         fn = mask_fn if mask_fn is not None else self.mask_fn
         if fn is not None and node_ids is None:
-            node_ids = graph.ndata.get(dgl.NID)
+            node_ids = graph_node_ids(graph)
             if node_ids is None:
                 node_ids = torch.arange(graph.num_nodes(), device=x.device)
         masks = resolve_mask_source(

@@ -1,11 +1,13 @@
 """Reversible deep GNNs (RevGNN: Li, Müller, Ghanem, Koltun, "Training Graph Neural
-Networks with 1000 Layers", ICML 2021), on whole DGL graphs.
+Networks with 1000 Layers", ICML 2021), on whole graphs of either backend
+(:mod:`betty.backends`: a ``dgl.DGLGraph`` or a ``PygGraph``; the convolutions have DGL's
+math and parameter names on both, so one state_dict loads in either).
 
 Layers, thinnest first:
 
-* :class:`~betty.models.rev_coupling.ReversibleCoupling` - the grouped coupling math
+* :class:`~betty.rev.coupling.ReversibleCoupling` - the grouped coupling math
   ``X'_i = f_i(X'_{i-1}) + X_i`` and its inverse;
-* :func:`~betty.models.rev_autograd.apply_reversible` - the autograd Function that keeps
+* :func:`~betty.rev.autograd.apply_reversible` - the autograd Function that keeps
   no activations (forward under ``no_grad``, input storage freed, backward reconstructs);
 * :class:`ReversibleBlock` - a module wrapping one coupling, switchable to a plain
   residual block (``disable``) with optional gradient checkpointing;
@@ -16,7 +18,7 @@ Layers, thinnest first:
 
 Every block maps ``(N, D) -> (N, D)`` on the same node set: reversible networks cannot run
 on shrinking sampled blocks. Train them on the full graph or on K induced subgraphs per
-step (:mod:`betty.models.rev_training`).
+step (:mod:`betty.rev.training`).
 
 Dropout: one multiplier mask per forward pass, shared by all blocks (as in RevGNN), or a
 deterministic ``mask_fn(shape, node_ids, layer)`` evaluated again in the backward pass.
@@ -34,13 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
-import dgl
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from betty.models.rev_autograd import MaskSource, apply_reversible
-from betty.models.rev_coupling import (
+from betty.rev.autograd import MaskSource, apply_reversible
+from betty.rev.coupling import (
     CONV_TYPES,
     NORM_TYPES,
     GroupFunction,
@@ -69,8 +70,8 @@ the same ``layer`` during the backward pass (twice per block), so a hash of
 ``lambda shape, ids, layer: hash_keep_mask(ids, shape[1], p, key, layer)`` (ignore
 ``layer`` to share one mask across blocks as RevGNN does). Blocks are layers
 ``0 .. L-1``; the dropout before the decoder is layer ``L``. Node IDs come from
-``forward(node_ids=...)``, else ``graph.ndata[dgl.NID]`` (set by ``dgl.node_subgraph``),
-else ``arange(N)``."""
+``forward(node_ids=...)``, else the IDs the backend's ``node_subgraph`` recorded
+(``graph.ndata[dgl.NID]`` / ``PygGraph.node_ids``), else ``arange(N)``."""
 
 
 def make_coupling(
@@ -80,8 +81,10 @@ def make_coupling(
     norm: str = "layer",
     heads: int = 1,
     gat_merge: str = "mean",
+    backend: str = "auto",
 ) -> ReversibleCoupling:
-    """A coupling of ``num_groups`` :class:`GroupFunction` of width ``hidden // num_groups``."""
+    """A coupling of ``num_groups`` :class:`GroupFunction` of width ``hidden // num_groups``
+    with ``backend``'s convolutions."""
     if num_groups < 2:
         raise ValueError(f"num_groups must be >= 2, got {num_groups}")
     if hidden % num_groups:
@@ -90,7 +93,7 @@ def make_coupling(
         )
     width = hidden // num_groups
     return ReversibleCoupling(
-        [GroupFunction(width, conv, norm, heads, gat_merge) for _ in range(num_groups)]
+        [GroupFunction(width, conv, norm, heads, gat_merge, backend) for _ in range(num_groups)]
     )
 
 
@@ -161,18 +164,42 @@ def resolve_mask_source(
     return lambda layer: head if layer >= num_layers else shared
 
 
+def graph_node_ids(graph) -> Optional[Tensor]:
+    """The ``(N,)`` global IDs the backend's ``node_subgraph`` recorded on ``graph``, or ``None``."""
+    from betty.backends import backend_of_graph
+
+    return backend_of_graph(graph).graph_node_ids(graph)
+
+
+def check_graph_backend(graph, backend_name: str) -> None:
+    """Raise ``ValueError`` unless ``graph`` is a graph object of backend ``backend_name``."""
+    from betty.backends import backend_of_graph
+
+    got = backend_of_graph(graph).name
+    if got != backend_name:
+        raise ValueError(
+            f"the model was built for backend {backend_name!r} but got a {got} graph "
+            f"({type(graph).__name__}); build its graphs with "
+            f"betty.backends.get_backend({backend_name!r}).full_graph(...)"
+        )
+
+
 def _run_coupling(
-    coupling: ReversibleCoupling, graph: dgl.DGLGraph, x: Tensor, masks: MaskSource, layer: int
+    coupling: ReversibleCoupling, graph, x: Tensor, masks: MaskSource, layer: int
 ) -> Tensor:
     return coupling(graph, x, masks(layer))
 
 
-def _check_same_node_set(graph: dgl.DGLGraph, x: Tensor) -> None:
-    if graph.is_block:
+def _check_same_node_set(graph, x: Tensor) -> None:
+    from betty.backends import backend_of_graph
+
+    ops = backend_of_graph(graph)
+    if ops.is_block(graph):
+        label = {"dgl": "DGL", "pyg": "PyG"}[ops.name]
         raise ValueError(
-            "graph is a DGL block (sampled bipartite layer): reversible blocks need the same "
+            f"graph is a {label} block (sampled bipartite layer): reversible blocks need the same "
             "node set at input and output; pass a whole graph or an induced subgraph "
-            "(betty.models.rev_training.cluster_partition)"
+            "(betty.rev.training.cluster_partition)"
         )
     if x.shape[0] != graph.num_nodes():
         raise ValueError(
@@ -216,7 +243,7 @@ class ReversibleBlock(nn.Module):
 
     def forward(
         self,
-        graph: dgl.DGLGraph,
+        graph,
         x: Tensor,
         masks: Union[MaskSource, Tensor, None] = None,
         layer: int = 0,
@@ -246,7 +273,7 @@ class ReversibleBlock(nn.Module):
         )
 
     def inverse(
-        self, graph: dgl.DGLGraph, y: Tensor, masks: Union[MaskSource, Tensor, None] = None, layer: int = 0
+        self, graph, y: Tensor, masks: Union[MaskSource, Tensor, None] = None, layer: int = 0
     ) -> Tensor:
         """``X = F^{-1}(X')`` (no autograd)."""
         with torch.no_grad():
@@ -334,7 +361,7 @@ class GroupedReversibleStack(nn.Module):
             block.reset_parameters()
 
     def forward(
-        self, graph: dgl.DGLGraph, x: Tensor, masks: Union[MaskSource, Tensor, None] = None
+        self, graph, x: Tensor, masks: Union[MaskSource, Tensor, None] = None
     ) -> Tensor:
         """Apply the ``L`` blocks. In reversible training mode ``x``'s storage is freed
         until the backward pass (so it must be e.g. an encoder output, not a leaf)."""
@@ -344,7 +371,7 @@ class GroupedReversibleStack(nn.Module):
         return x
 
     def inverse(
-        self, graph: dgl.DGLGraph, y: Tensor, masks: Union[MaskSource, Tensor, None] = None
+        self, graph, y: Tensor, masks: Union[MaskSource, Tensor, None] = None
     ) -> Tensor:
         """Reconstruct the stack's input from its output (no autograd), block ``L-1`` to ``0``."""
         source = as_mask_source(masks)
@@ -373,6 +400,7 @@ class RevArchitecture:
     num_distinct_blocks: int  # 1 if weight-tied, else num_layers
     num_parameters: int
     dtype: torch.dtype
+    graph_backend: str = "dgl"  # whose convolutions run (betty.backends): "dgl" | "pyg"
 
 
 class RevGNN(nn.Module):
@@ -397,6 +425,8 @@ class RevGNN(nn.Module):
         checkpoint: gradient checkpointing per block (residual network only).
         weight_tied: one block's weights shared across all ``L`` applications.
         heads, gat_merge: GAT heads, averaged (``"mean"``) or concatenated (``"concat"``).
+        backend: ``"auto"``, ``"dgl"`` or ``"pyg"`` (:mod:`betty.backends`): which graph
+            objects ``forward`` takes; parameter names and math are the same on both.
         mask_fn: default deterministic mask generator (see :data:`MaskFn`).
         check_consistency: reversible backward verifies each block is deterministic.
     """
@@ -418,8 +448,12 @@ class RevGNN(nn.Module):
         gat_merge: str = "mean",
         mask_fn: Optional[MaskFn] = None,
         check_consistency: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
+        from betty.backends import resolve_backend
+
+        self.backend_name = resolve_backend(backend)
         if conv not in CONV_TYPES:
             raise ValueError(f"conv must be one of {CONV_TYPES}, got {conv!r}")
         if norm not in NORM_TYPES:
@@ -434,7 +468,8 @@ class RevGNN(nn.Module):
         self.encoder = nn.Linear(in_feats, hidden)
         n_distinct = 1 if weight_tied else num_layers
         self.stack = GroupedReversibleStack(
-            [make_coupling(hidden, num_groups, conv, norm, heads, gat_merge) for _ in range(n_distinct)],
+            [make_coupling(hidden, num_groups, conv, norm, heads, gat_merge, self.backend_name)
+             for _ in range(n_distinct)],
             num_layers=num_layers,
             reversible=reversible,
             checkpoint=checkpoint,
@@ -493,11 +528,12 @@ class RevGNN(nn.Module):
             num_distinct_blocks=len(self.stack.blocks),
             num_parameters=sum(p.numel() for p in self.parameters()),
             dtype=self.encoder.weight.dtype,
+            graph_backend=self.backend_name,
         )
 
     def masks_for(
         self,
-        graph: dgl.DGLGraph,
+        graph,
         x: Tensor,
         dropout_mask: Optional[Tensor] = None,
         node_ids: Optional[Tensor] = None,
@@ -506,7 +542,7 @@ class RevGNN(nn.Module):
         """The ``layer -> mask`` function one forward pass uses (see :func:`resolve_mask_source`)."""
         fn = mask_fn if mask_fn is not None else self.mask_fn
         if fn is not None and node_ids is None:
-            node_ids = graph.ndata.get(dgl.NID)
+            node_ids = graph_node_ids(graph)
             if node_ids is None:
                 node_ids = torch.arange(graph.num_nodes(), device=x.device)
         return resolve_mask_source(
@@ -523,7 +559,7 @@ class RevGNN(nn.Module):
 
     def forward(
         self,
-        graph: dgl.DGLGraph,
+        graph,
         x: Tensor,
         dropout_mask: Optional[Tensor] = None,
         node_ids: Optional[Tensor] = None,
@@ -537,9 +573,10 @@ class RevGNN(nn.Module):
             dropout_mask: ``(N, hidden)`` or ``(N, hidden / C)`` multipliers (or bool
                 keep-mask), shared by all blocks and the decoder dropout; training only.
             node_ids: ``(N,)`` global node IDs passed to ``mask_fn`` (default: the
-                graph's ``ndata[dgl.NID]`` or ``arange(N)``).
+                IDs recorded by the backend's ``node_subgraph`` or ``arange(N)``).
             mask_fn: overrides the model's ``mask_fn`` for this call.
         """
+        check_graph_backend(graph, self.backend_name)
         if x.dim() != 2 or x.shape[1] != self.in_feats or x.shape[0] != graph.num_nodes():
             raise ValueError(
                 f"x must be (num_nodes={graph.num_nodes()}, in_feats={self.in_feats}), "

@@ -1,0 +1,33 @@
+"""Helpers shared by both engines after the consolidation (issue 11 item 7)."""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+from betty.engine import estimate_error
+from betty.partition import PARTITIONERS
+from betty.partition.reg import (DEFAULT_MAX_HUB_DEGREE, DEFAULT_MAX_HUB_DEGREE_ALL,
+                                 reg_all_partition, reg_partition, reg_unweighted_partition)
+from betty.train import largest_peak
+
+
+def test_estimate_error_is_the_worst_relative_error_over_known_pairs():
+    assert estimate_error([(110, 100), (90, 100), (None, 50), (7, None), (5, 0)]) == 0.1
+    assert estimate_error([(None, 10), (3, None)]) is None
+    assert estimate_error([]) is None
+
+
+def test_largest_peak_ignores_records_without_a_measurement():
+    recs = [SimpleNamespace(peak_bytes=p) for p in (None, 5, 9, None)]
+    assert largest_peak(recs) == 9
+    assert largest_peak(recs[:1]) is None
+
+
+def test_reg_variants_are_registered_with_their_own_names_and_hub_defaults():
+    for name, fn, hub in [("reg", reg_partition, DEFAULT_MAX_HUB_DEGREE),
+                          ("reg-unweighted", reg_unweighted_partition, DEFAULT_MAX_HUB_DEGREE),
+                          ("reg-all", reg_all_partition, DEFAULT_MAX_HUB_DEGREE_ALL)]:
+        assert PARTITIONERS[name] is fn
+        assert fn.__name__ == name.replace("-", "_") + "_partition" and fn.__doc__
+        assert inspect.signature(fn).parameters["max_hub_degree"].default == hub
