@@ -166,26 +166,30 @@ def train_step_partitions(
     Returns:
         The mean training loss over all training nodes (sum of the ``loss_P``).
     """
+    from betty.train import PieceForward, accumulate_pieces, step_over_pieces
+
     _check_sum_reduction(loss_fn)
     n_train = count_train_nodes(train_mask)
     device = torch.device(device) if device is not None else feat.device
     kwargs = dict(model_kwargs or {})
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for part in parts:
+    # parts without a training node contribute nothing and are not run
+    pieces = [(i, part) for i, part in enumerate(parts)
+              if bool(train_mask[part.node_ids.to(train_mask.device)].any())]
+
+    def forward(part: GraphPart) -> PieceForward:
         ids = part.node_ids.to(feat.device)
         local_train = train_mask[ids].to(device)
-        if not bool(local_train.any()):
-            continue
         out = model(part.graph.to(device), feat[ids].to(device), node_ids=ids.to(device), **kwargs)
-        loss = loss_fn(out[local_train], label[ids].to(device)[local_train]) / n_train
-        loss.backward()
-        total += float(loss.detach())
-        del out, loss
-    if clip_grad_norm is not None:
-        nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-    optimizer.step()
+        loss_sum = loss_fn(out[local_train], label[ids].to(device)[local_train])
+        return PieceForward(loss_sum=loss_sum, count_correct=lambda: 0.0, keep=(out,))
+
+    def run(_mine, _after_last):
+        runs = accumulate_pieces(pieces, forward, n_train)
+        if clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+        return None, sum(r.loss for r in runs), 0.0
+
+    _, total, _ = step_over_pieces(model, optimizer, run)
     return total
 
 
