@@ -189,3 +189,20 @@ def test_search_k_rev_fits_the_budget_when_trained():
     assert measured <= budget, (measured, budget, result.k)
     with pytest.raises(RevKSearchError, match="parameters"):
         search_k_rev(g, model, rev_persistent_bytes(model, opt) // 2, optimizer=opt)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_search_k_rev_gives_every_rank_a_part(world):
+    """Data-parallel RevGNN on ``world`` ranks: a budget that one whole-graph part fits
+    still yields K >= world (``min_k``), and every part fits the budget."""
+    g, feat, label, mask = _graph(600)
+    model = _model("gcn", "reversible", 16, 2, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    whole = cluster_partition(g, 1)
+    train_step_partitions(model, whole, feat, label, mask, opt,
+                          torch.nn.CrossEntropyLoss(reduction="sum"))
+    roomy = 4 * _measured_step(model, opt, whole, feat, label, mask)
+    assert search_k_rev(g, model, roomy, train_mask=mask, optimizer=opt, seed=3).k == 1
+    result = search_k_rev(g, model, roomy, train_mask=mask, optimizer=opt, seed=3, min_k=world)
+    assert result.k == world and len(result.parts) == world
+    assert result.peak <= roomy

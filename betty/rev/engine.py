@@ -445,7 +445,9 @@ class RevTrainer:
         result = search_k_rev(backend_graph(self.model, self.dataset.graph), self.model, int(self.plan.memory_budget),
                               method=self.plan.method, seed=self._split_seed(epoch),
                               train_mask=self.train_mask, safety_margin=self.plan.safety_margin,
-                              optimizer=self.optimizer, **self.memory_kwargs)
+                              optimizer=self.optimizer,
+                              min_k=self.parallel.world_size if self.parallel is not None else 1,
+                              **self.memory_kwargs)
         self.k, self.search_result = result.k, result
         if self.on_search is not None:
             self.on_search(result)

@@ -429,7 +429,7 @@ class RevKSearchResult:
 def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed: int = 0,
                  train_mask: Optional[torch.Tensor] = None, max_k: Optional[int] = None,
                  safety_margin: float = DEFAULT_SAFETY_MARGIN, max_evaluations: int = 40,
-                 **kwargs: Any) -> RevKSearchResult:
+                 min_k: int = 1, **kwargs: Any) -> RevKSearchResult:
     """The smallest K whose largest part (of ``cluster_partition(graph, K, method,
     seed)``) is estimated to fit ``budget · (1 − safety_margin)`` bytes.
 
@@ -439,8 +439,10 @@ def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed:
     not fit, then a binary search down to adjacent integers (splits are heuristic, so the
     search never returns a K whose own split was not estimated to fit). Raises
     :class:`RevKSearchError` when the floor alone exceeds the usable budget, no K up to
-    ``max_k`` (default ``N``) fits, or ``max_evaluations`` splits did not settle. Other
-    keywords: see :func:`estimate_rev_sizes`.
+    ``max_k`` (default ``N``) fits, or ``max_evaluations`` splits did not settle.
+    ``min_k``: the smallest K allowed (data-parallel training on R ranks: ``min_k = R``,
+    so every rank gets a part that fits its budget). Other keywords: see
+    :func:`estimate_rev_sizes`.
     """
     from betty.memory.ksearch import smallest_fitting_k
     from betty.rev.training import cluster_partition
@@ -460,7 +462,7 @@ def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed:
 
     found = smallest_fitting_k(
         split_and_estimate, memory_budget=budget, safety_margin=safety_margin, fixed=floor,
-        k_max=max_k, max_evaluations=max_evaluations,
+        k_max=max_k, max_evaluations=max_evaluations, min_k=min_k,
         limit="one node per part" if max_k == n_nodes else f"max_k = {max_k}",
         error_cls=RevKSearchError)
     return RevKSearchResult(k=found.k, parts=found.pieces, estimates=found.estimates,
