@@ -226,11 +226,9 @@ class PygGATConv(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        gain = nn.init.calculate_gain("relu")
-        nn.init.xavier_normal_(self.fc.weight, gain=gain)
-        nn.init.xavier_normal_(self.attn_l, gain=gain)
-        nn.init.xavier_normal_(self.attn_r, gain=gain)
-        nn.init.zeros_(self.bias)
+        from betty.models.gat import reset_gat_parameters
+
+        reset_gat_parameters(self)
 
     def forward(self, graph: PygGraph, h: torch.Tensor) -> torch.Tensor:
         z = self.fc(h).view(-1, self._num_heads, self._out_feats)  # (N, H, F)

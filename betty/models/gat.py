@@ -23,7 +23,17 @@ from torch.nn import functional as F
 
 from betty.models.base import BlockGNN
 
-__all__ = ["GAT", "GATLayer"]
+__all__ = ["GAT", "GATLayer", "reset_gat_parameters"]
+
+
+def reset_gat_parameters(layer: nn.Module) -> None:
+    """DGL's ``GATConv`` initialisation of ``layer.fc``, ``attn_l``, ``attn_r`` (Xavier
+    normal, ReLU gain) and ``bias`` (zeros); shared by every GAT layer betty builds."""
+    gain = nn.init.calculate_gain("relu")
+    nn.init.xavier_normal_(layer.fc.weight, gain=gain)
+    nn.init.xavier_normal_(layer.attn_l, gain=gain)
+    nn.init.xavier_normal_(layer.attn_r, gain=gain)
+    nn.init.zeros_(layer.bias)
 
 
 class GATLayer(nn.Module):
@@ -44,11 +54,7 @@ class GATLayer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        gain = nn.init.calculate_gain("relu")
-        nn.init.xavier_normal_(self.fc.weight, gain=gain)
-        nn.init.xavier_normal_(self.attn_l, gain=gain)
-        nn.init.xavier_normal_(self.attn_r, gain=gain)
-        nn.init.zeros_(self.bias)
+        reset_gat_parameters(self)
 
     def forward(self, block, h: torch.Tensor, attn_drop=None) -> torch.Tensor:
         """``attn_drop``: optional callable applied to the ``(E, H)`` attention weights."""
