@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -32,7 +32,7 @@ from betty.partition.metrics import split_metrics
 from betty.sampling import sample_full_batch
 from betty.train import MicroBatchRecord, train_step
 
-__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches", "memory_metrics"]
+__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches", "epoch_metrics"]
 
 
 @dataclass
@@ -112,20 +112,7 @@ class EpochRecord:
 
     def metrics(self) -> dict[str, float]:
         """The per-epoch metrics with their stable MLflow names."""
-        out = {
-            "loss": self.loss,
-            "train_acc": self.train_acc,
-            "k": float(self.k),
-            "redundancy": self.redundancy,
-            "time_sample_s": self.time_sample_s,
-            "time_partition_s": self.time_partition_s,
-            "time_block_s": self.time_block_s,
-            "time_compute_s": self.time_compute_s,
-            "epoch_time_s": self.epoch_time_s,
-        }
-        out.update(memory_metrics(self.peak_mem_measured_bytes, self.peak_mem_estimated_bytes,
-                                  self.mem_estimate_error))
-        return out
+        return epoch_metrics(self, ("redundancy", "time_sample_s", "time_block_s"))
 
 
 def estimate_error(pairs: Iterable[tuple[int | None, int | None]]) -> float | None:
@@ -135,16 +122,23 @@ def estimate_error(pairs: Iterable[tuple[int | None, int | None]]) -> float | No
     return max(errs) if errs else None
 
 
-def memory_metrics(measured: int | None, estimated: int | None, error: float | None) -> dict[str, float]:
-    """``peak_mem_measured_bytes``, ``peak_mem_estimated_bytes``, ``mem_estimate_error``
-    (each only when known)."""
-    out = {}
-    if measured is not None:
-        out["peak_mem_measured_bytes"] = float(measured)
-    if estimated is not None:
-        out["peak_mem_estimated_bytes"] = float(estimated)
-    if error is not None:
-        out["mem_estimate_error"] = float(error)
+SHARED_EPOCH_METRICS = ("loss", "train_acc", "k", "time_partition_s", "time_compute_s", "epoch_time_s")
+"""Metrics every epoch record has, under the same name as its attribute: the sampled-batch
+:class:`EpochRecord` and the reversible :class:`betty.rev.engine.RevEpochRecord`."""
+
+MEMORY_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "mem_estimate_error")
+
+
+def epoch_metrics(record, own: Sequence[str] = ()) -> dict[str, float]:
+    """An epoch record's metrics with their stable MLflow names, each a float: the
+    :data:`SHARED_EPOCH_METRICS`, then the record's ``own`` attributes, then those of
+    :data:`MEMORY_METRICS` that are known (not ``None``). A metric's name is its
+    attribute's, so the two epoch loops cannot name one quantity two ways."""
+    out = {name: float(getattr(record, name)) for name in (*SHARED_EPOCH_METRICS, *own)}
+    for name in MEMORY_METRICS:
+        value = getattr(record, name)
+        if value is not None:
+            out[name] = float(value)
     return out
 
 

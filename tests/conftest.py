@@ -1,6 +1,8 @@
 import os
 import sys
 
+import pytest
+
 os.environ.setdefault("DGLBACKEND", "pytorch")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("OUTDATED_IGNORE", "1")  # ogb checks PyPI for updates on import
@@ -39,3 +41,40 @@ try:
             thread.join(timeout=10)
 except ImportError:  # pragma: no cover
     pass
+
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch, request):
+    """A fresh MLflow store with an active experiment, ``tmp_path`` as the working
+    directory (the data root); yields ``(tracking URI, experiment ID)`` and afterwards
+    ends any run a failing test left active. The experiment is named by the test
+    module's ``EXPERIMENT`` (default ``"workflow-test"``)."""
+    from test_workflow_support import activate_store, end_active_runs
+
+    yield activate_store(tmp_path, monkeypatch, experiment=getattr(request.module, "EXPERIMENT", "workflow-test"))
+    end_active_runs()
+
+
+def _parametrized_here(metafunc, name: str) -> bool:
+    """Whether the test's own ``@pytest.mark.parametrize`` marks (of the function, class
+    or module) name argument ``name``."""
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs["argnames"]
+        if isinstance(names, str):
+            names = names.split(",")
+        if name in (n.strip() for n in names):
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc):
+    """A test that takes ``backend`` without parametrizing it itself runs once per graph
+    backend (:func:`graphs.backend_params`: each marked with its framework's marker, so
+    ``-m "not dgl"`` deselects the DGL half, and skipped where it does not import). A hook
+    rather than a parametrized fixture, so the frameworks are imported only by sessions
+    that collect such a test."""
+    if "backend" in metafunc.fixturenames and not _parametrized_here(metafunc, "backend"):
+        from graphs import backend_params
+
+        metafunc.parametrize("backend", backend_params())

@@ -6,25 +6,13 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from test_workflow_support import activate_store, end_active_runs, runs_of
-from workflow.cli import app
+from test_workflow_support import invoke, runs_of
 from workflow.commands import command_modules
 from workflow.specfile import STAGES
 
-runner = CliRunner()
+EXPERIMENT = "cli-test"  # the conftest tracking fixture's experiment
 FAST = ["-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]"]
-
-
-def invoke(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
-
-
-@pytest.fixture
-def tracking(tmp_path, monkeypatch):
-    yield activate_store(tmp_path, monkeypatch, experiment="cli-test")
-    end_active_runs()
 
 
 def test_commands_are_discovered():

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-from typer.testing import CliRunner
+from test_workflow_support import invoke
 
-from workflow.cli import app
-
-runner = CliRunner()
 LSTM = ["--set", "model.aggregator=lstm", "--set", "model.hidden=32", "--set", "dataset.num_nodes=1200"]
-
-
-def invoke(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
 
 
 def test_estimate_measure_agrees_with_the_meter():
@@ -42,7 +34,7 @@ def test_estimate_auto_searches_k_for_the_budget():
 
 
 def test_estimate_refuses_bad_k():
-    res = runner.invoke(app, ["estimate", "tiny", "--k", "zero"])
+    res = invoke("estimate", "tiny", "--k", "zero", catch_exceptions=True)
     assert res.exit_code == 2 and "--k" in res.output
 
 

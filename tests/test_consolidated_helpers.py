@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from types import SimpleNamespace
 
-from betty.engine import estimate_error
+from betty.engine import EpochRecord, epoch_metrics, estimate_error
 from betty.partition import PARTITIONERS
 from betty.partition.reg import (DEFAULT_MAX_HUB_DEGREE, DEFAULT_MAX_HUB_DEGREE_ALL,
                                  reg_all_partition, reg_partition, reg_unweighted_partition)
@@ -16,6 +16,23 @@ def test_estimate_error_is_the_worst_relative_error_over_known_pairs():
     assert estimate_error([(110, 100), (90, 100), (None, 50), (7, None), (5, 0)]) == 0.1
     assert estimate_error([(None, 10), (3, None)]) is None
     assert estimate_error([]) is None
+
+
+def test_both_epoch_records_name_their_shared_metrics_alike():
+    from betty.rev.engine import RevEpochRecord
+
+    common = dict(epoch=0, loss=0.5, train_acc=0.75, k=3, time_partition_s=0.1, time_compute_s=0.2,
+                  epoch_time_s=0.4, peak_mem_measured_bytes=None, peak_mem_estimated_bytes=1000)
+    sampled = EpochRecord(redundancy=1.5, time_sample_s=0.05, time_block_s=0.01, **common).metrics()
+    rev = RevEpochRecord(edges_kept_fraction=0.9, repartitioned=True, **common).metrics()
+    shared = {"loss": 0.5, "train_acc": 0.75, "k": 3.0, "time_partition_s": 0.1, "time_compute_s": 0.2,
+              "epoch_time_s": 0.4, "peak_mem_estimated_bytes": 1000.0}  # unknown ones left out
+    assert sampled == {**shared, "redundancy": 1.5, "time_sample_s": 0.05, "time_block_s": 0.01}
+    assert rev == {**shared, "edges_kept_fraction": 0.9}
+    assert all(type(v) is float for v in (*sampled.values(), *rev.values()))
+    measured = SimpleNamespace(**{**common, "peak_mem_measured_bytes": 1100, "mem_estimate_error": 0.1})
+    assert epoch_metrics(measured)["mem_estimate_error"] == 0.1
+    assert epoch_metrics(measured)["peak_mem_measured_bytes"] == 1100.0
 
 
 def test_largest_peak_ignores_records_without_a_measurement():

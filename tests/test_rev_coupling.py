@@ -3,7 +3,7 @@ each backend (every test runs once per installed backend)."""
 
 import pytest
 import torch
-from graphs import backend_params, rand_whole_graph
+from graphs import rand_whole_graph
 from torch import nn
 
 from betty.rev.model import GroupedReversibleStack, RevGNN, make_coupling
@@ -13,11 +13,6 @@ from betty.rev.coupling import (
     find_stochastic_modules,
     split_group_masks,
 )
-
-
-@pytest.fixture(params=backend_params())
-def backend(request):
-    return request.param
 
 
 def _graph(n: int = 30, e: int = 90, seed: int = 0, *, backend: str):

@@ -6,26 +6,16 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from graphs import backend_params, rand_whole_graph
+from graphs import rand_whole_graph
 
 from betty.rev.model import RevGNN
 from betty.rev.deq import RevGNNDEQ, anderson_iteration, fixed_point_iteration
 
 
-@pytest.fixture(params=backend_params())
-def backend(request):
-    return request.param
-
-
-def _rand_graph(n: int, e: int, backend: str):
-    """Random graph from torch's RNG plus self-loops, as ``backend``'s whole graph."""
-    return rand_whole_graph(n, e, backend)
-
-
 def _task(n=60, seed=0, dtype=torch.float64, *, backend: str):
     """Labels that depend on the features of a node and of its neighbours."""
     torch.manual_seed(seed)
-    g = _rand_graph(n, 3 * n, backend)
+    g = rand_whole_graph(n, 3 * n, backend)
     x = torch.randn(n, 6, dtype=dtype)
     with torch.no_grad():
         src, dst = g.edges()  # mean over in-neighbours (every node has a self-loop)
@@ -55,7 +45,7 @@ def test_weight_tied_reversible_trains(backend):
 
 def test_weight_tied_gradcheck(backend):
     torch.manual_seed(1)
-    g = _rand_graph(8, 16, backend)
+    g = rand_whole_graph(8, 16, backend)
     x = torch.randn(8, 3, dtype=torch.float64)
     model = RevGNN(3, 4, 2, num_layers=4, weight_tied=True, dropout=0.5, conv="gcn", backend=backend).double()
     mask = torch.rand(8, 4, generator=torch.Generator().manual_seed(2)) >= 0.5
@@ -102,7 +92,7 @@ def _deq_gradcheck(model, g, x, mask):
 
 def test_deq_gradcheck_implicit_gradient(backend):
     torch.manual_seed(4)
-    g = _rand_graph(8, 16, backend)
+    g = rand_whole_graph(8, 16, backend)
     x = torch.randn(8, 3, dtype=torch.float64)
     mask = torch.rand(8, 4, generator=torch.Generator().manual_seed(5)) >= 0.3
     model = RevGNNDEQ(3, 4, 2, conv="gcn", dropout=0.3, tol=1e-13, max_iter=500,
@@ -140,7 +130,7 @@ def test_deq_finite_difference_needs_the_backward_solve(backend):
     errors = {}
     for backward_max_iter in (1, 500):
         torch.manual_seed(4)
-        g = _rand_graph(8, 16, backend)
+        g = rand_whole_graph(8, 16, backend)
         x = torch.randn(8, 3, dtype=torch.float64)
         mask = torch.rand(8, 4, generator=torch.Generator().manual_seed(5)) >= 0.3
         model = RevGNNDEQ(3, 4, 2, conv="gcn", dropout=0.3, tol=1e-13, max_iter=500,

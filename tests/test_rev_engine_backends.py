@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from graphs import backend_params
 
 from betty.backends import get_backend
 from betty.data.types import GraphDataset
@@ -18,11 +17,6 @@ from betty.rev.training import GraphPart, backend_graph, cluster_partition
 from betty.rev.engine import RevPlan, RevTrainer, SharedHashMasks, backward_parts
 
 FEATS, CLASSES, TASKS = 6, 4, 3
-
-
-@pytest.fixture(params=backend_params())
-def backend(request):
-    return request.param
 
 
 def _components_graph(sizes, edges_per_node=4, seed=0) -> tuple[Graph, np.ndarray]:

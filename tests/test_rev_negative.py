@@ -4,7 +4,7 @@ every test runs once per installed backend)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from graphs import backend_params, rand_whole_graph
+from graphs import rand_whole_graph
 from torch import nn
 
 from betty.batch import LayerEdges
@@ -13,11 +13,6 @@ from betty.backends import get_backend
 from betty.rev.model import GroupedReversibleStack, RevGNN, make_coupling
 from betty.rev.check import GradientMismatchError, assert_gradient_parity, gradient_parity
 from betty.rev.coupling import GroupFunction, ReversibleCoupling
-
-
-@pytest.fixture(params=backend_params())
-def backend(request):
-    return request.param
 
 
 N = 30

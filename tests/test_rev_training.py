@@ -4,7 +4,7 @@ each backend (every test runs once per installed backend)."""
 import numpy as np
 import pytest
 import torch
-from graphs import backend_params, rand_whole_graph, whole_graph
+from graphs import rand_whole_graph, whole_graph
 from torch import nn
 
 from betty.backends import get_backend
@@ -17,15 +17,6 @@ from betty.rev.training import (
     multiview_inference,
     train_step_partitions,
 )
-
-
-@pytest.fixture(params=backend_params())
-def backend(request):
-    return request.param
-
-
-def _rand_graph(n: int, e: int, backend: str):
-    return rand_whole_graph(n, e, backend)
 
 
 def _clustered_graph(sizes, intra_edges, inter_edges=0, seed=0, *, backend: str):
@@ -87,7 +78,7 @@ def test_metis_cuts_fewer_edges_than_random(backend):
 
 
 def test_partition_arguments(backend):
-    g = _rand_graph(10, 20, backend)
+    g = rand_whole_graph(10, 20, backend)
     with pytest.raises(ValueError, match=r"k must be in \[1, num_nodes=10\]"):
         cluster_partition(g, 11)
     with pytest.raises(ValueError, match="method must be one of"):

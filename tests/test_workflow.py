@@ -9,7 +9,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from test_workflow_support import activate_store, end_active_runs, metric_names, runs_of
+from test_workflow_support import metric_names, runs_of
 from workflow import library
 from workflow.artifacts import load_batch, save_batch
 from workflow.components import first_batch, load_data
@@ -23,13 +23,6 @@ EPOCH_METRICS = {"loss", "train_acc", "k", "redundancy", "time_sample_s", "time_
                  "time_block_s", "time_compute_s", "epoch_time_s", "peak_mem_measured_bytes",
                  "peak_mem_estimated_bytes", "mem_estimate_error", "valid_acc"}
 FAST = ["partition.sweep.k=[2, 4]", "partition.sweep.methods=[range, reg]"]
-
-
-@pytest.fixture
-def tracking(tmp_path, monkeypatch):
-    """A fresh store and experiment; the working directory (data root) is tmp."""
-    yield activate_store(tmp_path, monkeypatch)
-    end_active_runs()
 
 
 def _statuses(uri, exp):

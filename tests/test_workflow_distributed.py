@@ -6,22 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
-from test_workflow_support import activate_store, end_active_runs, runs_of
-from workflow.cli import app
+from test_workflow_support import invoke, runs_of
 
+EXPERIMENT = "dist-test"  # the conftest tracking fixture's experiment
 FAST = ["-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]"]
-
-
-@pytest.fixture
-def tracking(tmp_path, monkeypatch):
-    yield activate_store(tmp_path, monkeypatch, experiment="dist-test")
-    end_active_runs()
-
-
-def _invoke(*args):
-    return CliRunner().invoke(app, list(args), catch_exceptions=False)
 
 
 def _single_process_losses(epochs: int) -> list[float]:
@@ -35,7 +24,7 @@ def _single_process_losses(epochs: int) -> list[float]:
 
 def test_run_nproc_2_logs_per_rank_metrics_and_single_process_losses(tracking):
     uri, exp = tracking
-    res = _invoke("run", "tiny", "--nproc", "2", "--json", *FAST)
+    res = invoke("run", "tiny", "--nproc", "2", "--json", *FAST)
     assert res.exit_code == 0, res.output
     runs = runs_of(uri, exp)
     assert runs and all(r.info.status == "FINISHED" for r in runs)
@@ -60,7 +49,7 @@ def test_run_nproc_2_logs_per_rank_metrics_and_single_process_losses(tracking):
 def test_failing_rank_ends_runs_failed_naming_the_rank(tracking, monkeypatch, fault, words):
     uri, exp = tracking
     monkeypatch.setenv("BETTY_FAULT", fault)
-    res = CliRunner().invoke(app, ["run", "tiny", "--nproc", "2", *FAST])
+    res = invoke("run", "tiny", "--nproc", "2", *FAST, catch_exceptions=True)
     assert res.exit_code != 0
     runs = runs_of(uri, exp)
     assert not [r for r in runs if r.info.status == "RUNNING"]
@@ -75,13 +64,13 @@ def test_verify_nproc_passes_and_fails_beyond_tolerance(tmp_path, monkeypatch):
     import json
 
     monkeypatch.chdir(tmp_path)
-    res = _invoke("verify", "tiny", "--nproc", "2", "--k", "2,3", "--dtype", "float64", "--json")
+    res = invoke("verify", "tiny", "--nproc", "2", "--k", "2,3", "--dtype", "float64", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout[res.stdout.index("{"):])
     assert out["ok"] and out["world_size"] == 2 and [r["k"] for r in out["results"]] == [2, 3]
     assert all(r["max_rel_update_diff"] < 1e-10 for r in out["results"])
     # negative control: per-call dropout masks differ between K-way and full-batch runs
-    bad = _invoke("verify", "tiny", "--nproc", "2", "--k", "2", "--dtype", "float64",
+    bad = invoke("verify", "tiny", "--nproc", "2", "--k", "2", "--dtype", "float64",
                   "--set", "model.dropout_mode=standard")
     assert bad.exit_code == 1 and "BEYOND TOLERANCE" in bad.output
 

@@ -8,22 +8,10 @@ import os
 
 import pytest
 from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
-from test_workflow_support import activate_store, end_active_runs, runs_of
-from workflow.cli import app
+from test_workflow_support import invoke, runs_of
 
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
-
-
-@pytest.fixture
-def tracking(tmp_path, monkeypatch):
-    yield activate_store(tmp_path, monkeypatch, experiment="guards-test")
-    end_active_runs()
+EXPERIMENT = "guards-test"  # the conftest tracking fixture's experiment
 
 
 def _stage(*args: str) -> str:

@@ -13,10 +13,8 @@ import pytest
 
 
 from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
-from test_workflow_support import activate_store, end_active_runs, new_experiment, new_store, project_copy, runs_of
-from workflow.cli import app
+from test_workflow_support import invoke, new_experiment, new_store, project_copy, runs_of
 from workflow.pipeline import InProcessLauncher, run_pipeline, run_stage
 from workflow.spec import SpecError, spec_notes
 from workflow.specfile import STAGES, apply_overrides, load_spec, resolve_spec
@@ -29,17 +27,7 @@ REV_EPOCH_METRICS = {"loss", "train_acc", "k", "edges_kept_fraction", "time_part
                      "epoch_time_s", "peak_mem_measured_bytes", "peak_mem_estimated_bytes",
                      "mem_estimate_error", "valid_acc"}
 
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
-
-
-@pytest.fixture
-def tracking(tmp_path, monkeypatch):
-    yield activate_store(tmp_path, monkeypatch, experiment="rev-test")
-    end_active_runs()
+EXPERIMENT = "rev-test"  # the conftest tracking fixture's experiment
 
 
 # ------------------------------------------------------------------------ spec rules

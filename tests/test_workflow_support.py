@@ -1,4 +1,6 @@
-"""Helpers for the workflow tests (MLflow stores, run queries), plus their own checks.
+"""Helpers for the workflow tests (MLflow stores, run queries, the CLI in-process), plus
+their own checks. The ``tracking`` fixture built on :func:`activate_store` is in
+``conftest.py``.
 
 Creating a new sqlite tracking store runs MLflow's schema migrations (about 10 s here),
 so a migrated empty database is built once per machine under the temp folder and
@@ -18,7 +20,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 __all__ = ["new_store", "new_experiment", "activate_store", "end_active_runs", "runs_of", "metric_names",
-           "project_copy", "PROJECT"]
+           "project_copy", "invoke", "PROJECT"]
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +88,17 @@ def project_copy(dest: Path) -> Path:
     for name in ("MLproject", "conda.yaml"):
         shutil.copy2(PROJECT / name, dest / name)
     return dest
+
+
+def invoke(*args: str, catch_exceptions: bool = False):
+    """Run the ``betty`` CLI in this process with ``args`` (Typer's runner); returns its
+    ``Result``. With ``catch_exceptions=False`` an uncaught exception fails the test with
+    its own traceback instead of a bare exit code."""
+    from typer.testing import CliRunner
+
+    from workflow.cli import app
+
+    return CliRunner().invoke(app, list(args), catch_exceptions=catch_exceptions)
 
 
 def test_store_template_is_reusable(tmp_path):

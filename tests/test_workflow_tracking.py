@@ -10,10 +10,8 @@ import mlflow.pytorch
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
-from test_workflow_support import activate_store, end_active_runs
-from workflow.cli import app
+from test_workflow_support import invoke
 from workflow.specfile import load_spec
 from workflow.tracking import EXPERIMENT_KIND_TAG, MODEL_TRAINING, dataset_input, experiment_name
 
@@ -21,14 +19,13 @@ FAST = ["-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]"]
 
 
 @pytest.fixture
-def tracking(tmp_path, monkeypatch):
-    """A fresh store; no experiment chosen by the environment (``mlflow.set_experiment``
-    in ``activate_store`` exports ``MLFLOW_EXPERIMENT_ID``, a fresh CLI process has none)."""
-    store = activate_store(tmp_path, monkeypatch, experiment="unused")
+def tracking(tracking, monkeypatch):
+    """conftest's fresh store, but no experiment chosen by the environment
+    (``mlflow.set_experiment`` in ``activate_store`` exports ``MLFLOW_EXPERIMENT_ID``, a
+    fresh CLI process has none)."""
     for var in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
-    yield store
-    end_active_runs()
+    return tracking
 
 
 def test_experiment_name_precedence(monkeypatch):
@@ -61,8 +58,7 @@ def test_run_records_are_mlflow_native(tracking):
 
     uri, _ = tracking
     client = MlflowClient(uri)
-    res = CliRunner().invoke(app, ["run", "tiny", "--json", "-s", "experiment=team-x", *FAST],
-                             catch_exceptions=False)
+    res = invoke("run", "tiny", "--json", "-s", "experiment=team-x", *FAST)
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     exp = client.get_experiment_by_name("team-x")

@@ -22,11 +22,12 @@ import contextlib
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
 import torch
+
+from betty.distributed.owner import Owner, reclaim_stale_folders
 
 __all__ = ["SharedTensor", "SharedDataset", "share_dataset", "shared_folder", "memory_of_process"]
 
@@ -99,10 +100,16 @@ def share_dataset(dataset, folder: str | None = None, *, with_csr: bool = True) 
     """Write ``dataset``'s tensors to a fresh folder under ``folder`` (default
     :func:`shared_folder`), yield the :class:`SharedDataset`, and delete the folder on
     exit (after the ranks are done). ``with_csr``: also share ``graph.in_csr`` (built
-    here once instead of in every rank)."""
+    here once instead of in every rank).
+
+    The folder's name states this process as its owner (:class:`Owner`), and the
+    folders of ``folder`` whose owner is gone (a launcher killed by SIGKILL) are removed
+    first (:func:`reclaim_stale_folders`)."""
     from betty.data.types import GraphDataset
 
-    root = tempfile.mkdtemp(prefix=f"betty-{uuid.uuid4().hex[:8]}-", dir=folder or shared_folder())
+    parent = folder or shared_folder()
+    reclaim_stale_folders(parent)
+    root = tempfile.mkdtemp(prefix=Owner.current().prefix(), dir=parent)
     try:
         tensors: dict[str, SharedTensor] = {}
 

@@ -50,7 +50,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from betty.engine import estimate_error, memory_metrics
+from betty.engine import epoch_metrics, estimate_error
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes
 from betty.train import (PieceForward, accumulate_pieces, count_correct, largest_peak,
@@ -187,18 +187,7 @@ class RevEpochRecord:
         ``time_compute_s``, ``epoch_time_s``, ``peak_mem_*``, ``mem_estimate_error``),
         plus ``edges_kept_fraction``. ``redundancy``, ``time_sample_s`` and
         ``time_block_s`` do not apply (no sampling, every node is loaded once)."""
-        out = {
-            "loss": self.loss,
-            "train_acc": self.train_acc,
-            "k": float(self.k),
-            "edges_kept_fraction": self.edges_kept_fraction,
-            "time_partition_s": self.time_partition_s,
-            "time_compute_s": self.time_compute_s,
-            "epoch_time_s": self.epoch_time_s,
-        }
-        out.update(memory_metrics(self.peak_mem_measured_bytes, self.peak_mem_estimated_bytes,
-                                  self.mem_estimate_error))
-        return out
+        return epoch_metrics(self, ("edges_kept_fraction",))
 
 
 class SharedHashMasks:
