@@ -251,10 +251,28 @@ class _Replayer:
         if agg == "gcn":
             return self._sage_gcn(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm)
         if agg == "pool":
-            pool = self._pyg_sage_pool if self.pyg else self._sage_pool
-            return pool(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo)
+            return self._sage_pool(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo)
         lstm = self._pyg_sage_lstm if self.pyg else self._sage_lstm
         return lstm(tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo)
+
+    def _fc_out(self, tag, n_dst, wo) -> Buffer:
+        """SAGEConv's output ``fc_neigh(h_neigh) + fc_self(h[:n_dst])``: the two
+        ``(n_dst, wo)`` ``addmm``/``mm`` results, then their out-of-place sum (the two
+        products freed)."""
+        tl, e = self.tl, self.e
+        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
+        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+        tl.release(f, mm)
+        return out
+
+    def _fc_self_bwd(self, tag, fc_self, n_dst, wi, h_grad: bool) -> Buffer | None:
+        """Backward of ``fc_self(h[:n_dst])`` (the first node the gradient of ``out``
+        reaches): the ``(n_dst, wi)`` gradient of ``h[:n_dst]`` (``mm``) where ``h``
+        needs one, then ``fc_self``'s weight and bias gradients. Returns the former."""
+        gs = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad h_dst") if h_grad else None
+        self.param_grads(fc_self, f"{tag} fc_self")
+        return gs
 
     # ------------------------------------------------------------------ aggregations
     # The two backends aggregate with different ops: DGL with fused sparse kernels
@@ -327,15 +345,11 @@ class _Replayer:
             out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
             tl.release(f, m, q)
         else:
-            mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
-            f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-            out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
-            tl.release(f, mm)
+            out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
-            self.param_grads(fc_self, f"{tag} fc_self")
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
             h_kept = h
             if self.pyg and not lbm:  # only fc_self kept h (the gather keeps its index)
                 tl.release(h)
@@ -444,32 +458,21 @@ class _Replayer:
         return acc
 
     def _sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo):
+        """SAGEConv pool: ``fc_neigh(max_{in-edges} relu(fc_pool(h))) + fc_self(h[:n_dst])``;
+        the max is the backend's (:meth:`_max_aggregate`), everything else is shared."""
         tl, e = self.tl, self.e
         fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
         p1 = tl.alloc(n_src * wi * e, AGG, f"{tag} fc_pool")
         p2 = tl.alloc(n_src * wi * e, AGG, f"{tag} relu(fc_pool)")
         tl.release(p1)
         tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
-        z = tl.alloc(n_dst * wi * e, AGG, f"{tag} max")
-        arg = tl.alloc(n_dst * wi * INDEX_BYTES, AGG, f"{tag} argmax")
-        inf = tl.alloc(n_dst * wi, AGG, f"{tag} isinf mask")
-        mf = tl.alloc(n_dst * wi * e, AGG, f"{tag} max (filled)")
-        tl.release(z)
-        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
-        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
-        tl.release(f, mm)
+        max_backward = self._max_aggregate(tag, n_src, n_dst, n_e, wi)
+        out = self._fc_out(tag, n_dst, wo)
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
-            self.param_grads(fc_self, f"{tag} fc_self")
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
             self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gmf = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max (filled)")
-            tl.release(g, mf)
-            gmf2 = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max")
-            tl.release(gmf, inf)
-            gp = tl.alloc(n_src * wi * e, BWD, f"{tag} grad relu(fc_pool)")
-            tl.release(gmf2, arg)
+            gp = max_backward(g)
             tb = tl.alloc(n_src * wi * e, BWD, f"{tag} grad fc_pool")
             tl.release(gp, p2)
             gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
@@ -479,6 +482,67 @@ class _Replayer:
             return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
 
         return out, backward
+
+    def _max_aggregate(self, tag, n_src, n_dst, n_e, w) -> Callable[[Buffer], Buffer]:
+        """Max over in-edges of the ``(n_src, w)`` pooled messages; returns its backward,
+        which maps the ``(n_dst, w)`` gradient (released) to the messages' ``(n_src, w)``
+        gradient.
+
+        DGL: ``gspmm`` max keeps the ``(n_dst, w)`` int64 arg-max, then
+        ``max.masked_fill(isinf, 0)`` (the bool mask and the filled copy saved). PyG:
+        ``scatter(reduce="max")`` gathers the ``(E, w)`` messages and runs a
+        ``scatter_reduce_`` into zeros that autograd saves with a clone of the zeros; its
+        backward finds the arg-max by comparisons and counts ties.
+        """
+        tl, e = self.tl, self.e
+        if not self.pyg:
+            z = tl.alloc(n_dst * w * e, AGG, f"{tag} max")
+            arg = tl.alloc(n_dst * w * INDEX_BYTES, AGG, f"{tag} argmax")
+            inf = tl.alloc(n_dst * w, AGG, f"{tag} isinf mask")
+            mf = tl.alloc(n_dst * w * e, AGG, f"{tag} max (filled)")
+            tl.release(z)
+
+            def dgl_backward(g: Buffer) -> Buffer:
+                gmf = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max (filled)")
+                tl.release(g, mf)
+                gmf2 = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max")
+                tl.release(gmf, inf)
+                gp = tl.alloc(n_src * w * e, BWD, f"{tag} grad relu(fc_pool)")
+                tl.release(gmf2, arg)
+                return gp
+
+            return dgl_backward
+        msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
+        z = tl.alloc(n_dst * w * e, AGG, f"{tag} max")
+        cl = tl.alloc(n_dst * w * e, AGG, f"{tag} max zeros (saved clone)")
+
+        def pyg_backward(g: Buffer) -> Buffer:
+            gz = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max")
+            tl.release(g)
+            # scatter_reduce(amax) backward: which entries reached the max, how many tie
+            val = tl.alloc(n_e * w * e, BWD, f"{tag} max gathered")
+            eq = tl.alloc(n_dst * w, BWD, f"{tag} self == max")
+            t1 = tl.alloc(n_dst * w * e, BWD, f"{tag} self == max (float)")
+            tl.release(eq)
+            eq = tl.alloc(n_e * w, BWD, f"{tag} src == max")
+            t2 = tl.alloc(n_e * w * e, BWD, f"{tag} src == max (float)")
+            tl.release(eq)
+            ties = tl.alloc(n_dst * w * e, BWD, f"{tag} ties")
+            gd = tl.alloc(n_dst * w * e, BWD, f"{tag} grad / ties")
+            eq = tl.alloc(n_dst * w, BWD, f"{tag} self == max")
+            gself = tl.alloc(n_dst * w * e, BWD, f"{tag} grad self")
+            tl.release(eq)
+            gg = tl.alloc(n_e * w * e, BWD, f"{tag} grad gathered")
+            eq = tl.alloc(n_e * w, BWD, f"{tag} src == max")
+            gsrc = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages")
+            tl.release(eq, gg)
+            tl.release(gd, ties, t2, t1, val)
+            tl.temp(n_dst * w * e, BWD, f"{tag} grad self (scatter)")
+            tl.release(gself)
+            tl.release(gz, cl, msg, z)
+            return self._index_bwd(gsrc, n_src, w, tag)
+
+        return pyg_backward
 
     def _sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
         tl, e, c = self.tl, self.e, self.cfg.constants
@@ -526,16 +590,12 @@ class _Replayer:
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
         neigh = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh")
         tl.release(z, *results, idx, buckets, msg)
-        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
-        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
-        tl.release(f, mm)
+        out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
         lstm_param_bytes = [_numel(s) * self.pelt for s in lstm_params]
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
-            self.param_grads(fc_self, f"{tag} fc_self")
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
             self.param_grads(fc_neigh, f"{tag} fc_neigh")
             gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
             tl.release(g, neigh)
@@ -585,62 +645,6 @@ class _Replayer:
         return out, backward
 
     # ------------------------------------------------------------------ SAGE, PyG ops
-    def _pyg_sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo):
-        """PygSAGEConv pool: ``relu(fc_pool(h))``, then ``scatter(reduce="max")``
-        (a ``scatter_reduce_`` into zeros that autograd saves with a clone of the zeros
-        and the messages; its backward finds the arg-max by comparisons)."""
-        tl, e = self.tl, self.e
-        fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
-        p1 = tl.alloc(n_src * wi * e, AGG, f"{tag} fc_pool")
-        p2 = tl.alloc(n_src * wi * e, AGG, f"{tag} relu(fc_pool)")
-        tl.release(p1)
-        tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
-        msg = tl.alloc(n_e * wi * e, AGG, f"{tag} messages")
-        z = tl.alloc(n_dst * wi * e, AGG, f"{tag} max")
-        cl = tl.alloc(n_dst * wi * e, AGG, f"{tag} max zeros (saved clone)")
-        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
-        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
-        tl.release(f, mm)
-
-        def backward(g: Buffer) -> Buffer | None:
-            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
-            self.param_grads(fc_self, f"{tag} fc_self")
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gz = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max")
-            tl.release(g)
-            # scatter_reduce(amax) backward: which entries reached the max, how many tie
-            val = tl.alloc(n_e * wi * e, BWD, f"{tag} max gathered")
-            eq = tl.alloc(n_dst * wi, BWD, f"{tag} self == max")
-            t1 = tl.alloc(n_dst * wi * e, BWD, f"{tag} self == max (float)")
-            tl.release(eq)
-            eq = tl.alloc(n_e * wi, BWD, f"{tag} src == max")
-            t2 = tl.alloc(n_e * wi * e, BWD, f"{tag} src == max (float)")
-            tl.release(eq)
-            ties = tl.alloc(n_dst * wi * e, BWD, f"{tag} ties")
-            gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad / ties")
-            eq = tl.alloc(n_dst * wi, BWD, f"{tag} self == max")
-            gself = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad self")
-            tl.release(eq)
-            gg = tl.alloc(n_e * wi * e, BWD, f"{tag} grad gathered")
-            eq = tl.alloc(n_e * wi, BWD, f"{tag} src == max")
-            gsrc = tl.alloc(n_e * wi * e, BWD, f"{tag} grad messages")
-            tl.release(eq, gg)
-            tl.release(gd, ties, t2, t1, val)
-            tl.temp(n_dst * wi * e, BWD, f"{tag} grad self (scatter)")
-            tl.release(gself)
-            tl.release(gz, cl, msg, z)
-            gi = self._index_bwd(gsrc, n_src, wi, tag)
-            gr = tl.alloc(n_src * wi * e, BWD, f"{tag} grad fc_pool")
-            tl.release(gi, p2)
-            gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
-            self.param_grads(fc_pool, f"{tag} fc_pool")
-            tl.release(gr)
-            tl.release(h)
-            return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
-
-        return out, backward
-
     def _pyg_sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
         """:func:`betty.backends.pyg_backend.lstm_aggregate`: edges sorted by
         destination, then one LSTM call per in-degree bucket on a mailbox gathered from
@@ -702,16 +706,12 @@ class _Replayer:
         neigh = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh")
         tl.release(cat)
         tl.release(*book, *results, c_last, steps, mailbox, z)
-        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
-        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
-        tl.release(f, mm)
+        out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
         lstm_param_bytes = [_numel(s) * self.pelt for s in lstm_params]
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
-            self.param_grads(fc_self, f"{tag} fc_self")
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
             tl.release(h)  # only fc_self kept h (the mailbox gathers keep their indices)
             self.param_grads(fc_neigh, f"{tag} fc_neigh")
             gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
