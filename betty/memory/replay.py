@@ -544,11 +544,90 @@ class _Replayer:
 
         return pyg_backward
 
-    def _sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
+    # ------------------------------------------------------------------ LSTM, shared
+    # Both backends run one nn.LSTM call per distinct in-degree t on a (B, t, W) mailbox
+    # of the B destinations with that degree; they differ in how the mailboxes are built.
+    def _buckets(self, l: int):
+        """``(t, b)`` per nonzero in-degree ``t`` of layer ``l``: ``b`` ``(P,)`` the number
+        of destinations of each piece with that in-degree (0: no such bucket there)."""
+        counts = self.s.degree_counts[l]
+        for j, t in enumerate(self.s.degrees[l].tolist()):
+            if t > 0:
+                yield t, counts[:, j]
+
+    def _bucket_rows(self, l: int) -> np.ndarray:
+        """``(P,)`` destinations of layer ``l`` with at least one in-edge (the rows of the
+        concatenated bucket results)."""
+        n = np.zeros(self.s.num_pieces)
+        for _, b in self._buckets(l):
+            n = n + b
+        return n
+
+    def _lstm_call(self, tag, t: int, b, w: int, mb: Buffer):
+        """``nn.LSTM`` over the ``(B, t, w)`` mailbox ``mb`` (``B = b``), after its
+        ``h0``/``c0``: the time-major ``transpose().contiguous()`` copy (``t > 1``; for
+        ``t = 1`` the mailbox is already time-major and saved as is), the ``(t, B, w)``
+        output, ``h_T``, ``c_T`` and the kernel's saved state
+        (:meth:`~betty.memory.constants.BackendConstants.lstm_saved_bytes`).
+
+        Returns ``(saved, mailbox)``: the buffers the call keeps for backward, and ``mb``
+        where the caller still has to drop it (``t > 1``) else None.
+        """
         tl, e, c = self.tl, self.e, self.cfg.constants
+        if t > 1:
+            x_in = tl.alloc(t * b * w * e, LSTM, f"{tag} time-major input deg {t}")
+            mailbox = mb
+        else:
+            x_in = mb  # (B, 1, W) is already time-major: saved as is
+            mailbox = None
+        o = tl.alloc(t * b * w * e, LSTM, f"{tag} lstm output deg {t}")
+        hy = tl.alloc(b * w * e, LSTM, f"{tag} h_T deg {t}")
+        cy = tl.alloc(b * w * e, LSTM, f"{tag} c_T deg {t}")
+        ws = tl.alloc(c.lstm_saved_bytes(t, b, w, e), LSTM, f"{tag} lstm state deg {t}")
+        return [x_in, o, hy, cy, ws], mailbox
+
+    def _lstm_call_bwd(self, tag, t: int, b, w: int, m, lstm_params):
+        """The LSTM call's backward node up to its ``h0``/``c0`` gradients: the
+        ``(t, B, w)`` input gradient, the kernel's transient scratch
+        (``lstm_backward_step_words``) and one gradient per LSTM parameter (in the
+        pieces ``m`` that have the bucket). Returns ``(grad input, parameter grads)``."""
+        tl, e, c = self.tl, self.e, self.cfg.constants
+        gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
+        tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
+        new = [tl.alloc(np.where(m, _numel(s) * self.pelt, 0), GRADS, f"{tag} lstm weight grad")
+               for s in lstm_params]
+        return gx, new
+
+    def _bucket_results_bwd(self, g: Buffer, neigh: Buffer, n_dst, n_rows, w, tag,
+                            *saved: Buffer) -> Buffer:
+        """Backward of putting the ``(n_rows, w)`` concatenated bucket results into the
+        ``(n_dst, w)`` zeros ``neigh``: the gradient of ``neigh`` (``g`` and ``neigh``
+        released), then the gathered ``(n_rows, w)`` gradient of the results (the
+        gradient of ``neigh`` and ``saved`` released). Returns the latter."""
+        tl, e = self.tl, self.e
+        gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
+        tl.release(g, neigh)
+        gc = tl.alloc(n_rows * w * e, BWD, f"{tag} grad bucket results")
+        tl.release(gn, *saved)
+        return gc
+
+    def _settle_summed_grads(self, summed) -> None:
+        """AccumulateGrad on parameter gradients summed over buckets (``summed`` from
+        :meth:`bucket_sum`, None when no bucket ran): the sum becomes ``.grad`` on a
+        fresh piece (kept), else it is added in place into ``.grad`` and freed."""
+        if summed is None:
+            return
+        for parts in summed:
+            for buf in parts:
+                self.tl.release_where(buf, ~self.fresh)
+
+    def _sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
+        """DGL's SAGEConv lstm: ``copy_u`` messages, DGL's degree bucketing (one
+        ``(B, t, W)`` mailbox per in-degree ``t``, an LSTM call on each, its ``h_T`` the
+        bucket's result), the results concatenated and put into zeros."""
+        tl, e = self.tl, self.e
         lstm_params, fc_neigh, fc_self = shp[0:4], [shp[4]], shp[5:]
         w = wi
-        degs, counts = self.s.degrees[l], self.s.degree_counts[l]
         msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         idx = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bucket bookkeeping")
@@ -558,30 +637,17 @@ class _Replayer:
         saved = []
         results = []
         mailbox = None
-        n_nonzero = np.zeros(self.s.num_pieces)
-        for j, t in enumerate(degs.tolist()):
-            if t == 0:
-                continue
-            b = counts[:, j]
-            n_nonzero = n_nonzero + b
+        n_nonzero = self._bucket_rows(l)
+        for t, b in self._buckets(l):
             mb = tl.alloc(b * t * w * e, LSTM, f"{tag} mailbox deg {t}")
             if mailbox is not None:
                 tl.release(mailbox)
             h0 = tl.alloc(b * w * e, LSTM, f"{tag} h0 deg {t}")
             c0 = tl.alloc(b * w * e, LSTM, f"{tag} c0 deg {t}")
-            if t > 1:
-                x_in = tl.alloc(t * b * w * e, LSTM, f"{tag} time-major input deg {t}")
-                mailbox = mb
-            else:
-                x_in = mb  # (B, 1, W) is already time-major: saved as is
-                mailbox = None
-            o = tl.alloc(t * b * w * e, LSTM, f"{tag} lstm output deg {t}")
-            hy = tl.alloc(b * w * e, LSTM, f"{tag} h_T deg {t}")
-            cy = tl.alloc(b * w * e, LSTM, f"{tag} c_T deg {t}")
-            ws = tl.alloc(c.lstm_saved_bytes(t, b, w, e), LSTM, f"{tag} lstm state deg {t}")
+            call_saved, mailbox = self._lstm_call(tag, t, b, w, mb)
             st = tl.alloc(b * w * e, LSTM, f"{tag} result deg {t}")
             tl.temp(b * w * e, LSTM, f"{tag} c stack deg {t}")
-            saved.append((t, b, [h0, c0, x_in, o, hy, cy, ws]))
+            saved.append((t, b, [h0, c0, *call_saved]))
             results.append(st)
         if mailbox is not None:
             tl.release(mailbox)
@@ -592,24 +658,17 @@ class _Replayer:
         tl.release(z, *results, idx, buckets, msg)
         out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
-        lstm_param_bytes = [_numel(s) * self.pelt for s in lstm_params]
 
         def backward(g: Buffer) -> Buffer | None:
             gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
             self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
-            tl.release(g, neigh)
-            gc = tl.alloc(n_nonzero * w * e, BWD, f"{tag} grad bucket results")
-            tl.release(gn, cat_idx, cat)
+            gc = self._bucket_results_bwd(g, neigh, n_dst, n_nonzero, w, tag, cat_idx, cat)
             acc = None
             lstm_grad = None
             have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
             for t, b, bufs in reversed(saved):
                 m = b > 0  # the pieces that have this bucket (DGL buckets the degrees present)
-                gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
-                tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
-                new = [tl.alloc(np.where(m, nb, 0), GRADS, f"{tag} lstm weight grad")
-                       for nb in lstm_param_bytes]
+                gx, new = self._lstm_call_bwd(tag, t, b, w, m, lstm_params)
                 tl.temp(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
                 tl.release(*bufs)  # the node's saved tensors go before its outputs are summed
                 # the engine sums each parameter's gradients out of place, one parameter
@@ -629,12 +688,7 @@ class _Replayer:
                 tl.release(zeros, gx)
                 acc, have_acc = self.bucket_sum(acc, have_acc, [ia], m, f"{tag} grad messages")
             tl.release(gc)
-            if lstm_grad is not None:
-                # AccumulateGrad: the sum becomes .grad on a fresh piece (kept), else it is
-                # added in place into .grad and freed
-                for parts in lstm_grad:
-                    for buf in parts:
-                        tl.release_where(buf, ~self.fresh)
+            self._settle_summed_grads(lstm_grad)
             tl.release(h)
             if not h_grad:
                 return None
@@ -650,12 +704,10 @@ class _Replayer:
         destination, then one LSTM call per in-degree bucket on a mailbox gathered from
         ``h`` (``(B, d, W)``, its index kept for backward when ``h`` needs a gradient),
         the buckets' last hidden states put into zeros."""
-        tl, e, c = self.tl, self.e, self.cfg.constants
+        tl, e = self.tl, self.e
         lstm_params, fc_neigh, fc_self = shp[0:4], [shp[4]], shp[5:]
         w = wi
-        degs, counts = self.s.degrees[l], self.s.degree_counts[l]
-        n_nonzero = sum((counts[:, j] for j, t in enumerate(degs.tolist()) if t > 0),
-                        np.zeros(self.s.num_pieces))
+        n_nonzero = self._bucket_rows(l)
         book = [tl.alloc(n_e * INDEX_BYTES, AGG, f"{tag} edge order"),
                 tl.alloc(n_e * INDEX_BYTES, AGG, f"{tag} sorted sources"),
                 tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} in-degrees")]
@@ -667,10 +719,7 @@ class _Replayer:
         tl.release(gt, nz)
         saved, results = [], []
         steps = mailbox = c_last = None
-        for j, t in enumerate(degs.tolist()):
-            if t == 0:
-                continue
-            b = counts[:, j]
+        for t, b in self._buckets(l):
             eq = tl.alloc(np.where(b > 0, n_dst, 0), AGG, f"{tag} degree == {t}")
             book.append(tl.alloc(b * INDEX_BYTES, AGG, f"{tag} nodes deg {t}"))
             tl.release(eq)
@@ -685,21 +734,12 @@ class _Replayer:
                 idx = None
             tl.release(mailbox)
             z0 = tl.alloc(b * w * e, LSTM, f"{tag} h0 = c0 deg {t}")
-            if t > 1:
-                x_in = tl.alloc(t * b * w * e, LSTM, f"{tag} time-major input deg {t}")
-                mailbox = mb
-            else:
-                x_in = mb  # (B, 1, W) is already time-major: saved as is
-                mailbox = None
-            o = tl.alloc(t * b * w * e, LSTM, f"{tag} lstm output deg {t}")
-            hy = tl.alloc(b * w * e, LSTM, f"{tag} h_T deg {t}")
-            cy = tl.alloc(b * w * e, LSTM, f"{tag} c_T deg {t}")
-            ws = tl.alloc(c.lstm_saved_bytes(t, b, w, e), LSTM, f"{tag} lstm state deg {t}")
+            call_saved, mailbox = self._lstm_call(tag, t, b, w, mb)
             results.append(tl.alloc(b * w * e, LSTM, f"{tag} h_n deg {t}"))
             c_new = tl.alloc(b * w * e, LSTM, f"{tag} c_n deg {t}")
             tl.release(c_last)
             c_last = c_new
-            saved.append((t, b, [z0, x_in, o, hy, cy, ws], idx))
+            saved.append((t, b, [z0, *call_saved], idx))
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
         cat_idx = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} bucket result index")
         cat = tl.alloc(n_nonzero * w * e, AGG, f"{tag} bucket results")
@@ -708,24 +748,17 @@ class _Replayer:
         tl.release(*book, *results, c_last, steps, mailbox, z)
         out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
-        lstm_param_bytes = [_numel(s) * self.pelt for s in lstm_params]
 
         def backward(g: Buffer) -> Buffer | None:
             gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
             tl.release(h)  # only fc_self kept h (the mailbox gathers keep their indices)
             self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
-            tl.release(g, neigh)
-            gc = tl.alloc(n_nonzero * w * e, BWD, f"{tag} grad bucket results")
-            tl.release(gn, cat_idx)
+            gc = self._bucket_results_bwd(g, neigh, n_dst, n_nonzero, w, tag, cat_idx)
             acc = lstm_grad = None
             have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
             for i, (t, b, bufs, idx) in enumerate(reversed(saved)):
                 m = b > 0  # the pieces that have this bucket
-                gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
-                tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
-                new = [tl.alloc(np.where(m, nb, 0), GRADS, f"{tag} lstm weight grad")
-                       for nb in lstm_param_bytes]
+                gx, new = self._lstm_call_bwd(tag, t, b, w, m, lstm_params)
                 gh0 = tl.alloc(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
                 if not h_grad:
                     tl.release(gx)
@@ -743,10 +776,7 @@ class _Replayer:
                 acc, have_acc = self.bucket_sum(acc, have_acc, [gi], m, f"{tag} grad h")
             if not saved:
                 tl.release(gc)
-            if lstm_grad is not None:
-                for parts in lstm_grad:
-                    for buf in parts:
-                        tl.release_where(buf, ~self.fresh)
+            self._settle_summed_grads(lstm_grad)
             if not h_grad:
                 return None
             acc = tl.merge(*acc[0]) if acc is not None else None
