@@ -200,6 +200,17 @@ class _Replayer:
         return out
 
     # ------------------------------------------------------------------ helpers
+    def _through(self, component: str, tmp_bytes, tmp_name: str, out_bytes,
+                 out_name: str) -> Buffer:
+        """``out = f(tmp)`` where nothing keeps ``tmp``: ``tmp`` is allocated, then
+        ``out``, then ``tmp`` is freed (e.g. ``relu(fc(x))`` without autograd saving
+        ``fc(x)``). Returns ``out``."""
+        tl = self.tl
+        tmp = tl.alloc(tmp_bytes, component, tmp_name)
+        out = tl.alloc(out_bytes, component, out_name)
+        tl.release(tmp)
+        return out
+
     def accumulate_src_grad(self, g_full: Buffer, g_dst: Buffer | None, n_src, width, tag) -> Buffer:
         """``g_full`` (n_src, W) plus the gradient of the ``[:n_dst]`` slice
         (``slice_backward`` pads it to (n_src, W), then an out-of-place add)."""
@@ -321,21 +332,49 @@ class _Replayer:
         tl = self.tl
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         if clamp:
-            c = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} degree clamp")
-            d = tl.alloc(n_dst * self.e, AGG, f"{tag} degrees")
-            tl.release(c)
-            return d
+            return self._through(AGG, n_dst * INDEX_BYTES, f"{tag} degree clamp",
+                                 n_dst * self.e, f"{tag} degrees")
         return tl.alloc(n_dst * self.e, AGG, f"{tag} degrees")
+
+    # ------------------------------------------------------------------ SAGE, shared
+    # mean and gcn: fc_neigh runs on the sources before message passing
+    # (``lin_before_mp``) when in_feats > out_feats, else on the aggregated destinations.
+    def _lin_before_mp(self, tag, n_src, wi, wo, lbm: bool):
+        """``fc_neigh(h)`` on the ``(n_src, wi)`` sources where ``lbm``: returns the
+        ``(n_src, wo)`` result and the width aggregated (``(None, wi)`` otherwise)."""
+        if not lbm:
+            return None, wi
+        return self.tl.alloc(n_src * wo * self.e, AGG, f"{tag} fc_neigh(src)"), wo
+
+    def _lin_before_mp_bwd(self, fc_neigh, n_src, wi, h_grad: bool, tag) -> Buffer | None:
+        """Backward of the sources' ``fc_neigh(h)``: its weight gradient, then the
+        ``(n_src, wi)`` gradient of ``h`` where ``h`` needs one (returned)."""
+        self.param_grads(fc_neigh, f"{tag} fc_neigh")
+        return self.tl.alloc(n_src * wi * self.e, BWD, f"{tag} grad h") if h_grad else None
+
+    def _fc_neigh_bwd(self, g: Buffer, q: Buffer, fc_neigh, n_dst, wi, h_grad: bool, tag,
+                      name: str) -> Buffer | None:
+        """Backward of ``fc_neigh(q)`` on the aggregated ``(n_dst, wi)`` ``q`` (saved):
+        the weight gradient, then ``q``'s gradient (``grad {name}``) where ``h`` needs
+        one; ``g`` and ``q`` released. Returns ``q``'s gradient."""
+        self.param_grads(fc_neigh, f"{tag} fc_neigh")
+        gq = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad {name}") if h_grad else None
+        self.tl.release(g, q)
+        return gq
+
+    def _div_bwd(self, g: Buffer, deg: Buffer | None, n_dst, w, tag, name: str) -> Buffer:
+        """Backward of ``x / deg`` (``deg`` broadcast over the ``w`` columns) for ``x``:
+        the ``(n_dst, w)`` ``g / deg`` (``grad {name}``); ``g`` and the saved ``deg``
+        released."""
+        gd = self.tl.alloc(n_dst * w * self.e, BWD, f"{tag} grad {name}")
+        self.tl.release(g, deg)
+        return gd
 
     def _sage_mean(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm):
         tl, e = self.tl, self.e
         fc_neigh, fc_self = [shp[0]], shp[1:]
         agg_grad = h_grad or lbm
-        if lbm:
-            m = tl.alloc(n_src * wo * e, AGG, f"{tag} fc_neigh(src)")
-            w = wo
-        else:
-            m, w = None, wi
+        m, w = self._lin_before_mp(tag, n_src, wi, wo, lbm)
         deg, q = self._mean_aggregate(tag, n_dst, n_e, w)
         if not agg_grad:
             tl.release(deg)
@@ -355,22 +394,17 @@ class _Replayer:
                 tl.release(h)
                 h_kept = None
             if lbm:
-                gd = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad mean")
-                tl.release(g, deg)
+                gd = self._div_bwd(g, deg, n_dst, wo, tag, "mean")
                 gz = self._copy_u_sum_bwd(gd, n_src, n_e, wo, tag)
-                self.param_grads(fc_neigh, f"{tag} fc_neigh")
-                gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+                gh = self._lin_before_mp_bwd(fc_neigh, n_src, wi, h_grad, tag)
                 tl.release(gz)
                 tl.release(h)
                 return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gq = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad mean") if h_grad else None
-            tl.release(g, q)
+            gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "mean")
             if not h_grad:
                 tl.release(h_kept)
                 return None
-            gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad sum")
-            tl.release(gq, deg)
+            gd = self._div_bwd(gq, deg, n_dst, wi, tag, "sum")
             gz = self._copy_u_sum_bwd(gd, n_src, n_e, wi, tag)
             tl.release(h_kept)
             return self.accumulate_src_grad(gz, gs, n_src, wi, tag)
@@ -381,11 +415,7 @@ class _Replayer:
         tl, e = self.tl, self.e
         fc_neigh, bias = [shp[0]], [shp[1]]
         agg_grad = h_grad or lbm
-        if lbm:
-            m = tl.alloc(n_src * wo * e, AGG, f"{tag} fc_neigh(src)")
-            w = wo
-        else:
-            m, w = None, wi
+        m, w = self._lin_before_mp(tag, n_src, wi, wo, lbm)
         z, deg, deg1, q = self._gcn_aggregate(tag, n_dst, n_e, w)
         if not agg_grad:
             tl.release(deg1)
@@ -403,20 +433,15 @@ class _Replayer:
         def backward(g: Buffer) -> Buffer | None:
             self.param_grads(bias, f"{tag} bias")
             if lbm:
-                gd = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad normalized")
-                tl.release(g, deg1)
+                gd = self._div_bwd(g, deg1, n_dst, wo, tag, "normalized")
                 acc = self._gcn_neigh_bwd(gd, n_src, n_e, wo, tag)
-                self.param_grads(fc_neigh, f"{tag} fc_neigh")
-                gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+                gh = self._lin_before_mp_bwd(fc_neigh, n_src, wi, h_grad, tag)
                 tl.release(acc, h)
                 return gh
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gq = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad normalized") if h_grad else None
-            tl.release(g, q)
+            gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "normalized")
             if not h_grad:
                 return None
-            gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad sum + self")
-            tl.release(gq, deg1)
+            gd = self._div_bwd(gq, deg1, n_dst, wi, tag, "sum + self")
             return self._gcn_neigh_bwd(gd, n_src, n_e, wi, tag)
 
         return out, backward
@@ -426,12 +451,9 @@ class _Replayer:
         degrees + 1, normalized)`` buffers (``sum`` None where it is already freed)."""
         tl, e = self.tl, self.e
         if self.pyg:  # in_degrees() (bincount, cast), scatter(x[src], dst, reduce="sum")
-            bc = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bincount")
-            deg = tl.alloc(n_dst * e, AGG, f"{tag} degrees")
-            tl.release(bc)
-            msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
-            z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
-            tl.release(msg)
+            deg = self._through(AGG, n_dst * INDEX_BYTES, f"{tag} bincount",
+                                n_dst * e, f"{tag} degrees")
+            z = self._through(AGG, n_e * w * e, f"{tag} messages", n_dst * w * e, f"{tag} sum")
             sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
             tl.release(z)
             z = None
@@ -462,9 +484,8 @@ class _Replayer:
         the max is the backend's (:meth:`_max_aggregate`), everything else is shared."""
         tl, e = self.tl, self.e
         fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
-        p1 = tl.alloc(n_src * wi * e, AGG, f"{tag} fc_pool")
-        p2 = tl.alloc(n_src * wi * e, AGG, f"{tag} relu(fc_pool)")
-        tl.release(p1)
+        p2 = self._through(AGG, n_src * wi * e, f"{tag} fc_pool",
+                           n_src * wi * e, f"{tag} relu(fc_pool)")
         tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
         max_backward = self._max_aggregate(tag, n_src, n_dst, n_e, wi)
         out = self._fc_out(tag, n_dst, wo)
@@ -887,14 +908,12 @@ class _Replayer:
         denominators (both saved by the final division, which the caller allocates)."""
         tl, e = self.tl, self.e
         mx = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax max")
-        sel = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax max[dst]")
-        sub = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax x - max")
-        tl.release(sel)
+        sub = self._through(ATT, n_e * heads * e, f"{tag} softmax max[dst]",
+                            n_e * heads * e, f"{tag} softmax x - max")
         ex = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax exp")
         tl.release(sub)
-        z = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax sum")
-        s = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax sum + eps")
-        tl.release(z)
+        s = self._through(ATT, n_dst * heads * e, f"{tag} softmax sum",
+                          n_dst * heads * e, f"{tag} softmax sum + eps")
         den = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax sum[dst]")
         tl.release(s)
         return mx, ex, den
@@ -942,11 +961,9 @@ class _Replayer:
 
     def _index_bwd_alloc(self, n, w, tag) -> Buffer:
         """Zeros ``(n, w)``, then the out-of-place ``index_put`` (the zeros freed)."""
-        tl, e = self.tl, self.e
-        z0 = tl.alloc(n * w * e, BWD, f"{tag} index backward zeros")
-        gi = tl.alloc(n * w * e, BWD, f"{tag} index backward")
-        tl.release(z0)
-        return gi
+        nbytes = n * w * self.e
+        return self._through(BWD, nbytes, f"{tag} index backward zeros",
+                             nbytes, f"{tag} index backward")
 
     # ------------------------------------------------------------------ whole step
     def run(self) -> Timeline:
