@@ -542,17 +542,14 @@ class _Replayer:
             tl.release(g)
             # scatter_reduce(amax) backward: which entries reached the max, how many tie
             val = tl.alloc(n_e * w * e, BWD, f"{tag} max gathered")
-            eq = tl.alloc(n_dst * w, BWD, f"{tag} self == max")
-            t1 = tl.alloc(n_dst * w * e, BWD, f"{tag} self == max (float)")
-            tl.release(eq)
-            eq = tl.alloc(n_e * w, BWD, f"{tag} src == max")
-            t2 = tl.alloc(n_e * w * e, BWD, f"{tag} src == max (float)")
-            tl.release(eq)
+            t1 = self._through(BWD, n_dst * w, f"{tag} self == max",
+                               n_dst * w * e, f"{tag} self == max (float)")
+            t2 = self._through(BWD, n_e * w, f"{tag} src == max",
+                               n_e * w * e, f"{tag} src == max (float)")
             ties = tl.alloc(n_dst * w * e, BWD, f"{tag} ties")
             gd = tl.alloc(n_dst * w * e, BWD, f"{tag} grad / ties")
-            eq = tl.alloc(n_dst * w, BWD, f"{tag} self == max")
-            gself = tl.alloc(n_dst * w * e, BWD, f"{tag} grad self")
-            tl.release(eq)
+            gself = self._through(BWD, n_dst * w, f"{tag} self == max",
+                                  n_dst * w * e, f"{tag} grad self")
             gg = tl.alloc(n_e * w * e, BWD, f"{tag} grad gathered")
             eq = tl.alloc(n_e * w, BWD, f"{tag} src == max")
             gsrc = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages")
@@ -652,9 +649,8 @@ class _Replayer:
         msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         idx = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bucket bookkeeping")
-        srt = tl.alloc(2 * n_dst * INDEX_BYTES, AGG, f"{tag} degree sort")
-        buckets = tl.alloc(3 * n_dst * INDEX_BYTES, AGG, f"{tag} bucket node lists")
-        tl.release(srt)
+        buckets = self._through(AGG, 2 * n_dst * INDEX_BYTES, f"{tag} degree sort",
+                                3 * n_dst * INDEX_BYTES, f"{tag} bucket node lists")
         saved = []
         results = []
         mailbox = None
@@ -763,9 +759,8 @@ class _Replayer:
             saved.append((t, b, [z0, *call_saved], idx))
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
         cat_idx = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} bucket result index")
-        cat = tl.alloc(n_nonzero * w * e, AGG, f"{tag} bucket results")
-        neigh = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh")
-        tl.release(cat)
+        neigh = self._through(AGG, n_nonzero * w * e, f"{tag} bucket results",
+                              n_dst * w * e, f"{tag} neigh")
         tl.release(*book, *results, c_last, steps, mailbox, z)
         out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
@@ -1042,9 +1037,7 @@ class _Replayer:
         if cfg.num_label_columns:
             t = cfg.num_label_columns
             tl.temp(n_out * t * e, LOSS, "targets cast")
-            per = tl.alloc(n_out * t * e, LOSS, "bce per element")
-            mean = tl.alloc(n_out * e, LOSS, "bce mean")
-            tl.release(per)
+            mean = self._through(LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
             saved = [mean]
         else:
             lsm = tl.alloc(n_out * n_cls * e, LOSS, "log_softmax")
