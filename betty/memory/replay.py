@@ -371,6 +371,9 @@ class _Replayer:
         return gd
 
     def _sage_mean(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm):
+        """SAGEConv mean: ``fc_neigh(mean_{in-edges} h_src) + fc_self(h[:n_dst])``
+        (``lbm``: ``mean(fc_neigh(h)) + fc_self(h[:n_dst])``); the mean is the
+        backend's (:meth:`_mean_aggregate`)."""
         tl, e = self.tl, self.e
         fc_neigh, fc_self = [shp[0]], shp[1:]
         agg_grad = h_grad or lbm
@@ -412,6 +415,9 @@ class _Replayer:
         return out, backward
 
     def _sage_gcn(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm):
+        """SAGEConv gcn: ``fc_neigh((sum_{in-edges} h_src + h_dst) / (deg + 1)) + bias``
+        (``lbm``: ``fc_neigh`` applied to the sources first); the sum is the backend's
+        (:meth:`_gcn_aggregate`)."""
         tl, e = self.tl, self.e
         fc_neigh, bias = [shp[0]], [shp[1]]
         agg_grad = h_grad or lbm
