@@ -200,6 +200,17 @@ class _Replayer:
         return out
 
     # ------------------------------------------------------------------ helpers
+    def _through(self, component: str, tmp_bytes, tmp_name: str, out_bytes,
+                 out_name: str) -> Buffer:
+        """``out = f(tmp)`` where nothing keeps ``tmp``: ``tmp`` is allocated, then
+        ``out``, then ``tmp`` is freed (e.g. ``relu(fc(x))`` without autograd saving
+        ``fc(x)``). Returns ``out``."""
+        tl = self.tl
+        tmp = tl.alloc(tmp_bytes, component, tmp_name)
+        out = tl.alloc(out_bytes, component, out_name)
+        tl.release(tmp)
+        return out
+
     def accumulate_src_grad(self, g_full: Buffer, g_dst: Buffer | None, n_src, width, tag) -> Buffer:
         """``g_full`` (n_src, W) plus the gradient of the ``[:n_dst]`` slice
         (``slice_backward`` pads it to (n_src, W), then an out-of-place add)."""
@@ -251,10 +262,28 @@ class _Replayer:
         if agg == "gcn":
             return self._sage_gcn(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm)
         if agg == "pool":
-            pool = self._pyg_sage_pool if self.pyg else self._sage_pool
-            return pool(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo)
+            return self._sage_pool(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo)
         lstm = self._pyg_sage_lstm if self.pyg else self._sage_lstm
         return lstm(tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo)
+
+    def _fc_out(self, tag, n_dst, wo) -> Buffer:
+        """SAGEConv's output ``fc_neigh(h_neigh) + fc_self(h[:n_dst])``: the two
+        ``(n_dst, wo)`` ``addmm``/``mm`` results, then their out-of-place sum (the two
+        products freed)."""
+        tl, e = self.tl, self.e
+        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
+        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+        tl.release(f, mm)
+        return out
+
+    def _fc_self_bwd(self, tag, fc_self, n_dst, wi, h_grad: bool) -> Buffer | None:
+        """Backward of ``fc_self(h[:n_dst])`` (the first node the gradient of ``out``
+        reaches): the ``(n_dst, wi)`` gradient of ``h[:n_dst]`` (``mm``) where ``h``
+        needs one, then ``fc_self``'s weight and bias gradients. Returns the former."""
+        gs = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad h_dst") if h_grad else None
+        self.param_grads(fc_self, f"{tag} fc_self")
+        return gs
 
     # ------------------------------------------------------------------ aggregations
     # The two backends aggregate with different ops: DGL with fused sparse kernels
@@ -303,21 +332,52 @@ class _Replayer:
         tl = self.tl
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         if clamp:
-            c = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} degree clamp")
-            d = tl.alloc(n_dst * self.e, AGG, f"{tag} degrees")
-            tl.release(c)
-            return d
+            return self._through(AGG, n_dst * INDEX_BYTES, f"{tag} degree clamp",
+                                 n_dst * self.e, f"{tag} degrees")
         return tl.alloc(n_dst * self.e, AGG, f"{tag} degrees")
 
+    # ------------------------------------------------------------------ SAGE, shared
+    # mean and gcn: fc_neigh runs on the sources before message passing
+    # (``lin_before_mp``) when in_feats > out_feats, else on the aggregated destinations.
+    def _lin_before_mp(self, tag, n_src, wi, wo, lbm: bool):
+        """``fc_neigh(h)`` on the ``(n_src, wi)`` sources where ``lbm``: returns the
+        ``(n_src, wo)`` result and the width aggregated (``(None, wi)`` otherwise)."""
+        if not lbm:
+            return None, wi
+        return self.tl.alloc(n_src * wo * self.e, AGG, f"{tag} fc_neigh(src)"), wo
+
+    def _lin_before_mp_bwd(self, fc_neigh, n_src, wi, h_grad: bool, tag) -> Buffer | None:
+        """Backward of the sources' ``fc_neigh(h)``: its weight gradient, then the
+        ``(n_src, wi)`` gradient of ``h`` where ``h`` needs one (returned)."""
+        self.param_grads(fc_neigh, f"{tag} fc_neigh")
+        return self.tl.alloc(n_src * wi * self.e, BWD, f"{tag} grad h") if h_grad else None
+
+    def _fc_neigh_bwd(self, g: Buffer, q: Buffer, fc_neigh, n_dst, wi, h_grad: bool, tag,
+                      name: str) -> Buffer | None:
+        """Backward of ``fc_neigh(q)`` on the aggregated ``(n_dst, wi)`` ``q`` (saved):
+        the weight gradient, then ``q``'s gradient (``grad {name}``) where ``h`` needs
+        one; ``g`` and ``q`` released. Returns ``q``'s gradient."""
+        self.param_grads(fc_neigh, f"{tag} fc_neigh")
+        gq = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad {name}") if h_grad else None
+        self.tl.release(g, q)
+        return gq
+
+    def _div_bwd(self, g: Buffer, deg: Buffer | None, n_dst, w, tag, name: str) -> Buffer:
+        """Backward of ``x / deg`` (``deg`` broadcast over the ``w`` columns) for ``x``:
+        the ``(n_dst, w)`` ``g / deg`` (``grad {name}``); ``g`` and the saved ``deg``
+        released."""
+        gd = self.tl.alloc(n_dst * w * self.e, BWD, f"{tag} grad {name}")
+        self.tl.release(g, deg)
+        return gd
+
     def _sage_mean(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm):
+        """SAGEConv mean: ``fc_neigh(mean_{in-edges} h_src) + fc_self(h[:n_dst])``
+        (``lbm``: ``mean(fc_neigh(h)) + fc_self(h[:n_dst])``); the mean is the
+        backend's (:meth:`_mean_aggregate`)."""
         tl, e = self.tl, self.e
         fc_neigh, fc_self = [shp[0]], shp[1:]
         agg_grad = h_grad or lbm
-        if lbm:
-            m = tl.alloc(n_src * wo * e, AGG, f"{tag} fc_neigh(src)")
-            w = wo
-        else:
-            m, w = None, wi
+        m, w = self._lin_before_mp(tag, n_src, wi, wo, lbm)
         deg, q = self._mean_aggregate(tag, n_dst, n_e, w)
         if not agg_grad:
             tl.release(deg)
@@ -327,36 +387,27 @@ class _Replayer:
             out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
             tl.release(f, m, q)
         else:
-            mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
-            f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-            out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
-            tl.release(f, mm)
+            out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
-            self.param_grads(fc_self, f"{tag} fc_self")
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
             h_kept = h
             if self.pyg and not lbm:  # only fc_self kept h (the gather keeps its index)
                 tl.release(h)
                 h_kept = None
             if lbm:
-                gd = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad mean")
-                tl.release(g, deg)
+                gd = self._div_bwd(g, deg, n_dst, wo, tag, "mean")
                 gz = self._copy_u_sum_bwd(gd, n_src, n_e, wo, tag)
-                self.param_grads(fc_neigh, f"{tag} fc_neigh")
-                gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+                gh = self._lin_before_mp_bwd(fc_neigh, n_src, wi, h_grad, tag)
                 tl.release(gz)
                 tl.release(h)
                 return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gq = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad mean") if h_grad else None
-            tl.release(g, q)
+            gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "mean")
             if not h_grad:
                 tl.release(h_kept)
                 return None
-            gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad sum")
-            tl.release(gq, deg)
+            gd = self._div_bwd(gq, deg, n_dst, wi, tag, "sum")
             gz = self._copy_u_sum_bwd(gd, n_src, n_e, wi, tag)
             tl.release(h_kept)
             return self.accumulate_src_grad(gz, gs, n_src, wi, tag)
@@ -364,14 +415,13 @@ class _Replayer:
         return out, backward
 
     def _sage_gcn(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm):
+        """SAGEConv gcn: ``fc_neigh((sum_{in-edges} h_src + h_dst) / (deg + 1)) + bias``
+        (``lbm``: ``fc_neigh`` applied to the sources first); the sum is the backend's
+        (:meth:`_gcn_aggregate`)."""
         tl, e = self.tl, self.e
         fc_neigh, bias = [shp[0]], [shp[1]]
         agg_grad = h_grad or lbm
-        if lbm:
-            m = tl.alloc(n_src * wo * e, AGG, f"{tag} fc_neigh(src)")
-            w = wo
-        else:
-            m, w = None, wi
+        m, w = self._lin_before_mp(tag, n_src, wi, wo, lbm)
         z, deg, deg1, q = self._gcn_aggregate(tag, n_dst, n_e, w)
         if not agg_grad:
             tl.release(deg1)
@@ -389,20 +439,15 @@ class _Replayer:
         def backward(g: Buffer) -> Buffer | None:
             self.param_grads(bias, f"{tag} bias")
             if lbm:
-                gd = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad normalized")
-                tl.release(g, deg1)
+                gd = self._div_bwd(g, deg1, n_dst, wo, tag, "normalized")
                 acc = self._gcn_neigh_bwd(gd, n_src, n_e, wo, tag)
-                self.param_grads(fc_neigh, f"{tag} fc_neigh")
-                gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+                gh = self._lin_before_mp_bwd(fc_neigh, n_src, wi, h_grad, tag)
                 tl.release(acc, h)
                 return gh
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gq = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad normalized") if h_grad else None
-            tl.release(g, q)
+            gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "normalized")
             if not h_grad:
                 return None
-            gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad sum + self")
-            tl.release(gq, deg1)
+            gd = self._div_bwd(gq, deg1, n_dst, wi, tag, "sum + self")
             return self._gcn_neigh_bwd(gd, n_src, n_e, wi, tag)
 
         return out, backward
@@ -412,12 +457,9 @@ class _Replayer:
         degrees + 1, normalized)`` buffers (``sum`` None where it is already freed)."""
         tl, e = self.tl, self.e
         if self.pyg:  # in_degrees() (bincount, cast), scatter(x[src], dst, reduce="sum")
-            bc = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bincount")
-            deg = tl.alloc(n_dst * e, AGG, f"{tag} degrees")
-            tl.release(bc)
-            msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
-            z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
-            tl.release(msg)
+            deg = self._through(AGG, n_dst * INDEX_BYTES, f"{tag} bincount",
+                                n_dst * e, f"{tag} degrees")
+            z = self._through(AGG, n_e * w * e, f"{tag} messages", n_dst * w * e, f"{tag} sum")
             sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
             tl.release(z)
             z = None
@@ -444,32 +486,20 @@ class _Replayer:
         return acc
 
     def _sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo):
+        """SAGEConv pool: ``fc_neigh(max_{in-edges} relu(fc_pool(h))) + fc_self(h[:n_dst])``;
+        the max is the backend's (:meth:`_max_aggregate`), everything else is shared."""
         tl, e = self.tl, self.e
         fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
-        p1 = tl.alloc(n_src * wi * e, AGG, f"{tag} fc_pool")
-        p2 = tl.alloc(n_src * wi * e, AGG, f"{tag} relu(fc_pool)")
-        tl.release(p1)
+        p2 = self._through(AGG, n_src * wi * e, f"{tag} fc_pool",
+                           n_src * wi * e, f"{tag} relu(fc_pool)")
         tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
-        z = tl.alloc(n_dst * wi * e, AGG, f"{tag} max")
-        arg = tl.alloc(n_dst * wi * INDEX_BYTES, AGG, f"{tag} argmax")
-        inf = tl.alloc(n_dst * wi, AGG, f"{tag} isinf mask")
-        mf = tl.alloc(n_dst * wi * e, AGG, f"{tag} max (filled)")
-        tl.release(z)
-        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
-        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
-        tl.release(f, mm)
+        max_backward = self._max_aggregate(tag, n_src, n_dst, n_e, wi)
+        out = self._fc_out(tag, n_dst, wo)
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
-            self.param_grads(fc_self, f"{tag} fc_self")
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
             self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gmf = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max (filled)")
-            tl.release(g, mf)
-            gmf2 = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max")
-            tl.release(gmf, inf)
-            gp = tl.alloc(n_src * wi * e, BWD, f"{tag} grad relu(fc_pool)")
-            tl.release(gmf2, arg)
+            gp = max_backward(g)
             tb = tl.alloc(n_src * wi * e, BWD, f"{tag} grad fc_pool")
             tl.release(gp, p2)
             gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
@@ -480,44 +510,167 @@ class _Replayer:
 
         return out, backward
 
-    def _sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
+    def _max_aggregate(self, tag, n_src, n_dst, n_e, w) -> Callable[[Buffer], Buffer]:
+        """Max over in-edges of the ``(n_src, w)`` pooled messages; returns its backward,
+        which maps the ``(n_dst, w)`` gradient (released) to the messages' ``(n_src, w)``
+        gradient.
+
+        DGL: ``gspmm`` max keeps the ``(n_dst, w)`` int64 arg-max, then
+        ``max.masked_fill(isinf, 0)`` (the bool mask and the filled copy saved). PyG:
+        ``scatter(reduce="max")`` gathers the ``(E, w)`` messages and runs a
+        ``scatter_reduce_`` into zeros that autograd saves with a clone of the zeros; its
+        backward finds the arg-max by comparisons and counts ties.
+        """
+        tl, e = self.tl, self.e
+        if not self.pyg:
+            z = tl.alloc(n_dst * w * e, AGG, f"{tag} max")
+            arg = tl.alloc(n_dst * w * INDEX_BYTES, AGG, f"{tag} argmax")
+            inf = tl.alloc(n_dst * w, AGG, f"{tag} isinf mask")
+            mf = tl.alloc(n_dst * w * e, AGG, f"{tag} max (filled)")
+            tl.release(z)
+
+            def dgl_backward(g: Buffer) -> Buffer:
+                gmf = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max (filled)")
+                tl.release(g, mf)
+                gmf2 = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max")
+                tl.release(gmf, inf)
+                gp = tl.alloc(n_src * w * e, BWD, f"{tag} grad relu(fc_pool)")
+                tl.release(gmf2, arg)
+                return gp
+
+            return dgl_backward
+        msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
+        z = tl.alloc(n_dst * w * e, AGG, f"{tag} max")
+        cl = tl.alloc(n_dst * w * e, AGG, f"{tag} max zeros (saved clone)")
+
+        def pyg_backward(g: Buffer) -> Buffer:
+            gz = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max")
+            tl.release(g)
+            # scatter_reduce(amax) backward: which entries reached the max, how many tie
+            val = tl.alloc(n_e * w * e, BWD, f"{tag} max gathered")
+            t1 = self._through(BWD, n_dst * w, f"{tag} self == max",
+                               n_dst * w * e, f"{tag} self == max (float)")
+            t2 = self._through(BWD, n_e * w, f"{tag} src == max",
+                               n_e * w * e, f"{tag} src == max (float)")
+            ties = tl.alloc(n_dst * w * e, BWD, f"{tag} ties")
+            gd = tl.alloc(n_dst * w * e, BWD, f"{tag} grad / ties")
+            gself = self._through(BWD, n_dst * w, f"{tag} self == max",
+                                  n_dst * w * e, f"{tag} grad self")
+            gg = tl.alloc(n_e * w * e, BWD, f"{tag} grad gathered")
+            eq = tl.alloc(n_e * w, BWD, f"{tag} src == max")
+            gsrc = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages")
+            tl.release(eq, gg)
+            tl.release(gd, ties, t2, t1, val)
+            tl.temp(n_dst * w * e, BWD, f"{tag} grad self (scatter)")
+            tl.release(gself)
+            tl.release(gz, cl, msg, z)
+            return self._index_bwd(gsrc, n_src, w, tag)
+
+        return pyg_backward
+
+    # ------------------------------------------------------------------ LSTM, shared
+    # Both backends run one nn.LSTM call per distinct in-degree t on a (B, t, W) mailbox
+    # of the B destinations with that degree; they differ in how the mailboxes are built.
+    def _buckets(self, l: int):
+        """``(t, b)`` per nonzero in-degree ``t`` of layer ``l``: ``b`` ``(P,)`` the number
+        of destinations of each piece with that in-degree (0: no such bucket there)."""
+        counts = self.s.degree_counts[l]
+        for j, t in enumerate(self.s.degrees[l].tolist()):
+            if t > 0:
+                yield t, counts[:, j]
+
+    def _bucket_rows(self, l: int) -> np.ndarray:
+        """``(P,)`` destinations of layer ``l`` with at least one in-edge (the rows of the
+        concatenated bucket results)."""
+        n = np.zeros(self.s.num_pieces)
+        for _, b in self._buckets(l):
+            n = n + b
+        return n
+
+    def _lstm_call(self, tag, t: int, b, w: int, mb: Buffer):
+        """``nn.LSTM`` over the ``(B, t, w)`` mailbox ``mb`` (``B = b``), after its
+        ``h0``/``c0``: the time-major ``transpose().contiguous()`` copy (``t > 1``; for
+        ``t = 1`` the mailbox is already time-major and saved as is), the ``(t, B, w)``
+        output, ``h_T``, ``c_T`` and the kernel's saved state
+        (:meth:`~betty.memory.constants.BackendConstants.lstm_saved_bytes`).
+
+        Returns ``(saved, mailbox)``: the buffers the call keeps for backward, and ``mb``
+        where the caller still has to drop it (``t > 1``) else None.
+        """
         tl, e, c = self.tl, self.e, self.cfg.constants
+        if t > 1:
+            x_in = tl.alloc(t * b * w * e, LSTM, f"{tag} time-major input deg {t}")
+            mailbox = mb
+        else:
+            x_in = mb  # (B, 1, W) is already time-major: saved as is
+            mailbox = None
+        o = tl.alloc(t * b * w * e, LSTM, f"{tag} lstm output deg {t}")
+        hy = tl.alloc(b * w * e, LSTM, f"{tag} h_T deg {t}")
+        cy = tl.alloc(b * w * e, LSTM, f"{tag} c_T deg {t}")
+        ws = tl.alloc(c.lstm_saved_bytes(t, b, w, e), LSTM, f"{tag} lstm state deg {t}")
+        return [x_in, o, hy, cy, ws], mailbox
+
+    def _lstm_call_bwd(self, tag, t: int, b, w: int, m, lstm_params):
+        """The LSTM call's backward node up to its ``h0``/``c0`` gradients: the
+        ``(t, B, w)`` input gradient, the kernel's transient scratch
+        (``lstm_backward_step_words``) and one gradient per LSTM parameter (in the
+        pieces ``m`` that have the bucket). Returns ``(grad input, parameter grads)``."""
+        tl, e, c = self.tl, self.e, self.cfg.constants
+        gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
+        tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
+        new = [tl.alloc(np.where(m, _numel(s) * self.pelt, 0), GRADS, f"{tag} lstm weight grad")
+               for s in lstm_params]
+        return gx, new
+
+    def _bucket_results_bwd(self, g: Buffer, neigh: Buffer, n_dst, n_rows, w, tag,
+                            *saved: Buffer) -> Buffer:
+        """Backward of putting the ``(n_rows, w)`` concatenated bucket results into the
+        ``(n_dst, w)`` zeros ``neigh``: the gradient of ``neigh`` (``g`` and ``neigh``
+        released), then the gathered ``(n_rows, w)`` gradient of the results (the
+        gradient of ``neigh`` and ``saved`` released). Returns the latter."""
+        tl, e = self.tl, self.e
+        gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
+        tl.release(g, neigh)
+        gc = tl.alloc(n_rows * w * e, BWD, f"{tag} grad bucket results")
+        tl.release(gn, *saved)
+        return gc
+
+    def _settle_summed_grads(self, summed) -> None:
+        """AccumulateGrad on parameter gradients summed over buckets (``summed`` from
+        :meth:`bucket_sum`, None when no bucket ran): the sum becomes ``.grad`` on a
+        fresh piece (kept), else it is added in place into ``.grad`` and freed."""
+        if summed is None:
+            return
+        for parts in summed:
+            for buf in parts:
+                self.tl.release_where(buf, ~self.fresh)
+
+    def _sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
+        """DGL's SAGEConv lstm: ``copy_u`` messages, DGL's degree bucketing (one
+        ``(B, t, W)`` mailbox per in-degree ``t``, an LSTM call on each, its ``h_T`` the
+        bucket's result), the results concatenated and put into zeros."""
+        tl, e = self.tl, self.e
         lstm_params, fc_neigh, fc_self = shp[0:4], [shp[4]], shp[5:]
         w = wi
-        degs, counts = self.s.degrees[l], self.s.degree_counts[l]
         msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         idx = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bucket bookkeeping")
-        srt = tl.alloc(2 * n_dst * INDEX_BYTES, AGG, f"{tag} degree sort")
-        buckets = tl.alloc(3 * n_dst * INDEX_BYTES, AGG, f"{tag} bucket node lists")
-        tl.release(srt)
+        buckets = self._through(AGG, 2 * n_dst * INDEX_BYTES, f"{tag} degree sort",
+                                3 * n_dst * INDEX_BYTES, f"{tag} bucket node lists")
         saved = []
         results = []
         mailbox = None
-        n_nonzero = np.zeros(self.s.num_pieces)
-        for j, t in enumerate(degs.tolist()):
-            if t == 0:
-                continue
-            b = counts[:, j]
-            n_nonzero = n_nonzero + b
+        n_nonzero = self._bucket_rows(l)
+        for t, b in self._buckets(l):
             mb = tl.alloc(b * t * w * e, LSTM, f"{tag} mailbox deg {t}")
             if mailbox is not None:
                 tl.release(mailbox)
             h0 = tl.alloc(b * w * e, LSTM, f"{tag} h0 deg {t}")
             c0 = tl.alloc(b * w * e, LSTM, f"{tag} c0 deg {t}")
-            if t > 1:
-                x_in = tl.alloc(t * b * w * e, LSTM, f"{tag} time-major input deg {t}")
-                mailbox = mb
-            else:
-                x_in = mb  # (B, 1, W) is already time-major: saved as is
-                mailbox = None
-            o = tl.alloc(t * b * w * e, LSTM, f"{tag} lstm output deg {t}")
-            hy = tl.alloc(b * w * e, LSTM, f"{tag} h_T deg {t}")
-            cy = tl.alloc(b * w * e, LSTM, f"{tag} c_T deg {t}")
-            ws = tl.alloc(c.lstm_saved_bytes(t, b, w, e), LSTM, f"{tag} lstm state deg {t}")
+            call_saved, mailbox = self._lstm_call(tag, t, b, w, mb)
             st = tl.alloc(b * w * e, LSTM, f"{tag} result deg {t}")
             tl.temp(b * w * e, LSTM, f"{tag} c stack deg {t}")
-            saved.append((t, b, [h0, c0, x_in, o, hy, cy, ws]))
+            saved.append((t, b, [h0, c0, *call_saved]))
             results.append(st)
         if mailbox is not None:
             tl.release(mailbox)
@@ -526,30 +679,19 @@ class _Replayer:
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
         neigh = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh")
         tl.release(z, *results, idx, buckets, msg)
-        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
-        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
-        tl.release(f, mm)
+        out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
-        lstm_param_bytes = [_numel(s) * self.pelt for s in lstm_params]
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
-            self.param_grads(fc_self, f"{tag} fc_self")
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
             self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
-            tl.release(g, neigh)
-            gc = tl.alloc(n_nonzero * w * e, BWD, f"{tag} grad bucket results")
-            tl.release(gn, cat_idx, cat)
+            gc = self._bucket_results_bwd(g, neigh, n_dst, n_nonzero, w, tag, cat_idx, cat)
             acc = None
             lstm_grad = None
             have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
             for t, b, bufs in reversed(saved):
                 m = b > 0  # the pieces that have this bucket (DGL buckets the degrees present)
-                gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
-                tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
-                new = [tl.alloc(np.where(m, nb, 0), GRADS, f"{tag} lstm weight grad")
-                       for nb in lstm_param_bytes]
+                gx, new = self._lstm_call_bwd(tag, t, b, w, m, lstm_params)
                 tl.temp(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
                 tl.release(*bufs)  # the node's saved tensors go before its outputs are summed
                 # the engine sums each parameter's gradients out of place, one parameter
@@ -569,12 +711,7 @@ class _Replayer:
                 tl.release(zeros, gx)
                 acc, have_acc = self.bucket_sum(acc, have_acc, [ia], m, f"{tag} grad messages")
             tl.release(gc)
-            if lstm_grad is not None:
-                # AccumulateGrad: the sum becomes .grad on a fresh piece (kept), else it is
-                # added in place into .grad and freed
-                for parts in lstm_grad:
-                    for buf in parts:
-                        tl.release_where(buf, ~self.fresh)
+            self._settle_summed_grads(lstm_grad)
             tl.release(h)
             if not h_grad:
                 return None
@@ -585,73 +722,15 @@ class _Replayer:
         return out, backward
 
     # ------------------------------------------------------------------ SAGE, PyG ops
-    def _pyg_sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo):
-        """PygSAGEConv pool: ``relu(fc_pool(h))``, then ``scatter(reduce="max")``
-        (a ``scatter_reduce_`` into zeros that autograd saves with a clone of the zeros
-        and the messages; its backward finds the arg-max by comparisons)."""
-        tl, e = self.tl, self.e
-        fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
-        p1 = tl.alloc(n_src * wi * e, AGG, f"{tag} fc_pool")
-        p2 = tl.alloc(n_src * wi * e, AGG, f"{tag} relu(fc_pool)")
-        tl.release(p1)
-        tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
-        msg = tl.alloc(n_e * wi * e, AGG, f"{tag} messages")
-        z = tl.alloc(n_dst * wi * e, AGG, f"{tag} max")
-        cl = tl.alloc(n_dst * wi * e, AGG, f"{tag} max zeros (saved clone)")
-        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
-        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
-        tl.release(f, mm)
-
-        def backward(g: Buffer) -> Buffer | None:
-            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
-            self.param_grads(fc_self, f"{tag} fc_self")
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gz = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max")
-            tl.release(g)
-            # scatter_reduce(amax) backward: which entries reached the max, how many tie
-            val = tl.alloc(n_e * wi * e, BWD, f"{tag} max gathered")
-            eq = tl.alloc(n_dst * wi, BWD, f"{tag} self == max")
-            t1 = tl.alloc(n_dst * wi * e, BWD, f"{tag} self == max (float)")
-            tl.release(eq)
-            eq = tl.alloc(n_e * wi, BWD, f"{tag} src == max")
-            t2 = tl.alloc(n_e * wi * e, BWD, f"{tag} src == max (float)")
-            tl.release(eq)
-            ties = tl.alloc(n_dst * wi * e, BWD, f"{tag} ties")
-            gd = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad / ties")
-            eq = tl.alloc(n_dst * wi, BWD, f"{tag} self == max")
-            gself = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad self")
-            tl.release(eq)
-            gg = tl.alloc(n_e * wi * e, BWD, f"{tag} grad gathered")
-            eq = tl.alloc(n_e * wi, BWD, f"{tag} src == max")
-            gsrc = tl.alloc(n_e * wi * e, BWD, f"{tag} grad messages")
-            tl.release(eq, gg)
-            tl.release(gd, ties, t2, t1, val)
-            tl.temp(n_dst * wi * e, BWD, f"{tag} grad self (scatter)")
-            tl.release(gself)
-            tl.release(gz, cl, msg, z)
-            gi = self._index_bwd(gsrc, n_src, wi, tag)
-            gr = tl.alloc(n_src * wi * e, BWD, f"{tag} grad fc_pool")
-            tl.release(gi, p2)
-            gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
-            self.param_grads(fc_pool, f"{tag} fc_pool")
-            tl.release(gr)
-            tl.release(h)
-            return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
-
-        return out, backward
-
     def _pyg_sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
         """:func:`betty.backends.pyg_backend.lstm_aggregate`: edges sorted by
         destination, then one LSTM call per in-degree bucket on a mailbox gathered from
         ``h`` (``(B, d, W)``, its index kept for backward when ``h`` needs a gradient),
         the buckets' last hidden states put into zeros."""
-        tl, e, c = self.tl, self.e, self.cfg.constants
+        tl, e = self.tl, self.e
         lstm_params, fc_neigh, fc_self = shp[0:4], [shp[4]], shp[5:]
         w = wi
-        degs, counts = self.s.degrees[l], self.s.degree_counts[l]
-        n_nonzero = sum((counts[:, j] for j, t in enumerate(degs.tolist()) if t > 0),
-                        np.zeros(self.s.num_pieces))
+        n_nonzero = self._bucket_rows(l)
         book = [tl.alloc(n_e * INDEX_BYTES, AGG, f"{tag} edge order"),
                 tl.alloc(n_e * INDEX_BYTES, AGG, f"{tag} sorted sources"),
                 tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} in-degrees")]
@@ -663,10 +742,7 @@ class _Replayer:
         tl.release(gt, nz)
         saved, results = [], []
         steps = mailbox = c_last = None
-        for j, t in enumerate(degs.tolist()):
-            if t == 0:
-                continue
-            b = counts[:, j]
+        for t, b in self._buckets(l):
             eq = tl.alloc(np.where(b > 0, n_dst, 0), AGG, f"{tag} degree == {t}")
             book.append(tl.alloc(b * INDEX_BYTES, AGG, f"{tag} nodes deg {t}"))
             tl.release(eq)
@@ -681,51 +757,30 @@ class _Replayer:
                 idx = None
             tl.release(mailbox)
             z0 = tl.alloc(b * w * e, LSTM, f"{tag} h0 = c0 deg {t}")
-            if t > 1:
-                x_in = tl.alloc(t * b * w * e, LSTM, f"{tag} time-major input deg {t}")
-                mailbox = mb
-            else:
-                x_in = mb  # (B, 1, W) is already time-major: saved as is
-                mailbox = None
-            o = tl.alloc(t * b * w * e, LSTM, f"{tag} lstm output deg {t}")
-            hy = tl.alloc(b * w * e, LSTM, f"{tag} h_T deg {t}")
-            cy = tl.alloc(b * w * e, LSTM, f"{tag} c_T deg {t}")
-            ws = tl.alloc(c.lstm_saved_bytes(t, b, w, e), LSTM, f"{tag} lstm state deg {t}")
+            call_saved, mailbox = self._lstm_call(tag, t, b, w, mb)
             results.append(tl.alloc(b * w * e, LSTM, f"{tag} h_n deg {t}"))
             c_new = tl.alloc(b * w * e, LSTM, f"{tag} c_n deg {t}")
             tl.release(c_last)
             c_last = c_new
-            saved.append((t, b, [z0, x_in, o, hy, cy, ws], idx))
+            saved.append((t, b, [z0, *call_saved], idx))
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
         cat_idx = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} bucket result index")
-        cat = tl.alloc(n_nonzero * w * e, AGG, f"{tag} bucket results")
-        neigh = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh")
-        tl.release(cat)
+        neigh = self._through(AGG, n_nonzero * w * e, f"{tag} bucket results",
+                              n_dst * w * e, f"{tag} neigh")
         tl.release(*book, *results, c_last, steps, mailbox, z)
-        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
-        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
-        tl.release(f, mm)
+        out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
-        lstm_param_bytes = [_numel(s) * self.pelt for s in lstm_params]
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad h_dst") if h_grad else None
-            self.param_grads(fc_self, f"{tag} fc_self")
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
             tl.release(h)  # only fc_self kept h (the mailbox gathers keep their indices)
             self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
-            tl.release(g, neigh)
-            gc = tl.alloc(n_nonzero * w * e, BWD, f"{tag} grad bucket results")
-            tl.release(gn, cat_idx)
+            gc = self._bucket_results_bwd(g, neigh, n_dst, n_nonzero, w, tag, cat_idx)
             acc = lstm_grad = None
             have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
             for i, (t, b, bufs, idx) in enumerate(reversed(saved)):
                 m = b > 0  # the pieces that have this bucket
-                gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
-                tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
-                new = [tl.alloc(np.where(m, nb, 0), GRADS, f"{tag} lstm weight grad")
-                       for nb in lstm_param_bytes]
+                gx, new = self._lstm_call_bwd(tag, t, b, w, m, lstm_params)
                 gh0 = tl.alloc(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
                 if not h_grad:
                     tl.release(gx)
@@ -743,10 +798,7 @@ class _Replayer:
                 acc, have_acc = self.bucket_sum(acc, have_acc, [gi], m, f"{tag} grad h")
             if not saved:
                 tl.release(gc)
-            if lstm_grad is not None:
-                for parts in lstm_grad:
-                    for buf in parts:
-                        tl.release_where(buf, ~self.fresh)
+            self._settle_summed_grads(lstm_grad)
             if not h_grad:
                 return None
             acc = tl.merge(*acc[0]) if acc is not None else None
@@ -857,14 +909,12 @@ class _Replayer:
         denominators (both saved by the final division, which the caller allocates)."""
         tl, e = self.tl, self.e
         mx = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax max")
-        sel = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax max[dst]")
-        sub = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax x - max")
-        tl.release(sel)
+        sub = self._through(ATT, n_e * heads * e, f"{tag} softmax max[dst]",
+                            n_e * heads * e, f"{tag} softmax x - max")
         ex = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax exp")
         tl.release(sub)
-        z = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax sum")
-        s = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax sum + eps")
-        tl.release(z)
+        s = self._through(ATT, n_dst * heads * e, f"{tag} softmax sum",
+                          n_dst * heads * e, f"{tag} softmax sum + eps")
         den = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax sum[dst]")
         tl.release(s)
         return mx, ex, den
@@ -912,11 +962,9 @@ class _Replayer:
 
     def _index_bwd_alloc(self, n, w, tag) -> Buffer:
         """Zeros ``(n, w)``, then the out-of-place ``index_put`` (the zeros freed)."""
-        tl, e = self.tl, self.e
-        z0 = tl.alloc(n * w * e, BWD, f"{tag} index backward zeros")
-        gi = tl.alloc(n * w * e, BWD, f"{tag} index backward")
-        tl.release(z0)
-        return gi
+        nbytes = n * w * self.e
+        return self._through(BWD, nbytes, f"{tag} index backward zeros",
+                             nbytes, f"{tag} index backward")
 
     # ------------------------------------------------------------------ whole step
     def run(self) -> Timeline:
@@ -995,9 +1043,7 @@ class _Replayer:
         if cfg.num_label_columns:
             t = cfg.num_label_columns
             tl.temp(n_out * t * e, LOSS, "targets cast")
-            per = tl.alloc(n_out * t * e, LOSS, "bce per element")
-            mean = tl.alloc(n_out * e, LOSS, "bce mean")
-            tl.release(per)
+            mean = self._through(LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
             saved = [mean]
         else:
             lsm = tl.alloc(n_out * n_cls * e, LOSS, "log_softmax")
