@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from betty.rev.autograd import MaskSource
-from betty.rev.coupling import ConvLayer, make_norm
+from betty.rev.coupling import ConvLayer, make_norm, pre_activation_conv, reset_modules
 from betty.rev.model import EncodeProcessDecode, MaskFn
 
 __all__ = [
@@ -189,17 +189,13 @@ class DEQCell(nn.Module):
                 p.mul_(self.z_init_scale)
 
     def reset_parameters(self) -> None:
-        for module in (self.conv1, self.norm1, self.conv2, self.norm2):
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+        reset_modules(self.conv1, self.norm1, self.conv2, self.norm2)
         self._shrink_z_path()
 
     def forward(self, graph, z: Tensor, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         z1 = self.conv1(graph, z)
-        h = torch.relu(self.norm1(z1 + x))
-        if mask is not None:
-            h = h * mask
-        return self.norm2(torch.relu(self.conv2(graph, h) + z1))
+        z3 = pre_activation_conv(self.conv2, self.norm1, graph, z1 + x, mask)  # Z'''
+        return self.norm2(torch.relu(z3 + z1))
 
 
 class _ImplicitGradient:

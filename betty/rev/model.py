@@ -50,6 +50,7 @@ from betty.rev.coupling import (
     ReversibleCoupling,
     make_norm,
     refuse_stochastic_modules,
+    reset_modules,
 )
 
 __all__ = [
@@ -451,11 +452,7 @@ class EncodeProcessDecode(nn.Module):
         return mask
 
     def reset_parameters(self) -> None:
-        self.encoder.reset_parameters()
-        self.body.reset_parameters()
-        if hasattr(self.norm, "reset_parameters"):
-            self.norm.reset_parameters()
-        self.decoder.reset_parameters()
+        reset_modules(self.encoder, self.body, self.norm, self.decoder)
 
     def architecture_fields(self) -> dict:
         """The architecture fields both models report (their ``architecture()`` adds more)."""
@@ -543,6 +540,16 @@ class RevArchitecture:
     graph_backend: str = "dgl"  # whose convolutions run (betty.backends): "dgl" | "pyg"
 
 
+def _stack_switch(name: str, doc: str) -> property:
+    """A read/write ``bool`` property forwarding ``name`` to ``self.stack``
+    (:class:`GroupedReversibleStack`)."""
+    return property(
+        lambda self: getattr(self.stack, name),
+        lambda self, value: setattr(self.stack, name, value),
+        doc=doc,
+    )
+
+
 class RevGNN(EncodeProcessDecode):
     """RevGNN: ``Linear -> L grouped reversible blocks -> Norm -> ReLU -> Dropout -> Linear``.
 
@@ -622,21 +629,8 @@ class RevGNN(EncodeProcessDecode):
     def head_layer(self) -> int:
         return self.num_layers
 
-    @property
-    def reversible(self) -> bool:
-        return self.stack.reversible
-
-    @reversible.setter
-    def reversible(self, value: bool) -> None:
-        self.stack.reversible = value
-
-    @property
-    def checkpoint(self) -> bool:
-        return self.stack.checkpoint
-
-    @checkpoint.setter
-    def checkpoint(self, value: bool) -> None:
-        self.stack.checkpoint = value
+    reversible = _stack_switch("reversible", "``False``: the residual network (same weights).")
+    checkpoint = _stack_switch("checkpoint", "Gradient checkpointing per block (residual only).")
 
     def set_mode(self, *, reversible: bool, checkpoint: bool = False) -> None:
         """Reversible, residual, or residual + checkpointing, with the same weights."""
