@@ -167,7 +167,6 @@ def test_reset_parameters_changes_weights(backend):
     assert sum(changed) >= len(changed) // 2
 
 
-
 @pytest.mark.parametrize("deq", [False, True], ids=["revgnn", "deq"])
 def test_reset_parameters_redraws_the_construction_init(backend, deq):
     """RevGNN and RevGNNDEQ share one frame (encoder -> body -> norm -> decoder) for both
