@@ -35,6 +35,7 @@ all three (O(D^2 / C) weight-tied). See ``benchmarks/depth.py``.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
@@ -384,7 +385,7 @@ class GroupedReversibleStack(nn.Module):
         return y
 
 
-class EncodeProcessDecode(nn.Module):
+class EncodeProcessDecode(nn.Module, ABC):
     """``Linear -> body -> Norm -> ReLU -> Dropout -> Linear`` on one node set: the frame
     :class:`RevGNN` (body: reversible stack) and :class:`betty.rev.deq.RevGNNDEQ` (body:
     equilibrium of one cell) share.
@@ -439,13 +440,13 @@ class EncodeProcessDecode(nn.Module):
         return getattr(self, self._body_name)
 
     @property
+    @abstractmethod
     def head_layer(self) -> int:
         """The ``layer`` of the decoder dropout in ``masks(layer)``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def run_body(self, graph, h: Tensor, masks: MaskSource) -> Tensor:
         """``(N, hidden) -> (N, hidden)``: the body on the encoder output."""
-        raise NotImplementedError
 
     def head_mask(self, mask: Tensor) -> Tensor:
         """The decoder dropout multiplier from ``masks(head_layer)`` (default: as is)."""
