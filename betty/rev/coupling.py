@@ -35,7 +35,9 @@ __all__ = [
     "GroupFunction",
     "ReversibleCoupling",
     "find_stochastic_modules",
+    "pre_activation_conv",
     "refuse_stochastic_modules",
+    "reset_modules",
     "split_group_masks",
 ]
 
@@ -63,6 +65,13 @@ def make_norm(norm: str, width: int) -> nn.Module:
     if norm == "none":
         return nn.Identity()
     raise ValueError(f"norm must be one of {NORM_TYPES}, got {norm!r}")
+
+
+def reset_modules(*modules: nn.Module) -> None:
+    """``reset_parameters()`` of each module that has one (``nn.Identity`` has none), in order."""
+    for module in modules:
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
 
 
 def make_conv(
@@ -121,6 +130,17 @@ class ConvLayer(nn.Module):
         return out
 
 
+def pre_activation_conv(
+    conv: nn.Module, norm: nn.Module, graph, h: Tensor, mask: Optional[Tensor] = None
+) -> Tensor:
+    """``Conv(G, M * ReLU(Norm(H)))``: ``H`` ``(N, w)`` -> ``(N, w)``; ``M`` a dropout
+    multiplier broadcastable to ``(N, w)``, or ``None`` (no dropout)."""
+    h = torch.relu(norm(h))
+    if mask is not None:
+        h = h * mask
+    return conv(graph, h)
+
+
 class GroupFunction(nn.Module):
     """``f(H, G) = Conv(G, M * ReLU(Norm(H)))`` on one channel group.
 
@@ -145,15 +165,10 @@ class GroupFunction(nn.Module):
         self.conv = ConvLayer(width, conv, heads, gat_merge, backend)
 
     def reset_parameters(self) -> None:
-        for module in (self.norm, self.conv):
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+        reset_modules(self.norm, self.conv)
 
     def forward(self, graph, h: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        h = torch.relu(self.norm(h))
-        if mask is not None:
-            h = h * mask
-        return self.conv(graph, h)
+        return pre_activation_conv(self.conv, self.norm, graph, h, mask)
 
 
 def find_stochastic_modules(module: nn.Module) -> list[str]:
@@ -235,9 +250,7 @@ class ReversibleCoupling(nn.Module):
         return x.shape[1] // self.num_groups
 
     def reset_parameters(self) -> None:
-        for f in self.functions:
-            if hasattr(f, "reset_parameters"):
-                f.reset_parameters()
+        reset_modules(*self.functions)
 
     def forward(self, graph, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """``X' = coupling(X)``: ``(N, C*w) -> (N, C*w)``."""

@@ -50,8 +50,9 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from betty.rev.model import MaskFn, check_graph_backend, graph_node_ids, resolve_mask_source
-from betty.rev.coupling import CONV_TYPES, ConvLayer, make_norm
+from betty.rev.autograd import MaskSource
+from betty.rev.coupling import ConvLayer, make_norm, pre_activation_conv, reset_modules
+from betty.rev.model import EncodeProcessDecode, MaskFn
 
 __all__ = [
     "DEQArchitecture",
@@ -188,17 +189,13 @@ class DEQCell(nn.Module):
                 p.mul_(self.z_init_scale)
 
     def reset_parameters(self) -> None:
-        for module in (self.conv1, self.norm1, self.conv2, self.norm2):
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+        reset_modules(self.conv1, self.norm1, self.conv2, self.norm2)
         self._shrink_z_path()
 
     def forward(self, graph, z: Tensor, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         z1 = self.conv1(graph, z)
-        h = torch.relu(self.norm1(z1 + x))
-        if mask is not None:
-            h = h * mask
-        return self.norm2(torch.relu(self.conv2(graph, h) + z1))
+        z3 = pre_activation_conv(self.conv2, self.norm1, graph, z1 + x, mask)  # Z'''
+        return self.norm2(torch.relu(z3 + z1))
 
 
 class _ImplicitGradient:
@@ -248,8 +245,12 @@ class DEQArchitecture:
     dtype: torch.dtype
 
 
-class RevGNNDEQ(nn.Module):
+class RevGNNDEQ(EncodeProcessDecode):
     """``Linear -> equilibrium Z* = f(Z*, X) -> Norm -> ReLU -> Dropout -> Linear``.
+
+    ``forward(graph, x, dropout_mask=None, node_ids=None, mask_fn=None)``: see
+    :meth:`betty.rev.model.EncodeProcessDecode.forward`; the cell's mask is layer 0, the
+    decoder dropout layer 1.
 
     Args:
         in_feats, hidden, out_feats: feature sizes.
@@ -283,14 +284,6 @@ class RevGNNDEQ(nn.Module):
         mask_fn: Optional[MaskFn] = None,
         backend: str = "auto",
     ) -> None:
-        super().__init__()
-        from betty.backends import resolve_backend
-
-        self.backend_name = resolve_backend(backend)
-        if conv not in CONV_TYPES:
-            raise ValueError(f"conv must be one of {CONV_TYPES}, got {conv!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         for name, value in (("max_iter", max_iter), ("backward_max_iter", backward_max_iter)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -300,39 +293,26 @@ class RevGNNDEQ(nn.Module):
         for name, value in (("tol", tol), ("backward_tol", backward_tol)):
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-        self.in_feats, self.hidden, self.out_feats = in_feats, hidden, out_feats
-        self.conv_type, self.norm_type, self.heads, self.gat_merge = conv, norm, heads, gat_merge
-        self.dropout, self.mask_fn = dropout, mask_fn
+        super().__init__(
+            in_feats, hidden, out_feats, conv=conv, norm=norm, heads=heads, gat_merge=gat_merge,
+            dropout=dropout, mask_fn=mask_fn, backend=backend, body_name="cell",
+            make_body=lambda backend_name: DEQCell(
+                hidden, conv, norm, heads, gat_merge, z_init_scale, backend_name
+            ),
+        )
         self.max_iter, self.tol = max_iter, tol
         self.backward_max_iter, self.backward_tol = backward_max_iter, backward_tol
         self.solver, self.backward_solver = solver, backward_solver
-        self.encoder = nn.Linear(in_feats, hidden)
-        self.cell = DEQCell(hidden, conv, norm, heads, gat_merge, z_init_scale, self.backend_name)
-        self.norm = make_norm(norm, hidden)
-        self.decoder = nn.Linear(hidden, out_feats)
         self.last_forward_stats: Optional[FixedPointStats] = None
         self.last_backward_stats: Optional[FixedPointStats] = None
 
-    def reset_parameters(self) -> None:
-        self.encoder.reset_parameters()
-        self.cell.reset_parameters()
-        if hasattr(self.norm, "reset_parameters"):
-            self.norm.reset_parameters()
-        self.decoder.reset_parameters()
+    head_layer = 1  # the cell's mask is layer 0
 
     def architecture(self) -> DEQArchitecture:
         return DEQArchitecture(
-            in_feats=self.in_feats,
-            hidden=self.hidden,
-            out_feats=self.out_feats,
-            conv=self.conv_type,
-            heads=self.heads,
-            gat_merge=self.gat_merge,
-            norm=self.norm_type,
+            **self.architecture_fields(),
             max_iter=self.max_iter,
             backward_max_iter=self.backward_max_iter,
-            num_parameters=sum(p.numel() for p in self.parameters()),
-            dtype=self.encoder.weight.dtype,
         )
 
     def equilibrium(
@@ -367,41 +347,5 @@ class RevGNNDEQ(nn.Module):
         z.register_hook(_ImplicitGradient(f_z, z_leaf, self))
         return z
 
-    def forward(
-        self,
-        graph,
-        x: Tensor,
-        dropout_mask: Optional[Tensor] = None,
-        node_ids: Optional[Tensor] = None,
-        mask_fn: Optional[MaskFn] = None,
-    ) -> Tensor:
-        """Node outputs ``(N, out_feats)`` for features ``x`` ``(N, in_feats)``; masks as
-        in :meth:`betty.rev.model.RevGNN.forward` (cell = layer 0, decoder = layer 1)."""
-        check_graph_backend(graph, self.backend_name)
-        if x.dim() != 2 or x.shape[1] != self.in_feats or x.shape[0] != graph.num_nodes():
-            raise ValueError(
-                f"x must be (num_nodes={graph.num_nodes()}, in_feats={self.in_feats}), "
-                f"got {tuple(x.shape)}"
-            )
-        fn = mask_fn if mask_fn is not None else self.mask_fn
-        if fn is not None and node_ids is None:
-            node_ids = graph_node_ids(graph)
-            if node_ids is None:
-                node_ids = torch.arange(graph.num_nodes(), device=x.device)
-        masks = resolve_mask_source(
-            training=self.training,
-            p=self.dropout,
-            shape=(x.shape[0], self.hidden),
-            device=x.device,
-            dtype=self.encoder.weight.dtype,
-            dropout_mask=dropout_mask,
-            mask_fn=fn,
-            node_ids=node_ids,
-            num_layers=1,
-        )
-        z = self.equilibrium(graph, self.encoder(x), masks(0))
-        h = torch.relu(self.norm(z))
-        head_mask = masks(1)
-        if head_mask is not None:
-            h = h * head_mask
-        return self.decoder(h)
+    def run_body(self, graph, h: Tensor, masks: MaskSource) -> Tensor:
+        return self.equilibrium(graph, h, masks(0))

@@ -13,8 +13,10 @@ Layers, thinnest first:
   residual block (``disable``) with optional gradient checkpointing;
 * :class:`GroupedReversibleStack` - ``L`` blocks (or one block applied ``L`` times when
   weight-tied);
-* :class:`RevGNN` - encoder ``Linear`` -> stack -> ``Norm`` -> ``ReLU`` -> dropout ->
-  decoder ``Linear``.
+* :class:`EncodeProcessDecode` - encoder ``Linear`` -> body -> ``Norm`` -> ``ReLU`` ->
+  dropout -> decoder ``Linear``, with the dropout masks of one forward pass;
+* :class:`RevGNN` - that frame with the stack as body (:class:`betty.rev.deq.RevGNNDEQ`:
+  with a fixed-point solve of one cell).
 
 Every block maps ``(N, D) -> (N, D)`` on the same node set: reversible networks cannot run
 on shrinking sampled blocks. Train them on the full graph or on K induced subgraphs per
@@ -33,6 +35,7 @@ all three (O(D^2 / C) weight-tied). See ``benchmarks/depth.py``.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
@@ -48,9 +51,11 @@ from betty.rev.coupling import (
     ReversibleCoupling,
     make_norm,
     refuse_stochastic_modules,
+    reset_modules,
 )
 
 __all__ = [
+    "EncodeProcessDecode",
     "GroupedReversibleStack",
     "MaskFn",
     "RevArchitecture",
@@ -380,6 +385,139 @@ class GroupedReversibleStack(nn.Module):
         return y
 
 
+class EncodeProcessDecode(nn.Module, ABC):
+    """``Linear -> body -> Norm -> ReLU -> Dropout -> Linear`` on one node set: the frame
+    :class:`RevGNN` (body: reversible stack) and :class:`betty.rev.deq.RevGNNDEQ` (body:
+    equilibrium of one cell) share.
+
+    ``H_0 = X W_enc + b_enc`` ``(N, hidden)``; ``H = body(G, H_0, masks)`` ``(N, hidden)``;
+    output ``(M * ReLU(Norm(H))) W_dec + b_dec`` ``(N, out_feats)`` with the dropout
+    multiplier ``M = masks(head_layer)`` (``None``: no dropout) of the ``layer -> mask``
+    function :func:`resolve_mask_source` builds once per forward pass.
+
+    Subclasses pass ``make_body(backend_name) -> nn.Module``, registered as ``body_name``;
+    it is built between the encoder and the decoder, so parameters (and their
+    initialisation draws) come in the order encoder, body, norm, decoder. They define
+    :attr:`head_layer` and :meth:`run_body`.
+    """
+
+    def __init__(
+        self,
+        in_feats: int,
+        hidden: int,
+        out_feats: int,
+        *,
+        conv: str,
+        norm: str,
+        heads: int,
+        gat_merge: str,
+        dropout: float,
+        mask_fn: Optional[MaskFn],
+        backend: str,
+        body_name: str,
+        make_body: Callable[[str], nn.Module],
+    ) -> None:
+        super().__init__()
+        from betty.backends import resolve_backend
+
+        self.backend_name = resolve_backend(backend)
+        if conv not in CONV_TYPES:
+            raise ValueError(f"conv must be one of {CONV_TYPES}, got {conv!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.in_feats, self.hidden, self.out_feats = in_feats, hidden, out_feats
+        self.conv_type, self.norm_type, self.heads, self.gat_merge = conv, norm, heads, gat_merge
+        self.dropout, self.mask_fn = dropout, mask_fn
+        self._body_name = body_name
+        self.encoder = nn.Linear(in_feats, hidden)
+        setattr(self, body_name, make_body(self.backend_name))
+        self.norm = make_norm(norm, hidden)
+        self.decoder = nn.Linear(hidden, out_feats)
+
+    @property
+    def body(self) -> nn.Module:
+        """The module between encoder and norm (``stack`` / ``cell``)."""
+        return getattr(self, self._body_name)
+
+    @property
+    @abstractmethod
+    def head_layer(self) -> int:
+        """The ``layer`` of the decoder dropout in ``masks(layer)``."""
+
+    @abstractmethod
+    def run_body(self, graph, h: Tensor, masks: MaskSource) -> Tensor:
+        """``(N, hidden) -> (N, hidden)``: the body on the encoder output."""
+
+    def head_mask(self, mask: Tensor) -> Tensor:
+        """The decoder dropout multiplier from ``masks(head_layer)`` (default: as is)."""
+        return mask
+
+    def reset_parameters(self) -> None:
+        reset_modules(self.encoder, self.body, self.norm, self.decoder)
+
+    def architecture_fields(self) -> dict:
+        """The architecture fields both models report (their ``architecture()`` adds more)."""
+        return dict(
+            in_feats=self.in_feats,
+            hidden=self.hidden,
+            out_feats=self.out_feats,
+            conv=self.conv_type,
+            heads=self.heads,
+            gat_merge=self.gat_merge,
+            norm=self.norm_type,
+            num_parameters=sum(p.numel() for p in self.parameters()),
+            dtype=self.encoder.weight.dtype,
+        )
+
+    def forward(
+        self,
+        graph,
+        x: Tensor,
+        dropout_mask: Optional[Tensor] = None,
+        node_ids: Optional[Tensor] = None,
+        mask_fn: Optional[MaskFn] = None,
+    ) -> Tensor:
+        """Node outputs ``(N, out_feats)`` for input features ``x`` ``(N, in_feats)``.
+
+        Args:
+            graph: the (sub)graph of the model's backend, ``N`` nodes; the same node set
+                flows through the body.
+            x: input features ``(N, in_feats)``.
+            dropout_mask: ``(N, hidden)`` multipliers (or bool keep-mask), shared by the
+                body and the decoder dropout; training only.
+            node_ids: ``(N,)`` global node IDs passed to ``mask_fn`` (default: the
+                IDs recorded by the backend's ``node_subgraph`` or ``arange(N)``).
+            mask_fn: overrides the model's ``mask_fn`` for this call.
+        """
+        check_graph_backend(graph, self.backend_name)
+        if x.dim() != 2 or x.shape[1] != self.in_feats or x.shape[0] != graph.num_nodes():
+            raise ValueError(
+                f"x must be (num_nodes={graph.num_nodes()}, in_feats={self.in_feats}), "
+                f"got {tuple(x.shape)}"
+            )
+        fn = mask_fn if mask_fn is not None else self.mask_fn
+        if fn is not None and node_ids is None:
+            node_ids = graph_node_ids(graph)
+            if node_ids is None:
+                node_ids = torch.arange(graph.num_nodes(), device=x.device)
+        masks = resolve_mask_source(
+            training=self.training,
+            p=self.dropout,
+            shape=(x.shape[0], self.hidden),
+            device=x.device,
+            dtype=self.encoder.weight.dtype,
+            dropout_mask=dropout_mask,
+            mask_fn=fn,
+            node_ids=node_ids,
+            num_layers=self.head_layer,
+        )
+        h = torch.relu(self.norm(self.run_body(graph, self.encoder(x), masks)))
+        mask = masks(self.head_layer)
+        if mask is not None:
+            h = h * self.head_mask(mask)
+        return self.decoder(h)
+
+
 @dataclass(frozen=True)
 class RevArchitecture:
     """What a memory estimator needs to know about a :class:`RevGNN`."""
@@ -403,7 +541,17 @@ class RevArchitecture:
     graph_backend: str = "dgl"  # whose convolutions run (betty.backends): "dgl" | "pyg"
 
 
-class RevGNN(nn.Module):
+def _stack_switch(name: str, doc: str) -> property:
+    """A read/write ``bool`` property forwarding ``name`` to ``self.stack``
+    (:class:`GroupedReversibleStack`)."""
+    return property(
+        lambda self: getattr(self.stack, name),
+        lambda self, value: setattr(self.stack, name, value),
+        doc=doc,
+    )
+
+
+class RevGNN(EncodeProcessDecode):
     """RevGNN: ``Linear -> L grouped reversible blocks -> Norm -> ReLU -> Dropout -> Linear``.
 
     ``H_0 = X W_enc + b_enc`` ``(N, hidden)``; ``H_l = F_l(H_{l-1})`` for ``l = 1..L``
@@ -412,6 +560,10 @@ class RevGNN(nn.Module):
     ``(N, out_feats)``. This is the architecture of the paper's ogbn-proteins models
     (there with GEN convolutions and edge features): RevGNN-Deep 1001 blocks x 80
     channels, dropout 0.1; RevGNN-Wide 448 x 224, dropout 0.2; both C = 2, LayerNorm.
+    ``forward(graph, x, dropout_mask=None, node_ids=None, mask_fn=None)``: see
+    :meth:`EncodeProcessDecode.forward`; blocks are mask layers ``0 .. L-1``, the decoder
+    dropout layer ``L``; a ``dropout_mask`` may also be ``(N, hidden / C)`` (one mask per
+    group, repeated for the decoder dropout).
 
     Args:
         in_feats, hidden, out_feats: feature sizes; ``num_groups`` must divide ``hidden``.
@@ -450,145 +602,61 @@ class RevGNN(nn.Module):
         check_consistency: bool = True,
         backend: str = "auto",
     ) -> None:
-        super().__init__()
-        from betty.backends import resolve_backend
-
-        self.backend_name = resolve_backend(backend)
-        if conv not in CONV_TYPES:
-            raise ValueError(f"conv must be one of {CONV_TYPES}, got {conv!r}")
         if norm not in NORM_TYPES:
             raise ValueError(f"norm must be one of {NORM_TYPES}, got {norm!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.in_feats, self.hidden, self.out_feats = in_feats, hidden, out_feats
-        self.num_groups, self.conv_type, self.norm_type = num_groups, conv, norm
-        self.heads, self.gat_merge = heads, gat_merge
-        self.dropout = dropout
-        self.mask_fn = mask_fn
-        self.encoder = nn.Linear(in_feats, hidden)
-        n_distinct = 1 if weight_tied else num_layers
-        self.stack = GroupedReversibleStack(
-            [make_coupling(hidden, num_groups, conv, norm, heads, gat_merge, self.backend_name)
-             for _ in range(n_distinct)],
-            num_layers=num_layers,
-            reversible=reversible,
-            checkpoint=checkpoint,
-            check_consistency=check_consistency,
+
+        def make_stack(backend_name: str) -> GroupedReversibleStack:
+            return GroupedReversibleStack(
+                [make_coupling(hidden, num_groups, conv, norm, heads, gat_merge, backend_name)
+                 for _ in range(1 if weight_tied else num_layers)],
+                num_layers=num_layers,
+                reversible=reversible,
+                checkpoint=checkpoint,
+                check_consistency=check_consistency,
+            )
+
+        super().__init__(
+            in_feats, hidden, out_feats, conv=conv, norm=norm, heads=heads, gat_merge=gat_merge,
+            dropout=dropout, mask_fn=mask_fn, backend=backend, body_name="stack",
+            make_body=make_stack,
         )
-        self.norm = make_norm(norm, hidden)
-        self.decoder = nn.Linear(hidden, out_feats)
+        self.num_groups = num_groups
 
     @property
     def num_layers(self) -> int:
         return self.stack.num_layers
 
     @property
-    def reversible(self) -> bool:
-        return self.stack.reversible
+    def head_layer(self) -> int:
+        return self.num_layers
 
-    @reversible.setter
-    def reversible(self, value: bool) -> None:
-        self.stack.reversible = value
-
-    @property
-    def checkpoint(self) -> bool:
-        return self.stack.checkpoint
-
-    @checkpoint.setter
-    def checkpoint(self, value: bool) -> None:
-        self.stack.checkpoint = value
+    reversible = _stack_switch("reversible", "``False``: the residual network (same weights).")
+    checkpoint = _stack_switch("checkpoint", "Gradient checkpointing per block (residual only).")
 
     def set_mode(self, *, reversible: bool, checkpoint: bool = False) -> None:
         """Reversible, residual, or residual + checkpointing, with the same weights."""
         self.stack.set_mode(reversible=reversible, checkpoint=checkpoint)
 
-    def reset_parameters(self) -> None:
-        self.encoder.reset_parameters()
-        self.stack.reset_parameters()
-        if hasattr(self.norm, "reset_parameters"):
-            self.norm.reset_parameters()
-        self.decoder.reset_parameters()
-
     def architecture(self) -> RevArchitecture:
         """Shapes and switches a memory estimator needs."""
         return RevArchitecture(
-            in_feats=self.in_feats,
-            hidden=self.hidden,
-            out_feats=self.out_feats,
+            **self.architecture_fields(),
             num_layers=self.num_layers,
             num_groups=self.num_groups,
             group_width=self.hidden // self.num_groups,
-            conv=self.conv_type,
-            heads=self.heads,
-            gat_merge=self.gat_merge,
-            norm=self.norm_type,
             reversible=self.reversible,
             checkpoint=self.checkpoint,
             weight_tied=self.stack.weight_tied,
             num_distinct_blocks=len(self.stack.blocks),
-            num_parameters=sum(p.numel() for p in self.parameters()),
-            dtype=self.encoder.weight.dtype,
             graph_backend=self.backend_name,
         )
 
-    def masks_for(
-        self,
-        graph,
-        x: Tensor,
-        dropout_mask: Optional[Tensor] = None,
-        node_ids: Optional[Tensor] = None,
-        mask_fn: Optional[MaskFn] = None,
-    ) -> MaskSource:
-        """The ``layer -> mask`` function one forward pass uses (see :func:`resolve_mask_source`)."""
-        fn = mask_fn if mask_fn is not None else self.mask_fn
-        if fn is not None and node_ids is None:
-            node_ids = graph_node_ids(graph)
-            if node_ids is None:
-                node_ids = torch.arange(graph.num_nodes(), device=x.device)
-        return resolve_mask_source(
-            training=self.training,
-            p=self.dropout,
-            shape=(x.shape[0], self.hidden),
-            device=x.device,
-            dtype=self.encoder.weight.dtype,
-            dropout_mask=dropout_mask,
-            mask_fn=fn,
-            node_ids=node_ids,
-            num_layers=self.num_layers,
-        )
+    def run_body(self, graph, h: Tensor, masks: MaskSource) -> Tensor:
+        return self.stack(graph, h, masks)
 
-    def forward(
-        self,
-        graph,
-        x: Tensor,
-        dropout_mask: Optional[Tensor] = None,
-        node_ids: Optional[Tensor] = None,
-        mask_fn: Optional[MaskFn] = None,
-    ) -> Tensor:
-        """Node outputs ``(N, out_feats)`` for input features ``x`` ``(N, in_feats)``.
-
-        Args:
-            graph: the (sub)graph, ``N`` nodes; the same node set flows through every block.
-            x: input features ``(N, in_feats)``.
-            dropout_mask: ``(N, hidden)`` or ``(N, hidden / C)`` multipliers (or bool
-                keep-mask), shared by all blocks and the decoder dropout; training only.
-            node_ids: ``(N,)`` global node IDs passed to ``mask_fn`` (default: the
-                IDs recorded by the backend's ``node_subgraph`` or ``arange(N)``).
-            mask_fn: overrides the model's ``mask_fn`` for this call.
-        """
-        check_graph_backend(graph, self.backend_name)
-        if x.dim() != 2 or x.shape[1] != self.in_feats or x.shape[0] != graph.num_nodes():
-            raise ValueError(
-                f"x must be (num_nodes={graph.num_nodes()}, in_feats={self.in_feats}), "
-                f"got {tuple(x.shape)}"
-            )
-        masks = self.masks_for(graph, x, dropout_mask, node_ids, mask_fn)
-        h = self.stack(graph, self.encoder(x), masks)
-        h = torch.relu(self.norm(h))
-        head_mask = masks(self.num_layers)
-        if head_mask is not None:
-            width = self.hidden // self.num_groups
-            if head_mask.dim() == 2 and head_mask.shape[1] == width != self.hidden:
-                head_mask = head_mask.repeat(1, self.num_groups)  # per-group mask: each group
-            h = h * head_mask
-        return self.decoder(h)
+    def head_mask(self, mask: Tensor) -> Tensor:
+        """A per-group ``(N, hidden / C)`` mask is repeated over the ``C`` groups."""
+        width = self.hidden // self.num_groups
+        if mask.dim() == 2 and mask.shape[1] == width != self.hidden:
+            return mask.repeat(1, self.num_groups)
+        return mask
