@@ -195,6 +195,13 @@ class _RevReplayer:
     def nw(self, width=None):
         return self.n * (self.w if width is None else width) * self.el
 
+    def bwd(self, name: str, *freed, width=None) -> Buffer:
+        """One backward op's ``(N, width)`` output (``w`` by default), then ``freed`` let
+        go (the gradient it consumed, the saved tensors it used)."""
+        out = self.a(self.nw(width), BWD, name)
+        self.r(*freed)
+        return out
+
     def param_grads(self, group_index: int, tag: str, first_use: bool = True) -> None:
         """Gradients of parameter group ``group_index`` produced by a backward node:
         kept as ``.grad`` on a fresh part, else added in place and freed."""
@@ -266,34 +273,109 @@ class _RevReplayer:
         def backward(g: Buffer) -> Buffer:
             gm = conv_bwd(g)
             if self.has_mask:
-                g2 = self.a(nw, BWD, f"{tag} grad masked")
-                self.r(gm)
-                gm = g2
-            t = self.a(nw, BWD, f"{tag} grad relu")
-            self.r(gm, relu)
+                gm = self.bwd(f"{tag} grad masked", gm)
+            t = self.bwd(f"{tag} grad relu", gm, relu)
             if cfg.norm in ("layer", "batch"):
-                gn = self.a(nw, BWD, f"{tag} grad norm")
-                self.r(t, hin, *stats)
-                return gn
+                return self.bwd(f"{tag} grad norm", t, hin, *stats)
             return t
 
         return out, backward
 
+    # ------------------------------------------------------------------ shared pieces
+    # The DGL and PyG variants of a group function run the same dense ops around a
+    # different message-passing core; each shared sequence below is written once.
+    def _gspmm_backward(self, g: Buffer, tag: str) -> Buffer:
+        """Backward of DGL's fused aggregation (``gspmm`` copy_u/sum): one ``(N, w)``
+        gradient, no per-edge tensor; releases ``g``."""
+        return self.bwd(f"{tag} grad aggregation (gspmm)", g)
+
+    def _scatter_backward(self, g: Buffer, width, tag: str) -> Buffer:
+        """Backward of ``scatter(msg, dst, reduce='sum')`` from ``g`` ``(N, width)``: the
+        gather ``g[dst]``, ``(E, width)``; releases ``g``."""
+        ge = self.a(self.e_cnt * width * self.el, BWD, f"{tag} grad scatter_add (gather, E x w)")
+        self.r(g)
+        return ge
+
+    def _gather_backward(self, ge: Buffer, width, tag: str) -> Buffer:
+        """Backward of the gather ``h[src]`` from ``ge`` ``(E, width)``: ``zeros`` ``(N,
+        width)`` then ``index_put_(accumulate=True)`` out of place; releases ``ge``."""
+        nw = self.nw(width)
+        zeros = self.a(nw, BWD, f"{tag} grad index zeros")
+        gi = self.a(nw, BWD, f"{tag} grad index (index_put)")
+        self.r(zeros, ge)
+        return gi
+
+    def _pyg_aggregation_backward(self, g: Buffer, tag: str) -> Buffer:
+        """Backward of PyG's ``scatter(h[src], dst, reduce='sum')``: ``(N, w)`` from
+        ``(N, w)`` through an ``(E, w)`` gather; releases ``g``."""
+        return self._gather_backward(self._scatter_backward(g, self.w, tag), self.w, tag)
+
+    def _gcn_norm_dst_bias(self, mmo: Buffer, nd: Buffer, grad: bool, stop: bool, tag: str,
+                           early: tuple = (), late: tuple = ()) -> Buffer | None:
+        """GraphConv's tail ``(aggregate @ W) * norm_dst + bias``: ``mul`` (saves
+        ``norm_dst``) then ``add``. ``early`` go when the product exists, ``late``
+        when the sum does (the variants keep different locals alive). With ``stop``
+        (checkpoint recomputation): ``mul`` saves ``norm_dst`` before running and the
+        recomputation ends there: no output."""
+        nw = self.nw()
+        if stop:
+            self.h(nd)
+            self.r(mmo, *early, *late)
+            return None
+        mo = self.a(nw, INT, f"{tag} * norm dst")
+        if grad:
+            self.h(nd)
+        self.r(mmo, *early)
+        out = self.a(nw, INT, f"{tag} + bias")
+        self.r(mo, *late)
+        return out
+
+    def _gcn_backward(self, g: Buffer, nd: Buffer, agg: Buffer, ns: Buffer, agg_backward,
+                      tag: str) -> Buffer:
+        """Backward of GraphConv's dense ops around the aggregation: ``* norm_dst``
+        (``mul``), ``@ W`` (``mm``: grad ``@ W^T``), ``agg_backward`` (the backend's
+        aggregation, releases its input), ``* norm_src`` (``mul``); releases ``g`` and
+        the saved ``nd``, ``agg``, ``ns``; returns ``(N, w)``."""
+        g1 = self.bwd(f"{tag} grad * norm dst", g, nd)
+        g2 = self.bwd(f"{tag} grad aggregate", g1, agg)
+        return self.bwd(f"{tag} grad * norm src", agg_backward(g2, tag), ns)
+
+    def _sage_fc(self, m: Buffer, q: Buffer, grad: bool, stop: bool, tag: str) -> Buffer | None:
+        """SAGEConv's tail ``fc_neigh(mean) + fc_self(h)`` (``mm``, ``addmm``, ``add``):
+        ``fc_neigh`` saves the mean, ``fc_self`` its input; releases ``q``. With
+        ``stop``: ``fc_self`` saves its input before running, the recomputation ends
+        there: no output."""
+        nw = self.nw()
+        mn = self.a(nw, INT, f"{tag} fc_neigh")
+        if grad:
+            self.h(q, m)
+        if stop:
+            self.r(mn, q)
+            return None
+        ms = self.a(nw, INT, f"{tag} fc_self")
+        out = self.a(nw, INT, f"{tag} self + neigh")
+        self.r(ms, mn, q)
+        return out
+
+    def _sage_backward(self, g: Buffer, m: Buffer, q: Buffer, deg: Buffer, agg_backward,
+                       tag: str) -> Buffer:
+        """Backward of :meth:`_sage_fc` and the mean's division: ``fc_self`` (releases
+        its input ``m``), ``fc_neigh`` (releases the mean ``q``), ``/ degree`` (releases
+        ``deg``), ``agg_backward`` (the backend's neighbour sum, releases its input),
+        then the sum of the self and neighbour gradients; returns ``(N, w)``."""
+        gs = self.bwd(f"{tag} grad self", m)
+        gn = self.bwd(f"{tag} grad mean", g, q)
+        gd = self.bwd(f"{tag} grad mean / degree", gn, deg)
+        return self.bwd(f"{tag} grad self + neigh", gs, agg_backward(gd, tag))
+
+    # ------------------------------------------------------------------ group convolutions
     def _gcn(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
         """DGL GraphConv(norm='both'), in = out width: aggregate, then multiply."""
         n, el = self.n, self.el
         nw = self.nw()
 
         def backward(g: Buffer) -> Buffer:
-            g1 = self.a(nw, BWD, f"{tag} grad * norm dst")
-            self.r(g, nd)
-            g2 = self.a(nw, BWD, f"{tag} grad aggregate")
-            self.r(g1, rst)
-            g3 = self.a(nw, BWD, f"{tag} grad aggregation (gspmm)")
-            self.r(g2)
-            g4 = self.a(nw, BWD, f"{tag} grad * norm src")
-            self.r(g3, ns)
-            return g4
+            return self._gcn_backward(g, nd, rst, ns, self._gspmm_backward, tag)
 
         ar = self.a(n * INDEX_BYTES, INT, f"{tag} out_degrees arange")
         self.tl.temp(n, INT, f"{tag} has_nodes mask")
@@ -315,18 +397,8 @@ class _RevReplayer:
         self.r(d1, dc)
         nd = self.a(n * el, INT, f"{tag} norm dst")
         self.r(ns)
-        if stop:  # the next op (* norm dst) saves norm dst before running: recomputation ends
-            self.h(nd)
-            self.r(fs, dc2, mmo, rst, nd)
-            return None, backward
-        mo = self.a(nw, INT, f"{tag} * norm dst")
-        if grad:
-            self.h(nd)
-        self.r(mmo)
-        out = self.a(nw, INT, f"{tag} + bias")
-        self.r(mo)
-        self.r(rst, fs, dc2, nd)  # local_scope ends
-
+        # the graph's local_scope keeps the aggregate, degree and norm tensors to the end
+        out = self._gcn_norm_dst_bias(mmo, nd, grad, stop, tag, late=(rst, fs, dc2, nd))
         return out, backward
 
     def _sage(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
@@ -335,17 +407,7 @@ class _RevReplayer:
         nw = self.nw()
 
         def backward(g: Buffer) -> Buffer:
-            gs = self.a(nw, BWD, f"{tag} grad self")
-            self.r(m)
-            gn = self.a(nw, BWD, f"{tag} grad mean")
-            self.r(g, q)
-            gd = self.a(nw, BWD, f"{tag} grad mean / degree")
-            self.r(gn, dg)
-            gz = self.a(nw, BWD, f"{tag} grad aggregation (gspmm)")
-            self.r(gd)
-            acc = self.a(nw, BWD, f"{tag} grad self + neigh")
-            self.r(gs, gz)
-            return acc
+            return self._sage_backward(g, m, q, dg, self._gspmm_backward, tag)
 
         z = self.a(nw, INT, f"{tag} neighbour sum")
         self.tl.temp(n * INDEX_BYTES, INT, f"{tag} in_degrees arange")
@@ -356,38 +418,16 @@ class _RevReplayer:
         self.r(z)
         if not grad:
             self.r(dg)
-        mn = self.a(nw, INT, f"{tag} fc_neigh")
-        if grad:
-            self.h(q, m)  # fc_neigh saves the mean, fc_self its input
-        if stop:  # fc_self saves its input before running: recomputation ends
-            self.r(mn, q)
-            return None, backward
-        ms = self.a(nw, INT, f"{tag} fc_self")
-        out = self.a(nw, INT, f"{tag} self + neigh")
-        self.r(ms, mn, q)
-
-        return out, backward
+        return self._sage_fc(m, q, grad, stop, tag), backward
 
     def _gcn_pyg(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
         """:class:`betty.backends.pyg_backend.PygGraphConv`, in = out width: scale by the
         source norm, gather ``(E, w)`` messages, ``scatter_add`` into zeros, ``@ W``,
         scale by the destination norm, ``+ bias``."""
-        n, el = self.n, self.el
-        nw, ew = self.nw(), self.e_cnt * self.w * el
+        nw, ew = self.nw(), self.e_cnt * self.w * self.el
 
         def backward(g: Buffer) -> Buffer:
-            g1 = self.a(nw, BWD, f"{tag} grad * norm dst")
-            self.r(g, nd)
-            g2 = self.a(nw, BWD, f"{tag} grad @ W^T")
-            self.r(g1, agg)
-            g3 = self.a(ew, BWD, f"{tag} grad scatter_add (gather, E x w)")
-            self.r(g2)
-            zeros = self.a(nw, BWD, f"{tag} grad index zeros")
-            g4 = self.a(nw, BWD, f"{tag} grad index (index_put)")
-            self.r(zeros, g3)
-            g5 = self.a(nw, BWD, f"{tag} grad * norm src")
-            self.r(g4, ns)
-            return g5
+            return self._gcn_backward(g, nd, agg, ns, self._pyg_aggregation_backward, tag)
 
         ns = self._pyg_degree_norm(tag, "out")
         fs = self.a(nw, INT, f"{tag} feat * norm src")
@@ -402,16 +442,7 @@ class _RevReplayer:
             self.h(agg)
         self.r(agg)
         nd = self._pyg_degree_norm(tag, "in")
-        if stop:  # the next op (* norm dst) saves norm dst: recomputation ends
-            self.h(nd)
-            self.r(fs, mmo, nd)
-            return None, backward
-        mo = self.a(nw, INT, f"{tag} * norm dst")
-        if grad:
-            self.h(nd)
-        self.r(mmo, nd)
-        out = self.a(nw, INT, f"{tag} + bias")
-        self.r(mo, fs)
+        out = self._gcn_norm_dst_bias(mmo, nd, grad, stop, tag, early=(nd,), late=(fs,))
         return out, backward
 
     def _pyg_degree_norm(self, tag: str, which: str) -> Buffer:
@@ -434,20 +465,7 @@ class _RevReplayer:
         nw, ew = self.nw(), self.e_cnt * self.w * el
 
         def backward(g: Buffer) -> Buffer:
-            gs = self.a(nw, BWD, f"{tag} grad self")
-            self.r(m)
-            gn = self.a(nw, BWD, f"{tag} grad neigh")
-            self.r(g, q)
-            gd = self.a(nw, BWD, f"{tag} grad sum / count")
-            self.r(gn, cnt)
-            gg = self.a(ew, BWD, f"{tag} grad scatter_add (gather, E x w)")
-            self.r(gd)
-            zeros = self.a(nw, BWD, f"{tag} grad index zeros")
-            gi = self.a(nw, BWD, f"{tag} grad index (index_put)")
-            self.r(zeros, gg)
-            acc = self.a(nw, BWD, f"{tag} grad self + neigh")
-            self.r(gs, gi)
-            return acc
+            return self._sage_backward(g, m, q, cnt, self._pyg_aggregation_backward, tag)
 
         msg = self.a(ew, INT, f"{tag} messages h[src] (E x w)")
         c0 = self.a(n * el, INT, f"{tag} count zeros")
@@ -459,16 +477,7 @@ class _RevReplayer:
         if grad:
             self.h(cnt)
         self.r(agg, msg, cnt)
-        mn = self.a(nw, INT, f"{tag} fc_neigh")
-        if grad:
-            self.h(q, m)  # fc_neigh saves the mean, fc_self its input
-        if stop:  # fc_self saves its input before running: recomputation ends
-            self.r(mn, q)
-            return None, backward
-        ms = self.a(nw, INT, f"{tag} fc_self")
-        out = self.a(nw, INT, f"{tag} self + neigh")
-        self.r(ms, mn, q)
-        return out, backward
+        return self._sage_fc(m, q, grad, stop, tag), backward
 
     def _gat(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
         """DGL GATConv: projection, attention logits, edge softmax, weighted sum, bias;
