@@ -44,10 +44,13 @@ element):
    denominator is freed when the next one is assigned); SGD allocates nothing.
 
 The op sequences were read off the code of ``betty.rev.model*``, DGL 2.1's
-``GraphConv`` (``norm='both'``), ``SAGEConv('mean')`` and ``GATConv``, PyTorch 2.2's
-autograd engine (gradient accumulation in its input buffers, non-reentrant
-checkpointing with early stop) and checked op by op against a dispatch-mode trace on
-the host. Tensors of a few bytes (scalars, 0-d losses) are left out.
+``GraphConv`` (``norm='both'``), ``SAGEConv('mean')`` and ``GATConv``, betty's PyG
+layers (:mod:`betty.backends.pyg_backend`, :func:`betty.models.gat.gat_forward`; PyG
+2.8's ``scatter`` and ``softmax``), PyTorch 2.2's autograd engine (gradient
+accumulation in its input buffers, non-reentrant checkpointing with early stop, whose
+unpacked saved tensors die with their backward node) and checked op by op against a
+dispatch-mode trace on the host (the PyG GAT sequence under torch 2.2.1 and 2.13.0
+alike). Tensors of a few bytes (scalars, 0-d losses) are left out.
 
 All sizes are ``(P,)`` vectors, so the parts of a K-way split are replayed at once.
 """
@@ -126,8 +129,8 @@ class RevReplayConfig:
             tensors counted); else CUDA's foreach Adam with host steps.
         granule: allocation rounding in bytes (CUDA's caching allocator: 512).
         graph_backend: ``"dgl"`` (DGL's fused message passing) or ``"pyg"`` (betty's
-            PyG layers: gathered ``(E, w)`` messages and ``scatter_add``); GAT on PyG
-            is not modelled (refused by :class:`betty.rev.memory.RevModelShape`).
+            PyG layers: gathered ``(E, w)`` messages and ``scatter_add``; GAT's
+            gathered ``(E, H)`` scores and ``(E, H, F)`` products, PyG's softmax).
         masks_held: the dropout masks live until the part ends (a per-part mask cache);
             else the residual network frees each with its last autograd holder.
     """
@@ -195,10 +198,10 @@ class _RevReplayer:
     def nw(self, width=None):
         return self.n * (self.w if width is None else width) * self.el
 
-    def bwd(self, name: str, *freed, width=None) -> Buffer:
-        """One backward op's ``(N, width)`` output (``w`` by default), then ``freed`` let
-        go (the gradient it consumed, the saved tensors it used)."""
-        out = self.a(self.nw(width), BWD, name)
+    def bwd(self, name: str, *freed, nbytes=None) -> Buffer:
+        """One backward op's output (``nbytes``; ``(N, w)`` by default), then ``freed``
+        let go (the gradient it consumed, the saved tensors it used)."""
+        out = self.a(self.nw() if nbytes is None else nbytes, BWD, name)
         self.r(*freed)
         return out
 
@@ -261,9 +264,7 @@ class _RevReplayer:
             m = relu
         convs = {"gcn": self._gcn, "sage": self._sage, "gat": self._gat}
         if cfg.graph_backend == "pyg":
-            if cfg.conv == "gat":
-                raise ValueError("the PyG GAT op sequence is not modelled (conv='gat', graph_backend='pyg')")
-            convs.update(gcn=self._gcn_pyg, sage=self._sage_pyg)
+            convs.update(gcn=self._gcn_pyg, sage=self._sage_pyg, gat=self._gat_pyg)
         conv = convs[cfg.conv]
         out, conv_bwd = conv(m, grad, tag, stop_early)
         self.r(m)  # the group function returns
@@ -479,6 +480,76 @@ class _RevReplayer:
         self.r(agg, msg, cnt)
         return self._sage_fc(m, q, grad, stop, tag), backward
 
+    # GAT (betty.models.gat.gat_forward on PyG, DGL's GATConv on DGL): both project,
+    # score and merge heads alike; they differ in the edge softmax and the weighted sum.
+    def _gat_scores(self, m: Buffer, grad: bool, tag: str):
+        """``z = fc(m)`` ``(N, H, F)`` (``mm``), ``el = (z * attn_l).sum(-1)`` and
+        ``er = (z * attn_r).sum(-1)`` ``(N, H)`` (``mul``, ``sum``): ``fc`` saves its
+        input, the products save ``z``. Returns ``(z, el, er)``."""
+        nh, n_h = self.nw(self.hf), self.n * self.cfg.heads * self.el
+        ft = self.a(nh, INT, f"{tag} projection")
+        if grad:
+            self.h(m, ft)
+        t = self.a(nh, INT, f"{tag} ft * attn_l")
+        el_ = self.a(n_h, ATT, f"{tag} el")
+        self.r(t)
+        t = self.a(nh, INT, f"{tag} ft * attn_r")
+        er = self.a(n_h, ATT, f"{tag} er")
+        self.r(t)
+        return ft, el_, er
+
+    def _gat_scores_backward(self, gel: Buffer, ger: Buffer, gz: Buffer, ft: Buffer, m: Buffer,
+                             tag: str, sliced: bool = False) -> Buffer:
+        """Backward of :meth:`_gat_scores` from the ``(N, H)`` gradients of ``el`` and
+        ``er`` and ``gz`` ``(N, H, F)`` (``z``'s gradient through the weighted sum):
+        per score a ``mul`` for the attention vector's gradient and one for ``z``'s
+        (``sliced``: ``er`` was computed on the view ``z[:n_dst]``, whose
+        ``slice_backward`` copies into zeros), each added to ``z``'s gradient; then
+        ``fc``'s ``mm``. Releases all inputs; returns ``(N, w)``."""
+        nh = self.nw(self.hf)
+        t = self.a(nh, BWD, f"{tag} grad attn_r")
+        gfd = self.a(nh, BWD, f"{tag} grad ft (er)")
+        self.r(t, ger)
+        if sliced:
+            gfd = self.bwd(f"{tag} grad ft (er) slice_backward", gfd, nbytes=nh)
+        acc = self.a(nh, BWD, f"{tag} grad ft sum")
+        self.r(gz, gfd)
+        t = self.a(nh, BWD, f"{tag} grad attn_l")
+        gfs = self.a(nh, BWD, f"{tag} grad ft (el)")
+        self.r(t, gel, ft)
+        acc2 = self.a(nh, BWD, f"{tag} grad ft")
+        self.r(acc, gfs)
+        return self.bwd(f"{tag} grad input", acc2, m)
+
+    def _gat_finish(self, rst: Buffer, stop: bool, tag: str, *local) -> Buffer | None:
+        """``rst + bias`` (``add``), the layer's locals ``local`` go, then the heads
+        merged: ``mean(1)`` (``mean``) or ``flatten(1)`` (``concat``, a view). With
+        ``stop``: ``rst``'s op saved the group's last tensor, the checkpoint
+        recomputation ends there (no output)."""
+        if stop:
+            self.r(rst, *local)
+            return None
+        o = self.a(self.nw(self.hf), INT, f"{tag} + bias")
+        self.r(rst, *local)
+        if self.cfg.gat_merge != "mean":
+            return o
+        out = self.a(self.nw(), INT, f"{tag} mean over heads")
+        self.r(o)
+        return out
+
+    def _gat_merge_backward(self, g: Buffer, tag: str) -> Buffer:
+        """Backward of the head merge: ``mean`` allocates ``(N, H, F)`` (or takes the one
+        that ran before a checkpoint recomputation) and releases ``g``; ``concat``
+        passes ``g`` on."""
+        if self.cfg.gat_merge != "mean":
+            return g
+        if self._pre_mean is not None:  # ran before the checkpoint recomputation
+            gm, self._pre_mean = self._pre_mean, None
+        else:
+            gm = self.a(self.nw(self.hf), BWD, f"{tag} grad mean over heads")
+        self.r(g)
+        return gm
+
     def _gat(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
         """DGL GATConv: projection, attention logits, edge softmax, weighted sum, bias;
         heads averaged (``mean``) or concatenated (``concat``, a view)."""
@@ -489,14 +560,7 @@ class _RevReplayer:
         eh = e * heads * el
 
         def backward(g: Buffer) -> Buffer:
-            if mean:
-                if self._pre_mean is not None:  # ran before the checkpoint recomputation
-                    gm, self._pre_mean = self._pre_mean, None
-                else:
-                    gm = self.a(nh, BWD, f"{tag} grad mean over heads")
-                self.r(g)
-            else:
-                gm = g
+            gm = self._gat_merge_backward(g, tag)
             # a strided gradient (a column slice of the coupling's output gradient) is
             # copied to a contiguous one each time DGL hands it to its kernels
             strided = not mean and self._grad_is_view
@@ -515,29 +579,9 @@ class _RevReplayer:
             gel = self.a(n * heads * el, BWD, f"{tag} grad el")
             ger = self.a(n * heads * el, BWD, f"{tag} grad er")
             self.r(gl)
-            t = self.a(nh, BWD, f"{tag} grad attn_r")
-            gfd = self.a(nh, BWD, f"{tag} grad ft (er)")
-            self.r(t, ger)
-            acc = self.a(nh, BWD, f"{tag} grad ft sum")
-            self.r(gft, gfd)
-            t = self.a(nh, BWD, f"{tag} grad attn_l")
-            gfs = self.a(nh, BWD, f"{tag} grad ft (el)")
-            self.r(t, gel, ft)
-            acc2 = self.a(nh, BWD, f"{tag} grad ft")
-            self.r(acc, gfs)
-            gh = self.a(self.nw(), BWD, f"{tag} grad input")
-            self.r(acc2, m)
-            return gh
+            return self._gat_scores_backward(gel, ger, gft, ft, m, tag)
 
-        ft = self.a(nh, INT, f"{tag} projection")
-        if grad:
-            self.h(m)  # fc saves its input
-        t = self.a(nh, INT, f"{tag} ft * attn_l")
-        el_ = self.a(n * heads * el, ATT, f"{tag} el")
-        self.r(t)
-        t = self.a(nh, INT, f"{tag} ft * attn_r")
-        er = self.a(n * heads * el, ATT, f"{tag} er")
-        self.r(t)
+        ft, el_, er = self._gat_scores(m, grad, tag)
         ee = self.a(eh, ATT, f"{tag} el + er (edges)")
         lr = self.a(eh, ATT, f"{tag} leaky_relu")
         if grad:
@@ -545,21 +589,107 @@ class _RevReplayer:
         self.r(ee)
         att = self.a(eh, ATT, f"{tag} edge_softmax")
         if grad:
-            self.h(att, ft)  # softmax saves its output; the attention products save ft
+            self.h(att)  # softmax saves its output
         rst = self.a(nh, INT, f"{tag} weighted sum")
-        if stop:  # the weighted sum saved the last tensors: recomputation ends
-            self.r(rst, att, ft, el_, er, lr)
-            return None, backward
-        o = self.a(nh, INT, f"{tag} + bias")
-        self.r(rst)
-        self.r(att, ft, el_, er, lr)  # local_scope ends
-        if mean:
-            out = self.a(self.nw(), INT, f"{tag} mean over heads")
-            self.r(o)
-        else:
-            out = o
+        # the weighted sum saved the group's last tensors; DGL's local_scope ends
+        return self._gat_finish(rst, stop, tag, att, ft, el_, er, lr), backward
 
-        return out, backward
+    def _gat_pyg(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
+        """:func:`betty.models.gat.gat_forward` on a :class:`PygGraph`: the scores'
+        gathers ``el[src] + er[dst]`` ``(E, H)``, ``leaky_relu``, PyG's ``softmax``
+        (:meth:`_pyg_softmax`), the gathered ``z[src]`` times the attention ``(E, H,
+        F)``, ``scatter_add_`` into zeros, ``+ bias``; heads merged."""
+        heads = self.cfg.heads
+        eh, ehf = self.e_cnt * heads * self.el, self.e_cnt * self.hf * self.el
+        # a checkpoint recomputation hands saved tensors to the backward through its
+        # unpack hook: the node holds the only reference, gone when the node returns
+        unpacked = self.cfg.mode == "checkpoint"
+
+        def backward(g: Buffer) -> Buffer:
+            ge = self._scatter_backward(self._gat_merge_backward(g, tag), self.hf, tag)
+            # z[src] * a: the attention's gradient (broadcast over F, then summed over F by
+            # the engine once the node returns) and z[src]'s
+            gab = self.a(ehf, BWD, f"{tag} grad attention (broadcast)")
+            gzs = self.a(ehf, BWD, f"{tag} grad z[src]")
+            if unpacked:  # the node's unpacked factors die with it, before that sum
+                self.r(att, zs)
+            ga = self.a(eh, BWD, f"{tag} grad attention")
+            self.r(gab, ge)
+            if not unpacked:  # saved factors are released after the node's outputs exist
+                self.r(att, zs)
+            gza = self._gather_backward(gzs, self.hf, tag)
+            glr = self._pyg_softmax_backward(ga, ex, den, tag)
+            glr = self.bwd(f"{tag} grad leaky_relu", glr, ee, nbytes=eh)
+            self.h(glr)  # the sum's gradient goes to both gathers: er[dst]'s runs first
+            ger = self._gather_backward(glr, heads, tag)
+            gel = self._gather_backward(glr, heads, tag)
+            return self._gat_scores_backward(gel, ger, gza, ft, m, tag, sliced=True)
+
+        ft, el_, er = self._gat_scores(m, grad, tag)
+        i1 = self.a(eh, ATT, f"{tag} el[src]")
+        i2 = self.a(eh, ATT, f"{tag} er[dst]")
+        ee = self.a(eh, ATT, f"{tag} el + er (edges)")
+        self.r(i1, i2)
+        lr = self.a(eh, ATT, f"{tag} leaky_relu")
+        if grad:
+            self.h(ee)  # leaky_relu saves its input
+        self.r(ee)
+        att, ex, den = self._pyg_softmax(grad, tag)
+        zs = self.a(ehf, ATT, f"{tag} z[src]")
+        prod = self.a(ehf, ATT, f"{tag} z[src] * a")
+        if grad:
+            self.h(zs, att)  # the product saves both factors
+        self.r(zs)
+        rst = self.a(self.nw(self.hf), INT, f"{tag} weighted sum (scatter_add)")
+        self.r(prod)
+        # scatter_add_ saves its index: the group's last saved tensor
+        return self._gat_finish(rst, stop, tag, att, ft, el_, er, lr), backward
+
+    def _pyg_softmax(self, grad: bool, tag: str):
+        """``torch_geometric.utils.softmax(x, dst)`` on ``(E, H)`` logits: ``max`` by
+        ``scatter_reduce_`` into zeros ``(N, H)``, ``x - max[dst]``, ``exp`` (saves its
+        result), ``sum`` by ``scatter_add_`` into zeros, ``+ 1e-16``, ``sum[dst]``, the
+        division (saves both operands). Returns ``(a, exp, denominators)`` (the last
+        two kept only with ``grad``)."""
+        eh, n_h = self.e_cnt * self.cfg.heads * self.el, self.n * self.cfg.heads * self.el
+        mx = self.a(n_h, ATT, f"{tag} softmax max")
+        sel = self.a(eh, ATT, f"{tag} softmax max[dst]")
+        sub = self.a(eh, ATT, f"{tag} softmax x - max")
+        self.r(sel)
+        ex = self.a(eh, ATT, f"{tag} softmax exp")
+        self.r(sub)
+        s0 = self.a(n_h, ATT, f"{tag} softmax sum")
+        s = self.a(n_h, ATT, f"{tag} softmax sum + eps")
+        self.r(s0)
+        den = self.a(eh, ATT, f"{tag} softmax sum[dst]")
+        self.r(s)
+        att = self.a(eh, ATT, f"{tag} edge_softmax")
+        if grad:
+            self.h(ex, den)
+        self.r(mx, ex, den)  # softmax returns
+        return att, ex, den
+
+    def _pyg_softmax_backward(self, ga: Buffer, ex: Buffer, den: Buffer, tag: str) -> Buffer:
+        """Backward of :meth:`_pyg_softmax` from the attention's gradient ``ga`` ``(E,
+        H)``: the division (``/ den``, ``/ den``, ``neg``, ``mul`` for the
+        denominator's gradient; then the numerator's), ``sum[dst]`` (zeros +
+        ``index_add``), the scatter sum (a gather), the two gradients of ``exp``'s
+        result summed, ``exp``'s ``mul``. Releases ``ga``, ``ex``, ``den``; returns the
+        logits' gradient ``(E, H)`` (the max path is detached)."""
+        heads = self.cfg.heads
+        eh = self.e_cnt * heads * self.el
+        d1 = self.a(eh, BWD, f"{tag} softmax grad / den")
+        d2 = self.a(eh, BWD, f"{tag} softmax grad / den / den")
+        ng = self.a(eh, BWD, f"{tag} softmax -grad")
+        gden = self.a(eh, BWD, f"{tag} grad den")
+        self.r(ng, d2, d1)
+        gex = self.a(eh, BWD, f"{tag} grad exp (division)")
+        self.r(ga, den)
+        gs = self._gather_backward(gden, heads, tag)
+        gg = self._scatter_backward(gs, heads, tag)
+        gsum = self.a(eh, BWD, f"{tag} grad exp")
+        self.r(gex, gg)
+        return self.bwd(f"{tag} grad logits (exp backward)", gsum, ex, nbytes=eh)
 
     # ------------------------------------------------------------------ coupling
     def coupling_forward(self, x: Buffer, grad: bool, tag: str, stop_early: bool = False):
