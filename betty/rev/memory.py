@@ -20,7 +20,8 @@ groups of width ``w = D / C``, depth ``L`` and ``e`` bytes per element, the term
   ``L`` (the current block's input and output, the hand-off between blocks), plus, in
   backward, one block's recomputation with autograd (per group ``O(N w)``: norm
   statistics, ReLU, masked input, conv outputs and degree vectors; GAT adds
-  ``O(N H w)`` projections and ``O(E H)`` logits/softmax per group);
+  ``O(N H w)`` projections and ``O(E H)`` logits/softmax per group; on the PyG backend
+  also the gathered ``O(E w)`` messages, or for GAT ``O(E H w)`` products);
 * *residual* (``reversible=False``): what autograd saves per block, times ``L``;
 * *residual + checkpointing*: one ``(N, D)`` input per block, times ``L``, plus one
   block's recomputation;
