@@ -7,7 +7,9 @@ a 1500-node graph with hidden 32 or 64; depths 2/8 for the residual modes, 8 and
 train one step (so Adam's state exists), then measure one ``train_step_partitions`` step
 with K = 1 and with K = 2 random parts (``MemoryMeter`` tracking model and optimizer)
 and compare with the estimate (for K = 2 the largest part's): |estimated - measured| <=
-5% of measured (the errors measured are below 0.2%).
+5% of measured (the errors measured are below 0.2%). These run on DGL; GAT on the PyG
+backend (mean heads with C = 2, concatenated with C = 3, the three modes on the 600-node
+graph) is held to 0.1% (measured: below 0.05%), in ``.venv-pyg`` too.
 Each configuration also checks that activations are a real share of the peak (at least
 30% is not parameters, gradients or optimizer state), so the comparison is not decided
 by the parameters alone.
@@ -19,11 +21,9 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.dgl  # RevGNN's layers are DGL's
-pytest.importorskip("dgl")
-
 import torch
 
+from betty.backends import available
 from betty.memory import MemoryMeter
 from betty.rev.memory import (
     RevKSearchError,
@@ -39,30 +39,42 @@ from betty.rev.training import cluster_partition, train_step_partitions
 from graphs import power_law_graph
 
 TOLERANCE = 0.05
+GAT_PYG_TOLERANCE = 0.001  # measured worst 0.049% here (torch 2.2.1 and 2.13.0, PyG 2.8.1)
 MIN_ACTIVATION_SHARE = 0.3
 FEATS, CLASSES, HEADS, DROPOUT = 12, 5, 2, 0.1
 MODES = ("reversible", "residual", "checkpoint")
 CONVS = ("gcn", "sage", "gat")
 
-_GRAPHS: dict[int, tuple] = {}
+_GRAPHS: dict[tuple[int, str], tuple] = {}
 
 
-def _graph(n: int):
-    if n not in _GRAPHS:
+def _on(backend: str):
+    """Marks of a test that needs ``backend`` (``-m "not dgl"`` deselects the DGL ones)."""
+    def mark(test):
+        test = pytest.mark.skipif(not available(backend), reason=f"{backend} not installed")(test)
+        return getattr(pytest.mark, backend)(test)
+    return mark
+
+
+def _graph(n: int, backend: str = "dgl"):
+    """The ``n``-node test graph as ``backend``'s whole graph (RevGNN trains on whole-graph
+    parts), its features, labels and training mask."""
+    if (n, backend) not in _GRAPHS:
+        from betty.backends import get_backend
+
         g, feat, label, train_idx = power_law_graph(num_nodes=n, avg_degree=6, num_feats=FEATS,
                                                     num_classes=CLASSES, seed=n)
-        g = g.to_dgl()  # RevGNN trains on whole-graph DGL parts
         mask = torch.zeros(n, dtype=torch.bool)
         mask[train_idx] = True
-        _GRAPHS[n] = (g, feat, label, mask)
-    return _GRAPHS[n]
+        _GRAPHS[n, backend] = (get_backend(backend).full_graph(g), feat, label, mask)
+    return _GRAPHS[n, backend]
 
 
-def _model(conv, mode, hidden, groups, depth, dropout=DROPOUT, **kw):
+def _model(conv, mode, hidden, groups, depth, dropout=DROPOUT, backend="dgl", **kw):
     torch.manual_seed(0)
     return RevGNN(FEATS, hidden, CLASSES, num_layers=depth, num_groups=groups, conv=conv,
                   dropout=dropout, heads=HEADS, reversible=mode == "reversible",
-                  checkpoint=mode == "checkpoint", **kw)
+                  checkpoint=mode == "checkpoint", backend=backend, **kw)
 
 
 def _measured_step(model, opt, parts, feat, label, mask) -> int:
@@ -74,9 +86,10 @@ def _measured_step(model, opt, parts, feat, label, mask) -> int:
     return reading.peak_bytes
 
 
-def _check_configuration(conv, mode, n, hidden, groups, depth):
-    g, feat, label, mask = _graph(n)
-    model = _model(conv, mode, hidden, groups, depth)
+def _check_configuration(conv, mode, n, hidden, groups, depth, backend="dgl", tolerance=TOLERANCE,
+                         **kw):
+    g, feat, label, mask = _graph(n, backend)
+    model = _model(conv, mode, hidden, groups, depth, backend=backend, **kw)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     whole = cluster_partition(g, 1)
     train_step_partitions(model, whole, feat, label, mask, opt,
@@ -93,8 +106,8 @@ def _check_configuration(conv, mode, n, hidden, groups, depth):
                       key=lambda e: e.peak)
         err = (est.peak - measured) / measured
         results.append((k, measured, est.peak, err))
-        assert abs(err) <= TOLERANCE, (
-            f"{conv} {mode} N={n} hidden={hidden} C={groups} L={depth} K={k}: estimated "
+        assert abs(err) <= tolerance, (
+            f"{conv} {backend} {mode} N={n} hidden={hidden} C={groups} L={depth} K={k}: estimated "
             f"{est.peak} vs measured {measured} ({err:+.2%}), peak at {est.peak_at}")
         assert sum(est.breakdown.values()) == est.peak
         floor = rev_persistent_bytes(model, opt)
@@ -110,6 +123,7 @@ CONFIGS = {  # mode -> [(nodes, hidden, groups, depth)]
 }
 
 
+@_on("dgl")
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("conv", CONVS)
 def test_estimate_matches_meter(conv, mode):
@@ -121,11 +135,24 @@ def test_estimate_matches_meter(conv, mode):
         _check_configuration(conv, mode, n, hidden, groups, depth)
 
 
+@_on("dgl")
 @pytest.mark.parametrize("conv,mode", [("gat", "reversible"), ("sage", "checkpoint")])
 def test_estimate_matches_meter_three_groups(conv, mode):
     _check_configuration(conv, mode, 600, 48, 3, 4)
 
 
+@_on("pyg")
+@pytest.mark.parametrize("gat_merge,groups,hidden", [("mean", 2, 16), ("concat", 3, 24)])
+@pytest.mark.parametrize("mode", MODES)
+def test_gat_on_pyg_estimate_matches_meter(mode, gat_merge, groups, hidden):
+    """GAT on the PyG backend (betty.models.gat.gat_forward over PyG's gathers, softmax
+    and scatter), whose op sequence is replayed op by op: within GAT_PYG_TOLERANCE."""
+    n, _, _, depth = CONFIGS[mode][0]
+    _check_configuration("gat", mode, n, hidden, groups, depth, backend="pyg",
+                         tolerance=GAT_PYG_TOLERANCE, gat_merge=gat_merge)
+
+
+@_on("dgl")
 def test_reversible_peak_grows_only_by_persistent_bytes_and_residual_by_activations():
     """Depth changes a reversible network's estimate by exactly its parameters,
     gradients and optimizer state; a residual network's by activations per block."""
@@ -141,6 +168,7 @@ def test_reversible_peak_grows_only_by_persistent_bytes_and_residual_by_activati
     assert 12 * activation <= ck[16] - ck[4] < (res[16] - res[4]) / 2  # one input per block
 
 
+@_on("dgl")
 def test_breakdown_components_and_json():
     gat = estimate_rev(2000, 16000, _model("gat", "reversible", 32, 2, 4))
     assert gat.breakdown.get("attention", 0) > 0 and gat.breakdown["dropout"] > 0
@@ -159,6 +187,7 @@ def test_breakdown_components_and_json():
     assert sgd.peak < via_arch.peak and "optimizer_state" not in sgd.breakdown
 
 
+@_on("dgl")
 def test_refuses_what_it_does_not_model():
     model = _model("gcn", "reversible", 16, 2, 2)
     with pytest.raises(ValueError, match="parameters"):
@@ -172,6 +201,7 @@ def test_refuses_what_it_does_not_model():
         estimate_rev_sizes([10, 20], [5], model)
 
 
+@_on("dgl")
 def test_search_k_rev_fits_the_budget_when_trained():
     n, hidden, depth = 1500, 32, 4
     g, feat, label, mask = _graph(n)
@@ -191,6 +221,7 @@ def test_search_k_rev_fits_the_budget_when_trained():
         search_k_rev(g, model, rev_persistent_bytes(model, opt) // 2, optimizer=opt)
 
 
+@_on("dgl")
 @pytest.mark.parametrize("world", [2, 3])
 def test_search_k_rev_gives_every_rank_a_part(world):
     """Data-parallel RevGNN on ``world`` ranks: a budget that one whole-graph part fits

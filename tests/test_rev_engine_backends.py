@@ -107,16 +107,34 @@ def test_trainer_learns_is_reproducible_and_estimates_memory(backend, conv, reve
             assert abs(part.estimated_bytes - part.peak_bytes) <= 0.02 * part.peak_bytes, part
 
 
-def test_gat_on_pyg_is_not_estimated():
-    pytest.importorskip("torch_geometric")
-    from betty.rev.memory import RevModelShape
+def test_gat_k_auto_fits_the_budget(backend):
+    """GAT's op sequence is replayed on both backends: ``k='auto'`` picks the smallest K
+    whose estimated parts fit, and every part's measured peak (after the first Adam
+    step) fits the budget too and is within 2% of its estimate."""
     from betty.rev.engine import supports_estimate
 
-    with pytest.raises(ValueError, match="not modelled"):
-        RevModelShape(4, 8, 2, 3, conv="gat", graph_backend="pyg")
-    model = build_model("revgnn", FEATS, CLASSES, hidden=8, layers=2, conv="gat", backend="pyg")
-    assert not supports_estimate(model)
-    assert supports_estimate(build_model("revgnn", FEATS, CLASSES, hidden=8, layers=2, backend="pyg"))
-    with pytest.raises(ValueError, match="k='auto' needs the reversible memory estimator"):
-        RevTrainer(model, torch.optim.Adam(model.parameters()), _dataset(),
-                   RevPlan("random", "auto", memory_budget=10**9))
+    ds = _dataset(edges_per_node=6)
+
+    def trainer(plan, meter=None):
+        torch.manual_seed(0)
+        model = build_model("revgnn", FEATS, CLASSES, hidden=16, layers=4, conv="gat", heads=2,
+                            dropout=0.1, backend=backend)
+        assert supports_estimate(model)
+        return RevTrainer(model, torch.optim.Adam(model.parameters(), lr=0.02), ds, plan, seed=0,
+                          meter=meter)
+
+    meter = MemoryMeter("cpu")
+    whole = trainer(RevPlan("random", 1))
+    meter.track(whole.model, whole.optimizer)
+    whole.meter = meter
+    full = max(p.peak_bytes for p in [whole.train_epoch(e) for e in range(2)][-1].parts)
+    budget = int(0.7 * full)
+    auto = trainer(RevPlan("random", "auto", memory_budget=budget))
+    meter = MemoryMeter("cpu")
+    meter.track(auto.model, auto.optimizer)
+    auto.meter = meter
+    records = [auto.train_epoch(e) for e in range(2)]
+    assert auto.k > 1 and all(p > budget for k, p in auto.search_result.tried.items() if k < auto.k)
+    for part in records[-1].parts:
+        assert part.peak_bytes <= budget, (part, budget)
+        assert abs(part.estimated_bytes - part.peak_bytes) <= 0.02 * part.peak_bytes, part

@@ -211,8 +211,9 @@ class PygGraphConv(nn.Module):
 
 class PygGATConv(nn.Module):
     """DGL ``GATConv`` (no dropout, no residual) on a :class:`PygGraph`, via the PyG
-    backend's primitives: ``(N, in)`` -> ``(N, H, out)`` (see :mod:`betty.models.gat` for
-    the math); a node without in-edges gets the bias."""
+    backend's primitives: ``(N, in)`` -> ``(N, H, out)``, the same forward
+    (:func:`betty.models.gat.gat_forward`) as the sampled-batch GAT; the bias is flat
+    ``(H out,)`` as in DGL. A node without in-edges gets the bias."""
 
     def __init__(self, in_feats: int, out_feats: int, heads: int, negative_slope: float = 0.2) -> None:
         super().__init__()
@@ -231,13 +232,9 @@ class PygGATConv(nn.Module):
         reset_gat_parameters(self)
 
     def forward(self, graph: PygGraph, h: torch.Tensor) -> torch.Tensor:
-        z = self.fc(h).view(-1, self._num_heads, self._out_feats)  # (N, H, F)
-        el = (z * self.attn_l).sum(-1, keepdim=True)  # (N, H, 1)
-        er = (z * self.attn_r).sum(-1, keepdim=True)
-        e = F.leaky_relu(BACKEND.u_add_v(graph, el, er), self.negative_slope)  # (E, H, 1)
-        a = BACKEND.edge_softmax(graph, e)
-        out = BACKEND.u_mul_e_sum(graph, z, a)  # (N, H, F)
-        return out + self.bias.view(1, self._num_heads, self._out_feats)
+        from betty.models.gat import gat_forward
+
+        return gat_forward(BACKEND, graph, h, self, self.bias.view(self._num_heads, self._out_feats))
 
 
 class PygBackend(Backend):

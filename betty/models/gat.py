@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from betty.models.base import BlockGNN
 
-__all__ = ["GAT", "GATLayer", "reset_gat_parameters"]
+__all__ = ["GAT", "GATLayer", "gat_forward", "reset_gat_parameters"]
 
 
 def reset_gat_parameters(layer: nn.Module) -> None:
@@ -34,6 +34,39 @@ def reset_gat_parameters(layer: nn.Module) -> None:
     nn.init.xavier_normal_(layer.attn_l, gain=gain)
     nn.init.xavier_normal_(layer.attn_r, gain=gain)
     nn.init.zeros_(layer.bias)
+
+
+def gat_forward(ops, block, h: torch.Tensor, layer: nn.Module, bias: torch.Tensor,
+                attn_drop=None) -> torch.Tensor:
+    """The GAT forward of the module docstring, with one backend's primitives ``ops``
+    (:class:`betty.backends.base.Backend`), on a block or a whole graph (``n_src = n_dst``):
+    ``h`` ``(n_src, d_in)`` -> ``(n_dst, H, F)``.
+
+    ``layer`` holds ``fc`` (``d_in -> H F``, no bias), ``attn_l`` and ``attn_r``
+    ``(1, H, F)`` and ``negative_slope``; ``bias`` is ``(H, F)`` (a view of a flat
+    ``(H F,)`` bias is fine). The op sequence, which :mod:`betty.memory.replay` and
+    :mod:`betty.rev.replay` model op by op::
+
+        z   = fc(h).view(n_src, H, F)
+        el  = (z * attn_l).sum(-1)                       (n_src, H)
+        er  = (z[:n_dst] * attn_r).sum(-1)               (n_dst, H)
+        e   = leaky_relu(u_add_v(el, er))                (E, H)
+        a   = attn_drop(edge_softmax(e))                 (E, H)
+        out = u_mul_e_sum(z, a.unsqueeze(-1)) + bias     (n_dst, H, F)
+
+    ``attn_drop``: optional callable applied to the ``(E, H)`` attention weights.
+    """
+    heads, out_feats = layer.attn_l.shape[1:]
+    n_dst = ops.num_dst(block)
+    z = layer.fc(h).view(-1, heads, out_feats)  # (n_src, H, F)
+    el = (z * layer.attn_l).sum(-1)  # (n_src, H)
+    er = (z[:n_dst] * layer.attn_r).sum(-1)  # (n_dst, H)
+    e = F.leaky_relu(ops.u_add_v(block, el, er), layer.negative_slope)  # (E, H)
+    a = ops.edge_softmax(block, e)  # (E, H)
+    if attn_drop is not None:
+        a = attn_drop(a)
+    out = ops.u_mul_e_sum(block, z, a.unsqueeze(-1))  # (n_dst, H, F)
+    return out + bias
 
 
 class GATLayer(nn.Module):
@@ -60,17 +93,7 @@ class GATLayer(nn.Module):
         """``attn_drop``: optional callable applied to the ``(E, H)`` attention weights."""
         from betty.backends import get_backend
 
-        ops = get_backend(self.backend_name)
-        n_dst = ops.num_dst(block)
-        z = self.fc(h).view(-1, self.heads, self.out_feats)  # (n_src, H, F)
-        el = (z * self.attn_l).sum(-1)  # (n_src, H)
-        er = (z[:n_dst] * self.attn_r).sum(-1)  # (n_dst, H)
-        e = F.leaky_relu(ops.u_add_v(block, el, er), self.negative_slope)  # (E, H)
-        a = ops.edge_softmax(block, e)  # (E, H)
-        if attn_drop is not None:
-            a = attn_drop(a)
-        out = ops.u_mul_e_sum(block, z, a.unsqueeze(-1))  # (n_dst, H, F)
-        return out + self.bias
+        return gat_forward(get_backend(self.backend_name), block, h, self, self.bias, attn_drop)
 
 
 class GAT(BlockGNN):

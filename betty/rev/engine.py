@@ -343,12 +343,11 @@ def train_step_parts(
 
 
 def supports_estimate(model: nn.Module) -> bool:
-    """Whether :mod:`betty.rev.memory` can estimate ``model`` (a RevGNN, not the DEQ;
-    not GAT on the PyG backend, whose op sequence is not modelled)."""
-    from betty.rev.memory import modelled
+    """Whether :mod:`betty.rev.memory` can estimate ``model`` (a RevGNN on either
+    backend, not the DEQ)."""
     from betty.rev.model import RevGNN
 
-    return isinstance(model, RevGNN) and modelled(model.conv_type, model.backend_name)
+    return isinstance(model, RevGNN)
 
 
 def estimate_parts(model: nn.Module, optimizer: torch.optim.Optimizer, parts: Sequence[GraphPart],

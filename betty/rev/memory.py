@@ -20,7 +20,8 @@ groups of width ``w = D / C``, depth ``L`` and ``e`` bytes per element, the term
   ``L`` (the current block's input and output, the hand-off between blocks), plus, in
   backward, one block's recomputation with autograd (per group ``O(N w)``: norm
   statistics, ReLU, masked input, conv outputs and degree vectors; GAT adds
-  ``O(N H w)`` projections and ``O(E H)`` logits/softmax per group);
+  ``O(N H w)`` projections and ``O(E H)`` logits/softmax per group; on the PyG backend
+  also the gathered ``O(E w)`` messages, or for GAT ``O(E H w)`` products);
 * *residual* (``reversible=False``): what autograd saves per block, times ``L``;
 * *residual + checkpointing*: one ``(N, D)`` input per block, times ``L``, plus one
   block's recomputation;
@@ -61,7 +62,6 @@ __all__ = [
     "estimate_rev",
     "estimate_rev_parts",
     "estimate_rev_sizes",
-    "modelled",
     "rev_persistent_bytes",
     "search_k_rev",
 ]
@@ -69,12 +69,6 @@ __all__ = [
 _CONVS = ("gcn", "sage", "gat")
 _NORMS = ("layer", "batch", "none")
 _GRAPH_BACKENDS = ("dgl", "pyg")
-_UNMODELLED = {("gat", "pyg")}  # (conv, graph backend) whose op sequence the replay lacks
-
-
-def modelled(conv: str, graph_backend: str) -> bool:
-    """Whether the replay models ``conv`` on ``graph_backend`` (all but GAT on PyG)."""
-    return (conv, graph_backend) not in _UNMODELLED
 
 
 @dataclass(frozen=True)
@@ -128,10 +122,6 @@ class RevModelShape:
             raise ValueError(f"norm must be one of {_NORMS}, got {self.norm!r}")
         if self.graph_backend not in _GRAPH_BACKENDS:
             raise ValueError(f"graph_backend must be one of {_GRAPH_BACKENDS}, got {self.graph_backend!r}")
-        if not modelled(self.conv, self.graph_backend):
-            raise ValueError(f"conv={self.conv!r} on the {self.graph_backend} backend is not modelled "
-                             "by the RevGNN memory replay (its op sequence differs from DGL's); "
-                             "modelled there: gcn, sage (or use the dgl backend)")
         if self.gat_merge not in ("mean", "concat"):
             raise ValueError(f"gat_merge must be 'mean' or 'concat', got {self.gat_merge!r}")
         if self.conv == "gat" and self.gat_merge == "concat" and self.group_width % self.heads:

@@ -44,10 +44,13 @@ element):
    denominator is freed when the next one is assigned); SGD allocates nothing.
 
 The op sequences were read off the code of ``betty.rev.model*``, DGL 2.1's
-``GraphConv`` (``norm='both'``), ``SAGEConv('mean')`` and ``GATConv``, PyTorch 2.2's
-autograd engine (gradient accumulation in its input buffers, non-reentrant
-checkpointing with early stop) and checked op by op against a dispatch-mode trace on
-the host. Tensors of a few bytes (scalars, 0-d losses) are left out.
+``GraphConv`` (``norm='both'``), ``SAGEConv('mean')`` and ``GATConv``, betty's PyG
+layers (:mod:`betty.backends.pyg_backend`, :func:`betty.models.gat.gat_forward`; PyG
+2.8's ``scatter`` and ``softmax``), PyTorch 2.2's autograd engine (gradient
+accumulation in its input buffers, non-reentrant checkpointing with early stop, whose
+unpacked saved tensors die with their backward node) and checked op by op against a
+dispatch-mode trace on the host (the PyG GAT sequence under torch 2.2.1 and 2.13.0
+alike). Tensors of a few bytes (scalars, 0-d losses) are left out.
 
 All sizes are ``(P,)`` vectors, so the parts of a K-way split are replayed at once.
 """
@@ -126,8 +129,8 @@ class RevReplayConfig:
             tensors counted); else CUDA's foreach Adam with host steps.
         granule: allocation rounding in bytes (CUDA's caching allocator: 512).
         graph_backend: ``"dgl"`` (DGL's fused message passing) or ``"pyg"`` (betty's
-            PyG layers: gathered ``(E, w)`` messages and ``scatter_add``); GAT on PyG
-            is not modelled (refused by :class:`betty.rev.memory.RevModelShape`).
+            PyG layers: gathered ``(E, w)`` messages and ``scatter_add``; GAT's
+            gathered ``(E, H)`` scores and ``(E, H, F)`` products, PyG's softmax).
         masks_held: the dropout masks live until the part ends (a per-part mask cache);
             else the residual network frees each with its last autograd holder.
     """
@@ -195,6 +198,13 @@ class _RevReplayer:
     def nw(self, width=None):
         return self.n * (self.w if width is None else width) * self.el
 
+    def bwd(self, name: str, *freed, nbytes=None) -> Buffer:
+        """One backward op's output (``nbytes``; ``(N, w)`` by default), then ``freed``
+        let go (the gradient it consumed, the saved tensors it used)."""
+        out = self.a(self.nw() if nbytes is None else nbytes, BWD, name)
+        self.r(*freed)
+        return out
+
     def param_grads(self, group_index: int, tag: str, first_use: bool = True) -> None:
         """Gradients of parameter group ``group_index`` produced by a backward node:
         kept as ``.grad`` on a fresh part, else added in place and freed."""
@@ -254,9 +264,7 @@ class _RevReplayer:
             m = relu
         convs = {"gcn": self._gcn, "sage": self._sage, "gat": self._gat}
         if cfg.graph_backend == "pyg":
-            if cfg.conv == "gat":
-                raise ValueError("the PyG GAT op sequence is not modelled (conv='gat', graph_backend='pyg')")
-            convs.update(gcn=self._gcn_pyg, sage=self._sage_pyg)
+            convs.update(gcn=self._gcn_pyg, sage=self._sage_pyg, gat=self._gat_pyg)
         conv = convs[cfg.conv]
         out, conv_bwd = conv(m, grad, tag, stop_early)
         self.r(m)  # the group function returns
@@ -266,34 +274,109 @@ class _RevReplayer:
         def backward(g: Buffer) -> Buffer:
             gm = conv_bwd(g)
             if self.has_mask:
-                g2 = self.a(nw, BWD, f"{tag} grad masked")
-                self.r(gm)
-                gm = g2
-            t = self.a(nw, BWD, f"{tag} grad relu")
-            self.r(gm, relu)
+                gm = self.bwd(f"{tag} grad masked", gm)
+            t = self.bwd(f"{tag} grad relu", gm, relu)
             if cfg.norm in ("layer", "batch"):
-                gn = self.a(nw, BWD, f"{tag} grad norm")
-                self.r(t, hin, *stats)
-                return gn
+                return self.bwd(f"{tag} grad norm", t, hin, *stats)
             return t
 
         return out, backward
 
+    # ------------------------------------------------------------------ shared pieces
+    # The DGL and PyG variants of a group function run the same dense ops around a
+    # different message-passing core; each shared sequence below is written once.
+    def _gspmm_backward(self, g: Buffer, tag: str) -> Buffer:
+        """Backward of DGL's fused aggregation (``gspmm`` copy_u/sum): one ``(N, w)``
+        gradient, no per-edge tensor; releases ``g``."""
+        return self.bwd(f"{tag} grad aggregation (gspmm)", g)
+
+    def _scatter_backward(self, g: Buffer, width, tag: str) -> Buffer:
+        """Backward of ``scatter(msg, dst, reduce='sum')`` from ``g`` ``(N, width)``: the
+        gather ``g[dst]``, ``(E, width)``; releases ``g``."""
+        ge = self.a(self.e_cnt * width * self.el, BWD, f"{tag} grad scatter_add (gather, E x w)")
+        self.r(g)
+        return ge
+
+    def _gather_backward(self, ge: Buffer, width, tag: str) -> Buffer:
+        """Backward of the gather ``h[src]`` from ``ge`` ``(E, width)``: ``zeros`` ``(N,
+        width)`` then ``index_put_(accumulate=True)`` out of place; releases ``ge``."""
+        nw = self.nw(width)
+        zeros = self.a(nw, BWD, f"{tag} grad index zeros")
+        gi = self.a(nw, BWD, f"{tag} grad index (index_put)")
+        self.r(zeros, ge)
+        return gi
+
+    def _pyg_aggregation_backward(self, g: Buffer, tag: str) -> Buffer:
+        """Backward of PyG's ``scatter(h[src], dst, reduce='sum')``: ``(N, w)`` from
+        ``(N, w)`` through an ``(E, w)`` gather; releases ``g``."""
+        return self._gather_backward(self._scatter_backward(g, self.w, tag), self.w, tag)
+
+    def _gcn_norm_dst_bias(self, mmo: Buffer, nd: Buffer, grad: bool, stop: bool, tag: str,
+                           early: tuple = (), late: tuple = ()) -> Buffer | None:
+        """GraphConv's tail ``(aggregate @ W) * norm_dst + bias``: ``mul`` (saves
+        ``norm_dst``) then ``add``. ``early`` go when the product exists, ``late``
+        when the sum does (the variants keep different locals alive). With ``stop``
+        (checkpoint recomputation): ``mul`` saves ``norm_dst`` before running and the
+        recomputation ends there: no output."""
+        nw = self.nw()
+        if stop:
+            self.h(nd)
+            self.r(mmo, *early, *late)
+            return None
+        mo = self.a(nw, INT, f"{tag} * norm dst")
+        if grad:
+            self.h(nd)
+        self.r(mmo, *early)
+        out = self.a(nw, INT, f"{tag} + bias")
+        self.r(mo, *late)
+        return out
+
+    def _gcn_backward(self, g: Buffer, nd: Buffer, agg: Buffer, ns: Buffer, agg_backward,
+                      tag: str) -> Buffer:
+        """Backward of GraphConv's dense ops around the aggregation: ``* norm_dst``
+        (``mul``), ``@ W`` (``mm``: grad ``@ W^T``), ``agg_backward`` (the backend's
+        aggregation, releases its input), ``* norm_src`` (``mul``); releases ``g`` and
+        the saved ``nd``, ``agg``, ``ns``; returns ``(N, w)``."""
+        g1 = self.bwd(f"{tag} grad * norm dst", g, nd)
+        g2 = self.bwd(f"{tag} grad aggregate", g1, agg)
+        return self.bwd(f"{tag} grad * norm src", agg_backward(g2, tag), ns)
+
+    def _sage_fc(self, m: Buffer, q: Buffer, grad: bool, stop: bool, tag: str) -> Buffer | None:
+        """SAGEConv's tail ``fc_neigh(mean) + fc_self(h)`` (``mm``, ``addmm``, ``add``):
+        ``fc_neigh`` saves the mean, ``fc_self`` its input; releases ``q``. With
+        ``stop``: ``fc_self`` saves its input before running, the recomputation ends
+        there: no output."""
+        nw = self.nw()
+        mn = self.a(nw, INT, f"{tag} fc_neigh")
+        if grad:
+            self.h(q, m)
+        if stop:
+            self.r(mn, q)
+            return None
+        ms = self.a(nw, INT, f"{tag} fc_self")
+        out = self.a(nw, INT, f"{tag} self + neigh")
+        self.r(ms, mn, q)
+        return out
+
+    def _sage_backward(self, g: Buffer, m: Buffer, q: Buffer, deg: Buffer, agg_backward,
+                       tag: str) -> Buffer:
+        """Backward of :meth:`_sage_fc` and the mean's division: ``fc_self`` (releases
+        its input ``m``), ``fc_neigh`` (releases the mean ``q``), ``/ degree`` (releases
+        ``deg``), ``agg_backward`` (the backend's neighbour sum, releases its input),
+        then the sum of the self and neighbour gradients; returns ``(N, w)``."""
+        gs = self.bwd(f"{tag} grad self", m)
+        gn = self.bwd(f"{tag} grad mean", g, q)
+        gd = self.bwd(f"{tag} grad mean / degree", gn, deg)
+        return self.bwd(f"{tag} grad self + neigh", gs, agg_backward(gd, tag))
+
+    # ------------------------------------------------------------------ group convolutions
     def _gcn(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
         """DGL GraphConv(norm='both'), in = out width: aggregate, then multiply."""
         n, el = self.n, self.el
         nw = self.nw()
 
         def backward(g: Buffer) -> Buffer:
-            g1 = self.a(nw, BWD, f"{tag} grad * norm dst")
-            self.r(g, nd)
-            g2 = self.a(nw, BWD, f"{tag} grad aggregate")
-            self.r(g1, rst)
-            g3 = self.a(nw, BWD, f"{tag} grad aggregation (gspmm)")
-            self.r(g2)
-            g4 = self.a(nw, BWD, f"{tag} grad * norm src")
-            self.r(g3, ns)
-            return g4
+            return self._gcn_backward(g, nd, rst, ns, self._gspmm_backward, tag)
 
         ar = self.a(n * INDEX_BYTES, INT, f"{tag} out_degrees arange")
         self.tl.temp(n, INT, f"{tag} has_nodes mask")
@@ -315,18 +398,8 @@ class _RevReplayer:
         self.r(d1, dc)
         nd = self.a(n * el, INT, f"{tag} norm dst")
         self.r(ns)
-        if stop:  # the next op (* norm dst) saves norm dst before running: recomputation ends
-            self.h(nd)
-            self.r(fs, dc2, mmo, rst, nd)
-            return None, backward
-        mo = self.a(nw, INT, f"{tag} * norm dst")
-        if grad:
-            self.h(nd)
-        self.r(mmo)
-        out = self.a(nw, INT, f"{tag} + bias")
-        self.r(mo)
-        self.r(rst, fs, dc2, nd)  # local_scope ends
-
+        # the graph's local_scope keeps the aggregate, degree and norm tensors to the end
+        out = self._gcn_norm_dst_bias(mmo, nd, grad, stop, tag, late=(rst, fs, dc2, nd))
         return out, backward
 
     def _sage(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
@@ -335,17 +408,7 @@ class _RevReplayer:
         nw = self.nw()
 
         def backward(g: Buffer) -> Buffer:
-            gs = self.a(nw, BWD, f"{tag} grad self")
-            self.r(m)
-            gn = self.a(nw, BWD, f"{tag} grad mean")
-            self.r(g, q)
-            gd = self.a(nw, BWD, f"{tag} grad mean / degree")
-            self.r(gn, dg)
-            gz = self.a(nw, BWD, f"{tag} grad aggregation (gspmm)")
-            self.r(gd)
-            acc = self.a(nw, BWD, f"{tag} grad self + neigh")
-            self.r(gs, gz)
-            return acc
+            return self._sage_backward(g, m, q, dg, self._gspmm_backward, tag)
 
         z = self.a(nw, INT, f"{tag} neighbour sum")
         self.tl.temp(n * INDEX_BYTES, INT, f"{tag} in_degrees arange")
@@ -356,38 +419,16 @@ class _RevReplayer:
         self.r(z)
         if not grad:
             self.r(dg)
-        mn = self.a(nw, INT, f"{tag} fc_neigh")
-        if grad:
-            self.h(q, m)  # fc_neigh saves the mean, fc_self its input
-        if stop:  # fc_self saves its input before running: recomputation ends
-            self.r(mn, q)
-            return None, backward
-        ms = self.a(nw, INT, f"{tag} fc_self")
-        out = self.a(nw, INT, f"{tag} self + neigh")
-        self.r(ms, mn, q)
-
-        return out, backward
+        return self._sage_fc(m, q, grad, stop, tag), backward
 
     def _gcn_pyg(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
         """:class:`betty.backends.pyg_backend.PygGraphConv`, in = out width: scale by the
         source norm, gather ``(E, w)`` messages, ``scatter_add`` into zeros, ``@ W``,
         scale by the destination norm, ``+ bias``."""
-        n, el = self.n, self.el
-        nw, ew = self.nw(), self.e_cnt * self.w * el
+        nw, ew = self.nw(), self.e_cnt * self.w * self.el
 
         def backward(g: Buffer) -> Buffer:
-            g1 = self.a(nw, BWD, f"{tag} grad * norm dst")
-            self.r(g, nd)
-            g2 = self.a(nw, BWD, f"{tag} grad @ W^T")
-            self.r(g1, agg)
-            g3 = self.a(ew, BWD, f"{tag} grad scatter_add (gather, E x w)")
-            self.r(g2)
-            zeros = self.a(nw, BWD, f"{tag} grad index zeros")
-            g4 = self.a(nw, BWD, f"{tag} grad index (index_put)")
-            self.r(zeros, g3)
-            g5 = self.a(nw, BWD, f"{tag} grad * norm src")
-            self.r(g4, ns)
-            return g5
+            return self._gcn_backward(g, nd, agg, ns, self._pyg_aggregation_backward, tag)
 
         ns = self._pyg_degree_norm(tag, "out")
         fs = self.a(nw, INT, f"{tag} feat * norm src")
@@ -402,16 +443,7 @@ class _RevReplayer:
             self.h(agg)
         self.r(agg)
         nd = self._pyg_degree_norm(tag, "in")
-        if stop:  # the next op (* norm dst) saves norm dst: recomputation ends
-            self.h(nd)
-            self.r(fs, mmo, nd)
-            return None, backward
-        mo = self.a(nw, INT, f"{tag} * norm dst")
-        if grad:
-            self.h(nd)
-        self.r(mmo, nd)
-        out = self.a(nw, INT, f"{tag} + bias")
-        self.r(mo, fs)
+        out = self._gcn_norm_dst_bias(mmo, nd, grad, stop, tag, early=(nd,), late=(fs,))
         return out, backward
 
     def _pyg_degree_norm(self, tag: str, which: str) -> Buffer:
@@ -434,20 +466,7 @@ class _RevReplayer:
         nw, ew = self.nw(), self.e_cnt * self.w * el
 
         def backward(g: Buffer) -> Buffer:
-            gs = self.a(nw, BWD, f"{tag} grad self")
-            self.r(m)
-            gn = self.a(nw, BWD, f"{tag} grad neigh")
-            self.r(g, q)
-            gd = self.a(nw, BWD, f"{tag} grad sum / count")
-            self.r(gn, cnt)
-            gg = self.a(ew, BWD, f"{tag} grad scatter_add (gather, E x w)")
-            self.r(gd)
-            zeros = self.a(nw, BWD, f"{tag} grad index zeros")
-            gi = self.a(nw, BWD, f"{tag} grad index (index_put)")
-            self.r(zeros, gg)
-            acc = self.a(nw, BWD, f"{tag} grad self + neigh")
-            self.r(gs, gi)
-            return acc
+            return self._sage_backward(g, m, q, cnt, self._pyg_aggregation_backward, tag)
 
         msg = self.a(ew, INT, f"{tag} messages h[src] (E x w)")
         c0 = self.a(n * el, INT, f"{tag} count zeros")
@@ -459,16 +478,77 @@ class _RevReplayer:
         if grad:
             self.h(cnt)
         self.r(agg, msg, cnt)
-        mn = self.a(nw, INT, f"{tag} fc_neigh")
+        return self._sage_fc(m, q, grad, stop, tag), backward
+
+    # GAT (betty.models.gat.gat_forward on PyG, DGL's GATConv on DGL): both project,
+    # score and merge heads alike; they differ in the edge softmax and the weighted sum.
+    def _gat_scores(self, m: Buffer, grad: bool, tag: str):
+        """``z = fc(m)`` ``(N, H, F)`` (``mm``), ``el = (z * attn_l).sum(-1)`` and
+        ``er = (z * attn_r).sum(-1)`` ``(N, H)`` (``mul``, ``sum``): ``fc`` saves its
+        input, the products save ``z``. Returns ``(z, el, er)``."""
+        nh, n_h = self.nw(self.hf), self.n * self.cfg.heads * self.el
+        ft = self.a(nh, INT, f"{tag} projection")
         if grad:
-            self.h(q, m)  # fc_neigh saves the mean, fc_self its input
-        if stop:  # fc_self saves its input before running: recomputation ends
-            self.r(mn, q)
-            return None, backward
-        ms = self.a(nw, INT, f"{tag} fc_self")
-        out = self.a(nw, INT, f"{tag} self + neigh")
-        self.r(ms, mn, q)
-        return out, backward
+            self.h(m, ft)
+        t = self.a(nh, INT, f"{tag} ft * attn_l")
+        el_ = self.a(n_h, ATT, f"{tag} el")
+        self.r(t)
+        t = self.a(nh, INT, f"{tag} ft * attn_r")
+        er = self.a(n_h, ATT, f"{tag} er")
+        self.r(t)
+        return ft, el_, er
+
+    def _gat_scores_backward(self, gel: Buffer, ger: Buffer, gz: Buffer, ft: Buffer, m: Buffer,
+                             tag: str, sliced: bool = False) -> Buffer:
+        """Backward of :meth:`_gat_scores` from the ``(N, H)`` gradients of ``el`` and
+        ``er`` and ``gz`` ``(N, H, F)`` (``z``'s gradient through the weighted sum):
+        per score a ``mul`` for the attention vector's gradient and one for ``z``'s
+        (``sliced``: ``er`` was computed on the view ``z[:n_dst]``, whose
+        ``slice_backward`` copies into zeros), each added to ``z``'s gradient; then
+        ``fc``'s ``mm``. Releases all inputs; returns ``(N, w)``."""
+        nh = self.nw(self.hf)
+        t = self.a(nh, BWD, f"{tag} grad attn_r")
+        gfd = self.a(nh, BWD, f"{tag} grad ft (er)")
+        self.r(t, ger)
+        if sliced:
+            gfd = self.bwd(f"{tag} grad ft (er) slice_backward", gfd, nbytes=nh)
+        acc = self.a(nh, BWD, f"{tag} grad ft sum")
+        self.r(gz, gfd)
+        t = self.a(nh, BWD, f"{tag} grad attn_l")
+        gfs = self.a(nh, BWD, f"{tag} grad ft (el)")
+        self.r(t, gel, ft)
+        acc2 = self.a(nh, BWD, f"{tag} grad ft")
+        self.r(acc, gfs)
+        return self.bwd(f"{tag} grad input", acc2, m)
+
+    def _gat_finish(self, rst: Buffer, stop: bool, tag: str, *local) -> Buffer | None:
+        """``rst + bias`` (``add``), the layer's locals ``local`` go, then the heads
+        merged: ``mean(1)`` (``mean``) or ``flatten(1)`` (``concat``, a view). With
+        ``stop``: ``rst``'s op saved the group's last tensor, the checkpoint
+        recomputation ends there (no output)."""
+        if stop:
+            self.r(rst, *local)
+            return None
+        o = self.a(self.nw(self.hf), INT, f"{tag} + bias")
+        self.r(rst, *local)
+        if self.cfg.gat_merge != "mean":
+            return o
+        out = self.a(self.nw(), INT, f"{tag} mean over heads")
+        self.r(o)
+        return out
+
+    def _gat_merge_backward(self, g: Buffer, tag: str) -> Buffer:
+        """Backward of the head merge: ``mean`` allocates ``(N, H, F)`` (or takes the one
+        that ran before a checkpoint recomputation) and releases ``g``; ``concat``
+        passes ``g`` on."""
+        if self.cfg.gat_merge != "mean":
+            return g
+        if self._pre_mean is not None:  # ran before the checkpoint recomputation
+            gm, self._pre_mean = self._pre_mean, None
+        else:
+            gm = self.a(self.nw(self.hf), BWD, f"{tag} grad mean over heads")
+        self.r(g)
+        return gm
 
     def _gat(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
         """DGL GATConv: projection, attention logits, edge softmax, weighted sum, bias;
@@ -480,14 +560,7 @@ class _RevReplayer:
         eh = e * heads * el
 
         def backward(g: Buffer) -> Buffer:
-            if mean:
-                if self._pre_mean is not None:  # ran before the checkpoint recomputation
-                    gm, self._pre_mean = self._pre_mean, None
-                else:
-                    gm = self.a(nh, BWD, f"{tag} grad mean over heads")
-                self.r(g)
-            else:
-                gm = g
+            gm = self._gat_merge_backward(g, tag)
             # a strided gradient (a column slice of the coupling's output gradient) is
             # copied to a contiguous one each time DGL hands it to its kernels
             strided = not mean and self._grad_is_view
@@ -506,29 +579,9 @@ class _RevReplayer:
             gel = self.a(n * heads * el, BWD, f"{tag} grad el")
             ger = self.a(n * heads * el, BWD, f"{tag} grad er")
             self.r(gl)
-            t = self.a(nh, BWD, f"{tag} grad attn_r")
-            gfd = self.a(nh, BWD, f"{tag} grad ft (er)")
-            self.r(t, ger)
-            acc = self.a(nh, BWD, f"{tag} grad ft sum")
-            self.r(gft, gfd)
-            t = self.a(nh, BWD, f"{tag} grad attn_l")
-            gfs = self.a(nh, BWD, f"{tag} grad ft (el)")
-            self.r(t, gel, ft)
-            acc2 = self.a(nh, BWD, f"{tag} grad ft")
-            self.r(acc, gfs)
-            gh = self.a(self.nw(), BWD, f"{tag} grad input")
-            self.r(acc2, m)
-            return gh
+            return self._gat_scores_backward(gel, ger, gft, ft, m, tag)
 
-        ft = self.a(nh, INT, f"{tag} projection")
-        if grad:
-            self.h(m)  # fc saves its input
-        t = self.a(nh, INT, f"{tag} ft * attn_l")
-        el_ = self.a(n * heads * el, ATT, f"{tag} el")
-        self.r(t)
-        t = self.a(nh, INT, f"{tag} ft * attn_r")
-        er = self.a(n * heads * el, ATT, f"{tag} er")
-        self.r(t)
+        ft, el_, er = self._gat_scores(m, grad, tag)
         ee = self.a(eh, ATT, f"{tag} el + er (edges)")
         lr = self.a(eh, ATT, f"{tag} leaky_relu")
         if grad:
@@ -536,21 +589,107 @@ class _RevReplayer:
         self.r(ee)
         att = self.a(eh, ATT, f"{tag} edge_softmax")
         if grad:
-            self.h(att, ft)  # softmax saves its output; the attention products save ft
+            self.h(att)  # softmax saves its output
         rst = self.a(nh, INT, f"{tag} weighted sum")
-        if stop:  # the weighted sum saved the last tensors: recomputation ends
-            self.r(rst, att, ft, el_, er, lr)
-            return None, backward
-        o = self.a(nh, INT, f"{tag} + bias")
-        self.r(rst)
-        self.r(att, ft, el_, er, lr)  # local_scope ends
-        if mean:
-            out = self.a(self.nw(), INT, f"{tag} mean over heads")
-            self.r(o)
-        else:
-            out = o
+        # the weighted sum saved the group's last tensors; DGL's local_scope ends
+        return self._gat_finish(rst, stop, tag, att, ft, el_, er, lr), backward
 
-        return out, backward
+    def _gat_pyg(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
+        """:func:`betty.models.gat.gat_forward` on a :class:`PygGraph`: the scores'
+        gathers ``el[src] + er[dst]`` ``(E, H)``, ``leaky_relu``, PyG's ``softmax``
+        (:meth:`_pyg_softmax`), the gathered ``z[src]`` times the attention ``(E, H,
+        F)``, ``scatter_add_`` into zeros, ``+ bias``; heads merged."""
+        heads = self.cfg.heads
+        eh, ehf = self.e_cnt * heads * self.el, self.e_cnt * self.hf * self.el
+        # a checkpoint recomputation hands saved tensors to the backward through its
+        # unpack hook: the node holds the only reference, gone when the node returns
+        unpacked = self.cfg.mode == "checkpoint"
+
+        def backward(g: Buffer) -> Buffer:
+            ge = self._scatter_backward(self._gat_merge_backward(g, tag), self.hf, tag)
+            # z[src] * a: the attention's gradient (broadcast over F, then summed over F by
+            # the engine once the node returns) and z[src]'s
+            gab = self.a(ehf, BWD, f"{tag} grad attention (broadcast)")
+            gzs = self.a(ehf, BWD, f"{tag} grad z[src]")
+            if unpacked:  # the node's unpacked factors die with it, before that sum
+                self.r(att, zs)
+            ga = self.a(eh, BWD, f"{tag} grad attention")
+            self.r(gab, ge)
+            if not unpacked:  # saved factors are released after the node's outputs exist
+                self.r(att, zs)
+            gza = self._gather_backward(gzs, self.hf, tag)
+            glr = self._pyg_softmax_backward(ga, ex, den, tag)
+            glr = self.bwd(f"{tag} grad leaky_relu", glr, ee, nbytes=eh)
+            self.h(glr)  # the sum's gradient goes to both gathers: er[dst]'s runs first
+            ger = self._gather_backward(glr, heads, tag)
+            gel = self._gather_backward(glr, heads, tag)
+            return self._gat_scores_backward(gel, ger, gza, ft, m, tag, sliced=True)
+
+        ft, el_, er = self._gat_scores(m, grad, tag)
+        i1 = self.a(eh, ATT, f"{tag} el[src]")
+        i2 = self.a(eh, ATT, f"{tag} er[dst]")
+        ee = self.a(eh, ATT, f"{tag} el + er (edges)")
+        self.r(i1, i2)
+        lr = self.a(eh, ATT, f"{tag} leaky_relu")
+        if grad:
+            self.h(ee)  # leaky_relu saves its input
+        self.r(ee)
+        att, ex, den = self._pyg_softmax(grad, tag)
+        zs = self.a(ehf, ATT, f"{tag} z[src]")
+        prod = self.a(ehf, ATT, f"{tag} z[src] * a")
+        if grad:
+            self.h(zs, att)  # the product saves both factors
+        self.r(zs)
+        rst = self.a(self.nw(self.hf), INT, f"{tag} weighted sum (scatter_add)")
+        self.r(prod)
+        # scatter_add_ saves its index: the group's last saved tensor
+        return self._gat_finish(rst, stop, tag, att, ft, el_, er, lr), backward
+
+    def _pyg_softmax(self, grad: bool, tag: str):
+        """``torch_geometric.utils.softmax(x, dst)`` on ``(E, H)`` logits: ``max`` by
+        ``scatter_reduce_`` into zeros ``(N, H)``, ``x - max[dst]``, ``exp`` (saves its
+        result), ``sum`` by ``scatter_add_`` into zeros, ``+ 1e-16``, ``sum[dst]``, the
+        division (saves both operands). Returns ``(a, exp, denominators)`` (the last
+        two kept only with ``grad``)."""
+        eh, n_h = self.e_cnt * self.cfg.heads * self.el, self.n * self.cfg.heads * self.el
+        mx = self.a(n_h, ATT, f"{tag} softmax max")
+        sel = self.a(eh, ATT, f"{tag} softmax max[dst]")
+        sub = self.a(eh, ATT, f"{tag} softmax x - max")
+        self.r(sel)
+        ex = self.a(eh, ATT, f"{tag} softmax exp")
+        self.r(sub)
+        s0 = self.a(n_h, ATT, f"{tag} softmax sum")
+        s = self.a(n_h, ATT, f"{tag} softmax sum + eps")
+        self.r(s0)
+        den = self.a(eh, ATT, f"{tag} softmax sum[dst]")
+        self.r(s)
+        att = self.a(eh, ATT, f"{tag} edge_softmax")
+        if grad:
+            self.h(ex, den)
+        self.r(mx, ex, den)  # softmax returns
+        return att, ex, den
+
+    def _pyg_softmax_backward(self, ga: Buffer, ex: Buffer, den: Buffer, tag: str) -> Buffer:
+        """Backward of :meth:`_pyg_softmax` from the attention's gradient ``ga`` ``(E,
+        H)``: the division (``/ den``, ``/ den``, ``neg``, ``mul`` for the
+        denominator's gradient; then the numerator's), ``sum[dst]`` (zeros +
+        ``index_add``), the scatter sum (a gather), the two gradients of ``exp``'s
+        result summed, ``exp``'s ``mul``. Releases ``ga``, ``ex``, ``den``; returns the
+        logits' gradient ``(E, H)`` (the max path is detached)."""
+        heads = self.cfg.heads
+        eh = self.e_cnt * heads * self.el
+        d1 = self.a(eh, BWD, f"{tag} softmax grad / den")
+        d2 = self.a(eh, BWD, f"{tag} softmax grad / den / den")
+        ng = self.a(eh, BWD, f"{tag} softmax -grad")
+        gden = self.a(eh, BWD, f"{tag} grad den")
+        self.r(ng, d2, d1)
+        gex = self.a(eh, BWD, f"{tag} grad exp (division)")
+        self.r(ga, den)
+        gs = self._gather_backward(gden, heads, tag)
+        gg = self._scatter_backward(gs, heads, tag)
+        gsum = self.a(eh, BWD, f"{tag} grad exp")
+        self.r(gex, gg)
+        return self.bwd(f"{tag} grad logits (exp backward)", gsum, ex, nbytes=eh)
 
     # ------------------------------------------------------------------ coupling
     def coupling_forward(self, x: Buffer, grad: bool, tag: str, stop_early: bool = False):

@@ -81,8 +81,7 @@ def _reversible_report(rspec, ds, device, trainer, model, optimizer, measure: bo
 
     if not supports_estimate(model):
         raise ValueError("the memory model does not cover this reversible variant "
-                         "(model.deq: true has no estimator; model.conv: gat is not modelled "
-                         "on model.backend: pyg)")
+                         "(model.deq: true has no estimator)")
     parts, _, _ = trainer.split(0)
     estimates = estimate_rev_parts(parts, model, train_mask=trainer.train_mask,
                                    optimizer=optimizer, **trainer.memory_kwargs)
