@@ -1,4 +1,4 @@
-"""Cross-backend parity, PyG exactness and DGL-vs-PyG step and epoch time, side by side.
+"""Cross-backend parity, exactness per backend and DGL-vs-PyG step and epoch time, side by side.
 
     python benchmarks/backends.py [--nodes 600] [--repeats 5]
     python benchmarks/backends.py --epoch SPEC [--set KEY=VALUE ...] [--repeats 3] [--warmup 1]
@@ -9,7 +9,7 @@ hidden 16, 2 GAT heads, dropout 0.5, attention dropout 0.25), prints per model:
 
 1. parity: the same weights on the same blocks, DGL vs PyG, float64: max relative
    difference of the outputs and of the gradients (``betty.train.max_relative_difference``);
-2. exactness on the PyG backend: the worst relative gradient error of K-way
+2. exactness on each backend: the worst relative gradient error of K-way
    accumulation (K in 2, 3, 7; range, random, reg) against
    ``betty.reference.full_batch_reference``, float64 and float32;
 3. step time: median over ``--repeats`` of one K=4 accumulation step (float32) on each
@@ -170,8 +170,9 @@ def main() -> None:
     batch = sample_full_batch(g, train, [5, 8], seed=0)
     print(f"batch: {batch.num_outputs} outputs, {batch.layers[0].num_src} inputs, "
           f"{sum(l.num_edges for l in batch.layers)} edges")
-    print(f"{'model':10} {'parity out':>11} {'parity grad':>12} {'pyg exact f64':>14} "
-          f"{'pyg exact f32':>14} {'dgl step s':>11} {'pyg step s':>11} {'pyg/dgl':>8}")
+    print(f"{'model':10} {'parity out':>11} {'parity grad':>12} {'dgl exact f64':>14} "
+          f"{'dgl exact f32':>14} {'pyg exact f64':>14} {'pyg exact f32':>14} "
+          f"{'dgl step s':>11} {'pyg step s':>11} {'pyg/dgl':>8}")
     for arch, agg in MODELS:
         name = f"{arch}-{agg}" if agg else arch
         d, p = _model(arch, agg, "dgl", torch.float64), _model(arch, agg, "pyg", torch.float64)
@@ -181,11 +182,13 @@ def main() -> None:
         parity_out = float((out_p - out_d).abs().max() / out_d.abs().max())
         parity_grad = max_relative_difference(grad_p, grad_d)
         exact = {}
-        for dtype in (torch.float64, torch.float32):
-            model = _model(arch, agg, "pyg", dtype)
-            ref = full_batch_reference(model, batch, feat, label, dropout_key=KEY, dtype=dtype).grads
-            exact[dtype] = max(max_relative_difference(_k_way(model, batch, feat, label, k, m, dtype), ref)
-                               for m in ("range", "random", "reg") for k in (2, 3, 7))
+        for backend in ("dgl", "pyg"):
+            for dtype in (torch.float64, torch.float32):
+                model = _model(arch, agg, backend, dtype)
+                ref = full_batch_reference(model, batch, feat, label, dropout_key=KEY, dtype=dtype).grads
+                exact[backend, dtype] = max(
+                    max_relative_difference(_k_way(model, batch, feat, label, k, m, dtype), ref)
+                    for m in ("range", "random", "reg") for k in (2, 3, 7))
         times = {"dgl": [], "pyg": []}
         models = {b: _model(arch, agg, b, torch.float32) for b in times}
         groups = partition_batch(batch, 4, "random", seed=3).groups
@@ -197,8 +200,10 @@ def main() -> None:
                                      dtype=torch.float32)
                 times[backend].append(time.perf_counter() - start)
         t_d, t_p = statistics.median(times["dgl"]), statistics.median(times["pyg"])
-        print(f"{name:10} {parity_out:11.1e} {parity_grad:12.1e} {exact[torch.float64]:14.1e} "
-              f"{exact[torch.float32]:14.1e} {t_d:11.4f} {t_p:11.4f} {t_p / t_d:8.2f}")
+        exact_cols = " ".join(f"{exact[b, dt]:14.1e}" for b in ("dgl", "pyg")
+                              for dt in (torch.float64, torch.float32))
+        print(f"{name:10} {parity_out:11.1e} {parity_grad:12.1e} {exact_cols} "
+              f"{t_d:11.4f} {t_p:11.4f} {t_p / t_d:8.2f}")
 
 
 if __name__ == "__main__":
