@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.constants import BackendConstants
+from betty.memory.ops import numel
 from betty.memory.sizes import PieceSizes
 from betty.memory.spec import ModelSpec, OptimizerSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
@@ -109,13 +110,6 @@ class ReplayConfig:
     training: bool = True
 
 
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
 class _Replayer:
     def __init__(self, sizes: PieceSizes, cfg: ReplayConfig) -> None:
         self.s = sizes
@@ -135,13 +129,13 @@ class _Replayer:
         stays. Otherwise it is added in place into the existing ``.grad`` and freed.
         """
         for shape in shapes:
-            nbytes = _numel(shape) * self.pelt
+            nbytes = numel(shape) * self.pelt
             self.tl.alloc(np.where(self.fresh, nbytes, 0.0), GRADS, f"{tag} grad {shape}")
             self.tl.temp(np.where(self.fresh, 0.0, nbytes), GRADS, f"{tag} grad {shape}")
 
     def baseline(self) -> None:
         all_shapes = [s for layer in self.shapes for s in layer]
-        pbytes = sum(_numel(s) for s in all_shapes) * self.pelt
+        pbytes = sum(numel(s) for s in all_shapes) * self.pelt
         self.tl.add_baseline(pbytes, PARAMS)
         n_state, has_step = self.cfg.optimizer.state_tensors()
         state = n_state * pbytes
@@ -618,7 +612,7 @@ class _Replayer:
         tl, e, c = self.tl, self.e, self.cfg.constants
         gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
         tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
-        new = [tl.alloc(np.where(m, _numel(s) * self.pelt, 0), GRADS, f"{tag} lstm weight grad")
+        new = [tl.alloc(np.where(m, numel(s) * self.pelt, 0), GRADS, f"{tag} lstm weight grad")
                for s in lstm_params]
         return gx, new
 

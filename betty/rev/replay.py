@@ -61,6 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from betty.memory.ops import numel
 from betty.memory.spec import OptimizerSpec
 from betty.memory.timeline import Buffer, Timeline
 
@@ -99,13 +100,6 @@ def rev_parameter_shapes(in_feats: int, hidden: int, out_feats: int, num_groups:
     head = head_norm + [(out_feats, hidden), (out_feats,)]
     blocks = [list(block) for _ in range(num_distinct_blocks)]
     return [[(hidden, in_feats), (hidden,)]] + blocks + [head]
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 @dataclass
@@ -181,7 +175,7 @@ class _RevReplayer:
         f = self.w if cfg.gat_merge == "mean" else self.w // max(cfg.heads, 1)
         self.hf = cfg.heads * f  # GAT projected width
         self.shapes = cfg.shapes
-        self.pbytes = [sum(_numel(s) for s in group) * cfg.elt for group in self.shapes]
+        self.pbytes = [sum(numel(s) for s in group) * cfg.elt for group in self.shapes]
         self._pre_mean: Buffer | None = None  # see _gat's backward
         self._grad_is_view = False  # the gradient reaching a group function is a slice
 
@@ -1007,7 +1001,7 @@ class _RevReplayer:
         if cfg.optimizer.name != "adam":
             return
         el = cfg.elt
-        sizes = [_numel(s) * el for group in self.shapes for s in group]
+        sizes = [numel(s) * el for group in self.shapes for s in group]
         if cfg.host:  # single-tensor Adam: denom = sqrt(v) / c, previous denom freed late
             prev = None
             for nb in sizes:
