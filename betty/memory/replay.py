@@ -59,54 +59,34 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.constants import BackendConstants
-from betty.memory.ops import numel
+from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
+                              StepConfig, numel, param_grads, step_baseline)
 from betty.memory.sizes import PieceSizes
-from betty.memory.spec import ModelSpec, OptimizerSpec, parameter_shapes
+from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["ReplayConfig", "replay", "INDEX_BYTES"]
 
-INDEX_BYTES = 8  # int64 indices everywhere (betty builds blocks with idtype=int64)
 _DROPOUT_CHUNK_ELEMENTS = 1 << 15  # betty.models.dropout._CHUNK_ELEMENTS
 
-# components of the breakdown
-PARAMS, GRADS, OPT = "parameters", "gradients", "optimizer_state"
-BLOCKS, IDS, FEATS, LABELS = "blocks", "global_ids", "features", "labels"
-ACT, AGG, ATT, LSTM = "activations", "aggregation", "attention", "lstm"
-BWD, LOSS, DROP = "activation_gradients", "loss", "dropout"
+# components of the breakdown besides the shared ones (betty.memory.ops); all indices are
+# int64 (INDEX_BYTES: betty builds blocks with idtype=int64)
+BLOCKS, IDS, AGG, LSTM = "blocks", "global_ids", "aggregation", "lstm"
 
 
 @dataclass
-class ReplayConfig:
-    """Everything :func:`replay` needs besides the sizes.
+class ReplayConfig(StepConfig):
+    """Everything :func:`replay` needs besides the sizes: the step's
+    :class:`~betty.memory.ops.StepConfig` fields (keyword arguments) and
 
     Attributes:
         model: the model's shapes.
-        optimizer: which optimizer state exists (it is assumed to exist: the steady
-            state after the first step).
-        elt: bytes per element of the compute dtype (features after the cast,
-            activations).
-        feat_elt: bytes per element of the host feature matrix.
-        num_label_columns: T for multi-label targets (0: single-label int64).
-        label_elt: bytes per element of multi-label targets.
         constants: the backend's constants.
-        host_step: the measured device is the host (Adam's 0-d ``step`` tensors are
-            counted; standard dropout keeps a float noise tensor). On CUDA the steps stay
-            on the host unless capturable/fused, and dropout keeps a bool mask.
-        fresh_grads: ``(P,)`` bools: the piece starts with no ``.grad`` (first piece
-            after ``zero_grad(set_to_none=True)``), so its backward creates them.
         training: dropout active (betty trains in ``model.train()``).
     """
 
     model: ModelSpec
-    optimizer: OptimizerSpec
-    elt: int
-    feat_elt: int
     constants: BackendConstants
-    fresh_grads: np.ndarray
-    num_label_columns: int = 0
-    label_elt: int = 4
-    host_step: bool = True
     training: bool = True
 
 
@@ -123,26 +103,16 @@ class _Replayer:
 
     # ------------------------------------------------------------------ params
     def param_grads(self, shapes, tag: str) -> None:
-        """Gradients of ``shapes`` produced by one backward node.
-
-        Fresh piece: the new gradient becomes ``.grad`` (AccumulateGrad steals it) and
-        stays. Otherwise it is added in place into the existing ``.grad`` and freed.
-        """
+        """Gradients of ``shapes`` produced by one backward node, one tensor each
+        (:func:`~betty.memory.ops.param_grads`)."""
         for shape in shapes:
-            nbytes = numel(shape) * self.pelt
-            self.tl.alloc(np.where(self.fresh, nbytes, 0.0), GRADS, f"{tag} grad {shape}")
-            self.tl.temp(np.where(self.fresh, 0.0, nbytes), GRADS, f"{tag} grad {shape}")
+            name = f"{tag} grad {shape}"
+            param_grads(self.tl, numel(shape) * self.pelt, self.fresh, name, name)
 
     def baseline(self) -> None:
         all_shapes = [s for layer in self.shapes for s in layer]
         pbytes = sum(numel(s) for s in all_shapes) * self.pelt
-        self.tl.add_baseline(pbytes, PARAMS)
-        n_state, has_step = self.cfg.optimizer.state_tensors()
-        state = n_state * pbytes
-        if has_step and (self.cfg.host_step or self.cfg.optimizer.step_on_device):
-            state += 4 * len(all_shapes)
-        self.tl.add_baseline(state, OPT)
-        self.tl.add_baseline(np.where(self.fresh, 0.0, pbytes), GRADS)
+        step_baseline(self.tl, self.cfg, pbytes, len(all_shapes))
 
     # ------------------------------------------------------------------ dropout
     def dropout_fwd(self, h: Buffer, n, width: int, needs_grad: bool, tag: str) -> Buffer:
@@ -151,7 +121,7 @@ class _Replayer:
         if cfg.model.dropout_mode == "standard":
             # host: a float noise tensor (bernoulli, scaled) then input * noise, the noise
             # saved for backward; CUDA's fused kernel keeps a bool mask instead
-            mask_elt = e if cfg.host_step else 1
+            mask_elt = e if cfg.host else 1
             mask = tl.alloc(n * width * mask_elt, DROP, f"{tag} dropout mask")
             out = tl.alloc(n * width * e, DROP, f"{tag} dropout out")
             if not needs_grad:
@@ -990,8 +960,8 @@ class _Replayer:
             tl.release(x)
             x = x2
         n_out = s.num_outputs
-        if cfg.num_label_columns:
-            tl.alloc(n_out * cfg.num_label_columns * cfg.label_elt, LABELS, "labels")
+        if cfg.label_columns:
+            tl.alloc(n_out * cfg.label_columns * cfg.label_elt, LABELS, "labels")
         else:
             tl.alloc(n_out * INDEX_BYTES, LABELS, "labels")
 
@@ -1034,8 +1004,8 @@ class _Replayer:
 
         tl.phase = "loss"
         n_cls = spec.widths[-1]
-        if cfg.num_label_columns:
-            t = cfg.num_label_columns
+        if cfg.label_columns:
+            t = cfg.label_columns
             tl.temp(n_out * t * e, LOSS, "targets cast")
             mean = self._through(LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
             saved = [mean]
@@ -1044,8 +1014,8 @@ class _Replayer:
             saved = [lsm]
 
         tl.phase = "backward loss"
-        if cfg.num_label_columns:
-            t = cfg.num_label_columns
+        if cfg.label_columns:
+            t = cfg.label_columns
             g1 = tl.alloc(n_out * t * e, BWD, "grad bce")
             g = tl.alloc(n_out * t * e, BWD, "grad logits")
             tl.release(g1, *saved)

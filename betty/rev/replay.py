@@ -61,20 +61,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from betty.memory.ops import numel
-from betty.memory.spec import OptimizerSpec
+from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
+                              PARAMS, StepConfig, numel, param_grads, step_baseline)
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
 
-# components of the breakdown
-PARAMS, GRADS, OPT = "parameters", "gradients", "optimizer_state"
-FEATS, LABELS, DROP, ENC = "features", "labels", "dropout", "encoder"
-ACT, INT, ATT = "activations", "block_internals", "attention"
-HEAD, LOSS, BWD, STEP = "head", "loss", "activation_gradients", "optimizer_step"
+# components of the breakdown besides the shared ones (betty.memory.ops)
+ENC, INT, HEAD, STEP = "encoder", "block_internals", "head", "optimizer_step"
 COMPONENTS = (PARAMS, GRADS, OPT, FEATS, LABELS, DROP, ENC, ACT, INT, ATT, HEAD, LOSS, BWD, STEP)
-
-INDEX_BYTES = 8  # int64 node IDs, degrees, labels
 
 
 def rev_parameter_shapes(in_feats: int, hidden: int, out_feats: int, num_groups: int,
@@ -103,8 +98,11 @@ def rev_parameter_shapes(in_feats: int, hidden: int, out_feats: int, num_groups:
 
 
 @dataclass
-class RevReplayConfig:
-    """Everything :func:`replay_rev` needs besides the part sizes.
+class RevReplayConfig(StepConfig):
+    """Everything :func:`replay_rev` needs besides the part sizes: the step's
+    :class:`~betty.memory.ops.StepConfig` fields (keyword arguments; ``fresh_grads``:
+    the first part *with training nodes* starts fresh, ``elt`` is also the parameters'
+    width) and
 
     Attributes:
         hidden, num_groups, num_layers, in_feats, out_feats: the model's shape.
@@ -113,14 +111,6 @@ class RevReplayConfig:
         weight_tied: one block's weights applied at every depth.
         dropout: the model's dropout probability (masks exist when > 0).
         check_consistency: the reversible backward checks each recomputed block.
-        optimizer: which optimizer state exists (assumed: after the first step).
-        elt: bytes per element of the compute dtype; feat_elt: of the features.
-        label_columns: T for multi-label targets (0: single-label int64 classes).
-        label_elt: bytes per element of multi-label targets.
-        fresh_grads: ``(P,)`` bools: the part starts without ``.grad`` (the first part
-            with training nodes after ``zero_grad(set_to_none=True)``).
-        host: the measured device is the host (single-tensor Adam, 0-d ``step``
-            tensors counted); else CUDA's foreach Adam with host steps.
         granule: allocation rounding in bytes (CUDA's caching allocator: 512).
         graph_backend: ``"dgl"`` (DGL's fused message passing) or ``"pyg"`` (betty's
             PyG layers: gathered ``(E, w)`` messages and ``scatter_add``; GAT's
@@ -142,13 +132,6 @@ class RevReplayConfig:
     weight_tied: bool
     dropout: float
     check_consistency: bool
-    optimizer: OptimizerSpec
-    elt: int
-    feat_elt: int
-    fresh_grads: np.ndarray
-    label_columns: int = 0
-    label_elt: int = 4
-    host: bool = True
     granule: int = 1
     graph_backend: str = "dgl"
     masks_held: bool = False
@@ -200,29 +183,21 @@ class _RevReplayer:
         return out
 
     def param_grads(self, group_index: int, tag: str, first_use: bool = True) -> None:
-        """Gradients of parameter group ``group_index`` produced by a backward node:
-        kept as ``.grad`` on a fresh part, else added in place and freed."""
-        nbytes = self.pbytes[group_index]
-        keep = self.fresh & first_use
-        self.tl.alloc(np.where(keep, nbytes, 0.0), GRADS, f"{tag} parameter grads")
-        self.tl.temp(np.where(keep, 0.0, nbytes), GRADS, f"{tag} parameter grads (accumulated)")
+        """Gradients of parameter group ``group_index`` produced by a backward node
+        (:func:`~betty.memory.ops.param_grads`; ``first_use``: no earlier node of this
+        part produced them)."""
+        param_grads(self.tl, self.pbytes[group_index], self.fresh & first_use,
+                    f"{tag} parameter grads", f"{tag} parameter grads (accumulated)")
 
     # ------------------------------------------------------------------ baseline
     def baseline(self) -> None:
         cfg = self.cfg
-        total = float(sum(self.pbytes))
-        self.tl.add_baseline(total, PARAMS)
-        n_state, has_step = cfg.optimizer.state_tensors()
-        n_params = sum(len(g) for g in self.shapes)
-        state = n_state * total
-        if has_step and (cfg.host or cfg.optimizer.step_on_device):
-            state += 4 * n_params
+        bn_buffers = None
         if cfg.norm == "batch":  # running mean/var (w) and num_batches_tracked per group
             n_bn = (1 if cfg.weight_tied else cfg.num_layers) * cfg.num_groups
-            state_bufs = n_bn * (2 * self.w * cfg.elt + 8) + 2 * cfg.hidden * cfg.elt + 8
-            self.tl.add_baseline(state_bufs, PARAMS)
-        self.tl.add_baseline(state, OPT)
-        self.tl.add_baseline(np.where(self.fresh, 0.0, total), GRADS)
+            bn_buffers = n_bn * (2 * self.w * cfg.elt + 8) + 2 * cfg.hidden * cfg.elt + 8
+        step_baseline(self.tl, cfg, float(sum(self.pbytes)), sum(len(g) for g in self.shapes),
+                      bn_buffers)
 
     # ------------------------------------------------------------------ group function
     def group_forward(self, hin: Buffer, grad: bool, tag: str, stop_early: bool = False):
