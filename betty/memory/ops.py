@@ -16,9 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.spec import OptimizerSpec
-from betty.memory.timeline import Timeline
+from betty.memory.timeline import Buffer, Timeline
 
-__all__ = ["StepConfig", "numel", "step_baseline", "param_grads", "INDEX_BYTES",
+__all__ = ["StepConfig", "numel", "step_baseline", "param_grads", "through",
+           "edge_softmax_backward", "pyg_softmax_forward", "pyg_softmax_backward",
+           "SAMPLED_SOFTMAX_LABELS", "REV_SOFTMAX_LABELS", "INDEX_BYTES",
            "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
 
 INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
@@ -93,3 +95,91 @@ def param_grads(tl: Timeline, nbytes, keep, name: str, accumulated_name: str) ->
     the existing ``.grad`` and freed (a transient)."""
     tl.alloc(np.where(keep, nbytes, 0.0), GRADS, name)
     tl.temp(np.where(keep, 0.0, nbytes), GRADS, accumulated_name)
+
+
+def through(tl: Timeline, component: str, tmp_bytes, tmp_name: str, out_bytes,
+            out_name: str) -> Buffer:
+    """``out = f(tmp)`` where nothing keeps ``tmp``: ``tmp`` is allocated, then ``out``,
+    then ``tmp`` is freed (e.g. ``relu(fc(x))`` without autograd saving ``fc(x)``).
+    Returns ``out``."""
+    tmp = tl.alloc(tmp_bytes, component, tmp_name)
+    out = tl.alloc(out_bytes, component, out_name)
+    tl.release(tmp)
+    return out
+
+
+# ---------------------------------------------------------------------- attention
+def edge_softmax_backward(tl: Timeline, ga: Buffer, att: Buffer, scores: Buffer, eh,
+                          el_bytes, er_bytes, tag: str) -> tuple[Buffer, Buffer]:
+    """Backward of DGL's GAT attention ``a = edge_softmax(leaky_relu(el[src] + er[dst]))``
+    from the attention's ``(E, H)`` gradient ``ga`` (``eh`` bytes): ``edge_softmax``'s
+    backward (``a · ga``, then ``a · (ga - sum_dst(a · ga))``: one transient and the
+    logits' gradient; releases ``ga`` and the saved output ``att``), ``leaky_relu``'s
+    (releases the saved input ``scores``), then ``u_add_v``'s two reductions: the
+    gradients of ``el`` (``el_bytes``) and ``er`` (``er_bytes``). Returns ``(gel, ger)``."""
+    t = tl.alloc(eh, BWD, f"{tag} softmax backward")
+    gs = tl.alloc(eh, BWD, f"{tag} grad logits")
+    tl.release(t, ga, att)
+    gl = tl.alloc(eh, BWD, f"{tag} grad leaky_relu")
+    tl.release(gs, scores)
+    gel = tl.alloc(el_bytes, BWD, f"{tag} grad el")
+    ger = tl.alloc(er_bytes, BWD, f"{tag} grad er")
+    tl.release(gl)
+    return gel, ger
+
+
+def pyg_softmax_forward(tl: Timeline, n_h, eh, tag: str) -> tuple[Buffer, Buffer, Buffer]:
+    """``torch_geometric.utils.softmax(x, dst)`` on ``(E, H)`` logits (``eh`` bytes;
+    ``n_h``: bytes of an ``(N_dst, H)`` tensor) up to its last op: the per-destination
+    max (``scatter_reduce_`` into zeros), ``max[dst]``, ``x - max[dst]``, ``exp`` (saves
+    its result), the sum (``scatter_add_`` into zeros), ``+ 1e-16``, ``sum[dst]``.
+    Returns ``(max, exp, denominators)``; the caller allocates the division ``exp /
+    denominators`` (it saves both operands) and then lets go of ``max``."""
+    mx = tl.alloc(n_h, ATT, f"{tag} softmax max")
+    sub = through(tl, ATT, eh, f"{tag} softmax max[dst]", eh, f"{tag} softmax x - max")
+    ex = tl.alloc(eh, ATT, f"{tag} softmax exp")
+    tl.release(sub)
+    s = through(tl, ATT, n_h, f"{tag} softmax sum", n_h, f"{tag} softmax sum + eps")
+    den = tl.alloc(eh, ATT, f"{tag} softmax sum[dst]")
+    tl.release(s)
+    return mx, ex, den
+
+
+# The two replays label these ops differently in their traces (the labels reach
+# MemoryEstimate.peak_at); each passes its own so both traces stay as they were.
+SAMPLED_SOFTMAX_LABELS = ("softmax ex / den", "softmax ex / den^2", "grad ex (division)",
+                          "grad sum zeros", "grad sum (index_add)", "grad ex (sum)", "grad ex",
+                          "grad logits")
+REV_SOFTMAX_LABELS = ("softmax grad / den", "softmax grad / den / den", "grad exp (division)",
+                      "grad index zeros", "grad index (index_put)",
+                      "grad scatter_add (gather, E x w)", "grad exp", "grad logits (exp backward)")
+
+
+def pyg_softmax_backward(tl: Timeline, ga: Buffer, ex: Buffer, den: Buffer, eh, n_h, tag: str,
+                         labels: tuple[str, ...]) -> Buffer:
+    """Backward of :func:`pyg_softmax_forward` and its division from the attention's
+    ``(E, H)`` gradient ``ga``: the division's (``ga / den``, ``/ den`` again, ``neg``,
+    ``mul``: the denominators' gradient; then the numerator's ``ga / den``), ``sum[dst]``'s
+    (zeros ``(N_dst, H)`` and ``index_add``), the scatter sum's (a gather back to the
+    edges), the two gradients of ``exp``'s result summed, ``exp``'s ``mul``. Releases
+    ``ga``, ``ex``, ``den``; returns the logits' gradient ``(E, H)`` (the max is
+    detached). ``labels``: the trace's names of the ops that differ between the
+    replays (:data:`SAMPLED_SOFTMAX_LABELS`, :data:`REV_SOFTMAX_LABELS`)."""
+    div, div2, gex_name, zeros_name, index_name, gather_name, gsum_name, out_name = labels
+    d1 = tl.alloc(eh, BWD, f"{tag} {div}")
+    d2 = tl.alloc(eh, BWD, f"{tag} {div2}")
+    ng = tl.alloc(eh, BWD, f"{tag} softmax -grad")
+    gden = tl.alloc(eh, BWD, f"{tag} grad den")
+    tl.release(ng, d2, d1)
+    gex = tl.alloc(eh, BWD, f"{tag} {gex_name}")
+    tl.release(ga, den)
+    z = tl.alloc(n_h, BWD, f"{tag} {zeros_name}")
+    gs = tl.alloc(n_h, BWD, f"{tag} {index_name}")
+    tl.release(z, gden)
+    gg = tl.alloc(eh, BWD, f"{tag} {gather_name}")
+    tl.release(gs)
+    gsum = tl.alloc(eh, BWD, f"{tag} {gsum_name}")
+    tl.release(gex, gg)
+    gl = tl.alloc(eh, BWD, f"{tag} {out_name}")
+    tl.release(gsum, ex)
+    return gl

@@ -60,7 +60,9 @@ import numpy as np
 
 from betty.memory.constants import BackendConstants
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
-                              StepConfig, numel, param_grads, step_baseline)
+                              SAMPLED_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
+                              param_grads, pyg_softmax_backward, pyg_softmax_forward, step_baseline,
+                              through)
 from betty.memory.sizes import PieceSizes
 from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
@@ -164,17 +166,6 @@ class _Replayer:
         return out
 
     # ------------------------------------------------------------------ helpers
-    def _through(self, component: str, tmp_bytes, tmp_name: str, out_bytes,
-                 out_name: str) -> Buffer:
-        """``out = f(tmp)`` where nothing keeps ``tmp``: ``tmp`` is allocated, then
-        ``out``, then ``tmp`` is freed (e.g. ``relu(fc(x))`` without autograd saving
-        ``fc(x)``). Returns ``out``."""
-        tl = self.tl
-        tmp = tl.alloc(tmp_bytes, component, tmp_name)
-        out = tl.alloc(out_bytes, component, out_name)
-        tl.release(tmp)
-        return out
-
     def accumulate_src_grad(self, g_full: Buffer, g_dst: Buffer | None, n_src, width, tag) -> Buffer:
         """``g_full`` (n_src, W) plus the gradient of the ``[:n_dst]`` slice
         (``slice_backward`` pads it to (n_src, W), then an out-of-place add)."""
@@ -296,7 +287,7 @@ class _Replayer:
         tl = self.tl
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         if clamp:
-            return self._through(AGG, n_dst * INDEX_BYTES, f"{tag} degree clamp",
+            return through(self.tl, AGG, n_dst * INDEX_BYTES, f"{tag} degree clamp",
                                  n_dst * self.e, f"{tag} degrees")
         return tl.alloc(n_dst * self.e, AGG, f"{tag} degrees")
 
@@ -421,9 +412,9 @@ class _Replayer:
         degrees + 1, normalized)`` buffers (``sum`` None where it is already freed)."""
         tl, e = self.tl, self.e
         if self.pyg:  # in_degrees() (bincount, cast), scatter(x[src], dst, reduce="sum")
-            deg = self._through(AGG, n_dst * INDEX_BYTES, f"{tag} bincount",
+            deg = through(self.tl, AGG, n_dst * INDEX_BYTES, f"{tag} bincount",
                                 n_dst * e, f"{tag} degrees")
-            z = self._through(AGG, n_e * w * e, f"{tag} messages", n_dst * w * e, f"{tag} sum")
+            z = through(self.tl, AGG, n_e * w * e, f"{tag} messages", n_dst * w * e, f"{tag} sum")
             sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
             tl.release(z)
             z = None
@@ -454,7 +445,7 @@ class _Replayer:
         the max is the backend's (:meth:`_max_aggregate`), everything else is shared."""
         tl, e = self.tl, self.e
         fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
-        p2 = self._through(AGG, n_src * wi * e, f"{tag} fc_pool",
+        p2 = through(self.tl, AGG, n_src * wi * e, f"{tag} fc_pool",
                            n_src * wi * e, f"{tag} relu(fc_pool)")
         tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
         max_backward = self._max_aggregate(tag, n_src, n_dst, n_e, wi)
@@ -512,13 +503,13 @@ class _Replayer:
             tl.release(g)
             # scatter_reduce(amax) backward: which entries reached the max, how many tie
             val = tl.alloc(n_e * w * e, BWD, f"{tag} max gathered")
-            t1 = self._through(BWD, n_dst * w, f"{tag} self == max",
+            t1 = through(self.tl, BWD, n_dst * w, f"{tag} self == max",
                                n_dst * w * e, f"{tag} self == max (float)")
-            t2 = self._through(BWD, n_e * w, f"{tag} src == max",
+            t2 = through(self.tl, BWD, n_e * w, f"{tag} src == max",
                                n_e * w * e, f"{tag} src == max (float)")
             ties = tl.alloc(n_dst * w * e, BWD, f"{tag} ties")
             gd = tl.alloc(n_dst * w * e, BWD, f"{tag} grad / ties")
-            gself = self._through(BWD, n_dst * w, f"{tag} self == max",
+            gself = through(self.tl, BWD, n_dst * w, f"{tag} self == max",
                                   n_dst * w * e, f"{tag} grad self")
             gg = tl.alloc(n_e * w * e, BWD, f"{tag} grad gathered")
             eq = tl.alloc(n_e * w, BWD, f"{tag} src == max")
@@ -619,7 +610,7 @@ class _Replayer:
         msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         idx = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bucket bookkeeping")
-        buckets = self._through(AGG, 2 * n_dst * INDEX_BYTES, f"{tag} degree sort",
+        buckets = through(self.tl, AGG, 2 * n_dst * INDEX_BYTES, f"{tag} degree sort",
                                 3 * n_dst * INDEX_BYTES, f"{tag} bucket node lists")
         saved = []
         results = []
@@ -729,7 +720,7 @@ class _Replayer:
             saved.append((t, b, [z0, *call_saved], idx))
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
         cat_idx = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} bucket result index")
-        neigh = self._through(AGG, n_nonzero * w * e, f"{tag} bucket results",
+        neigh = through(self.tl, AGG, n_nonzero * w * e, f"{tag} bucket results",
                               n_dst * w * e, f"{tag} neigh")
         tl.release(*book, *results, c_last, steps, mailbox, z)
         out = self._fc_out(tag, n_dst, wo)
@@ -798,7 +789,7 @@ class _Replayer:
             uav = tl.alloc(n_e * heads * e, ATT, f"{tag} el+er")
         lr = tl.alloc(n_e * heads * e, ATT, f"{tag} leaky_relu")
         if self.pyg:
-            mx, ex, den = self._pyg_softmax_fwd(n_dst, n_e, heads, tag)
+            mx, ex, den = pyg_softmax_forward(tl, n_dst * heads * e, n_e * heads * e, tag)
         a = tl.alloc(n_e * heads * e, ATT, f"{tag} edge_softmax")
         if self.pyg:
             tl.release(mx)
@@ -841,14 +832,8 @@ class _Replayer:
                 if attn_drop:
                     ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
                     tl.release(a_used)
-                t1 = tl.alloc(n_e * heads * e, BWD, f"{tag} softmax backward")
-                gsm = tl.alloc(n_e * heads * e, BWD, f"{tag} grad logits")
-                tl.release(t1, ga, a)
-                lrb = tl.alloc(n_e * heads * e, BWD, f"{tag} grad leaky_relu")
-                tl.release(gsm, uav)
-                gel = tl.alloc(n_src * heads * e, BWD, f"{tag} grad el")
-                ger = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad er")
-                tl.release(lrb)
+                gel, ger = edge_softmax_backward(tl, ga, a, uav, n_e * heads * e, n_src * heads * e,
+                                                 n_dst * heads * e, tag)
             gzr = tl.alloc(n_dst * hf * e, BWD, f"{tag} grad z_dst")
             tl.temp(n_dst * hf * e, BWD, f"{tag} grad attn_r")
             self.param_grads([attn_r], f"{tag} attn_r")
@@ -867,22 +852,6 @@ class _Replayer:
 
         return out, backward, o
 
-    def _pyg_softmax_fwd(self, n_dst, n_e, heads, tag):
-        """``torch_geometric.utils.softmax`` up to its last op: the per-destination
-        max (freed after the division), ``exp(x - max[dst])`` and the gathered
-        denominators (both saved by the final division, which the caller allocates)."""
-        tl, e = self.tl, self.e
-        mx = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax max")
-        sub = self._through(ATT, n_e * heads * e, f"{tag} softmax max[dst]",
-                            n_e * heads * e, f"{tag} softmax x - max")
-        ex = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax exp")
-        tl.release(sub)
-        s = self._through(ATT, n_dst * heads * e, f"{tag} softmax sum",
-                          n_dst * heads * e, f"{tag} softmax sum + eps")
-        den = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax sum[dst]")
-        tl.release(s)
-        return mx, ex, den
-
     def _pyg_attention_bwd(self, g, zs, a_used, amask, attn_drop, ex, den, uav,
                            n_src, n_dst, n_e, heads, hf, tag):
         """Backward of ``scatter(z[src] * a, dst)``, PyG's softmax and ``el[src] +
@@ -900,23 +869,8 @@ class _Replayer:
         gza = self._index_bwd(gzs, n_src, hf, tag)
         if attn_drop:
             ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
-        # a = ex / den: the denominator's gradient first, then the numerator's
-        d2 = tl.alloc(eh, BWD, f"{tag} softmax ex / den")
-        d3 = tl.alloc(eh, BWD, f"{tag} softmax ex / den^2")
-        ng = tl.alloc(eh, BWD, f"{tag} softmax -grad")
-        gden = tl.alloc(eh, BWD, f"{tag} grad den")
-        tl.release(ng, d3, d2)
-        gex = tl.alloc(eh, BWD, f"{tag} grad ex (division)")
-        tl.release(ga, den)
-        z = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad sum zeros")
-        gs = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad sum (index_add)")
-        tl.release(z, gden)
-        gg = tl.alloc(eh, BWD, f"{tag} grad ex (sum)")
-        tl.release(gs)
-        gsum = tl.alloc(eh, BWD, f"{tag} grad ex")
-        tl.release(gex, gg)
-        gl = tl.alloc(eh, BWD, f"{tag} grad logits")
-        tl.release(gsum, ex)
+        gl = pyg_softmax_backward(tl, ga, ex, den, eh, n_dst * heads * e, tag,
+                                  SAMPLED_SOFTMAX_LABELS)
         lrb = tl.alloc(eh, BWD, f"{tag} grad leaky_relu")
         tl.release(gl, uav)
         ger = self._index_bwd_alloc(n_dst, heads, tag)
@@ -927,7 +881,7 @@ class _Replayer:
     def _index_bwd_alloc(self, n, w, tag) -> Buffer:
         """Zeros ``(n, w)``, then the out-of-place ``index_put`` (the zeros freed)."""
         nbytes = n * w * self.e
-        return self._through(BWD, nbytes, f"{tag} index backward zeros",
+        return through(self.tl, BWD, nbytes, f"{tag} index backward zeros",
                              nbytes, f"{tag} index backward")
 
     # ------------------------------------------------------------------ whole step
@@ -1007,7 +961,7 @@ class _Replayer:
         if cfg.label_columns:
             t = cfg.label_columns
             tl.temp(n_out * t * e, LOSS, "targets cast")
-            mean = self._through(LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
+            mean = through(self.tl, LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
             saved = [mean]
         else:
             lsm = tl.alloc(n_out * n_cls * e, LOSS, "log_softmax")

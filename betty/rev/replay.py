@@ -62,7 +62,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
-                              PARAMS, StepConfig, numel, param_grads, step_baseline)
+                              PARAMS, REV_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
+                              param_grads, pyg_softmax_backward, pyg_softmax_forward, step_baseline)
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
@@ -540,14 +541,8 @@ class _RevReplayer:
             if strided:
                 self.tl.temp(nh, BWD, f"{tag} contiguous grad copy")
             self.r(gm)
-            t = self.a(eh, BWD, f"{tag} softmax backward")
-            gs = self.a(eh, BWD, f"{tag} grad logits")
-            self.r(t, ga, att)
-            gl = self.a(eh, BWD, f"{tag} grad leaky_relu")
-            self.r(gs, ee)
-            gel = self.a(n * heads * el, BWD, f"{tag} grad el")
-            ger = self.a(n * heads * el, BWD, f"{tag} grad er")
-            self.r(gl)
+            n_h = n * heads * el
+            gel, ger = edge_softmax_backward(self.tl, ga, att, ee, eh, n_h, n_h, tag)
             return self._gat_scores_backward(gel, ger, gft, ft, m, tag)
 
         ft, el_, er = self._gat_scores(m, grad, tag)
@@ -587,7 +582,8 @@ class _RevReplayer:
             if not unpacked:  # saved factors are released after the node's outputs exist
                 self.r(att, zs)
             gza = self._gather_backward(gzs, self.hf, tag)
-            glr = self._pyg_softmax_backward(ga, ex, den, tag)
+            glr = pyg_softmax_backward(self.tl, ga, ex, den, eh, self.nw(heads), tag,
+                                       REV_SOFTMAX_LABELS)
             glr = self.bwd(f"{tag} grad leaky_relu", glr, ee, nbytes=eh)
             self.h(glr)  # the sum's gradient goes to both gathers: er[dst]'s runs first
             ger = self._gather_backward(glr, heads, tag)
@@ -615,50 +611,16 @@ class _RevReplayer:
         return self._gat_finish(rst, stop, tag, att, ft, el_, er, lr), backward
 
     def _pyg_softmax(self, grad: bool, tag: str):
-        """``torch_geometric.utils.softmax(x, dst)`` on ``(E, H)`` logits: ``max`` by
-        ``scatter_reduce_`` into zeros ``(N, H)``, ``x - max[dst]``, ``exp`` (saves its
-        result), ``sum`` by ``scatter_add_`` into zeros, ``+ 1e-16``, ``sum[dst]``, the
-        division (saves both operands). Returns ``(a, exp, denominators)`` (the last
-        two kept only with ``grad``)."""
+        """PyG's ``softmax`` on the ``(E, H)`` logits (:func:`~betty.memory.ops.pyg_softmax_forward`)
+        and its division. Returns ``(a, exp, denominators)`` (the last two kept only with
+        ``grad``: the division saves them)."""
         eh, n_h = self.e_cnt * self.cfg.heads * self.el, self.n * self.cfg.heads * self.el
-        mx = self.a(n_h, ATT, f"{tag} softmax max")
-        sel = self.a(eh, ATT, f"{tag} softmax max[dst]")
-        sub = self.a(eh, ATT, f"{tag} softmax x - max")
-        self.r(sel)
-        ex = self.a(eh, ATT, f"{tag} softmax exp")
-        self.r(sub)
-        s0 = self.a(n_h, ATT, f"{tag} softmax sum")
-        s = self.a(n_h, ATT, f"{tag} softmax sum + eps")
-        self.r(s0)
-        den = self.a(eh, ATT, f"{tag} softmax sum[dst]")
-        self.r(s)
+        mx, ex, den = pyg_softmax_forward(self.tl, n_h, eh, tag)
         att = self.a(eh, ATT, f"{tag} edge_softmax")
         if grad:
             self.h(ex, den)
         self.r(mx, ex, den)  # softmax returns
         return att, ex, den
-
-    def _pyg_softmax_backward(self, ga: Buffer, ex: Buffer, den: Buffer, tag: str) -> Buffer:
-        """Backward of :meth:`_pyg_softmax` from the attention's gradient ``ga`` ``(E,
-        H)``: the division (``/ den``, ``/ den``, ``neg``, ``mul`` for the
-        denominator's gradient; then the numerator's), ``sum[dst]`` (zeros +
-        ``index_add``), the scatter sum (a gather), the two gradients of ``exp``'s
-        result summed, ``exp``'s ``mul``. Releases ``ga``, ``ex``, ``den``; returns the
-        logits' gradient ``(E, H)`` (the max path is detached)."""
-        heads = self.cfg.heads
-        eh = self.e_cnt * heads * self.el
-        d1 = self.a(eh, BWD, f"{tag} softmax grad / den")
-        d2 = self.a(eh, BWD, f"{tag} softmax grad / den / den")
-        ng = self.a(eh, BWD, f"{tag} softmax -grad")
-        gden = self.a(eh, BWD, f"{tag} grad den")
-        self.r(ng, d2, d1)
-        gex = self.a(eh, BWD, f"{tag} grad exp (division)")
-        self.r(ga, den)
-        gs = self._gather_backward(gden, heads, tag)
-        gg = self._scatter_backward(gs, heads, tag)
-        gsum = self.a(eh, BWD, f"{tag} grad exp")
-        self.r(gex, gg)
-        return self.bwd(f"{tag} grad logits (exp backward)", gsum, ex, nbytes=eh)
 
     # ------------------------------------------------------------------ coupling
     def coupling_forward(self, x: Buffer, grad: bool, tag: str, stop_early: bool = False):
