@@ -63,7 +63,8 @@ import numpy as np
 
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
                               PARAMS, REV_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
-                              param_grads, pyg_softmax_backward, pyg_softmax_forward, step_baseline)
+                              param_grads, pyg_softmax_backward, pyg_softmax_forward, step_baseline,
+                              through)
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
@@ -271,9 +272,9 @@ class _RevReplayer:
         """Backward of the gather ``h[src]`` from ``ge`` ``(E, width)``: ``zeros`` ``(N,
         width)`` then ``index_put_(accumulate=True)`` out of place; releases ``ge``."""
         nw = self.nw(width)
-        zeros = self.a(nw, BWD, f"{tag} grad index zeros")
-        gi = self.a(nw, BWD, f"{tag} grad index (index_put)")
-        self.r(zeros, ge)
+        gi = through(self.tl, BWD, nw, f"{tag} grad index zeros",
+                     nw, f"{tag} grad index (index_put)")
+        self.r(ge)
         return gi
 
     def _pyg_aggregation_backward(self, g: Buffer, tag: str) -> Buffer:
@@ -611,9 +612,10 @@ class _RevReplayer:
         return self._gat_finish(rst, stop, tag, att, ft, el_, er, lr), backward
 
     def _pyg_softmax(self, grad: bool, tag: str):
-        """PyG's ``softmax`` on the ``(E, H)`` logits (:func:`~betty.memory.ops.pyg_softmax_forward`)
-        and its division. Returns ``(a, exp, denominators)`` (the last two kept only with
-        ``grad``: the division saves them)."""
+        """PyG's ``softmax`` on the ``(E, H)`` logits
+        (:func:`~betty.memory.ops.pyg_softmax_forward`) and its division. Returns ``(a,
+        exp, denominators)`` (the last two kept only with ``grad``: the division saves
+        them)."""
         eh, n_h = self.e_cnt * self.cfg.heads * self.el, self.n * self.cfg.heads * self.el
         mx, ex, den = pyg_softmax_forward(self.tl, n_h, eh, tag)
         att = self.a(eh, ATT, f"{tag} edge_softmax")
