@@ -105,3 +105,13 @@ def test_both_configs_take_the_step_fields_by_keyword():
     rev = RevReplayConfig(8, 2, 3, 5, 4, "gcn", 1, "mean", "layer", "reversible", False, 0.0,
                           True, **step)
     assert (rev.hidden, rev.check_consistency, rev.granule, rev.elt) == (8, True, 1, 2)
+
+
+def test_pyg_scatter_mean():
+    tl = Timeline(1)
+    counts, mean = ops.pyg_scatter_mean(tl, ops.ACT, 10, 4, 3, 2, "t",
+                                        ops.SAMPLED_SCATTER_MEAN_LABELS)
+    # messages 60, zeros 8, ones 20 (transient: 88), counts 8 (zeros go: 68), sum 24,
+    # mean 24: 116 at the mean; messages and sum go: counts + mean
+    assert tl.peak[0] == 116.0 and tl.peak_event() == ["start: t mean"]
+    assert tl.live[0] == 32.0 and (counts.size[0], mean.size[0]) == (8.0, 24.0)

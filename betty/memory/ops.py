@@ -6,6 +6,29 @@ stretch of PyTorch / PyG / DGL ops allocates and frees, in the order they do. Si
 bytes, scalars or ``(P,)`` per-piece vectors (every piece of a split is replayed at
 once). A function here is written once and called by both replayers; where the two
 replays model different op sequences they keep their own code (see their modules).
+
+Kept apart because the code paths differ:
+
+* **loss**: the sampled replay's cross-entropy / mean-reduced BCE (with a cast of the
+  targets) runs on every output row, next to labels that live for the whole batch;
+  RevGNN's runs on the part's training rows (``output[train]``, ``labels[train]``,
+  released by the loss's backward, then an ``index_put`` back into ``(N, C)`` zeros)
+  with sum-reduced BCE (``sigmoid``, ``- target``, ``* grad``);
+* **dropout**: the sampled layers drop each layer's input (hash dropout's chunked
+  SplitMix64, or a standard mask); RevGNN draws two ``(N, D)`` multipliers per forward;
+* **optimizer step**: only RevGNN's replay includes it (the sampled replay covers one
+  micro-batch; the step follows the last one);
+* **GAT scores and products**: the same ops (``el = (z * attn_l).sum(-1)``, likewise
+  ``er``; PyG's message product ``z[src] * a``), modelled in two orders. The sampled
+  replay frees ``z * attn_l`` before ``el`` exists (RevGNN's: after, so its transient
+  is larger by ``el``'s bytes); in the backwards of the score products and of PyG's
+  message product it computes ``z``'s gradient before the other factor's (RevGNN's:
+  after; the same bytes are live at the maximum, the labels differ). Unifying them
+  changes a trace: one order is to be chosen against a dispatch-mode trace.
+
+Labels: where the replays name the same op differently (the names reach
+``MemoryEstimate.peak_at``) each passes its own (``*_LABELS``), so both traces stay as
+they were.
 """
 
 from __future__ import annotations
@@ -20,7 +43,8 @@ from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["StepConfig", "numel", "step_baseline", "param_grads", "through",
            "edge_softmax_backward", "pyg_softmax_forward", "pyg_softmax_backward",
-           "SAMPLED_SOFTMAX_LABELS", "REV_SOFTMAX_LABELS", "INDEX_BYTES",
+           "SAMPLED_SOFTMAX_LABELS", "REV_SOFTMAX_LABELS", "pyg_scatter_mean",
+           "SAMPLED_SCATTER_MEAN_LABELS", "REV_SCATTER_MEAN_LABELS", "INDEX_BYTES",
            "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
 
 INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
@@ -183,3 +207,30 @@ def pyg_softmax_backward(tl: Timeline, ga: Buffer, ex: Buffer, den: Buffer, eh, 
     gl = tl.alloc(eh, BWD, f"{tag} {out_name}")
     tl.release(gsum, ex)
     return gl
+
+
+# ---------------------------------------------------------------------- aggregation
+SAMPLED_SCATTER_MEAN_LABELS = ("messages", "count ones", "sum", "mean")
+REV_SCATTER_MEAN_LABELS = ("messages h[src] (E x w)", "ones (E,)", "scatter_add", "neighbour mean")
+
+
+def pyg_scatter_mean(tl: Timeline, component: str, n_e, n_dst, width: int, elt: int, tag: str,
+                     labels: tuple[str, ...]) -> tuple[Buffer, Buffer]:
+    """PyG's ``scatter(x[src], dst, reduce='mean')`` over ``n_e`` edges into ``n_dst``
+    rows of ``width`` (``elt`` bytes per element): the gathered ``(E, width)`` messages,
+    the counts (``zeros`` ``(N_dst,)``, ``scatter_add_`` of an ``(E,)`` ``ones``, a clamped
+    copy), the sum (``scatter_add_`` into zeros), the division; the messages and the
+    sum go. Returns ``(counts, mean)``, each held once (the division saves the counts
+    where its input needs a gradient). ``labels``: the trace's names of the messages,
+    the ones, the sum and the mean (:data:`SAMPLED_SCATTER_MEAN_LABELS`,
+    :data:`REV_SCATTER_MEAN_LABELS`)."""
+    msg_name, ones_name, sum_name, mean_name = labels
+    msg = tl.alloc(n_e * width * elt, component, f"{tag} {msg_name}")
+    c0 = tl.alloc(n_dst * elt, component, f"{tag} count zeros")
+    tl.temp(n_e * elt, component, f"{tag} {ones_name}")
+    counts = tl.alloc(n_dst * elt, component, f"{tag} count clamp")
+    tl.release(c0)
+    z = tl.alloc(n_dst * width * elt, component, f"{tag} {sum_name}")
+    mean = tl.alloc(n_dst * width * elt, component, f"{tag} {mean_name}")
+    tl.release(msg, z)
+    return counts, mean

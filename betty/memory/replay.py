@@ -60,9 +60,9 @@ import numpy as np
 
 from betty.memory.constants import BackendConstants
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
-                              SAMPLED_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
-                              param_grads, pyg_softmax_backward, pyg_softmax_forward, step_baseline,
-                              through)
+                              SAMPLED_SCATTER_MEAN_LABELS, SAMPLED_SOFTMAX_LABELS, StepConfig,
+                              edge_softmax_backward, numel, param_grads, pyg_scatter_mean,
+                              pyg_softmax_backward, pyg_softmax_forward, step_baseline, through)
 from betty.memory.sizes import PieceSizes
 from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
@@ -248,15 +248,7 @@ class _Replayer:
         """Mean over in-edges of a ``(n_src, w)`` input: ``(degrees, mean)`` buffers."""
         tl, e = self.tl, self.e
         if self.pyg:  # scatter(x[src], dst, reduce="mean")
-            msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
-            c0 = tl.alloc(n_dst * e, AGG, f"{tag} count zeros")
-            tl.temp(n_e * e, AGG, f"{tag} count ones")
-            deg = tl.alloc(n_dst * e, AGG, f"{tag} count clamp")
-            tl.release(c0)
-            z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
-            q = tl.alloc(n_dst * w * e, AGG, f"{tag} mean")
-            tl.release(msg, z)
-            return deg, q
+            return pyg_scatter_mean(tl, AGG, n_e, n_dst, w, e, tag, SAMPLED_SCATTER_MEAN_LABELS)
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
         deg = self._degrees(n_dst, tag, clamp=True)
         q = tl.alloc(n_dst * w * e, AGG, f"{tag} mean")

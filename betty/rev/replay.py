@@ -62,9 +62,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
-                              PARAMS, REV_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
-                              param_grads, pyg_softmax_backward, pyg_softmax_forward, step_baseline,
-                              through)
+                              PARAMS, REV_SCATTER_MEAN_LABELS, REV_SOFTMAX_LABELS, StepConfig,
+                              edge_softmax_backward, numel, param_grads, pyg_scatter_mean,
+                              pyg_softmax_backward, pyg_softmax_forward, step_baseline, through)
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
@@ -433,22 +433,13 @@ class _RevReplayer:
         """:class:`betty.backends.pyg_backend.PygSAGEConv` ('mean', in = out width):
         gather ``(E, w)`` messages, PyG's ``scatter(reduce='mean')`` (counts, sum,
         divide), ``fc_neigh``, ``fc_self``, sum."""
-        n, el = self.n, self.el
-        nw, ew = self.nw(), self.e_cnt * self.w * el
-
         def backward(g: Buffer) -> Buffer:
             return self._sage_backward(g, m, q, cnt, self._pyg_aggregation_backward, tag)
 
-        msg = self.a(ew, INT, f"{tag} messages h[src] (E x w)")
-        c0 = self.a(n * el, INT, f"{tag} count zeros")
-        self.tl.temp(self.e_cnt * el, INT, f"{tag} ones (E,)")
-        cnt = self.a(n * el, INT, f"{tag} count clamp")
-        self.r(c0)
-        agg = self.a(nw, INT, f"{tag} scatter_add")
-        q = self.a(nw, INT, f"{tag} neighbour mean")
-        if grad:
-            self.h(cnt)
-        self.r(agg, msg, cnt)
+        cnt, q = pyg_scatter_mean(self.tl, INT, self.e_cnt, self.n, self.w, self.el, tag,
+                                  REV_SCATTER_MEAN_LABELS)
+        if not grad:  # the division saves the counts
+            self.r(cnt)
         return self._sage_fc(m, q, grad, stop, tag), backward
 
     # GAT (betty.models.gat.gat_forward on PyG, DGL's GATConv on DGL): both project,
