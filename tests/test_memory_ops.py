@@ -115,3 +115,16 @@ def test_pyg_scatter_mean():
     # mean 24: 116 at the mean; messages and sum go: counts + mean
     assert tl.peak[0] == 116.0 and tl.peak_event() == ["start: t mean"]
     assert tl.live[0] == 32.0 and (counts.size[0], mean.size[0]) == (8.0, 24.0)
+
+
+def test_pyg_edge_scores_and_backward():
+    tl = Timeline(1)
+    scores = ops.pyg_edge_scores(tl, EH, "t", "el+er")
+    assert tl.peak[0] == 3 * EH and tl.live[0] == EH  # two gathers + their sum; gathers go
+    gl = tl.alloc(EH, ops.BWD, "logits grad")
+    gel, ger = ops.pyg_edge_scores_backward(tl, gl, scores, EH, 150.0, 200.0, "t",
+                                            ops.SAMPLED_INDEX_LABELS)
+    # leaky_relu's gradient (EH) lives through both index backwards: er's zeros + result
+    # (500), er's zeros go (300), el's zeros + result (600), then it goes
+    assert tl.peak[0] == 600.0 and tl.peak_event() == ["start: t index backward"]
+    assert tl.live[0] == 350.0 and (gel.size[0], ger.size[0]) == (150.0, 200.0)

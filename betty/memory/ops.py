@@ -43,7 +43,9 @@ from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["StepConfig", "numel", "step_baseline", "param_grads", "through",
            "edge_softmax_backward", "pyg_softmax_forward", "pyg_softmax_backward",
-           "SAMPLED_SOFTMAX_LABELS", "REV_SOFTMAX_LABELS", "pyg_scatter_mean",
+           "SAMPLED_SOFTMAX_LABELS", "REV_SOFTMAX_LABELS", "pyg_edge_scores",
+           "pyg_edge_scores_backward", "SAMPLED_INDEX_LABELS", "REV_INDEX_LABELS",
+           "pyg_scatter_mean",
            "SAMPLED_SCATTER_MEAN_LABELS", "REV_SCATTER_MEAN_LABELS", "INDEX_BYTES",
            "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
 
@@ -207,6 +209,37 @@ def pyg_softmax_backward(tl: Timeline, ga: Buffer, ex: Buffer, den: Buffer, eh, 
     gl = tl.alloc(eh, BWD, f"{tag} {out_name}")
     tl.release(gsum, ex)
     return gl
+
+
+def pyg_edge_scores(tl: Timeline, eh, tag: str, sum_label: str) -> Buffer:
+    """PyG GAT's ``el[src] + er[dst]``: two ``(E, H)`` gathers (``eh`` bytes each), their
+    sum (named ``sum_label`` in the trace), the gathers go. Returns the sum, held once."""
+    i1 = tl.alloc(eh, ATT, f"{tag} el[src]")
+    i2 = tl.alloc(eh, ATT, f"{tag} er[dst]")
+    scores = tl.alloc(eh, ATT, f"{tag} {sum_label}")
+    tl.release(i1, i2)
+    return scores
+
+
+SAMPLED_INDEX_LABELS = ("index backward zeros", "index backward")
+REV_INDEX_LABELS = ("grad index zeros", "grad index (index_put)")
+
+
+def pyg_edge_scores_backward(tl: Timeline, gl: Buffer, scores: Buffer, eh, el_bytes, er_bytes,
+                             tag: str, index_labels: tuple[str, str]) -> tuple[Buffer, Buffer]:
+    """Backward of ``leaky_relu(el[src] + er[dst])`` (:func:`pyg_edge_scores`) from the
+    logits' ``(E, H)`` gradient ``gl``: ``leaky_relu``'s (releases ``gl`` and the saved
+    input ``scores``), then the two gathers', ``er[dst]``'s first: each ``zeros``
+    (``er_bytes``, ``el_bytes``) and an out-of-place ``index_put`` (the zeros go;
+    ``index_labels``: their names, :data:`SAMPLED_INDEX_LABELS`,
+    :data:`REV_INDEX_LABELS`); the edge gradient goes last. Returns ``(gel, ger)``."""
+    zeros_name, index_name = index_labels
+    glr = tl.alloc(eh, BWD, f"{tag} grad leaky_relu")
+    tl.release(gl, scores)
+    ger = through(tl, BWD, er_bytes, f"{tag} {zeros_name}", er_bytes, f"{tag} {index_name}")
+    gel = through(tl, BWD, el_bytes, f"{tag} {zeros_name}", el_bytes, f"{tag} {index_name}")
+    tl.release(glr)
+    return gel, ger
 
 
 # ---------------------------------------------------------------------- aggregation

@@ -60,9 +60,11 @@ import numpy as np
 
 from betty.memory.constants import BackendConstants
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
-                              SAMPLED_SCATTER_MEAN_LABELS, SAMPLED_SOFTMAX_LABELS, StepConfig,
-                              edge_softmax_backward, numel, param_grads, pyg_scatter_mean,
-                              pyg_softmax_backward, pyg_softmax_forward, step_baseline, through)
+                              SAMPLED_INDEX_LABELS, SAMPLED_SCATTER_MEAN_LABELS,
+                              SAMPLED_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
+                              param_grads, pyg_edge_scores, pyg_edge_scores_backward,
+                              pyg_scatter_mean, pyg_softmax_backward, pyg_softmax_forward,
+                              step_baseline, through)
 from betty.memory.sizes import PieceSizes
 from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
@@ -280,7 +282,7 @@ class _Replayer:
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         if clamp:
             return through(self.tl, AGG, n_dst * INDEX_BYTES, f"{tag} degree clamp",
-                                 n_dst * self.e, f"{tag} degrees")
+                           n_dst * self.e, f"{tag} degrees")
         return tl.alloc(n_dst * self.e, AGG, f"{tag} degrees")
 
     # ------------------------------------------------------------------ SAGE, shared
@@ -405,7 +407,7 @@ class _Replayer:
         tl, e = self.tl, self.e
         if self.pyg:  # in_degrees() (bincount, cast), scatter(x[src], dst, reduce="sum")
             deg = through(self.tl, AGG, n_dst * INDEX_BYTES, f"{tag} bincount",
-                                n_dst * e, f"{tag} degrees")
+                          n_dst * e, f"{tag} degrees")
             z = through(self.tl, AGG, n_e * w * e, f"{tag} messages", n_dst * w * e, f"{tag} sum")
             sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
             tl.release(z)
@@ -438,7 +440,7 @@ class _Replayer:
         tl, e = self.tl, self.e
         fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
         p2 = through(self.tl, AGG, n_src * wi * e, f"{tag} fc_pool",
-                           n_src * wi * e, f"{tag} relu(fc_pool)")
+                     n_src * wi * e, f"{tag} relu(fc_pool)")
         tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
         max_backward = self._max_aggregate(tag, n_src, n_dst, n_e, wi)
         out = self._fc_out(tag, n_dst, wo)
@@ -496,13 +498,13 @@ class _Replayer:
             # scatter_reduce(amax) backward: which entries reached the max, how many tie
             val = tl.alloc(n_e * w * e, BWD, f"{tag} max gathered")
             t1 = through(self.tl, BWD, n_dst * w, f"{tag} self == max",
-                               n_dst * w * e, f"{tag} self == max (float)")
+                         n_dst * w * e, f"{tag} self == max (float)")
             t2 = through(self.tl, BWD, n_e * w, f"{tag} src == max",
-                               n_e * w * e, f"{tag} src == max (float)")
+                         n_e * w * e, f"{tag} src == max (float)")
             ties = tl.alloc(n_dst * w * e, BWD, f"{tag} ties")
             gd = tl.alloc(n_dst * w * e, BWD, f"{tag} grad / ties")
             gself = through(self.tl, BWD, n_dst * w, f"{tag} self == max",
-                                  n_dst * w * e, f"{tag} grad self")
+                            n_dst * w * e, f"{tag} grad self")
             gg = tl.alloc(n_e * w * e, BWD, f"{tag} grad gathered")
             eq = tl.alloc(n_e * w, BWD, f"{tag} src == max")
             gsrc = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages")
@@ -603,7 +605,7 @@ class _Replayer:
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         idx = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bucket bookkeeping")
         buckets = through(self.tl, AGG, 2 * n_dst * INDEX_BYTES, f"{tag} degree sort",
-                                3 * n_dst * INDEX_BYTES, f"{tag} bucket node lists")
+                          3 * n_dst * INDEX_BYTES, f"{tag} bucket node lists")
         saved = []
         results = []
         mailbox = None
@@ -713,7 +715,7 @@ class _Replayer:
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
         cat_idx = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} bucket result index")
         neigh = through(self.tl, AGG, n_nonzero * w * e, f"{tag} bucket results",
-                              n_dst * w * e, f"{tag} neigh")
+                        n_dst * w * e, f"{tag} neigh")
         tl.release(*book, *results, c_last, steps, mailbox, z)
         out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
@@ -773,10 +775,7 @@ class _Replayer:
         tl.temp(n_dst * hf * e, ATT, f"{tag} z*attn_r")
         er = tl.alloc(n_dst * heads * e, ATT, f"{tag} er")
         if self.pyg:  # el[src] + er[dst]: two gathers
-            i1 = tl.alloc(n_e * heads * e, ATT, f"{tag} el[src]")
-            i2 = tl.alloc(n_e * heads * e, ATT, f"{tag} er[dst]")
-            uav = tl.alloc(n_e * heads * e, ATT, f"{tag} el+er")
-            tl.release(i1, i2)
+            uav = pyg_edge_scores(tl, n_e * heads * e, tag, "el+er")
         else:
             uav = tl.alloc(n_e * heads * e, ATT, f"{tag} el+er")
         lr = tl.alloc(n_e * heads * e, ATT, f"{tag} leaky_relu")
@@ -863,18 +862,15 @@ class _Replayer:
             ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
         gl = pyg_softmax_backward(tl, ga, ex, den, eh, n_dst * heads * e, tag,
                                   SAMPLED_SOFTMAX_LABELS)
-        lrb = tl.alloc(eh, BWD, f"{tag} grad leaky_relu")
-        tl.release(gl, uav)
-        ger = self._index_bwd_alloc(n_dst, heads, tag)
-        gel = self._index_bwd_alloc(n_src, heads, tag)
-        tl.release(lrb)
+        gel, ger = pyg_edge_scores_backward(tl, gl, uav, eh, n_src * heads * e, n_dst * heads * e,
+                                            tag, SAMPLED_INDEX_LABELS)
         return gza, gel, ger
 
     def _index_bwd_alloc(self, n, w, tag) -> Buffer:
         """Zeros ``(n, w)``, then the out-of-place ``index_put`` (the zeros freed)."""
         nbytes = n * w * self.e
-        return through(self.tl, BWD, nbytes, f"{tag} index backward zeros",
-                             nbytes, f"{tag} index backward")
+        return through(self.tl, BWD, nbytes, f"{tag} {SAMPLED_INDEX_LABELS[0]}",
+                       nbytes, f"{tag} {SAMPLED_INDEX_LABELS[1]}")
 
     # ------------------------------------------------------------------ whole step
     def run(self) -> Timeline:

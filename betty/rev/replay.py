@@ -62,9 +62,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
-                              PARAMS, REV_SCATTER_MEAN_LABELS, REV_SOFTMAX_LABELS, StepConfig,
-                              edge_softmax_backward, numel, param_grads, pyg_scatter_mean,
-                              pyg_softmax_backward, pyg_softmax_forward, step_baseline, through)
+                              PARAMS, REV_INDEX_LABELS, REV_SCATTER_MEAN_LABELS,
+                              REV_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
+                              param_grads, pyg_edge_scores, pyg_edge_scores_backward,
+                              pyg_scatter_mean, pyg_softmax_backward, pyg_softmax_forward,
+                              step_baseline, through)
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
@@ -272,8 +274,8 @@ class _RevReplayer:
         """Backward of the gather ``h[src]`` from ``ge`` ``(E, width)``: ``zeros`` ``(N,
         width)`` then ``index_put_(accumulate=True)`` out of place; releases ``ge``."""
         nw = self.nw(width)
-        gi = through(self.tl, BWD, nw, f"{tag} grad index zeros",
-                     nw, f"{tag} grad index (index_put)")
+        gi = through(self.tl, BWD, nw, f"{tag} {REV_INDEX_LABELS[0]}",
+                     nw, f"{tag} {REV_INDEX_LABELS[1]}")
         self.r(ge)
         return gi
 
@@ -576,17 +578,13 @@ class _RevReplayer:
             gza = self._gather_backward(gzs, self.hf, tag)
             glr = pyg_softmax_backward(self.tl, ga, ex, den, eh, self.nw(heads), tag,
                                        REV_SOFTMAX_LABELS)
-            glr = self.bwd(f"{tag} grad leaky_relu", glr, ee, nbytes=eh)
-            self.h(glr)  # the sum's gradient goes to both gathers: er[dst]'s runs first
-            ger = self._gather_backward(glr, heads, tag)
-            gel = self._gather_backward(glr, heads, tag)
+            n_h = self.nw(heads)
+            gel, ger = pyg_edge_scores_backward(self.tl, glr, ee, eh, n_h, n_h, tag,
+                                                REV_INDEX_LABELS)
             return self._gat_scores_backward(gel, ger, gza, ft, m, tag, sliced=True)
 
         ft, el_, er = self._gat_scores(m, grad, tag)
-        i1 = self.a(eh, ATT, f"{tag} el[src]")
-        i2 = self.a(eh, ATT, f"{tag} er[dst]")
-        ee = self.a(eh, ATT, f"{tag} el + er (edges)")
-        self.r(i1, i2)
+        ee = pyg_edge_scores(self.tl, eh, tag, "el + er (edges)")
         lr = self.a(eh, ATT, f"{tag} leaky_relu")
         if grad:
             self.h(ee)  # leaky_relu saves its input
