@@ -128,3 +128,12 @@ def test_pyg_edge_scores_and_backward():
     # (500), er's zeros go (300), el's zeros + result (600), then it goes
     assert tl.peak[0] == 600.0 and tl.peak_event() == ["start: t index backward"]
     assert tl.live[0] == 350.0 and (gel.size[0], ger.size[0]) == (150.0, 200.0)
+
+
+def test_index_backward_frees_zeros_then_the_rows_gradient():
+    tl, (rows,) = _timeline(EH)
+    gi = ops.index_backward(tl, rows, 40.0, "t", ops.REV_INDEX_LABELS)
+    assert tl.peak[0] == EH + 80.0 and tl.live[0] == 40.0 and gi.size[0] == 40.0
+    assert rows.holders == 0
+    kept = ops.index_backward(tl, None, 5.0, "t", ops.REV_INDEX_LABELS)  # caller frees rows
+    assert tl.live[0] == 45.0 and kept.holders == 1

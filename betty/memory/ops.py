@@ -44,7 +44,7 @@ from betty.memory.timeline import Buffer, Timeline
 __all__ = ["StepConfig", "numel", "step_baseline", "param_grads", "through",
            "edge_softmax_backward", "pyg_softmax_forward", "pyg_softmax_backward",
            "SAMPLED_SOFTMAX_LABELS", "REV_SOFTMAX_LABELS", "pyg_edge_scores",
-           "pyg_edge_scores_backward", "SAMPLED_INDEX_LABELS", "REV_INDEX_LABELS",
+           "pyg_edge_scores_backward", "index_backward", "SAMPLED_INDEX_LABELS", "REV_INDEX_LABELS",
            "pyg_scatter_mean",
            "SAMPLED_SCATTER_MEAN_LABELS", "REV_SCATTER_MEAN_LABELS", "INDEX_BYTES",
            "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
@@ -225,6 +225,20 @@ SAMPLED_INDEX_LABELS = ("index backward zeros", "index backward")
 REV_INDEX_LABELS = ("grad index zeros", "grad index (index_put)")
 
 
+def index_backward(tl: Timeline, g_rows: Buffer | None, nbytes, tag: str,
+                   labels: tuple[str, str]) -> Buffer:
+    """Backward of a gather ``x[index]`` (``x`` of ``nbytes``) from the gathered rows'
+    gradient ``g_rows``: ``zeros_like(x)``, then the out-of-place
+    ``index_put(accumulate=True)``; the zeros go, then ``g_rows`` (None: the caller lets
+    go of it). ``labels``: the two tensors' names (:data:`SAMPLED_INDEX_LABELS`,
+    :data:`REV_INDEX_LABELS`). Returns the ``x``-shaped gradient."""
+    zeros_name, index_name = labels
+    gi = through(tl, BWD, nbytes, f"{tag} {zeros_name}", nbytes, f"{tag} {index_name}")
+    if g_rows is not None:
+        tl.release(g_rows)
+    return gi
+
+
 def pyg_edge_scores_backward(tl: Timeline, gl: Buffer, scores: Buffer, eh, el_bytes, er_bytes,
                              tag: str, index_labels: tuple[str, str]) -> tuple[Buffer, Buffer]:
     """Backward of ``leaky_relu(el[src] + er[dst])`` (:func:`pyg_edge_scores`) from the
@@ -233,11 +247,10 @@ def pyg_edge_scores_backward(tl: Timeline, gl: Buffer, scores: Buffer, eh, el_by
     (``er_bytes``, ``el_bytes``) and an out-of-place ``index_put`` (the zeros go;
     ``index_labels``: their names, :data:`SAMPLED_INDEX_LABELS`,
     :data:`REV_INDEX_LABELS`); the edge gradient goes last. Returns ``(gel, ger)``."""
-    zeros_name, index_name = index_labels
     glr = tl.alloc(eh, BWD, f"{tag} grad leaky_relu")
     tl.release(gl, scores)
-    ger = through(tl, BWD, er_bytes, f"{tag} {zeros_name}", er_bytes, f"{tag} {index_name}")
-    gel = through(tl, BWD, el_bytes, f"{tag} {zeros_name}", el_bytes, f"{tag} {index_name}")
+    ger = index_backward(tl, None, er_bytes, tag, index_labels)
+    gel = index_backward(tl, None, el_bytes, tag, index_labels)
     tl.release(glr)
     return gel, ger
 

@@ -62,9 +62,9 @@ from betty.memory.constants import BackendConstants
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
                               SAMPLED_INDEX_LABELS, SAMPLED_SCATTER_MEAN_LABELS,
                               SAMPLED_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
-                              param_grads, pyg_edge_scores, pyg_edge_scores_backward,
-                              pyg_scatter_mean, pyg_softmax_backward, pyg_softmax_forward,
-                              step_baseline, through)
+                              index_backward, param_grads, pyg_edge_scores,
+                              pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
+                              pyg_softmax_forward, step_baseline, through)
 from betty.memory.sizes import PieceSizes
 from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
@@ -269,12 +269,11 @@ class _Replayer:
         tl.release(g_dst)
         return self._index_bwd(ge, n_src, w, tag)
 
-    def _index_bwd(self, g_rows: Buffer, n_src, w, tag) -> Buffer:
+    def _index_bwd(self, g_rows: Buffer | None, n_src, w, tag) -> Buffer:
         """Backward of ``x[index]`` (``x`` of ``(n_src, w)``): zeros, then an
-        out-of-place ``index_put`` accumulating ``g_rows`` (released)."""
-        gi = self._index_bwd_alloc(n_src, w, tag)
-        self.tl.release(g_rows)
-        return gi
+        out-of-place ``index_put`` accumulating ``g_rows`` (released unless None;
+        :func:`~betty.memory.ops.index_backward`)."""
+        return index_backward(self.tl, g_rows, n_src * w * self.e, tag, SAMPLED_INDEX_LABELS)
 
     def _degrees(self, n_dst, tag, clamp: bool) -> Buffer:
         """``in_degrees()`` as a float vector (DGL's result itself is not a torch tensor)."""
@@ -742,7 +741,7 @@ class _Replayer:
                                                        f"{tag} lstm weight grads")
                 if gx is None:
                     continue
-                gi = self._index_bwd_alloc(np.where(m, n_src, 0), w, tag)
+                gi = self._index_bwd(None, np.where(m, n_src, 0), w, tag)
                 tl.release(gx, idx)
                 acc, have_acc = self.bucket_sum(acc, have_acc, [gi], m, f"{tag} grad h")
             if not saved:
@@ -865,12 +864,6 @@ class _Replayer:
         gel, ger = pyg_edge_scores_backward(tl, gl, uav, eh, n_src * heads * e, n_dst * heads * e,
                                             tag, SAMPLED_INDEX_LABELS)
         return gza, gel, ger
-
-    def _index_bwd_alloc(self, n, w, tag) -> Buffer:
-        """Zeros ``(n, w)``, then the out-of-place ``index_put`` (the zeros freed)."""
-        nbytes = n * w * self.e
-        return through(self.tl, BWD, nbytes, f"{tag} {SAMPLED_INDEX_LABELS[0]}",
-                       nbytes, f"{tag} {SAMPLED_INDEX_LABELS[1]}")
 
     # ------------------------------------------------------------------ whole step
     def run(self) -> Timeline:

@@ -64,9 +64,9 @@ import numpy as np
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
                               PARAMS, REV_INDEX_LABELS, REV_SCATTER_MEAN_LABELS,
                               REV_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
-                              param_grads, pyg_edge_scores, pyg_edge_scores_backward,
-                              pyg_scatter_mean, pyg_softmax_backward, pyg_softmax_forward,
-                              step_baseline, through)
+                              index_backward, param_grads, pyg_edge_scores,
+                              pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
+                              pyg_softmax_forward, step_baseline)
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
@@ -273,11 +273,7 @@ class _RevReplayer:
     def _gather_backward(self, ge: Buffer, width, tag: str) -> Buffer:
         """Backward of the gather ``h[src]`` from ``ge`` ``(E, width)``: ``zeros`` ``(N,
         width)`` then ``index_put_(accumulate=True)`` out of place; releases ``ge``."""
-        nw = self.nw(width)
-        gi = through(self.tl, BWD, nw, f"{tag} {REV_INDEX_LABELS[0]}",
-                     nw, f"{tag} {REV_INDEX_LABELS[1]}")
-        self.r(ge)
-        return gi
+        return index_backward(self.tl, ge, self.nw(width), tag, REV_INDEX_LABELS)
 
     def _pyg_aggregation_backward(self, g: Buffer, tag: str) -> Buffer:
         """Backward of PyG's ``scatter(h[src], dst, reduce='sum')``: ``(N, w)`` from
