@@ -117,9 +117,9 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
     p = sizes.num_pieces
     fresh = np.broadcast_to(np.asarray(fresh_grads, dtype=bool), (p,)).copy()
     cfg = ReplayConfig(model=spec, optimizer=opt, elt=elt, feat_elt=feat_elt, constants=consts,
-                       fresh_grads=fresh, num_label_columns=int(label_columns),
+                       fresh_grads=fresh, label_columns=int(label_columns),
                        label_elt=_itemsize(label_dtype, "label_dtype"),
-                       host_step=not backend.startswith("cuda"))
+                       host=not backend.startswith("cuda"))
     tl = replay(sizes, cfg)
     breakdown = tl.breakdown()
     where = tl.peak_event()

@@ -59,61 +59,39 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.constants import BackendConstants
+from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
+                              SAMPLED_INDEX_LABELS, SAMPLED_SCATTER_MEAN_LABELS,
+                              SAMPLED_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
+                              index_backward, param_grads, pyg_edge_scores,
+                              pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
+                              pyg_softmax_forward, step_baseline, through)
 from betty.memory.sizes import PieceSizes
-from betty.memory.spec import ModelSpec, OptimizerSpec, parameter_shapes
+from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["ReplayConfig", "replay", "INDEX_BYTES"]
 
-INDEX_BYTES = 8  # int64 indices everywhere (betty builds blocks with idtype=int64)
 _DROPOUT_CHUNK_ELEMENTS = 1 << 15  # betty.models.dropout._CHUNK_ELEMENTS
 
-# components of the breakdown
-PARAMS, GRADS, OPT = "parameters", "gradients", "optimizer_state"
-BLOCKS, IDS, FEATS, LABELS = "blocks", "global_ids", "features", "labels"
-ACT, AGG, ATT, LSTM = "activations", "aggregation", "attention", "lstm"
-BWD, LOSS, DROP = "activation_gradients", "loss", "dropout"
+# components of the breakdown besides the shared ones (betty.memory.ops); all indices are
+# int64 (INDEX_BYTES: betty builds blocks with idtype=int64)
+BLOCKS, IDS, AGG, LSTM = "blocks", "global_ids", "aggregation", "lstm"
 
 
 @dataclass
-class ReplayConfig:
-    """Everything :func:`replay` needs besides the sizes.
+class ReplayConfig(StepConfig):
+    """Everything :func:`replay` needs besides the sizes: the step's
+    :class:`~betty.memory.ops.StepConfig` fields (keyword arguments) and
 
     Attributes:
         model: the model's shapes.
-        optimizer: which optimizer state exists (it is assumed to exist: the steady
-            state after the first step).
-        elt: bytes per element of the compute dtype (features after the cast,
-            activations).
-        feat_elt: bytes per element of the host feature matrix.
-        num_label_columns: T for multi-label targets (0: single-label int64).
-        label_elt: bytes per element of multi-label targets.
         constants: the backend's constants.
-        host_step: the measured device is the host (Adam's 0-d ``step`` tensors are
-            counted; standard dropout keeps a float noise tensor). On CUDA the steps stay
-            on the host unless capturable/fused, and dropout keeps a bool mask.
-        fresh_grads: ``(P,)`` bools: the piece starts with no ``.grad`` (first piece
-            after ``zero_grad(set_to_none=True)``), so its backward creates them.
         training: dropout active (betty trains in ``model.train()``).
     """
 
     model: ModelSpec
-    optimizer: OptimizerSpec
-    elt: int
-    feat_elt: int
     constants: BackendConstants
-    fresh_grads: np.ndarray
-    num_label_columns: int = 0
-    label_elt: int = 4
-    host_step: bool = True
     training: bool = True
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 class _Replayer:
@@ -129,26 +107,16 @@ class _Replayer:
 
     # ------------------------------------------------------------------ params
     def param_grads(self, shapes, tag: str) -> None:
-        """Gradients of ``shapes`` produced by one backward node.
-
-        Fresh piece: the new gradient becomes ``.grad`` (AccumulateGrad steals it) and
-        stays. Otherwise it is added in place into the existing ``.grad`` and freed.
-        """
+        """Gradients of ``shapes`` produced by one backward node, one tensor each
+        (:func:`~betty.memory.ops.param_grads`)."""
         for shape in shapes:
-            nbytes = _numel(shape) * self.pelt
-            self.tl.alloc(np.where(self.fresh, nbytes, 0.0), GRADS, f"{tag} grad {shape}")
-            self.tl.temp(np.where(self.fresh, 0.0, nbytes), GRADS, f"{tag} grad {shape}")
+            name = f"{tag} grad {shape}"
+            param_grads(self.tl, numel(shape) * self.pelt, self.fresh, name, name)
 
     def baseline(self) -> None:
         all_shapes = [s for layer in self.shapes for s in layer]
-        pbytes = sum(_numel(s) for s in all_shapes) * self.pelt
-        self.tl.add_baseline(pbytes, PARAMS)
-        n_state, has_step = self.cfg.optimizer.state_tensors()
-        state = n_state * pbytes
-        if has_step and (self.cfg.host_step or self.cfg.optimizer.step_on_device):
-            state += 4 * len(all_shapes)
-        self.tl.add_baseline(state, OPT)
-        self.tl.add_baseline(np.where(self.fresh, 0.0, pbytes), GRADS)
+        pbytes = sum(numel(s) for s in all_shapes) * self.pelt
+        step_baseline(self.tl, self.cfg, pbytes, len(all_shapes))
 
     # ------------------------------------------------------------------ dropout
     def dropout_fwd(self, h: Buffer, n, width: int, needs_grad: bool, tag: str) -> Buffer:
@@ -157,7 +125,7 @@ class _Replayer:
         if cfg.model.dropout_mode == "standard":
             # host: a float noise tensor (bernoulli, scaled) then input * noise, the noise
             # saved for backward; CUDA's fused kernel keeps a bool mask instead
-            mask_elt = e if cfg.host_step else 1
+            mask_elt = e if cfg.host else 1
             mask = tl.alloc(n * width * mask_elt, DROP, f"{tag} dropout mask")
             out = tl.alloc(n * width * e, DROP, f"{tag} dropout out")
             if not needs_grad:
@@ -200,17 +168,6 @@ class _Replayer:
         return out
 
     # ------------------------------------------------------------------ helpers
-    def _through(self, component: str, tmp_bytes, tmp_name: str, out_bytes,
-                 out_name: str) -> Buffer:
-        """``out = f(tmp)`` where nothing keeps ``tmp``: ``tmp`` is allocated, then
-        ``out``, then ``tmp`` is freed (e.g. ``relu(fc(x))`` without autograd saving
-        ``fc(x)``). Returns ``out``."""
-        tl = self.tl
-        tmp = tl.alloc(tmp_bytes, component, tmp_name)
-        out = tl.alloc(out_bytes, component, out_name)
-        tl.release(tmp)
-        return out
-
     def accumulate_src_grad(self, g_full: Buffer, g_dst: Buffer | None, n_src, width, tag) -> Buffer:
         """``g_full`` (n_src, W) plus the gradient of the ``[:n_dst]`` slice
         (``slice_backward`` pads it to (n_src, W), then an out-of-place add)."""
@@ -293,15 +250,7 @@ class _Replayer:
         """Mean over in-edges of a ``(n_src, w)`` input: ``(degrees, mean)`` buffers."""
         tl, e = self.tl, self.e
         if self.pyg:  # scatter(x[src], dst, reduce="mean")
-            msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
-            c0 = tl.alloc(n_dst * e, AGG, f"{tag} count zeros")
-            tl.temp(n_e * e, AGG, f"{tag} count ones")
-            deg = tl.alloc(n_dst * e, AGG, f"{tag} count clamp")
-            tl.release(c0)
-            z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
-            q = tl.alloc(n_dst * w * e, AGG, f"{tag} mean")
-            tl.release(msg, z)
-            return deg, q
+            return pyg_scatter_mean(tl, AGG, n_e, n_dst, w, e, tag, SAMPLED_SCATTER_MEAN_LABELS)
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
         deg = self._degrees(n_dst, tag, clamp=True)
         q = tl.alloc(n_dst * w * e, AGG, f"{tag} mean")
@@ -320,20 +269,19 @@ class _Replayer:
         tl.release(g_dst)
         return self._index_bwd(ge, n_src, w, tag)
 
-    def _index_bwd(self, g_rows: Buffer, n_src, w, tag) -> Buffer:
+    def _index_bwd(self, g_rows: Buffer | None, n_src, w, tag) -> Buffer:
         """Backward of ``x[index]`` (``x`` of ``(n_src, w)``): zeros, then an
-        out-of-place ``index_put`` accumulating ``g_rows`` (released)."""
-        gi = self._index_bwd_alloc(n_src, w, tag)
-        self.tl.release(g_rows)
-        return gi
+        out-of-place ``index_put`` accumulating ``g_rows`` (released unless None;
+        :func:`~betty.memory.ops.index_backward`)."""
+        return index_backward(self.tl, g_rows, n_src * w * self.e, tag, SAMPLED_INDEX_LABELS)
 
     def _degrees(self, n_dst, tag, clamp: bool) -> Buffer:
         """``in_degrees()`` as a float vector (DGL's result itself is not a torch tensor)."""
         tl = self.tl
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         if clamp:
-            return self._through(AGG, n_dst * INDEX_BYTES, f"{tag} degree clamp",
-                                 n_dst * self.e, f"{tag} degrees")
+            return through(self.tl, AGG, n_dst * INDEX_BYTES, f"{tag} degree clamp",
+                           n_dst * self.e, f"{tag} degrees")
         return tl.alloc(n_dst * self.e, AGG, f"{tag} degrees")
 
     # ------------------------------------------------------------------ SAGE, shared
@@ -457,9 +405,9 @@ class _Replayer:
         degrees + 1, normalized)`` buffers (``sum`` None where it is already freed)."""
         tl, e = self.tl, self.e
         if self.pyg:  # in_degrees() (bincount, cast), scatter(x[src], dst, reduce="sum")
-            deg = self._through(AGG, n_dst * INDEX_BYTES, f"{tag} bincount",
-                                n_dst * e, f"{tag} degrees")
-            z = self._through(AGG, n_e * w * e, f"{tag} messages", n_dst * w * e, f"{tag} sum")
+            deg = through(self.tl, AGG, n_dst * INDEX_BYTES, f"{tag} bincount",
+                          n_dst * e, f"{tag} degrees")
+            z = through(self.tl, AGG, n_e * w * e, f"{tag} messages", n_dst * w * e, f"{tag} sum")
             sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
             tl.release(z)
             z = None
@@ -490,8 +438,8 @@ class _Replayer:
         the max is the backend's (:meth:`_max_aggregate`), everything else is shared."""
         tl, e = self.tl, self.e
         fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
-        p2 = self._through(AGG, n_src * wi * e, f"{tag} fc_pool",
-                           n_src * wi * e, f"{tag} relu(fc_pool)")
+        p2 = through(self.tl, AGG, n_src * wi * e, f"{tag} fc_pool",
+                     n_src * wi * e, f"{tag} relu(fc_pool)")
         tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
         max_backward = self._max_aggregate(tag, n_src, n_dst, n_e, wi)
         out = self._fc_out(tag, n_dst, wo)
@@ -548,14 +496,14 @@ class _Replayer:
             tl.release(g)
             # scatter_reduce(amax) backward: which entries reached the max, how many tie
             val = tl.alloc(n_e * w * e, BWD, f"{tag} max gathered")
-            t1 = self._through(BWD, n_dst * w, f"{tag} self == max",
-                               n_dst * w * e, f"{tag} self == max (float)")
-            t2 = self._through(BWD, n_e * w, f"{tag} src == max",
-                               n_e * w * e, f"{tag} src == max (float)")
+            t1 = through(self.tl, BWD, n_dst * w, f"{tag} self == max",
+                         n_dst * w * e, f"{tag} self == max (float)")
+            t2 = through(self.tl, BWD, n_e * w, f"{tag} src == max",
+                         n_e * w * e, f"{tag} src == max (float)")
             ties = tl.alloc(n_dst * w * e, BWD, f"{tag} ties")
             gd = tl.alloc(n_dst * w * e, BWD, f"{tag} grad / ties")
-            gself = self._through(BWD, n_dst * w, f"{tag} self == max",
-                                  n_dst * w * e, f"{tag} grad self")
+            gself = through(self.tl, BWD, n_dst * w, f"{tag} self == max",
+                            n_dst * w * e, f"{tag} grad self")
             gg = tl.alloc(n_e * w * e, BWD, f"{tag} grad gathered")
             eq = tl.alloc(n_e * w, BWD, f"{tag} src == max")
             gsrc = tl.alloc(n_e * w * e, BWD, f"{tag} grad messages")
@@ -618,7 +566,7 @@ class _Replayer:
         tl, e, c = self.tl, self.e, self.cfg.constants
         gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
         tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
-        new = [tl.alloc(np.where(m, _numel(s) * self.pelt, 0), GRADS, f"{tag} lstm weight grad")
+        new = [tl.alloc(np.where(m, numel(s) * self.pelt, 0), GRADS, f"{tag} lstm weight grad")
                for s in lstm_params]
         return gx, new
 
@@ -655,8 +603,8 @@ class _Replayer:
         msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
         idx = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bucket bookkeeping")
-        buckets = self._through(AGG, 2 * n_dst * INDEX_BYTES, f"{tag} degree sort",
-                                3 * n_dst * INDEX_BYTES, f"{tag} bucket node lists")
+        buckets = through(self.tl, AGG, 2 * n_dst * INDEX_BYTES, f"{tag} degree sort",
+                          3 * n_dst * INDEX_BYTES, f"{tag} bucket node lists")
         saved = []
         results = []
         mailbox = None
@@ -765,8 +713,8 @@ class _Replayer:
             saved.append((t, b, [z0, *call_saved], idx))
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
         cat_idx = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} bucket result index")
-        neigh = self._through(AGG, n_nonzero * w * e, f"{tag} bucket results",
-                              n_dst * w * e, f"{tag} neigh")
+        neigh = through(self.tl, AGG, n_nonzero * w * e, f"{tag} bucket results",
+                        n_dst * w * e, f"{tag} neigh")
         tl.release(*book, *results, c_last, steps, mailbox, z)
         out = self._fc_out(tag, n_dst, wo)
         tl.hold(h)  # fc_self saves h[:n_dst]
@@ -793,7 +741,7 @@ class _Replayer:
                                                        f"{tag} lstm weight grads")
                 if gx is None:
                     continue
-                gi = self._index_bwd_alloc(np.where(m, n_src, 0), w, tag)
+                gi = self._index_bwd(None, np.where(m, n_src, 0), w, tag)
                 tl.release(gx, idx)
                 acc, have_acc = self.bucket_sum(acc, have_acc, [gi], m, f"{tag} grad h")
             if not saved:
@@ -826,15 +774,12 @@ class _Replayer:
         tl.temp(n_dst * hf * e, ATT, f"{tag} z*attn_r")
         er = tl.alloc(n_dst * heads * e, ATT, f"{tag} er")
         if self.pyg:  # el[src] + er[dst]: two gathers
-            i1 = tl.alloc(n_e * heads * e, ATT, f"{tag} el[src]")
-            i2 = tl.alloc(n_e * heads * e, ATT, f"{tag} er[dst]")
-            uav = tl.alloc(n_e * heads * e, ATT, f"{tag} el+er")
-            tl.release(i1, i2)
+            uav = pyg_edge_scores(tl, n_e * heads * e, tag, "el+er")
         else:
             uav = tl.alloc(n_e * heads * e, ATT, f"{tag} el+er")
         lr = tl.alloc(n_e * heads * e, ATT, f"{tag} leaky_relu")
         if self.pyg:
-            mx, ex, den = self._pyg_softmax_fwd(n_dst, n_e, heads, tag)
+            mx, ex, den = pyg_softmax_forward(tl, n_dst * heads * e, n_e * heads * e, tag)
         a = tl.alloc(n_e * heads * e, ATT, f"{tag} edge_softmax")
         if self.pyg:
             tl.release(mx)
@@ -877,14 +822,8 @@ class _Replayer:
                 if attn_drop:
                     ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
                     tl.release(a_used)
-                t1 = tl.alloc(n_e * heads * e, BWD, f"{tag} softmax backward")
-                gsm = tl.alloc(n_e * heads * e, BWD, f"{tag} grad logits")
-                tl.release(t1, ga, a)
-                lrb = tl.alloc(n_e * heads * e, BWD, f"{tag} grad leaky_relu")
-                tl.release(gsm, uav)
-                gel = tl.alloc(n_src * heads * e, BWD, f"{tag} grad el")
-                ger = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad er")
-                tl.release(lrb)
+                gel, ger = edge_softmax_backward(tl, ga, a, uav, n_e * heads * e, n_src * heads * e,
+                                                 n_dst * heads * e, tag)
             gzr = tl.alloc(n_dst * hf * e, BWD, f"{tag} grad z_dst")
             tl.temp(n_dst * hf * e, BWD, f"{tag} grad attn_r")
             self.param_grads([attn_r], f"{tag} attn_r")
@@ -903,22 +842,6 @@ class _Replayer:
 
         return out, backward, o
 
-    def _pyg_softmax_fwd(self, n_dst, n_e, heads, tag):
-        """``torch_geometric.utils.softmax`` up to its last op: the per-destination
-        max (freed after the division), ``exp(x - max[dst])`` and the gathered
-        denominators (both saved by the final division, which the caller allocates)."""
-        tl, e = self.tl, self.e
-        mx = tl.alloc(n_dst * heads * e, ATT, f"{tag} softmax max")
-        sub = self._through(ATT, n_e * heads * e, f"{tag} softmax max[dst]",
-                            n_e * heads * e, f"{tag} softmax x - max")
-        ex = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax exp")
-        tl.release(sub)
-        s = self._through(ATT, n_dst * heads * e, f"{tag} softmax sum",
-                          n_dst * heads * e, f"{tag} softmax sum + eps")
-        den = tl.alloc(n_e * heads * e, ATT, f"{tag} softmax sum[dst]")
-        tl.release(s)
-        return mx, ex, den
-
     def _pyg_attention_bwd(self, g, zs, a_used, amask, attn_drop, ex, den, uav,
                            n_src, n_dst, n_e, heads, hf, tag):
         """Backward of ``scatter(z[src] * a, dst)``, PyG's softmax and ``el[src] +
@@ -936,35 +859,11 @@ class _Replayer:
         gza = self._index_bwd(gzs, n_src, hf, tag)
         if attn_drop:
             ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
-        # a = ex / den: the denominator's gradient first, then the numerator's
-        d2 = tl.alloc(eh, BWD, f"{tag} softmax ex / den")
-        d3 = tl.alloc(eh, BWD, f"{tag} softmax ex / den^2")
-        ng = tl.alloc(eh, BWD, f"{tag} softmax -grad")
-        gden = tl.alloc(eh, BWD, f"{tag} grad den")
-        tl.release(ng, d3, d2)
-        gex = tl.alloc(eh, BWD, f"{tag} grad ex (division)")
-        tl.release(ga, den)
-        z = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad sum zeros")
-        gs = tl.alloc(n_dst * heads * e, BWD, f"{tag} grad sum (index_add)")
-        tl.release(z, gden)
-        gg = tl.alloc(eh, BWD, f"{tag} grad ex (sum)")
-        tl.release(gs)
-        gsum = tl.alloc(eh, BWD, f"{tag} grad ex")
-        tl.release(gex, gg)
-        gl = tl.alloc(eh, BWD, f"{tag} grad logits")
-        tl.release(gsum, ex)
-        lrb = tl.alloc(eh, BWD, f"{tag} grad leaky_relu")
-        tl.release(gl, uav)
-        ger = self._index_bwd_alloc(n_dst, heads, tag)
-        gel = self._index_bwd_alloc(n_src, heads, tag)
-        tl.release(lrb)
+        gl = pyg_softmax_backward(tl, ga, ex, den, eh, n_dst * heads * e, tag,
+                                  SAMPLED_SOFTMAX_LABELS)
+        gel, ger = pyg_edge_scores_backward(tl, gl, uav, eh, n_src * heads * e, n_dst * heads * e,
+                                            tag, SAMPLED_INDEX_LABELS)
         return gza, gel, ger
-
-    def _index_bwd_alloc(self, n, w, tag) -> Buffer:
-        """Zeros ``(n, w)``, then the out-of-place ``index_put`` (the zeros freed)."""
-        nbytes = n * w * self.e
-        return self._through(BWD, nbytes, f"{tag} index backward zeros",
-                             nbytes, f"{tag} index backward")
 
     # ------------------------------------------------------------------ whole step
     def run(self) -> Timeline:
@@ -996,8 +895,8 @@ class _Replayer:
             tl.release(x)
             x = x2
         n_out = s.num_outputs
-        if cfg.num_label_columns:
-            tl.alloc(n_out * cfg.num_label_columns * cfg.label_elt, LABELS, "labels")
+        if cfg.label_columns:
+            tl.alloc(n_out * cfg.label_columns * cfg.label_elt, LABELS, "labels")
         else:
             tl.alloc(n_out * INDEX_BYTES, LABELS, "labels")
 
@@ -1040,18 +939,18 @@ class _Replayer:
 
         tl.phase = "loss"
         n_cls = spec.widths[-1]
-        if cfg.num_label_columns:
-            t = cfg.num_label_columns
+        if cfg.label_columns:
+            t = cfg.label_columns
             tl.temp(n_out * t * e, LOSS, "targets cast")
-            mean = self._through(LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
+            mean = through(self.tl, LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
             saved = [mean]
         else:
             lsm = tl.alloc(n_out * n_cls * e, LOSS, "log_softmax")
             saved = [lsm]
 
         tl.phase = "backward loss"
-        if cfg.num_label_columns:
-            t = cfg.num_label_columns
+        if cfg.label_columns:
+            t = cfg.label_columns
             g1 = tl.alloc(n_out * t * e, BWD, "grad bce")
             g = tl.alloc(n_out * t * e, BWD, "grad logits")
             tl.release(g1, *saved)

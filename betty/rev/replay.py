@@ -61,19 +61,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from betty.memory.spec import OptimizerSpec
+from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
+                              PARAMS, REV_INDEX_LABELS, REV_SCATTER_MEAN_LABELS,
+                              REV_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
+                              index_backward, param_grads, pyg_edge_scores,
+                              pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
+                              pyg_softmax_forward, step_baseline)
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
 
-# components of the breakdown
-PARAMS, GRADS, OPT = "parameters", "gradients", "optimizer_state"
-FEATS, LABELS, DROP, ENC = "features", "labels", "dropout", "encoder"
-ACT, INT, ATT = "activations", "block_internals", "attention"
-HEAD, LOSS, BWD, STEP = "head", "loss", "activation_gradients", "optimizer_step"
+# components of the breakdown besides the shared ones (betty.memory.ops)
+ENC, INT, HEAD, STEP = "encoder", "block_internals", "head", "optimizer_step"
 COMPONENTS = (PARAMS, GRADS, OPT, FEATS, LABELS, DROP, ENC, ACT, INT, ATT, HEAD, LOSS, BWD, STEP)
-
-INDEX_BYTES = 8  # int64 node IDs, degrees, labels
 
 
 def rev_parameter_shapes(in_feats: int, hidden: int, out_feats: int, num_groups: int,
@@ -101,16 +101,12 @@ def rev_parameter_shapes(in_feats: int, hidden: int, out_feats: int, num_groups:
     return [[(hidden, in_feats), (hidden,)]] + blocks + [head]
 
 
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
 @dataclass
-class RevReplayConfig:
-    """Everything :func:`replay_rev` needs besides the part sizes.
+class RevReplayConfig(StepConfig):
+    """Everything :func:`replay_rev` needs besides the part sizes: the step's
+    :class:`~betty.memory.ops.StepConfig` fields (keyword arguments; ``fresh_grads``:
+    the first part *with training nodes* starts fresh, ``elt`` is also the parameters'
+    width) and
 
     Attributes:
         hidden, num_groups, num_layers, in_feats, out_feats: the model's shape.
@@ -119,14 +115,6 @@ class RevReplayConfig:
         weight_tied: one block's weights applied at every depth.
         dropout: the model's dropout probability (masks exist when > 0).
         check_consistency: the reversible backward checks each recomputed block.
-        optimizer: which optimizer state exists (assumed: after the first step).
-        elt: bytes per element of the compute dtype; feat_elt: of the features.
-        label_columns: T for multi-label targets (0: single-label int64 classes).
-        label_elt: bytes per element of multi-label targets.
-        fresh_grads: ``(P,)`` bools: the part starts without ``.grad`` (the first part
-            with training nodes after ``zero_grad(set_to_none=True)``).
-        host: the measured device is the host (single-tensor Adam, 0-d ``step``
-            tensors counted); else CUDA's foreach Adam with host steps.
         granule: allocation rounding in bytes (CUDA's caching allocator: 512).
         graph_backend: ``"dgl"`` (DGL's fused message passing) or ``"pyg"`` (betty's
             PyG layers: gathered ``(E, w)`` messages and ``scatter_add``; GAT's
@@ -148,13 +136,6 @@ class RevReplayConfig:
     weight_tied: bool
     dropout: float
     check_consistency: bool
-    optimizer: OptimizerSpec
-    elt: int
-    feat_elt: int
-    fresh_grads: np.ndarray
-    label_columns: int = 0
-    label_elt: int = 4
-    host: bool = True
     granule: int = 1
     graph_backend: str = "dgl"
     masks_held: bool = False
@@ -181,7 +162,7 @@ class _RevReplayer:
         f = self.w if cfg.gat_merge == "mean" else self.w // max(cfg.heads, 1)
         self.hf = cfg.heads * f  # GAT projected width
         self.shapes = cfg.shapes
-        self.pbytes = [sum(_numel(s) for s in group) * cfg.elt for group in self.shapes]
+        self.pbytes = [sum(numel(s) for s in group) * cfg.elt for group in self.shapes]
         self._pre_mean: Buffer | None = None  # see _gat's backward
         self._grad_is_view = False  # the gradient reaching a group function is a slice
 
@@ -206,29 +187,21 @@ class _RevReplayer:
         return out
 
     def param_grads(self, group_index: int, tag: str, first_use: bool = True) -> None:
-        """Gradients of parameter group ``group_index`` produced by a backward node:
-        kept as ``.grad`` on a fresh part, else added in place and freed."""
-        nbytes = self.pbytes[group_index]
-        keep = self.fresh & first_use
-        self.tl.alloc(np.where(keep, nbytes, 0.0), GRADS, f"{tag} parameter grads")
-        self.tl.temp(np.where(keep, 0.0, nbytes), GRADS, f"{tag} parameter grads (accumulated)")
+        """Gradients of parameter group ``group_index`` produced by a backward node
+        (:func:`~betty.memory.ops.param_grads`; ``first_use``: no earlier node of this
+        part produced them)."""
+        param_grads(self.tl, self.pbytes[group_index], self.fresh & first_use,
+                    f"{tag} parameter grads", f"{tag} parameter grads (accumulated)")
 
     # ------------------------------------------------------------------ baseline
     def baseline(self) -> None:
         cfg = self.cfg
-        total = float(sum(self.pbytes))
-        self.tl.add_baseline(total, PARAMS)
-        n_state, has_step = cfg.optimizer.state_tensors()
-        n_params = sum(len(g) for g in self.shapes)
-        state = n_state * total
-        if has_step and (cfg.host or cfg.optimizer.step_on_device):
-            state += 4 * n_params
+        bn_buffers = None
         if cfg.norm == "batch":  # running mean/var (w) and num_batches_tracked per group
             n_bn = (1 if cfg.weight_tied else cfg.num_layers) * cfg.num_groups
-            state_bufs = n_bn * (2 * self.w * cfg.elt + 8) + 2 * cfg.hidden * cfg.elt + 8
-            self.tl.add_baseline(state_bufs, PARAMS)
-        self.tl.add_baseline(state, OPT)
-        self.tl.add_baseline(np.where(self.fresh, 0.0, total), GRADS)
+            bn_buffers = n_bn * (2 * self.w * cfg.elt + 8) + 2 * cfg.hidden * cfg.elt + 8
+        step_baseline(self.tl, cfg, float(sum(self.pbytes)), sum(len(g) for g in self.shapes),
+                      bn_buffers)
 
     # ------------------------------------------------------------------ group function
     def group_forward(self, hin: Buffer, grad: bool, tag: str, stop_early: bool = False):
@@ -300,11 +273,7 @@ class _RevReplayer:
     def _gather_backward(self, ge: Buffer, width, tag: str) -> Buffer:
         """Backward of the gather ``h[src]`` from ``ge`` ``(E, width)``: ``zeros`` ``(N,
         width)`` then ``index_put_(accumulate=True)`` out of place; releases ``ge``."""
-        nw = self.nw(width)
-        zeros = self.a(nw, BWD, f"{tag} grad index zeros")
-        gi = self.a(nw, BWD, f"{tag} grad index (index_put)")
-        self.r(zeros, ge)
-        return gi
+        return index_backward(self.tl, ge, self.nw(width), tag, REV_INDEX_LABELS)
 
     def _pyg_aggregation_backward(self, g: Buffer, tag: str) -> Buffer:
         """Backward of PyG's ``scatter(h[src], dst, reduce='sum')``: ``(N, w)`` from
@@ -462,22 +431,13 @@ class _RevReplayer:
         """:class:`betty.backends.pyg_backend.PygSAGEConv` ('mean', in = out width):
         gather ``(E, w)`` messages, PyG's ``scatter(reduce='mean')`` (counts, sum,
         divide), ``fc_neigh``, ``fc_self``, sum."""
-        n, el = self.n, self.el
-        nw, ew = self.nw(), self.e_cnt * self.w * el
-
         def backward(g: Buffer) -> Buffer:
             return self._sage_backward(g, m, q, cnt, self._pyg_aggregation_backward, tag)
 
-        msg = self.a(ew, INT, f"{tag} messages h[src] (E x w)")
-        c0 = self.a(n * el, INT, f"{tag} count zeros")
-        self.tl.temp(self.e_cnt * el, INT, f"{tag} ones (E,)")
-        cnt = self.a(n * el, INT, f"{tag} count clamp")
-        self.r(c0)
-        agg = self.a(nw, INT, f"{tag} scatter_add")
-        q = self.a(nw, INT, f"{tag} neighbour mean")
-        if grad:
-            self.h(cnt)
-        self.r(agg, msg, cnt)
+        cnt, q = pyg_scatter_mean(self.tl, INT, self.e_cnt, self.n, self.w, self.el, tag,
+                                  REV_SCATTER_MEAN_LABELS)
+        if not grad:  # the division saves the counts
+            self.r(cnt)
         return self._sage_fc(m, q, grad, stop, tag), backward
 
     # GAT (betty.models.gat.gat_forward on PyG, DGL's GATConv on DGL): both project,
@@ -571,14 +531,8 @@ class _RevReplayer:
             if strided:
                 self.tl.temp(nh, BWD, f"{tag} contiguous grad copy")
             self.r(gm)
-            t = self.a(eh, BWD, f"{tag} softmax backward")
-            gs = self.a(eh, BWD, f"{tag} grad logits")
-            self.r(t, ga, att)
-            gl = self.a(eh, BWD, f"{tag} grad leaky_relu")
-            self.r(gs, ee)
-            gel = self.a(n * heads * el, BWD, f"{tag} grad el")
-            ger = self.a(n * heads * el, BWD, f"{tag} grad er")
-            self.r(gl)
+            n_h = n * heads * el
+            gel, ger = edge_softmax_backward(self.tl, ga, att, ee, eh, n_h, n_h, tag)
             return self._gat_scores_backward(gel, ger, gft, ft, m, tag)
 
         ft, el_, er = self._gat_scores(m, grad, tag)
@@ -618,18 +572,15 @@ class _RevReplayer:
             if not unpacked:  # saved factors are released after the node's outputs exist
                 self.r(att, zs)
             gza = self._gather_backward(gzs, self.hf, tag)
-            glr = self._pyg_softmax_backward(ga, ex, den, tag)
-            glr = self.bwd(f"{tag} grad leaky_relu", glr, ee, nbytes=eh)
-            self.h(glr)  # the sum's gradient goes to both gathers: er[dst]'s runs first
-            ger = self._gather_backward(glr, heads, tag)
-            gel = self._gather_backward(glr, heads, tag)
+            glr = pyg_softmax_backward(self.tl, ga, ex, den, eh, self.nw(heads), tag,
+                                       REV_SOFTMAX_LABELS)
+            n_h = self.nw(heads)
+            gel, ger = pyg_edge_scores_backward(self.tl, glr, ee, eh, n_h, n_h, tag,
+                                                REV_INDEX_LABELS)
             return self._gat_scores_backward(gel, ger, gza, ft, m, tag, sliced=True)
 
         ft, el_, er = self._gat_scores(m, grad, tag)
-        i1 = self.a(eh, ATT, f"{tag} el[src]")
-        i2 = self.a(eh, ATT, f"{tag} er[dst]")
-        ee = self.a(eh, ATT, f"{tag} el + er (edges)")
-        self.r(i1, i2)
+        ee = pyg_edge_scores(self.tl, eh, tag, "el + er (edges)")
         lr = self.a(eh, ATT, f"{tag} leaky_relu")
         if grad:
             self.h(ee)  # leaky_relu saves its input
@@ -646,50 +597,17 @@ class _RevReplayer:
         return self._gat_finish(rst, stop, tag, att, ft, el_, er, lr), backward
 
     def _pyg_softmax(self, grad: bool, tag: str):
-        """``torch_geometric.utils.softmax(x, dst)`` on ``(E, H)`` logits: ``max`` by
-        ``scatter_reduce_`` into zeros ``(N, H)``, ``x - max[dst]``, ``exp`` (saves its
-        result), ``sum`` by ``scatter_add_`` into zeros, ``+ 1e-16``, ``sum[dst]``, the
-        division (saves both operands). Returns ``(a, exp, denominators)`` (the last
-        two kept only with ``grad``)."""
+        """PyG's ``softmax`` on the ``(E, H)`` logits
+        (:func:`~betty.memory.ops.pyg_softmax_forward`) and its division. Returns ``(a,
+        exp, denominators)`` (the last two kept only with ``grad``: the division saves
+        them)."""
         eh, n_h = self.e_cnt * self.cfg.heads * self.el, self.n * self.cfg.heads * self.el
-        mx = self.a(n_h, ATT, f"{tag} softmax max")
-        sel = self.a(eh, ATT, f"{tag} softmax max[dst]")
-        sub = self.a(eh, ATT, f"{tag} softmax x - max")
-        self.r(sel)
-        ex = self.a(eh, ATT, f"{tag} softmax exp")
-        self.r(sub)
-        s0 = self.a(n_h, ATT, f"{tag} softmax sum")
-        s = self.a(n_h, ATT, f"{tag} softmax sum + eps")
-        self.r(s0)
-        den = self.a(eh, ATT, f"{tag} softmax sum[dst]")
-        self.r(s)
+        mx, ex, den = pyg_softmax_forward(self.tl, n_h, eh, tag)
         att = self.a(eh, ATT, f"{tag} edge_softmax")
         if grad:
             self.h(ex, den)
         self.r(mx, ex, den)  # softmax returns
         return att, ex, den
-
-    def _pyg_softmax_backward(self, ga: Buffer, ex: Buffer, den: Buffer, tag: str) -> Buffer:
-        """Backward of :meth:`_pyg_softmax` from the attention's gradient ``ga`` ``(E,
-        H)``: the division (``/ den``, ``/ den``, ``neg``, ``mul`` for the
-        denominator's gradient; then the numerator's), ``sum[dst]`` (zeros +
-        ``index_add``), the scatter sum (a gather), the two gradients of ``exp``'s
-        result summed, ``exp``'s ``mul``. Releases ``ga``, ``ex``, ``den``; returns the
-        logits' gradient ``(E, H)`` (the max path is detached)."""
-        heads = self.cfg.heads
-        eh = self.e_cnt * heads * self.el
-        d1 = self.a(eh, BWD, f"{tag} softmax grad / den")
-        d2 = self.a(eh, BWD, f"{tag} softmax grad / den / den")
-        ng = self.a(eh, BWD, f"{tag} softmax -grad")
-        gden = self.a(eh, BWD, f"{tag} grad den")
-        self.r(ng, d2, d1)
-        gex = self.a(eh, BWD, f"{tag} grad exp (division)")
-        self.r(ga, den)
-        gs = self._gather_backward(gden, heads, tag)
-        gg = self._scatter_backward(gs, heads, tag)
-        gsum = self.a(eh, BWD, f"{tag} grad exp")
-        self.r(gex, gg)
-        return self.bwd(f"{tag} grad logits (exp backward)", gsum, ex, nbytes=eh)
 
     # ------------------------------------------------------------------ coupling
     def coupling_forward(self, x: Buffer, grad: bool, tag: str, stop_early: bool = False):
@@ -1007,7 +925,7 @@ class _RevReplayer:
         if cfg.optimizer.name != "adam":
             return
         el = cfg.elt
-        sizes = [_numel(s) * el for group in self.shapes for s in group]
+        sizes = [numel(s) * el for group in self.shapes for s in group]
         if cfg.host:  # single-tensor Adam: denom = sqrt(v) / c, previous denom freed late
             prev = None
             for nb in sizes:

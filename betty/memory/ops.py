@@ -1,0 +1,282 @@
+"""Pieces that both symbolic replays model alike: :mod:`betty.memory.replay` (one
+sampled micro-batch) and :mod:`betty.rev.replay` (one RevGNN part).
+
+Each function records, on a :class:`~betty.memory.timeline.Timeline`, the tensors one
+stretch of PyTorch / PyG / DGL ops allocates and frees, in the order they do. Sizes are
+bytes, scalars or ``(P,)`` per-piece vectors (every piece of a split is replayed at
+once). A function here is written once and called by both replayers; where the two
+replays model different op sequences they keep their own code (see their modules).
+
+Kept apart because the code paths differ:
+
+* **loss**: the sampled replay's cross-entropy / mean-reduced BCE (with a cast of the
+  targets) runs on every output row, next to labels that live for the whole batch;
+  RevGNN's runs on the part's training rows (``output[train]``, ``labels[train]``,
+  released by the loss's backward, then an ``index_put`` back into ``(N, C)`` zeros)
+  with sum-reduced BCE (``sigmoid``, ``- target``, ``* grad``);
+* **dropout**: the sampled layers drop each layer's input (hash dropout's chunked
+  SplitMix64, or a standard mask); RevGNN draws two ``(N, D)`` multipliers per forward;
+* **optimizer step**: only RevGNN's replay includes it (the sampled replay covers one
+  micro-batch; the step follows the last one);
+* **GAT scores and products**: the same ops (``el = (z * attn_l).sum(-1)``, likewise
+  ``er``; PyG's message product ``z[src] * a``), modelled in two orders. The sampled
+  replay frees ``z * attn_l`` before ``el`` exists (RevGNN's: after, so its transient
+  is larger by ``el``'s bytes); in the backwards of the score products and of PyG's
+  message product it computes ``z``'s gradient before the other factor's (RevGNN's:
+  after; the same bytes are live at the maximum, the labels differ). Unifying them
+  changes a trace: one order is to be chosen against a dispatch-mode trace.
+
+Labels: where the replays name the same op differently (the names reach
+``MemoryEstimate.peak_at``) each passes its own (``*_LABELS``), so both traces stay as
+they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from betty.memory.spec import OptimizerSpec
+from betty.memory.timeline import Buffer, Timeline
+
+__all__ = ["StepConfig", "numel", "step_baseline", "param_grads", "through",
+           "edge_softmax_backward", "pyg_softmax_forward", "pyg_softmax_backward",
+           "SAMPLED_SOFTMAX_LABELS", "REV_SOFTMAX_LABELS", "pyg_edge_scores",
+           "pyg_edge_scores_backward", "index_backward", "SAMPLED_INDEX_LABELS", "REV_INDEX_LABELS",
+           "pyg_scatter_mean",
+           "SAMPLED_SCATTER_MEAN_LABELS", "REV_SCATTER_MEAN_LABELS", "INDEX_BYTES",
+           "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
+
+INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
+
+# components of the breakdown both replays report
+PARAMS, GRADS, OPT = "parameters", "gradients", "optimizer_state"
+FEATS, LABELS, DROP = "features", "labels", "dropout"
+ACT, ATT, LOSS, BWD = "activations", "attention", "loss", "activation_gradients"
+
+
+@dataclass(kw_only=True)
+class StepConfig:
+    """What a replayed training step needs besides the model and the sizes (keyword
+    arguments of both replays' configs).
+
+    Attributes:
+        optimizer: which optimizer state exists (it is assumed to exist: the steady
+            state after the first step).
+        elt: bytes per element of the compute dtype (features after the cast,
+            activations, parameters of a RevGNN).
+        feat_elt: bytes per element of the host feature matrix.
+        fresh_grads: ``(P,)`` bools: the piece starts with no ``.grad`` (the first piece
+            after ``zero_grad(set_to_none=True)``), so its backward creates them.
+        label_columns: T for multi-label targets (0: single-label int64 classes).
+        label_elt: bytes per element of multi-label targets.
+        host: the measured device is the host: Adam's 0-d ``step`` tensors are counted,
+            Adam runs single-tensor, standard dropout keeps a float noise tensor. On CUDA
+            the steps stay on the host unless capturable/fused, Adam runs foreach and
+            dropout keeps a bool mask.
+    """
+
+    optimizer: OptimizerSpec
+    elt: int
+    feat_elt: int
+    fresh_grads: np.ndarray
+    label_columns: int = 0
+    label_elt: int = 4
+    host: bool = True
+
+
+def numel(shape: Iterable[int]) -> int:
+    """Number of elements of a tensor of ``shape`` (``1`` for ``()``)."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def step_baseline(tl: Timeline, cfg: StepConfig, param_bytes, num_params: int,
+                  buffers=None) -> None:
+    """What lives through the whole step: the parameters (``param_bytes`` in all, in
+    ``num_params`` tensors) and the model's ``buffers`` (bytes, e.g. batch-norm running
+    statistics; None: none), the optimizer state (``n_state · param_bytes``, plus a
+    4-byte ``step`` per parameter where it is counted: on the host or on the device
+    with capturable/fused Adam) and, in the pieces that do not start fresh, the
+    existing ``.grad`` (``param_bytes``)."""
+    tl.add_baseline(param_bytes, PARAMS)
+    if buffers is not None:
+        tl.add_baseline(buffers, PARAMS)
+    n_state, has_step = cfg.optimizer.state_tensors()
+    state = n_state * param_bytes
+    if has_step and (cfg.host or cfg.optimizer.step_on_device):
+        state += 4 * num_params
+    tl.add_baseline(state, OPT)
+    tl.add_baseline(np.where(np.asarray(cfg.fresh_grads, dtype=bool), 0.0, param_bytes), GRADS)
+
+
+def param_grads(tl: Timeline, nbytes, keep, name: str, accumulated_name: str) -> None:
+    """Parameter gradients (``nbytes``) one backward node produces, through
+    ``AccumulateGrad``: where ``keep`` (``(P,)`` bools: the piece has no ``.grad`` yet)
+    the new gradient becomes ``.grad`` and stays; elsewhere it is added in place into
+    the existing ``.grad`` and freed (a transient)."""
+    tl.alloc(np.where(keep, nbytes, 0.0), GRADS, name)
+    tl.temp(np.where(keep, 0.0, nbytes), GRADS, accumulated_name)
+
+
+def through(tl: Timeline, component: str, tmp_bytes, tmp_name: str, out_bytes,
+            out_name: str) -> Buffer:
+    """``out = f(tmp)`` where nothing keeps ``tmp``: ``tmp`` is allocated, then ``out``,
+    then ``tmp`` is freed (e.g. ``relu(fc(x))`` without autograd saving ``fc(x)``).
+    Returns ``out``."""
+    tmp = tl.alloc(tmp_bytes, component, tmp_name)
+    out = tl.alloc(out_bytes, component, out_name)
+    tl.release(tmp)
+    return out
+
+
+# ---------------------------------------------------------------------- attention
+def edge_softmax_backward(tl: Timeline, ga: Buffer, att: Buffer, scores: Buffer, eh,
+                          el_bytes, er_bytes, tag: str) -> tuple[Buffer, Buffer]:
+    """Backward of DGL's GAT attention ``a = edge_softmax(leaky_relu(el[src] + er[dst]))``
+    from the attention's ``(E, H)`` gradient ``ga`` (``eh`` bytes): ``edge_softmax``'s
+    backward (``a · ga``, then ``a · (ga - sum_dst(a · ga))``: one transient and the
+    logits' gradient; releases ``ga`` and the saved output ``att``), ``leaky_relu``'s
+    (releases the saved input ``scores``), then ``u_add_v``'s two reductions: the
+    gradients of ``el`` (``el_bytes``) and ``er`` (``er_bytes``). Returns ``(gel, ger)``."""
+    t = tl.alloc(eh, BWD, f"{tag} softmax backward")
+    gs = tl.alloc(eh, BWD, f"{tag} grad logits")
+    tl.release(t, ga, att)
+    gl = tl.alloc(eh, BWD, f"{tag} grad leaky_relu")
+    tl.release(gs, scores)
+    gel = tl.alloc(el_bytes, BWD, f"{tag} grad el")
+    ger = tl.alloc(er_bytes, BWD, f"{tag} grad er")
+    tl.release(gl)
+    return gel, ger
+
+
+def pyg_softmax_forward(tl: Timeline, n_h, eh, tag: str) -> tuple[Buffer, Buffer, Buffer]:
+    """``torch_geometric.utils.softmax(x, dst)`` on ``(E, H)`` logits (``eh`` bytes;
+    ``n_h``: bytes of an ``(N_dst, H)`` tensor) up to its last op: the per-destination
+    max (``scatter_reduce_`` into zeros), ``max[dst]``, ``x - max[dst]``, ``exp`` (saves
+    its result), the sum (``scatter_add_`` into zeros), ``+ 1e-16``, ``sum[dst]``.
+    Returns ``(max, exp, denominators)``; the caller allocates the division ``exp /
+    denominators`` (it saves both operands) and then lets go of ``max``."""
+    mx = tl.alloc(n_h, ATT, f"{tag} softmax max")
+    sub = through(tl, ATT, eh, f"{tag} softmax max[dst]", eh, f"{tag} softmax x - max")
+    ex = tl.alloc(eh, ATT, f"{tag} softmax exp")
+    tl.release(sub)
+    s = through(tl, ATT, n_h, f"{tag} softmax sum", n_h, f"{tag} softmax sum + eps")
+    den = tl.alloc(eh, ATT, f"{tag} softmax sum[dst]")
+    tl.release(s)
+    return mx, ex, den
+
+
+# The two replays label these ops differently in their traces (the labels reach
+# MemoryEstimate.peak_at); each passes its own so both traces stay as they were.
+SAMPLED_SOFTMAX_LABELS = ("softmax ex / den", "softmax ex / den^2", "grad ex (division)",
+                          "grad sum zeros", "grad sum (index_add)", "grad ex (sum)", "grad ex",
+                          "grad logits")
+REV_SOFTMAX_LABELS = ("softmax grad / den", "softmax grad / den / den", "grad exp (division)",
+                      "grad index zeros", "grad index (index_put)",
+                      "grad scatter_add (gather, E x w)", "grad exp", "grad logits (exp backward)")
+
+
+def pyg_softmax_backward(tl: Timeline, ga: Buffer, ex: Buffer, den: Buffer, eh, n_h, tag: str,
+                         labels: tuple[str, ...]) -> Buffer:
+    """Backward of :func:`pyg_softmax_forward` and its division from the attention's
+    ``(E, H)`` gradient ``ga``: the division's (``ga / den``, ``/ den`` again, ``neg``,
+    ``mul``: the denominators' gradient; then the numerator's ``ga / den``), ``sum[dst]``'s
+    (zeros ``(N_dst, H)`` and ``index_add``), the scatter sum's (a gather back to the
+    edges), the two gradients of ``exp``'s result summed, ``exp``'s ``mul``. Releases
+    ``ga``, ``ex``, ``den``; returns the logits' gradient ``(E, H)`` (the max is
+    detached). ``labels``: the trace's names of the ops that differ between the
+    replays (:data:`SAMPLED_SOFTMAX_LABELS`, :data:`REV_SOFTMAX_LABELS`)."""
+    div, div2, gex_name, zeros_name, index_name, gather_name, gsum_name, out_name = labels
+    d1 = tl.alloc(eh, BWD, f"{tag} {div}")
+    d2 = tl.alloc(eh, BWD, f"{tag} {div2}")
+    ng = tl.alloc(eh, BWD, f"{tag} softmax -grad")
+    gden = tl.alloc(eh, BWD, f"{tag} grad den")
+    tl.release(ng, d2, d1)
+    gex = tl.alloc(eh, BWD, f"{tag} {gex_name}")
+    tl.release(ga, den)
+    z = tl.alloc(n_h, BWD, f"{tag} {zeros_name}")
+    gs = tl.alloc(n_h, BWD, f"{tag} {index_name}")
+    tl.release(z, gden)
+    gg = tl.alloc(eh, BWD, f"{tag} {gather_name}")
+    tl.release(gs)
+    gsum = tl.alloc(eh, BWD, f"{tag} {gsum_name}")
+    tl.release(gex, gg)
+    gl = tl.alloc(eh, BWD, f"{tag} {out_name}")
+    tl.release(gsum, ex)
+    return gl
+
+
+def pyg_edge_scores(tl: Timeline, eh, tag: str, sum_label: str) -> Buffer:
+    """PyG GAT's ``el[src] + er[dst]``: two ``(E, H)`` gathers (``eh`` bytes each), their
+    sum (named ``sum_label`` in the trace), the gathers go. Returns the sum, held once."""
+    i1 = tl.alloc(eh, ATT, f"{tag} el[src]")
+    i2 = tl.alloc(eh, ATT, f"{tag} er[dst]")
+    scores = tl.alloc(eh, ATT, f"{tag} {sum_label}")
+    tl.release(i1, i2)
+    return scores
+
+
+SAMPLED_INDEX_LABELS = ("index backward zeros", "index backward")
+REV_INDEX_LABELS = ("grad index zeros", "grad index (index_put)")
+
+
+def index_backward(tl: Timeline, g_rows: Buffer | None, nbytes, tag: str,
+                   labels: tuple[str, str]) -> Buffer:
+    """Backward of a gather ``x[index]`` (``x`` of ``nbytes``) from the gathered rows'
+    gradient ``g_rows``: ``zeros_like(x)``, then the out-of-place
+    ``index_put(accumulate=True)``; the zeros go, then ``g_rows`` (None: the caller lets
+    go of it). ``labels``: the two tensors' names (:data:`SAMPLED_INDEX_LABELS`,
+    :data:`REV_INDEX_LABELS`). Returns the ``x``-shaped gradient."""
+    zeros_name, index_name = labels
+    gi = through(tl, BWD, nbytes, f"{tag} {zeros_name}", nbytes, f"{tag} {index_name}")
+    if g_rows is not None:
+        tl.release(g_rows)
+    return gi
+
+
+def pyg_edge_scores_backward(tl: Timeline, gl: Buffer, scores: Buffer, eh, el_bytes, er_bytes,
+                             tag: str, index_labels: tuple[str, str]) -> tuple[Buffer, Buffer]:
+    """Backward of ``leaky_relu(el[src] + er[dst])`` (:func:`pyg_edge_scores`) from the
+    logits' ``(E, H)`` gradient ``gl``: ``leaky_relu``'s (releases ``gl`` and the saved
+    input ``scores``), then the two gathers', ``er[dst]``'s first: each ``zeros``
+    (``er_bytes``, ``el_bytes``) and an out-of-place ``index_put`` (the zeros go;
+    ``index_labels``: their names, :data:`SAMPLED_INDEX_LABELS`,
+    :data:`REV_INDEX_LABELS`); the edge gradient goes last. Returns ``(gel, ger)``."""
+    glr = tl.alloc(eh, BWD, f"{tag} grad leaky_relu")
+    tl.release(gl, scores)
+    ger = index_backward(tl, None, er_bytes, tag, index_labels)
+    gel = index_backward(tl, None, el_bytes, tag, index_labels)
+    tl.release(glr)
+    return gel, ger
+
+
+# ---------------------------------------------------------------------- aggregation
+SAMPLED_SCATTER_MEAN_LABELS = ("messages", "count ones", "sum", "mean")
+REV_SCATTER_MEAN_LABELS = ("messages h[src] (E x w)", "ones (E,)", "scatter_add", "neighbour mean")
+
+
+def pyg_scatter_mean(tl: Timeline, component: str, n_e, n_dst, width: int, elt: int, tag: str,
+                     labels: tuple[str, ...]) -> tuple[Buffer, Buffer]:
+    """PyG's ``scatter(x[src], dst, reduce='mean')`` over ``n_e`` edges into ``n_dst``
+    rows of ``width`` (``elt`` bytes per element): the gathered ``(E, width)`` messages,
+    the counts (``zeros`` ``(N_dst,)``, ``scatter_add_`` of an ``(E,)`` ``ones``, a clamped
+    copy), the sum (``scatter_add_`` into zeros), the division; the messages and the
+    sum go. Returns ``(counts, mean)``, each held once (the division saves the counts
+    where its input needs a gradient). ``labels``: the trace's names of the messages,
+    the ones, the sum and the mean (:data:`SAMPLED_SCATTER_MEAN_LABELS`,
+    :data:`REV_SCATTER_MEAN_LABELS`)."""
+    msg_name, ones_name, sum_name, mean_name = labels
+    msg = tl.alloc(n_e * width * elt, component, f"{tag} {msg_name}")
+    c0 = tl.alloc(n_dst * elt, component, f"{tag} count zeros")
+    tl.temp(n_e * elt, component, f"{tag} {ones_name}")
+    counts = tl.alloc(n_dst * elt, component, f"{tag} count clamp")
+    tl.release(c0)
+    z = tl.alloc(n_dst * width * elt, component, f"{tag} {sum_name}")
+    mean = tl.alloc(n_dst * width * elt, component, f"{tag} {mean_name}")
+    tl.release(msg, z)
+    return counts, mean
