@@ -32,10 +32,9 @@ def test_pyg_softmax_forward_keeps_max_exp_and_denominators():
     assert (mx.size[0], ex.size[0], den.size[0]) == (NH, EH, EH)
 
 
-@pytest.mark.parametrize("labels", [ops.SAMPLED_SOFTMAX_LABELS, ops.REV_SOFTMAX_LABELS])
-def test_pyg_softmax_backward_peak_and_result(labels):
+def test_pyg_softmax_backward_peak_and_result():
     tl, (ga, ex, den) = _timeline(EH, EH, EH)
-    gl = ops.pyg_softmax_backward(tl, ga, ex, den, EH, NH, "t", labels)
+    gl = ops.pyg_softmax_backward(tl, ga, ex, den, EH, NH, "t")
     # ga, ex, den + four (E, H) division terms: 7 EH; the index_add's zeros add 2 NH to
     # at most 3 EH later; only the logits' gradient is left
     assert tl.peak[0] == 7 * EH
@@ -46,10 +45,10 @@ def test_pyg_softmax_backward_peak_and_result(labels):
 def test_pyg_softmax_backward_index_add_can_be_the_peak():
     tl, (ga, ex, den) = _timeline(EH, EH, EH)
     big = 300.0  # (N, H) larger than (E, H): the zeros + index_add pair dominates
-    ops.pyg_softmax_backward(tl, ga, ex, den, EH, big, "t", ops.REV_SOFTMAX_LABELS)
+    ops.pyg_softmax_backward(tl, ga, ex, den, EH, big, "t")
     # after the numerator's gradient: ex, gden, gex (3 EH) + zeros + index_add
     assert tl.peak[0] == 3 * EH + 2 * big
-    assert tl.peak_event() == ["start: t grad index (index_put)"]
+    assert tl.peak_event() == ["start: t index backward"]
 
 
 def test_edge_softmax_backward():
@@ -109,8 +108,7 @@ def test_both_configs_take_the_step_fields_by_keyword():
 
 def test_pyg_scatter_mean():
     tl = Timeline(1)
-    counts, mean = ops.pyg_scatter_mean(tl, ops.ACT, 10, 4, 3, 2, "t",
-                                        ops.SAMPLED_SCATTER_MEAN_LABELS)
+    counts, mean = ops.pyg_scatter_mean(tl, ops.ACT, 10, 4, 3, 2, "t")
     # messages 60, zeros 8, ones 20 (transient: 88), counts 8 (zeros go: 68), sum 24,
     # mean 24: 116 at the mean; messages and sum go: counts + mean
     assert tl.peak[0] == 116.0 and tl.peak_event() == ["start: t mean"]
@@ -119,11 +117,10 @@ def test_pyg_scatter_mean():
 
 def test_pyg_edge_scores_and_backward():
     tl = Timeline(1)
-    scores = ops.pyg_edge_scores(tl, EH, "t", "el+er")
+    scores = ops.pyg_edge_scores(tl, EH, "t")
     assert tl.peak[0] == 3 * EH and tl.live[0] == EH  # two gathers + their sum; gathers go
     gl = tl.alloc(EH, ops.BWD, "logits grad")
-    gel, ger = ops.pyg_edge_scores_backward(tl, gl, scores, EH, 150.0, 200.0, "t",
-                                            ops.SAMPLED_INDEX_LABELS)
+    gel, ger = ops.pyg_edge_scores_backward(tl, gl, scores, EH, 150.0, 200.0, "t")
     # leaky_relu's gradient (EH) lives through both index backwards: er's zeros + result
     # (500), er's zeros go (300), el's zeros + result (600), then it goes
     assert tl.peak[0] == 600.0 and tl.peak_event() == ["start: t index backward"]
@@ -132,8 +129,8 @@ def test_pyg_edge_scores_and_backward():
 
 def test_index_backward_frees_zeros_then_the_rows_gradient():
     tl, (rows,) = _timeline(EH)
-    gi = ops.index_backward(tl, rows, 40.0, "t", ops.REV_INDEX_LABELS)
+    gi = ops.index_backward(tl, rows, 40.0, "t")
     assert tl.peak[0] == EH + 80.0 and tl.live[0] == 40.0 and gi.size[0] == 40.0
     assert rows.holders == 0
-    kept = ops.index_backward(tl, None, 5.0, "t", ops.REV_INDEX_LABELS)  # caller frees rows
+    kept = ops.index_backward(tl, None, 5.0, "t")  # caller frees rows
     assert tl.live[0] == 45.0 and kept.holders == 1

@@ -26,9 +26,8 @@ Kept apart because the code paths differ:
   after; the same bytes are live at the maximum, the labels differ). Unifying them
   changes a trace: one order is to be chosen against a dispatch-mode trace.
 
-Labels: where the replays name the same op differently (the names reach
-``MemoryEstimate.peak_at``) each passes its own (``*_LABELS``), so both traces stay as
-they were.
+Labels: each shared op has one name in both replays' traces (the names reach
+``MemoryEstimate.peak_at``).
 """
 
 from __future__ import annotations
@@ -43,10 +42,8 @@ from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["StepConfig", "numel", "step_baseline", "param_grads", "through",
            "edge_softmax_backward", "pyg_softmax_forward", "pyg_softmax_backward",
-           "SAMPLED_SOFTMAX_LABELS", "REV_SOFTMAX_LABELS", "pyg_edge_scores",
-           "pyg_edge_scores_backward", "index_backward", "SAMPLED_INDEX_LABELS", "REV_INDEX_LABELS",
-           "pyg_scatter_mean",
-           "SAMPLED_SCATTER_MEAN_LABELS", "REV_SCATTER_MEAN_LABELS", "INDEX_BYTES",
+           "pyg_edge_scores", "pyg_edge_scores_backward", "index_backward",
+           "pyg_scatter_mean", "INDEX_BYTES",
            "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
 
 INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
@@ -171,112 +168,83 @@ def pyg_softmax_forward(tl: Timeline, n_h, eh, tag: str) -> tuple[Buffer, Buffer
     return mx, ex, den
 
 
-# The two replays label these ops differently in their traces (the labels reach
-# MemoryEstimate.peak_at); each passes its own so both traces stay as they were.
-SAMPLED_SOFTMAX_LABELS = ("softmax ex / den", "softmax ex / den^2", "grad ex (division)",
-                          "grad sum zeros", "grad sum (index_add)", "grad ex (sum)", "grad ex",
-                          "grad logits")
-REV_SOFTMAX_LABELS = ("softmax grad / den", "softmax grad / den / den", "grad exp (division)",
-                      "grad index zeros", "grad index (index_put)",
-                      "grad scatter_add (gather, E x w)", "grad exp", "grad logits (exp backward)")
-
-
-def pyg_softmax_backward(tl: Timeline, ga: Buffer, ex: Buffer, den: Buffer, eh, n_h, tag: str,
-                         labels: tuple[str, ...]) -> Buffer:
+def pyg_softmax_backward(tl: Timeline, ga: Buffer, ex: Buffer, den: Buffer, eh, n_h,
+                         tag: str) -> Buffer:
     """Backward of :func:`pyg_softmax_forward` and its division from the attention's
     ``(E, H)`` gradient ``ga``: the division's (``ga / den``, ``/ den`` again, ``neg``,
     ``mul``: the denominators' gradient; then the numerator's ``ga / den``), ``sum[dst]``'s
     (zeros ``(N_dst, H)`` and ``index_add``), the scatter sum's (a gather back to the
     edges), the two gradients of ``exp``'s result summed, ``exp``'s ``mul``. Releases
     ``ga``, ``ex``, ``den``; returns the logits' gradient ``(E, H)`` (the max is
-    detached). ``labels``: the trace's names of the ops that differ between the
-    replays (:data:`SAMPLED_SOFTMAX_LABELS`, :data:`REV_SOFTMAX_LABELS`)."""
-    div, div2, gex_name, zeros_name, index_name, gather_name, gsum_name, out_name = labels
-    d1 = tl.alloc(eh, BWD, f"{tag} {div}")
-    d2 = tl.alloc(eh, BWD, f"{tag} {div2}")
+    detached)."""
+    d1 = tl.alloc(eh, BWD, f"{tag} softmax grad / den")
+    d2 = tl.alloc(eh, BWD, f"{tag} softmax grad / den / den")
     ng = tl.alloc(eh, BWD, f"{tag} softmax -grad")
     gden = tl.alloc(eh, BWD, f"{tag} grad den")
     tl.release(ng, d2, d1)
-    gex = tl.alloc(eh, BWD, f"{tag} {gex_name}")
+    gex = tl.alloc(eh, BWD, f"{tag} grad exp (division)")
     tl.release(ga, den)
-    z = tl.alloc(n_h, BWD, f"{tag} {zeros_name}")
-    gs = tl.alloc(n_h, BWD, f"{tag} {index_name}")
-    tl.release(z, gden)
-    gg = tl.alloc(eh, BWD, f"{tag} {gather_name}")
+    gs = index_backward(tl, gden, n_h, tag)  # sum[dst]'s backward
+    gg = tl.alloc(eh, BWD, f"{tag} grad sum (gather)")
     tl.release(gs)
-    gsum = tl.alloc(eh, BWD, f"{tag} {gsum_name}")
+    gsum = tl.alloc(eh, BWD, f"{tag} grad exp")
     tl.release(gex, gg)
-    gl = tl.alloc(eh, BWD, f"{tag} {out_name}")
+    gl = tl.alloc(eh, BWD, f"{tag} grad logits")
     tl.release(gsum, ex)
     return gl
 
 
-def pyg_edge_scores(tl: Timeline, eh, tag: str, sum_label: str) -> Buffer:
+def pyg_edge_scores(tl: Timeline, eh, tag: str) -> Buffer:
     """PyG GAT's ``el[src] + er[dst]``: two ``(E, H)`` gathers (``eh`` bytes each), their
-    sum (named ``sum_label`` in the trace), the gathers go. Returns the sum, held once."""
+    sum, the gathers go. Returns the sum, held once."""
     i1 = tl.alloc(eh, ATT, f"{tag} el[src]")
     i2 = tl.alloc(eh, ATT, f"{tag} er[dst]")
-    scores = tl.alloc(eh, ATT, f"{tag} {sum_label}")
+    scores = tl.alloc(eh, ATT, f"{tag} el[src] + er[dst]")
     tl.release(i1, i2)
     return scores
 
 
-SAMPLED_INDEX_LABELS = ("index backward zeros", "index backward")
-REV_INDEX_LABELS = ("grad index zeros", "grad index (index_put)")
-
-
-def index_backward(tl: Timeline, g_rows: Buffer | None, nbytes, tag: str,
-                   labels: tuple[str, str]) -> Buffer:
+def index_backward(tl: Timeline, g_rows: Buffer | None, nbytes, tag: str) -> Buffer:
     """Backward of a gather ``x[index]`` (``x`` of ``nbytes``) from the gathered rows'
     gradient ``g_rows``: ``zeros_like(x)``, then the out-of-place
     ``index_put(accumulate=True)``; the zeros go, then ``g_rows`` (None: the caller lets
-    go of it). ``labels``: the two tensors' names (:data:`SAMPLED_INDEX_LABELS`,
-    :data:`REV_INDEX_LABELS`). Returns the ``x``-shaped gradient."""
-    zeros_name, index_name = labels
-    gi = through(tl, BWD, nbytes, f"{tag} {zeros_name}", nbytes, f"{tag} {index_name}")
+    go of it). Returns the ``x``-shaped gradient."""
+    gi = through(tl, BWD, nbytes, f"{tag} index backward zeros", nbytes, f"{tag} index backward")
     if g_rows is not None:
         tl.release(g_rows)
     return gi
 
 
 def pyg_edge_scores_backward(tl: Timeline, gl: Buffer, scores: Buffer, eh, el_bytes, er_bytes,
-                             tag: str, index_labels: tuple[str, str]) -> tuple[Buffer, Buffer]:
+                             tag: str) -> tuple[Buffer, Buffer]:
     """Backward of ``leaky_relu(el[src] + er[dst])`` (:func:`pyg_edge_scores`) from the
     logits' ``(E, H)`` gradient ``gl``: ``leaky_relu``'s (releases ``gl`` and the saved
     input ``scores``), then the two gathers', ``er[dst]``'s first: each ``zeros``
-    (``er_bytes``, ``el_bytes``) and an out-of-place ``index_put`` (the zeros go;
-    ``index_labels``: their names, :data:`SAMPLED_INDEX_LABELS`,
-    :data:`REV_INDEX_LABELS`); the edge gradient goes last. Returns ``(gel, ger)``."""
+    (``er_bytes``, ``el_bytes``) and an out-of-place ``index_put`` (the zeros go); the
+    edge gradient goes last. Returns ``(gel, ger)``."""
     glr = tl.alloc(eh, BWD, f"{tag} grad leaky_relu")
     tl.release(gl, scores)
-    ger = index_backward(tl, None, er_bytes, tag, index_labels)
-    gel = index_backward(tl, None, el_bytes, tag, index_labels)
+    ger = index_backward(tl, None, er_bytes, tag)
+    gel = index_backward(tl, None, el_bytes, tag)
     tl.release(glr)
     return gel, ger
 
 
 # ---------------------------------------------------------------------- aggregation
-SAMPLED_SCATTER_MEAN_LABELS = ("messages", "count ones", "sum", "mean")
-REV_SCATTER_MEAN_LABELS = ("messages h[src] (E x w)", "ones (E,)", "scatter_add", "neighbour mean")
-
-
-def pyg_scatter_mean(tl: Timeline, component: str, n_e, n_dst, width: int, elt: int, tag: str,
-                     labels: tuple[str, ...]) -> tuple[Buffer, Buffer]:
+def pyg_scatter_mean(tl: Timeline, component: str, n_e, n_dst, width: int, elt: int,
+                     tag: str) -> tuple[Buffer, Buffer]:
     """PyG's ``scatter(x[src], dst, reduce='mean')`` over ``n_e`` edges into ``n_dst``
     rows of ``width`` (``elt`` bytes per element): the gathered ``(E, width)`` messages,
     the counts (``zeros`` ``(N_dst,)``, ``scatter_add_`` of an ``(E,)`` ``ones``, a clamped
     copy), the sum (``scatter_add_`` into zeros), the division; the messages and the
     sum go. Returns ``(counts, mean)``, each held once (the division saves the counts
-    where its input needs a gradient). ``labels``: the trace's names of the messages,
-    the ones, the sum and the mean (:data:`SAMPLED_SCATTER_MEAN_LABELS`,
-    :data:`REV_SCATTER_MEAN_LABELS`)."""
-    msg_name, ones_name, sum_name, mean_name = labels
-    msg = tl.alloc(n_e * width * elt, component, f"{tag} {msg_name}")
+    where its input needs a gradient)."""
+    msg = tl.alloc(n_e * width * elt, component, f"{tag} messages")
     c0 = tl.alloc(n_dst * elt, component, f"{tag} count zeros")
-    tl.temp(n_e * elt, component, f"{tag} {ones_name}")
+    tl.temp(n_e * elt, component, f"{tag} count ones")
     counts = tl.alloc(n_dst * elt, component, f"{tag} count clamp")
     tl.release(c0)
-    z = tl.alloc(n_dst * width * elt, component, f"{tag} {sum_name}")
-    mean = tl.alloc(n_dst * width * elt, component, f"{tag} {mean_name}")
+    z = tl.alloc(n_dst * width * elt, component, f"{tag} sum")
+    mean = tl.alloc(n_dst * width * elt, component, f"{tag} mean")
     tl.release(msg, z)
     return counts, mean

@@ -60,8 +60,7 @@ import numpy as np
 
 from betty.memory.constants import BackendConstants
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
-                              SAMPLED_INDEX_LABELS, SAMPLED_SCATTER_MEAN_LABELS,
-                              SAMPLED_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
+                              StepConfig, edge_softmax_backward, numel,
                               index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline, through)
@@ -250,7 +249,7 @@ class _Replayer:
         """Mean over in-edges of a ``(n_src, w)`` input: ``(degrees, mean)`` buffers."""
         tl, e = self.tl, self.e
         if self.pyg:  # scatter(x[src], dst, reduce="mean")
-            return pyg_scatter_mean(tl, AGG, n_e, n_dst, w, e, tag, SAMPLED_SCATTER_MEAN_LABELS)
+            return pyg_scatter_mean(tl, AGG, n_e, n_dst, w, e, tag)
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
         deg = self._degrees(n_dst, tag, clamp=True)
         q = tl.alloc(n_dst * w * e, AGG, f"{tag} mean")
@@ -273,7 +272,7 @@ class _Replayer:
         """Backward of ``x[index]`` (``x`` of ``(n_src, w)``): zeros, then an
         out-of-place ``index_put`` accumulating ``g_rows`` (released unless None;
         :func:`~betty.memory.ops.index_backward`)."""
-        return index_backward(self.tl, g_rows, n_src * w * self.e, tag, SAMPLED_INDEX_LABELS)
+        return index_backward(self.tl, g_rows, n_src * w * self.e, tag)
 
     def _degrees(self, n_dst, tag, clamp: bool) -> Buffer:
         """``in_degrees()`` as a float vector (DGL's result itself is not a torch tensor)."""
@@ -774,7 +773,7 @@ class _Replayer:
         tl.temp(n_dst * hf * e, ATT, f"{tag} z*attn_r")
         er = tl.alloc(n_dst * heads * e, ATT, f"{tag} er")
         if self.pyg:  # el[src] + er[dst]: two gathers
-            uav = pyg_edge_scores(tl, n_e * heads * e, tag, "el+er")
+            uav = pyg_edge_scores(tl, n_e * heads * e, tag)
         else:
             uav = tl.alloc(n_e * heads * e, ATT, f"{tag} el+er")
         lr = tl.alloc(n_e * heads * e, ATT, f"{tag} leaky_relu")
@@ -859,10 +858,9 @@ class _Replayer:
         gza = self._index_bwd(gzs, n_src, hf, tag)
         if attn_drop:
             ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
-        gl = pyg_softmax_backward(tl, ga, ex, den, eh, n_dst * heads * e, tag,
-                                  SAMPLED_SOFTMAX_LABELS)
+        gl = pyg_softmax_backward(tl, ga, ex, den, eh, n_dst * heads * e, tag)
         gel, ger = pyg_edge_scores_backward(tl, gl, uav, eh, n_src * heads * e, n_dst * heads * e,
-                                            tag, SAMPLED_INDEX_LABELS)
+                                            tag)
         return gza, gel, ger
 
     # ------------------------------------------------------------------ whole step

@@ -62,8 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
-                              PARAMS, REV_INDEX_LABELS, REV_SCATTER_MEAN_LABELS,
-                              REV_SOFTMAX_LABELS, StepConfig, edge_softmax_backward, numel,
+                              PARAMS, StepConfig, edge_softmax_backward, numel,
                               index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline)
@@ -273,7 +272,7 @@ class _RevReplayer:
     def _gather_backward(self, ge: Buffer, width, tag: str) -> Buffer:
         """Backward of the gather ``h[src]`` from ``ge`` ``(E, width)``: ``zeros`` ``(N,
         width)`` then ``index_put_(accumulate=True)`` out of place; releases ``ge``."""
-        return index_backward(self.tl, ge, self.nw(width), tag, REV_INDEX_LABELS)
+        return index_backward(self.tl, ge, self.nw(width), tag)
 
     def _pyg_aggregation_backward(self, g: Buffer, tag: str) -> Buffer:
         """Backward of PyG's ``scatter(h[src], dst, reduce='sum')``: ``(N, w)`` from
@@ -434,8 +433,7 @@ class _RevReplayer:
         def backward(g: Buffer) -> Buffer:
             return self._sage_backward(g, m, q, cnt, self._pyg_aggregation_backward, tag)
 
-        cnt, q = pyg_scatter_mean(self.tl, INT, self.e_cnt, self.n, self.w, self.el, tag,
-                                  REV_SCATTER_MEAN_LABELS)
+        cnt, q = pyg_scatter_mean(self.tl, INT, self.e_cnt, self.n, self.w, self.el, tag)
         if not grad:  # the division saves the counts
             self.r(cnt)
         return self._sage_fc(m, q, grad, stop, tag), backward
@@ -572,15 +570,13 @@ class _RevReplayer:
             if not unpacked:  # saved factors are released after the node's outputs exist
                 self.r(att, zs)
             gza = self._gather_backward(gzs, self.hf, tag)
-            glr = pyg_softmax_backward(self.tl, ga, ex, den, eh, self.nw(heads), tag,
-                                       REV_SOFTMAX_LABELS)
+            glr = pyg_softmax_backward(self.tl, ga, ex, den, eh, self.nw(heads), tag)
             n_h = self.nw(heads)
-            gel, ger = pyg_edge_scores_backward(self.tl, glr, ee, eh, n_h, n_h, tag,
-                                                REV_INDEX_LABELS)
+            gel, ger = pyg_edge_scores_backward(self.tl, glr, ee, eh, n_h, n_h, tag)
             return self._gat_scores_backward(gel, ger, gza, ft, m, tag, sliced=True)
 
         ft, el_, er = self._gat_scores(m, grad, tag)
-        ee = pyg_edge_scores(self.tl, eh, tag, "el + er (edges)")
+        ee = pyg_edge_scores(self.tl, eh, tag)
         lr = self.a(eh, ATT, f"{tag} leaky_relu")
         if grad:
             self.h(ee)  # leaky_relu saves its input
