@@ -30,6 +30,7 @@ import torch
 
 from betty.batch import MicroBatch, SampledBatch
 from betty.memory.constants import BackendConstants, load_constants
+from betty.memory.ops import itemsize
 from betty.memory.replay import ReplayConfig, replay
 from betty.memory.sizes import PieceSizes, micro_batch_sizes, piece_sizes
 from betty.memory.spec import as_model_spec, as_optimizer_spec
@@ -78,11 +79,8 @@ class MemoryEstimate:
 
 
 def _itemsize(dtype: torch.dtype | None, name: str) -> int:
-    if dtype is None:
-        return 4
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype, got {dtype!r}")
-    return torch.empty((), dtype=dtype).element_size()
+    """:func:`betty.memory.ops.itemsize`, with 4 bytes (float32) for ``None``."""
+    return 4 if dtype is None else itemsize(dtype, name)
 
 
 def _constants(backend: str, constants: BackendConstants | None) -> BackendConstants:

@@ -36,11 +36,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from betty.memory.spec import OptimizerSpec
 from betty.memory.timeline import Buffer, Timeline
 
-__all__ = ["StepConfig", "numel", "step_baseline", "param_grads", "through",
+__all__ = ["StepConfig", "itemsize", "numel", "step_baseline", "param_grads", "through",
            "edge_softmax_backward", "pyg_softmax_forward", "pyg_softmax_backward",
            "pyg_edge_scores", "pyg_edge_scores_backward", "index_backward",
            "pyg_scatter_mean", "INDEX_BYTES",
@@ -82,6 +83,14 @@ class StepConfig:
     label_columns: int = 0
     label_elt: int = 4
     host: bool = True
+
+
+def itemsize(dtype: torch.dtype, name: str) -> int:
+    """Bytes per element of ``dtype``; ``name`` (the argument's name) goes into the
+    ``TypeError`` when ``dtype`` is not a ``torch.dtype``."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {dtype!r}")
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def numel(shape: Iterable[int]) -> int:

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from betty.memory.constants import BackendConstants, load_constants
+from betty.memory.ops import itemsize
 from betty.memory.estimator import MemoryEstimate
 from betty.memory.ksearch import DEFAULT_SAFETY_MARGIN, KSearchError
 from betty.rev.replay import RevReplayConfig, replay_rev, rev_parameter_shapes
@@ -212,12 +213,6 @@ def _architecture_fields(arch) -> dict:
     return {n: getattr(arch, n) for n in names if hasattr(arch, n)}
 
 
-def _itemsize(dtype: torch.dtype, name: str) -> int:
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype, got {dtype!r}")
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def _as_vector(values, name: str) -> np.ndarray:
     arr = np.atleast_1d(np.asarray(values, dtype=np.float64))
     if arr.ndim != 1 or (arr < 0).any() or not np.isfinite(arr).all():
@@ -233,7 +228,7 @@ def rev_persistent_bytes(arch: Any,
     part's peak, whatever K is (it grows with depth)."""
     shape = RevModelShape.of(arch, **shape_overrides)
     opt = as_optimizer_spec(optimizer)
-    elt = _itemsize(shape.dtype, "dtype")
+    elt = itemsize(shape.dtype, "dtype")
     pbytes = shape.parameter_count * elt
     n_state, has_step = opt.state_tensors()
     n_tensors = sum(len(g) for g in shape.parameter_shapes())
@@ -288,7 +283,7 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
         raise ValueError("num_train must not exceed num_nodes")
     consts = constants if constants is not None else load_constants(backend)
     opt = as_optimizer_spec(optimizer)
-    elt = _itemsize(shape.dtype, "dtype")
+    elt = itemsize(shape.dtype, "dtype")
     fresh = np.broadcast_to(np.asarray(fresh_grads, dtype=bool), n.shape).copy()
     cfg = RevReplayConfig(
         hidden=shape.hidden, num_groups=shape.num_groups, num_layers=shape.num_layers,
@@ -297,9 +292,9 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
         masks_held=shape.masks_held,
         weight_tied=shape.weight_tied, dropout=shape.dropout,
         check_consistency=shape.check_consistency, optimizer=opt, elt=elt,
-        feat_elt=_itemsize(feat_dtype, "feat_dtype") if feat_dtype is not None else elt,
+        feat_elt=itemsize(feat_dtype, "feat_dtype") if feat_dtype is not None else elt,
         fresh_grads=fresh, label_columns=int(label_columns),
-        label_elt=_itemsize(label_dtype, "label_dtype"), host=not backend.startswith("cuda"),
+        label_elt=itemsize(label_dtype, "label_dtype"), host=not backend.startswith("cuda"),
         granule=consts.granule_bytes)
     tl = replay_rev(n, e, nt, cfg)
     breakdown = tl.breakdown()
