@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 from types import SimpleNamespace
 
+import pytest
+
 from betty.engine import EpochRecord, epoch_metrics, estimate_error
 from betty.partition import PARTITIONERS
 from betty.partition.reg import (DEFAULT_MAX_HUB_DEGREE, DEFAULT_MAX_HUB_DEGREE_ALL,
@@ -48,3 +50,15 @@ def test_reg_variants_are_registered_with_their_own_names_and_hub_defaults():
         assert PARTITIONERS[name] is fn
         assert fn.__name__ == name.replace("-", "_") + "_partition" and fn.__doc__
         assert inspect.signature(fn).parameters["max_hub_degree"].default == hub
+
+
+@pytest.mark.parametrize("module", ["betty.rev.memory", "betty.memory", "betty.rev.engine",
+                                    "betty.memory.ops", "betty.rev.replay", "betty.train"])
+def test_each_module_imports_first_in_a_fresh_process(module):
+    """No import cycle: any of these can be the first betty module a program imports
+    (``import betty.rev.memory`` first used to fail on betty.memory re-exporting it)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

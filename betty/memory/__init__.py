@@ -21,16 +21,21 @@ from betty.memory.ksearch import (
 from betty.memory.calibrate import calibrate
 from betty.memory.cuda import EstimatedOOMError, apply_budget, oom_guard
 from betty.memory.report import estimate_report
-from betty.rev.memory import (
-    RevKSearchError,
-    RevKSearchResult,
-    RevModelShape,
-    estimate_rev,
-    estimate_rev_parts,
-    estimate_rev_sizes,
-    rev_persistent_bytes,
-    search_k_rev,
-)
+
+# RevGNN's estimator lives in betty.rev.memory, which builds on this package; its names
+# are re-exported lazily so that importing either package first works (an eager import
+# here made `import betty.rev.memory` fail on a cycle when it came first).
+_REV_NAMES = ("RevKSearchError", "RevKSearchResult", "RevModelShape", "estimate_rev",
+              "estimate_rev_parts", "estimate_rev_sizes", "rev_persistent_bytes", "search_k_rev")
+
+
+def __getattr__(name: str):
+    if name in _REV_NAMES:
+        from betty.rev import memory as rev_memory
+
+        return getattr(rev_memory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MemoryMeter", "MemoryReading", "module_bytes", "optimizer_state_bytes", "tensor_bytes",
@@ -39,7 +44,5 @@ __all__ = [
     "MemoryEstimate", "estimate_micro_batch", "estimate_pieces", "estimate_sizes",
     "DEFAULT_SAFETY_MARGIN", "KSearchError", "KSearchResult", "make_estimator", "make_k_chooser",
     "memory_balance_weights", "search_k", "calibrate",
-    "EstimatedOOMError", "apply_budget", "oom_guard", "estimate_report",
-    "RevKSearchError", "RevKSearchResult", "RevModelShape", "estimate_rev",
-    "estimate_rev_parts", "estimate_rev_sizes", "rev_persistent_bytes", "search_k_rev",
+    "EstimatedOOMError", "apply_budget", "oom_guard", "estimate_report", *_REV_NAMES,
 ]
