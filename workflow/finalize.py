@@ -22,10 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["spawn", "watch", "restore_killed"]
+__all__ = ["spawn", "watch", "restore_killed", "process_alive"]
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0; a process of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -61,7 +62,7 @@ def watch(run_id: str, pid: int, timeout_s: float | None = None) -> bool:
 
     client = MlflowClient()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while _alive(pid) and (deadline is None or time.monotonic() < deadline):
+    while process_alive(pid) and (deadline is None or time.monotonic() < deadline):
         time.sleep(0.05)
     return restore_killed(client, run_id)
 

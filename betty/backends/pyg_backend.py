@@ -77,7 +77,6 @@ class PygGraph(PygBlock):
     Answers DGL's small read API (``num_nodes``, ``num_edges``, ``edges``, ``to``)."""
 
     node_ids: Optional[torch.Tensor] = None
-    is_block = False
 
     def num_nodes(self) -> int:
         return self.n_src

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import pickle
-import time
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -54,7 +54,6 @@ def _quiesce() -> None:
     collective, and a short sleep releases the GIL for the threads to finish.
     """
     import gc
-    import time
 
     import torch.distributed as dist
 

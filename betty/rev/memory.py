@@ -53,6 +53,8 @@ from betty.memory.constants import BackendConstants, load_constants
 from betty.memory.ops import itemsize
 from betty.memory.estimator import MemoryEstimate
 from betty.memory.ksearch import DEFAULT_SAFETY_MARGIN, KSearchError
+from betty.backends import BACKENDS
+from betty.rev.coupling import CONV_TYPES, NORM_TYPES
 from betty.rev.replay import RevReplayConfig, replay_rev, rev_parameter_shapes
 from betty.memory.spec import OptimizerSpec, as_optimizer_spec
 
@@ -67,9 +69,7 @@ __all__ = [
     "search_k_rev",
 ]
 
-_CONVS = ("gcn", "sage", "gat")
-_NORMS = ("layer", "batch", "none")
-_GRAPH_BACKENDS = ("dgl", "pyg")
+_CONVS, _NORMS, _GRAPH_BACKENDS = CONV_TYPES, NORM_TYPES, BACKENDS
 
 
 @dataclass(frozen=True)

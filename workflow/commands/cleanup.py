@@ -18,27 +18,17 @@ Each ended run gets an ``error`` tag saying which of these applied.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from typing import Annotated
 
 import typer
 
+from workflow.finalize import process_alive
 from workflow.commands._common import ExperimentOpt, JsonOpt, cli_errors, emit_json, experiment_id
 
 REASON = ("never started: the project environment could not be created (no conda?); "
           "run the project with --env-manager local")
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def stuck_reason(run, client, min_age_s: float, host: str | None = None) -> tuple[str, str] | None:
@@ -58,7 +48,7 @@ def stuck_reason(run, client, min_age_s: float, host: str | None = None) -> tupl
         if parent_status not in ("RUNNING", "SCHEDULED"):
             return "KILLED", f"stuck: its parent run {parent_id} ended {parent_status}"
     pid = tags.get("betty.pid", "")
-    if tags.get("betty.host") == (host or socket.gethostname()) and pid.isdigit() and not _process_alive(int(pid)):
+    if tags.get("betty.host") == (host or socket.gethostname()) and pid.isdigit() and not process_alive(int(pid)):
         return "KILLED", f"stuck: its process {pid} on {tags['betty.host']} is gone"
     return None
 
