@@ -34,8 +34,8 @@ $(PYG_STAMP): pyproject.toml
 	@touch $(PYG_STAMP)
 
 # The full suite on the DGL stack, then, without DGL, what only the modern stack can show:
-# the PyG backend, the library on torch $(PYG_TORCH) and numpy 2 (the workflow-layer tests,
-# marker `workflow`, ran once already).
+# the PyG backend, the library on torch $(PYG_TORCH) and numpy 2. The workflow-layer tests
+# (marker `workflow`) and the slow ones (both backends' halves ran in .venv) run once.
 PYTEST := -m pytest -q --durations=25
 
 test: test-dgl test-pyg
@@ -44,7 +44,7 @@ test-dgl: venv
 	$(BIN)/python $(PYTEST)
 
 test-pyg: venv-pyg
-	$(PYG_BIN)/python $(PYTEST) -m "not dgl and not workflow or pyg"
+	$(PYG_BIN)/python $(PYTEST) -m "(not dgl and not workflow or pyg) and not slow"
 
 run: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mlflow run . -e main -P spec=synthetic --experiment-name synthetic --env-manager local
