@@ -69,7 +69,7 @@ def test_busy_cores_are_left_to_the_work_that_holds_them(monkeypatch):
 
 
 def test_auto_is_the_default_and_is_resolved_by_the_dataset_size(monkeypatch):
-    from workflow.components import configure_threads, load_data, spec_threads
+    from workflow.components import configure_threads, spec_threads
     from workflow.specfile import load_spec
 
     rspec = load_spec("tiny")

@@ -114,7 +114,7 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
     if reversible:
         from workflow.revgnn import part_rows as row_fn
     else:
-        from workflow.stages.train import _micro_rows as row_fn
+        from workflow.artifacts import micro_rows as row_fn
     every = spec.evaluate.every
     history, rows = [], []
     for epoch in range(spec.train.epochs):
