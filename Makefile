@@ -33,14 +33,18 @@ $(PYG_STAMP): pyproject.toml
 		echo "$(PYG_VENV) must not contain DGL"; exit 1; fi
 	@touch $(PYG_STAMP)
 
-# The full suite on the DGL stack, then the backend-neutral + PyG suite without DGL.
+# The full suite on the DGL stack, then, without DGL, what only the modern stack can show:
+# the PyG backend, the library on torch $(PYG_TORCH) and numpy 2. The workflow-layer tests
+# (marker `workflow`) and the slow ones (both backends' halves ran in .venv) run once.
+PYTEST := -m pytest -q --durations=25
+
 test: test-dgl test-pyg
 
 test-dgl: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python $(PYTEST)
 
 test-pyg: venv-pyg
-	$(PYG_BIN)/python -m pytest -q -m "not dgl"
+	$(PYG_BIN)/python $(PYTEST) -m "(not dgl and not workflow or pyg) and not slow"
 
 run: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mlflow run . -e main -P spec=synthetic --experiment-name synthetic --env-manager local

@@ -88,7 +88,6 @@ def main() -> None:
     from workflow.commands._common import load
 
     rspec = load(args.spec, args.overrides)
-    torch.set_num_threads(rspec.spec.train.threads or torch.get_num_threads())
     ds = load_data(rspec)
     fanouts = list(rspec.spec.sampling.fanouts)
     t = time.perf_counter()

@@ -1,4 +1,4 @@
-"""GPU check (issue 12): memory estimates, budget compliance and epoch time on one device.
+"""GPU check: memory estimates, budget compliance and epoch time on one device.
 
 One self-contained script for a short GPU loan (it also runs on the host, which is how the
 test suite keeps it alive). It imports only torch, numpy, scipy, betty's core and the

@@ -18,7 +18,9 @@ Everything here is plain ``torch.int64`` CPU tensors; a backend's blocks (DGL or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -117,6 +119,23 @@ class SampledBatch(_BlockChain):
 
     layers: list[LayerEdges]
     fanouts: list[int] = field(default_factory=list)
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _slots: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def derived(self, key: tuple, compute: Callable[[], Any], *, slot: str | None = None) -> Any:
+        """``compute()``, computed once per ``key`` for this batch and kept while the
+        batch lives, so that what partitioning, the memory estimate and the split
+        metrics derive from one batch (layer incidences, the REG, a split's piece
+        membership) is built once, not once per caller or per K tried. ``slot``: keep
+        only the latest key of that slot (values that depend on a split, or are large).
+        A batch's layers never change after sampling; ``key`` must name everything else
+        the value depends on."""
+        if key not in self._derived:
+            if slot is not None:
+                self._derived.pop(self._slots.get(slot), None)
+                self._slots[slot] = key
+            self._derived[key] = compute()
+        return self._derived[key]
 
 
 @dataclass

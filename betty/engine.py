@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,10 +29,11 @@ from betty.memory import (DEFAULT_SAFETY_MARGIN, OptimizerSpec, apply_budget, de
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
+from betty.records import epoch_metrics, estimate_error
 from betty.sampling import sample_full_batch
 from betty.train import MicroBatchRecord, train_step
 
-__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches", "epoch_metrics"]
+__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches"]
 
 
 @dataclass
@@ -113,33 +114,6 @@ class EpochRecord:
     def metrics(self) -> dict[str, float]:
         """The per-epoch metrics with their stable MLflow names."""
         return epoch_metrics(self, ("redundancy", "time_sample_s", "time_block_s"))
-
-
-def estimate_error(pairs: Iterable[tuple[int | None, int | None]]) -> float | None:
-    """``max |estimated − measured| / measured`` over the ``(estimated, measured)`` pairs
-    where both are known (and measured > 0); ``None`` when there is none."""
-    errs = [abs(est - meas) / meas for est, meas in pairs if meas and est is not None]
-    return max(errs) if errs else None
-
-
-SHARED_EPOCH_METRICS = ("loss", "train_acc", "k", "time_partition_s", "time_compute_s", "epoch_time_s")
-"""Metrics every epoch record has, under the same name as its attribute: the sampled-batch
-:class:`EpochRecord` and the reversible :class:`betty.rev.engine.RevEpochRecord`."""
-
-MEMORY_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "mem_estimate_error")
-
-
-def epoch_metrics(record, own: Sequence[str] = ()) -> dict[str, float]:
-    """An epoch record's metrics with their stable MLflow names, each a float: the
-    :data:`SHARED_EPOCH_METRICS`, then the record's ``own`` attributes, then those of
-    :data:`MEMORY_METRICS` that are known (not ``None``). A metric's name is its
-    attribute's, so the two epoch loops cannot name one quantity two ways."""
-    out = {name: float(getattr(record, name)) for name in (*SHARED_EPOCH_METRICS, *own)}
-    for name in MEMORY_METRICS:
-        value = getattr(record, name)
-        if value is not None:
-            out[name] = float(value)
-    return out
 
 
 def fixed_batches(train_idx: torch.Tensor, batch_size: int | None, seed: int) -> list[torch.Tensor]:
@@ -311,14 +285,9 @@ class Trainer:
                                    dropout_key=dropout_key(self.dropout_seed, epoch, b),
                                    multilabel=self.dataset.multilabel, meter=self.meter,
                                    dtype=self.dtype)
-                if self.parallel is None:
-                    step = train_step(self.model, self.optimizer, batch, result.groups,
-                                      self.dataset.feat, self.dataset.label, **step_kwargs)
-                else:
-                    from betty.distributed.steps import train_step_parallel
-                    step = train_step_parallel(self.parallel, self.model, self.optimizer, batch,
-                                               result.groups, self.dataset.feat, self.dataset.label,
-                                               costs=estimates, **step_kwargs)
+                step = train_step(self.model, self.optimizer, batch, result.groups,
+                                  self.dataset.feat, self.dataset.label, parallel=self.parallel,
+                                  costs=estimates if self.parallel is not None else None, **step_kwargs)
             if logged:  # the pieces this process ran (all K unless data-parallel)
                 logged = [logged[m.index] for m in step.micro]
             redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]

@@ -386,7 +386,7 @@ def train_step(
 
     ``parallel``: a :class:`betty.distributed.DataParallel`: this rank runs its share of
     the pieces (assigned by ``costs`` (K,), default
-    :func:`betty.distributed.steps.piece_output_costs`), gradients are all-reduced before
+    :func:`betty.distributed.assign.piece_output_costs`), gradients are all-reduced before
     the step, and the loss and accuracy returned are summed over the ranks (``micro``
     lists this rank's pieces). Other keyword arguments: those of
     :func:`accumulate_gradients` (``pieces`` excepted).
@@ -395,7 +395,7 @@ def train_step(
         raise TypeError("train_step runs every piece (or this rank's share with parallel=); "
                         "use accumulate_gradients(pieces=...) for a subset")
     if parallel is not None and costs is None:
-        from betty.distributed.steps import piece_output_costs
+        from betty.distributed.assign import piece_output_costs
 
         k = kwargs.get("k")
         costs = piece_output_costs(groups, int(torch.as_tensor(groups).max()) + 1 if k is None else k)

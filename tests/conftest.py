@@ -78,3 +78,28 @@ def pytest_generate_tests(metafunc):
         from graphs import backend_params
 
         metafunc.parametrize("backend", backend_params())
+
+
+# Modules that exercise only the workflow layer (specs, CLI, MLflow runs and their
+# lifecycle): what they check does not depend on the torch / numpy / backend stack, so
+# the second environment (.venv-pyg, `-m "(not dgl and not workflow or pyg) and not slow"`) does not
+# run them again. Their few tests that do depend on the stack (the pipeline and the
+# reversible model trained end to end on PyG without DGL) carry `pyg` as well.
+WORKFLOW_MODULES = {
+    "test_spec", "test_cli", "test_cli_memory", "test_workflow", "test_workflow_compare",
+    "test_workflow_guards", "test_workflow_interrupts", "test_workflow_mlproject",
+    "test_workflow_rev", "test_workflow_support", "test_workflow_tracking", "test_team_server",
+}
+STACK_DEPENDENT_WORKFLOW_TESTS = {
+    "test_workflow.py::test_pipeline_logs_contract_and_reuses_by_content",
+    "test_workflow.py::test_full_and_sampled_inference_scores",
+    "test_workflow_rev.py::test_betty_run_reversible_spec",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__ in WORKFLOW_MODULES:
+            item.add_marker(pytest.mark.workflow)
+            if item.nodeid.split("/")[-1].split("[")[0] in STACK_DEPENDENT_WORKFLOW_TESTS:
+                item.add_marker(pytest.mark.pyg)

@@ -1,4 +1,4 @@
-"""Helpers shared by both engines after the consolidation (issue 11 item 7)."""
+"""Helpers shared by both engines: one implementation each."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from betty.engine import EpochRecord, epoch_metrics, estimate_error
+from betty.engine import EpochRecord
+from betty.records import epoch_metrics, estimate_error
 from betty.partition import PARTITIONERS
 from betty.partition.reg import (DEFAULT_MAX_HUB_DEGREE, DEFAULT_MAX_HUB_DEGREE_ALL,
                                  reg_all_partition, reg_partition, reg_unweighted_partition)

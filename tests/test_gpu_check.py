@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 MODELS = ("sage-mean", "sage-pool", "sage-lstm", "gat", "revgnn")
 # worst |estimated - measured| / measured allowed per model on the host (a few times
-# the errors measured, see the module docstring; the CUDA target of issue 12 is 3%)
+# the errors measured, see the module docstring; the CUDA target is 3%)
 TOLERANCE = {"sage-mean": 0.01, "sage-pool": 0.01, "sage-lstm": 0.02, "gat": 0.01,
              "revgnn": 0.01}
 PHASES = ("sampling", "partitioning", "carving", "host_to_device", "compute")

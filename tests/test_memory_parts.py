@@ -298,7 +298,8 @@ def test_one_safety_margin_default_for_every_k_search():
     default margin."""
     import inspect
 
-    from betty.memory import DEFAULT_SAFETY_MARGIN, search_k_rev
+    from betty.memory import DEFAULT_SAFETY_MARGIN
+    from betty.rev.memory import search_k_rev
     from betty.memory.report import estimate_report
     from betty.rev.engine import RevPlan
     from workflow.spec import PartitionSection
@@ -314,7 +315,7 @@ def test_one_safety_margin_default_for_every_k_search():
 def test_every_k_search_failure_is_a_ksearch_error(batch3):
     """Hitting max_evaluations raises KSearchError (not a bare RuntimeError), and the
     RevGNN search's error is a KSearchError too."""
-    from betty.memory import RevKSearchError
+    from betty.rev.memory import RevKSearchError
 
     batch, spec = _lstm_setup(batch3)
     full = estimate_micro_batch(batch, spec, "adam", fresh_grads=True)

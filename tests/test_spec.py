@@ -238,7 +238,9 @@ def test_partition_time_limit_and_determinism_reach_the_plan():
     opts = partition_options(rspec)
     assert opts == {"time_limit_s": 60.0, "deterministic": True, "threads": 1}
     assert partition_plan(rspec).options == opts
-    assert partition_options(resolve_spec(BASE)) == {
-        "time_limit_s": None, "deterministic": False, "threads": None}
+    from betty.threads import available_cores
+
+    assert partition_options(resolve_spec(BASE)) == {  # threads: auto, before the graph is known
+        "time_limit_s": None, "deterministic": False, "threads": available_cores()}
     err = problems(["partition.time_limit_s=0"])
     assert {p.path for p in err.problems} == {"partition.time_limit_s"}

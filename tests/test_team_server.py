@@ -105,7 +105,10 @@ def server(postgres, tmp_path):
     artifacts = tmp_path / "artifacts"
     port = _free_port()
     log = tmp_path / "server.log"
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    # No job runner: betty logs runs, metrics, artifacts and models, none of which uses
+    # MLflow's server-side jobs (GenAI evaluation), and its seven huey consumers took
+    # most of this test's CPU on a 2-core machine.
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", postgres,

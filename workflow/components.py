@@ -14,6 +14,8 @@ stages see exactly the batch and the partition the trainer's first epoch uses
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from workflow import library
@@ -52,10 +54,25 @@ def torch_dtype(rspec: ResolvedSpec) -> torch.dtype:
     return {"float32": torch.float32, "float64": torch.float64}[rspec.spec.train.dtype]
 
 
-def configure_threads(rspec: ResolvedSpec) -> None:
-    """Apply ``train.threads`` (PyTorch's and, where DGL is installed, DGL's OpenMP
-    pools) when it is set."""
+def spec_threads(rspec: ResolvedSpec, work_edges: int | None = None, *, ranks: int | None = None) -> int | None:
+    """``train.threads`` as a count: an int as given, ``auto`` through
+    :func:`betty.threads.auto_threads` for ``work_edges`` edges and ``ranks`` processes
+    on this machine (default: ``LOCAL_WORLD_SIZE``, set in each rank by the launcher,
+    else 1), ``None`` as ``None`` (the libraries' own default)."""
     threads = rspec.spec.train.threads
+    if threads != "auto":
+        return threads
+    from betty.threads import auto_threads
+
+    if ranks is None:
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return auto_threads(work_edges, ranks=ranks)
+
+
+def configure_threads(rspec: ResolvedSpec, work_edges: int | None = None) -> None:
+    """Apply ``train.threads`` (PyTorch's and, where DGL is installed, DGL's OpenMP
+    pools) when it is set; ``auto`` is resolved for ``work_edges`` (:func:`spec_threads`)."""
+    threads = spec_threads(rspec, work_edges)
     if threads is not None:
         torch.set_num_threads(threads)
         try:
@@ -67,12 +84,15 @@ def configure_threads(rspec: ResolvedSpec) -> None:
 
 def load_data(rspec: ResolvedSpec):
     """The spec's dataset via :func:`betty.data.load_dataset` (cached under root).
-    Every stage and command starts here, so it also applies ``train.threads``."""
+    Every stage and command starts here, so it also applies ``train.threads`` (``auto``
+    once more after loading, sized by the graph's edges)."""
     configure_threads(rspec)
     from betty.data import load_dataset
 
     ds = rspec.spec.dataset
-    return load_dataset(ds.name, ds.root, **rspec.dataset_options)
+    dataset = load_dataset(ds.name, ds.root, **rspec.dataset_options)
+    configure_threads(rspec, dataset.num_edges)
+    return dataset
 
 
 def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> torch.nn.Module:
@@ -114,7 +134,7 @@ def partition_options(rspec: ResolvedSpec) -> dict:
     (``partition.time_limit_s``, ``partition.deterministic``, ``train.threads``)."""
     p = rspec.spec.partition
     return {"time_limit_s": p.time_limit_s, "deterministic": p.deterministic,
-            "threads": rspec.spec.train.threads}
+            "threads": spec_threads(rspec)}
 
 
 def batch_size(rspec: ResolvedSpec) -> int | None:

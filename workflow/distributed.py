@@ -99,8 +99,8 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
     if shared is None:
         ds = load_data(rspec)
     else:
-        configure_threads(rspec)
         ds = shared.attach()
+        configure_threads(rspec, ds.num_edges)
     device = rank_device() if resolve_device(spec.train.device).type == "cuda" else torch.device("cpu")
     meter = MemoryMeter(device) if spec.train.measure_memory else None
     searches: list = []
@@ -114,7 +114,7 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
     if reversible:
         from workflow.revgnn import part_rows as row_fn
     else:
-        from workflow.stages.train import _micro_rows as row_fn
+        from workflow.artifacts import micro_rows as row_fn
     every = spec.evaluate.every
     history, rows = [], []
     for epoch in range(spec.train.epochs):
@@ -166,7 +166,7 @@ def train_distributed(rspec: ResolvedSpec, repeat: int = 0, dataset=None) -> dic
     here); its tensors are shared with the ranks, not loaded again by each."""
     from betty.distributed.launch import launch
     from betty.distributed.shared import share_dataset
-    from workflow.components import load_data
+    from workflow.components import load_data, spec_threads
 
     options = launch_options()
     nnodes = options.get("nnodes", 1)
@@ -175,10 +175,12 @@ def train_distributed(rspec: ResolvedSpec, repeat: int = 0, dataset=None) -> dic
         raise ValueError(f"train.world_size={world} is not a multiple of the {nnodes} nodes")
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    nproc = world // nnodes
     try:
-        with share_dataset(dataset if dataset is not None else load_data(rspec)) as shared:
-            results = launch(rank_train, (rspec, repeat, shared), nproc=world // nnodes,
-                             threads=rspec.spec.train.threads or 1, **options)
+        dataset = dataset if dataset is not None else load_data(rspec)
+        with share_dataset(dataset) as shared:
+            threads = spec_threads(rspec, dataset.num_edges, ranks=nproc) or 1
+            results = launch(rank_train, (rspec, repeat, shared), nproc=nproc, threads=threads, **options)
     except ChildFailedError as exc:
         raise RankFailed(describe_failures(exc)) from exc
     return results.get(0)
@@ -237,10 +239,10 @@ def verify_distributed(rspec: ResolvedSpec, ks: list[int], nproc: int, tol: floa
     "max_rel_update_diff", "ok"}], "ok"}``."""
     from betty.distributed.launch import launch
     from betty.distributed.verify import update_difference, update_tolerance
-    from workflow.components import torch_dtype
+    from workflow.components import spec_threads, torch_dtype
 
     before, reference = _one_step(rspec, 1, torch.device("cpu"))
-    ranks = launch(rank_verify, (rspec, ks), nproc=nproc, threads=rspec.spec.train.threads or 1)[0]
+    ranks = launch(rank_verify, (rspec, ks), nproc=nproc, threads=spec_threads(rspec, ranks=nproc) or 1)[0]
     tol = update_tolerance(torch_dtype(rspec)) if tol is None else tol
     results = [{"k": k, "max_rel_update_diff": update_difference(before, reference, ranks[k])} for k in ks]
     for row in results:

@@ -336,8 +336,12 @@ class TrainSection(_Section):
     """Optimisation. ``seed`` seeds the weights and dropout; ``repeats: N`` trains N
     times with seeds ``seed, seed+1, ...`` (sampling seeds shift the same way) and
     reports mean ± std. ``device: auto`` is cuda when available, else cpu. ``threads``:
-    CPU threads for PyTorch and DGL (``null``: their default, one per core; 1 is much
-    faster for small graphs on a busy machine). ``world_size: N > 1`` spreads each
+    CPU threads for PyTorch and DGL per process: ``auto`` (default) takes the cores this
+    process may use (affinity mask, cgroup CPU quota) that other work leaves idle (load
+    average), shared among the ranks of a
+    ``--nproc`` job, and one thread per 2M edges of the graph at most
+    (:mod:`betty.threads`); an int as given; ``null`` the libraries' own default (one
+    per host core). ``world_size: N > 1`` spreads each
     step's micro-batches over N ranks (``torch.distributed``, one device each; the
     update is the single-process one: docs/distributed.md)."""
 
@@ -350,7 +354,7 @@ class TrainSection(_Section):
     seed: int = Field(0, ge=0)
     repeats: int = Field(1, ge=1)
     measure_memory: bool = True
-    threads: Annotated[int, Field(ge=1)] | None = None
+    threads: Literal["auto"] | Annotated[int, Field(ge=1)] | None = "auto"
     world_size: int = Field(1, ge=1)
 
     @field_validator("optimizer")

@@ -1,9 +1,9 @@
 """Exact multi-process training with ``torch.distributed``.
 
-* :mod:`~betty.distributed.assign`: pieces -> ranks (longest estimated first);
+* :mod:`~betty.distributed.assign`: pieces -> ranks (longest estimated first; the
+  training steps take a :class:`DataParallel` as ``parallel=``);
 * :mod:`~betty.distributed.collective`: bucketed gradient all-reduce, parameter checksums;
 * :mod:`~betty.distributed.parallel`: one data-parallel optimizer step (backend-neutral);
-* :mod:`~betty.distributed.steps`: adapters for the sampled-block and RevGNN steps;
 * :mod:`~betty.distributed.launch`: start ranks with torch's elastic launcher.
 """
 

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["lpt_assign", "pieces_of_rank"]
+import torch
+
+__all__ = ["lpt_assign", "pieces_of_rank", "piece_output_costs"]
+
+
+def piece_output_costs(groups: torch.Tensor, k: int) -> list[float]:
+    """The fallback cost of each of the ``k`` pieces when no estimate is given: its
+    number of output nodes (``groups (n_out,)``: each output's piece)."""
+    return torch.bincount(torch.as_tensor(groups, dtype=torch.int64), minlength=k).double().tolist()
 
 
 def lpt_assign(costs: Sequence[float], world_size: int) -> list[list[int]]:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # annotations only: betty.batch imports this module lazily
 
 __all__ = [
     "layer_incidence",
+    "batch_layer_incidence",
     "reachability",
     "multi_hop_incidence",
     "output_layer_incidence",
@@ -68,6 +69,12 @@ def layer_incidence(layer: LayerEdges) -> sp.csr_matrix:
     return booleanize(sp.csr_matrix((ones, (rows, cols)), shape=(n_src, n_dst)))
 
 
+def batch_layer_incidence(batch: SampledBatch, l: int) -> sp.csr_matrix:
+    """:func:`layer_incidence` of ``batch.layers[l]``, built once per batch
+    (:meth:`betty.batch.SampledBatch.derived`); every consumer below shares it."""
+    return batch.derived(("layer_incidence", l), lambda: layer_incidence(batch.layers[l]))
+
+
 def reachability(batch: SampledBatch) -> list[sp.csr_matrix]:
     """Per layer ``l``, ``P_l`` ``(n_src[l], n_out)`` 0/1 CSR (see the module docstring).
 
@@ -76,10 +83,10 @@ def reachability(batch: SampledBatch) -> list[sp.csr_matrix]:
         ``batch.output_nid``.
     """
     out: list[sp.csr_matrix | None] = [None] * batch.num_layers
-    reach = layer_incidence(batch.layers[-1])
+    reach = batch_layer_incidence(batch, batch.num_layers - 1)
     out[-1] = reach
     for l in reversed(range(batch.num_layers - 1)):
-        reach = booleanize(layer_incidence(batch.layers[l]) @ reach)
+        reach = booleanize(batch_layer_incidence(batch, l) @ reach)
         out[l] = reach
     return out  # type: ignore[return-value]
 
@@ -91,12 +98,15 @@ def multi_hop_incidence(batch: SampledBatch) -> sp.csr_matrix:
     Local indices: rows in ``batch.input_nid`` order, columns in ``batch.output_nid``
     order. Computed as ``bool(A_0 @ bool(A_1 @ ... A_{L-1}))``.
     """
-    reach = layer_incidence(batch.layers[-1])
-    for l in reversed(range(batch.num_layers - 1)):
-        reach = booleanize(layer_incidence(batch.layers[l]) @ reach)
-    return reach
+    def compute() -> sp.csr_matrix:
+        reach = batch_layer_incidence(batch, batch.num_layers - 1)
+        for l in reversed(range(batch.num_layers - 1)):
+            reach = booleanize(batch_layer_incidence(batch, l) @ reach)
+        return reach
+
+    return batch.derived(("multi_hop_incidence",), compute)
 
 
 def output_layer_incidence(batch: SampledBatch) -> sp.csr_matrix:
     """``(n_src[L-1], n_out)`` 0/1 CSR of the output layer alone (``A_{L-1}``)."""
-    return layer_incidence(batch.layers[-1])
+    return batch_layer_incidence(batch, batch.num_layers - 1)

@@ -18,29 +18,40 @@ layer, O(edges × pieces per node), no per-piece loop.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from betty.batch import SampledBatch
 from betty.microbatch import validate_groups
-from betty.partition.incidence import booleanize, layer_incidence
+from betty.partition.incidence import batch_layer_incidence, booleanize
 
 __all__ = ["piece_membership", "split_metrics"]
 
 
 def piece_membership(batch: SampledBatch, groups, k: int) -> list[sp.csr_matrix]:
-    """Per layer ``l``, ``M_l`` ``(n_src[l], k)`` 0/1 CSR (see the module docstring)."""
+    """Per layer ``l``, ``M_l`` ``(n_src[l], k)`` 0/1 CSR (see the module docstring).
+
+    Kept on the batch for the latest split (:meth:`betty.batch.SampledBatch.derived`,
+    keyed by a digest of ``groups``), so the memory estimate and :func:`split_metrics`
+    of one split build it once."""
     groups = validate_groups(groups, batch.num_outputs, k).numpy()
-    n_out = batch.num_outputs
-    member = sp.csr_matrix(
-        (np.ones(n_out, dtype=np.int32), (np.arange(n_out), groups)), shape=(n_out, k)
-    )
-    out: list[sp.csr_matrix | None] = [None] * batch.num_layers
-    for l in reversed(range(batch.num_layers)):
-        member = booleanize(layer_incidence(batch.layers[l]) @ member)
-        out[l] = member
-    return out  # type: ignore[return-value]
+
+    def compute() -> list[sp.csr_matrix]:
+        n_out = batch.num_outputs
+        member = sp.csr_matrix(
+            (np.ones(n_out, dtype=np.int32), (np.arange(n_out), groups)), shape=(n_out, k)
+        )
+        out: list[sp.csr_matrix | None] = [None] * batch.num_layers
+        for l in reversed(range(batch.num_layers)):
+            member = booleanize(batch_layer_incidence(batch, l) @ member)
+            out[l] = member
+        return out  # type: ignore[return-value]
+
+    digest = hashlib.blake2b(np.ascontiguousarray(groups, dtype=np.int64).tobytes(), digest_size=16).hexdigest()
+    return batch.derived(("piece_membership", k, digest), compute, slot="piece_membership")
 
 
 def split_metrics(batch: SampledBatch, groups, k: int) -> dict:

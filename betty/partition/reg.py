@@ -250,10 +250,12 @@ def _cut_reg(
     hub_links: int,
 ) -> PartitionResult:
     start = time.perf_counter()
-    incidence = incidence_fn(batch)
-    reg, stats = redundancy_graph(
-        incidence, max_hub_degree=max_hub_degree, hub_links=hub_links, seed=seed
-    )
+    # C does not depend on K: a K search builds it once per batch
+    reg, stats = batch.derived(
+        ("redundancy_graph", incidence_fn.__name__, max_hub_degree, hub_links, seed),
+        lambda: redundancy_graph(incidence_fn(batch), max_hub_degree=max_hub_degree,
+                                 hub_links=hub_links, seed=seed),
+        slot="redundancy_graph")
     vweights = integer_vertex_weights(weights, batch.num_outputs)
     built = time.perf_counter()
     groups, cut = metis_cut(reg, k, vweights=vweights, use_edge_weights=weighted, seed=seed)

@@ -50,8 +50,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from betty.engine import epoch_metrics, estimate_error
 from betty.models.dropout import dropout_key, hash_keep_mask
+from betty.records import epoch_metrics, estimate_error
 from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes
 from betty.train import (PieceForward, accumulate_pieces, count_correct, largest_peak,
                          node_loss_sum, step_over_pieces)
@@ -519,14 +519,9 @@ class RevTrainer:
         with oom_guard(estimates or [], self.plan.memory_budget):
             step_kwargs = dict(multilabel=ds.multilabel, device=self.device, dtype=self.dtype,
                                mask_factory=self.mask_factory(epoch), meter=self.meter)
-            if self.parallel is None:
-                step = train_step_parts(self.model, self.optimizer, parts, ds.feat, ds.label,
-                                        self.train_mask, **step_kwargs)
-            else:
-                from betty.distributed.steps import train_step_parts_parallel
-                step = train_step_parts_parallel(self.parallel, self.model, self.optimizer, parts,
-                                                 ds.feat, ds.label, self.train_mask,
-                                                 costs=estimates, **step_kwargs)
+            step = train_step_parts(self.model, self.optimizer, parts, ds.feat, ds.label,
+                                    self.train_mask, parallel=self.parallel,
+                                    costs=estimates if self.parallel is not None else None, **step_kwargs)
         logged = estimates
         if estimates is not None and not had_state:
             # before the first step the optimizer holds no state: log the estimate of

@@ -39,7 +39,7 @@ import statistics
 import mlflow
 import torch
 
-from workflow.artifacts import ksearch_records, write_csv, write_json
+from workflow.artifacts import MEMORY_COLUMNS, ksearch_records, micro_rows, write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import is_reversible, make_trainer
 from workflow.evaluation import evaluate_model
@@ -49,23 +49,6 @@ from workflow.stages.base import StageContext
 from workflow.tracking import MODEL_NAME, log_dataset_input, log_pytorch_model
 
 __all__ = ["run", "train_once", "summarize_repeats"]
-
-MEMORY_COLUMNS = ("repeat", "epoch", "batch", "micro", "num_outputs", "num_inputs", "num_edges",
-                  "peak_bytes", "estimated_bytes", "time_block_s", "time_compute_s", "loss")
-
-
-def _micro_rows(record, repeat: int) -> list[dict]:
-    rows = []
-    for b in record.batches:
-        estimates = b.micro_estimated_bytes or [None] * len(b.micro)
-        for m, est in zip(b.micro, estimates):
-            rows.append({"repeat": repeat, "epoch": record.epoch, "batch": b.index, "micro": m.index,
-                         "num_outputs": m.num_outputs, "num_inputs": m.num_inputs,
-                         "num_edges": m.num_edges, "peak_bytes": m.peak_bytes, "estimated_bytes": est,
-                         "time_block_s": m.time_block_s, "time_compute_s": m.time_compute_s,
-                         "loss": m.loss})
-    return rows
-
 
 def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
     """Train one model in the active run; returns the last epoch's metrics (plus the
@@ -102,7 +85,7 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
 
             rows.extend(part_rows(record, repeat))
         else:
-            rows.extend(_micro_rows(record, repeat))
+            rows.extend(micro_rows(record, repeat))
         advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc", "valid_rocauc") if k in metrics})
 
     return _log_outputs(ctx, repeat, model, history, rows, searches)
