@@ -39,6 +39,10 @@ class LayerEdges:
         edge_dst: ``(E,)`` local destination index of each edge, in ``[0, num_dst)``.
         edge_id: ``(E,)`` global (raw-graph) edge ID of each edge; used to key
             per-edge randomness such as attention dropout.
+        src_out_degree: ``(n_src,)`` out-degree *in the whole graph* of each source
+            node (``None`` where unknown). The sampler records it; carving keeps each
+            node's value, so a node's normalisation in the symmetric GCN
+            (:mod:`betty.models.gcn`) is the same in every micro-batch.
     """
 
     src_nid: torch.Tensor
@@ -46,6 +50,7 @@ class LayerEdges:
     edge_src: torch.Tensor
     edge_dst: torch.Tensor
     edge_id: torch.Tensor
+    src_out_degree: torch.Tensor | None = None
 
     @property
     def num_src(self) -> int:
@@ -68,7 +73,8 @@ class LayerEdges:
         """Bytes held by this block's index tensors."""
         return sum(
             t.element_size() * t.numel()
-            for t in (self.src_nid, self.edge_src, self.edge_dst, self.edge_id)
+            for t in (self.src_nid, self.edge_src, self.edge_dst, self.edge_id, self.src_out_degree)
+            if t is not None
         )
 
 
@@ -162,10 +168,11 @@ class MicroBatch(_BlockChain):
         return [layer_to_block(layer, device, backend) for layer in self.layers]
 
 
-def layer_to_block(layer: LayerEdges, device: torch.device | str = "cpu", backend: str = "auto"):
+def layer_to_block(layer: LayerEdges, device: torch.device | str = "cpu", backend: str = "auto",
+                   *, degrees: bool = False):
     """One :class:`LayerEdges` as a block of ``backend`` (edge order preserved; explicit
     node counts, so destinations without in-edges are kept and the source order is
-    exactly ``src_nid``)."""
+    exactly ``src_nid``); ``degrees`` carries ``src_out_degree`` along (the GCN's)."""
     from betty.backends import get_backend
 
-    return get_backend(backend).make_block(layer, device)
+    return get_backend(backend).make_block(layer, device, degrees=degrees)

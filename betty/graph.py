@@ -69,8 +69,28 @@ class Graph:
         """``(N,)`` int64 number of in-edges of every node."""
         return torch.diff(self.in_csr[0])
 
+    def out_degrees(self) -> torch.Tensor:
+        """``(N,)`` int64 number of out-edges of every node (built once and cached)."""
+        cached = self.__dict__.get("_out_degrees")
+        if cached is None:
+            cached = torch.bincount(self.src, minlength=self._num_nodes)
+            self.__dict__["_out_degrees"] = cached
+        return cached
+
     def long(self) -> "Graph":
         return self
+
+    def with_self_loops(self) -> "Graph":
+        """This graph with one edge ``v -> v`` appended for every node that has none
+        (idempotent: a node with a self-loop, or several, keeps exactly what it has).
+        The existing edges keep their IDs; the new loops get IDs ``E, E+1, ...`` in
+        ascending node order. Returns ``self`` when every node already has a loop."""
+        has_loop = torch.zeros(self._num_nodes, dtype=torch.bool)
+        has_loop[self.src[self.src == self.dst]] = True
+        missing = torch.nonzero(~has_loop).view(-1)
+        if missing.numel() == 0:
+            return self
+        return Graph(torch.cat([self.src, missing]), torch.cat([self.dst, missing]), self._num_nodes)
 
     # -- derived structure ------------------------------------------------------------
     @cached_property

@@ -59,7 +59,9 @@ def layerwise_inference(model, graph, feat: torch.Tensor, *, device="cpu",
                 x = h[layer.src_nid].to(device)
                 if dtype is not None:
                     x = x.to(dtype)
-                y = model.forward_layer(l, layer_to_block(layer, device, model.backend_name), x)
+                block = layer_to_block(layer, device, model.backend_name,
+                                       degrees=getattr(model, "needs_degrees", False))
+                y = model.forward_layer(l, block, x)
                 if out is None:
                     out = torch.empty(n, y.shape[1], dtype=y.dtype)
                 out[start:start + dst.numel()] = y.cpu()
@@ -93,7 +95,7 @@ def sampled_inference(model, graph, feat: torch.Tensor, nodes: torch.Tensor, fan
             x = feat[mb.input_nid].to(device)
             if dtype is not None:
                 x = x.to(dtype)
-            y = model(mb.to_blocks(device, model.backend_name), x).cpu()
+            y = model(model.make_blocks(mb.layers, device), x).cpu()
             res = torch.empty_like(y)
             res[order] = y
             outs.append(res)

@@ -111,6 +111,7 @@ class Carver:
                 edge_src=e_src_local,
                 edge_dst=e_dst,
                 edge_id=fl.edge_id[edge],
+                src_out_degree=None if fl.src_out_degree is None else fl.src_out_degree[src_full],
             )
             full_src_index[l] = src_full
             dst_full = src_full  # layer l's sources are layer l-1's destinations

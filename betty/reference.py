@@ -92,7 +92,9 @@ def full_batch_reference(model: torch.nn.Module, batch: SampledBatch, feat: torc
     src_nids = [layer.src_nid.to(device) for layer in batch.layers]
     edge_ids = [layer.edge_id.to(device) for layer in batch.layers]
     backend = getattr(model, "backend_name", "auto")  # the model's backend (betty.backends)
-    blocks = [layer_to_block(layer, device, backend) for layer in batch.layers]  # edge order kept
+    degrees = getattr(model, "needs_degrees", False)  # the sampler's whole-graph degrees
+    blocks = [layer_to_block(layer, device, backend, degrees=degrees)
+              for layer in batch.layers]  # edge order kept
     logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids,
                    dropout_key=dropout_key)
     loss = _mean_loss(logits, label[batch.output_nid].to(device), multilabel)

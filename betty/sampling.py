@@ -145,6 +145,7 @@ def sample_full_batch(
     mark[outputs] = False
 
     _, indices, eid = graph.in_csr
+    out_degree = graph.out_degrees()
     gen = torch.Generator().manual_seed(int(seed))
     local = torch.empty(n, dtype=torch.int64)  # global -> local source index, per layer
     layers: list[LayerEdges] = []
@@ -166,6 +167,7 @@ def sample_full_batch(
                 edge_src=local[src_gid],
                 edge_dst=row,
                 edge_id=eid[pos],
+                src_out_degree=out_degree[src_nid],
             )
         )
         dst_nid = src_nid

@@ -265,7 +265,8 @@ def _to_device_blocks(mb: MicroBatch, device, model=None) -> list:
     tensors are always copied (counted per micro-batch)."""
     from betty.backends import backend_of
 
-    return backend_of(model).make_blocks(mb.layers, device, copy=True)
+    return backend_of(model).make_blocks(mb.layers, device, copy=True,
+                                         degrees=getattr(model, "needs_degrees", False))
 
 
 def _micro_batches(batch: SampledBatch, groups: torch.Tensor, k: int,

@@ -1,6 +1,7 @@
 """Cross-backend parity: the same weights on the same sampled blocks give the same
 outputs and gradients on the DGL and the PyG backend (float64, 1e-10 relative), for
-every GraphSAGE aggregator and GAT, dropout included (node- and edge-keyed masks).
+every GraphSAGE aggregator, GAT (also with one output head) and the symmetric GCN, dropout
+included (node- and edge-keyed masks).
 Needs both frameworks (``.venv`` has both)."""
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from graphs import power_law_graph  # noqa: E402
 
 pytestmark = [pytest.mark.dgl, pytest.mark.pyg]
 
-MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("sage", "lstm"), ("gat", None)]
+# (arch, aggregator or variant): "1head" is GAT with output_heads=1
+MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("sage", "lstm"), ("gat", None),
+          ("gat", "1head"), ("gcn", None)]
 TOL = 1e-10
 
 
@@ -36,9 +39,10 @@ def batch_data():
 
 def _model(arch, agg, backend, in_feats, hidden, dropout):
     torch.manual_seed(0)
-    return build_model(arch, in_feats, 5, hidden=hidden, layers=2, aggregator=agg or "mean",
-                       heads=2, dropout=dropout, attn_dropout=dropout / 2,
-                       backend=backend).double().train()
+    return build_model(arch, in_feats, 5, hidden=hidden, layers=2,
+                       aggregator=agg if arch == "sage" else "mean", heads=2,
+                       output_heads=1 if agg == "1head" else None, dropout=dropout,
+                       attn_dropout=dropout / 2, backend=backend).double().train()
 
 
 def _run(model, mb, x, label):
@@ -90,10 +94,41 @@ def test_layerwise_inference_matches(batch_data):
     from betty.inference import layerwise_inference
 
     g, feat, _, _ = power_law_graph(num_nodes=300, avg_degree=6, seed=2)
-    for arch, agg in (("sage", "lstm"), ("gat", None)):
+    for arch, agg in (("sage", "lstm"), ("gat", None), ("gcn", None)):
         dgl_model = _model(arch, agg, "dgl", feat.shape[1], 8, 0.0)
         pyg_model = _model(arch, agg, "pyg", feat.shape[1], 8, 0.0)
         pyg_model.load_state_dict(dgl_model.state_dict())
         a = layerwise_inference(dgl_model, g, feat.double(), chunk_size=64)
         b = layerwise_inference(pyg_model, g, feat.double(), chunk_size=64)
         assert _rel(b, a) < TOL
+
+
+@pytest.mark.parametrize("arch,agg", MODELS, ids=[f"{a}-{g}" if g else a for a, g in MODELS])
+def test_parity_on_a_graph_with_self_loops(arch, agg):
+    """``dataset.self_loops``: the same outputs and gradients on a self-looped graph."""
+    from betty.graph import Graph
+
+    g, feat, label, train = power_law_graph(num_nodes=300, avg_degree=6, seed=4)
+    looped = g.with_self_loops()
+    assert looped.num_edges() > g.num_edges()
+    batch = sample_full_batch(looped, train, [4, 6], seed=0)
+    mb = carve(batch, torch.arange(batch.num_outputs))
+    x, y = feat[mb.input_nid].double(), label[mb.output_nid]
+    dgl_model = _model(arch, agg, "dgl", x.shape[1], 8, 0.5)
+    pyg_model = _model(arch, agg, "pyg", x.shape[1], 8, 0.5)
+    pyg_model.load_state_dict(dgl_model.state_dict(), strict=True)
+    out_d, grad_d = _run(dgl_model, mb, x, y)
+    out_p, grad_p = _run(pyg_model, mb, x, y)
+    assert _rel(out_p, out_d) < TOL
+    assert max_relative_difference(grad_p, grad_d) < TOL
+    assert isinstance(looped, Graph)
+
+
+def test_gat_output_heads_shapes():
+    """``output_heads`` sets the last layer's heads only (hidden layers keep ``heads``)."""
+    model = build_model("gat", 12, 5, hidden=8, layers=2, heads=4, output_heads=1, backend="pyg")
+    assert tuple(model.layers[0].attn_l.shape) == (1, 4, 8)
+    assert tuple(model.layers[1].attn_l.shape) == (1, 1, 5)
+    assert tuple(model.layers[1].fc.weight.shape) == (5, 32)
+    default = build_model("gat", 12, 5, hidden=8, layers=2, heads=4, backend="pyg")
+    assert tuple(default.layers[1].attn_l.shape) == (1, 4, 5)

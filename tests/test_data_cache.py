@@ -103,3 +103,42 @@ def test_damaged_cache_is_recomputed(tmp_path, generator_calls):
 def test_uncached_datasets_have_no_cache_path(tmp_path):
     assert cache_path("cora", tmp_path) is None
     assert cache_path("dgl-file", tmp_path, path="x.bin") is None
+
+
+def test_self_loops_option_adds_each_loop_once_and_keys_the_cache(tmp_path, generator_calls):
+    """``self_loops``: one loop per node that has none, existing edges and IDs kept, its
+    own cache file (and the default leaves the existing cache key unchanged)."""
+    from betty.data import dataset_digest
+    from betty.data.cache import cache_key
+
+    plain = load_dataset("synthetic", tmp_path, **OPTS)
+    looped = load_dataset("synthetic", tmp_path, self_loops=True, **OPTS)
+    assert len(generator_calls) == 2  # a separate cache entry
+    assert cache_path("synthetic", tmp_path, self_loops=True, **OPTS) != cache_path("synthetic", tmp_path, **OPTS)
+    assert cache_path("synthetic", tmp_path, self_loops=False, **OPTS) == cache_path("synthetic", tmp_path, **OPTS)
+    assert dataset_digest("synthetic", tmp_path, **OPTS) == cache_key(
+        {"name": "synthetic", "options": synthetic_module.SyntheticConfig(**OPTS).to_dict(), "source": []})
+    s0, d0 = plain.graph.edges()
+    s1, d1 = looped.graph.edges()
+    e, n = plain.num_edges, plain.num_nodes
+    assert torch.equal(s1[:e], s0) and torch.equal(d1[:e], d0)
+    loops = torch.bincount(s1[s1 == d1], minlength=n)
+    assert bool((loops >= 1).all())
+    had = torch.bincount(s0[s0 == d0], minlength=n)
+    assert torch.equal(loops, torch.where(had > 0, had, torch.ones_like(had)))  # none doubled
+    assert looped.graph.with_self_loops() is looped.graph  # idempotent
+    again = load_dataset("synthetic", tmp_path, self_loops=True, **OPTS)
+    assert len(generator_calls) == 2
+    _same(again, looped)
+    with pytest.raises(ValueError, match="self_loops"):
+        load_dataset("synthetic", tmp_path, self_loops="yes", **OPTS)
+
+
+def test_self_loops_keep_existing_loops():
+    from betty.graph import Graph
+
+    g = Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([0, 2, 1, 2]), 4)
+    looped = g.with_self_loops()
+    assert looped.edges()[0].tolist() == [0, 1, 2, 2, 1, 3]
+    assert looped.edges()[1].tolist() == [0, 2, 1, 2, 1, 3]
+    assert looped.with_self_loops() is looped

@@ -21,7 +21,9 @@ from betty.sampling import sample_full_batch
 from betty.train import accumulate_gradients, gradients, max_relative_difference, train_step, build_optimizer
 from graphs import power_law_graph
 
-MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("sage", "lstm"), ("gat", None)]
+# (arch, aggregator or variant): "1head" is GAT with output_heads=1
+MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("sage", "lstm"), ("gat", None),
+          ("gat", "1head"), ("gcn", None)]
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 FANOUTS = {2: [5, 8], 3: [4, 6, 8]}
 BACKENDS = [pytest.param("dgl", marks=pytest.mark.dgl), pytest.param("pyg", marks=pytest.mark.pyg)]
@@ -37,9 +39,10 @@ def graph_data():
 
 def _make_model(arch, agg, layers, dropout, dtype, dropout_mode="deterministic", backend="auto"):
     torch.manual_seed(0)
-    model = build_model(arch, 12, 5, hidden=16, layers=layers, aggregator=agg or "mean",
-                        heads=2, dropout=dropout, attn_dropout=dropout / 2,
-                        dropout_mode=dropout_mode, backend=backend)
+    model = build_model(arch, 12, 5, hidden=16, layers=layers,
+                        aggregator=agg if arch == "sage" else "mean", heads=2,
+                        output_heads=1 if agg == "1head" else None, dropout=dropout,
+                        attn_dropout=dropout / 2, dropout_mode=dropout_mode, backend=backend)
     assert backend == "auto" or model.backend_name == backend
     return model.to(dtype).train()
 
@@ -193,3 +196,48 @@ def test_multilabel_k_way_equals_reference(graph_data):
                                    dtype=torch.float64, multilabel=True)
         assert max_relative_difference(gradients(model), ref.grads) < TOL[torch.float64]
         assert res.loss == pytest.approx(ref.loss, rel=TOL[torch.float64], abs=0)
+
+
+@pytest.mark.parametrize("arch,agg", MODELS, ids=[f"{a}-{g}" if g else a for a, g in MODELS])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_k_way_gradient_equals_full_batch_with_self_loops(graph_data, backend, arch, agg):
+    """``dataset.self_loops``: on the self-looped graph (a loop sampled like any edge)
+    K-way accumulation still equals the reference."""
+    pytest.importorskip("dgl" if backend == "dgl" else "torch_geometric")
+    g, feat, label, train = graph_data
+    looped = g.with_self_loops()
+    batch = sample_full_batch(looped, train, FANOUTS[2], seed=0)
+    layer = batch.layers[-1]
+    gid = layer.src_nid
+    loops = int((gid[layer.edge_src] == gid[layer.edge_dst]).sum())
+    assert 0 < loops, "the batch must contain sampled self-loops"
+    model = _make_model(arch, agg, 2, 0.5, torch.float64, backend=backend)
+    ref = full_batch_reference(model, batch, feat, label, dropout_key=dropout_key(0, 1),
+                               dtype=torch.float64)
+    for method, k in (("random", 3), ("reg", 7)):
+        _, grad_k = _grads(model, batch, feat, label, k, method, torch.float64)
+        err = max_relative_difference(grad_k, ref.grads)
+        assert err < TOL[torch.float64], f"{method} K={k}: relative gradient error {err:.3e}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gcn_full_neighbour_equals_graphconv_on_the_self_looped_graph(graph_data, backend):
+    """With every neighbour sampled, a GCN layer is the backend's whole-graph
+    ``GraphConv(norm='both')`` (DGL's own on the DGL backend) on the graph with a self-loop
+    added to every node, for every output node: Kipf & Welling's propagation rule."""
+    pytest.importorskip("dgl" if backend == "dgl" else "torch_geometric")
+    from betty.backends import get_backend
+    from betty.microbatch import carve
+
+    g, feat, _, train = graph_data
+    model = _make_model("gcn", None, 1, 0.0, torch.float64, backend=backend).eval()
+    ops = get_backend(backend)
+    conv = ops.graph_conv(12, 5).double()
+    conv.load_state_dict(model.layers[0].state_dict())
+    whole = ops.full_graph(g.with_self_loops())
+    expected = conv(whole, feat.double())[train]
+    batch = sample_full_batch(g, train, [-1], seed=0)
+    mb = carve(batch, torch.arange(batch.num_outputs))
+    got = model(model.make_blocks(mb.layers), feat[mb.input_nid].double())
+    assert torch.equal(mb.output_nid, train)
+    assert float((got - expected).abs().max()) < 1e-12 * float(expected.abs().max())

@@ -62,6 +62,9 @@ def problems(overrides, base=BASE):
     ("model.heads=2", "model.heads", "2", "gat"),
     ("model.groups=3", "model.groups", "3", "revgnn"),
     ("evaluate.fanouts=[2, 2]", "evaluate.fanouts", "[2, 2]", "sampled"),
+    ("model.arch=gcn3", "model.arch", "'gcn3'", "'gcn'"),
+    ("model.output_heads=1", "model.output_heads", "1", "gat"),
+    ("dataset.self_loops=1", "dataset.self_loops", "1", "true or false"),
 ])
 def test_bad_values_name_key_value_and_allowed(override, path, value_text, allowed_text):
     err = problems([override])
@@ -97,6 +100,26 @@ def test_future_features_validate():
     assert resolve_spec(rev).spec.model.layers == 112  # fanouts need not match RevGNN depth
     err = problems(["model.arch=revgnn", "model.hidden=63", "model.groups=2"])
     assert "divisible by model.groups" in str(err)
+
+
+def test_gcn_gat_and_self_loop_keys():
+    """``model.arch: gcn``, GAT's ``output_heads`` and ``dataset.self_loops`` validate and
+    reach the resolved spec; gcn refuses graph self-loops."""
+    gcn = resolve_spec(apply_overrides(BASE, ["model.arch=gcn"]))
+    assert gcn.spec.model.arch == "gcn"
+    gat = resolve_spec(apply_overrides(BASE, ["model.arch=gat", "model.output_heads=1",
+                                              "dataset.self_loops=true"]))
+    assert gat.spec.model.output_heads == 1
+    assert gat.dataset_options["self_loops"] is True
+    assert resolve_spec(apply_overrides(BASE, [])).dataset_options["self_loops"] is False
+    err = problems(["model.arch=gat", "model.output_heads=0"])
+    assert [p.path for p in err.problems] == ["model.output_heads"]
+    err = problems(["model.arch=gcn", "dataset.self_loops=true"])
+    assert [p.path for p in err.problems] == ["dataset.self_loops"]
+    assert "adds every node's self term" in str(err) and "allowed: false" in str(err)
+    auto = resolve_spec(apply_overrides(BASE, ["model.arch=gcn", "partition.k=auto",
+                                               "partition.memory_budget=1GB"]))
+    assert auto.spec.partition.k == "auto"  # the memory model replays the GCN
 
 
 # ------------------------------------------------------------------- byte sizes

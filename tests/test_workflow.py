@@ -188,7 +188,7 @@ def test_batch_file_round_trip(tmp_path, monkeypatch):
     assert torch.equal(g, groups) and loaded.fanouts == batch.fanouts
     for a, b in zip(loaded.layers, batch.layers):
         assert a.num_dst == b.num_dst
-        for name in ("src_nid", "edge_src", "edge_dst", "edge_id"):
+        for name in ("src_nid", "edge_src", "edge_dst", "edge_id", "src_out_degree"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
     import numpy as np
 

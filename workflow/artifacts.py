@@ -9,6 +9,8 @@
 * ``block{l}_src_nid`` ``(n_src_l,)``: the block's source nodes in local order
   (destinations first) and ``block{l}_eid`` ``(E_l,)``: raw-graph edge IDs. With these
   the batch is rebuilt exactly by :func:`load_batch`;
+* ``block{l}_src_out_degree`` ``(n_src_l,)`` (when the sampler recorded it): each
+  source's out-degree in the whole graph (the symmetric GCN's normalisation);
 * ``fanouts`` ``(L,)``;
 * ``groups`` ``(n_out,)`` (optional): micro-batch of each output node.
 """
@@ -36,6 +38,8 @@ def batch_arrays(batch, groups: torch.Tensor | None = None) -> dict[str, np.ndar
         arrays[f"block{l}_dst"] = layer.src_nid[layer.edge_dst].numpy().astype(np.int64)
         arrays[f"block{l}_src_nid"] = layer.src_nid.numpy().astype(np.int64)
         arrays[f"block{l}_eid"] = layer.edge_id.numpy().astype(np.int64)
+        if layer.src_out_degree is not None:
+            arrays[f"block{l}_src_out_degree"] = layer.src_out_degree.numpy().astype(np.int64)
     if groups is not None:
         arrays["groups"] = torch.as_tensor(groups).numpy().astype(np.int64)
     return arrays
@@ -77,7 +81,8 @@ def load_batch(path: str | Path):
             src_nid=src_nid, num_dst=num_dst,
             edge_src=_local(arrays[f"block{l}_src"], src_nid, "source"),
             edge_dst=_local(arrays[f"block{l}_dst"], src_nid[:num_dst], "destination"),
-            edge_id=arrays[f"block{l}_eid"]))
+            edge_id=arrays[f"block{l}_eid"],
+            src_out_degree=arrays.get(f"block{l}_src_out_degree")))
     batch = SampledBatch(layers=layers, fanouts=arrays.get("fanouts", torch.zeros(0)).tolist())
     return batch, arrays.get("groups")
 

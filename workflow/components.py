@@ -105,7 +105,8 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
     torch.manual_seed(rspec.spec.train.seed if seed is None else seed)
     model = models.build_model(
         m.arch, dataset.num_features, dataset.num_classes, hidden=m.hidden, layers=m.layers,
-        aggregator=m.aggregator, heads=m.heads, dropout=m.dropout, attn_dropout=m.attn_dropout,
+        aggregator=m.aggregator, heads=m.heads, output_heads=m.output_heads, dropout=m.dropout,
+        attn_dropout=m.attn_dropout,
         dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
         reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq,
         backend=m.backend)

@@ -56,8 +56,8 @@ __all__ = [
     "with_arch_defaults",
 ]
 
-ARCHS = ("sage", "gat", "revgnn")
-"""Architectures a spec may name: ``sage`` and ``gat`` train on sampled blocks
+ARCHS = ("sage", "gat", "gcn", "revgnn")
+"""Architectures a spec may name: ``sage``, ``gat`` and ``gcn`` train on sampled blocks
 (:mod:`betty.engine`), ``revgnn`` on the whole graph or K cluster parts
 (:mod:`betty.rev.engine`)."""
 
@@ -230,6 +230,9 @@ class SamplingSection(_Section):
 
 class ModelSection(_Section):
     """The GNN. ``aggregator`` is for ``sage``; ``heads``/``attn_dropout`` for ``gat``;
+    ``output_heads`` for ``gat``: the last layer's heads (default ``heads``; 1 as in the
+    GAT paper); ``gcn`` is Kipf & Welling's symmetric GCN (:mod:`betty.models.gcn`: it
+    adds each node's self term itself, so ``dataset.self_loops`` is refused with it);
     ``groups``/``conv``/``norm``/``reversible``/``checkpoint``/``weight_tied``/``deq``
     for ``revgnn`` (and ``heads`` with ``conv: gat``; ``revgnn``'s ``heads`` defaults
     to 1). ``reversible: false`` runs the same blocks as a residual network
@@ -241,11 +244,12 @@ class ModelSection(_Section):
     (:mod:`betty.backends`); a backend that does not import here is refused with the
     command that installs it; every arch runs on both."""
 
-    arch: Literal["sage", "gat", "revgnn"] = "sage"
+    arch: Literal["sage", "gat", "gcn", "revgnn"] = "sage"
     hidden: int = Field(256, ge=1)
     layers: int = Field(2, ge=1)
     aggregator: str = "mean"
     heads: int = Field(4, ge=1)
+    output_heads: int | None = Field(None, ge=1)
     dropout: Probability = 0.0
     attn_dropout: Probability = 0.0
     dropout_mode: Literal["deterministic", "standard"] = "deterministic"
@@ -409,6 +413,7 @@ class Spec(_Section):
 _ARCH_ONLY = {
     "aggregator": ("sage",),
     "attn_dropout": ("gat",),
+    "output_heads": ("gat",),
     "groups": ("revgnn",),
     "conv": ("revgnn",),
     "norm": ("revgnn",),
@@ -421,9 +426,9 @@ _ARCH_ONLY = {
 
 def _dataset_problems(ds: DatasetSection) -> list[Problem]:
     from betty.data import resolve_options
-    from betty.data.registry import DATASETS
+    from betty.data.registry import allowed_options
 
-    allowed = list(DATASETS[ds.name].defaults)
+    allowed = allowed_options(ds.name)
     out = []
     options = ds.options
     for key in options:
@@ -454,9 +459,21 @@ def _changed(section: BaseModel) -> set[str]:
             if getattr(section, k) != fields[k].get_default(call_default_factory=True)}
 
 
+def _gcn_problems(spec: Spec) -> list[Problem]:
+    """Rules of ``gcn``: no graph self-loops (the layer adds its own)."""
+    out = []
+    if spec.dataset.options.get("self_loops") is True:
+        out.append(Problem("dataset.self_loops", True,
+                           "is not allowed with model.arch gcn: the GCN layer adds every node's "
+                           "self term itself (a self-loop edge would count it twice); allowed: false"))
+    return out
+
+
 def _sampled_problems(spec: Spec) -> list[Problem]:
-    """Rules of the sampled-block archs (``sage``, ``gat``)."""
+    """Rules of the sampled-block archs (``sage``, ``gat``, ``gcn``)."""
     m, ev, out = spec.model, spec.evaluate, []
+    if m.arch == "gcn":
+        out.extend(_gcn_problems(spec))
     if "heads" in _changed(m) and m.arch != "gat":
         out.append(Problem("model.heads", m.heads,
                            "applies to model.arch gat (or revgnn with conv gat) only"))

@@ -21,21 +21,46 @@ from torch import nn
 __all__ = ["Backend"]
 
 
+def _required_degrees(layer) -> torch.Tensor:
+    """``layer.src_out_degree``, or a ``ValueError`` saying where it comes from."""
+    if layer.src_out_degree is None:
+        raise ValueError("this block has no src_out_degree (the sources' whole-graph "
+                         "out-degrees, which the symmetric GCN normalises by); sample it "
+                         "with betty.sampling.sample_full_batch, which records them")
+    return layer.src_out_degree
+
+
 class Backend:
     """Block construction, message-passing primitives and layers of one framework."""
 
     name: str = ""
 
     # -- blocks ---------------------------------------------------------------------
-    def make_block(self, layer, device: torch.device | str = "cpu", *, copy: bool = False):
+    def make_block(self, layer, device: torch.device | str = "cpu", *, copy: bool = False,
+                   degrees: bool = False):
         """The backend's block object for one :class:`betty.batch.LayerEdges`, on
         ``device``, edge order preserved. ``copy`` forces fresh index tensors on the
-        device (so a micro-batch's transfer is counted even when already there)."""
+        device (so a micro-batch's transfer is counted even when already there).
+        ``degrees`` also carries ``layer.src_out_degree`` to the device (read back by
+        :meth:`src_out_degree`; the symmetric GCN needs it)."""
         raise NotImplementedError
 
     def make_blocks(self, layers: Sequence, device: torch.device | str = "cpu", *,
-                    copy: bool = False) -> list:
-        return [self.make_block(layer, device, copy=copy) for layer in layers]
+                    copy: bool = False, degrees: bool = False) -> list:
+        return [self.make_block(layer, device, copy=copy, degrees=degrees) for layer in layers]
+
+    def src_out_degree(self, block) -> torch.Tensor | None:
+        """``(n_src,)`` whole-graph out-degrees of the block's sources, as carried by
+        :meth:`make_block` with ``degrees=True`` (else ``None``)."""
+        raise NotImplementedError
+
+    def in_degrees(self, block) -> torch.Tensor:
+        """``(n_dst,)`` int64 number of in-edges of every destination."""
+        return block.in_degrees()
+
+    def copy_u_sum(self, block, z: torch.Tensor) -> torch.Tensor:
+        """``(n_dst, *)``: ``sum_{e: dst(e)=v} z[src(e)]`` (0 without in-edges)."""
+        raise NotImplementedError
 
     # -- primitives (GAT) -------------------------------------------------------------
     def num_dst(self, block) -> int:

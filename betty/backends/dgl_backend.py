@@ -7,21 +7,34 @@ import dgl.ops as ops
 import torch
 from dgl.nn import GATConv, GraphConv, SAGEConv
 
-from betty.backends.base import Backend
+from betty.backends.base import Backend, _required_degrees
 
-__all__ = ["DGLBackend", "BACKEND"]
+__all__ = ["DGLBackend", "BACKEND", "SRC_OUT_DEGREE"]
+
+#: the ``srcdata`` key of the sources' whole-graph out-degrees
+SRC_OUT_DEGREE = "betty_src_out_degree"
 
 
 class DGLBackend(Backend):
     name = "dgl"
 
-    def make_block(self, layer, device="cpu", *, copy=False):
+    def make_block(self, layer, device="cpu", *, copy=False, degrees=False):
         """``dgl.create_block`` with explicit node counts: destinations without in-edges
-        are kept and the source order is exactly ``layer.src_nid``."""
-        return dgl.create_block(
+        are kept and the source order is exactly ``layer.src_nid``; with ``degrees`` the
+        sources' whole-graph out-degrees go to ``srcdata[SRC_OUT_DEGREE]``."""
+        block = dgl.create_block(
             (layer.edge_src.to(device, copy=copy), layer.edge_dst.to(device, copy=copy)),
             num_src_nodes=layer.num_src, num_dst_nodes=layer.num_dst,
             idtype=torch.int64, device=device)
+        if degrees:
+            block.srcdata[SRC_OUT_DEGREE] = _required_degrees(layer).to(device, copy=copy)
+        return block
+
+    def src_out_degree(self, block):
+        return block.srcdata.get(SRC_OUT_DEGREE)
+
+    def copy_u_sum(self, block, z):
+        return ops.copy_u_sum(block, z)
 
     def num_dst(self, block) -> int:
         return block.num_dst_nodes()

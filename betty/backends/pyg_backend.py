@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch_geometric.utils import scatter, softmax
 
-from betty.backends.base import Backend
+from betty.backends.base import Backend, _required_degrees
 
 __all__ = ["PygBlock", "PygGraph", "PygSAGEConv", "PygGraphConv", "PygGATConv", "lstm_aggregate",
            "PygBackend", "BACKEND"]
@@ -37,11 +37,13 @@ __all__ = ["PygBlock", "PygGraph", "PygSAGEConv", "PygGraphConv", "PygGATConv", 
 @dataclass
 class PygBlock:
     """One bipartite block: ``edge_index`` ``(2, E)`` int64, ``n_src`` sources of which
-    the first ``n_dst`` are the destinations."""
+    the first ``n_dst`` are the destinations; ``src_out_degree`` ``(n_src,)``: the
+    sources' whole-graph out-degrees, where carried (the symmetric GCN reads them)."""
 
     edge_index: torch.Tensor
     n_src: int
     n_dst: int
+    src_out_degree: Optional[torch.Tensor] = None
 
     @property
     def src(self) -> torch.Tensor:
@@ -239,9 +241,16 @@ class PygGATConv(nn.Module):
 class PygBackend(Backend):
     name = "pyg"
 
-    def make_block(self, layer, device="cpu", *, copy=False):
+    def make_block(self, layer, device="cpu", *, copy=False, degrees=False):
         edge_index = torch.stack([layer.edge_src, layer.edge_dst]).to(device)  # stack copies
-        return PygBlock(edge_index, layer.num_src, layer.num_dst)
+        deg = _required_degrees(layer).to(device, copy=copy) if degrees else None
+        return PygBlock(edge_index, layer.num_src, layer.num_dst, deg)
+
+    def src_out_degree(self, block):
+        return block.src_out_degree
+
+    def copy_u_sum(self, block, z):
+        return scatter(z[block.src], block.dst, 0, block.n_dst, reduce="sum")
 
     def num_dst(self, block) -> int:
         return block.n_dst
@@ -270,7 +279,7 @@ class PygBackend(Backend):
         mapped = local[graph.edge_index]  # (2, E), -1 outside the part
         keep = (mapped >= 0).all(dim=0)
         n = int(node_ids.numel())
-        return PygGraph(mapped[:, keep], n, n, node_ids)
+        return PygGraph(mapped[:, keep], n, n, node_ids=node_ids)
 
     def graph_node_ids(self, graph):
         return getattr(graph, "node_ids", None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from betty.data import cache as _cache
 from betty.data import dgl_builtin, dgl_file, ogb_loader, planetoid, synthetic
 from betty.data.types import GraphDataset
 
-__all__ = ["DatasetSpec", "DATASETS", "dataset_names", "resolve_options", "cache_path", "dataset_digest", "load_dataset"]
+__all__ = ["DatasetSpec", "DATASETS", "COMMON_OPTIONS", "allowed_options", "dataset_names", "resolve_options", "cache_path", "dataset_digest", "load_dataset"]
 
 
 @dataclass(frozen=True)
@@ -151,33 +152,63 @@ def _spec(name: str) -> DatasetSpec:
     return DATASETS[name]
 
 
+#: options every dataset takes, with their defaults. ``self_loops``: add an edge
+#: ``v -> v`` to every node that has none, once, after loading and before any sampling
+#: (:meth:`betty.graph.Graph.with_self_loops`; idempotent, existing loops are kept).
+COMMON_OPTIONS: dict[str, Any] = {"self_loops": False}
+
+
+def allowed_options(name: str) -> list[str]:
+    """Every option dataset ``name`` takes: its own, then :data:`COMMON_OPTIONS`."""
+    return [*_spec(name).defaults, *COMMON_OPTIONS]
+
+
 def resolve_options(name: str, options: Mapping[str, Any]) -> dict:
-    """Defaults of ``name`` overridden by ``options``, validated and normalized.
+    """Defaults of ``name`` overridden by ``options``, validated and normalized (the
+    dataset's own options, then :data:`COMMON_OPTIONS`).
 
     Raises:
         ValueError: unknown dataset, unknown option (naming it and listing the allowed
             ones) or a bad option value.
     """
     spec = _spec(name)
-    unknown = [k for k in options if k not in spec.defaults]
+    allowed = allowed_options(name)
+    unknown = [k for k in options if k not in allowed]
     if unknown:
-        allowed = ", ".join(spec.defaults) if spec.defaults else "none"
         raise ValueError(
             f"unknown option(s) {', '.join(map(repr, unknown))} for dataset {name!r}; "
-            f"allowed options: {allowed}"
+            f"allowed options: {', '.join(allowed)}"
         )
-    return spec.normalize({**spec.defaults, **options})
+    own = {k: v for k, v in options.items() if k not in COMMON_OPTIONS}
+    common = {**COMMON_OPTIONS, **{k: v for k, v in options.items() if k in COMMON_OPTIONS}}
+    if not isinstance(common["self_loops"], bool):
+        raise ValueError(f"self_loops={common['self_loops']!r} (allowed: true or false)")
+    return {**spec.normalize({**spec.defaults, **own}), **common}
+
+
+def _own_options(opts: Mapping[str, Any]) -> dict:
+    """Resolved options without :data:`COMMON_OPTIONS` (what a loader reads)."""
+    return {k: v for k, v in opts.items() if k not in COMMON_OPTIONS}
 
 
 def _identity(name: str, root: str | Path, options: Mapping[str, Any]) -> dict:
     """What identifies a dataset's content: name, resolved options and, where the
-    dataset has one, the fingerprint of its source files (sizes and mtimes for OGB)."""
+    dataset has one, the fingerprint of its source files (sizes and mtimes for OGB).
+    A common option at its default is left out, so adding one keeps existing keys."""
     spec = _spec(name)
     opts = resolve_options(name, options)
-    payload: dict = {"name": name, "options": opts}
+    keyed = {k: v for k, v in opts.items() if k not in COMMON_OPTIONS or v != COMMON_OPTIONS[k]}
+    payload: dict = {"name": name, "options": keyed}
     if spec.fingerprint is not None:
-        payload["source"] = spec.fingerprint(name, Path(root), opts)
+        payload["source"] = spec.fingerprint(name, Path(root), _own_options(opts))
     return payload
+
+
+def _apply_common(ds: GraphDataset, opts: Mapping[str, Any]) -> GraphDataset:
+    """``ds`` with the common options applied (self-loops)."""
+    if opts["self_loops"]:
+        ds = dataclasses.replace(ds, graph=ds.graph.with_self_loops())
+    return ds
 
 
 def cache_path(name: str, root: str | Path = "data", **options) -> Path | None:
@@ -208,7 +239,9 @@ def load_dataset(
             (``cora_v2_d697a464/``) and betty's cache (``betty-cache/``) live here.
         cache: read/write betty's processed-dataset cache (synthetic and OGB datasets).
         **options: dataset options (see :class:`betty.data.synthetic.SyntheticConfig`;
-            ``dgl-file`` takes ``path`` and ``num_classes``; the others take none).
+            ``dgl-file`` takes ``path`` and ``num_classes``; the others take none of
+            their own) and :data:`COMMON_OPTIONS` (``self_loops``), which every dataset
+            takes.
 
     Returns:
         A :class:`GraphDataset`.
@@ -226,7 +259,7 @@ def load_dataset(
         hit = _cache.load_cached(path)
         if hit is not None:
             return hit
-    ds = spec.build(name, root, opts)
+    ds = _apply_common(spec.build(name, root, _own_options(opts)), opts)
     if path is not None:
         _cache.save_cached(ds, path)
     return ds

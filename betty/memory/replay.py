@@ -756,10 +756,94 @@ class _Replayer:
 
         return out, backward
 
+    # ------------------------------------------------------------------ GCN
+    def _norm(self, n, tag: str, name: str, deg: Buffer | None = None) -> Buffer:
+        """``(deg.to(dtype) + 1).rsqrt()`` of an ``(n,)`` degree vector: the cast (DGL's
+        ``in_degrees``: its arange and cast, :meth:`_degrees`; PyG's: bincount then
+        cast; the carried out-degrees: a cast), ``+ 1``, ``rsqrt``; returns the norm."""
+        tl, e = self.tl, self.e
+        if deg is None:
+            deg = tl.alloc(n * e, AGG, f"{tag} {name} cast")
+        p1 = tl.alloc(n * e, AGG, f"{tag} {name} + 1")
+        tl.release(deg)
+        norm = tl.alloc(n * e, AGG, f"{tag} {name} norm")
+        tl.release(p1)
+        return norm
+
+    def gcn_layer(self, l: int, h: Buffer, h_grad: bool):
+        """:func:`betty.models.gcn.gcn_forward`: ``src_norm``, ``dst_norm``, ``hs = h *
+        src_norm``, then (``in > out``) ``hs @ W`` before the aggregation or ``@ W``
+        after it, ``copy_u_sum(hs) + hs[:n_dst]``, ``* dst_norm``, ``+ b``. The function's
+        locals (``hs``, ``agg``, the norms) live until it returns."""
+        s, tl, e = self.s, self.tl, self.e
+        wi, wo = self.cfg.model.widths[l], self.cfg.model.widths[l + 1]
+        n_src, n_dst, n_e = s.n_src[l], s.n_dst[l], s.num_edges[l]
+        pf = wi > wo  # project first
+        tag = f"layer {l} gcn"
+        weight, bias = [self.shapes[l][0]], [self.shapes[l][1]]
+        src_norm = self._norm(n_src, tag, "out-degree")
+        if self.pyg:
+            deg = through(tl, AGG, n_dst * INDEX_BYTES, f"{tag} bincount", n_dst * e, f"{tag} in-degree cast")
+        else:
+            deg = self._degrees(n_dst, tag, clamp=False)
+        dst_norm = self._norm(n_dst, tag, "in-degree", deg)
+        hs0 = tl.alloc(n_src * wi * e, AGG, f"{tag} h * src_norm")
+        w = wi
+        hs = hs0
+        if pf:
+            hs = tl.alloc(n_src * wo * e, AGG, f"{tag} hs @ W")
+            w = wo  # hs0 is saved by the mm
+        if self.pyg:  # scatter(hs[src], dst, reduce="sum")
+            z = through(tl, AGG, n_e * w * e, f"{tag} messages", n_dst * w * e, f"{tag} sum")
+        else:
+            z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
+        agg = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
+        tl.release(z)
+        agg_in = None
+        if not pf:
+            agg_in = agg  # saved by the mm
+            agg = tl.alloc(n_dst * wo * e, AGG, f"{tag} agg @ W")
+        scaled = tl.alloc(n_dst * wo * e, ACT, f"{tag} * dst_norm")
+        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+        tl.release(scaled)
+        # the function returns: its locals go, except what autograd saved
+        tl.release(agg)
+        if pf:
+            tl.release(hs)
+        else:
+            tl.release(hs0)
+        if not h_grad:
+            tl.release(src_norm)  # the mul saves src_norm only when h needs a gradient
+            src_norm = None
+
+        def backward(g: Buffer) -> Buffer | None:
+            self.param_grads(bias, f"{tag} bias")
+            gm = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad * dst_norm")
+            tl.release(g, dst_norm)
+            if not pf:
+                self.param_grads(weight, f"{tag} weight")
+                ga = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad agg") if h_grad else None
+                tl.release(gm, agg_in)
+                if not h_grad:
+                    return None
+                ghs = self._gcn_neigh_bwd(ga, n_src, n_e, wi, tag)
+            else:
+                acc = self._gcn_neigh_bwd(gm, n_src, n_e, wo, tag)
+                self.param_grads(weight, f"{tag} weight")
+                ghs = tl.alloc(n_src * wi * e, BWD, f"{tag} grad hs") if h_grad else None
+                tl.release(acc, hs0)
+                if not h_grad:
+                    return None
+            gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h")
+            tl.release(ghs, src_norm)
+            return gh
+
+        return out, backward
+
     # ------------------------------------------------------------------ GAT
     def gat_layer(self, l: int, h: Buffer, h_grad: bool, last: bool):
         s, tl, e, cfg = self.s, self.tl, self.e, self.cfg
-        heads = cfg.model.heads
+        heads = cfg.model.layer_heads(l)
         wi, wo = cfg.model.widths[l], cfg.model.widths[l + 1]
         f = wo if last else wo // heads
         hf = heads * f
@@ -872,6 +956,8 @@ class _Replayer:
         tl.phase = "blocks"
         for l in range(L):
             tl.alloc(2 * s.num_edges[l] * INDEX_BYTES, BLOCKS, f"layer {l} edge index copies")
+            if spec.arch == "gcn":  # the sources' out-degrees travel with the block
+                tl.alloc(s.n_src[l] * INDEX_BYTES, BLOCKS, f"layer {l} source out-degrees")
             if self.pyg:  # PygBlock: the (2, E) edge_index only, no graph formats
                 continue
             tl.alloc(cfg.constants.block_bytes_per_edge * s.num_edges[l]
@@ -914,6 +1000,9 @@ class _Replayer:
             if spec.arch == "sage":
                 out, conv_bwd = self.sage_layer(l, conv_in, conv_grad)
                 pre_act = None
+            elif spec.arch == "gcn":
+                out, conv_bwd = self.gcn_layer(l, conv_in, conv_grad)
+                pre_act = None
             else:
                 out, conv_bwd, pre_act = self.gat_layer(l, conv_in, conv_grad, last)
             if conv_in is not inp:
@@ -921,7 +1010,7 @@ class _Replayer:
             act = None
             if not last:
                 wo = spec.widths[l + 1]
-                if spec.arch == "sage":  # relu saves its result
+                if spec.arch in ("sage", "gcn"):  # relu saves its result
                     act = tl.alloc(s.n_dst[l] * wo * e, ACT, f"layer {l} relu")
                     tl.hold(act)
                     tl.release(out)
@@ -963,7 +1052,7 @@ class _Replayer:
                 wo = spec.widths[l + 1]
                 ga = tl.alloc(s.n_dst[l] * wo * e, BWD, f"layer {l} activation grad")
                 tl.release(g)
-                if spec.arch == "sage":
+                if spec.arch in ("sage", "gcn"):
                     tl.release(act)  # relu's saved result
                 else:
                     tl.release(pre_act)  # elu's saved input

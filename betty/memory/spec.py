@@ -15,7 +15,7 @@ import torch
 
 __all__ = ["ModelSpec", "OptimizerSpec", "parameter_shapes", "as_model_spec", "as_optimizer_spec"]
 
-ARCHS = ("sage", "gat")
+ARCHS = ("sage", "gat", "gcn")
 AGGREGATORS = ("mean", "gcn", "pool", "lstm")
 OPTIMIZER_NAMES = ("adam", "sgd")
 GNN_BACKENDS = ("dgl", "pyg")  # betty.backends.BACKENDS (not imported: no framework import here)
@@ -26,12 +26,13 @@ class ModelSpec:
     """Shape-level description of a betty GNN.
 
     Attributes:
-        arch: ``"sage"`` or ``"gat"``.
+        arch: ``"sage"``, ``"gat"`` or ``"gcn"``.
         widths: ``[in_feats, w_1, ..., out_feats]`` (L + 1 entries): the feature width
             entering each layer, then the output width. For GAT hidden widths are
             ``heads * hidden``.
         aggregator: GraphSAGE aggregator (ignored for GAT).
         heads: GAT attention heads (ignored for SAGE).
+        output_heads: GAT attention heads of the last layer (``None``: ``heads``).
         dropout: input dropout probability of every layer.
         attn_dropout: GAT attention dropout probability.
         dropout_mode: ``"deterministic"`` (hash dropout) or ``"standard"``.
@@ -49,6 +50,7 @@ class ModelSpec:
     dropout_mode: str = "deterministic"
     param_dtype: torch.dtype = torch.float32
     backend: str = "dgl"
+    output_heads: int | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in GNN_BACKENDS:
@@ -60,8 +62,9 @@ class ModelSpec:
         if len(self.widths) < 2 or any(int(w) < 1 for w in self.widths):
             raise ValueError(f"widths must list L + 1 >= 2 positive widths, got {self.widths!r}")
         if self.arch == "gat":
-            if self.heads < 1:
-                raise ValueError(f"heads must be >= 1, got {self.heads}")
+            if self.heads < 1 or self.last_heads < 1:
+                raise ValueError(f"heads and output_heads must be >= 1, got {self.heads} "
+                                 f"and {self.last_heads}")
             bad = [w for w in self.widths[1:-1] if w % self.heads]
             if bad:
                 raise ValueError(f"GAT hidden widths must be multiples of heads={self.heads}, got {bad}")
@@ -70,10 +73,19 @@ class ModelSpec:
     def num_layers(self) -> int:
         return len(self.widths) - 1
 
+    @property
+    def last_heads(self) -> int:
+        """GAT attention heads of the last layer."""
+        return self.heads if self.output_heads is None else self.output_heads
+
+    def layer_heads(self, l: int) -> int:
+        """GAT attention heads of layer ``l``."""
+        return self.last_heads if l == self.num_layers - 1 else self.heads
+
     @classmethod
     def from_config(cls, arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
                     layers: int = 2, aggregator: str = "mean", heads: int = 4,
-                    dropout: float = 0.0, attn_dropout: float = 0.0,
+                    output_heads: int | None = None, dropout: float = 0.0, attn_dropout: float = 0.0,
                     dropout_mode: str = "deterministic",
                     param_dtype: torch.dtype = torch.float32,
                     backend: str = "dgl") -> "ModelSpec":
@@ -84,12 +96,14 @@ class ModelSpec:
         else:
             widths = (in_feats,) + (hidden,) * (layers - 1) + (out_feats,)
         return cls(arch, tuple(int(w) for w in widths), aggregator, heads, dropout,
-                   attn_dropout, dropout_mode, param_dtype, backend)
+                   attn_dropout, dropout_mode, param_dtype, backend,
+                   output_heads if arch == "gat" else None)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module) -> "ModelSpec":
-        """Read the spec off a :class:`betty.models.GraphSAGE` or :class:`~betty.models.GAT`."""
-        from betty.models import GAT, GraphSAGE
+        """Read the spec off a :class:`betty.models.GraphSAGE`, :class:`~betty.models.GAT`
+        or :class:`~betty.models.GCN`."""
+        from betty.models import GAT, GCN, GraphSAGE
 
         dtype = next(model.parameters()).dtype
         backend = getattr(model, "backend_name", "dgl")
@@ -98,19 +112,25 @@ class ModelSpec:
                        model.dropout_mode, dtype, backend)
         if isinstance(model, GAT):
             return cls("gat", tuple(model.widths), "mean", model.heads, model.dropout,
-                       model.attn_dropout, model.dropout_mode, dtype, backend)
-        raise TypeError(f"model must be a betty GraphSAGE or GAT, got {type(model).__name__}")
+                       model.attn_dropout, model.dropout_mode, dtype, backend, model.output_heads)
+        if isinstance(model, GCN):
+            return cls("gcn", tuple(model.widths), "mean", 1, model.dropout, 0.0,
+                       model.dropout_mode, dtype, backend)
+        raise TypeError(f"model must be a betty GraphSAGE, GAT or GCN, got {type(model).__name__}")
 
 
 def parameter_shapes(spec: ModelSpec) -> list[list[tuple[int, ...]]]:
     """Per layer, the shapes of its parameters (the order of ``module.parameters()``)."""
     out = []
-    heads = spec.heads
     for l in range(spec.num_layers):
         wi, wo = spec.widths[l], spec.widths[l + 1]
         if spec.arch == "gat":
+            heads = spec.layer_heads(l)
             f = wo // heads if l < spec.num_layers - 1 else wo
             out.append([(heads * f, wi), (1, heads, f), (1, heads, f), (heads, f)])
+            continue
+        if spec.arch == "gcn":
+            out.append([(wi, wo), (wo,)])  # weight, bias
             continue
         agg = spec.aggregator
         shapes: list[tuple[int, ...]] = []

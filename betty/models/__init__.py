@@ -6,23 +6,26 @@ from torch import nn
 
 from betty.models.base import DROPOUT_MODES, BlockGNN
 from betty.models.gat import GAT
+from betty.models.gcn import GCN
 from betty.models.sage import SAGE_AGGREGATORS, GraphSAGE
 
-__all__ = ["BlockGNN", "GraphSAGE", "GAT", "build_model", "ARCHS", "SAGE_AGGREGATORS", "DROPOUT_MODES"]
+__all__ = ["BlockGNN", "GraphSAGE", "GAT", "GCN", "build_model", "ARCHS", "SAGE_AGGREGATORS", "DROPOUT_MODES"]
 
-ARCHS = ("sage", "gat", "revgnn")
+ARCHS = ("sage", "gat", "gcn", "revgnn")
 
 
 def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
                 layers: int = 2, aggregator: str = "mean", heads: int = 4,
-                dropout: float = 0.0, attn_dropout: float = 0.0,
+                output_heads: int | None = None, dropout: float = 0.0, attn_dropout: float = 0.0,
                 dropout_mode: str = "deterministic", groups: int = 2, conv: str = "gcn",
                 norm: str = "layer", reversible: bool = True, checkpoint: bool = False,
                 weight_tied: bool = False, deq: bool = False, backend: str = "auto") -> nn.Module:
     """Build a model by name.
 
-    ``"sage"`` / ``"gat"``: a :class:`BlockGNN` on sampled blocks (``aggregator``,
-    ``heads``, ``attn_dropout``, ``dropout_mode`` apply). ``"revgnn"``: a
+    ``"sage"`` / ``"gat"`` / ``"gcn"``: a :class:`BlockGNN` on sampled blocks
+    (``aggregator``, ``heads``, ``output_heads`` (GAT's last layer, default ``heads``),
+    ``attn_dropout``, ``dropout_mode`` apply; ``gcn`` is Kipf & Welling's symmetric
+    GCN, :mod:`betty.models.gcn`). ``"revgnn"``: a
     :class:`betty.rev.model.RevGNN` on whole graphs or induced subgraphs, ``layers``
     blocks of ``groups`` channel groups (``conv``, ``norm``, ``reversible``,
     ``checkpoint``, ``weight_tied``, ``heads`` for ``conv="gat"``), or with ``deq`` a
@@ -36,7 +39,9 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
         return GraphSAGE(in_feats, hidden, out_feats, layers, aggregator, dropout, dropout_mode, backend)
     if arch == "gat":
         return GAT(in_feats, hidden, out_feats, layers, heads, dropout, attn_dropout, dropout_mode,
-                   backend)
+                   backend, output_heads=output_heads)
+    if arch == "gcn":
+        return GCN(in_feats, hidden, out_feats, layers, dropout, dropout_mode, backend)
     if arch == "revgnn":
         if deq:
             from betty.rev.deq import RevGNNDEQ

@@ -59,8 +59,15 @@ class BlockGNN(nn.Module):
         return get_backend(self.backend_name)
 
     def make_blocks(self, layers, device="cpu", *, copy: bool = False) -> list:
-        """This backend's blocks for ``layers`` (:class:`betty.batch.LayerEdges`)."""
-        return self.backend.make_blocks(layers, device, copy=copy)
+        """This backend's blocks for ``layers`` (:class:`betty.batch.LayerEdges`), with
+        the sources' degrees where the model reads them (:attr:`needs_degrees`)."""
+        return self.backend.make_blocks(layers, device, copy=copy, degrees=self.needs_degrees)
+
+    @property
+    def needs_degrees(self) -> bool:
+        """Whether the blocks must carry the sources' whole-graph out-degrees
+        (:attr:`betty.batch.LayerEdges.src_out_degree`): the symmetric GCN's."""
+        return False
 
     @property
     def needs_node_ids(self) -> bool:

@@ -10,7 +10,7 @@ For destination v with sampled in-neighbours N(v), head k:
     h_v'[k]  = Σ_u dropout(α_uv) z_u + b_k                (n_dst, H, F)
 
 Hidden layers concatenate the H heads (width H·F) and apply ELU; the last layer averages
-them. A destination without in-edges gets the bias only. DGL's ``GATConv`` draws its
+its own ``output_heads`` heads (default H; the GAT paper uses one on Cora). A destination without in-edges gets the bias only. DGL's ``GATConv`` draws its
 attention-dropout mask per call, which breaks K-way exactness; here the mask of edge
 (u, v) is a hash of its global edge ID (:mod:`betty.models.dropout`).
 """
@@ -101,7 +101,9 @@ class GAT(BlockGNN):
 
     Args:
         in_feats, hidden, out_feats, num_layers: widths; hidden is per head.
-        heads: attention heads of every layer.
+        heads: attention heads of every hidden layer (and of the last by default).
+        output_heads: attention heads of the last layer, averaged (``None``: ``heads``;
+            ``1``: a single output head, as in the GAT paper's Cora model).
         dropout: drop probability on every layer's input features.
         attn_dropout: drop probability on attention weights.
         dropout_mode: ``"deterministic"`` or ``"standard"``.
@@ -110,18 +112,24 @@ class GAT(BlockGNN):
 
     def __init__(self, in_feats: int, hidden: int, out_feats: int, num_layers: int = 2,
                  heads: int = 4, dropout: float = 0.0, attn_dropout: float = 0.0,
-                 dropout_mode: str = "deterministic", backend: str = "auto") -> None:
+                 dropout_mode: str = "deterministic", backend: str = "auto", *,
+                 output_heads: int | None = None) -> None:
         super().__init__(num_layers, dropout, dropout_mode, backend)
         if heads < 1:
             raise ValueError(f"heads must be >= 1, got {heads}")
+        output_heads = heads if output_heads is None else int(output_heads)
+        if output_heads < 1:
+            raise ValueError(f"output_heads must be >= 1, got {output_heads}")
         if not 0.0 <= attn_dropout < 1.0:
             raise ValueError(f"attn_dropout must be in [0, 1), got {attn_dropout}")
-        self.heads = heads
+        self.heads, self.output_heads = heads, output_heads
         self.attn_dropout = float(attn_dropout)
         ins = [in_feats] + [hidden * heads] * (num_layers - 1)
         outs = [hidden] * (num_layers - 1) + [out_feats]
+        layer_heads = [heads] * (num_layers - 1) + [output_heads]
         self.widths = [in_feats] + [hidden * heads] * (num_layers - 1) + [out_feats]
-        self.layers = nn.ModuleList(GATLayer(ins[l], outs[l], heads, backend=self.backend_name) for l in range(num_layers))
+        self.layers = nn.ModuleList(GATLayer(ins[l], outs[l], layer_heads[l], backend=self.backend_name)
+                                    for l in range(num_layers))
 
     def reset_parameters(self) -> None:
         for layer in self.layers:
