@@ -253,7 +253,9 @@ def test_train_threads_is_validated_and_applied():
         torch.set_num_threads(before)
 
 
-def test_partition_time_limit_and_determinism_reach_the_plan():
+def test_partition_time_limit_and_determinism_reach_the_plan(monkeypatch):
+    import os
+
     from workflow.components import partition_options, partition_plan
 
     rspec = resolve_spec(apply_overrides(BASE, [
@@ -263,6 +265,7 @@ def test_partition_time_limit_and_determinism_reach_the_plan():
     assert partition_plan(rspec).options == opts
     from betty.threads import available_cores
 
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine
     assert partition_options(resolve_spec(BASE)) == {  # threads: auto, before the graph is known
         "time_limit_s": None, "deterministic": False, "threads": available_cores()}
     err = problems(["partition.time_limit_s=0"])
