@@ -50,6 +50,7 @@ __all__ = [
     "PartitionSection",
     "SweepSection",
     "TrainSection",
+    "EarlyStoppingSection",
     "EvaluateSection",
     "check_spec",
     "spec_notes",
@@ -332,6 +333,13 @@ class PartitionSection(_Section):
         return _library_choice("partition method", value, _partition_methods())
 
 
+class EarlyStoppingSection(_Section):
+    """``patience``: stop training once this many validation evaluations in a row
+    (every ``evaluate.every`` epochs) brought no improvement (:class:`betty.selection.BestValidation`)."""
+
+    patience: int = Field(ge=1)
+
+
 class TrainSection(_Section):
     """Optimisation. ``seed`` seeds the weights and dropout; ``repeats: N`` trains N
     times with seeds ``seed, seed+1, ...`` (sampling seeds shift the same way) and
@@ -339,7 +347,9 @@ class TrainSection(_Section):
     CPU threads for PyTorch and DGL (``null``: their default, one per core; 1 is much
     faster for small graphs on a busy machine). ``world_size: N > 1`` spreads each
     step's micro-batches over N ranks (``torch.distributed``, one device each; the
-    update is the single-process one: docs/distributed.md)."""
+    update is the single-process one: docs/distributed.md). ``early_stopping:
+    {patience: N}`` stops once N validation evaluations in a row did not improve
+    (``null``: train every epoch; needs ``evaluate.every >= 1``)."""
 
     epochs: int = Field(10, ge=1)
     lr: float = Field(0.01, gt=0.0)
@@ -352,6 +362,7 @@ class TrainSection(_Section):
     measure_memory: bool = True
     threads: Annotated[int, Field(ge=1)] | None = None
     world_size: int = Field(1, ge=1)
+    early_stopping: EarlyStoppingSection | None = None
 
     @field_validator("optimizer")
     @classmethod
@@ -366,9 +377,12 @@ class EvaluateSection(_Section):
     ``fanouts``, default the training fanouts) or ``multiview`` (``revgnn``: the
     average of the predictions over ``views`` random splits into ``parts`` parts;
     ``parts: null`` = the training K). ``chunk_size``: nodes per inference chunk
-    (``sage``/``gat``)."""
+    (``sage``/``gat``). ``select``: the weights the run keeps, logs as its model and
+    scores on test: ``last`` (the final epoch's) or ``best_valid`` (those of the epoch
+    with the best validation score, scored every ``every`` epochs, which must be >= 1)."""
 
     every: int = Field(1, ge=0)
+    select: Literal["last", "best_valid"] = "last"
     inference: Literal["full", "sampled", "multiview"] = "full"
     fanouts: list[Fanout] | None = None
     chunk_size: int = Field(16384, ge=1)
@@ -531,6 +545,18 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     return out
 
 
+def _selection_problems(spec: Spec) -> list[Problem]:
+    """Best-validation selection and early stopping need validation scores during training."""
+    out, every = [], spec.evaluate.every
+    if spec.evaluate.select == "best_valid" and every < 1:
+        out.append(Problem("evaluate.every", every, "must be >= 1 with evaluate.select best_valid "
+                           "(validation is scored every evaluate.every epochs to pick the best one)"))
+    if spec.train.early_stopping is not None and every < 1:
+        out.append(Problem("evaluate.every", every, "must be >= 1 with train.early_stopping "
+                           "(patience counts validation evaluations)"))
+    return out
+
+
 def check_spec(spec: Spec) -> list[Problem]:
     """Rules spanning several keys (field-level rules live in the models)."""
     out = _dataset_problems(spec.dataset)
@@ -554,6 +580,7 @@ def check_spec(spec: Spec) -> list[Problem]:
                            f"is below train.world_size {world}: training on N ranks splits each batch "
                            f"into K >= N micro-batches so that every rank has one; allowed: an integer "
                            f">= {world}, or 'auto' (the K search then starts at K = {world})"))
+    out.extend(_selection_problems(spec))
     if spec.evaluate.fanouts is not None and spec.evaluate.inference != "sampled":
         out.append(Problem("evaluate.fanouts", spec.evaluate.fanouts,
                            "applies to evaluate.inference 'sampled' only"))
