@@ -240,7 +240,10 @@ class ModelSection(_Section):
     with a note, ``reversible: false``, ``checkpoint``, ``weight_tied`` refused).
     ``backend``: ``auto`` (DGL where it imports, else PyG), ``dgl`` or ``pyg``
     (:mod:`betty.backends`); a backend that does not import here is refused with the
-    command that installs it; every arch runs on both."""
+    command that installs it; every arch runs on both. ``activation`` (``sage``/``gat``):
+    the non-linearity between layers, ``relu``, ``elu``, ``leaky_relu`` or ``gelu``
+    (``null``: the arch's own, ReLU for ``sage``, ELU for ``gat`` as in the GAT paper);
+    the memory model follows each."""
 
     arch: Literal["sage", "gat", "revgnn"] = "sage"
     hidden: int = Field(256, ge=1)
@@ -258,6 +261,7 @@ class ModelSection(_Section):
     weight_tied: bool = False
     deq: bool = False
     backend: str = Field("auto", validate_default=True)
+    activation: str | None = None
 
     @field_validator("backend")
     @classmethod
@@ -275,6 +279,13 @@ class ModelSection(_Section):
     @classmethod
     def _aggregator(cls, value: str) -> str:
         return _library_choice("aggregator", value, _aggregators())
+
+    @field_validator("activation")
+    @classmethod
+    def _activation(cls, value: str | None) -> str | None:
+        from betty.models import ACTIVATIONS
+
+        return None if value is None else _library_choice("activation", value, ACTIVATIONS)
 
 
 class SweepSection(_Section):
@@ -349,11 +360,14 @@ class TrainSection(_Section):
     step's micro-batches over N ranks (``torch.distributed``, one device each; the
     update is the single-process one: docs/distributed.md). ``early_stopping:
     {patience: N}`` stops once N validation evaluations in a row did not improve
-    (``null``: train every epoch; needs ``evaluate.every >= 1``)."""
+    (``null``: train every epoch; needs ``evaluate.every >= 1``).
+    ``weight_decay_first_layer_only``: decay only the first layer's parameters (Kipf
+    and Welling's GCN; ``betty.train.parameter_groups``)."""
 
     epochs: int = Field(10, ge=1)
     lr: float = Field(0.01, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    weight_decay_first_layer_only: bool = False
     optimizer: str = "adam"
     device: Device = "auto"
     dtype: Literal["float32", "float64"] = "float32"
@@ -426,6 +440,7 @@ _ARCH_ONLY = {
     "checkpoint": ("revgnn",),
     "weight_tied": ("revgnn",),
     "deq": ("revgnn",),
+    "activation": ("sage", "gat"),
 }
 
 
@@ -557,6 +572,14 @@ def _selection_problems(spec: Spec) -> list[Problem]:
     return out
 
 
+def _weight_decay_problems(spec: Spec) -> list[Problem]:
+    t = spec.train
+    if t.weight_decay_first_layer_only and t.weight_decay == 0:
+        return [Problem("train.weight_decay_first_layer_only", True, "needs train.weight_decay > 0 "
+                        "(the decay it restricts to the first layer)")]
+    return []
+
+
 def check_spec(spec: Spec) -> list[Problem]:
     """Rules spanning several keys (field-level rules live in the models)."""
     out = _dataset_problems(spec.dataset)
@@ -581,6 +604,7 @@ def check_spec(spec: Spec) -> list[Problem]:
                            f"into K >= N micro-batches so that every rank has one; allowed: an integer "
                            f">= {world}, or 'auto' (the K search then starts at K = {world})"))
     out.extend(_selection_problems(spec))
+    out.extend(_weight_decay_problems(spec))
     if spec.evaluate.fanouts is not None and spec.evaluate.inference != "sampled":
         out.append(Problem("evaluate.fanouts", spec.evaluate.fanouts,
                            "applies to evaluate.inference 'sampled' only"))

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from torch import nn
 
-from betty.models.base import DROPOUT_MODES, BlockGNN
+from betty.models.base import ACTIVATIONS, DROPOUT_MODES, BlockGNN
 from betty.models.gat import GAT
 from betty.models.sage import SAGE_AGGREGATORS, GraphSAGE
 
-__all__ = ["BlockGNN", "GraphSAGE", "GAT", "build_model", "ARCHS", "SAGE_AGGREGATORS", "DROPOUT_MODES"]
+__all__ = ["BlockGNN", "GraphSAGE", "GAT", "build_model", "ARCHS", "SAGE_AGGREGATORS", "DROPOUT_MODES",
+           "ACTIVATIONS", "DEFAULT_ACTIVATION"]
+
+DEFAULT_ACTIVATION = {"sage": "relu", "gat": "elu"}
+"""The non-linearity between layers when none is given (GAT's paper uses ELU)."""
 
 ARCHS = ("sage", "gat", "revgnn")
 
@@ -18,7 +22,8 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
                 dropout: float = 0.0, attn_dropout: float = 0.0,
                 dropout_mode: str = "deterministic", groups: int = 2, conv: str = "gcn",
                 norm: str = "layer", reversible: bool = True, checkpoint: bool = False,
-                weight_tied: bool = False, deq: bool = False, backend: str = "auto") -> nn.Module:
+                weight_tied: bool = False, deq: bool = False, backend: str = "auto",
+                activation: str | None = None) -> nn.Module:
     """Build a model by name.
 
     ``"sage"`` / ``"gat"``: a :class:`BlockGNN` on sampled blocks (``aggregator``,
@@ -30,13 +35,21 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
     point; ``layers``, ``groups``, ``reversible``, ``checkpoint``, ``weight_tied`` do not
     apply). ``backend`` (``auto``/``dgl``/``pyg``, :mod:`betty.backends`) applies to
     every arch. RevGNN's dropout masks come from its trainer (:mod:`betty.rev.engine`), so
-    ``dropout_mode`` is the trainer's argument there.
+    ``dropout_mode`` is the trainer's argument there. ``activation`` (``sage``/``gat``;
+    one of :data:`ACTIVATIONS`, ``None``: :data:`DEFAULT_ACTIVATION`): the non-linearity
+    between layers; RevGNN keeps its ReLU and refuses another.
     """
+    if arch in DEFAULT_ACTIVATION:
+        activation = activation or DEFAULT_ACTIVATION[arch]
+    elif activation not in (None, "relu"):
+        raise ValueError(f"activation applies to arch sage or gat only (arch {arch!r} uses relu), "
+                         f"got {activation!r}")
     if arch == "sage":
-        return GraphSAGE(in_feats, hidden, out_feats, layers, aggregator, dropout, dropout_mode, backend)
+        return GraphSAGE(in_feats, hidden, out_feats, layers, aggregator, dropout, dropout_mode, backend,
+                         activation)
     if arch == "gat":
         return GAT(in_feats, hidden, out_feats, layers, heads, dropout, attn_dropout, dropout_mode,
-                   backend)
+                   backend, activation)
     if arch == "revgnn":
         if deq:
             from betty.rev.deq import RevGNNDEQ
