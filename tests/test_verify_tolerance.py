@@ -1,6 +1,6 @@
 """``betty verify``'s float32 tolerance follows the rounding float32 gives on the data at
-hand (betty.verify.exactness_tolerance): GAT on the real Cora files passes, per-call
-dropout still fails."""
+hand (betty.verify.exactness_tolerance): GAT on the real Cora and CiteSeer files passes,
+per-call dropout still fails."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ def test_tolerance_is_the_scaled_rounding_between_floor_and_cap():
     assert tol == MAX_SCALED_TOL and "capped" in why
 
 
-def _cora_gat(tmp_path, dropout_mode: str):
+def _planetoid_gat(tmp_path, dropout_mode: str, name: str = "cora"):
     planetoid = planetoid_dir()
     assert planetoid is not None, "real Planetoid files not found (set BETTY_PLANETOID_DIR)"
-    stage_planetoid(planetoid, tmp_path, "cora")
-    ds = load_dataset("cora", tmp_path)
+    stage_planetoid(planetoid, tmp_path, name)
+    ds = load_dataset(name, tmp_path)
     torch.manual_seed(0)
     # GAT's published Cora settings: 8 heads x 8 hidden, dropout 0.6 on features and attention
     model = build_model("gat", ds.num_features, ds.num_classes, hidden=8, heads=8, layers=2,
@@ -40,8 +40,9 @@ def _cora_gat(tmp_path, dropout_mode: str):
     return model, trainer.sample(0, 0), ds
 
 
-def test_gat_on_cora_passes_in_float32_with_the_scaled_tolerance(tmp_path):
-    model, batch, ds = _cora_gat(tmp_path, "deterministic")
+@pytest.mark.parametrize("name", ["cora", "citeseer"])
+def test_gat_on_planetoid_passes_in_float32_with_the_scaled_tolerance(tmp_path, name):
+    model, batch, ds = _planetoid_gat(tmp_path, "deterministic", name)
     out = verify_exactness(model, batch, ds.feat, ds.label, [2, 4, 8], seed=0, graph=ds.graph)
     assert out["dtype"] == "float32" and out["verdict"] == "PASS", out
     # the data's rounding is above what the fixed 1e-5 allowed: some K differ by more than that
@@ -52,7 +53,7 @@ def test_gat_on_cora_passes_in_float32_with_the_scaled_tolerance(tmp_path):
 
 
 def test_gat_on_cora_with_per_call_dropout_still_fails(tmp_path):
-    model, batch, ds = _cora_gat(tmp_path, "standard")
+    model, batch, ds = _planetoid_gat(tmp_path, "standard")
     out = verify_exactness(model, batch, ds.feat, ds.label, [2, 4], seed=0, graph=ds.graph)
     assert out["verdict"] == "FAIL"
     assert out["tol"] <= MAX_SCALED_TOL
