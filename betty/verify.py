@@ -24,7 +24,8 @@ The tolerance (:func:`exactness_tolerance`):
   for the piecewise sums and the dropout the measurement leaves out), never below
   :data:`DEFAULT_TOL`'s 1e-5 and never above :data:`MAX_SCALED_TOL` (1e-3), so that
   no data can make the check blind to an error of 0.1%. A real mismatch (per-call
-  dropout: about 0.7) stays far above it.
+  dropout: about 0.7) stays far above it. The measure costs two more full-batch passes
+  (one in float64, on a float64 copy of the model: twice its parameter memory).
 """
 
 from __future__ import annotations
