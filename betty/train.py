@@ -43,6 +43,8 @@ __all__ = [
     "accumulate_gradients",
     "node_loss_sum",
     "build_optimizer",
+    "first_layer",
+    "parameter_groups",
     "OPTIMIZERS",
 ]
 
@@ -50,12 +52,40 @@ OPTIMIZERS = ("adam", "sgd")
 
 
 def build_optimizer(name: str, params: Iterable, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """``"adam"`` or ``"sgd"`` over ``params``."""
+    """``"adam"`` or ``"sgd"`` over ``params`` (tensors, or parameter groups: dicts whose
+    own ``weight_decay`` overrides the default, e.g. :func:`parameter_groups`)."""
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+
+
+def first_layer(model: torch.nn.Module) -> torch.nn.Module:
+    """The module of ``model``'s first layer: ``layers[0]`` of a block model
+    (:class:`betty.models.BlockGNN`), the input ``encoder`` of a RevGNN."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0:
+        return layers[0]
+    encoder = getattr(model, "encoder", None)
+    if isinstance(encoder, torch.nn.Module):
+        return encoder
+    raise ValueError(f"{type(model).__name__} has neither layers[0] nor an encoder: no first layer "
+                     "to restrict weight decay to")
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float,
+                     first_layer_only: bool = False) -> list[dict]:
+    """Optimizer parameter groups of ``model``: one group decayed by ``weight_decay``,
+    or with ``first_layer_only`` the :func:`first_layer`'s parameters decayed and the
+    rest not (Kipf and Welling's GCN setting). Empty groups are left out."""
+    params = list(model.parameters())
+    if not first_layer_only:
+        return [{"params": params, "weight_decay": weight_decay}]
+    first = {id(p) for p in first_layer(model).parameters()}
+    groups = [{"params": [p for p in params if id(p) in first], "weight_decay": weight_decay},
+              {"params": [p for p in params if id(p) not in first], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 def node_loss_sum(logits: torch.Tensor, target: torch.Tensor, multilabel: bool = False) -> torch.Tensor:

@@ -109,7 +109,7 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
         attn_dropout=m.attn_dropout,
         dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
         reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq,
-        backend=m.backend)
+        backend=m.backend, activation=m.activation)
     return model.to(torch_dtype(rspec))
 
 
@@ -154,12 +154,13 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
     import inspect
 
     from betty.engine import Trainer
-    from betty.train import build_optimizer
+    from betty.train import build_optimizer, parameter_groups
 
     library.preflight(rspec.spec)
     t = rspec.spec.train
     model = build_model(rspec, dataset, seed=t.seed + repeat).to(device)
-    optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    groups = parameter_groups(model, t.weight_decay, t.weight_decay_first_layer_only)
+    optimizer = build_optimizer(t.optimizer, groups, lr=t.lr, weight_decay=t.weight_decay)
     if is_reversible(rspec):
         from betty.rev.engine import RevTrainer
 

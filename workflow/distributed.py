@@ -4,7 +4,9 @@ The process that holds the MLflow run (the train stage) launches N ranks with
 :func:`betty.distributed.launch.launch`; each rank loads the dataset, builds the same
 trainer (same seeds) with a :class:`betty.distributed.DataParallel`, and trains. After
 every epoch the ranks all-gather their figures; rank 0 evaluates when due and returns
-the whole history, which the stage logs: the usual per-epoch contract (``loss``,
+the whole history and the selected weights (``evaluate.select``; an early stop is
+rank 0's decision, broadcast so that every rank leaves after the same epoch), which the
+stage logs: the usual per-epoch contract (``loss``,
 ``train_acc`` are the full-batch ones; peak memory is the maximum over ranks) plus, per
 rank r, ``peak_mem_measured_bytes.rank<r>``, ``peak_mem_estimated_bytes.rank<r>``,
 ``time_compute_s.rank<r>``, ``allreduce_wait_s.rank<r>``, ``host_rss_peak_bytes.rank<r>``
@@ -85,7 +87,8 @@ def _host_memory() -> dict[str, float | None]:
 def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
     """One rank's training (module-level: the launcher pickles it). ``shared``: the
     launcher's :class:`betty.distributed.shared.SharedDataset` (``None``: load the
-    dataset here). Returns, on rank 0, ``{"history", "rows", "state", "searches"}``;
+    dataset here). Returns, on rank 0, ``{"history", "rows", "state", "searches",
+    "selection"}`` (``state``: the selected weights; ``selection``: the tracker's metrics);
     ``None`` elsewhere."""
     import torch.distributed as dist
 
@@ -93,7 +96,8 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
     from betty.distributed.launch import rank_device
     from betty.memory.meter import MemoryMeter
     from workflow.components import configure_threads, is_reversible, load_data, make_trainer, resolve_device
-    from workflow.evaluation import evaluate_model
+    from workflow.evaluation import evaluate_model, metric_suffix
+    from workflow.stages.train import make_selector
 
     spec = rspec.spec
     if shared is None:
@@ -116,6 +120,8 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
     else:
         from workflow.artifacts import micro_rows as row_fn
     every = spec.evaluate.every
+    selector = make_selector(rspec)
+    score_key = f"valid_{metric_suffix(ds)}"
     history, rows = [], []
     for epoch in range(spec.train.epochs):
         before = len(dp.history)
@@ -125,7 +131,10 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
         my_rows = [{**row, "rank": rank} for row in row_fn(record, repeat)]
         gathered: list = [None] * world
         dist.all_gather_object(gathered, (mine, my_rows))
+        due = bool(every) and (epoch + 1) % every == 0
         if rank != 0:
+            if due and _stop_together(False):
+                break
             continue
         metrics = record.metrics()
         for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes"):
@@ -143,14 +152,30 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
             for key in PER_RANK_METRICS:
                 if fig[key] is not None:
                     metrics[f"{key}.rank{r}"] = float(fig[key])
-        if every and (epoch + 1) % every == 0:
+        if due:
             metrics.update(evaluate_model(model, ds, rspec, device, splits=("valid",), train_k=record.k))
+            if score_key in metrics:
+                selector.update(epoch, metrics[score_key], model)
         history.append({"epoch": epoch, **metrics})
         rows.extend(row for g in gathered for row in g[1])
+        if due and _stop_together(selector.should_stop()):
+            break
     if rank != 0:
         return None
+    selector.apply(model)
     return {"history": history, "rows": rows, "searches": searches,
+            "selection": selector.metrics(score_key),
             "state": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+
+
+def _stop_together(stop: bool) -> bool:
+    """Rank 0's early-stopping decision, on every rank (so all ranks leave the loop
+    after the same epoch)."""
+    import torch.distributed as dist
+
+    decision = [stop]
+    dist.broadcast_object_list(decision, src=0)
+    return bool(decision[0])
 
 
 def _estimate_error(rows: list[dict]) -> float | None:

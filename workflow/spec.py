@@ -50,6 +50,7 @@ __all__ = [
     "PartitionSection",
     "SweepSection",
     "TrainSection",
+    "EarlyStoppingSection",
     "EvaluateSection",
     "check_spec",
     "spec_notes",
@@ -242,7 +243,10 @@ class ModelSection(_Section):
     with a note, ``reversible: false``, ``checkpoint``, ``weight_tied`` refused).
     ``backend``: ``auto`` (DGL where it imports, else PyG), ``dgl`` or ``pyg``
     (:mod:`betty.backends`); a backend that does not import here is refused with the
-    command that installs it; every arch runs on both."""
+    command that installs it; every arch runs on both. ``activation`` (``sage``/``gat``/``gcn``):
+    the non-linearity between layers, ``relu``, ``elu``, ``leaky_relu`` or ``gelu``
+    (``null``: the arch's own, ReLU for ``sage``, ELU for ``gat`` as in the GAT paper);
+    the memory model follows each."""
 
     arch: Literal["sage", "gat", "gcn", "revgnn"] = "sage"
     hidden: int = Field(256, ge=1)
@@ -261,6 +265,7 @@ class ModelSection(_Section):
     weight_tied: bool = False
     deq: bool = False
     backend: str = Field("auto", validate_default=True)
+    activation: str | None = None
 
     @field_validator("backend")
     @classmethod
@@ -278,6 +283,13 @@ class ModelSection(_Section):
     @classmethod
     def _aggregator(cls, value: str) -> str:
         return _library_choice("aggregator", value, _aggregators())
+
+    @field_validator("activation")
+    @classmethod
+    def _activation(cls, value: str | None) -> str | None:
+        from betty.models import ACTIVATIONS
+
+        return None if value is None else _library_choice("activation", value, ACTIVATIONS)
 
 
 class SweepSection(_Section):
@@ -336,6 +348,13 @@ class PartitionSection(_Section):
         return _library_choice("partition method", value, _partition_methods())
 
 
+class EarlyStoppingSection(_Section):
+    """``patience``: stop training once this many validation evaluations in a row
+    (every ``evaluate.every`` epochs) brought no improvement (:class:`betty.selection.BestValidation`)."""
+
+    patience: int = Field(ge=1)
+
+
 class TrainSection(_Section):
     """Optimisation. ``seed`` seeds the weights and dropout; ``repeats: N`` trains N
     times with seeds ``seed, seed+1, ...`` (sampling seeds shift the same way) and
@@ -347,11 +366,16 @@ class TrainSection(_Section):
     (:mod:`betty.threads`); an int as given; ``null`` the libraries' own default (one
     per host core). ``world_size: N > 1`` spreads each
     step's micro-batches over N ranks (``torch.distributed``, one device each; the
-    update is the single-process one: docs/distributed.md)."""
+    update is the single-process one: docs/distributed.md). ``early_stopping:
+    {patience: N}`` stops once N validation evaluations in a row did not improve
+    (``null``: train every epoch; needs ``evaluate.every >= 1``).
+    ``weight_decay_first_layer_only``: decay only the first layer's parameters (Kipf
+    and Welling's GCN; ``betty.train.parameter_groups``)."""
 
     epochs: int = Field(10, ge=1)
     lr: float = Field(0.01, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    weight_decay_first_layer_only: bool = False
     optimizer: str = "adam"
     device: Device = "auto"
     dtype: Literal["float32", "float64"] = "float32"
@@ -360,6 +384,7 @@ class TrainSection(_Section):
     measure_memory: bool = True
     threads: Literal["auto"] | Annotated[int, Field(ge=1)] | None = "auto"
     world_size: int = Field(1, ge=1)
+    early_stopping: EarlyStoppingSection | None = None
 
     @field_validator("optimizer")
     @classmethod
@@ -374,9 +399,12 @@ class EvaluateSection(_Section):
     ``fanouts``, default the training fanouts) or ``multiview`` (``revgnn``: the
     average of the predictions over ``views`` random splits into ``parts`` parts;
     ``parts: null`` = the training K). ``chunk_size``: nodes per inference chunk
-    (``sage``/``gat``)."""
+    (``sage``/``gat``). ``select``: the weights the run keeps, logs as its model and
+    scores on test: ``last`` (the final epoch's) or ``best_valid`` (those of the epoch
+    with the best validation score, scored every ``every`` epochs, which must be >= 1)."""
 
     every: int = Field(1, ge=0)
+    select: Literal["last", "best_valid"] = "last"
     inference: Literal["full", "sampled", "multiview"] = "full"
     fanouts: list[Fanout] | None = None
     chunk_size: int = Field(16384, ge=1)
@@ -421,6 +449,7 @@ _ARCH_ONLY = {
     "checkpoint": ("revgnn",),
     "weight_tied": ("revgnn",),
     "deq": ("revgnn",),
+    "activation": ("sage", "gat", "gcn"),
 }
 
 
@@ -552,6 +581,26 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     return out
 
 
+def _selection_problems(spec: Spec) -> list[Problem]:
+    """Best-validation selection and early stopping need validation scores during training."""
+    out, every = [], spec.evaluate.every
+    if spec.evaluate.select == "best_valid" and every < 1:
+        out.append(Problem("evaluate.every", every, "must be >= 1 with evaluate.select best_valid "
+                           "(validation is scored every evaluate.every epochs to pick the best one)"))
+    if spec.train.early_stopping is not None and every < 1:
+        out.append(Problem("evaluate.every", every, "must be >= 1 with train.early_stopping "
+                           "(patience counts validation evaluations)"))
+    return out
+
+
+def _weight_decay_problems(spec: Spec) -> list[Problem]:
+    t = spec.train
+    if t.weight_decay_first_layer_only and t.weight_decay == 0:
+        return [Problem("train.weight_decay_first_layer_only", True, "needs train.weight_decay > 0 "
+                        "(the decay it restricts to the first layer)")]
+    return []
+
+
 def check_spec(spec: Spec) -> list[Problem]:
     """Rules spanning several keys (field-level rules live in the models)."""
     out = _dataset_problems(spec.dataset)
@@ -575,6 +624,8 @@ def check_spec(spec: Spec) -> list[Problem]:
                            f"is below train.world_size {world}: training on N ranks splits each batch "
                            f"into K >= N micro-batches so that every rank has one; allowed: an integer "
                            f">= {world}, or 'auto' (the K search then starts at K = {world})"))
+    out.extend(_selection_problems(spec))
+    out.extend(_weight_decay_problems(spec))
     if spec.evaluate.fanouts is not None and spec.evaluate.inference != "sampled":
         out.append(Problem("evaluate.fanouts", spec.evaluate.fanouts,
                            "applies to evaluate.inference 'sampled' only"))

@@ -999,23 +999,21 @@ class _Replayer:
                 drop = (s.n_src[l], width, h_grad, getattr(self, "_std_mask", None))
             if spec.arch == "sage":
                 out, conv_bwd = self.sage_layer(l, conv_in, conv_grad)
-                pre_act = None
             elif spec.arch == "gcn":
                 out, conv_bwd = self.gcn_layer(l, conv_in, conv_grad)
-                pre_act = None
             else:
-                out, conv_bwd, pre_act = self.gat_layer(l, conv_in, conv_grad, last)
+                out, conv_bwd, _ = self.gat_layer(l, conv_in, conv_grad, last)
             if conv_in is not inp:
                 tl.release(conv_in)  # forward_layer's variable moves on
-            act = None
+            act = pre_act = None
             if not last:
                 wo = spec.widths[l + 1]
-                if spec.arch in ("sage", "gcn"):  # relu saves its result
-                    act = tl.alloc(s.n_dst[l] * wo * e, ACT, f"layer {l} relu")
+                act = tl.alloc(s.n_dst[l] * wo * e, ACT, f"layer {l} {spec.activation_name}")
+                if spec.activation_saves_result:  # relu saves its result; its input is freed
                     tl.hold(act)
                     tl.release(out)
-                else:  # elu saves its input: `out` keeps its one holder until elu's backward
-                    act = tl.alloc(s.n_dst[l] * wo * e, ACT, f"layer {l} elu")
+                else:  # elu/leaky_relu/gelu save their input: `out` keeps its one holder
+                    pre_act = out
                 new_h = act
             else:
                 new_h = out
@@ -1052,10 +1050,10 @@ class _Replayer:
                 wo = spec.widths[l + 1]
                 ga = tl.alloc(s.n_dst[l] * wo * e, BWD, f"layer {l} activation grad")
                 tl.release(g)
-                if spec.arch in ("sage", "gcn"):
+                if spec.activation_saves_result:
                     tl.release(act)  # relu's saved result
                 else:
-                    tl.release(pre_act)  # elu's saved input
+                    tl.release(pre_act)  # the saved input
                 g = ga
             g = conv_bwd(g)
             if drop is not None and g is not None:

@@ -17,6 +17,9 @@ __all__ = ["ModelSpec", "OptimizerSpec", "parameter_shapes", "as_model_spec", "a
 
 ARCHS = ("sage", "gat", "gcn")
 AGGREGATORS = ("mean", "gcn", "pool", "lstm")
+ACTIVATIONS = ("relu", "elu", "leaky_relu", "gelu")  # betty.models.base.ACTIVATIONS
+DEFAULT_ACTIVATION = {"sage": "relu", "gat": "elu", "gcn": "relu"}  # betty.models.DEFAULT_ACTIVATION
+SAVES_RESULT = ("relu",)  # betty.models.base.SAVES_RESULT: the others save their input
 OPTIMIZER_NAMES = ("adam", "sgd")
 GNN_BACKENDS = ("dgl", "pyg")  # betty.backends.BACKENDS (not imported: no framework import here)
 
@@ -39,6 +42,9 @@ class ModelSpec:
         param_dtype: dtype of the parameters (their gradients and optimizer state).
         backend: the GNN backend the model runs on (``"dgl"`` or ``"pyg"``,
             :mod:`betty.backends`): the replay follows that backend's op sequences.
+        activation: the non-linearity between layers (``None``: the arch's default,
+            ReLU for SAGE, ELU for GAT); the replay keeps its saved output
+            (``relu``) or input (``elu``, ``leaky_relu``, ``gelu``).
     """
 
     arch: str
@@ -51,8 +57,11 @@ class ModelSpec:
     param_dtype: torch.dtype = torch.float32
     backend: str = "dgl"
     output_heads: int | None = None
+    activation: str | None = None
 
     def __post_init__(self) -> None:
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.backend not in GNN_BACKENDS:
             raise ValueError(f"backend must be one of {GNN_BACKENDS}, got {self.backend!r}")
         if self.arch not in ARCHS:
@@ -82,13 +91,23 @@ class ModelSpec:
         """GAT attention heads of layer ``l``."""
         return self.last_heads if l == self.num_layers - 1 else self.heads
 
+    @property
+    def activation_name(self) -> str:
+        """The activation between layers (the arch's default when ``activation`` is ``None``)."""
+        return self.activation or DEFAULT_ACTIVATION[self.arch]
+
+    @property
+    def activation_saves_result(self) -> bool:
+        """Whether the activation's backward keeps its output (else its input)."""
+        return self.activation_name in SAVES_RESULT
+
     @classmethod
     def from_config(cls, arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
                     layers: int = 2, aggregator: str = "mean", heads: int = 4,
                     output_heads: int | None = None, dropout: float = 0.0, attn_dropout: float = 0.0,
                     dropout_mode: str = "deterministic",
                     param_dtype: torch.dtype = torch.float32,
-                    backend: str = "dgl") -> "ModelSpec":
+                    backend: str = "dgl", activation: str | None = None) -> "ModelSpec":
         """Same arguments as :func:`betty.models.build_model` (``backend`` resolved:
         ``"dgl"`` or ``"pyg"``)."""
         if arch == "gat":
@@ -97,7 +116,7 @@ class ModelSpec:
             widths = (in_feats,) + (hidden,) * (layers - 1) + (out_feats,)
         return cls(arch, tuple(int(w) for w in widths), aggregator, heads, dropout,
                    attn_dropout, dropout_mode, param_dtype, backend,
-                   output_heads if arch == "gat" else None)
+                   output_heads=output_heads if arch == "gat" else None, activation=activation)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module) -> "ModelSpec":
@@ -107,15 +126,17 @@ class ModelSpec:
 
         dtype = next(model.parameters()).dtype
         backend = getattr(model, "backend_name", "dgl")
+        activation = getattr(model, "activation_name", None)
         if isinstance(model, GraphSAGE):
             return cls("sage", tuple(model.widths), model.aggregator, 1, model.dropout, 0.0,
-                       model.dropout_mode, dtype, backend)
+                       model.dropout_mode, dtype, backend, activation=activation)
         if isinstance(model, GAT):
             return cls("gat", tuple(model.widths), "mean", model.heads, model.dropout,
-                       model.attn_dropout, model.dropout_mode, dtype, backend, model.output_heads)
+                       model.attn_dropout, model.dropout_mode, dtype, backend,
+                       output_heads=model.output_heads, activation=activation)
         if isinstance(model, GCN):
             return cls("gcn", tuple(model.widths), "mean", 1, model.dropout, 0.0,
-                       model.dropout_mode, dtype, backend)
+                       model.dropout_mode, dtype, backend, activation=activation)
         raise TypeError(f"model must be a betty GraphSAGE, GAT or GCN, got {type(model).__name__}")
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from torch import nn
 
-from betty.models.base import DROPOUT_MODES, BlockGNN
+from betty.models.base import ACTIVATIONS, DROPOUT_MODES, BlockGNN
 from betty.models.gat import GAT
 from betty.models.gcn import GCN
 from betty.models.sage import SAGE_AGGREGATORS, GraphSAGE
 
-__all__ = ["BlockGNN", "GraphSAGE", "GAT", "GCN", "build_model", "ARCHS", "SAGE_AGGREGATORS", "DROPOUT_MODES"]
+__all__ = ["BlockGNN", "GraphSAGE", "GAT", "GCN", "build_model", "ARCHS", "SAGE_AGGREGATORS", "DROPOUT_MODES",
+           "ACTIVATIONS", "DEFAULT_ACTIVATION"]
+
+DEFAULT_ACTIVATION = {"sage": "relu", "gat": "elu", "gcn": "relu"}
+"""The non-linearity between layers when none is given (GAT's paper uses ELU)."""
 
 ARCHS = ("sage", "gat", "gcn", "revgnn")
 
@@ -19,7 +23,8 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
                 output_heads: int | None = None, dropout: float = 0.0, attn_dropout: float = 0.0,
                 dropout_mode: str = "deterministic", groups: int = 2, conv: str = "gcn",
                 norm: str = "layer", reversible: bool = True, checkpoint: bool = False,
-                weight_tied: bool = False, deq: bool = False, backend: str = "auto") -> nn.Module:
+                weight_tied: bool = False, deq: bool = False, backend: str = "auto",
+                activation: str | None = None) -> nn.Module:
     """Build a model by name.
 
     ``"sage"`` / ``"gat"`` / ``"gcn"``: a :class:`BlockGNN` on sampled blocks
@@ -33,15 +38,23 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
     point; ``layers``, ``groups``, ``reversible``, ``checkpoint``, ``weight_tied`` do not
     apply). ``backend`` (``auto``/``dgl``/``pyg``, :mod:`betty.backends`) applies to
     every arch. RevGNN's dropout masks come from its trainer (:mod:`betty.rev.engine`), so
-    ``dropout_mode`` is the trainer's argument there.
+    ``dropout_mode`` is the trainer's argument there. ``activation`` (``sage``/``gat``/``gcn``;
+    one of :data:`ACTIVATIONS`, ``None``: :data:`DEFAULT_ACTIVATION`): the non-linearity
+    between layers; RevGNN keeps its ReLU and refuses another.
     """
+    if arch in DEFAULT_ACTIVATION:
+        activation = activation or DEFAULT_ACTIVATION[arch]
+    elif activation not in (None, "relu"):
+        raise ValueError(f"activation applies to arch sage, gat or gcn only (arch {arch!r} uses relu), "
+                         f"got {activation!r}")
     if arch == "sage":
-        return GraphSAGE(in_feats, hidden, out_feats, layers, aggregator, dropout, dropout_mode, backend)
+        return GraphSAGE(in_feats, hidden, out_feats, layers, aggregator, dropout, dropout_mode, backend,
+                         activation)
     if arch == "gat":
         return GAT(in_feats, hidden, out_feats, layers, heads, dropout, attn_dropout, dropout_mode,
-                   backend, output_heads=output_heads)
+                   backend, activation, output_heads=output_heads)
     if arch == "gcn":
-        return GCN(in_feats, hidden, out_feats, layers, dropout, dropout_mode, backend)
+        return GCN(in_feats, hidden, out_feats, layers, dropout, dropout_mode, backend, activation)
     if arch == "revgnn":
         if deq:
             from betty.rev.deq import RevGNNDEQ

@@ -10,6 +10,12 @@ the mask of row ``r`` of layer ``l`` is a hash of (step key, l, global ID of tha
 node), see :mod:`betty.models.dropout`, so a node gets the same mask in every
 micro-batch and K-way training equals full-batch training exactly, dropout included.
 ``"standard"`` uses ``torch.nn.functional.dropout`` (a fresh mask per call).
+
+The non-linearity after every layer but the last is one of :data:`ACTIVATIONS`
+(``relu``, ``elu``, ``leaky_relu`` with slope 0.01, ``gelu`` exact), chosen per model
+(default: the arch's own, ReLU for GraphSAGE, ELU for GAT). The memory replay
+(:mod:`betty.memory.replay`) follows what each saves for its backward:
+:data:`SAVES_RESULT` keep their output, the others their input.
 """
 
 from __future__ import annotations
@@ -22,21 +28,35 @@ from torch.nn import functional as F
 
 from betty.models.dropout import hash_dropout
 
-__all__ = ["BlockGNN", "DROPOUT_MODES"]
+__all__ = ["BlockGNN", "DROPOUT_MODES", "ACTIVATIONS", "SAVES_RESULT", "activation_fn"]
 
 DROPOUT_MODES = ("deterministic", "standard")
+
+_ACTIVATION_FNS = {"relu": F.relu, "elu": F.elu, "leaky_relu": F.leaky_relu, "gelu": F.gelu}
+ACTIVATIONS = tuple(_ACTIVATION_FNS)
+"""Non-linearities a block model may use between layers."""
+
+SAVES_RESULT = ("relu",)
+"""Activations whose autograd node saves their output (the others save their input)."""
+
+
+def activation_fn(name: str):
+    """The function of activation ``name`` (one of :data:`ACTIVATIONS`)."""
+    if name not in _ACTIVATION_FNS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}")
+    return _ACTIVATION_FNS[name]
 
 
 class BlockGNN(nn.Module):
     """Base class: dropout handling and the layer loop.
 
     Subclasses create ``self.layers`` (one module per block) and implement
-    :meth:`conv` (one layer's graph convolution, without input dropout) and may override
-    :meth:`activation`.
+    :meth:`conv` (one layer's graph convolution, without input dropout); ``activation``
+    names the non-linearity (one of :data:`ACTIVATIONS`, stored as ``activation_name``).
     """
 
     def __init__(self, num_layers: int, dropout: float, dropout_mode: str,
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", activation: str = "relu") -> None:
         super().__init__()
         from betty.backends import resolve_backend
 
@@ -47,6 +67,8 @@ class BlockGNN(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if dropout_mode not in DROPOUT_MODES:
             raise ValueError(f"dropout_mode must be one of {DROPOUT_MODES}, got {dropout_mode!r}")
+        self._activation = activation_fn(activation)
+        self.activation_name = activation
         self.num_layers = num_layers
         self.dropout = float(dropout)
         self.dropout_mode = dropout_mode
@@ -86,8 +108,8 @@ class BlockGNN(nn.Module):
         raise NotImplementedError
 
     def activation(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        """Non-linearity after every layer but the last."""
-        return F.relu(h)
+        """Non-linearity after every layer but the last (``activation_name``)."""
+        return self._activation(h)
 
     # -- shared ---------------------------------------------------------------------
     def drop(self, h: torch.Tensor, layer: int, ids: torch.Tensor | None,

@@ -9,8 +9,9 @@ For destination v with sampled in-neighbours N(v), head k:
     α_uv     = softmax_{u in N(v)} e_uv                   (edge softmax)
     h_v'[k]  = Σ_u dropout(α_uv) z_u + b_k                (n_dst, H, F)
 
-Hidden layers concatenate the H heads (width H·F) and apply ELU; the last layer averages
-its own ``output_heads`` heads (default H; the GAT paper uses one on Cora). A destination without in-edges gets the bias only. DGL's ``GATConv`` draws its
+Hidden layers concatenate the H heads (width H·F) and apply ELU (the paper's choice;
+``activation`` picks another); the last layer averages its own ``output_heads`` heads
+(default H; the GAT paper uses one on Cora). A destination without in-edges gets the bias only. DGL's ``GATConv`` draws its
 attention-dropout mask per call, which breaks K-way exactness; here the mask of edge
 (u, v) is a hash of its global edge ID (:mod:`betty.models.dropout`).
 """
@@ -108,13 +109,14 @@ class GAT(BlockGNN):
         attn_dropout: drop probability on attention weights.
         dropout_mode: ``"deterministic"`` or ``"standard"``.
         backend: ``"auto"``, ``"dgl"`` or ``"pyg"`` (:mod:`betty.backends`).
+        activation: between layers, one of :data:`betty.models.base.ACTIVATIONS`.
     """
 
     def __init__(self, in_feats: int, hidden: int, out_feats: int, num_layers: int = 2,
                  heads: int = 4, dropout: float = 0.0, attn_dropout: float = 0.0,
-                 dropout_mode: str = "deterministic", backend: str = "auto", *,
-                 output_heads: int | None = None) -> None:
-        super().__init__(num_layers, dropout, dropout_mode, backend)
+                 dropout_mode: str = "deterministic", backend: str = "auto",
+                 activation: str = "elu", *, output_heads: int | None = None) -> None:
+        super().__init__(num_layers, dropout, dropout_mode, backend, activation)
         if heads < 1:
             raise ValueError(f"heads must be >= 1, got {heads}")
         output_heads = heads if output_heads is None else int(output_heads)
@@ -148,6 +150,3 @@ class GAT(BlockGNN):
         if layer == self.num_layers - 1:
             return out.mean(1)
         return out.flatten(1)
-
-    def activation(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        return F.elu(h)

@@ -98,12 +98,13 @@ class GCN(BlockGNN):
         dropout_mode: ``"deterministic"`` or ``"standard"``.
         backend: ``"auto"``, ``"dgl"`` or ``"pyg"`` (:mod:`betty.backends`); the
             parameters have the same names and shapes in both.
+        activation: the non-linearity between layers (:data:`betty.models.base.ACTIVATIONS`).
     """
 
     def __init__(self, in_feats: int, hidden: int, out_feats: int, num_layers: int = 2,
                  dropout: float = 0.0, dropout_mode: str = "deterministic",
-                 backend: str = "auto") -> None:
-        super().__init__(num_layers, dropout, dropout_mode, backend)
+                 backend: str = "auto", activation: str = "relu") -> None:
+        super().__init__(num_layers, dropout, dropout_mode, backend, activation)
         self.widths = [in_feats] + [hidden] * (num_layers - 1) + [out_feats]
         self.layers = nn.ModuleList(
             GCNLayer(self.widths[l], self.widths[l + 1], backend=self.backend_name)

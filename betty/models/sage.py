@@ -40,12 +40,14 @@ class GraphSAGE(BlockGNN):
         dropout_mode: ``"deterministic"`` or ``"standard"``.
         backend: ``"auto"``, ``"dgl"`` or ``"pyg"`` (:mod:`betty.backends`); the
             parameters have the same names and shapes in both.
+        activation: between layers, one of :data:`betty.models.base.ACTIVATIONS`.
     """
 
     def __init__(self, in_feats: int, hidden: int, out_feats: int, num_layers: int = 2,
                  aggregator: str = "mean", dropout: float = 0.0,
-                 dropout_mode: str = "deterministic", backend: str = "auto") -> None:
-        super().__init__(num_layers, dropout, dropout_mode, backend)
+                 dropout_mode: str = "deterministic", backend: str = "auto",
+                 activation: str = "relu") -> None:
+        super().__init__(num_layers, dropout, dropout_mode, backend, activation)
         if aggregator not in SAGE_AGGREGATORS:
             raise ValueError(f"aggregator must be one of {SAGE_AGGREGATORS}, got {aggregator!r}")
         self.aggregator = aggregator

@@ -9,6 +9,13 @@ over the K micro-batches. Logged per epoch (``step = epoch``): every metric of
 ``peak_mem_estimated_bytes``, ``mem_estimate_error``) and, every ``evaluate.every``
 epochs, ``valid_acc`` (``valid_rocauc`` for multi-label data).
 
+Model selection (:class:`betty.selection.BestValidation`): every scored epoch updates the
+tracker; with ``evaluate.select: best_valid`` the weights of the epoch with the best
+validation score are the ones logged (``model.pt``, ``model``) and so the ones the
+``evaluate`` stage scores; ``train.early_stopping: {patience: N}`` ends training after N
+evaluations in a row without improvement. Logged once per run: ``best_valid_acc``
+(``best_valid_rocauc``), ``best_epoch`` and, after an early stop, ``stopped_epoch``.
+
 Artifacts: ``model.pt`` (the ``state_dict``, CPU tensors; what ``evaluate`` reads), the
 MLflow model ``model`` (pytorch flavor with the ``betty`` code and ``spec.yaml``,
 :func:`workflow.tracking.log_pytorch_model`; ``mlflow.pytorch.load_model("runs:/<id>/model")``), ``memory_per_microbatch.csv``
@@ -39,10 +46,12 @@ import statistics
 import mlflow
 import torch
 
+from betty.selection import BestValidation
+
 from workflow.artifacts import MEMORY_COLUMNS, ksearch_records, micro_rows, write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import is_reversible, make_trainer
-from workflow.evaluation import evaluate_model
+from workflow.evaluation import evaluate_model, metric_suffix
 from workflow.plots import curves_figure, memory_figure
 from workflow.runs import active_run_id, log_metrics, tracked_run
 from workflow.stages.base import StageContext
@@ -69,6 +78,8 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
 
     reversible = is_reversible(ctx.rspec)
     every = spec.evaluate.every
+    selector = make_selector(ctx.rspec)
+    score_key = f"valid_{metric_suffix(ds)}"
     label = "epochs" if spec.train.repeats == 1 else f"epochs (repeat {repeat})"
     advance = ctx.reporter.steps(label, spec.train.epochs)
     history, rows = [], []
@@ -78,6 +89,8 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
         if every and (epoch + 1) % every == 0:
             metrics.update(evaluate_model(model, ds, ctx.rspec, device, splits=("valid",),
                                           train_k=record.k))
+            if score_key in metrics:
+                selector.update(epoch, metrics[score_key], model)
         log_metrics(metrics, step=epoch)
         history.append({"epoch": epoch, **metrics})
         if reversible:
@@ -87,8 +100,18 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
         else:
             rows.extend(micro_rows(record, repeat))
         advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc", "valid_rocauc") if k in metrics})
+        if selector.should_stop():
+            break
 
-    return _log_outputs(ctx, repeat, model, history, rows, searches)
+    selector.apply(model)
+    return _log_outputs(ctx, repeat, model, history, rows, searches, selector.metrics(score_key))
+
+
+def make_selector(rspec) -> BestValidation:
+    """The run's :class:`betty.selection.BestValidation` (``evaluate.select``,
+    ``train.early_stopping.patience``)."""
+    stopping = rspec.spec.train.early_stopping
+    return BestValidation(rspec.spec.evaluate.select, None if stopping is None else stopping.patience)
 
 
 def _train_once_distributed(ctx: StageContext, repeat: int) -> dict[str, float]:
@@ -105,12 +128,14 @@ def _train_once_distributed(ctx: StageContext, repeat: int) -> dict[str, float]:
 
     model = build_model(ctx.rspec, ctx.dataset(), seed=ctx.rspec.spec.train.seed + repeat)
     model.load_state_dict(out["state"])  # rank 0's trained parameters (identical on every rank)
-    return _log_outputs(ctx, repeat, model, out["history"], out["rows"], out["searches"])
+    return _log_outputs(ctx, repeat, model, out["history"], out["rows"], out["searches"], out["selection"])
 
 
 def _log_outputs(ctx: StageContext, repeat: int, model, history: list[dict], rows: list[dict],
-                 searches: list) -> dict[str, float]:
-    """Log ``model.pt``, the memory table, K searches and figures; return the final metrics."""
+                 searches: list, selection: dict[str, float] | None = None) -> dict[str, float]:
+    """Log ``model.pt`` (the selected weights), the memory table, K searches and
+    figures; return the final metrics (the last epoch's, plus ``selection``: the
+    tracker's ``best_valid_acc``, ``best_epoch``, ``stopped_epoch``)."""
     reversible = is_reversible(ctx.rspec)
     folder = ctx.workdir / f"repeat-{repeat}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -131,6 +156,9 @@ def _log_outputs(ctx: StageContext, repeat: int, model, history: list[dict], row
     _log_figures(ctx, history, rows, table, unit)
 
     final = {k: v for k, v in history[-1].items() if k != "epoch"}
+    if selection:
+        log_metrics(selection)
+        final.update(selection)
     for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes"):
         values = [h[key] for h in history if h.get(key) is not None]
         if values:
