@@ -17,11 +17,15 @@
   pytorch flavor (pickled, as ``mlflow.pytorch.load_model`` expects), the ``betty``
   package as ``code_paths`` (the model classes), the resolved ``spec.yaml`` as an extra
   file, and the pip requirements of this environment (given, not inferred: inference
-  loads the model in a subprocess and takes many seconds).
+  loads the model in a subprocess and takes many seconds), at the last epoch's step so
+  that the last epoch's metrics, logged after it, are the logged model's. MLflow's warning about pickle is
+  dropped (see :func:`_quiet_pickle_warning`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -146,9 +150,13 @@ def _pip_requirements() -> list[str]:
     return out
 
 
-def log_pytorch_model(model, rspec: ResolvedSpec) -> str:
+def log_pytorch_model(model, rspec: ResolvedSpec, step: int = 0) -> str:
     """Log ``model`` (on the CPU, in eval mode) with the pytorch flavor as ``model`` of
     the active run, with the ``betty`` package and ``spec.yaml``; returns the model URI.
+
+    ``step``: the epoch the model is from (the last one). Metrics logged at that step
+    afterwards are linked to the logged model (and those already logged at that step are
+    copied onto it, without their dataset).
 
     ``mlflow.pytorch.load_model(f"runs:/{run_id}/model")`` returns a module whose
     outputs equal the trained one's (checked in ``tests/test_workflow_tracking.py``).
@@ -159,11 +167,37 @@ def log_pytorch_model(model, rspec: ResolvedSpec) -> str:
 
     was_training = model.training
     cpu = copy.deepcopy(model).cpu().eval()
-    with tempfile.TemporaryDirectory(prefix="betty-model-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="betty-model-") as tmp, _quiet_pickle_warning():
         spec_file = Path(tmp) / "spec.yaml"
         spec_file.write_text(rspec.yaml())
         info = mlflow.pytorch.log_model(cpu, name=MODEL_NAME, code_paths=[str(_PACKAGE_DIR)],
                                         extra_files=[str(spec_file)], pip_requirements=_pip_requirements(),
-                                        serialization_format="pickle")
+                                        serialization_format="pickle", step=step)
     model.train(was_training)
     return info.model_uri
+
+
+PICKLE_WARNING = "Saving pytorch model by Pickle or CloudPickle format"
+
+
+class _DropPickleWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(PICKLE_WARNING)
+
+
+@contextlib.contextmanager
+def _quiet_pickle_warning():
+    """Drop MLflow's "Saving pytorch model by Pickle..." warning (logger ``mlflow.pytorch``)
+    while the model is logged, and nothing else.
+
+    The warning recommends ``serialization_format='pt2'`` (``torch.export``), which needs
+    a model taking only tensors; betty's models take sampled blocks / graphs, which
+    ``torch.export`` cannot trace, so pickle is the only format that loads back with
+    ``mlflow.pytorch.load_model`` and the user has nothing to change."""
+    logger = logging.getLogger("mlflow.pytorch")
+    drop = _DropPickleWarning()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
