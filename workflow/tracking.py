@@ -5,9 +5,11 @@
   as is) > the spec's ``experiment`` key > the spec's ``name``. Under ``mlflow run`` the
   launcher has already fixed the experiment (``mlflow run --experiment-name``; the
   Makefile passes the spec name) and nothing is changed.
-* **Kind.** MLflow 3's UI picks an experiment's pages from its tag
-  ``mlflow.experimentKind``; :func:`mark_model_training` sets it to
-  ``custom_model_development`` (model training) unless the experiment already has one.
+* **Kind.** :func:`mark_model_training` sets the experiment tag
+  ``mlflow.experimentKind`` to ``custom_model_development`` (MLflow's value for model
+  training) unless the experiment already has one. MLflow 3.17's UI takes its layout
+  from the ``workflowType`` URL parameter (``?workflowType=machine_learning``) or the
+  browser's stored choice instead, so the docs give that address.
 * **Dataset.** :func:`dataset_input` describes the spec's dataset as an MLflow
   ``MetaDataset``: name = the dataset name, digest = :func:`betty.data.dataset_digest`
   (16 hex digits over name, resolved options and the source files' fingerprint, the
@@ -40,7 +42,7 @@ __all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "experiment_na
            "log_pytorch_model"]
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-MODEL_TRAINING = "custom_model_development"  # the UI's value for classic model training (3.17)
+MODEL_TRAINING = "custom_model_development"  # MLflow 3.17's kind for classic model training
 MODEL_NAME = "model"  # the logged model's name in the train run (runs:/<id>/model)
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent / "betty"
 
