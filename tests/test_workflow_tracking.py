@@ -4,6 +4,7 @@ run input, the trained model as a loadable MLflow model (``workflow.tracking``).
 from __future__ import annotations
 
 import json
+import re
 
 import mlflow
 import mlflow.pytorch
@@ -98,7 +99,11 @@ def test_logged_model_carries_the_final_metrics_and_the_dataset(tracking, caplog
     client = MlflowClient(uri)
     res = invoke("run", "tiny", "--json", "-s", "train.epochs=3", *FAST)
     assert res.exit_code == 0, res.output
-    train_id = json.loads(res.stdout)["stages"]["train"]["run_id"]
+    out = json.loads(res.stdout)
+    train_id = out["stages"]["train"]["run_id"]
+    names = set(client.get_run(out["run_id"]).data.metrics)
+    stems = [re.sub(r"s(?=_|$)", "", n) for n in names]  # time_blocks_s and time_block_s: one figure
+    assert len(set(stems)) == len(stems), sorted(names)
     (model,) = client.search_logged_models([client.get_run(train_id).info.experiment_id])
     logged = client.get_logged_model(model.model_id)
     by_key = {m.key: m for m in logged.metrics}
