@@ -4,7 +4,9 @@
   write: ``--experiment`` > ``$MLFLOW_EXPERIMENT_NAME`` > ``$MLFLOW_EXPERIMENT_ID`` (kept
   as is) > the spec's ``experiment`` key > the spec's ``name``. Under ``mlflow run`` the
   launcher has already fixed the experiment (``mlflow run --experiment-name``; the
-  Makefile passes the spec name) and nothing is changed.
+  Makefile passes the spec name) and nothing is changed, except that the entry points
+  do not write into "Default" (where ``mlflow run`` puts its run when no experiment is
+  given): :func:`leave_default_experiment`.
 * **Kind.** :func:`mark_model_training` sets the experiment tag
   ``mlflow.experimentKind`` to ``custom_model_development`` (MLflow's value for model
   training) unless the experiment already has one. MLflow 3.17's UI takes its layout
@@ -37,7 +39,8 @@ from mlflow.tracking import MlflowClient
 
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "experiment_name",
+__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "experiment_name", "spec_experiment_name",
+           "leave_default_experiment",
            "use_spec_experiment", "mark_model_training", "dataset_input", "log_dataset_input",
            "log_pytorch_model"]
 
@@ -56,7 +59,47 @@ def experiment_name(rspec: ResolvedSpec, cli_name: str | None = None) -> str | N
         return os.environ["MLFLOW_EXPERIMENT_NAME"]
     if os.environ.get("MLFLOW_EXPERIMENT_ID") or os.environ.get("MLFLOW_RUN_ID"):
         return None
+    return spec_experiment_name(rspec)
+
+
+def spec_experiment_name(rspec: ResolvedSpec) -> str:
+    """The experiment a spec writes to when nothing else names one: its ``experiment``
+    key, else its name."""
     return rspec.spec.experiment or rspec.name
+
+
+DEFAULT_EXPERIMENT_ID = "0"  # MLflow's "Default"
+MOVED_TAG = "betty.pipeline_experiment"
+
+
+def leave_default_experiment(rspec: ResolvedSpec) -> str | None:
+    """Under ``mlflow run`` without ``--experiment-name``/``--experiment-id``, MLflow has
+    created this process's run (``MLFLOW_RUN_ID``) in "Default". Make the spec's
+    experiment (:func:`spec_experiment_name`) this process's experiment instead, with no
+    run to resume, so that the entry point's runs (the pipeline's parent and stage
+    runs, or the one stage's) are created there.
+
+    MLflow can neither move a run to another experiment nor let it be deleted while
+    ``mlflow run`` still has to end it, so the launcher's run stays in "Default", empty,
+    tagged ``betty.pipeline_experiment`` and with a note naming the experiment; ``mlflow
+    run`` ends it when this process exits. (Stages launched by ``main`` get the spec's
+    experiment explicitly, so this changes nothing there.) Returns the launcher's run ID, or ``None``
+    when nothing was changed (not under ``mlflow run``, or an experiment was chosen)."""
+    launcher_run = os.environ.get("MLFLOW_RUN_ID")
+    if (not launcher_run or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+            or os.environ.get("MLFLOW_EXPERIMENT_ID", DEFAULT_EXPERIMENT_ID) != DEFAULT_EXPERIMENT_ID):
+        return None
+    for var in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
+        os.environ.pop(var, None)
+    name = spec_experiment_name(rspec)
+    exp_id = use_spec_experiment(rspec)
+    os.environ["MLFLOW_EXPERIMENT_ID"] = exp_id
+    client = MlflowClient()
+    client.set_tag(launcher_run, MOVED_TAG, f"{name} (ID {exp_id})")
+    client.set_tag(launcher_run, "mlflow.note.content",
+                   f"betty logged this pipeline in experiment '{name}' (ID {exp_id}); "
+                   "this run, created by `mlflow run` in Default, holds nothing.")
+    return launcher_run
 
 
 def use_spec_experiment(rspec: ResolvedSpec, cli_name: str | None = None) -> str | None:
