@@ -184,3 +184,41 @@ def test_cleanup_ends_runs_mlflow_left_running(tracking):
     assert "env-manager local" in client.get_run(stuck).data.tags["error"]
     assert client.get_run(ours).info.status == "RUNNING"
     client.set_terminated(ours, "FAILED")
+
+
+HEAVY = ("torch", "dgl", "torch_geometric")
+PROBE = """
+import runpy, sys, time
+start = time.perf_counter()
+sys.argv = ["betty", *sys.argv[1:]]
+try:
+    runpy.run_module("workflow.cli", run_name="__main__")
+except SystemExit:
+    pass
+heavy = [m for m in {heavy!r} if m in sys.modules]
+print("HEAVY=" + ",".join(heavy), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["specs"], ["compare", "--json"], ["cleanup", "--json"]])
+def test_commands_without_tensors_import_no_framework(args, tmp_path):
+    """In a fresh process, commands that need no tensors import neither torch nor a GNN
+    framework, and take a bounded multiple of a bare interpreter's start."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MLFLOW_DISABLE_TELEMETRY": "true",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True, env=env, timeout=300)
+    bare = time.perf_counter() - start
+    start = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY), *args], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    took = time.perf_counter() - start
+    line = [x for x in res.stderr.splitlines() if x.startswith("HEAVY=")]
+    assert line == ["HEAVY="], res.stderr[-2000:]
+    if args[0] in ("--help", "--version", "specs"):  # no MLflow either: a few interpreter starts
+        assert took < 20 * bare + 10, (took, bare)
