@@ -44,6 +44,29 @@ except ImportError:  # pragma: no cover
 
 
 
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What code run with the checkout as working directory would leave there: data folders
+# (betty's processed-data cache under data/betty-cache), MLflow's default store.
+WRITTEN_BY_RUNS = ("data", "mlflow.db", "mlruns")
+_PRESENT_AT_START = {name for name in WRITTEN_BY_RUNS if os.path.exists(os.path.join(PROJECT, name))}
+
+
+@pytest.fixture(autouse=True)
+def _outside_the_checkout(tmp_path_factory, monkeypatch):
+    """Every test runs in a fresh temporary working directory, so relative paths (the
+    default data root ``data``, MLflow's ``sqlite:///mlflow.db``) never land in the checkout."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session if a test wrote a data folder or MLflow store into the checkout."""
+    new = [name for name in WRITTEN_BY_RUNS
+           if name not in _PRESENT_AT_START and os.path.exists(os.path.join(PROJECT, name))]
+    if new:
+        sys.stderr.write(f"\ntests wrote into the checkout {PROJECT}: {', '.join(new)}\n")
+        session.exitstatus = 1
+
+
 @pytest.fixture
 def tracking(tmp_path, monkeypatch, request):
     """A fresh MLflow store with an active experiment, ``tmp_path`` as the working

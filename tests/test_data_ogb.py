@@ -278,3 +278,21 @@ def test_split_dict_pt_with_numpy_arrays(tmp_path):
     ds = load_dataset("ogbn-papers100M", root=tmp_path, cache=False)
     assert torch.equal(ds.train_idx, torch.as_tensor(SPLIT["test"]))
     assert torch.equal(ds.test_idx, torch.as_tensor(SPLIT["train"]))
+
+
+def test_loading_warns_about_nothing(tmp_path):
+    """No warning a user cannot act on (e.g. torch's about the read-only arrays pandas
+    returns). In a fresh process: torch gives that warning only once per process."""
+    import os
+    import subprocess
+    import sys
+
+    name = "ogbn-products"
+    _write(tmp_path, name)
+    code = ("import warnings; warnings.simplefilter('error'); "
+            "from betty.data.ogb_loader import load_ogb; "
+            f"load_ogb({name!r}, {str(tmp_path)!r})")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Warning" not in res.stderr, res.stderr[-2000:]

@@ -82,3 +82,26 @@ def test_table_has_the_new_columns(store):
     assert res.exit_code == 0
     for header in ("run id", "start (UTC)", "status", "duration s", "mean ± std (n=2)"):
         assert header in res.stdout
+
+
+def test_table_fits_the_terminal_and_wide_shows_every_column(store, monkeypatch):
+    from workflow.report import HEADERS
+
+    monkeypatch.setenv("COLUMNS", "100")
+    res = invoke()
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert "…" not in res.stdout  # no cell squeezed to an ellipsis
+    header_line = next(line for line in lines if "┃" in line and " K " in line)
+    for header in ("run", "spec", "K", "mem measured", "epoch s", "valid", "test"):
+        assert f" {header} " in header_line, header
+    for run in ("a-0", "b-1", "a-2", "mean ± std (n=2)", "0.85 ± 0.05"):
+        assert run in res.stdout
+    note = res.stdout[res.stdout.index("(not shown"):]
+    assert "--wide shows them" in note and "run id" in note
+    wide = invoke("--wide")
+    assert wide.exit_code == 0 and "…" not in wide.stdout
+    wide_header = next(line for line in wide.stdout.splitlines() if "┃" in line and " K " in line)
+    assert all(f" {h} " in wide_header for h in HEADERS)
+    assert max(len(line) for line in wide.stdout.splitlines()) > 100

@@ -108,3 +108,30 @@ def test_mlflow_run_edited_spec_reruns_what_changed(project):
     train = next(r for r in new if r.data.tags["stage"] == "train")
     assert len(MlflowClient(uri).get_metric_history(train.info.run_id, "loss")) == 1
     assert "RUNNING" not in {r.info.status for r in runs}
+
+
+@pytest.mark.slow
+def test_mlflow_run_without_an_experiment_uses_the_specs(tmp_path):
+    """``mlflow run . -P spec=tiny`` names no experiment, so MLflow creates its run in
+    "Default": the pipeline still goes to the experiment named after the spec, and the
+    launcher's run left in "Default" says where."""
+    proj = project_copy(tmp_path / "project")
+    uri = new_store(tmp_path / "store")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    for var in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID"):
+        env.pop(var, None)
+    cmd = [str(VENV_BIN / "mlflow"), "run", str(proj), "--env-manager", "local", "-P", "spec=tiny",
+           "-P", "set=train.epochs=1;partition.sweep.k=[2];partition.sweep.methods=[range]"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("tiny")
+    assert exp is not None
+    mains, stages, runs = _by_kind(uri, exp.experiment_id)
+    assert len(mains) == 1 and len(stages) == len(STAGES) and len(runs) == 1 + len(STAGES)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert all(r.data.tags["mlflow.parentRunId"] == mains[0].info.run_id for r in stages)
+    (launcher,) = runs_of(uri, "0")  # Default: only the run mlflow run created, empty
+    assert launcher.data.tags["betty.pipeline_experiment"] == f"tiny (ID {exp.experiment_id})"
+    assert "run_kind" not in launcher.data.tags and not launcher.data.metrics

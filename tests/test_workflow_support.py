@@ -106,3 +106,13 @@ def test_store_template_is_reusable(tmp_path):
     exp = new_experiment(uri, "x", tmp_path / "art")
     assert MlflowClient(uri).get_experiment(exp).artifact_location.startswith("file:")
     assert new_store(tmp_path / "b") != uri
+
+
+def test_tests_run_outside_the_checkout():
+    """conftest puts every test in a temporary working directory: the default data root
+    (``data/``, with betty's cache) and MLflow's default store resolve outside the checkout."""
+    from betty.data import cache_path
+
+    cwd = Path.cwd().resolve()
+    assert PROJECT not in (cwd, *cwd.parents)
+    assert PROJECT not in cache_path("synthetic", num_nodes=50).resolve().parents

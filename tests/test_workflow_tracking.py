@@ -4,6 +4,7 @@ run input, the trained model as a loadable MLflow model (``workflow.tracking``).
 from __future__ import annotations
 
 import json
+import re
 
 import mlflow
 import mlflow.pytorch
@@ -87,6 +88,34 @@ def test_run_records_are_mlflow_native(tracking):
     assert torch.equal(a, b)
     spec_yaml = mlflow.artifacts.download_artifacts(f"runs:/{train_id}/model/extra_files/spec.yaml")
     assert load_spec(spec_yaml).sha == rspec.sha
+
+
+def test_logged_model_carries_the_final_metrics_and_the_dataset(tracking, caplog):
+    """The logged model's metrics are the last epoch's (not the first's), each names the
+    spec's dataset (the UI's "Datasets used"), and logging it prints no pickle warning."""
+    import logging
+
+    uri, _ = tracking
+    client = MlflowClient(uri)
+    res = invoke("run", "tiny", "--json", "-s", "train.epochs=3", *FAST)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    train_id = out["stages"]["train"]["run_id"]
+    names = set(client.get_run(out["run_id"]).data.metrics)
+    stems = [re.sub(r"s(?=_|$)", "", n) for n in names]  # time_blocks_s and time_block_s: one figure
+    assert len(set(stems)) == len(stems), sorted(names)
+    (model,) = client.search_logged_models([client.get_run(train_id).info.experiment_id])
+    logged = client.get_logged_model(model.model_id)
+    by_key = {m.key: m for m in logged.metrics}
+    assert {"loss", "train_acc", "valid_acc"} <= set(by_key)
+    for key, metric in by_key.items():
+        last = client.get_metric_history(train_id, key)[-1]
+        assert metric.step == last.step == 2, key
+        assert metric.value == last.value, key
+    expected = dataset_input(load_spec("tiny", ["train.epochs=3", *FAST[1::2]]))
+    assert {(m.dataset_name, m.dataset_digest) for m in logged.metrics} == {("synthetic", expected.digest)}
+    pickle_warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "Pickle" in r.getMessage()]
+    assert not pickle_warnings
 
 
 def test_losing_the_experiment_create_race_still_activates_it(tracking, monkeypatch):

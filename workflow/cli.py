@@ -10,6 +10,8 @@ failure (message; set ``BETTY_TRACEBACK=1`` for the traceback), 130 interrupted.
 from __future__ import annotations
 
 from workflow import env as _env  # noqa: F401  (before MLflow is imported)
+from typing import Annotated
+
 import typer
 
 from workflow.commands import register_all
@@ -24,6 +26,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from betty import __version__
+
+        typer.echo(f"betty {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print betty's version and exit.")] = False) -> None:
+    """Exact micro-batch GNN training: run spec-driven experiments tracked in MLflow."""
+
+
 register_all(app)
 
 

@@ -1,7 +1,9 @@
 """MLproject entry points: ``python -m workflow.mlproject ENTRY --spec S [--set ...]``.
 
 ``ENTRY`` is ``main`` (every stage, as child runs) or a stage name. Each call resumes
-the run ``mlflow run`` created for it (``MLFLOW_RUN_ID``). Overrides come from the
+the run ``mlflow run`` created for it (``MLFLOW_RUN_ID``), except when that run is in
+"Default" (``mlflow run`` without ``--experiment-name``): the entry point's runs then go
+to the spec's experiment (:func:`workflow.tracking.leave_default_experiment`). Overrides come from the
 ``set`` parameter (``"train.epochs=3;model.hidden=64"``) and from undeclared
 ``-P key.path=value`` parameters, which MLflow appends as ``--key.path value``;
 ``-P nproc=N`` is ``train.world_size=N`` (N ranks, :mod:`workflow.distributed`).
@@ -120,6 +122,9 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
     _signals.check()
     reporter = LogReporter()
     try:
+        from workflow.tracking import leave_default_experiment
+
+        leave_default_experiment(rspec)  # no experiment named: the spec's, not "Default"
         if args.entry == "main":
             from workflow.pipeline import ProjectLauncher, run_pipeline
 

@@ -164,7 +164,7 @@ def collect_summary(upstream: dict[str, str]) -> dict[str, float]:
             out["epoch_time_s"] = statistics.fmean(m.value for m in history)
     if "partition" in upstream:
         part = client.get_run(upstream["partition"]).data.metrics
-        for name in ("time_build_s", "time_blocks_s", "imbalance"):
+        for name in ("time_build_s", "time_block_s", "imbalance"):
             if name in part:
                 out.setdefault(name, part[name])
     if "evaluate" in upstream:

@@ -64,11 +64,13 @@ def clean_metrics(metrics: Mapping[str, float | int | None]) -> dict[str, float]
     return out
 
 
-def log_metrics(metrics: Mapping[str, float | int | None], step: int | None = None) -> None:
-    """Log the finite, non-``None`` entries of ``metrics`` on the active run."""
+def log_metrics(metrics: Mapping[str, float | int | None], step: int | None = None, dataset=None) -> None:
+    """Log the finite, non-``None`` entries of ``metrics`` on the active run; with
+    ``dataset`` (an MLflow dataset) each metric names it (a logged model that takes these
+    metrics then lists it under "Datasets used")."""
     clean = clean_metrics(metrics)
     if clean:
-        mlflow.log_metrics(clean, step=step)
+        mlflow.log_metrics(clean, step=step, dataset=dataset)
 
 
 def encode_upstream(upstream: Mapping[str, str]) -> str:

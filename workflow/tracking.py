@@ -4,10 +4,14 @@
   write: ``--experiment`` > ``$MLFLOW_EXPERIMENT_NAME`` > ``$MLFLOW_EXPERIMENT_ID`` (kept
   as is) > the spec's ``experiment`` key > the spec's ``name``. Under ``mlflow run`` the
   launcher has already fixed the experiment (``mlflow run --experiment-name``; the
-  Makefile passes the spec name) and nothing is changed.
-* **Kind.** MLflow 3's UI picks an experiment's pages from its tag
-  ``mlflow.experimentKind``; :func:`mark_model_training` sets it to
-  ``custom_model_development`` (model training) unless the experiment already has one.
+  Makefile passes the spec name) and nothing is changed, except that the entry points
+  do not write into "Default" (where ``mlflow run`` puts its run when no experiment is
+  given): :func:`leave_default_experiment`.
+* **Kind.** :func:`mark_model_training` sets the experiment tag
+  ``mlflow.experimentKind`` to ``custom_model_development`` (MLflow's value for model
+  training) unless the experiment already has one. MLflow 3.17's UI takes its layout
+  from the ``workflowType`` URL parameter (``?workflowType=machine_learning``) or the
+  browser's stored choice instead, so the docs give that address.
 * **Dataset.** :func:`dataset_input` describes the spec's dataset as an MLflow
   ``MetaDataset``: name = the dataset name, digest = :func:`betty.data.dataset_digest`
   (16 hex digits over name, resolved options and the source files' fingerprint, the
@@ -17,11 +21,15 @@
   pytorch flavor (pickled, as ``mlflow.pytorch.load_model`` expects), the ``betty``
   package as ``code_paths`` (the model classes), the resolved ``spec.yaml`` as an extra
   file, and the pip requirements of this environment (given, not inferred: inference
-  loads the model in a subprocess and takes many seconds).
+  loads the model in a subprocess and takes many seconds), at the last epoch's step so
+  that the last epoch's metrics, logged after it, are the logged model's. MLflow's warning about pickle is
+  dropped (see :func:`_quiet_pickle_warning`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -31,12 +39,13 @@ from mlflow.tracking import MlflowClient
 
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "experiment_name",
+__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "experiment_name", "spec_experiment_name",
+           "leave_default_experiment",
            "use_spec_experiment", "mark_model_training", "dataset_input", "log_dataset_input",
            "log_pytorch_model"]
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-MODEL_TRAINING = "custom_model_development"  # the UI's value for classic model training (3.17)
+MODEL_TRAINING = "custom_model_development"  # MLflow 3.17's kind for classic model training
 MODEL_NAME = "model"  # the logged model's name in the train run (runs:/<id>/model)
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent / "betty"
 
@@ -50,7 +59,47 @@ def experiment_name(rspec: ResolvedSpec, cli_name: str | None = None) -> str | N
         return os.environ["MLFLOW_EXPERIMENT_NAME"]
     if os.environ.get("MLFLOW_EXPERIMENT_ID") or os.environ.get("MLFLOW_RUN_ID"):
         return None
+    return spec_experiment_name(rspec)
+
+
+def spec_experiment_name(rspec: ResolvedSpec) -> str:
+    """The experiment a spec writes to when nothing else names one: its ``experiment``
+    key, else its name."""
     return rspec.spec.experiment or rspec.name
+
+
+DEFAULT_EXPERIMENT_ID = "0"  # MLflow's "Default"
+MOVED_TAG = "betty.pipeline_experiment"
+
+
+def leave_default_experiment(rspec: ResolvedSpec) -> str | None:
+    """Under ``mlflow run`` without ``--experiment-name``/``--experiment-id``, MLflow has
+    created this process's run (``MLFLOW_RUN_ID``) in "Default". Make the spec's
+    experiment (:func:`spec_experiment_name`) this process's experiment instead, with no
+    run to resume, so that the entry point's runs (the pipeline's parent and stage
+    runs, or the one stage's) are created there.
+
+    MLflow can neither move a run to another experiment nor let it be deleted while
+    ``mlflow run`` still has to end it, so the launcher's run stays in "Default", empty,
+    tagged ``betty.pipeline_experiment`` and with a note naming the experiment; ``mlflow
+    run`` ends it when this process exits. (Stages launched by ``main`` get the spec's
+    experiment explicitly, so this changes nothing there.) Returns the launcher's run ID, or ``None``
+    when nothing was changed (not under ``mlflow run``, or an experiment was chosen)."""
+    launcher_run = os.environ.get("MLFLOW_RUN_ID")
+    if (not launcher_run or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+            or os.environ.get("MLFLOW_EXPERIMENT_ID", DEFAULT_EXPERIMENT_ID) != DEFAULT_EXPERIMENT_ID):
+        return None
+    for var in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
+        os.environ.pop(var, None)
+    name = spec_experiment_name(rspec)
+    exp_id = use_spec_experiment(rspec)
+    os.environ["MLFLOW_EXPERIMENT_ID"] = exp_id
+    client = MlflowClient()
+    client.set_tag(launcher_run, MOVED_TAG, f"{name} (ID {exp_id})")
+    client.set_tag(launcher_run, "mlflow.note.content",
+                   f"betty logged this pipeline in experiment '{name}' (ID {exp_id}); "
+                   "this run, created by `mlflow run` in Default, holds nothing.")
+    return launcher_run
 
 
 def use_spec_experiment(rspec: ResolvedSpec, cli_name: str | None = None) -> str | None:
@@ -146,9 +195,13 @@ def _pip_requirements() -> list[str]:
     return out
 
 
-def log_pytorch_model(model, rspec: ResolvedSpec) -> str:
+def log_pytorch_model(model, rspec: ResolvedSpec, step: int = 0) -> str:
     """Log ``model`` (on the CPU, in eval mode) with the pytorch flavor as ``model`` of
     the active run, with the ``betty`` package and ``spec.yaml``; returns the model URI.
+
+    ``step``: the epoch the model is from (the last one). Metrics logged at that step
+    afterwards are linked to the logged model (and those already logged at that step are
+    copied onto it, without their dataset).
 
     ``mlflow.pytorch.load_model(f"runs:/{run_id}/model")`` returns a module whose
     outputs equal the trained one's (checked in ``tests/test_workflow_tracking.py``).
@@ -159,11 +212,37 @@ def log_pytorch_model(model, rspec: ResolvedSpec) -> str:
 
     was_training = model.training
     cpu = copy.deepcopy(model).cpu().eval()
-    with tempfile.TemporaryDirectory(prefix="betty-model-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="betty-model-") as tmp, _quiet_pickle_warning():
         spec_file = Path(tmp) / "spec.yaml"
         spec_file.write_text(rspec.yaml())
         info = mlflow.pytorch.log_model(cpu, name=MODEL_NAME, code_paths=[str(_PACKAGE_DIR)],
                                         extra_files=[str(spec_file)], pip_requirements=_pip_requirements(),
-                                        serialization_format="pickle")
+                                        serialization_format="pickle", step=step)
     model.train(was_training)
     return info.model_uri
+
+
+PICKLE_WARNING = "Saving pytorch model by Pickle or CloudPickle format"
+
+
+class _DropPickleWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(PICKLE_WARNING)
+
+
+@contextlib.contextmanager
+def _quiet_pickle_warning():
+    """Drop MLflow's "Saving pytorch model by Pickle..." warning (logger ``mlflow.pytorch``)
+    while the model is logged, and nothing else.
+
+    The warning recommends ``serialization_format='pt2'`` (``torch.export``), which needs
+    a model taking only tensors; betty's models take sampled blocks / graphs, which
+    ``torch.export`` cannot trace, so pickle is the only format that loads back with
+    ``mlflow.pytorch.load_model`` and the user has nothing to change."""
+    logger = logging.getLogger("mlflow.pytorch")
+    drop = _DropPickleWarning()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)

@@ -288,12 +288,13 @@ def load_ogb(
     rec = OGB_RECIPES[recipe_name]
     graph, labels, split, meta = _read_with_ogb(name, Path(root), meta_dict)
 
+    # np.array copies: pandas hands out read-only arrays (splits, labels), which torch warns about
     train_idx, valid_idx, test_idx = (
-        torch.as_tensor(split[k], dtype=torch.int64).reshape(-1) for k in ("train", "valid", "test")
+        torch.from_numpy(np.array(split[k], dtype=np.int64).reshape(-1)) for k in ("train", "valid", "test")
     )
     n = int(graph["num_nodes"])
     feat = _node_features(graph, rec, name)
-    label = _labels(torch.as_tensor(labels), rec, torch.cat([train_idx, valid_idx, test_idx]), name)
+    label = _labels(torch.from_numpy(np.array(labels)), rec, torch.cat([train_idx, valid_idx, test_idx]), name)
     src, dst = (torch.as_tensor(graph["edge_index"][i], dtype=torch.int64) for i in (0, 1))
     del graph
     src, dst = canonical_edges(

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 
-__all__ = ["command_modules", "register_all"]
+from typer.core import TyperCommand
+
+__all__ = ["command_modules", "register_all", "PlainUsageCommand"]
 
 
 def command_modules() -> list[str]:
@@ -19,5 +22,17 @@ def command_modules() -> list[str]:
 
 
 def register_all(app) -> None:
+    """Register every command module's commands, each with :class:`PlainUsageCommand`."""
     for name in command_modules():
         importlib.import_module(f"{__name__}.{name}").register(app)
+    for info in app.registered_commands:
+        if info.cls in (None, TyperCommand):
+            info.cls = PlainUsageCommand
+
+
+class PlainUsageCommand(TyperCommand):
+    """A command whose usage line names required arguments plainly (``betty run
+    [OPTIONS] SPEC``), not in the braces this Typer puts around them (``{SPEC}``)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [re.sub(r"^\{([^{}]*)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]

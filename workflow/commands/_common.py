@@ -14,7 +14,7 @@ __all__ = ["SpecArg", "SetOpt", "JsonOpt", "ExperimentOpt", "NprocOpt", "NnodesO
            "RdzvOpt", "distributed_overrides", "cli_errors", "load", "emit_json",
            "use_experiment", "experiment_id", "fail"]
 
-SpecArg = Annotated[str, typer.Argument(help="Spec: a path, a file name in specs/ or its stem (e.g. synthetic).")]
+SpecArg = Annotated[str, typer.Argument(metavar="SPEC", help="Spec: a path, a file name in specs/ or its stem (e.g. synthetic).")]
 SetOpt = Annotated[Optional[List[str]], typer.Option(
     "--set", "-s", help="Override a spec key: key.path=value (value parsed as YAML). Repeatable.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of a table.")]

@@ -1,4 +1,4 @@
-"""``betty estimate SPEC [--k K] [--measure]``: the memory model's view of a batch."""
+"""``betty estimate SPEC [--k K] [--measure] [--pieces]``: the memory model's view of a batch."""
 
 from __future__ import annotations
 
@@ -107,11 +107,14 @@ def _reversible_report(rspec, ds, device, trainer, model, optimizer, measure: bo
 def estimate(spec: SpecArg,
              k: Annotated[Optional[str], typer.Option("--k", help="Micro-batches, an integer or 'auto' (default: the spec's).")] = None,
              measure: Annotated[bool, typer.Option("--measure", help="Also run forward+backward of every micro-batch once and report the measured peak and the relative error.")] = False,
-             set_: SetOpt = None, json_: JsonOpt = False) -> None:
+             set_: SetOpt = None, json_: JsonOpt = False,
+             pieces: Annotated[bool, typer.Option("--pieces", help="Also print one line per micro-batch (revgnn: per part).")] = False) -> None:
     """Estimate the peak memory of every micro-batch of the spec's first sampled batch
     (revgnn: of every cluster part), per component, before running anything (k: auto
     searches K for the spec's memory_budget). With --measure, train one step to reach the
-    optimizer's steady state, then measure every micro-batch once with the memory meter."""
+    optimizer's steady state, then measure every micro-batch once with the memory meter.
+    Prints a summary (budget, the Ks tried, the chosen K, the largest piece); --pieces adds
+    one line per piece, --json gives everything."""
     from workflow.components import is_reversible, load_data, make_trainer, resolve_device
 
     overrides = list(set_ or [])
@@ -132,17 +135,64 @@ def estimate(spec: SpecArg,
     if json_:
         emit_json(out)
         return
-    typer.echo(f"{out['spec']}: {out['method']} K={out['k']} ({out['backend']} constants)")
+    for line in summary_lines(out):
+        typer.echo(line)
+    if pieces:
+        for line in piece_lines(out):
+            typer.echo(line)
+
+
+def _mib(n: int | float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _tried_pairs(tried) -> list[tuple[int, int]]:
+    """``(K, max estimated peak)`` from a K search record (a list of rows or a dict)."""
+    if isinstance(tried, dict):
+        return [(int(k), int(v)) for k, v in tried.items()]
+    return [(int(r["k"]), int(r["max_estimated_peak_bytes"])) for r in tried or []]
+
+
+def summary_lines(out: dict) -> list[str]:
+    """What ``betty estimate`` prints without ``--pieces``: method and K, the budget and
+    how the K search went, the largest piece (measured too with ``--measure``) and its
+    components."""
+    lines = [f"{out['spec']}: {out['method']} K={out['k']} ({out['backend']} constants)"]
+    budget = out.get("memory_budget_bytes")
+    if budget:
+        line = f"  budget {_mib(budget)} (safety margin {out.get('safety_margin') or 0:.0%})"
+    else:
+        line = "  no memory budget (partition.memory_budget)"
+    tried = _tried_pairs(out.get("k_tried"))
+    if tried:
+        line += "; K tried: " + ", ".join(f"{k} ({_mib(peak)})" for k, peak in tried) + f" -> K={out['k']}"
+    lines.append(line)
+    rows = out["micro_batches"]
+    worst = max(rows, key=lambda r: r["estimated_peak_bytes"])
+    line = f"  largest piece: {worst['index']} of {len(rows)}, estimated {_mib(worst['estimated_peak_bytes'])}"
+    if worst.get("measured_peak_bytes"):
+        line += f", measured {_mib(worst['measured_peak_bytes'])} ({100 * worst['relative_error']:+.2f}%)"
+    if out.get("max_abs_relative_error") is not None:
+        line += f"; worst error over pieces {100 * out['max_abs_relative_error']:.2f}%"
+    lines.append(line)
+    parts = ", ".join(f"{c} {b / 2**20:.1f}" for c, b in
+                      sorted(worst["components"].items(), key=lambda kv: -kv[1]) if b)
+    lines.append(f"  largest piece by component (MiB): {parts}")
+    if len(rows) > 1:
+        lines.append(f"  (--pieces lists all {len(rows)} pieces)")
+    return lines
+
+
+def piece_lines(out: dict) -> list[str]:
+    """One line per piece: estimated peak (and measured peak and error with ``--measure``)."""
+    lines = []
     for row in out["micro_batches"]:
         line = f"  piece {row['index']:<3} estimated {row['estimated_peak_bytes'] / 2**20:10.2f} MiB"
         if row.get("measured_peak_bytes"):
             line += (f"  measured {row['measured_peak_bytes'] / 2**20:10.2f} MiB"
                      f"  error {100 * row['relative_error']:+.2f}%")
-        typer.echo(line)
-    worst = max(out["micro_batches"], key=lambda r: r["estimated_peak_bytes"])
-    parts = ", ".join(f"{c} {b / 2**20:.1f}" for c, b in
-                      sorted(worst["components"].items(), key=lambda kv: -kv[1]) if b)
-    typer.echo(f"  largest piece by component (MiB): {parts}")
+        lines.append(line)
+    return lines
 
 
 def register(app: typer.Typer) -> None:

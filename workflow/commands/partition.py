@@ -11,7 +11,7 @@ from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit
 from workflow.progress import format_number
 
 REPORT_KEYS = ("method", "k", "redundancy", "redundancy_per_layer", "imbalance", "time_build_s",
-               "time_partition_s", "time_blocks_s")
+               "time_partition_s", "time_block_s")
 
 
 @cli_errors

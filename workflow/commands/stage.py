@@ -30,7 +30,7 @@ def _auto_upstream(rspec, stage: str, upstream: dict[str, str], exp: str) -> dic
 
 
 @cli_errors
-def stage(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(STAGES)}.")],
+def stage(name: Annotated[str, typer.Argument(metavar="STAGE", help=f"One of: {', '.join(STAGES)}.")],
           spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
           upstream: Annotated[Optional[List[str]], typer.Option(
               "--upstream", "-u", help="An earlier stage's run: stage=RUN_ID. Repeatable.")] = None,

@@ -10,7 +10,7 @@ from workflow.commands._common import JsonOpt, SetOpt, cli_errors, emit_json
 
 
 @cli_errors
-def validate(specs: Annotated[List[str], typer.Argument(help="Specs: paths, file names in specs/ or stems.")],
+def validate(specs: Annotated[List[str], typer.Argument(metavar="SPEC", help="Specs: paths, file names in specs/ or stems.")],
              set_: SetOpt = None, json_: JsonOpt = False,
              strict: Annotated[bool, typer.Option("--strict", help="Treat warnings (missing data files, an unavailable train.device) as errors.")] = False) -> None:
     """Validate specs (and overrides); exit code 2 if any is invalid. Also warns when a

@@ -6,7 +6,7 @@ the first epoch will be (same method, K or K search, balance, seed), and measure
 
 * metrics ``k``, ``redundancy`` (layer-0 input loads / distinct inputs),
   ``redundancy_layer{l}``, ``imbalance`` (max / mean inputs per piece),
-  ``time_build_s``, ``time_partition_s``, ``time_blocks_s`` (carving the micro-batch
+  ``time_build_s``, ``time_partition_s``, ``time_block_s`` (carving the micro-batch
   blocks with ``betty.microbatch.split``), ``peak_mem_estimated_bytes`` (the memory
   model's largest piece) and, for ``k: auto``, ``time_ksearch_s``; per micro-batch ``i``
   (as the metric step): ``micro_outputs``, ``micro_inputs``, ``micro_edges``,
@@ -53,7 +53,7 @@ def measure_split(trainer, batch) -> tuple[dict, object, list]:
     Returns:
         ``(report, partition_result, micro_batches)`` with ``report`` =
         ``{"method", "k", "redundancy", "redundancy_per_layer", "imbalance",
-        "time_build_s", "time_partition_s", "time_blocks_s", "time_ksearch_s" (k: auto,
+        "time_build_s", "time_partition_s", "time_block_s", "time_ksearch_s" (k: auto,
         else None), "outputs_per_piece", "input_nodes_per_piece", "estimated_bytes"
         (per piece, None without an estimator)}``.
     """
@@ -74,7 +74,7 @@ def measure_split(trainer, batch) -> tuple[dict, object, list]:
         "redundancy": stats["redundancy"], "redundancy_per_layer": stats["redundancy_per_layer"],
         "imbalance": stats["imbalance"],
         "time_build_s": result.time_build_s, "time_partition_s": result.time_partition_s,
-        "time_blocks_s": time_blocks,
+        "time_block_s": time_blocks,
         "time_ksearch_s": took if trainer.plan.k == "auto" else None,
         "outputs_per_piece": stats["outputs_per_piece"],
         "input_nodes_per_piece": stats["input_nodes_per_piece"],
@@ -126,7 +126,7 @@ def run(ctx: StageContext) -> dict[str, float]:
     report, result, micro = measure_split(trainer, batch)  # exactly the first epoch's split
     estimates = report["estimated_bytes"]
     log_metrics({key: report[key] for key in ("k", "redundancy", "imbalance", "time_build_s",
-                                               "time_partition_s", "time_blocks_s", "time_ksearch_s")})
+                                               "time_partition_s", "time_block_s", "time_ksearch_s")})
     log_metrics({"peak_mem_estimated_bytes": max(estimates) if estimates else None})
     log_metrics({f"redundancy_layer{l}": r for l, r in enumerate(report["redundancy_per_layer"])})
     rows = []

@@ -32,7 +32,11 @@ part), ``peak_mem_estimated_bytes``, ``mem_estimate_error`` (RevGNN's estimator;
 for ``deq``); the memory table is ``memory_per_part.csv`` and its plot
 ``plots/memory_per_part.png``.
 
-The spec's dataset is logged as the run's input (:func:`workflow.tracking.log_dataset_input`).
+The spec's dataset is logged as the run's input (:func:`workflow.tracking.log_dataset_input`)
+and named by every epoch metric. The MLflow model is logged at the last epoch's step,
+before that epoch's metrics, which MLflow then links to it: its metrics
+(``MlflowClient().get_logged_model(id).metrics``) are the final epoch's and its
+"Datasets used" is the spec's dataset.
 
 ``train.repeats: N > 1`` trains N times (seeds ``seed + r``) in nested runs tagged
 ``run_kind=repeat``, ``repeat=r``; this run then logs, for each final metric ``m``,
@@ -55,7 +59,7 @@ from workflow.evaluation import evaluate_model, metric_suffix
 from workflow.plots import curves_figure, memory_figure
 from workflow.runs import active_run_id, log_metrics, tracked_run
 from workflow.stages.base import StageContext
-from workflow.tracking import MODEL_NAME, log_dataset_input, log_pytorch_model
+from workflow.tracking import MODEL_NAME, dataset_input, log_dataset_input, log_pytorch_model
 
 __all__ = ["run", "train_once", "summarize_repeats"]
 
@@ -83,6 +87,7 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
     label = "epochs" if spec.train.repeats == 1 else f"epochs (repeat {repeat})"
     advance = ctx.reporter.steps(label, spec.train.epochs)
     history, rows = [], []
+    dataset = dataset_input(ctx.rspec)
     for epoch in range(spec.train.epochs):
         record = trainer.train_epoch(epoch)
         metrics = record.metrics()
@@ -91,7 +96,9 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
                                           train_k=record.k))
             if score_key in metrics:
                 selector.update(epoch, metrics[score_key], model)
-        log_metrics(metrics, step=epoch)
+        stop = selector.should_stop()
+        if epoch + 1 < spec.train.epochs and not stop:  # the last epoch's: after the model (_log_outputs)
+            log_metrics(metrics, step=epoch, dataset=dataset)
         history.append({"epoch": epoch, **metrics})
         if reversible:
             from workflow.revgnn import part_rows
@@ -100,7 +107,7 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
         else:
             rows.extend(micro_rows(record, repeat))
         advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc", "valid_rocauc") if k in metrics})
-        if selector.should_stop():
+        if stop:
             break
 
     selector.apply(model)
@@ -120,9 +127,11 @@ def _train_once_distributed(ctx: StageContext, repeat: int) -> dict[str, float]:
 
     out = train_distributed(ctx.rspec, repeat, dataset=ctx.dataset())
     advance = ctx.reporter.steps(f"epochs ({ctx.rspec.spec.train.world_size} ranks)", len(out["history"]))
-    for entry in out["history"]:
+    dataset = dataset_input(ctx.rspec)
+    for i, entry in enumerate(out["history"]):
         metrics = {k: v for k, v in entry.items() if k != "epoch"}
-        log_metrics(metrics, step=entry["epoch"])
+        if i + 1 < len(out["history"]):  # the last epoch's: after the model (_log_outputs)
+            log_metrics(metrics, step=entry["epoch"], dataset=dataset)
         advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc") if k in metrics})
     from workflow.components import build_model
 
@@ -141,7 +150,7 @@ def _log_outputs(ctx: StageContext, repeat: int, model, history: list[dict], row
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, folder / "model.pt")
     log_artifact(folder / "model.pt")
-    log_pytorch_model(model, ctx.rspec)
+    _log_model_and_last_epoch(ctx, model, history[-1])
     if reversible:
         from workflow.revgnn import PART_COLUMNS
 
@@ -156,14 +165,24 @@ def _log_outputs(ctx: StageContext, repeat: int, model, history: list[dict], row
     _log_figures(ctx, history, rows, table, unit)
 
     final = {k: v for k, v in history[-1].items() if k != "epoch"}
-    if selection:
-        log_metrics(selection)
+    if selection:  # at the model's step, so the logged model carries them too
+        log_metrics(selection, step=history[-1]["epoch"], dataset=dataset_input(ctx.rspec))
         final.update(selection)
     for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes"):
         values = [h[key] for h in history if h.get(key) is not None]
         if values:
             final[key] = max(values)
     return final
+
+
+def _log_model_and_last_epoch(ctx: StageContext, model, last: dict) -> None:
+    """Log the MLflow model at the last epoch's step, then that epoch's metrics.
+
+    MLflow links metrics logged at a logged model's step to it (with the dataset they
+    name); metrics logged before the model would be copied onto it without their dataset."""
+    log_pytorch_model(model, ctx.rspec, step=last["epoch"])
+    log_metrics({k: v for k, v in last.items() if k != "epoch"}, step=last["epoch"],
+                dataset=dataset_input(ctx.rspec))
 
 
 def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict], table: str = "memory_per_microbatch",
