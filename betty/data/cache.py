@@ -130,7 +130,7 @@ def load_cached(path: str | Path) -> GraphDataset | None:
     (unreadable, not a regular file, content not matching its recorded SHA-256: each
     with a warning; the caller then rebuilds and overwrites it).
 
-    Tensors are memory-mapped from the file (``torch.load(mmap=True)``) after its bytes
+    Tensors are memory-mapped from the file (``mmap=True``, ``weights_only=True``) after its bytes
     are hashed once (about a second per GB), so pages are read from the page cache.
     """
     path = Path(path)
