@@ -116,3 +116,24 @@ def test_every_torch_load_is_weights_only(tmp_path):
         "import torch\nx = torch.load(p, map_location='cpu')\ny = torch.load(\n    p, weights_only=True)\n"
         "z = torch.load(p, weights_only=False)\n")
     assert unsafe_torch_loads(tmp_path) == ["betty/m.py:2", "betty/m.py:5"]
+
+
+def server_commands(text: str) -> list[str]:
+    """Every ``mlflow server ...`` command in ``text``, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line.strip() for line in joined.splitlines() if line.strip().startswith("mlflow server ")]
+
+
+def exposed_without_auth(command: str) -> bool:
+    """A server command that listens beyond loopback without MLflow's auth app."""
+    host = re.search(r"--host\s+(\S+)", command)
+    loopback = host is None or host.group(1) in ("127.0.0.1", "localhost", "::1", "$HOST")
+    return not loopback and "--app-name basic-auth" not in command
+
+
+def test_documented_servers_listen_on_loopback_or_authenticate():
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    commands = [c for path in docs for c in server_commands(path.read_text(encoding="utf-8"))]
+    assert len(commands) >= 3  # the team-mode server, the authenticated one, the test's
+    assert [c for c in commands if exposed_without_auth(c)] == []
+    assert exposed_without_auth("mlflow server --backend-store-uri x --host 0.0.0.0 --port 5000")
