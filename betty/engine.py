@@ -30,7 +30,7 @@ from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
 from betty.sampling import sample_full_batch
-from betty.train import MicroBatchRecord, train_step
+from betty.train import MicroBatchRecord, locate_non_finite, train_step
 
 __all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches", "epoch_metrics"]
 
@@ -306,7 +306,7 @@ class Trainer:
             if self._stateless_estimator is not None and not self.optimizer.state:
                 logged = self._stateless_estimator(batch, result.groups, result.k)
             t2 = time.perf_counter()
-            with oom_guard(estimates or [], self.plan.memory_budget):
+            with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, b):
                 step_kwargs = dict(k=result.k, device=self.device,
                                    dropout_key=dropout_key(self.dropout_seed, epoch, b),
                                    multilabel=self.dataset.multilabel, meter=self.meter,

@@ -54,7 +54,7 @@ from betty.engine import epoch_metrics, estimate_error
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes
 from betty.train import (PieceForward, accumulate_pieces, count_correct, largest_peak,
-                         node_loss_sum, step_over_pieces)
+                         locate_non_finite, node_loss_sum, step_over_pieces)
 
 __all__ = [
     "CLUSTER_METHODS",
@@ -516,7 +516,7 @@ class RevTrainer:
         t_split = time.perf_counter() - start
         ds = self.dataset
         had_state = bool(self.optimizer.state)
-        with oom_guard(estimates or [], self.plan.memory_budget):
+        with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, piece_name="part"):
             step_kwargs = dict(multilabel=ds.multilabel, device=self.device, dtype=self.dtype,
                                mask_factory=self.mask_factory(epoch), meter=self.meter)
             if self.parallel is None:
