@@ -510,9 +510,12 @@ class RevTrainer:
         """One epoch = one optimizer step over the epoch's parts; ``progress(1, 1)`` is
         called after the step."""
         from betty.memory import oom_guard
+        from betty.memory.ksearch import check_fixed_k
 
         start = time.perf_counter()
         parts, estimates, fresh = self.split(epoch)
+        if estimates and self.plan.k != "auto" and self.plan.memory_budget is not None:
+            check_fixed_k(estimates, len(parts), self.plan.memory_budget, self.plan.safety_margin, piece="part")
         t_split = time.perf_counter() - start
         ds = self.dataset
         had_state = bool(self.optimizer.state)
