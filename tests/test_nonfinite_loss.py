@@ -5,6 +5,7 @@ with that message instead of finishing with the NaN losses dropped from its metr
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -53,3 +54,18 @@ def test_a_diverging_learning_rate_fails_the_run(tracking):
     assert [r.info.status for r in parent] == ["FAILED"]
     assert not any(r.data.tags.get("stage") == "evaluate" for r in runs)
     assert MlflowClient(uri).get_metric_history(train[0].info.run_id, "loss")[0].step == 0
+
+
+def test_a_diverging_learning_rate_fails_a_distributed_run(tracking):
+    """On two ranks a rank's NonFiniteLoss ends the run FAILED naming the rank."""
+    uri, exp = tracking
+    res = invoke("run", "tiny", "--experiment", EXPERIMENT, "--nproc", "2", "-s", "train.lr=1.0e+30",
+                 "-s", "train.epochs=3", *FAST, catch_exceptions=True)
+    assert res.exit_code == 1, res.output
+    assert re.search(r"rank \d failed: NonFiniteLoss: non-finite training loss \(nan\) at epoch 1, batch 0, "
+                     r"micro-batch \d", res.stderr), res.stderr
+    runs = runs_of(uri, exp)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    train = [r for r in runs if r.data.tags.get("stage") == "train"]
+    assert [r.info.status for r in train] == ["FAILED"]
+    assert "NonFiniteLoss: non-finite training loss" in train[0].data.tags["error"]
