@@ -26,12 +26,13 @@ import torch
 from betty.batch import SampledBatch
 from betty.memory import (DEFAULT_SAFETY_MARGIN, OptimizerSpec, apply_budget, default_backend, make_estimator,
                           make_k_chooser, memory_balance_weights, oom_guard)
+from betty.memory.ksearch import check_fixed_k
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
 from betty.records import epoch_metrics, estimate_error
 from betty.sampling import sample_full_batch
-from betty.train import MicroBatchRecord, train_step
+from betty.train import MicroBatchRecord, locate_non_finite, train_step
 
 __all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches"]
 
@@ -276,11 +277,13 @@ class Trainer:
             result, estimates, fresh = self.partition(batch, epoch, b)
             if estimates is None and self.estimator is not None:
                 estimates = self.estimator(batch, result.groups, result.k)
+            if estimates and self.plan.k != "auto" and self.plan.memory_budget is not None:
+                check_fixed_k(estimates, result.k, self.plan.memory_budget, self.plan.safety_margin)
             logged = estimates
             if self._stateless_estimator is not None and not self.optimizer.state:
                 logged = self._stateless_estimator(batch, result.groups, result.k)
             t2 = time.perf_counter()
-            with oom_guard(estimates or [], self.plan.memory_budget):
+            with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, b):
                 step_kwargs = dict(k=result.k, device=self.device,
                                    dropout_key=dropout_key(self.dropout_seed, epoch, b),
                                    multilabel=self.dataset.multilabel, meter=self.meter,

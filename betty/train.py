@@ -18,9 +18,10 @@ and everything is released before the next one starts.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,6 +32,8 @@ from betty.batch import MicroBatch, SampledBatch
 from betty.microbatch import Carver, validate_groups
 
 __all__ = [
+    "NonFiniteLoss",
+    "locate_non_finite",
     "PieceForward",
     "PieceRun",
     "accumulate_pieces",
@@ -118,6 +121,38 @@ P = TypeVar("P")
 T = TypeVar("T")
 
 
+class NonFiniteLoss(FloatingPointError):
+    """A piece's loss came out NaN or infinite: training cannot go on (the gradients
+    would poison every parameter; the learning rate is too large, or an input holds
+    NaN/inf). Raised by :func:`accumulate_pieces` before that piece's backward, naming
+    the piece (micro-batch or part) and, through :func:`locate_non_finite`, the epoch
+    and batch."""
+
+    def __init__(self, value: float, piece: int, epoch: int | None = None, batch: int | None = None,
+                 piece_name: str = "micro-batch") -> None:
+        super().__init__(value, piece, epoch, batch)
+        self.value, self.piece, self.epoch, self.batch = value, piece, epoch, batch
+        self.piece_name = piece_name
+
+    def __str__(self) -> str:
+        where = [f"epoch {self.epoch}"] if self.epoch is not None else []
+        where += [f"batch {self.batch}"] if self.batch is not None else []
+        where.append(f"{self.piece_name} {self.piece}")
+        return (f"non-finite training loss ({self.value}) at {', '.join(where)}: stopping; "
+                "lower train.lr or check the dataset's features for NaN/inf")
+
+
+@contextmanager
+def locate_non_finite(epoch: int, batch: int | None = None, piece_name: str = "micro-batch") -> Iterator[None]:
+    """Add ``epoch`` (and ``batch``, and what a piece is called) to a
+    :class:`NonFiniteLoss` raised inside."""
+    try:
+        yield
+    except NonFiniteLoss as err:
+        err.epoch, err.batch, err.piece_name = epoch, batch, piece_name
+        raise
+
+
 @dataclass
 class PieceForward:
     """What an engine's forward of one piece hands to :func:`accumulate_pieces`.
@@ -160,7 +195,8 @@ def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], Pi
 
     With ``N = n_global`` the number of loss terms of the whole step (all pieces, all
     ranks), ``Σ_k loss_sum_k / N`` is the full step's mean loss, and the gradients left
-    in ``.grad`` are its gradient (no zeroing, no optimizer step here).
+    in ``.grad`` are its gradient (no zeroing, no optimizer step here). A NaN or
+    infinite piece loss raises :class:`NonFiniteLoss` before its backward.
 
     Args:
         pieces: ``(index, piece)`` pairs; whatever producing a piece costs (carving a
@@ -179,8 +215,11 @@ def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], Pi
             fwd = forward(piece)
             loss = fwd.loss_sum / n_global
             fwd.loss_sum = None
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise NonFiniteLoss(value, index)
             loss.backward()
-            value, correct, info = float(loss.detach()), fwd.count_correct(), fwd.info
+            correct, info = fwd.count_correct(), fwd.info
             if fwd.release is not None:
                 fwd.release()
             del fwd, loss

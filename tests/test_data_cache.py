@@ -92,12 +92,46 @@ def test_damaged_cache_is_recomputed(tmp_path, generator_calls):
     first = load_dataset("synthetic", root=tmp_path, **OPTS)
     path = cache_path("synthetic", tmp_path, **OPTS)
     path.write_bytes(b"not a torch file")
-    with pytest.warns(UserWarning, match="unreadable dataset cache"):
+    with pytest.warns(UserWarning, match="ignoring dataset cache .*content differs from its recorded SHA-256"):
         again = load_dataset("synthetic", root=tmp_path, **OPTS)
     assert len(generator_calls) == 2
     _same(first, again)
     load_dataset("synthetic", root=tmp_path, **OPTS)  # the rewritten file is good
     assert len(generator_calls) == 2
+
+
+def test_changed_cache_content_is_rebuilt(tmp_path, generator_calls):
+    """A cache file that still loads but whose labels were shifted is not used."""
+    first = load_dataset("synthetic", root=tmp_path, **OPTS)
+    path = cache_path("synthetic", tmp_path, **OPTS)
+    state = torch.load(path, weights_only=True)
+    state["label"] = (state["label"] + 1) % state["num_classes"]
+    torch.save(state, path)
+    with pytest.warns(UserWarning, match="content differs from its recorded SHA-256"):
+        again = load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert len(generator_calls) == 2
+    _same(first, again)
+    load_dataset("synthetic", root=tmp_path, **OPTS)  # the rebuilt file and digest agree
+    assert len(generator_calls) == 2
+
+
+def test_cache_without_digest_is_rebuilt(tmp_path, generator_calls):
+    load_dataset("synthetic", root=tmp_path, **OPTS)
+    cache_module.digest_file(cache_path("synthetic", tmp_path, **OPTS)).unlink()
+    with pytest.warns(UserWarning, match="has no readable content digest"):
+        load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert len(generator_calls) == 2
+
+
+def test_directory_in_place_of_the_cache_file_is_rebuilt(tmp_path, generator_calls):
+    first = load_dataset("synthetic", root=tmp_path, **OPTS)
+    path = cache_path("synthetic", tmp_path, **OPTS)
+    path.unlink()
+    (path / "inner").mkdir(parents=True)
+    with pytest.warns(UserWarning, match="is not a regular file"):
+        again = load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert path.is_file() and len(generator_calls) == 2
+    _same(first, again)
 
 
 def test_uncached_datasets_have_no_cache_path(tmp_path):

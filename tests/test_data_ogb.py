@@ -296,3 +296,48 @@ def test_loading_warns_about_nothing(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Warning" not in res.stderr, res.stderr[-2000:]
+class _Payload:
+    """Unpickling this runs ``open(marker, "w")``: what a crafted split_dict.pt does."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (builtins.open, (self.marker, "w"))
+
+
+def _papers_folder_with_split(tmp_path, split) -> None:
+    folder = _write(tmp_path, "ogbn-papers100M", node_feat=FEAT.astype(np.float32),
+                    extra_node_files={"node_year": 2000 + np.arange(N)})
+    split_dir = next((folder / "split").iterdir())
+    for part in ("train", "valid", "test"):
+        (split_dir / f"{part}.csv.gz").unlink()
+    torch.save(split, split_dir / "split_dict.pt")
+
+
+@pytest.mark.parametrize("where", ["value", "key"])
+def test_crafted_split_dict_pt_runs_no_code(tmp_path, where):
+    """A split_dict.pt carrying a pickle payload is refused and the payload never runs."""
+    marker = tmp_path / "marker"
+    split = {k: np.asarray(v) for k, v in SPLIT.items()}
+    if where == "value":
+        split["train"] = _Payload(marker)
+    else:
+        split["extra"] = [np.arange(2), _Payload(marker)]
+    _papers_folder_with_split(tmp_path, split)
+    with pytest.raises(ValueError, match="split_dict.pt: not a split of tensors or numpy arrays; refusing"):
+        load_dataset("ogbn-papers100M", root=tmp_path, cache=False)
+    assert not marker.exists()
+
+
+def test_split_dict_pt_with_tensors(tmp_path):
+    _papers_folder_with_split(tmp_path, {k: torch.as_tensor(v) for k, v in SPLIT.items()})
+    ds = load_dataset("ogbn-papers100M", root=tmp_path, cache=False)
+    assert torch.equal(ds.train_idx, torch.as_tensor(SPLIT["train"]))
+    assert torch.equal(ds.valid_idx, torch.as_tensor(SPLIT["valid"]))
+
+
+def test_split_dict_pt_of_floats_is_refused(tmp_path):
+    _papers_folder_with_split(tmp_path, {k: np.asarray(v, dtype=np.float64) for k, v in SPLIT.items()})
+    with pytest.raises(ValueError, match="split 'train' is not a 1-D array of integer node IDs"):
+        load_dataset("ogbn-papers100M", root=tmp_path, cache=False)

@@ -86,7 +86,7 @@ def test_selected_state_is_bitwise_the_state_of_a_run_truncated_at_the_best_epoc
 
 def _model_state(run_id, tmp_path):
     path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="model.pt", dst_path=str(tmp_path))
-    return torch.load(path)
+    return torch.load(path, weights_only=True)
 
 
 def test_workflow_logs_selection_metrics_and_evaluate_scores_the_selected_weights(tracking, tmp_path):

@@ -97,3 +97,22 @@ def test_step_over_pieces_delegates_to_parallel_and_sums_over_ranks():
                                              costs=[1.0, 2.0], step_in_last_region=True)
     assert (result, loss, correct) == ("mine", 0.5, 6.0)
     assert calls == {"costs": [1.0, 2.0], "mine": frozenset({1}), "after_last": None}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_piece_loss_stops_before_its_backward(bad):
+    from betty.train import NonFiniteLoss, locate_non_finite
+
+    model, xs = _setup()
+    xs[5, 0] = bad  # piece 1 (rows 4..7) sees it
+    log: list = []
+    pieces = [(0, [0, 1, 2, 3]), (1, [4, 5, 6, 7]), (2, [8, 9])]
+    with pytest.raises(NonFiniteLoss) as caught, locate_non_finite(epoch=3, batch=2):
+        accumulate_pieces(pieces, _forward(model, xs, log), n_global=10)
+    err = caught.value
+    assert (err.piece, err.epoch, err.batch) == (1, 3, 2) and not torch.isfinite(torch.tensor(err.value))
+    assert "non-finite training loss" in str(err) and "at epoch 3, batch 2, micro-batch 1: stopping" in str(err)
+    assert log == [("forward", 0), ("release", 0), ("forward", 4)]  # piece 2 never ran
+    # only piece 0's gradient is there: the bad piece's backward never ran
+    assert torch.isfinite(model.weight.grad).all()
+    assert torch.allclose(model.weight.grad, xs[:4].sum(0, keepdim=True) / 10)

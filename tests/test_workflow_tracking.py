@@ -80,7 +80,7 @@ def test_run_records_are_mlflow_native(tracking):
     ds = load_data(rspec)
     reference = build_model(rspec, ds)
     path = mlflow.artifacts.download_artifacts(run_id=train_id, artifact_path="model.pt")
-    reference.load_state_dict(torch.load(path, map_location="cpu"))
+    reference.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     reference.eval()
     assert type(loaded) is type(reference) and not loaded.training
     a = layerwise_inference(loaded, ds.graph, ds.feat, device=torch.device("cpu"))

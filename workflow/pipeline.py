@@ -30,7 +30,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from workflow import library
-from workflow.checksums import damaged_artifacts
+from workflow.checksums import ArtifactDamaged, damaged_artifacts
 from workflow.components import resolve_device
 from workflow.finalize import restore_killed
 from workflow.lineage import check_upstream
@@ -41,7 +41,7 @@ from workflow import signals
 from workflow.specfile import STAGES, ResolvedSpec
 from workflow.stages import UPSTREAM, stage_function
 from workflow.stages.base import StageContext
-from workflow.tracking import log_dataset_input
+from workflow.tracking import MODEL_NAME, log_dataset_input, logged_model_problem
 
 __all__ = ["StageFailed", "run_stage", "InProcessLauncher", "ProjectLauncher", "run_pipeline",
            "collect_summary"]
@@ -172,10 +172,22 @@ def collect_summary(upstream: dict[str, str]) -> dict[str, float]:
     return out
 
 
-def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
-    """``run_id`` if every checksummed artifact of it is present and intact, else
-    ``None`` after a warning naming the run and each damaged file (the stage runs again)."""
+def _problems(stage: str, run_id: str) -> list[ArtifactDamaged]:
+    """What is missing or damaged in ``run_id``: its checksummed artifacts and, for a
+    train run, the logged MLflow model (``runs:/<id>/model``) it promises."""
     damaged = damaged_artifacts(run_id)
+    if stage == "train":
+        problem = logged_model_problem(run_id)
+        if problem is not None:
+            damaged.append(ArtifactDamaged(run_id, MODEL_NAME, problem))
+    return damaged
+
+
+def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
+    """``run_id`` if every checksummed artifact of it (and a train run's logged model)
+    is present and intact, else ``None`` after a warning naming the run and each damaged
+    file (the stage runs again)."""
+    damaged = _problems(stage, run_id)
     if not damaged:
         return run_id
     for err in damaged:
@@ -190,7 +202,8 @@ def run_pipeline(rspec: ResolvedSpec, launcher, *, reuse: bool = True, reporter:
                  stages: tuple[str, ...] = STAGES, run_name: str | None = None) -> dict[str, dict]:
     """All ``stages`` as children of one parent run (see the module docstring).
 
-    A reusable run whose checksummed artifacts are missing or damaged is not reused:
+    A reusable run whose checksummed artifacts are missing or damaged (or a train run
+    whose logged MLflow model is gone) is not reused:
     the stage runs again, with a warning naming the run and the file
     (:mod:`workflow.checksums`).
 

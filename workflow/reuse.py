@@ -13,6 +13,10 @@ Only when all of these match (the run's tags):
 * ``code_version``: git commit plus a hash of the ``betty/`` and ``workflow/`` sources
   on disk (:mod:`workflow.provenance`), so uncommitted edits count;
 * status ``FINISHED`` (failed, killed or running runs are never reused).
+
+A run found this way is then checked by :func:`workflow.pipeline.run_pipeline`: its
+checksummed artifacts must be intact and a train run's logged MLflow model present,
+otherwise the stage runs again with a warning.
 """
 
 from __future__ import annotations

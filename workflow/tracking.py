@@ -39,8 +39,8 @@ from mlflow.tracking import MlflowClient
 
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "experiment_name", "spec_experiment_name",
-           "leave_default_experiment",
+__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "logged_model_problem", "experiment_name",
+           "spec_experiment_name", "leave_default_experiment",
            "use_spec_experiment", "mark_model_training", "dataset_input", "log_dataset_input",
            "log_pytorch_model"]
 
@@ -193,6 +193,19 @@ def _pip_requirements() -> list[str]:
         except metadata.PackageNotFoundError:
             continue
     return out
+
+
+def logged_model_problem(run_id: str) -> str | None:
+    """Why the model logged by train run ``run_id`` (``runs:/<id>/model``) is unusable,
+    or ``None`` when its ``MLmodel`` file can be downloaded (a deleted logged model, or
+    one whose files are gone, cannot)."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="betty-model-check-") as tmp:
+            mlflow.artifacts.download_artifacts(f"runs:/{run_id}/{MODEL_NAME}/MLmodel", dst_path=tmp)
+    except Exception as err:  # noqa: BLE001  (MLflow raises several types for a missing model)
+        first = str(err).splitlines()[0][:160] if str(err) else ""
+        return f"missing or unreadable ({type(err).__name__}: {first})"
+    return None
 
 
 def log_pytorch_model(model, rspec: ResolvedSpec, step: int = 0) -> str:

@@ -39,6 +39,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import pickle
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +59,7 @@ __all__ = [
     "check_ogb_files",
     "ogb_source_fingerprint",
     "load_ogb",
+    "load_split_dict",
 ]
 
 
@@ -214,14 +217,79 @@ def _read_with_ogb(name: str, root: Path, meta_dict: dict | None) -> tuple[dict,
             labels = pd.read_csv(raw / "node-label.csv.gz", compression="gzip", header=None).values
     split_dir = folder / "split" / str(meta["split"])
     if (split_dir / "split_dict.pt").is_file():
-        # OGB's own file (papers100M) holds numpy arrays, which torch >= 2.6's default
-        # weights_only=True refuses; OGB's classes load it the same way.
-        split = torch.load(split_dir / "split_dict.pt", weights_only=False)
+        split = load_split_dict(split_dir / "split_dict.pt")
     else:
         split = {part: pd.read_csv(split_dir / f"{part}.csv.gz", compression="gzip",
                                    header=None).values.T[0]
                  for part in ("train", "valid", "test")}
     return graph, labels, split, meta
+
+
+# What a pickled dict of numpy arrays refers to (numpy 1 and 2 spell the module
+# differently; ``_codecs.encode`` turns the array's latin-1 text back into bytes).
+_NUMPY_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+}
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays, dicts, lists and scalars and nothing else: any other
+    global (a class or function a crafted file names to run code) is refused."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _NUMPY_GLOBALS:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return super().find_class(module, name)
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("tensor storages are loaded by torch.load(weights_only=True)")
+
+
+def _numpy_split_dict(path: Path) -> dict:
+    """A ``torch.save``-d dict of numpy arrays (no tensors) read with
+    :class:`_NumpyOnlyUnpickler` from the file's ``data.pkl``."""
+    with zipfile.ZipFile(path) as archive:
+        names = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+        if len(names) != 1:
+            raise pickle.UnpicklingError("not a torch.save zip archive with one data.pkl")
+        with archive.open(names[0]) as fh:
+            return _NumpyOnlyUnpickler(fh).load()
+
+
+def load_split_dict(path: str | Path) -> dict[str, np.ndarray | torch.Tensor]:
+    """OGB's ``split_dict.pt`` (papers100M ships one): ``{"train", "valid", "test"}`` ->
+    integer node IDs, as tensors or numpy arrays, loaded without running any code from
+    the file: ``torch.load(weights_only=True)`` for tensors, a numpy-only unpickler for
+    numpy arrays (which torch's weights-only loader refuses).
+
+    Raises:
+        ValueError: the file holds anything else (objects, non-integer arrays, other keys).
+    """
+    path = Path(path)
+    try:
+        split = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError) as first:
+        try:
+            split = _numpy_split_dict(path)
+        except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, ValueError, TypeError) as err:
+            raise ValueError(f"{path}: not a split of tensors or numpy arrays; refusing to load it "
+                             f"({str(err) or type(err).__name__}; torch: {str(first).strip().splitlines()[-1][:160]})"
+                             ) from None
+    _check_split(path, split)
+    return split
+
+
+def _check_split(path: Path, split) -> None:
+    """``split`` is a dict of 1-D integer arrays or tensors under train/valid/test."""
+    if not isinstance(split, dict) or not {"train", "valid", "test"} <= set(split):
+        raise ValueError(f"{path}: expected a dict with keys 'train', 'valid', 'test'")
+    for part in ("train", "valid", "test"):
+        value = split[part]
+        integer = (isinstance(value, torch.Tensor) and not value.is_floating_point() and not value.is_complex()) or (
+            isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.integer))
+        if not integer or value.ndim != 1:
+            raise ValueError(f"{path}: split {part!r} is not a 1-D array of integer node IDs")
 
 
 def _node_features(graph: dict, recipe: OgbRecipe, name: str) -> torch.Tensor:

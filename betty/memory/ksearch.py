@@ -66,6 +66,8 @@ from betty.memory.spec import as_model_spec
 
 __all__ = [
     "KSearchError",
+    "BudgetExceeded",
+    "check_fixed_k",
     "KSearchResult",
     "search_k",
     "memory_balance_weights",
@@ -107,6 +109,30 @@ class KSearchError(RuntimeError):
         self.budget, self.usable = budget, usable
         self.dominant, self.smallest_budget = dominant, smallest_budget
         self.tried = list(tried or [])
+
+
+class BudgetExceeded(KSearchError):
+    """A fixed K (``partition.k`` an integer) whose largest piece is estimated over the
+    memory budget: training it would silently run past the budget."""
+
+
+def check_fixed_k(estimates: Sequence[float], k: int, memory_budget: float, safety_margin: float,
+                  piece: str = "micro-batch") -> None:
+    """Refuse a fixed ``k`` whose largest estimated piece exceeds ``memory_budget · (1 −
+    safety_margin)``: :class:`BudgetExceeded` names ``partition.k``, the estimated peak,
+    the budget and the two ways on (``k: auto``, or a budget large enough)."""
+    usable = usable_budget(memory_budget, safety_margin)
+    peak = max(estimates)
+    if peak <= usable:
+        return
+    need = math.ceil(peak / (1 - safety_margin))
+    raise BudgetExceeded(
+        f"partition.k = {k} does not fit partition.memory_budget: its largest {piece} is "
+        f"estimated at {int(peak)} bytes, over the usable budget {int(usable)} bytes "
+        f"(memory_budget {int(memory_budget)} with safety_margin {safety_margin}). Set "
+        f"partition.k: auto to choose a K that fits, or raise partition.memory_budget to at "
+        f"least {need} bytes", budget=memory_budget, usable=usable, smallest_budget=need,
+        tried=[(k, int(peak))])
 
 
 @dataclass

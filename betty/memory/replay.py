@@ -6,7 +6,8 @@ storage as it is created and when its last holder lets go of it:
 
 1. **Blocks**: the two int64 edge-index copies per layer betty hands to
    ``dgl.create_block`` (``2·E_l·8`` bytes), plus DGL's device-side graph formats
-   (backend constants; 0 on the host, where they live outside PyTorch); on PyG the
+   (backend constants; 0 on the host, where they live outside PyTorch, but for a
+   16-byte tensor per block); on PyG the
    ``(2, E_l)`` ``edge_index`` of a :class:`~betty.backends.pyg_backend.PygBlock`
    (the same bytes) and nothing else.
 2. **Global IDs** for deterministic dropout: ``n_src_l·8`` per layer (feature dropout),
@@ -75,6 +76,9 @@ _DROPOUT_CHUNK_ELEMENTS = 1 << 15  # betty.models.dropout._CHUNK_ELEMENTS
 # components of the breakdown besides the shared ones (betty.memory.ops); all indices are
 # int64 (INDEX_BYTES: betty builds blocks with idtype=int64)
 BLOCKS, IDS, AGG, LSTM = "blocks", "global_ids", "aggregation", "lstm"
+# dgl.create_block keeps a 2-element int64 tensor per block that PyTorch allocates on
+# the host (measured: 16 bytes per layer of DGL blocks on the host, none with PyG)
+DGL_BLOCK_HOST_BYTES = 16
 
 
 @dataclass
@@ -960,6 +964,9 @@ class _Replayer:
                 tl.alloc(s.n_src[l] * INDEX_BYTES, BLOCKS, f"layer {l} source out-degrees")
             if self.pyg:  # PygBlock: the (2, E) edge_index only, no graph formats
                 continue
+            if cfg.host:
+                tl.alloc(DGL_BLOCK_HOST_BYTES, BLOCKS,
+                         f"layer {l} DGL block node counts")
             tl.alloc(cfg.constants.block_bytes_per_edge * s.num_edges[l]
                      + cfg.constants.block_bytes_per_node * (s.n_src[l] + s.n_dst[l]),
                      BLOCKS, f"layer {l} device graph formats")

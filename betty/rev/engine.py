@@ -54,7 +54,7 @@ from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.records import epoch_metrics, estimate_error
 from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes
 from betty.train import (PieceForward, accumulate_pieces, count_correct, largest_peak,
-                         node_loss_sum, step_over_pieces)
+                         locate_non_finite, node_loss_sum, step_over_pieces)
 
 __all__ = [
     "CLUSTER_METHODS",
@@ -510,13 +510,16 @@ class RevTrainer:
         """One epoch = one optimizer step over the epoch's parts; ``progress(1, 1)`` is
         called after the step."""
         from betty.memory import oom_guard
+        from betty.memory.ksearch import check_fixed_k
 
         start = time.perf_counter()
         parts, estimates, fresh = self.split(epoch)
+        if estimates and self.plan.k != "auto" and self.plan.memory_budget is not None:
+            check_fixed_k(estimates, len(parts), self.plan.memory_budget, self.plan.safety_margin, piece="part")
         t_split = time.perf_counter() - start
         ds = self.dataset
         had_state = bool(self.optimizer.state)
-        with oom_guard(estimates or [], self.plan.memory_budget):
+        with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, piece_name="part"):
             step_kwargs = dict(multilabel=ds.multilabel, device=self.device, dtype=self.dtype,
                                mask_factory=self.mask_factory(epoch), meter=self.meter)
             step = train_step_parts(self.model, self.optimizer, parts, ds.feat, ds.label,

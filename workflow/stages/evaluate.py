@@ -10,6 +10,7 @@ this run logs ``m`` (= mean), ``m_mean`` and ``m_std`` (the OGB reporting conven
 from __future__ import annotations
 
 import json
+import pickle
 import time
 
 import mlflow
@@ -24,13 +25,36 @@ from workflow.runs import clean_metrics, log_metrics
 from workflow.stages.base import StageContext
 from workflow.stages.train import summarize_repeats
 
-__all__ = ["run"]
+__all__ = ["UnsafeModelFile", "load_state_dict", "run"]
 
 
 def _model_file(ctx: StageContext, entry: dict) -> str:
     dst = ctx.workdir / f"model-{entry['repeat']}"
     dst.mkdir(parents=True, exist_ok=True)
     return str(fetch(entry["run_id"], entry["artifact"], dst))
+
+
+class UnsafeModelFile(RuntimeError):
+    """A train run's ``model.pt`` is not a plain state_dict (it would need unpickling
+    arbitrary objects, which could run code)."""
+
+
+def load_state_dict(path: str, run_id: str) -> dict:
+    """The state_dict in ``path`` (a train run's ``model.pt``), loaded with
+    ``weights_only=True``: tensors and containers only, never arbitrary objects.
+
+    Raises:
+        UnsafeModelFile: the file holds anything else (naming the run).
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[-1][:200] if str(err).strip() else ""
+        raise UnsafeModelFile(f"model.pt of train run {run_id} is not a plain state_dict of tensors; "
+                              f"refusing to load it ({first})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UnsafeModelFile(f"model.pt of train run {run_id} is not a state_dict of tensors")
+    return state
 
 
 def run(ctx: StageContext) -> dict[str, float]:
@@ -44,7 +68,7 @@ def run(ctx: StageContext) -> dict[str, float]:
     start = time.perf_counter()
     for entry in entries:
         model = build_model(ctx.rspec, ds, seed=entry.get("train_seed"))
-        model.load_state_dict(torch.load(_model_file(ctx, entry), map_location="cpu"))
+        model.load_state_dict(load_state_dict(_model_file(ctx, entry), entry["run_id"]))
         model = model.to(device)
         scores = evaluate_model(model, ds, ctx.rspec, device, train_k=entry.get("k"))
         results.append({**entry, **scores})
