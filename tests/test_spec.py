@@ -55,9 +55,7 @@ def problems(overrides, base=BASE):
     ("sampling.batch_size=half", "sampling.batch_size", "'half'", "'full'"),
     ("model.dropout=1.5", "model.dropout", "1.5", "less than 1"),
     ("dataset.name=ogbn-prodcts", "dataset.name", "'ogbn-prodcts'", "ogbn-products"),
-    ("dataset.colour=red", "dataset.colour", "'red'", "num_nodes"),
     ("dataset.num_nodes=1", "dataset.num_nodes", "1", "integer >= 2"),
-    ("train.foo=1", "train.foo", "1", "epochs"),
     ("partition.sweep.k=[1]", "partition.sweep.k[0]", "1", "greater than or equal to 2"),
     ("model.heads=2", "model.heads", "2", "gat"),
     ("model.groups=3", "model.groups", "3", "revgnn"),
@@ -69,6 +67,22 @@ def test_bad_values_name_key_value_and_allowed(override, path, value_text, allow
     text = str(err.problems[0])
     assert text.startswith(f"{path} = {value_text}:"), text
     assert allowed_text in text, text
+
+
+@pytest.mark.parametrize(("override", "path", "allowed_text"), [
+    ("dataset.colour=red", "dataset.colour", "num_nodes"),
+    ("train.foo=1", "train.foo", "epochs"),
+    ("train.password=hunter2", "train.password", "epochs"),
+])
+def test_unknown_keys_name_the_path_not_the_value(override, path, allowed_text):
+    """An unknown key's value may be any text of the file: the message names the key path
+    and the allowed keys, never the value."""
+    err = problems([override])
+    assert len(err.problems) == 1, str(err)
+    text = str(err.problems[0])
+    assert text.startswith(f"{path}: unknown"), text
+    assert allowed_text in text, text
+    assert override.split("=")[1] not in str(err), text
 
 
 def test_missing_sections_and_budget_are_named():
@@ -242,3 +256,135 @@ def test_partition_time_limit_and_determinism_reach_the_plan():
         "time_limit_s": None, "deterministic": False, "threads": None}
     err = problems(["partition.time_limit_s=0"])
     assert {p.path for p in err.problems} == {"partition.time_limit_s"}
+
+
+# ------------------------------------------------------------- reading spec files
+
+
+def _spec_yaml(**sections) -> str:
+    return yaml.safe_dump({**BASE, **sections})
+
+
+def test_only_yaml_files_are_specs(tmp_path, monkeypatch):
+    """A readable file without a .yaml/.yml name is refused unread, so its content
+    cannot reach an error message; the stem lookup only finds .yaml/.yml files."""
+    text = _spec_yaml()
+    for name in ("notes.txt", "passwd", "spec.yaml.bak"):
+        other = _write(tmp_path / name, text)
+        with pytest.raises(SpecError, match="not a spec file; a spec is a .yaml or .yml file") as info:
+            load_spec(other)
+        assert [p.path for p in info.value.problems] == ["spec"]
+    link = tmp_path / "link.yaml"
+    link.symlink_to(tmp_path / "passwd")
+    with pytest.raises(SpecError, match="not a spec file"):
+        load_spec(link)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    _write(tmp_path / "specs" / "bare", text)
+    with pytest.raises(SpecError, match="no such spec file"):
+        find_spec("bare")
+    assert load_spec(_write(tmp_path / "ok.yml", text)).name == "t"
+
+
+def test_a_file_that_is_no_spec_gets_one_message_without_its_content(tmp_path):
+    """A YAML mapping none of whose top-level keys is a spec key (a config file of some
+    other program) is refused in one message naming the file; its lines are not echoed."""
+    path = _write(tmp_path / "other.yaml", "root_password: hunter2\napi_token: s3cr3t\nhost: db1\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert len(info.value.problems) == 1
+    text = str(info.value)
+    assert "is not a betty spec" in text and str(path) in text
+    for secret in ("hunter2", "s3cr3t", "root_password", "api_token", "db1"):
+        assert secret not in text
+    long_key = "k" * 5000
+    with pytest.raises(SpecError) as info:
+        load_spec(_write(tmp_path / "long.yaml", _spec_yaml(train={long_key: 1})))
+    assert len(str(info.value)) < 1000 and "train.kkk" in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "data"), [
+    ("latin1.yaml", ("description: caf\u00e9\n" + _spec_yaml()).encode("latin-1")),
+    ("utf16.yaml", _spec_yaml().encode("utf-16")),
+    ("utf16le.yaml", _spec_yaml().encode("utf-16-le")),  # no BOM: ASCII with NUL bytes
+    ("binary.yaml", bytes(range(256)) * 4),
+])
+def test_non_utf8_files_are_refused_cleanly(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert [str(p) for p in info.value.problems] == [f"spec = {str(path)!r}: is not UTF-8 text; "
+                                                     "a spec is a YAML text file in UTF-8"]
+
+
+def test_oversized_file_is_refused_unparsed(tmp_path):
+    from workflow.specfile import MAX_SPEC_BYTES
+
+    path = _write(tmp_path / "big.yaml", _spec_yaml() + "#" * MAX_SPEC_BYTES)
+    with pytest.raises(SpecError, match="larger than 1 MiB"):
+        load_spec(path)
+
+
+def test_duplicate_keys_are_errors_naming_key_and_lines(tmp_path):
+    text = _spec_yaml() + "train:\n  epochs: 1000\n"
+    first = 1 + [line.split(":")[0] for line in _spec_yaml().splitlines()].index("train")
+    last = len(_spec_yaml().splitlines()) + 1
+    with pytest.raises(SpecError) as info:
+        load_spec(_write(tmp_path / "dup.yaml", text))
+    msg = str(info.value)
+    assert f"duplicate key 'train' (lines {first} and {last})" in msg, msg
+    nested = "dataset: {name: synthetic, num_nodes: 300, num_nodes: 400}\n"
+    with pytest.raises(SpecError, match=r"dup2.yaml:1:\d+': is not valid YAML: duplicate key 'num_nodes' "
+                                        r"\(lines 1 and 1\)"):
+        load_spec(_write(tmp_path / "dup2.yaml", nested))
+    with pytest.raises(SpecError, match="duplicate key 'a'"):
+        parse_overrides(["dataset.x={a: 1, a: 2}"])
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("1e-3", 0.001), ("1E-3", 0.001), ("5e2", 500.0), ("1.0e-3", 0.001), ("+.5", 0.5), ("-2.5", -2.5),
+    ("3", 3), ("-1", -1), ("1_000", 1000), ("0x10", 16), (".inf", float("inf")), ("true", True),
+    ("1:30", "1:30"), ("010", "010"), ("1:30.5", "1:30.5"),
+])
+def test_yaml_numbers_follow_yaml_1_2(text, expected):
+    """``1e-3`` is a float (YAML 1.1 reads a string), base-60 ``1:30`` (YAML 1.1: 90) and
+    leading-zero octal ``010`` (YAML 1.1: 8) stay strings, which validation refuses."""
+    from workflow.specfile import parse_yaml
+
+    value = parse_yaml(f"v: {text}")["v"]
+    assert value == expected and type(value) is type(expected), (text, value)
+
+
+def test_yaml_1_1_quirks_do_not_reach_the_spec(tmp_path):
+    text = _spec_yaml().replace("epochs: 1", "epochs: 1:30\n  lr: 1e-3")
+    err = pytest.raises(SpecError, load_spec, _write(tmp_path / "sexa.yaml", text)).value
+    assert [str(p) for p in err.problems] == ["train.epochs = '1:30': Input should be a valid integer"]
+    ok = load_spec(_write(tmp_path / "ok.yaml", _spec_yaml().replace("epochs: 1", "epochs: 1\n  lr: 1e-3")))
+    assert ok.spec.train.lr == 0.001
+    assert load_spec(_write(tmp_path / "o.yaml", _spec_yaml()), ["train.lr=5e-4"]).spec.train.lr == 5e-4
+    err = pytest.raises(SpecError, load_spec, tmp_path / "o.yaml", ["train.epochs=1:30"]).value
+    assert [p.path for p in err.problems] == ["train.epochs"]
+
+
+def test_alias_bomb_is_refused_fast(tmp_path):
+    import time
+
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, 10):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    bomb = "\n".join(lines) + "\ndataset: {name: synthetic, bomb: *a9}\n"
+    assert len(bomb) < 1100
+    path = _write(tmp_path / "bomb.yaml", _spec_yaml() + bomb.replace("dataset:", "extra:"))
+    start = time.perf_counter()
+    with pytest.raises(SpecError, match=r"bomb.yaml:\d+:\d+': is not valid YAML: aliases \(\*name\) are "
+                                        r"not allowed in a spec"):
+        load_spec(path)
+    with pytest.raises(SpecError, match="aliases"):
+        parse_overrides(["dataset.x=[&a 1, *a]"])
+    assert time.perf_counter() - start < 2.0
+
+
+def test_deep_nesting_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError, match="nested too deeply"):
+        load_spec(_write(tmp_path / "deep.yaml", "train: " + "[" * 5000 + "]" * 5000 + "\n"))

@@ -43,6 +43,8 @@ __all__ = [
     "ARCHS",
     "Problem",
     "SpecError",
+    "short_repr",
+    "short_text",
     "Spec",
     "DatasetSection",
     "SamplingSection",
@@ -69,20 +71,34 @@ REVGNN_PARTITION_METHODS = ("random", "metis")
 DEFAULT_SWEEP_K = (2, 4, 8, 16, 32)
 
 
+def short_text(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters (``...`` marks the cut): an error message
+    names a key or value without echoing a whole file's worth of text."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut like :func:`short_text`."""
+    return short_text(repr(value), limit)
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a spec: ``path`` (``"model.layers"``), the offending value
-    (``None`` when the key is missing) and a message saying what is allowed."""
+    (``None`` when the key is missing) and a message saying what is allowed.
+    ``hide_value`` leaves the value out of the message (an unknown key's value may be
+    any text of the file); long values are cut (:func:`short_repr`)."""
 
     path: str
     value: Any
     message: str
     missing: bool = False
+    hide_value: bool = False
 
     def __str__(self) -> str:
-        if self.missing:
+        if self.missing or self.hide_value:
             return f"{self.path}: {self.message}"
-        return f"{self.path} = {self.value!r}: {self.message}"
+        return f"{self.path} = {short_repr(self.value, 200)}: {self.message}"
 
 
 class SpecError(ValueError):
@@ -425,8 +441,9 @@ def _dataset_problems(ds: DatasetSection) -> list[Problem]:
     for key in options:
         if key not in allowed:
             hint = ", ".join(allowed) if allowed else "none"
-            out.append(Problem(f"dataset.{key}", options[key],
-                               f"unknown option for dataset {ds.name!r}; allowed options: {hint}"))
+            out.append(Problem(f"dataset.{short_text(str(key))}", options[key],
+                               f"unknown option for dataset {ds.name!r}; allowed options: {hint}",
+                               hide_value=True))
     if out:
         return out
     for key, value in options.items():
