@@ -388,3 +388,121 @@ def test_alias_bomb_is_refused_fast(tmp_path):
 def test_deep_nesting_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match="nested too deeply"):
         load_spec(_write(tmp_path / "deep.yaml", "train: " + "[" * 5000 + "]" * 5000 + "\n"))
+
+
+# ----------------------------------------------------------- bounds at validation
+
+
+@pytest.mark.parametrize(("override", "path", "allowed_text"), [
+    ("train.lr=.inf", "train.lr", "finite"),
+    ("train.lr=.nan", "train.lr", "finite"),
+    ("train.weight_decay=.inf", "train.weight_decay", "finite"),
+    ("partition.time_limit_s=.inf", "partition.time_limit_s", "finite"),
+    ("partition.sweep.time_limit_s=.inf", "partition.sweep.time_limit_s", "finite"),
+    ("sampling.seed=1180591620717411303424", "sampling.seed", "4294967295"),
+    ("train.seed=1180591620717411303424", "train.seed", "4294967295"),
+    ("dataset.seed=1180591620717411303424", "dataset.seed", "0 to 4294967295"),
+    ("dataset.scale=.inf", "dataset.scale", "finite"),
+    ("dataset.feature_snr=.inf", "dataset.feature_snr", "finite"),
+    ("model.hidden=1000000000", "model.hidden", "16384"),
+    ("model.layers=100000", "model.layers", "1024"),
+    ("partition.memory_budget=0", "partition.memory_budget", "more than 0 bytes"),
+    ("partition.k=31", "partition.k", "larger than a batch's output nodes (30 for this dataset); "
+                                      "allowed: an integer from 1 to 30"),
+    ("dataset.num_nodes=1000000000000", "dataset", "more than this machine's memory"),
+    ("dataset.scale=1e12", "dataset", "more than this machine's memory"),
+    ("dataset.num_features=1000000000", "dataset", "more than this machine's memory"),
+    ("dataset.root=/proc", "dataset.root", "pseudo-filesystem"),
+    ("dataset.root=/sys/kernel", "dataset.root", "pseudo-filesystem"),
+    ("dataset.root=/dev", "dataset.root", "pseudo-filesystem"),
+])
+def test_values_that_fail_late_are_refused_at_validation(override, path, allowed_text):
+    """Each of these used to validate and fail only once runs existed (or ran with NaN
+    losses, or tried to allocate terabytes)."""
+    err = problems([override])
+    assert [p.path for p in err.problems] == [path], str(err)
+    assert allowed_text in str(err), str(err)
+
+
+def test_bounds_keep_their_edges_valid(tmp_path):
+    ok = resolve_spec(apply_overrides(BASE, [
+        "partition.k=30", "sampling.seed=4294967295", "train.seed=4294967295", "dataset.seed=4294967295",
+        "model.hidden=16384", "train.lr=1e-3", f"dataset.root={tmp_path}", "dataset.root=/dev/shm/betty"]))
+    assert ok.spec.partition.k == 30 and ok.spec.model.hidden == 16384
+    assert problems(["sampling.batch_size=10", "partition.k=11"]).problems[0].path == "partition.k"
+    rev = ["model.arch=revgnn", "model.hidden=8", "partition.method=random"]
+    assert resolve_spec(apply_overrides(BASE, [*rev, "partition.k=300"])).spec.partition.k == 300
+    assert "graph's nodes (300" in str(problems([*rev, "partition.k=301"]))
+    gat = ["model.arch=gat", "model.hidden=4096", "model.heads=8"]
+    assert "allowed: a product up to 16384" in str(problems(gat))
+
+
+def test_dataset_root_at_a_file_is_refused(tmp_path):
+    file = _write(tmp_path / "data", "x")
+    err = problems([f"dataset.root={file}"])
+    assert [p.path for p in err.problems] == ["dataset.root"] and "is not a folder" in str(err)
+
+
+def test_train_threads_bounded_by_available_cores():
+    import os
+
+    from workflow.spec import available_cores
+
+    cores = len(os.sched_getaffinity(0))
+    assert available_cores() == cores
+    err = problems(["train.threads=1000000"])
+    assert [str(p) for p in err.problems] == [
+        "train.threads = 1000000: allowed: null (the libraries' default) or an integer from 1 to "
+        f"{cores} (the CPU cores available to this process)"]
+    assert resolve_spec(apply_overrides(BASE, [f"train.threads={cores}"])).spec.train.threads == cores
+    assert resolve_spec(apply_overrides(BASE, ["train.threads=null"])).spec.train.threads is None
+    for bad in ("0", "true", "'2'", "1.0"):
+        assert problems([f"train.threads={bad}"]).problems[0].path == "train.threads"
+
+
+DGL_FILE = ["sampling.fanouts=[3, 4]"]
+
+
+def _dgl_file(options: dict) -> list[str]:
+    return [f"dataset={yaml.safe_dump({'name': 'dgl-file', **options}, default_flow_style=True).strip()}"]
+
+
+def test_dgl_file_with_path_and_num_classes_validates(tmp_path):
+    missing = str(tmp_path / "graph.bin")  # a missing file is a warning of `betty validate`
+    r = resolve_spec(apply_overrides(BASE, _dgl_file({"path": missing, "num_classes": 7})))
+    assert r.dataset_options == {"path": missing, "num_classes": 7}
+    err = problems(_dgl_file({"num_classes": 7}))
+    assert [p.path for p in err.problems] == ["dataset"] and "needs option path" in str(err)
+    err = problems(_dgl_file({"path": missing, "num_classes": 0}))
+    assert [p.path for p in err.problems] == ["dataset.num_classes"]
+
+
+def test_dgl_file_at_a_non_graph_file_is_refused_at_validation(tmp_path):
+    from betty.data.dgl_file import DGL_FILE_MAGIC, is_dgl_file
+
+    junk = tmp_path / "notes.bin"
+    junk.write_bytes(b"hello world\n" * 10)
+    err = problems(_dgl_file({"path": str(junk)}))
+    assert [p.path for p in err.problems] == ["dataset.path"] and "not a dgl.save_graphs file" in str(err)
+    assert "hello" not in str(err)
+    assert problems(_dgl_file({"path": "/proc/self/environ"})).problems[0].path == "dataset.path"
+    headed = tmp_path / "headed.bin"
+    headed.write_bytes(DGL_FILE_MAGIC + b"\0" * 8)
+    assert is_dgl_file(headed) and not is_dgl_file(junk) and not is_dgl_file(tmp_path)
+    resolve_spec(apply_overrides(BASE, _dgl_file({"path": str(headed)})))
+
+
+@pytest.mark.dgl
+def test_dgl_file_loader_refuses_non_graph_files_without_a_backtrace(tmp_path):
+    from betty.data.dgl_file import DGL_FILE_MAGIC, load_dgl_file
+
+    junk = tmp_path / "notes.bin"
+    junk.write_bytes(b"hello world\n" * 10)
+    with pytest.raises(ValueError, match="not a dgl.save_graphs file") as info:
+        load_dgl_file(junk)
+    truncated = tmp_path / "truncated.bin"
+    truncated.write_bytes(DGL_FILE_MAGIC + b"\1" * 12)
+    with pytest.raises(ValueError, match="DGL cannot read it") as info2:
+        load_dgl_file(truncated)
+    for err in (info.value, info2.value):
+        assert "Stack trace" not in str(err) and "[bt]" not in str(err) and "\n" not in str(err)
