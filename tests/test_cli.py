@@ -222,3 +222,28 @@ def test_commands_without_tensors_import_no_framework(args, tmp_path):
     assert line == ["HEAVY="], res.stderr[-2000:]
     if args[0] in ("--help", "--version", "specs"):  # no MLflow either: a few interpreter starts
         assert took < 20 * bare + 10, (took, bare)
+@pytest.mark.parametrize("args", [
+    ["--nproc", "1", "--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "127.0.0.1:1"],
+    ["--nproc", "1", "--node-rank", "1"],
+    ["--nnodes", "2"],
+    ["--nproc", "1", "--nnodes", "2"],
+    ["--nnodes", "0"],
+    ["--node-rank", "-1"],
+])
+def test_bad_distributed_options_exit_2(args):
+    """Refused before the spec is loaded or a run exists: exit 2, a message, no traceback."""
+    res = invoke("run", "tiny", *args)
+    assert res.exit_code == 2, (args, res.output)
+    assert "Traceback" not in res.output and ("--node-rank" in res.output or "--nnodes" in res.output
+                                              or "--nproc" in res.output), res.output
+
+
+def test_unreadable_and_non_spec_files_exit_2(tmp_path):
+    utf16 = tmp_path / "utf16.yaml"
+    utf16.write_text("name: x\n", encoding="utf-16")
+    other = tmp_path / "passwd"
+    other.write_text("root: x\n")
+    for path, text in ((utf16, "is not UTF-8 text"), (other, "not a spec file")):
+        res = invoke("validate", str(path))
+        assert res.exit_code == 2 and text in res.stderr and "Traceback" not in res.output, res.output
+        assert "root" not in res.stderr.replace(str(path), "")

@@ -55,9 +55,7 @@ def problems(overrides, base=BASE):
     ("sampling.batch_size=half", "sampling.batch_size", "'half'", "'full'"),
     ("model.dropout=1.5", "model.dropout", "1.5", "less than 1"),
     ("dataset.name=ogbn-prodcts", "dataset.name", "'ogbn-prodcts'", "ogbn-products"),
-    ("dataset.colour=red", "dataset.colour", "'red'", "num_nodes"),
     ("dataset.num_nodes=1", "dataset.num_nodes", "1", "integer >= 2"),
-    ("train.foo=1", "train.foo", "1", "epochs"),
     ("partition.sweep.k=[1]", "partition.sweep.k[0]", "1", "greater than or equal to 2"),
     ("model.heads=2", "model.heads", "2", "gat"),
     ("model.groups=3", "model.groups", "3", "revgnn"),
@@ -72,6 +70,22 @@ def test_bad_values_name_key_value_and_allowed(override, path, value_text, allow
     text = str(err.problems[0])
     assert text.startswith(f"{path} = {value_text}:"), text
     assert allowed_text in text, text
+
+
+@pytest.mark.parametrize(("override", "path", "allowed_text"), [
+    ("dataset.colour=red", "dataset.colour", "num_nodes"),
+    ("train.foo=1", "train.foo", "epochs"),
+    ("train.password=hunter2", "train.password", "epochs"),
+])
+def test_unknown_keys_name_the_path_not_the_value(override, path, allowed_text):
+    """An unknown key's value may be any text of the file: the message names the key path
+    and the allowed keys, never the value."""
+    err = problems([override])
+    assert len(err.problems) == 1, str(err)
+    text = str(err.problems[0])
+    assert text.startswith(f"{path}: unknown"), text
+    assert allowed_text in text, text
+    assert override.split("=")[1] not in str(err), text
 
 
 def test_missing_sections_and_budget_are_named():
@@ -270,3 +284,254 @@ def test_partition_time_limit_and_determinism_reach_the_plan(monkeypatch):
         "time_limit_s": None, "deterministic": False, "threads": available_cores()}
     err = problems(["partition.time_limit_s=0"])
     assert {p.path for p in err.problems} == {"partition.time_limit_s"}
+
+
+# ------------------------------------------------------------- reading spec files
+
+
+def _spec_yaml(**sections) -> str:
+    return yaml.safe_dump({**BASE, **sections})
+
+
+def test_only_yaml_files_are_specs(tmp_path, monkeypatch):
+    """A readable file without a .yaml/.yml name is refused unread, so its content
+    cannot reach an error message; the stem lookup only finds .yaml/.yml files."""
+    text = _spec_yaml()
+    for name in ("notes.txt", "passwd", "spec.yaml.bak"):
+        other = _write(tmp_path / name, text)
+        with pytest.raises(SpecError, match="not a spec file; a spec is a .yaml or .yml file") as info:
+            load_spec(other)
+        assert [p.path for p in info.value.problems] == ["spec"]
+    link = tmp_path / "link.yaml"
+    link.symlink_to(tmp_path / "passwd")
+    with pytest.raises(SpecError, match="not a spec file"):
+        load_spec(link)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    _write(tmp_path / "specs" / "bare", text)
+    with pytest.raises(SpecError, match="no such spec file"):
+        find_spec("bare")
+    assert load_spec(_write(tmp_path / "ok.yml", text)).name == "t"
+
+
+def test_a_file_that_is_no_spec_gets_one_message_without_its_content(tmp_path):
+    """A YAML mapping none of whose top-level keys is a spec key (a config file of some
+    other program) is refused in one message naming the file; its lines are not echoed."""
+    path = _write(tmp_path / "other.yaml", "root_password: hunter2\napi_token: s3cr3t\nhost: db1\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert len(info.value.problems) == 1
+    text = str(info.value)
+    assert "is not a betty spec" in text and str(path) in text
+    for secret in ("hunter2", "s3cr3t", "root_password", "api_token", "db1"):
+        assert secret not in text
+    long_key = "k" * 5000
+    with pytest.raises(SpecError) as info:
+        load_spec(_write(tmp_path / "long.yaml", _spec_yaml(train={long_key: 1})))
+    assert len(str(info.value)) < 1000 and "train.kkk" in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "data"), [
+    ("latin1.yaml", ("description: caf\u00e9\n" + _spec_yaml()).encode("latin-1")),
+    ("utf16.yaml", _spec_yaml().encode("utf-16")),
+    ("utf16le.yaml", _spec_yaml().encode("utf-16-le")),  # no BOM: ASCII with NUL bytes
+    ("binary.yaml", bytes(range(256)) * 4),
+])
+def test_non_utf8_files_are_refused_cleanly(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert [str(p) for p in info.value.problems] == [f"spec = {str(path)!r}: is not UTF-8 text; "
+                                                     "a spec is a YAML text file in UTF-8"]
+
+
+def test_oversized_file_is_refused_unparsed(tmp_path):
+    from workflow.specfile import MAX_SPEC_BYTES
+
+    path = _write(tmp_path / "big.yaml", _spec_yaml() + "#" * MAX_SPEC_BYTES)
+    with pytest.raises(SpecError, match="larger than 1 MiB"):
+        load_spec(path)
+
+
+def test_duplicate_keys_are_errors_naming_key_and_lines(tmp_path):
+    text = _spec_yaml() + "train:\n  epochs: 1000\n"
+    first = 1 + [line.split(":")[0] for line in _spec_yaml().splitlines()].index("train")
+    last = len(_spec_yaml().splitlines()) + 1
+    with pytest.raises(SpecError) as info:
+        load_spec(_write(tmp_path / "dup.yaml", text))
+    msg = str(info.value)
+    assert f"duplicate key 'train' (lines {first} and {last})" in msg, msg
+    nested = "dataset: {name: synthetic, num_nodes: 300, num_nodes: 400}\n"
+    with pytest.raises(SpecError, match=r"dup2.yaml:1:\d+': is not valid YAML: duplicate key 'num_nodes' "
+                                        r"\(lines 1 and 1\)"):
+        load_spec(_write(tmp_path / "dup2.yaml", nested))
+    with pytest.raises(SpecError, match="duplicate key 'a'"):
+        parse_overrides(["dataset.x={a: 1, a: 2}"])
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("1e-3", 0.001), ("1E-3", 0.001), ("5e2", 500.0), ("1.0e-3", 0.001), ("+.5", 0.5), ("-2.5", -2.5),
+    ("3", 3), ("-1", -1), ("1_000", 1000), ("0x10", 16), (".inf", float("inf")), ("true", True),
+    ("1:30", "1:30"), ("010", "010"), ("1:30.5", "1:30.5"),
+])
+def test_yaml_numbers_follow_yaml_1_2(text, expected):
+    """``1e-3`` is a float (YAML 1.1 reads a string), base-60 ``1:30`` (YAML 1.1: 90) and
+    leading-zero octal ``010`` (YAML 1.1: 8) stay strings, which validation refuses."""
+    from workflow.specfile import parse_yaml
+
+    value = parse_yaml(f"v: {text}")["v"]
+    assert value == expected and type(value) is type(expected), (text, value)
+
+
+def test_yaml_1_1_quirks_do_not_reach_the_spec(tmp_path):
+    text = _spec_yaml().replace("epochs: 1", "epochs: 1:30\n  lr: 1e-3")
+    err = pytest.raises(SpecError, load_spec, _write(tmp_path / "sexa.yaml", text)).value
+    assert [str(p) for p in err.problems] == ["train.epochs = '1:30': Input should be a valid integer"]
+    ok = load_spec(_write(tmp_path / "ok.yaml", _spec_yaml().replace("epochs: 1", "epochs: 1\n  lr: 1e-3")))
+    assert ok.spec.train.lr == 0.001
+    assert load_spec(_write(tmp_path / "o.yaml", _spec_yaml()), ["train.lr=5e-4"]).spec.train.lr == 5e-4
+    err = pytest.raises(SpecError, load_spec, tmp_path / "o.yaml", ["train.epochs=1:30"]).value
+    assert [p.path for p in err.problems] == ["train.epochs"]
+
+
+def test_alias_bomb_is_refused_fast(tmp_path):
+    import time
+
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, 10):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    bomb = "\n".join(lines) + "\ndataset: {name: synthetic, bomb: *a9}\n"
+    assert len(bomb) < 1100
+    path = _write(tmp_path / "bomb.yaml", _spec_yaml() + bomb.replace("dataset:", "extra:"))
+    start = time.perf_counter()
+    with pytest.raises(SpecError, match=r"bomb.yaml:\d+:\d+': is not valid YAML: aliases \(\*name\) are "
+                                        r"not allowed in a spec"):
+        load_spec(path)
+    with pytest.raises(SpecError, match="aliases"):
+        parse_overrides(["dataset.x=[&a 1, *a]"])
+    assert time.perf_counter() - start < 2.0
+
+
+def test_deep_nesting_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError, match="nested too deeply"):
+        load_spec(_write(tmp_path / "deep.yaml", "train: " + "[" * 5000 + "]" * 5000 + "\n"))
+
+
+# ----------------------------------------------------------- bounds at validation
+
+
+@pytest.mark.parametrize(("override", "path", "allowed_text"), [
+    ("train.lr=.inf", "train.lr", "finite"),
+    ("train.lr=.nan", "train.lr", "finite"),
+    ("train.weight_decay=.inf", "train.weight_decay", "finite"),
+    ("partition.time_limit_s=.inf", "partition.time_limit_s", "finite"),
+    ("partition.sweep.time_limit_s=.inf", "partition.sweep.time_limit_s", "finite"),
+    ("sampling.seed=1180591620717411303424", "sampling.seed", "4294967295"),
+    ("train.seed=1180591620717411303424", "train.seed", "4294967295"),
+    ("dataset.seed=1180591620717411303424", "dataset.seed", "0 to 4294967295"),
+    ("dataset.scale=.inf", "dataset.scale", "finite"),
+    ("dataset.feature_snr=.inf", "dataset.feature_snr", "finite"),
+    ("model.hidden=1000000000", "model.hidden", "16384"),
+    ("model.layers=100000", "model.layers", "1024"),
+    ("partition.memory_budget=0", "partition.memory_budget", "more than 0 bytes"),
+    ("partition.k=31", "partition.k", "larger than a batch's output nodes (30 for this dataset); "
+                                      "allowed: an integer from 1 to 30"),
+    ("dataset.num_nodes=1000000000000", "dataset", "more than this machine's memory"),
+    ("dataset.scale=1e12", "dataset", "more than this machine's memory"),
+    ("dataset.num_features=1000000000", "dataset", "more than this machine's memory"),
+    ("dataset.root=/proc", "dataset.root", "pseudo-filesystem"),
+    ("dataset.root=/sys/kernel", "dataset.root", "pseudo-filesystem"),
+    ("dataset.root=/dev", "dataset.root", "pseudo-filesystem"),
+])
+def test_values_that_fail_late_are_refused_at_validation(override, path, allowed_text):
+    """Each of these used to validate and fail only once runs existed (or ran with NaN
+    losses, or tried to allocate terabytes)."""
+    err = problems([override])
+    assert [p.path for p in err.problems] == [path], str(err)
+    assert allowed_text in str(err), str(err)
+
+
+def test_bounds_keep_their_edges_valid(tmp_path):
+    ok = resolve_spec(apply_overrides(BASE, [
+        "partition.k=30", "sampling.seed=4294967295", "train.seed=4294967295", "dataset.seed=4294967295",
+        "model.hidden=16384", "train.lr=1e-3", f"dataset.root={tmp_path}", "dataset.root=/dev/shm/betty"]))
+    assert ok.spec.partition.k == 30 and ok.spec.model.hidden == 16384
+    assert problems(["sampling.batch_size=10", "partition.k=11"]).problems[0].path == "partition.k"
+    rev = ["model.arch=revgnn", "model.hidden=8", "partition.method=random"]
+    assert resolve_spec(apply_overrides(BASE, [*rev, "partition.k=300"])).spec.partition.k == 300
+    assert "graph's nodes (300" in str(problems([*rev, "partition.k=301"]))
+    gat = ["model.arch=gat", "model.hidden=4096", "model.heads=8"]
+    assert "allowed: a product up to 16384" in str(problems(gat))
+
+
+def test_dataset_root_at_a_file_is_refused(tmp_path):
+    file = _write(tmp_path / "data", "x")
+    err = problems([f"dataset.root={file}"])
+    assert [p.path for p in err.problems] == ["dataset.root"] and "is not a folder" in str(err)
+
+
+def test_train_threads_bounded_by_available_cores():
+    import os
+
+    from betty.threads import available_cores
+
+    cores = len(os.sched_getaffinity(0))
+    assert available_cores() == cores  # no CPU quota on this machine
+    err = problems(["train.threads=1000000"])
+    assert [str(p) for p in err.problems] == [
+        "train.threads = 1000000: allowed: 'auto' (the idle cores, betty.threads), null (the "
+        f"libraries' default) or an integer from 1 to {cores} (the CPU cores available to this process)"]
+    assert resolve_spec(apply_overrides(BASE, ["train.threads=auto"])).spec.train.threads == "auto"
+    assert resolve_spec(apply_overrides(BASE, [f"train.threads={cores}"])).spec.train.threads == cores
+    assert resolve_spec(apply_overrides(BASE, ["train.threads=null"])).spec.train.threads is None
+    for bad in ("0", "true", "'2'", "1.0", "Auto"):
+        assert problems([f"train.threads={bad}"]).problems[0].path == "train.threads"
+
+
+DGL_FILE = ["sampling.fanouts=[3, 4]"]
+
+
+def _dgl_file(options: dict) -> list[str]:
+    return [f"dataset={yaml.safe_dump({'name': 'dgl-file', **options}, default_flow_style=True).strip()}"]
+
+
+def test_dgl_file_with_path_and_num_classes_validates(tmp_path):
+    missing = str(tmp_path / "graph.bin")  # a missing file is a warning of `betty validate`
+    r = resolve_spec(apply_overrides(BASE, _dgl_file({"path": missing, "num_classes": 7})))
+    assert r.dataset_options == {"path": missing, "num_classes": 7}
+    err = problems(_dgl_file({"num_classes": 7}))
+    assert [p.path for p in err.problems] == ["dataset"] and "needs option path" in str(err)
+    err = problems(_dgl_file({"path": missing, "num_classes": 0}))
+    assert [p.path for p in err.problems] == ["dataset.num_classes"]
+
+
+def test_dgl_file_at_a_non_graph_file_is_refused_at_validation(tmp_path):
+    from betty.data.dgl_file import DGL_FILE_MAGIC, is_dgl_file
+
+    junk = tmp_path / "notes.bin"
+    junk.write_bytes(b"hello world\n" * 10)
+    err = problems(_dgl_file({"path": str(junk)}))
+    assert [p.path for p in err.problems] == ["dataset.path"] and "not a dgl.save_graphs file" in str(err)
+    assert "hello" not in str(err)
+    assert problems(_dgl_file({"path": "/proc/self/environ"})).problems[0].path == "dataset.path"
+    headed = tmp_path / "headed.bin"
+    headed.write_bytes(DGL_FILE_MAGIC + b"\0" * 8)
+    assert is_dgl_file(headed) and not is_dgl_file(junk) and not is_dgl_file(tmp_path)
+    resolve_spec(apply_overrides(BASE, _dgl_file({"path": str(headed)})))
+
+
+@pytest.mark.dgl
+def test_dgl_file_loader_refuses_non_graph_files_without_a_backtrace(tmp_path):
+    from betty.data.dgl_file import DGL_FILE_MAGIC, load_dgl_file
+
+    junk = tmp_path / "notes.bin"
+    junk.write_bytes(b"hello world\n" * 10)
+    with pytest.raises(ValueError, match="not a dgl.save_graphs file") as info:
+        load_dgl_file(junk)
+    truncated = tmp_path / "truncated.bin"
+    truncated.write_bytes(DGL_FILE_MAGIC + b"\1" * 12)
+    with pytest.raises(ValueError, match="DGL cannot read it") as info2:
+        load_dgl_file(truncated)
+    for err in (info.value, info2.value):
+        assert "Stack trace" not in str(err) and "[bt]" not in str(err) and "\n" not in str(err)

@@ -32,17 +32,20 @@ aggregators, optimizers) are read from it, so the schema grows with it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
-from workflow.sizes import BYTE_SIZE_HELP, parse_bytes
+from workflow.sizes import BYTE_SIZE_HELP, format_bytes, parse_bytes
 
 __all__ = [
     "ARCHS",
     "Problem",
     "SpecError",
+    "short_repr",
+    "short_text",
     "Spec",
     "DatasetSection",
     "SamplingSection",
@@ -68,22 +71,47 @@ REVGNN_PARTITION_METHODS = ("random", "metis")
 """``partition.method`` for ``revgnn``: how the graph is cut into K induced subgraphs
 (``betty.rev.training.cluster_partition``)."""
 DEFAULT_SWEEP_K = (2, 4, 8, 16, 32)
+MAX_SEED = 2**32 - 1
+"""Largest seed (``sampling.seed``, ``train.seed``, a dataset's ``seed``): seeds derived
+from it (``seed * 7919 + epoch``, ``seed + repeat``) stay inside torch's 64-bit range."""
+MAX_WIDTH = 16384
+"""Largest ``model.hidden`` (and, for ``gat``, ``hidden * heads``): one 16384 x 16384
+float32 weight is 1 GiB, so a typo cannot allocate terabytes before any check."""
+MAX_HEADS = 64
+MAX_LAYERS = 1024
+"""Largest ``model.layers`` (RevGNN's deepest published network has 1001)."""
+PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")
+"""Where ``dataset.root`` and data paths may not point (``/dev/shm``, a real tmpfs, may)."""
+
+
+def short_text(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters (``...`` marks the cut): an error message
+    names a key or value without echoing a whole file's worth of text."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut like :func:`short_text`."""
+    return short_text(repr(value), limit)
 
 
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a spec: ``path`` (``"model.layers"``), the offending value
-    (``None`` when the key is missing) and a message saying what is allowed."""
+    (``None`` when the key is missing) and a message saying what is allowed.
+    ``hide_value`` leaves the value out of the message (an unknown key's value may be
+    any text of the file); long values are cut (:func:`short_repr`)."""
 
     path: str
     value: Any
     message: str
     missing: bool = False
+    hide_value: bool = False
 
     def __str__(self) -> str:
-        if self.missing:
+        if self.missing or self.hide_value:
             return f"{self.path}: {self.message}"
-        return f"{self.path} = {self.value!r}: {self.message}"
+        return f"{self.path} = {short_repr(self.value, 200)}: {self.message}"
 
 
 class SpecError(ValueError):
@@ -150,9 +178,24 @@ def _check_budget(value: Any) -> int | None:
     if value is None:
         return None
     try:
-        return parse_bytes(value)
+        size = parse_bytes(value)
     except ValueError:
         raise ValueError(f"not a byte size; allowed: {BYTE_SIZE_HELP}") from None
+    if size == 0:
+        raise ValueError(f"must be more than 0 bytes; allowed: {BYTE_SIZE_HELP}")
+    return size
+
+
+def _check_threads(value: Any) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    from betty.threads import available_cores  # torch-free
+
+    cores = available_cores()
+    if _int(value) and 1 <= value <= cores:
+        return value
+    raise ValueError(f"allowed: 'auto' (the idle cores, betty.threads), null (the libraries' default) "
+                     f"or an integer from 1 to {cores} (the CPU cores available to this process)")
 
 
 def _check_fanout(value: Any) -> int:
@@ -184,6 +227,9 @@ BatchSize = Annotated[int | str, PlainValidator(_check_batch_size)]
 ByteBudget = Annotated[int | None, PlainValidator(_check_budget)]
 Device = Annotated[str, PlainValidator(_check_device)]
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Threads = Annotated[int | str | None, PlainValidator(_check_threads)]
 
 
 class _Section(BaseModel):
@@ -226,7 +272,7 @@ class SamplingSection(_Section):
 
     fanouts: list[Fanout] | None = Field(None, min_length=1)
     batch_size: BatchSize = "full"
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
 
 
 class ModelSection(_Section):
@@ -249,11 +295,11 @@ class ModelSection(_Section):
     the memory model follows each."""
 
     arch: Literal["sage", "gat", "gcn", "revgnn"] = "sage"
-    hidden: int = Field(256, ge=1)
-    layers: int = Field(2, ge=1)
+    hidden: int = Field(256, ge=1, le=MAX_WIDTH)
+    layers: int = Field(2, ge=1, le=MAX_LAYERS)
     aggregator: str = "mean"
-    heads: int = Field(4, ge=1)
-    output_heads: int | None = Field(None, ge=1)
+    heads: int = Field(4, ge=1, le=MAX_HEADS)
+    output_heads: int | None = Field(None, ge=1, le=MAX_HEADS)
     dropout: Probability = 0.0
     attn_dropout: Probability = 0.0
     dropout_mode: Literal["deterministic", "standard"] = "deterministic"
@@ -304,7 +350,7 @@ class SweepSection(_Section):
     k: list[Annotated[int, Field(ge=2)]] = Field(default_factory=lambda: list(DEFAULT_SWEEP_K))
     methods: list[str] | None = None
     max_k: dict[str, Annotated[int, Field(ge=2)]] = Field(default_factory=dict)
-    time_limit_s: Annotated[float, Field(gt=0)] | None = None
+    time_limit_s: Seconds | None = None
 
     @field_validator("max_k")
     @classmethod
@@ -338,7 +384,7 @@ class PartitionSection(_Section):
     safety_margin: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
     balance: Literal["nodes", "memory"] = "nodes"
     reuse: Annotated[int, Field(ge=1)] | None = None
-    time_limit_s: Annotated[float, Field(gt=0)] | None = None
+    time_limit_s: Seconds | None = None
     deterministic: bool = False
     sweep: SweepSection = Field(default_factory=SweepSection)
 
@@ -373,16 +419,16 @@ class TrainSection(_Section):
     and Welling's GCN; ``betty.train.parameter_groups``)."""
 
     epochs: int = Field(10, ge=1)
-    lr: float = Field(0.01, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
+    lr: float = Field(0.01, gt=0.0, allow_inf_nan=False)
+    weight_decay: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     weight_decay_first_layer_only: bool = False
     optimizer: str = "adam"
     device: Device = "auto"
     dtype: Literal["float32", "float64"] = "float32"
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
     repeats: int = Field(1, ge=1)
     measure_memory: bool = True
-    threads: Literal["auto"] | Annotated[int, Field(ge=1)] | None = "auto"
+    threads: Threads = "auto"
     world_size: int = Field(1, ge=1)
     early_stopping: EarlyStoppingSection | None = None
 
@@ -453,8 +499,30 @@ _ARCH_ONLY = {
 }
 
 
-def _dataset_problems(ds: DatasetSection) -> list[Problem]:
+def _option_error(name: str, options: dict) -> str | None:
+    """Why the data layer refuses ``options`` for dataset ``name``, or ``None``."""
     from betty.data import resolve_options
+
+    try:
+        resolve_options(name, options)
+    except (ValueError, ArithmeticError, TypeError) as err:
+        return str(err)
+    return None
+
+
+def _option_value_problem(key: str, value: Any) -> Problem | None:
+    """Bounds every dataset option shares: finite numbers, seeds up to :data:`MAX_SEED`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return Problem(f"dataset.{key}", value, "must be a finite number")
+    if key == "seed" and _int(value) and value > MAX_SEED:
+        return Problem(f"dataset.{key}", value, f"allowed: an integer from 0 to {MAX_SEED}")
+    return None
+
+
+def _dataset_problems(ds: DatasetSection) -> list[Problem]:
+    """Option names, then each option's value on its own (an error the defaults alone
+    give, such as dgl-file's missing ``path``, is not blamed on another option), then the
+    options together, then the size of what they would generate."""
     from betty.data.registry import allowed_options
 
     allowed = allowed_options(ds.name)
@@ -463,20 +531,109 @@ def _dataset_problems(ds: DatasetSection) -> list[Problem]:
     for key in options:
         if key not in allowed:
             hint = ", ".join(allowed) if allowed else "none"
-            out.append(Problem(f"dataset.{key}", options[key],
-                               f"unknown option for dataset {ds.name!r}; allowed options: {hint}"))
+            out.append(Problem(f"dataset.{short_text(str(key))}", options[key],
+                               f"unknown option for dataset {ds.name!r}; allowed options: {hint}",
+                               hide_value=True))
     if out:
         return out
+    out = [p for key, value in options.items() if (p := _option_value_problem(key, value))]
+    if out:
+        return out
+    baseline = _option_error(ds.name, {})
     for key, value in options.items():
-        try:
-            resolve_options(ds.name, {key: value})
-        except ValueError as err:
-            out.append(Problem(f"dataset.{key}", value, str(err)))
+        error = _option_error(ds.name, {key: value})
+        if error is not None and error != baseline:
+            out.append(Problem(f"dataset.{key}", value, error))
     if not out:
-        try:
-            resolve_options(ds.name, options)
-        except ValueError as err:
-            out.append(Problem("dataset", options, str(err)))
+        error = _option_error(ds.name, options)
+        if error is not None:
+            out.append(Problem("dataset", options, error))
+    return out or _generated_size_problems(ds)
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes (``None`` where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover
+        return None
+
+
+def _synthetic_config(ds: DatasetSection):
+    """The generator configuration of a generated dataset (``None`` for any other), from
+    its resolved options less the options every dataset takes (``self_loops``)."""
+    from betty.data import resolve_options
+    from betty.data.registry import COMMON_OPTIONS
+    from betty.data.synthetic import SYNTHETIC_PRESETS, SyntheticConfig
+
+    if ds.name not in SYNTHETIC_PRESETS:
+        return None
+    options = resolve_options(ds.name, ds.options)
+    return SyntheticConfig(**{k: v for k, v in options.items() if k not in COMMON_OPTIONS})
+
+
+def _generated_size_problems(ds: DatasetSection) -> list[Problem]:
+    """A generated dataset whose features and edges alone (float32 features, int64
+    edge ends in both directions) would not fit this machine's memory."""
+    config = _synthetic_config(ds)
+    if config is None:
+        return []
+    n, edges = config.scaled_num_nodes, config.target_num_undirected_edges
+    need = 4 * n * config.num_features + 2 * 2 * 8 * edges
+    have = machine_memory()
+    if have is None or need <= have:
+        return []
+    return [Problem("dataset", ds.options, f"generates {n:,} nodes with {config.num_features:,} features "
+                    f"and {edges:,} edges: at least {format_bytes(need)}, more than this machine's "
+                    f"memory ({format_bytes(have)}); lower num_nodes, scale or num_features")]
+
+
+def _k_size_problems(spec: Spec) -> list[Problem]:
+    """A fixed ``partition.k`` larger than what it splits, where the dataset's size is
+    known without loading it (generated datasets): a sage/gat batch's output nodes, or
+    revgnn's graph nodes."""
+    k, ds = spec.partition.k, spec.dataset
+    config = _synthetic_config(ds) if _int(k) else None
+    if config is None:
+        return []
+    if spec.model.arch == "revgnn":
+        limit, what = config.scaled_num_nodes, "the graph's nodes"
+    else:
+        size = spec.sampling.batch_size
+        limit = config.scaled_num_train if size == "full" else min(size, config.scaled_num_train)
+        what = "a batch's output nodes"
+    if k <= limit:
+        return []
+    return [Problem("partition.k", k, f"is larger than {what} ({limit:,} for this dataset); "
+                    f"allowed: an integer from {spec.train.world_size} to {limit:,}, or 'auto'")]
+
+
+def _path_problems(ds: DatasetSection) -> list[Problem]:
+    """``dataset.root`` (and dgl-file's ``path``) must not be on a pseudo-filesystem;
+    ``root``, where it exists, must be a folder, and an existing dgl-file ``path`` a
+    ``dgl.save_graphs`` file (checked by its header, nothing else is read)."""
+    from pathlib import Path
+
+    from betty.data.dgl_file import is_dgl_file
+
+    out = []
+    paths = [("dataset.root", ds.root)]
+    if ds.name == "dgl-file" and isinstance(ds.options.get("path"), str):
+        paths.append(("dataset.path", ds.options["path"]))
+    for key, value in paths:
+        resolved = Path(value).expanduser().resolve()
+        shm = resolved == Path("/dev/shm") or Path("/dev/shm") in resolved.parents
+        if not shm and any(resolved == Path(p) or Path(p) in resolved.parents for p in PSEUDO_FILESYSTEMS):
+            out.append(Problem(key, value, f"is on a pseudo-filesystem ({', '.join(PSEUDO_FILESYSTEMS)})"
+                               "; allowed: a path on a real disk"))
+        elif key == "dataset.root" and resolved.exists() and not resolved.is_dir():
+            out.append(Problem(key, value, "is not a folder; allowed: the folder holding the "
+                               "dataset files and betty's cache (created if missing)"))
+        elif key == "dataset.path" and resolved.exists() and not is_dgl_file(resolved):
+            out.append(Problem(key, value, "is not a dgl.save_graphs file (its header is not DGL's); "
+                               "allowed: a file written by dgl.save_graphs"))
     return out
 
 
@@ -506,6 +663,9 @@ def _sampled_problems(spec: Spec) -> list[Problem]:
     if "heads" in _changed(m) and m.arch != "gat":
         out.append(Problem("model.heads", m.heads,
                            "applies to model.arch gat (or revgnn with conv gat) only"))
+    if m.arch == "gat" and m.hidden * m.heads > MAX_WIDTH:
+        out.append(Problem("model.hidden", m.hidden, f"times model.heads = {m.heads} is "
+                           f"{m.hidden * m.heads:,}; allowed: a product up to {MAX_WIDTH}"))
     if spec.sampling.fanouts is None:
         out.append(Problem("sampling.fanouts", None, "required key is missing (one fanout per "
                            "layer, input layer first)", missing=True))
@@ -603,7 +763,8 @@ def _weight_decay_problems(spec: Spec) -> list[Problem]:
 
 def check_spec(spec: Spec) -> list[Problem]:
     """Rules spanning several keys (field-level rules live in the models)."""
-    out = _dataset_problems(spec.dataset)
+    dataset_problems = _dataset_problems(spec.dataset)
+    out = dataset_problems + _path_problems(spec.dataset)
     m = spec.model
     # an arch-specific key set to a non-default value under another arch is a mistake
     # (e.g. aggregator: lstm with arch: gat); the default value is harmless
@@ -626,6 +787,8 @@ def check_spec(spec: Spec) -> list[Problem]:
                            f">= {world}, or 'auto' (the K search then starts at K = {world})"))
     out.extend(_selection_problems(spec))
     out.extend(_weight_decay_problems(spec))
+    if not dataset_problems:  # the dataset's size is known only from valid options
+        out.extend(_k_size_problems(spec))
     if spec.evaluate.fanouts is not None and spec.evaluate.inference != "sampled":
         out.append(Problem("evaluate.fanouts", spec.evaluate.fanouts,
                            "applies to evaluate.inference 'sampled' only"))

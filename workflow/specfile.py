@@ -21,7 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from workflow.spec import Problem, Spec, SpecError, check_spec, with_arch_defaults
+from workflow.spec import Problem, Spec, SpecError, check_spec, short_repr, short_text, with_arch_defaults
 
 __all__ = [
     "STAGES",
     "STAGE_SECTIONS",
+    "MAX_SPEC_BYTES",
+    "SpecLoader",
+    "parse_yaml",
     "ResolvedSpec",
     "specs_dir",
     "shipped_specs",
@@ -59,6 +63,64 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 
 _SWEEP_ONLY = {"partition": ("sweep",)}  # affects the partition stage's report only
 
+_SPEC_SUFFIXES = (".yaml", ".yml")
+MAX_SPEC_BYTES = 1 << 20
+"""Largest spec file read (1 MiB; the shipped specs are under 2 KB)."""
+
+_INT = re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+)$")
+_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
+                        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                        |[-+]?\.(?:inf|Inf|INF)
+                        |\.(?:nan|NaN|NAN))$""", re.VERBOSE)
+
+
+class SpecLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with the rules a spec needs:
+
+    * numbers as YAML 1.2 writes them: ``1e-3`` is a float (YAML 1.1 wants ``1.0e-3``),
+      ``1:30`` stays a string (YAML 1.1 reads base 60: 90) and so does ``010`` (octal 8);
+    * a key given twice in one mapping is an error naming the key and both lines (YAML
+      lets the last one win silently);
+    * aliases (``*name``) are refused: a few hundred bytes of nested aliases expand to
+      billions of nodes.
+    """
+
+    yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers
+                if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def compose_node(self, parent, index):  # noqa: ANN001, ANN201 (PyYAML's signature)
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in a spec; write the value out", mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001, ANN201
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # SafeConstructor reports unhashable keys itself
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {short_repr(key)} (lines {first_line[key]} and {line}); "
+                    "give each key once", key_node.start_mark)
+            first_line[key] = line
+        return super().construct_mapping(node, deep)
+
+
+SpecLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def parse_yaml(text: str):
+    """``text`` read with :class:`SpecLoader` (raises ``yaml.YAMLError``)."""
+    return yaml.load(text, Loader=SpecLoader)  # noqa: S506 (a SafeLoader subclass)
+
 
 def specs_dir() -> Path:
     """The shipped specs folder (``$BETTY_SPECS_DIR`` or ``<project>/specs``)."""
@@ -75,45 +137,84 @@ def shipped_specs() -> list[Path]:
 
 
 def find_spec(ref: str | os.PathLike) -> Path:
-    """The spec file ``ref`` names (see the module docstring)."""
+    """The spec file ``ref`` names (see the module docstring). Only ``.yaml``/``.yml``
+    files are specs: any other file is refused without being read."""
     ref = str(ref)
     if not ref.strip():
         raise SpecError([Problem("spec", ref, "empty spec reference; give a path or a shipped spec name")])
     direct = Path(ref).expanduser()
-    if direct.is_file():
+    if direct.is_file() and _is_spec_file(direct):
         return direct.resolve()
-    names = [ref] if ref.endswith((".yaml", ".yml")) else [ref, f"{ref}.yaml", f"{ref}.yml"]
+    names = [ref] if ref.endswith(_SPEC_SUFFIXES) else [f"{ref}{suffix}" for suffix in _SPEC_SUFFIXES]
     for folder in (Path.cwd() / "specs", specs_dir()):
         for name in names:
             candidate = folder / name
-            if candidate.is_file():
+            if candidate.is_file() and _is_spec_file(candidate):
                 return candidate.resolve()
+    if direct.is_file():
+        raise SpecError([Problem("spec", ref, "is not a spec file; a spec is a .yaml or .yml file "
+                                 "(or the name of a shipped spec)")])
     shipped = ", ".join(p.stem for p in shipped_specs()) or "none found"
     raise SpecError([Problem("spec", ref, f"no such spec file; give a path or one of the shipped specs: {shipped}")])
 
 
-def _read_yaml(path: Path) -> dict:
-    """The spec file's mapping. Errors name the file (and for YAML syntax errors the line
-    and column), an empty file is reported as such."""
+def _is_spec_file(path: Path) -> bool:
+    """Whether ``path`` and, for a link, the file it points to end in ``.yaml``/``.yml``."""
+    return all(p.suffix.lower() in _SPEC_SUFFIXES for p in (path, path.resolve()))
+
+
+def _spec_text(path: Path) -> str:
+    """The spec file's text: at most :data:`MAX_SPEC_BYTES`, UTF-8, no NUL bytes (errors
+    name the file, never its content)."""
     try:
-        text = path.read_text()
+        with path.open("rb") as fh:
+            data = fh.read(MAX_SPEC_BYTES + 1)
     except OSError as err:
         raise SpecError([Problem("spec", str(path), f"cannot be read: {err.strerror}")]) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError([Problem("spec", str(path), f"is larger than {MAX_SPEC_BYTES // 2**20} MiB; "
+                                 "a spec is a short YAML text file")])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\x00" in text:
+        raise SpecError([Problem("spec", str(path), "is not UTF-8 text; a spec is a YAML text file "
+                                 "in UTF-8")])
+    return text
+
+
+def _yaml_problem(err: yaml.YAMLError, where: str) -> Problem:
+    """A YAML error as a Problem at ``where`` (plus line and column where known)."""
+    mark = getattr(err, "problem_mark", None)
+    if mark is not None:
+        where = f"{where}:{mark.line + 1}:{mark.column + 1}"
+    what = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    detail = f"{context}, {what}" if context else what
+    return Problem("spec", where, f"is not valid YAML: {detail}")
+
+
+def _read_yaml(path: Path) -> dict:
+    """The spec file's mapping (read with :class:`SpecLoader`). Errors name the file
+    (and for YAML errors the line and column) but never echo its content: an empty file,
+    one that is not a mapping, and a mapping without any spec key each get one message."""
+    text = _spec_text(path)
     if not text.strip() or all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()):
         raise SpecError([Problem("spec", str(path), "spec file is empty")])
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        what = getattr(err, "problem", None) or str(err).splitlines()[0]
-        context = getattr(err, "context", None)
-        detail = f"{context}, {what}" if context else what
-        raise SpecError([Problem("spec", where, f"is not valid YAML: {detail}")]) from None
+        raise SpecError([_yaml_problem(err, str(path))]) from None
+    except RecursionError:
+        raise SpecError([Problem("spec", str(path), "is not valid YAML: nested too deeply")]) from None
     if raw is None:
         raise SpecError([Problem("spec", str(path), "spec file is empty")])
     if not isinstance(raw, dict):
         raise SpecError([Problem("spec", str(path), f"must be a YAML mapping, got {type(raw).__name__}")])
+    if not any(key in Spec.model_fields for key in raw):
+        raise SpecError([Problem("spec", str(path), "is not a betty spec: none of its top-level keys "
+                                 f"is a spec key ({', '.join(Spec.model_fields)})")])
     return raw
 
 
@@ -137,9 +238,11 @@ def parse_overrides(items: Iterable[str]) -> list[tuple[list[str], Any]]:
             if any(not s for s in segments):
                 raise SpecError([Problem("--set", part, f"key path {key!r} has an empty segment")])
             try:
-                value = yaml.safe_load(text) if text.strip() else None
+                value = parse_yaml(text) if text.strip() else None
             except yaml.YAMLError as err:
                 raise SpecError([Problem(key, text, f"override value is not valid YAML: {err}")]) from None
+            except RecursionError:
+                raise SpecError([Problem(key, text, "override value is not valid YAML: nested too deeply")]) from None
             out.append((segments, value))
     return out
 
@@ -175,9 +278,12 @@ def _allowed_keys(loc: Sequence[Any]) -> list[str] | None:
 
 
 def _path(loc: Sequence[Any]) -> str:
+    """A pydantic location as a key path (``model.hidden``, ``sampling.fanouts[1]``);
+    long keys are cut (:func:`short_repr`)."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        name = short_text(str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{name}" if out else name)
     return out
 
 
@@ -192,6 +298,8 @@ def _problems_from(err: ValidationError) -> list[Problem]:
         if e["type"] == "extra_forbidden":
             allowed = _allowed_keys(loc[:-1])
             msg = "unknown key" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
+            out.append(Problem(_path(loc), None, msg, hide_value=True))
+            continue
         elif e["type"] == "model_type":
             allowed = _allowed_keys(loc)
             msg = "must be a mapping" + (f" with keys: {', '.join(allowed)}" if allowed else "")

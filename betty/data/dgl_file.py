@@ -27,7 +27,23 @@ from betty.data.graph_build import bare_graph, mask_to_index
 from betty.data.ogb_loader import DatasetNotFoundError
 from betty.data.types import GraphDataset
 
-__all__ = ["REQUIRED_FIELDS", "load_dgl_file"]
+__all__ = ["REQUIRED_FIELDS", "DGL_FILE_MAGIC", "is_dgl_file", "load_dgl_file"]
+
+DGL_FILE_MAGIC = (0xDD2E4FF046B4A13F).to_bytes(8, "little")
+"""The first 8 bytes of every ``dgl.save_graphs`` file (DGL's ``kDGLSerializeMagic``)."""
+
+
+def is_dgl_file(path: str | Path) -> bool:
+    """Whether ``path`` is a regular file starting with :data:`DGL_FILE_MAGIC` (reads 8
+    bytes; needs no DGL)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        with path.open("rb") as fh:
+            return fh.read(8) == DGL_FILE_MAGIC
+    except OSError:
+        return False
 
 REQUIRED_FIELDS = {
     "feat": "(N, F) floating point",
@@ -99,7 +115,14 @@ def load_dgl_file(
             "installed: pip install 'dgl==2.1.0' (betty's DGL stack, see the README), or "
             "convert the file once on a machine with DGL"
         ) from err
-    graphs, _ = dgl.load_graphs(str(path))
+    if not is_dgl_file(path):
+        raise ValueError(f"dgl-file {path}: not a dgl.save_graphs file (its header is not DGL's)")
+    try:
+        graphs, _ = dgl.load_graphs(str(path))
+    except dgl.DGLError as err:  # a damaged file: DGL's message without its C++ stack trace
+        head = str(err).split("Stack trace:")[0].strip()
+        reason = head.splitlines()[-1] if head else type(err).__name__
+        raise ValueError(f"dgl-file {path}: DGL cannot read it ({reason})") from None
     if len(graphs) != 1:
         raise ValueError(f"dgl-file {path}: expected exactly one graph, found {len(graphs)}")
     g = graphs[0]

@@ -80,11 +80,11 @@ def _dgl_builtin_build(name: str, root: Path, opts: dict) -> GraphDataset:
 
 
 def _dgl_file_normalize(opts: dict) -> dict:
-    if opts["path"] is None:
-        raise ValueError("dataset 'dgl-file' needs option path=<file written by dgl.save_graphs>")
     nc = opts["num_classes"]
     if nc is not None and (not isinstance(nc, int) or isinstance(nc, bool) or nc < 1):
         raise ValueError(f"num_classes={nc!r} (allowed: None or integer >= 1)")
+    if opts["path"] is None:
+        raise ValueError("dataset 'dgl-file' needs option path=<file written by dgl.save_graphs>")
     return {"path": str(opts["path"]), "num_classes": nc}
 
 

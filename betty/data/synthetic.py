@@ -140,6 +140,11 @@ class SyntheticConfig:
         return max(self.num_classes, int(round(self.num_communities * self.scale)))
 
     @property
+    def scaled_num_train(self) -> int:
+        """Training nodes: ``train_fraction`` of the scaled node count, at least one."""
+        return max(1, int(round(self.train_fraction * self.scaled_num_nodes)))
+
+    @property
     def target_num_undirected_edges(self) -> int:
         return int(round(self.scaled_num_nodes * self.avg_degree / 2))
 
@@ -439,7 +444,7 @@ def _split(
     rng: np.random.Generator, weight: np.ndarray, config: SyntheticConfig
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n = weight.shape[0]
-    n_train = max(1, int(round(config.train_fraction * n)))
+    n_train = config.scaled_num_train
     n_valid = int(round(config.valid_fraction * n))
     n_valid = min(n_valid, n - n_train - 1)
     if config.split_by == "popularity":

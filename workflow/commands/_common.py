@@ -35,6 +35,8 @@ def distributed_overrides(nproc: int | None, nnodes: int, node_rank: int, rdzv_e
     read by :func:`workflow.distributed.launch_options`."""
     import os
 
+    if node_rank >= nnodes:
+        raise typer.BadParameter(f"--node-rank must be in [0, {nnodes}) (--nnodes is {nnodes}), got {node_rank}")
     if nproc is None:
         if nnodes > 1:
             raise typer.BadParameter("--nnodes needs --nproc (ranks per machine)")
@@ -42,8 +44,6 @@ def distributed_overrides(nproc: int | None, nnodes: int, node_rank: int, rdzv_e
     if nnodes > 1:
         if not rdzv_endpoint:
             raise typer.BadParameter("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address)")
-        if node_rank >= nnodes:
-            raise typer.BadParameter(f"--node-rank must be in [0, {nnodes}), got {node_rank}")
         os.environ.update(BETTY_NNODES=str(nnodes), BETTY_NODE_RANK=str(node_rank),
                           BETTY_RDZV_ENDPOINT=rdzv_endpoint, BETTY_RUN_ID=run_id)
     return [f"train.world_size={nproc * nnodes}"]
@@ -56,7 +56,7 @@ def fail(message: str, code: int) -> typer.Exit:
 
 
 def cli_errors(fn):
-    """Turn exceptions into exit codes: 2 for spec errors, 130 for Ctrl-C, 1 otherwise
+    """Turn exceptions into exit codes: 2 for spec errors and bad arguments, 130 for Ctrl-C, 1 otherwise
     (the traceback only with ``BETTY_TRACEBACK=1``)."""
 
     @functools.wraps(fn)
@@ -72,6 +72,8 @@ def cli_errors(fn):
             raise
         except SpecError as err:
             raise fail(str(err), 2) from None
+        except typer.BadParameter as err:  # raised by a command's own argument checks
+            raise fail(err.format_message(), 2) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
         except Exception as err:  # noqa: BLE001
