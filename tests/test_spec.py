@@ -499,7 +499,7 @@ def _dgl_file(options: dict) -> list[str]:
 def test_dgl_file_with_path_and_num_classes_validates(tmp_path):
     missing = str(tmp_path / "graph.bin")  # a missing file is a warning of `betty validate`
     r = resolve_spec(apply_overrides(BASE, _dgl_file({"path": missing, "num_classes": 7})))
-    assert r.dataset_options == {"path": missing, "num_classes": 7}
+    assert r.dataset_options == {"path": missing, "num_classes": 7, "self_loops": False}
     err = problems(_dgl_file({"num_classes": 7}))
     assert [p.path for p in err.problems] == ["dataset"] and "needs option path" in str(err)
     err = problems(_dgl_file({"path": missing, "num_classes": 0}))
