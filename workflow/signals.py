@@ -19,7 +19,10 @@ an ordinary :class:`KeyboardInterrupt` that the entry point's ``try`` turns into
   stage boundary;
 * on Linux, ``prctl(PR_SET_PDEATHSIG, SIGTERM)``: when the parent process dies (e.g.
   ``mlflow run`` killed by ``SIGTERM``, which ends it without any cleanup), this process
-  gets ``SIGTERM`` and ends its runs instead of going on as an orphan.
+  gets ``SIGTERM`` and ends its runs instead of going on as an orphan. A parent that died
+  before that request (:func:`launcher_gone`: ``mlflow run`` interrupted while it was
+  forking this process, so the terminal's ``SIGINT`` reached it but not this process)
+  counts as a ``SIGTERM`` received at :func:`install`.
 
 :func:`stop_process` ends a child process: ``SIGTERM``, then ``SIGKILL`` after a grace
 period.
@@ -34,7 +37,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["install", "restore", "shield", "check", "stop_process", "received"]
+__all__ = ["install", "restore", "shield", "check", "stop_process", "received", "launcher_gone"]
 
 _received: list[int] = []
 _shield_depth = 0
@@ -70,8 +73,33 @@ def shield() -> Iterator[None]:
         _shield_depth -= 1
 
 
+def launcher_gone(parent: int | None = None) -> bool:
+    """Whether the process that started this one has died (Linux ``/proc`` semantics).
+
+    An orphan is adopted by init (``getppid() == 1``) or by a subreaper. Under ``mlflow
+    run`` (``MLFLOW_RUN_ID`` set) a process that does not lead its process group was
+    started by a parent in that group (MLflow's CLI starts its entry point, through
+    ``bash -c``, in its own group); an adoptive parent is outside it. ``parent``: the
+    parent seen earlier (a different one now means it died meanwhile).
+    """
+    ppid = os.getppid()
+    if ppid == 1 or (parent is not None and ppid != parent):
+        return True
+    if not os.environ.get("MLFLOW_RUN_ID") or os.getpgrp() == os.getpid():
+        return False
+    try:
+        return os.getpgid(ppid) != os.getpgrp()
+    except OSError:  # the parent is gone already
+        return True
+
+
 def _die_with_parent() -> None:
-    """Ask the kernel for ``SIGTERM`` when the parent exits (Linux; no-op elsewhere)."""
+    """Ask the kernel for ``SIGTERM`` when the parent exits (Linux; no-op elsewhere).
+
+    A launcher that died before the request took effect (``mlflow run`` interrupted while
+    it was still starting this process: the signal reached it and not this process, not
+    yet born) counts as a ``SIGTERM`` received now: :func:`check` raises it.
+    """
     parent = os.getppid()
     try:
         import ctypes
@@ -80,8 +108,8 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    if launcher_gone(parent):
+        _received.append(int(signal.SIGTERM))
 
 
 def install(*, die_with_parent: bool = False) -> dict:
