@@ -4,6 +4,9 @@ run input, the trained model as a loadable MLflow model (``workflow.tracking``).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import mlflow
 import mlflow.pytorch
@@ -110,3 +113,49 @@ def test_losing_the_experiment_create_race_still_activates_it(tracking, monkeypa
     assert exp_id == MlflowClient().get_experiment_by_name("raced").experiment_id
     with mlflow.start_run() as run:
         assert run.info.experiment_id == exp_id
+
+
+INTERRUPT_IN_SESSION = """\
+import os, signal, sys
+from workflow import signals
+signals.install()
+import mlflow
+import sqlalchemy.orm
+from sqlalchemy import event
+from workflow.runs import tracked_run
+from workflow.specfile import load_spec
+
+armed = []
+
+@event.listens_for(sqlalchemy.orm.Session, "after_transaction_end")
+def interrupt(*args):  # SIGINT to this process while the store's session is closing
+    if armed:
+        armed.clear()
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(1000))  # bytecode: the handler runs here, inside the session
+
+try:
+    with tracked_run("stage", "sample", load_spec("tiny", [])) as run:
+        armed.append(1)
+        mlflow.set_tag("written", "yes")
+        print("not interrupted")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", run.info.run_id)
+"""
+
+
+def test_signal_inside_a_store_session_is_raised_after_it(tmp_path):
+    """A SIGINT that lands inside one of MLflow's database sessions is raised once the
+    session has ended: the write completes, the run ends KILLED, later writes work."""
+    from test_workflow_support import PROJECT, new_experiment, new_store
+
+    uri = new_store(tmp_path / "store")
+    exp = new_experiment(uri, "in-session", tmp_path / "artifacts")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_ID": exp, "PYTHONPATH": str(PROJECT)}
+    out = subprocess.run([sys.executable, "-c", INTERRUPT_IN_SESSION], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("KeyboardInterrupt"), out.stdout + out.stderr[-3000:]
+    run = MlflowClient(uri).get_run(out.stdout.split()[1])
+    assert run.info.status == "KILLED"
+    assert run.data.tags["written"] == "yes"
+    assert run.data.tags["error"].startswith("KeyboardInterrupt")

@@ -104,6 +104,8 @@ def _check_launcher_run() -> None:
         return
     from mlflow.tracking import MlflowClient
 
+    import workflow.tracking  # noqa: F401  (guards the store's sessions before it exists)
+
     status = MlflowClient().get_run(run_id).info.status
     if status not in ("RUNNING", "SCHEDULED"):
         raise KeyboardInterrupt(f"the launcher ended run {run_id} ({status}) before it started")

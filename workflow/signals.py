@@ -12,6 +12,8 @@ an ordinary :class:`KeyboardInterrupt` that the entry point's ``try`` turns into
   recorded: a second Ctrl-C, or the ``SIGTERM`` that ``mlflow run`` sends its child
   right after the terminal's ``SIGINT`` reached the whole process group, cannot break
   off that cleanup. Outside it every signal raises again;
+* inside :func:`defer` (the tracking store's database sessions) they are held back
+  until the block ends, then raised;
 * :func:`check` raises :class:`KeyboardInterrupt` if a signal arrived since
   :func:`install`: importing torch swallows a ``KeyboardInterrupt`` raised while it
   loads (measured: ``SIGINT`` 0.5 s into ``import torch`` and the import completes, the
@@ -37,7 +39,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["install", "restore", "shield", "check", "stop_process", "received", "launcher_gone"]
+__all__ = ["install", "restore", "shield", "defer", "check", "stop_process", "received", "launcher_gone"]
 
 _received: list[int] = []
 _shield_depth = 0
@@ -49,10 +51,39 @@ def received() -> list[int]:
     return list(_received)
 
 
+_defer_depth = 0
+_deferred: list[int] = []
+
+
 def _handler(signum, frame):  # noqa: ARG001
     _received.append(signum)
-    if _shield_depth == 0:
+    if _defer_depth:
+        _deferred.append(signum)
+    elif _shield_depth == 0:
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+@contextmanager
+def defer() -> Iterator[None]:
+    """Signals inside are held back and raised (as :class:`KeyboardInterrupt`) when the
+    outermost :func:`defer` is left, unless a :func:`shield` is active then. For code
+    that must not be broken off halfway, e.g. a database session of the tracking store
+    (a ``KeyboardInterrupt`` inside one left the transaction half closed). Main thread
+    only (where handlers run); elsewhere a no-op."""
+    global _defer_depth
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _defer_depth += 1
+    try:
+        yield
+    finally:
+        _defer_depth -= 1
+    if _defer_depth == 0 and _deferred:
+        signum = _deferred[0]
+        _deferred.clear()
+        if _shield_depth == 0:
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 def check() -> None:

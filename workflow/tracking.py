@@ -1,5 +1,7 @@
 """MLflow-native records: the experiment, its kind, the dataset input, the logged model.
 
+* **Interrupts.** :func:`guard_store_sessions` (applied on import) holds signals back
+  while MLflow's SQL store is inside a database session.
 * **Experiment.** :func:`experiment_name` picks where ``betty run`` / ``betty stage``
   write: ``--experiment`` > ``$MLFLOW_EXPERIMENT_NAME`` > ``$MLFLOW_EXPERIMENT_ID`` (kept
   as is) > the spec's ``experiment`` key > the spec's ``name``. Under ``mlflow run`` the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -31,7 +34,7 @@ from mlflow.tracking import MlflowClient
 
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "experiment_name",
+__all__ = ["guard_store_sessions", "EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "experiment_name",
            "use_spec_experiment", "mark_model_training", "dataset_input", "log_dataset_input",
            "log_pytorch_model"]
 
@@ -39,6 +42,37 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"  # the UI's value for classic model training (3.17)
 MODEL_NAME = "model"  # the logged model's name in the train run (runs:/<id>/model)
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent / "betty"
+
+
+def guard_store_sessions() -> None:
+    """Run every database session of MLflow's SQL stores inside
+    :func:`workflow.signals.defer`: a ``SIGINT``/``SIGTERM`` that lands inside one is
+    raised once the session has committed or rolled back, never halfway through it
+    (which broke the transaction: later writes failed and runs stayed ``RUNNING``).
+    Applies to the stores created afterwards; idempotent."""
+    import mlflow.store.db.utils as db_utils
+
+    from workflow.signals import defer
+
+    make = db_utils._get_managed_session_maker
+    if getattr(make, "betty_guarded", False):
+        return
+
+    def guarded_maker(*args, **kwargs):
+        inner = make(*args, **kwargs)
+
+        @contextmanager
+        def session(*a, **k):
+            with defer(), inner(*a, **k) as sess:
+                yield sess
+
+        return session
+
+    guarded_maker.betty_guarded = True
+    db_utils._get_managed_session_maker = guarded_maker
+
+
+guard_store_sessions()
 
 
 def experiment_name(rspec: ResolvedSpec, cli_name: str | None = None) -> str | None:
