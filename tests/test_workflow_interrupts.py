@@ -244,3 +244,37 @@ def test_main_entry_orphaned_at_birth_starts_no_stage(project):
             proc.kill()
     assert client.get_run(run_id).info.status == "KILLED"
     assert [r.info.run_id for r in runs_of(uri, exp)] == [run_id]
+
+
+KILLED_AFTER_START = """\
+import os, signal
+import mlflow
+import workflow.runs
+from workflow.specfile import load_spec
+
+def die(*args):  # SIGKILL right after the run exists, before anything else is written
+    os.kill(os.getpid(), signal.SIGKILL)
+
+with mlflow.start_run(run_name="parent"):
+    workflow.runs.mark_model_training = die
+    with workflow.runs.tracked_run("stage", "sample", load_spec("tiny", []), nested=True):
+        pass
+"""
+
+
+def test_run_killed_right_after_creation_has_betty_tags(project, monkeypatch):
+    """SIGKILL right after a stage run is created: the run carries betty's tags from the
+    start, so ``betty cleanup`` recognises it as stuck (process gone) and ends it."""
+    from workflow.commands.cleanup import stale_runs
+
+    root, proj, uri, env = project
+    exp = new_experiment(uri, "killed-after-start", root / "artifacts-killed-after-start")
+    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_START], cwd=proj,
+                          env={**env, "MLFLOW_EXPERIMENT_ID": exp}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    child = [r for r in runs_of(uri, exp) if r.data.tags.get("mlflow.parentRunId")]
+    assert len(child) == 1 and child[0].info.status == "RUNNING"
+    assert child[0].data.tags["run_kind"] == "stage" and child[0].data.tags["betty.pid"].isdigit()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    stuck = {r.info.run_id: status for r, status, _ in stale_runs(exp, min_age_s=60)}
+    assert stuck.get(child[0].info.run_id) == "KILLED"
