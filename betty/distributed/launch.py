@@ -7,7 +7,8 @@ results by global rank. Several machines: every machine runs the same call with
 ``nnodes=M``, the same ``rdzv_endpoint`` and ``run_id``; the c10d rendezvous (hosted by
 ``node_rank`` 0) numbers the ranks. A failing rank makes the launcher stop the others
 and raise :class:`torch.distributed.elastic.multiprocessing.errors.ChildFailedError`,
-whose message names the rank and carries its traceback.
+whose message names the rank and carries its traceback. A rank whose launcher dies
+(even by ``SIGKILL``) ends within half a second.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -86,10 +88,31 @@ def _defer_peer_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, *args: Any) -> Any:
-    """Body of one rank: set threads and device, join the group, run ``fn``, leave."""
+LAUNCHER_POLL_S = 0.5
+
+
+def _die_with_launcher(launcher_pid: int, poll_s: float = LAUNCHER_POLL_S) -> threading.Thread:
+    """Start a daemon thread that ends this rank at once when ``launcher_pid`` (the
+    process that started it) is no longer its parent: a launcher killed by ``SIGKILL``
+    cannot stop its ranks, which would otherwise go on as orphans."""
+    def watch() -> None:
+        while os.getppid() == launcher_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="betty-launcher-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, launcher_pid: int,
+               *args: Any) -> Any:
+    """Body of one rank: watch the launcher, set threads and device, join the group, run
+    ``fn``, leave."""
     import torch.distributed as dist
     from torch.distributed.elastic.multiprocessing.errors import record
+
+    _die_with_launcher(launcher_pid)
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -149,5 +172,5 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
         rdzv_endpoint=rdzv_endpoint, rdzv_backend="c10d",
         rdzv_configs={"is_host": node_rank == 0, "join_timeout": join_timeout_s},
         max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn")
-    results = elastic_launch(config, _rank_main)(fn, backend, threads, *args)
+    results = elastic_launch(config, _rank_main)(fn, backend, threads, os.getpid(), *args)
     return {rank: pickle.loads(blob) for rank, blob in results.items()}
