@@ -132,3 +132,20 @@ def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
                 p.kill()
             except psutil.Error:
                 pass
+
+
+def test_successful_multi_rank_run_prints_no_warning(tmp_path):
+    """A clean ``betty verify --nproc 2`` exits 0 with no WARNING on stderr (torch
+    elastic's "Closing process N via signal SIGTERM" is routine after success)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_workflow_support import PROJECT
+
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([str(Path(sys.executable).parent / "betty"), "verify", "tiny", "--nproc", "2", "--k", "2"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "WARNING" not in out.stderr, out.stderr[-3000:]

@@ -13,13 +13,15 @@ whose message names the rank and carries its traceback. A rank whose launcher di
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -172,5 +174,47 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
         rdzv_endpoint=rdzv_endpoint, rdzv_backend="c10d",
         rdzv_configs={"is_host": node_rank == 0, "join_timeout": join_timeout_s},
         max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn")
-    results = elastic_launch(config, _rank_main)(fn, backend, threads, os.getpid(), *args)
+    with _closing_notes_held() as held:
+        try:
+            results = elastic_launch(config, _rank_main)(fn, backend, threads, os.getpid(), *args)
+        except BaseException:
+            held.release()
+            raise
     return {rank: pickle.loads(blob) for rank, blob in results.items()}
+
+
+class _HeldRecords(logging.Filter):
+    """Holds back torch elastic's "Closing process N via signal SIGTERM" records."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__()
+        self.logger = logger
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Closing process"):
+            self.records.append(record)
+            return False
+        return True
+
+    def release(self) -> None:
+        """Emit the held records (the launch failed: they tell which ranks were stopped)."""
+        self.logger.removeFilter(self)
+        for record in self.records:
+            self.logger.handle(record)
+        self.records.clear()
+
+
+@contextmanager
+def _closing_notes_held() -> Iterator[_HeldRecords]:
+    """While the ranks run, hold back the launcher's warning that it closes a rank "via
+    signal SIGTERM". After every rank has returned, the launcher stops the ones still
+    exiting and logs that warning for each: on success that is routine, not something
+    to act on, so it is dropped; on failure :meth:`_HeldRecords.release` emits it."""
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    held = _HeldRecords(logger)
+    logger.addFilter(held)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(held)
