@@ -278,3 +278,26 @@ def test_run_killed_right_after_creation_has_betty_tags(project, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     stuck = {r.info.run_id: status for r, status, _ in stale_runs(exp, min_age_s=60)}
     assert stuck.get(child[0].info.run_id) == "KILLED"
+
+
+@pytest.mark.parametrize("delay_s", [0.1, 0.2, 0.4, 0.6, 0.9])
+def test_sigint_while_betty_run_starts(project, tmp_path, delay_s):
+    """Ctrl-C in the first second of ``betty run tiny`` (the command still importing):
+    exit 130 with one line on stderr, no traceback, no run left RUNNING."""
+    root, proj, uri, env = project
+    exp_name = f"cli-start-{delay_s}"
+    proc = subprocess.Popen([str(VENV_BIN / "betty"), "run", "tiny", "--experiment", exp_name], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    time.sleep(delay_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and err.strip().splitlines() == ["betty: interrupted"], err[-3000:]
+    exp = MlflowClient(uri).get_experiment_by_name(exp_name)
+    if exp is not None:
+        assert all(r.info.status != "RUNNING" for r in runs_of(uri, exp.experiment_id))

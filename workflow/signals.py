@@ -39,7 +39,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["install", "restore", "shield", "defer", "check", "stop_process", "received", "launcher_gone"]
+__all__ = ["install", "restore", "shield", "defer", "hold", "release_hold", "check", "stop_process", "received", "launcher_gone"]
 
 _received: list[int] = []
 _shield_depth = 0
@@ -124,6 +124,26 @@ def launcher_gone(parent: int | None = None) -> bool:
         return True
 
 
+_held = False
+
+
+def hold() -> None:
+    """Record signals only, as inside :func:`shield`, until :func:`release_hold` (for a
+    program's start-up, before the code that turns them into an exit is running)."""
+    global _held, _shield_depth
+    if not _held:
+        _held = True
+        _shield_depth += 1
+
+
+def release_hold() -> None:
+    """End :func:`hold` (a no-op without one); :func:`check` then raises what came."""
+    global _held, _shield_depth
+    if _held:
+        _held = False
+        _shield_depth -= 1
+
+
 def _die_with_parent() -> None:
     """Ask the kernel for ``SIGTERM`` when the parent exits (Linux; no-op elsewhere).
 
@@ -151,7 +171,8 @@ def install(*, die_with_parent: bool = False) -> dict:
     """
     if threading.current_thread() is not threading.main_thread():
         return {}
-    _received.clear()
+    if signal.getsignal(signal.SIGINT) is not _handler:  # installed already: keep what came
+        _received.clear()
     previous = {sig: signal.signal(sig, _handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     if die_with_parent:
         _die_with_parent()
