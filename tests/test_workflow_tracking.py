@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import mlflow
 import mlflow.pytorch
@@ -159,3 +160,36 @@ def test_signal_inside_a_store_session_is_raised_after_it(tmp_path):
     assert run.info.status == "KILLED"
     assert run.data.tags["written"] == "yes"
     assert run.data.tags["error"].startswith("KeyboardInterrupt")
+
+
+CREATE_STORE = """\
+import os, sys, time
+import workflow.tracking  # betty's tracking setup
+from mlflow.tracking import MlflowClient
+
+while not os.path.exists(sys.argv[2]):  # start together
+    time.sleep(0.01)
+MlflowClient(sys.argv[1]).search_experiments()
+"""
+
+
+def test_three_processes_create_one_fresh_store(tmp_path):
+    """Three processes opening one fresh sqlite store at once: all succeed (only one
+    creates the schema; without the lock two failed with schema-migration errors)."""
+    from test_workflow_support import PROJECT
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    procs = [subprocess.Popen([sys.executable, "-c", CREATE_STORE, uri, str(go)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(3)]
+    try:
+        time.sleep(3)  # past the imports
+        go.touch()
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(o[-1500:] for o in outs)
+    assert len(MlflowClient(uri).search_experiments()) == 1  # Default

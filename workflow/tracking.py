@@ -1,7 +1,8 @@
 """MLflow-native records: the experiment, its kind, the dataset input, the logged model.
 
-* **Interrupts.** :func:`guard_store_sessions` (applied on import) holds signals back
-  while MLflow's SQL store is inside a database session.
+* **Store.** Applied on import: :func:`guard_store_sessions` holds signals back while
+  MLflow's SQL store is inside a database session; :func:`serialize_store_creation`
+  lets one process at a time create a sqlite store (the first creates its schema).
 * **Experiment.** :func:`experiment_name` picks where ``betty run`` / ``betty stage``
   write: ``--experiment`` > ``$MLFLOW_EXPERIMENT_NAME`` > ``$MLFLOW_EXPERIMENT_ID`` (kept
   as is) > the spec's ``experiment`` key > the spec's ``name``. Under ``mlflow run`` the
@@ -34,7 +35,7 @@ from mlflow.tracking import MlflowClient
 
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["guard_store_sessions", "EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "experiment_name",
+__all__ = ["guard_store_sessions", "serialize_store_creation", "EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "experiment_name",
            "use_spec_experiment", "mark_model_training", "dataset_input", "log_dataset_input",
            "log_pytorch_model"]
 
@@ -72,7 +73,45 @@ def guard_store_sessions() -> None:
     db_utils._get_managed_session_maker = guarded_maker
 
 
+def _sqlite_file(db_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URI, else ``None``."""
+    prefix = "sqlite:///"
+    if not db_uri.startswith(prefix) or db_uri[len(prefix):] in ("", ":memory:"):
+        return None
+    return Path(db_uri[len(prefix):].split("?", 1)[0])
+
+
+def serialize_store_creation() -> None:
+    """Create MLflow's SQL tracking stores under an exclusive ``fcntl.flock`` on
+    ``<database>.init-lock`` beside a sqlite file: the first process creates the schema
+    while the others wait, instead of several migrating it at once (MLflow checks for
+    the tables before taking its own lock, so the others saw half-made tables and failed
+    with schema-migration errors). Once the schema exists the lock is held for
+    milliseconds. Applies to the stores created afterwards; idempotent; POSIX only."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    init = SqlAlchemyStore.__init__
+    if getattr(init, "betty_serialized", False):
+        return
+
+    def serialized_init(self, db_uri, *args, **kwargs):
+        path = _sqlite_file(str(db_uri))
+        if path is None or not path.parent.is_dir():
+            return init(self, db_uri, *args, **kwargs)
+        with open(path.with_name(path.name + ".init-lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return init(self, db_uri, *args, **kwargs)
+
+    serialized_init.betty_serialized = True
+    SqlAlchemyStore.__init__ = serialized_init
+
+
 guard_store_sessions()
+serialize_store_creation()
 
 
 def experiment_name(rspec: ResolvedSpec, cli_name: str | None = None) -> str | None:
