@@ -89,3 +89,63 @@ def test_mlproject_nproc_parameter():
 
     main = yaml.safe_load((PROJECT / "MLproject").read_text())["entry_points"]["main"]
     assert "nproc" in main["parameters"] and "--nproc {nproc}" in main["command"]
+
+
+@pytest.mark.slow
+def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
+    """``kill -9`` of the ``betty run --nproc 2`` process while its ranks train: both
+    ranks end within seconds instead of going on as orphans."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    from test_workflow_support import PROJECT, new_store
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": new_store(tmp_path / "store"), "PYTHONPATH": str(PROJECT),
+           "MLFLOW_EXPERIMENT_NAME": "dist-kill", "OMP_NUM_THREADS": "1"}
+    cmd = [str(Path(sys.executable).parent / "betty"), "run", "tiny", "--nproc", "2", *FAST,
+           "-s", "train.epochs=100000", "-s", "evaluate.every=0"]
+    log = open(tmp_path / "run.log", "w")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    ranks: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 240
+        while len(ranks) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            ranks = [p for p in psutil.Process(proc.pid).children()
+                     if "spawn_main" in " ".join(p.cmdline())]
+        assert len(ranks) == 2, (ranks, proc.poll(), (tmp_path / "run.log").read_text()[-3000:])
+        time.sleep(3)  # into the epochs
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        gone, alive = psutil.wait_procs(ranks, timeout=15)
+        assert not alive, ([p.pid for p in alive], (tmp_path / "run.log").read_text()[-3000:])
+    finally:
+        for p in [*ranks, psutil.Process(proc.pid)] if proc.poll() is None else ranks:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+def test_successful_multi_rank_run_prints_no_warning(tmp_path):
+    """A clean ``betty verify --nproc 2`` exits 0 with no WARNING on stderr (torch
+    elastic's "Closing process N via signal SIGTERM" is routine after success)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_workflow_support import PROJECT
+
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([str(Path(sys.executable).parent / "betty"), "verify", "tiny", "--nproc", "2", "--k", "2"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "WARNING" not in out.stderr, out.stderr[-3000:]

@@ -211,3 +211,47 @@ def test_signal_handling_is_light_and_complete():
     finally:
         signals.restore(previous)
     signals.check()  # restored: the signals handled above are forgotten
+
+
+def _gone_pid() -> str:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def test_cleanup_looks_at_every_experiment_in_one_pass(tracking, monkeypatch):
+    """Without --experiment, cleanup ends stuck runs of every experiment (not only
+    Default); after a whole ``mlflow run`` group was SIGKILLed (main's process gone,
+    its stage run not yet tagged with its own process) one pass ends both."""
+    import socket
+
+    uri, exp = tracking
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    client = MlflowClient(uri)
+    other = client.create_experiment("another-experiment")
+    main = client.create_run(other, tags={"run_kind": "main", "stage": "main", "betty.host": socket.gethostname(),
+                                          "betty.pid": _gone_pid()}).info.run_id
+    stage = client.create_run(other, tags={"run_kind": "stage", "stage": "sample",
+                                           "mlflow.parentRunId": main}).info.run_id
+    assert invoke("cleanup", "--fail").exit_code == 0
+    assert client.get_run(main).info.status == "KILLED"
+    assert client.get_run(stage).info.status == "KILLED"
+
+
+def test_cleanup_leaves_runs_without_betty_tags_alone(tracking):
+    """An old RUNNING project run without betty's tags whose process may live (another
+    project's ``mlflow run``, local environment) is neither listed nor ended."""
+    import time
+
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    old = int((time.time() - 3600) * 1000)
+    live = client.create_run(exp, start_time=old, tags={"mlflow.project.entryPoint": "main",
+                                                        "mlflow.project.backend": "local"}).info.run_id
+    listed = json.loads(invoke("cleanup", "--experiment", "guards-test", "--json").stdout)["stale"]
+    assert listed == []
+    assert invoke("cleanup", "--experiment", "guards-test", "--fail").exit_code == 0
+    assert client.get_run(live).info.status == "RUNNING"
+    client.set_terminated(live, "FINISHED")

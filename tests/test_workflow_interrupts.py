@@ -100,13 +100,17 @@ class Launch:
                 out.append(proc)
         return out
 
-    def settle(self, timeout: float = 180.0) -> list:
-        """Wait for ``mlflow run`` and every process it started to end; return the runs."""
+    def settle(self, timeout: float = 180.0, require_runs: bool = True) -> list:
+        """Wait for ``mlflow run`` and every process it started to end (all within
+        ``timeout``); return the runs (none RUNNING; at least one if ``require_runs``)."""
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None and time.monotonic() < deadline:
             self._watch()
             time.sleep(0.05)
-        self.proc.wait(timeout=1)
+        hung = self.proc.poll() is None
+        if hung:  # past the bound: stop the whole group so nothing outlives the test
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
         alive = []
         while time.monotonic() < deadline:
             alive = [p for p in [*self.seen.values(), *self._watchers()]
@@ -118,9 +122,10 @@ class Launch:
         for p in alive:  # left running: stop them, or reading the output below never ends
             p.kill()
         self.output = self.proc.stdout.read()
+        assert not hung, f"mlflow run still running after {timeout} s\n{self.output[-3000:]}"
         assert not left, f"still alive: {left}\n{self.output[-3000:]}"
         runs = runs_of(self.uri, self.exp)
-        assert runs and all(r.info.status != "RUNNING" for r in runs), \
+        assert (runs or not require_runs) and all(r.info.status != "RUNNING" for r in runs), \
             ([(r.data.tags.get("stage"), r.info.status) for r in runs], self.output[-3000:])
         return runs
 
@@ -164,3 +169,135 @@ def test_sigterm_to_mlflow_run_alone_while_training(project):
     runs = run.settle()
     assert _by_stage(runs) == {"train": "KILLED"}, run.output[-3000:]
     assert "KeyboardInterrupt" in MlflowClient(run.uri).get_run(runs[0].info.run_id).data.tags["error"]
+
+
+# --- a Ctrl-C during start-up, on a loaded machine -------------------------------------
+
+STARTUP_BOUND_S = 30.0  # from the signal to the end of every process, at load
+
+
+@pytest.fixture
+def cpu_burner():
+    """Two busy processes (one per core here) for the test's duration, each ending by
+    itself after 10 minutes at most; killed at teardown."""
+    code = "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("delay_s", [0.5, 2.0, 5.0])
+def test_sigint_to_group_during_startup_under_load(project, cpu_burner, delay_s):
+    """Ctrl-C (SIGINT to the group) ``delay_s`` after ``mlflow run -e main`` starts,
+    while two CPU burners load the machine: everything ends within the bound, no run is
+    left RUNNING, none of the stages ran."""
+    run = Launch(project, f"startup-{delay_s}", "main")
+    started = time.monotonic()
+    while time.monotonic() - started < delay_s:
+        run._watch()
+        time.sleep(0.02)
+    os.killpg(run.proc.pid, signal.SIGINT)
+    signalled = time.monotonic()
+    runs = run.settle(timeout=STARTUP_BOUND_S, require_runs=False)
+    assert time.monotonic() - signalled <= STARTUP_BOUND_S
+    statuses = _by_stage(runs)
+    assert set(statuses) <= {"main"}, (statuses, run.output[-3000:])  # no stage started
+    assert all(s in ("KILLED", "FAILED") for s in statuses.values()), (statuses, run.output[-3000:])
+
+
+ORPHAN_LAUNCHER = """\
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[2:], stdout=open(sys.argv[1], "w"), stderr=subprocess.STDOUT)
+print(child.pid, flush=True)
+os._exit(0)  # the launcher dies before its child could ask to be told (as mlflow run
+             # interrupted inside its fork: the signal reached it, not the child)
+"""
+
+
+def test_main_entry_orphaned_at_birth_starts_no_stage(project):
+    """The ``main`` entry point whose launcher died before it started (adopted by init,
+    never signalled): it ends its run KILLED without starting any stage."""
+    root, proj, uri, env = project
+    client = MlflowClient(uri)
+    exp = new_experiment(uri, "orphan-at-birth", root / "artifacts-orphan")
+    parent_run = client.create_run(exp, tags={"mlflow.project.entryPoint": "main"})
+    run_id = parent_run.info.run_id
+    child_env = {**env, "MLFLOW_RUN_ID": run_id, "MLFLOW_EXPERIMENT_ID": exp}
+    log = root / "orphan.log"
+    cmd = [sys.executable, "-c", ORPHAN_LAUNCHER, str(log), sys.executable, "-m", "workflow.mlproject", "main",
+           "--spec", "tiny", "--set", "", "--reuse", "true", "--nproc", ""]
+    launcher = subprocess.run(cmd, cwd=proj, env=child_env, capture_output=True, text=True, timeout=60,
+                              start_new_session=True)
+    child = psutil.Process(int(launcher.stdout.split()[0]))
+    try:
+        deadline = time.monotonic() + 120
+        while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            stages = [r for r in runs_of(uri, exp) if r.info.run_id != run_id]
+            assert not stages, ([(r.data.tags.get("stage"), r.info.status) for r in stages], log.read_text())
+            time.sleep(0.5)
+        assert not (child.is_running() and child.status() != psutil.STATUS_ZOMBIE), \
+            f"the orphan still runs\n{log.read_text()}"
+    finally:
+        for proc in [child, *child.children(recursive=True)] if child.is_running() else []:
+            proc.kill()
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert [r.info.run_id for r in runs_of(uri, exp)] == [run_id]
+
+
+KILLED_AFTER_START = """\
+import os, signal
+import mlflow
+import workflow.runs
+from workflow.specfile import load_spec
+
+def die(*args):  # SIGKILL right after the run exists, before anything else is written
+    os.kill(os.getpid(), signal.SIGKILL)
+
+with mlflow.start_run(run_name="parent"):
+    workflow.runs.mark_model_training = die
+    with workflow.runs.tracked_run("stage", "sample", load_spec("tiny", []), nested=True):
+        pass
+"""
+
+
+def test_run_killed_right_after_creation_has_betty_tags(project, monkeypatch):
+    """SIGKILL right after a stage run is created: the run carries betty's tags from the
+    start, so ``betty cleanup`` recognises it as stuck (process gone) and ends it."""
+    from workflow.commands.cleanup import stale_runs
+
+    root, proj, uri, env = project
+    exp = new_experiment(uri, "killed-after-start", root / "artifacts-killed-after-start")
+    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_START], cwd=proj,
+                          env={**env, "MLFLOW_EXPERIMENT_ID": exp}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    child = [r for r in runs_of(uri, exp) if r.data.tags.get("mlflow.parentRunId")]
+    assert len(child) == 1 and child[0].info.status == "RUNNING"
+    assert child[0].data.tags["run_kind"] == "stage" and child[0].data.tags["betty.pid"].isdigit()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    stuck = {r.info.run_id: status for r, status, _ in stale_runs(exp, min_age_s=60)}
+    assert stuck.get(child[0].info.run_id) == "KILLED"
+
+
+@pytest.mark.parametrize("delay_s", [0.1, 0.2, 0.4, 0.6, 0.9])
+def test_sigint_while_betty_run_starts(project, tmp_path, delay_s):
+    """Ctrl-C in the first second of ``betty run tiny`` (the command still importing):
+    exit 130 with one line on stderr, no traceback, no run left RUNNING."""
+    root, proj, uri, env = project
+    exp_name = f"cli-start-{delay_s}"
+    proc = subprocess.Popen([str(VENV_BIN / "betty"), "run", "tiny", "--experiment", exp_name], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    time.sleep(delay_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and err.strip().splitlines() == ["betty: interrupted"], err[-3000:]
+    exp = MlflowClient(uri).get_experiment_by_name(exp_name)
+    if exp is not None:
+        assert all(r.info.status != "RUNNING" for r in runs_of(uri, exp.experiment_id))

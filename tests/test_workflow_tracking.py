@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import os
+import subprocess
+import sys
+import time
 
 import mlflow
 import mlflow.pytorch
@@ -139,3 +143,82 @@ def test_losing_the_experiment_create_race_still_activates_it(tracking, monkeypa
     assert exp_id == MlflowClient().get_experiment_by_name("raced").experiment_id
     with mlflow.start_run() as run:
         assert run.info.experiment_id == exp_id
+
+
+INTERRUPT_IN_SESSION = """\
+import os, signal, sys
+from workflow import signals
+signals.install()
+import mlflow
+import sqlalchemy.orm
+from sqlalchemy import event
+from workflow.runs import tracked_run
+from workflow.specfile import load_spec
+
+armed = []
+
+@event.listens_for(sqlalchemy.orm.Session, "after_transaction_end")
+def interrupt(*args):  # SIGINT to this process while the store's session is closing
+    if armed:
+        armed.clear()
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(1000))  # bytecode: the handler runs here, inside the session
+
+try:
+    with tracked_run("stage", "sample", load_spec("tiny", [])) as run:
+        armed.append(1)
+        mlflow.set_tag("written", "yes")
+        print("not interrupted")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", run.info.run_id)
+"""
+
+
+def test_signal_inside_a_store_session_is_raised_after_it(tmp_path):
+    """A SIGINT that lands inside one of MLflow's database sessions is raised once the
+    session has ended: the write completes, the run ends KILLED, later writes work."""
+    from test_workflow_support import PROJECT, new_experiment, new_store
+
+    uri = new_store(tmp_path / "store")
+    exp = new_experiment(uri, "in-session", tmp_path / "artifacts")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_ID": exp, "PYTHONPATH": str(PROJECT)}
+    out = subprocess.run([sys.executable, "-c", INTERRUPT_IN_SESSION], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("KeyboardInterrupt"), out.stdout + out.stderr[-3000:]
+    run = MlflowClient(uri).get_run(out.stdout.split()[1])
+    assert run.info.status == "KILLED"
+    assert run.data.tags["written"] == "yes"
+    assert run.data.tags["error"].startswith("KeyboardInterrupt")
+
+
+CREATE_STORE = """\
+import os, sys, time
+import workflow.tracking  # betty's tracking setup
+from mlflow.tracking import MlflowClient
+
+while not os.path.exists(sys.argv[2]):  # start together
+    time.sleep(0.01)
+MlflowClient(sys.argv[1]).search_experiments()
+"""
+
+
+def test_three_processes_create_one_fresh_store(tmp_path):
+    """Three processes opening one fresh sqlite store at once: all succeed (only one
+    creates the schema; without the lock two failed with schema-migration errors)."""
+    from test_workflow_support import PROJECT
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    procs = [subprocess.Popen([sys.executable, "-c", CREATE_STORE, uri, str(go)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(3)]
+    try:
+        time.sleep(3)  # past the imports
+        go.touch()
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(o[-1500:] for o in outs)
+    assert len(MlflowClient(uri).search_experiments()) == 1  # Default

@@ -9,14 +9,32 @@ failure (message; set ``BETTY_TRACEBACK=1`` for the traceback), 130 interrupted.
 
 from __future__ import annotations
 
-from workflow import env as _env  # noqa: F401  (before MLflow is imported)
+import os
+import sys
 from typing import Annotated
 
-import typer
-
-from workflow.commands import register_all
+from workflow import env as _env  # noqa: F401  (before MLflow is imported)
+from workflow import signals as _signals
 
 __all__ = ["app", "main"]
+
+
+def _started_as_command() -> bool:
+    """Whether this process is the ``betty`` command (not an import, e.g. by tests)."""
+    return os.path.basename(sys.argv[0]).removesuffix(".exe") == "betty"
+
+
+# As the betty command: a Ctrl-C during the start-up (imports, argument parsing: a
+# second or more) is only recorded (a KeyboardInterrupt raised inside an import is
+# swallowed by some libraries, or prints a traceback); the command raises it first thing
+# (:func:`workflow.commands._common.cli_errors`): exit 130 with one line.
+if _started_as_command():
+    _signals.install()
+    _signals.hold()
+
+import typer  # noqa: E402
+
+from workflow.commands import register_all  # noqa: E402
 
 app = typer.Typer(
     name="betty",

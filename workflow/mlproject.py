@@ -14,7 +14,9 @@ stderr, traceback in the run's ``error.txt``), 130 interrupted.
 Interrupts: :mod:`workflow.signals` is installed on import, before anything heavy is
 imported, and everything :func:`main` does (imports included) runs inside one ``try``,
 so ``SIGINT``/``SIGTERM`` at any moment end this process's run (``MLFLOW_RUN_ID``)
-``KILLED``; so does the death of the parent process (``mlflow run`` killed). The ``main``
+``KILLED``; so does the death of the parent process (``mlflow run`` killed), also when
+it died before this process could ask to be told (:func:`workflow.signals.launcher_gone`),
+and a run that ``mlflow run`` ended before this process started. The ``main``
 entry point stops the stage process in flight and ends its run ``KILLED`` too
 (:class:`workflow.pipeline.ProjectLauncher`).
 """
@@ -95,6 +97,22 @@ def _watch_parent() -> None:
         spawn(run_id, os.getppid())
 
 
+def _check_launcher_run() -> None:
+    """Raise :class:`KeyboardInterrupt` if ``mlflow run`` already ended this process's
+    run (``MLFLOW_RUN_ID``): its launcher was interrupted while it started this process,
+    so no stage may start (resuming the run would set it ``RUNNING`` again)."""
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if not run_id:
+        return
+    from mlflow.tracking import MlflowClient
+
+    import workflow.tracking  # noqa: F401  (guards the store's sessions before it exists)
+
+    status = MlflowClient().get_run(run_id).info.status
+    if status not in ("RUNNING", "SCHEDULED"):
+        raise KeyboardInterrupt(f"the launcher ended run {run_id} ({status}) before it started")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the entry point; every exit path ends this process's run (see the module docstring)."""
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
@@ -120,6 +138,7 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
         except SpecError as err:
             return _fail(str(err), 2, err)
     _signals.check()
+    _check_launcher_run()
     reporter = LogReporter()
     try:
         from workflow.tracking import leave_default_experiment

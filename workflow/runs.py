@@ -166,11 +166,12 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
                 log_spec: bool = True) -> Iterator[mlflow.ActiveRun]:
     """Open (or resume, under ``mlflow run``) a run with the logging contract of the
     module docstring; see there for how it ends."""
-    run = mlflow.start_run(nested=nested, run_name=run_name)
+    # the tags are written with the run (one insert): a run killed right after its
+    # creation still has betty.host/betty.pid, so 'betty cleanup' can end it
+    run = mlflow.start_run(nested=nested, run_name=run_name, tags=_run_tags(kind, stage, rspec, device, tags))
     run_id = run.info.run_id
     try:
         mark_model_training(run.info.experiment_id)
-        mlflow.set_tags(_run_tags(kind, stage, rspec, device, tags))
         if log_spec:
             mlflow.log_params(rspec.params())
             mlflow.log_text(rspec.yaml(), "spec.yaml")

@@ -1,5 +1,8 @@
 """MLflow-native records: the experiment, its kind, the dataset input, the logged model.
 
+* **Store.** Applied on import: :func:`guard_store_sessions` holds signals back while
+  MLflow's SQL store is inside a database session; :func:`serialize_store_creation`
+  lets one process at a time create a sqlite store (the first creates its schema).
 * **Experiment.** :func:`experiment_name` picks where ``betty run`` / ``betty stage``
   write: ``--experiment`` > ``$MLFLOW_EXPERIMENT_NAME`` > ``$MLFLOW_EXPERIMENT_ID`` (kept
   as is) > the spec's ``experiment`` key > the spec's ``name``. Under ``mlflow run`` the
@@ -32,6 +35,7 @@ import contextlib
 import logging
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -39,8 +43,8 @@ from mlflow.tracking import MlflowClient
 
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME", "logged_model_problem", "experiment_name",
-           "spec_experiment_name", "leave_default_experiment",
+__all__ = ["guard_store_sessions", "serialize_store_creation", "EXPERIMENT_KIND_TAG", "MODEL_TRAINING", "MODEL_NAME",
+           "logged_model_problem", "experiment_name", "spec_experiment_name", "leave_default_experiment",
            "use_spec_experiment", "mark_model_training", "dataset_input", "log_dataset_input",
            "log_pytorch_model"]
 
@@ -48,6 +52,75 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"  # MLflow 3.17's kind for classic model training
 MODEL_NAME = "model"  # the logged model's name in the train run (runs:/<id>/model)
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent / "betty"
+
+
+def guard_store_sessions() -> None:
+    """Run every database session of MLflow's SQL stores inside
+    :func:`workflow.signals.defer`: a ``SIGINT``/``SIGTERM`` that lands inside one is
+    raised once the session has committed or rolled back, never halfway through it
+    (which broke the transaction: later writes failed and runs stayed ``RUNNING``).
+    Applies to the stores created afterwards; idempotent."""
+    import mlflow.store.db.utils as db_utils
+
+    from workflow.signals import defer
+
+    make = db_utils._get_managed_session_maker
+    if getattr(make, "betty_guarded", False):
+        return
+
+    def guarded_maker(*args, **kwargs):
+        inner = make(*args, **kwargs)
+
+        @contextmanager
+        def session(*a, **k):
+            with defer(), inner(*a, **k) as sess:
+                yield sess
+
+        return session
+
+    guarded_maker.betty_guarded = True
+    db_utils._get_managed_session_maker = guarded_maker
+
+
+def _sqlite_file(db_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URI, else ``None``."""
+    prefix = "sqlite:///"
+    if not db_uri.startswith(prefix) or db_uri[len(prefix):] in ("", ":memory:"):
+        return None
+    return Path(db_uri[len(prefix):].split("?", 1)[0])
+
+
+def serialize_store_creation() -> None:
+    """Create MLflow's SQL tracking stores under an exclusive ``fcntl.flock`` on
+    ``<database>.init-lock`` beside a sqlite file: the first process creates the schema
+    while the others wait, instead of several migrating it at once (MLflow checks for
+    the tables before taking its own lock, so the others saw half-made tables and failed
+    with schema-migration errors). Once the schema exists the lock is held for
+    milliseconds. Applies to the stores created afterwards; idempotent; POSIX only."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    init = SqlAlchemyStore.__init__
+    if getattr(init, "betty_serialized", False):
+        return
+
+    def serialized_init(self, db_uri, *args, **kwargs):
+        path = _sqlite_file(str(db_uri))
+        if path is None or not path.parent.is_dir():
+            return init(self, db_uri, *args, **kwargs)
+        with open(path.with_name(path.name + ".init-lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return init(self, db_uri, *args, **kwargs)
+
+    serialized_init.betty_serialized = True
+    SqlAlchemyStore.__init__ = serialized_init
+
+
+guard_store_sessions()
+serialize_store_creation()
 
 
 def experiment_name(rspec: ResolvedSpec, cli_name: str | None = None) -> str | None:

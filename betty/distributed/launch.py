@@ -7,17 +7,21 @@ results by global rank. Several machines: every machine runs the same call with
 ``nnodes=M``, the same ``rdzv_endpoint`` and ``run_id``; the c10d rendezvous (hosted by
 ``node_rank`` 0) numbers the ranks. A failing rank makes the launcher stop the others
 and raise :class:`torch.distributed.elastic.multiprocessing.errors.ChildFailedError`,
-whose message names the rank and carries its traceback.
+whose message names the rank and carries its traceback. A rank whose launcher dies
+(even by ``SIGKILL``) ends within half a second.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -86,10 +90,31 @@ def _defer_peer_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, *args: Any) -> Any:
-    """Body of one rank: set threads and device, join the group, run ``fn``, leave."""
+LAUNCHER_POLL_S = 0.5
+
+
+def _die_with_launcher(launcher_pid: int, poll_s: float = LAUNCHER_POLL_S) -> threading.Thread:
+    """Start a daemon thread that ends this rank at once when ``launcher_pid`` (the
+    process that started it) is no longer its parent: a launcher killed by ``SIGKILL``
+    cannot stop its ranks, which would otherwise go on as orphans."""
+    def watch() -> None:
+        while os.getppid() == launcher_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="betty-launcher-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, launcher_pid: int,
+               *args: Any) -> Any:
+    """Body of one rank: watch the launcher, set threads and device, join the group, run
+    ``fn``, leave."""
     import torch.distributed as dist
     from torch.distributed.elastic.multiprocessing.errors import record
+
+    _die_with_launcher(launcher_pid)
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -149,5 +174,47 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
         rdzv_endpoint=rdzv_endpoint, rdzv_backend="c10d",
         rdzv_configs={"is_host": node_rank == 0, "join_timeout": join_timeout_s},
         max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn")
-    results = elastic_launch(config, _rank_main)(fn, backend, threads, *args)
+    with _closing_notes_held() as held:
+        try:
+            results = elastic_launch(config, _rank_main)(fn, backend, threads, os.getpid(), *args)
+        except BaseException:
+            held.release()
+            raise
     return {rank: pickle.loads(blob) for rank, blob in results.items()}
+
+
+class _HeldRecords(logging.Filter):
+    """Holds back torch elastic's "Closing process N via signal SIGTERM" records."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__()
+        self.logger = logger
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Closing process"):
+            self.records.append(record)
+            return False
+        return True
+
+    def release(self) -> None:
+        """Emit the held records (the launch failed: they tell which ranks were stopped)."""
+        self.logger.removeFilter(self)
+        for record in self.records:
+            self.logger.handle(record)
+        self.records.clear()
+
+
+@contextmanager
+def _closing_notes_held() -> Iterator[_HeldRecords]:
+    """While the ranks run, hold back the launcher's warning that it closes a rank "via
+    signal SIGTERM". After every rank has returned, the launcher stops the ones still
+    exiting and logs that warning for each: on success that is routine, not something
+    to act on, so it is dropped; on failure :meth:`_HeldRecords.release` emits it."""
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    held = _HeldRecords(logger)
+    logger.addFilter(held)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(held)

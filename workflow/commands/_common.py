@@ -66,7 +66,9 @@ def cli_errors(fn):
         from workflow import signals
 
         previous = signals.install()  # SIGINT/SIGTERM -> KeyboardInterrupt once: runs end KILLED
+        signals.release_hold()  # the betty command's start-up (workflow.cli)
         try:
+            signals.check()  # one that came while the command was starting
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise

@@ -1,23 +1,29 @@
 """``betty cleanup``: find (and with ``--fail`` end) runs stuck in ``RUNNING``.
 
-A run is stuck when nothing will ever end it:
+It looks at ``--experiment``, or at every active experiment without it, and ends only
+runs whose process is provably gone:
 
-* ``never started``: a project run without betty's tags, older than ``--min-age``.
-  ``mlflow run .`` without ``--env-manager local`` on a machine without conda creates
-  the run, fails to build the conda environment, exits, and leaves it ``RUNNING``
-  (MLflow 3.17); betty sets ``run_kind`` first thing, so such a run has none. Ended
-  ``FAILED``;
-* ``parent ended``: a betty run (``run_kind`` tag) whose parent run
-  (``mlflow.parentRunId``) is no longer running, e.g. a stage whose process was killed
-  before it could end its run. Ended ``KILLED``;
+* ``never started``: a project run without betty's tags, older than ``--min-age``, whose
+  environment is conda while this machine has no conda (``mlflow run .`` without
+  ``--env-manager local`` creates the run, fails to build the conda environment, exits,
+  and leaves it ``RUNNING``, MLflow 3.17). Ended ``FAILED``. Any other run without
+  betty's tags (e.g. another project's live ``mlflow run``) is left alone unless its
+  parent run ended;
+* ``parent ended``: a run whose parent run (``mlflow.parentRunId``) is no longer
+  running, or is ended in the same pass, e.g. a stage whose process was killed before it
+  could end its run. Ended ``KILLED``;
 * ``process gone``: a betty run whose process (tags ``betty.host``, ``betty.pid``) ran
   on this machine and no longer exists. Ended ``KILLED``.
 
-Each ended run gets an ``error`` tag saying which of these applied.
+Each ended run gets an ``error`` tag saying which of these applied. One pass is enough
+after ``kill -KILL`` of a whole ``mlflow run`` group: a stage whose parent is found
+stuck in the same pass is stuck too.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import time
 from typing import Annotated
@@ -31,39 +37,60 @@ REASON = ("never started: the project environment could not be created (no conda
           "run the project with --env-manager local")
 
 
-def stuck_reason(run, client, min_age_s: float, host: str | None = None) -> tuple[str, str] | None:
-    """``(status to end it with, reason)`` if ``run`` (RUNNING) is stuck, else ``None``."""
+def _conda_missing() -> bool:
+    """Whether this machine has no conda (so a conda-environment project run never started)."""
+    return shutil.which("conda") is None and not os.environ.get("MLFLOW_CONDA_HOME")
+
+
+def stuck_reason(run, client, min_age_s: float, host: str | None = None,
+                 ending: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """``(status to end it with, reason)`` if ``run`` (RUNNING) is provably stuck, else
+    ``None``. ``ending``: runs already found stuck in this pass (ID -> status)."""
     tags = run.data.tags
-    if "run_kind" not in tags:
-        cutoff = (time.time() - min_age_s) * 1000
-        if "mlflow.project.entryPoint" in tags and (run.info.start_time or 0) <= cutoff:
-            return "FAILED", REASON
-        return None
     parent_id = tags.get("mlflow.parentRunId")
     if parent_id:
-        try:
-            parent_status = client.get_run(parent_id).info.status
-        except Exception:  # noqa: BLE001  (parent deleted)
-            parent_status = "DELETED"
+        if ending and parent_id in ending:
+            parent_status = ending[parent_id]
+        else:
+            try:
+                parent_status = client.get_run(parent_id).info.status
+            except Exception:  # noqa: BLE001  (parent deleted)
+                parent_status = "DELETED"
         if parent_status not in ("RUNNING", "SCHEDULED"):
             return "KILLED", f"stuck: its parent run {parent_id} ended {parent_status}"
+    if "run_kind" not in tags:
+        cutoff = (time.time() - min_age_s) * 1000
+        if "mlflow.project.entryPoint" in tags and tags.get("mlflow.project.env") == "conda" \
+                and _conda_missing() and (run.info.start_time or 0) <= cutoff:
+            return "FAILED", REASON
+        return None
     pid = tags.get("betty.pid", "")
     if tags.get("betty.host") == (host or socket.gethostname()) and pid.isdigit() and not process_alive(int(pid)):
         return "KILLED", f"stuck: its process {pid} on {tags['betty.host']} is gone"
     return None
 
 
-def stale_runs(exp: str, min_age_s: float) -> list[tuple]:
-    """``(run, status, reason)`` for every stuck RUNNING run of ``exp`` (see the module docstring)."""
+def stale_runs(exp: str | None, min_age_s: float) -> list[tuple]:
+    """``(run, status, reason)`` for every stuck RUNNING run of ``exp`` (``None``: of every
+    active experiment), see the module docstring."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
-    runs = client.search_runs([exp], "attributes.status = 'RUNNING'", max_results=1000)
+    exps = [exp] if exp is not None else [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(exps, "attributes.status = 'RUNNING'", max_results=50000) if exps else []
+    ending: dict[str, str] = {}
     out = []
-    for run in runs:
-        verdict = stuck_reason(run, client, min_age_s)
-        if verdict is not None:
-            out.append((run, *verdict))
+    changed = True
+    while changed:  # a stage whose parent is found stuck in this pass is stuck too
+        changed = False
+        for run in runs:
+            if run.info.run_id in ending:
+                continue
+            verdict = stuck_reason(run, client, min_age_s, ending=ending)
+            if verdict is not None:
+                ending[run.info.run_id] = verdict[0]
+                out.append((run, *verdict))
+                changed = True
     return out
 
 
@@ -72,13 +99,15 @@ def cleanup(experiment: ExperimentOpt = None,
             fail: Annotated[bool, typer.Option("--fail", help="End the listed runs (FAILED or KILLED, see the docs).")] = False,
             min_age: Annotated[float, typer.Option("--min-age", min=0, help="Project runs betty never started: only those started at least this many seconds ago.")] = 60.0,
             json_: JsonOpt = False) -> None:
-    """List (and with --fail, end) runs stuck in RUNNING: project runs betty never
-    started (e.g. `mlflow run` without --env-manager local and no conda), and betty runs
-    whose parent run ended or whose process on this machine is gone."""
+    """List (and with --fail, end) runs stuck in RUNNING, in every active experiment
+    unless --experiment names one: project runs that never started (a conda environment
+    on a machine without conda), runs whose parent run ended, and betty runs whose process
+    on this machine is gone. Runs whose process may still live are left alone."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
-    stuck = stale_runs(experiment_id(experiment), min_age)
+    named = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    stuck = stale_runs(experiment_id(named) if named else None, min_age)
     rows = [{"run_id": r.info.run_id, "run_name": r.info.run_name,
              "entry_point": r.data.tags.get("mlflow.project.entryPoint") or r.data.tags.get("stage", "?"),
              "environment": r.data.tags.get("mlflow.project.env"), "end_as": status, "reason": reason}
