@@ -188,3 +188,12 @@ def first_batch(rspec: ResolvedSpec, dataset, *, repeat: int = 0, device=None):
     device = device or resolve_device(rspec.spec.train.device)
     trainer, _, _ = make_trainer(rspec, dataset, device, repeat=repeat)
     return trainer.sample(0, 0)
+
+
+def make_selector(rspec: ResolvedSpec):
+    """The run's :class:`betty.selection.BestValidation` (``evaluate.select``,
+    ``train.early_stopping.patience``)."""
+    from betty.selection import BestValidation
+
+    stopping = rspec.spec.train.early_stopping
+    return BestValidation(rspec.spec.evaluate.select, None if stopping is None else stopping.patience)

@@ -97,7 +97,7 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
     from betty.memory.meter import MemoryMeter
     from workflow.components import configure_threads, is_reversible, load_data, make_trainer, resolve_device
     from workflow.evaluation import evaluate_model, metric_suffix
-    from workflow.stages.train import make_selector
+    from workflow.components import make_selector
 
     spec = rspec.spec
     if shared is None:

@@ -50,11 +50,9 @@ import statistics
 import mlflow
 import torch
 
-from betty.selection import BestValidation
-
 from workflow.artifacts import MEMORY_COLUMNS, ksearch_records, micro_rows, write_csv, write_json
 from workflow.checksums import log_artifact
-from workflow.components import is_reversible, make_trainer
+from workflow.components import is_reversible, make_selector, make_trainer
 from workflow.evaluation import evaluate_model, metric_suffix
 from workflow.plots import curves_figure, memory_figure
 from workflow.runs import active_run_id, log_metrics, tracked_run
@@ -112,13 +110,6 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
 
     selector.apply(model)
     return _log_outputs(ctx, repeat, model, history, rows, searches, selector.metrics(score_key))
-
-
-def make_selector(rspec) -> BestValidation:
-    """The run's :class:`betty.selection.BestValidation` (``evaluate.select``,
-    ``train.early_stopping.patience``)."""
-    stopping = rspec.spec.train.early_stopping
-    return BestValidation(rspec.spec.evaluate.select, None if stopping is None else stopping.patience)
 
 
 def _train_once_distributed(ctx: StageContext, repeat: int) -> dict[str, float]:
