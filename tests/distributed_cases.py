@@ -106,3 +106,16 @@ def rank_collective_checks() -> dict:
     except ParameterDivergence as exc:
         out["divergence"] = str(exc)
     return out
+
+
+def rank_sum_then_wait(wait_s: float = 2.0) -> list[float]:
+    """One all-reduce (sum of rank + 1), then ``wait_s`` seconds with the group up, so a
+    test can look at what the job listens on."""
+    import time
+
+    import torch.distributed as dist
+
+    t = torch.ones(3) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    time.sleep(wait_s)
+    return t.tolist()

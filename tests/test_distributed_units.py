@@ -7,6 +7,7 @@ import pickle
 import subprocess
 import sys
 import uuid
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,45 @@ def test_two_machines_on_localhost_equal_single_process(tmp_path):
         assert max_relative_difference({n: got[n] for n in params}, params) < 1e-10
     assert sorted(results[0][name]["_pieces"].tolist() + results[1][name]["_pieces"].tolist()) == [0, 1, 2, 3]
 
+
+def _listening_addresses(process) -> set[str]:
+    """The local addresses ``process`` and its descendants listen on (TCP)."""
+    import psutil
+
+    out = set()
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            conns = p.net_connections(kind="inet") if hasattr(p, "net_connections") else p.connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out.update(c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN)
+    return out
+
+
+def test_one_machine_job_listens_on_loopback_only():
+    """The rendezvous store, the ranks' group store and gloo's sockets of a one-machine
+    launch all listen on 127.0.0.1, never on every interface."""
+    import threading
+
+    import psutil
+
+    from distributed_cases import rank_sum_then_wait
+
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        me = psutil.Process()
+        while not done.is_set():
+            seen.update(_listening_addresses(me))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        out = launch(rank_sum_then_wait, (2.0,), nproc=2)
+    finally:
+        done.set()
+        watcher.join(5)
+    assert out == {0: [3.0] * 3, 1: [3.0] * 3}
+    assert seen and seen <= {"127.0.0.1", "::1"}, seen

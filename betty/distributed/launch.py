@@ -13,6 +13,7 @@ whose message names the rank and carries its traceback. A rank whose launcher di
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -107,8 +108,25 @@ def _die_with_launcher(launcher_pid: int, poll_s: float = LAUNCHER_POLL_S) -> th
     return thread
 
 
+def _join_group(backend: str, local_store: tuple[str, int, str] | None) -> None:
+    """``init_process_group``: on one machine through the launcher's loopback store
+    (``local_store = (host, port, prefix)``; no rank hosts a store, and gloo/NCCL talk
+    over the loopback interface), else through the launcher's environment (``env://``)."""
+    import torch.distributed as dist
+
+    if local_store is None:
+        dist.init_process_group(backend)
+        return
+    host, port, prefix = local_store
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    store = dist.PrefixStore(prefix, dist.TCPStore(host, port, is_master=False))
+    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
+
+
 def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, launcher_pid: int,
-               *args: Any) -> Any:
+               local_store: tuple[str, int, str] | None, *args: Any) -> Any:
     """Body of one rank: watch the launcher, set threads and device, join the group, run
     ``fn``, leave."""
     import torch.distributed as dist
@@ -120,7 +138,7 @@ def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, launch
         torch.set_num_threads(threads)
     if backend == "nccl":
         torch.cuda.set_device(rank_device())
-    dist.init_process_group(backend)
+    _join_group(backend, local_store)
     try:
         result = record(_defer_peer_loss(fn))(*args)
         _quiesce()
@@ -166,21 +184,81 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
     backend = backend or default_backend()
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if rdzv_endpoint is None:
-        rdzv_endpoint = f"127.0.0.1:{free_port()}"
-    config = LaunchConfig(
-        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc,
-        run_id=run_id or f"betty-{uuid.uuid4().hex[:12]}",
-        rdzv_endpoint=rdzv_endpoint, rdzv_backend="c10d",
-        rdzv_configs={"is_host": node_rank == 0, "join_timeout": join_timeout_s},
-        max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn")
-    with _closing_notes_held() as held:
+    run_id = run_id or f"betty-{uuid.uuid4().hex[:12]}"
+    with contextlib.ExitStack() as stack:
+        local_store = None
+        if rdzv_endpoint is None:  # one machine: nothing listens beyond loopback
+            # newer torch has the rendezvous host a second store for the ranks, on
+            # every interface; the ranks use the loopback one instead
+            stack.enter_context(_environ(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"))
+            port = stack.enter_context(_loopback_store())
+            rdzv_endpoint = f"127.0.0.1:{port}"
+            local_store = ("127.0.0.1", port, f"betty/{run_id}/group/")
+        config = LaunchConfig(
+            min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc, run_id=run_id,
+            rdzv_endpoint=rdzv_endpoint, rdzv_backend="c10d",
+            rdzv_configs={"is_host": node_rank == 0 and local_store is None, "join_timeout": join_timeout_s},
+            max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn")
+        held = stack.enter_context(_closing_notes_held())
         try:
-            results = elastic_launch(config, _rank_main)(fn, backend, threads, os.getpid(), *args)
+            results = elastic_launch(config, _rank_main)(fn, backend, threads, os.getpid(), local_store, *args)
         except BaseException:
             held.release()
             raise
     return {rank: pickle.loads(blob) for rank, blob in results.items()}
+
+
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """``os.environ`` with ``values`` set for the duration (restored afterwards)."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def _loopback_store() -> Iterator[int]:
+    """A ``TCPStore`` hosted by this process on a socket bound to 127.0.0.1 (torch's own
+    server binds every interface); yields its port. The rendezvous and the ranks' group
+    connect to it as clients."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        port = int(sock.getsockname()[1])
+    except BaseException:
+        sock.close()
+        raise
+    # the store owns the socket from here on (it closes it)
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, master_listen_fd=sock.detach(),
+                          wait_for_workers=False, **_store_options())
+    try:
+        yield port
+    finally:
+        del store
+
+
+def _store_options() -> dict:
+    """TCPStore options this torch needs with a listening socket handed over: the libuv
+    server of newer torch versions is told not to be used where it cannot take one."""
+    import inspect
+
+    import torch.distributed as dist
+
+    try:
+        params = inspect.signature(dist.TCPStore.__init__).parameters
+    except (TypeError, ValueError):  # a pybind signature inspect cannot read
+        return {}
+    return {"use_libuv": False} if "use_libuv" in params else {}
 
 
 class _HeldRecords(logging.Filter):
