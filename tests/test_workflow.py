@@ -112,6 +112,38 @@ def test_interrupted_stage_is_killed_not_running(tracking, monkeypatch):
                       "partition": "FINISHED", "train": "KILLED"}
 
 
+def test_a_full_disk_ends_the_runs_failed_with_what_to_do(tracking, monkeypatch):
+    """A stage that hits a full disk (here: its artifact write) ends FAILED with one line
+    saying so and how to recover, in the runs' error tag and on the command line, instead
+    of MLflow's SQL dump."""
+    import errno
+    import sqlite3
+
+    import workflow.stages.train as train_stage
+    from test_workflow_support import invoke
+
+    uri, exp = tracking
+
+    def full(ctx, repeat=0):
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as err:  # as MLflow raises it: wrapped
+            raise RuntimeError("(sqlite3.OperationalError) database or disk is full\n[SQL: INSERT ...]") from err
+
+    monkeypatch.setattr(train_stage, "train_once", full)
+    res = invoke("run", "tiny", *[f"--set={o}" for o in FAST], catch_exceptions=True)
+    assert res.exit_code == 1
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("betty: disk full:") and "betty cleanup --fail" in last and "SQL" not in last, last
+    status = {r.data.tags["stage"]: (r.info.status, r.data.tags.get("error", "")) for r in runs_of(uri, exp)}
+    assert status["main"][0] == "FAILED" and status["train"][0] == "FAILED"
+    assert status["train"][1].startswith("disk full:") and "SQL" not in status["train"][1]
+    from workflow.runs import disk_full
+
+    assert disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert not disk_full(OSError(errno.EACCES, "Permission denied")) and not disk_full(ValueError("x"))
+
+
 def test_unavailable_feature_fails_before_any_stage(tracking, monkeypatch):
     uri, exp = tracking
     import betty.models

@@ -21,6 +21,7 @@ unless ``MLFLOW_TRACKING_URI`` is set. Under ``mlflow run`` the process's run
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import socket
@@ -39,6 +40,8 @@ from workflow.tracking import mark_model_training
 
 __all__ = [
     "ERROR_TAG_LIMIT",
+    "disk_full",
+    "error_summary",
     "tracked_run",
     "record_failure",
     "mark_failed",
@@ -99,8 +102,35 @@ def active_run_id() -> str:
     return run.info.run_id
 
 
+DISK_FULL_TEXTS = ("database or disk is full", "No space left on device")
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says a disk is full: an
+    ``OSError`` with ``ENOSPC``, or SQLite's "database or disk is full"."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if any(text in str(exc) for text in DISK_FULL_TEXTS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def error_summary(exc: BaseException) -> str:
+    """One line for a user: ``Type: message``, or, when a disk is full, what to do (the
+    SQL and parameters MLflow's error carries are of no use then)."""
+    if disk_full(exc):
+        return (f"disk full: no space left under the tracking store ({mlflow.get_tracking_uri()}) "
+                f"or the artifact or data folder ({type(exc).__name__}); free some space, then "
+                "`betty cleanup --fail` ends any run this left RUNNING")
+    return f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+
+
 def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+    text = error_summary(exc)
     return text if len(text) <= ERROR_TAG_LIMIT else text[: ERROR_TAG_LIMIT - 3] + "..."
 
 

@@ -83,7 +83,9 @@ def cli_errors(fn):
                 import traceback
 
                 traceback.print_exc()
-            raise fail(f"{type(err).__name__}: {err}", 1) from None
+            from workflow.runs import error_summary
+
+            raise fail(error_summary(err), 1) from None
         finally:
             signals.restore(previous)
 
