@@ -44,7 +44,7 @@ test-dgl: venv
 	$(BIN)/python $(PYTEST)
 
 test-pyg: venv-pyg
-	$(PYG_BIN)/python $(PYTEST) -m "(not dgl and not workflow or pyg) and not slow"
+	$(PYG_BIN)/python $(PYTEST) -m "not dgl and (not workflow or pyg) and not slow"
 
 run: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mlflow run . -e main -P spec=synthetic --experiment-name synthetic --env-manager local

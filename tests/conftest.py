@@ -105,7 +105,7 @@ def pytest_generate_tests(metafunc):
 
 # Modules that exercise only the workflow layer (specs, CLI, MLflow runs and their
 # lifecycle): what they check does not depend on the torch / numpy / backend stack, so
-# the second environment (.venv-pyg, `-m "(not dgl and not workflow or pyg) and not slow"`) does not
+# the second environment (.venv-pyg, `-m "not dgl and (not workflow or pyg) and not slow"`) does not
 # run them again. Their few tests that do depend on the stack (the pipeline and the
 # reversible model trained end to end on PyG without DGL) carry `pyg` as well.
 WORKFLOW_MODULES = {
