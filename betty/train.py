@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import torch
 from torch.nn import functional as F
 
+from betty import catalog
 from betty.batch import MicroBatch, SampledBatch
 from betty.microbatch import Carver, validate_groups
 
@@ -51,7 +52,7 @@ __all__ = [
     "OPTIMIZERS",
 ]
 
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = catalog.OPTIMIZERS
 
 
 def build_optimizer(name: str, params: Iterable, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:

@@ -200,7 +200,9 @@ print("HEAVY=" + ",".join(heavy), file=sys.stderr)
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["specs"], ["compare", "--json"], ["cleanup", "--json"]])
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["specs"], ["validate", "synthetic"],
+                                  ["validate", "synthetic_products", "synthetic_revgnn", "cora_gat", "tiny"],
+                                  ["compare", "--json"], ["cleanup", "--json"]])
 def test_commands_without_tensors_import_no_framework(args, tmp_path):
     """In a fresh process, commands that need no tensors import neither torch nor a GNN
     framework, and take a bounded multiple of a bare interpreter's start."""
@@ -220,8 +222,12 @@ def test_commands_without_tensors_import_no_framework(args, tmp_path):
     took = time.perf_counter() - start
     line = [x for x in res.stderr.splitlines() if x.startswith("HEAVY=")]
     assert line == ["HEAVY="], res.stderr[-2000:]
-    if args[0] in ("--help", "--version", "specs"):  # no MLflow either: a few interpreter starts
+    if args[0] == "validate":
+        assert res.returncode == 0 and res.stdout.count("ok ") == len(args) - 1, (res.stdout, res.stderr[-2000:])
+    if args[0] in ("--help", "--version", "specs", "validate"):  # no MLflow either: a few interpreter starts
         assert took < 20 * bare + 10, (took, bare)
+
+
 @pytest.mark.parametrize("args", [
     ["--nproc", "1", "--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "127.0.0.1:1"],
     ["--nproc", "1", "--node-rank", "1"],

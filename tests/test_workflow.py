@@ -146,9 +146,9 @@ def test_a_full_disk_ends_the_runs_failed_with_what_to_do(tracking, monkeypatch)
 
 def test_unavailable_feature_fails_before_any_stage(tracking, monkeypatch):
     uri, exp = tracking
-    import betty.models
+    import betty.catalog
 
-    monkeypatch.setattr(betty.models, "ARCHS", ("sage",))
+    monkeypatch.setattr(betty.catalog, "ARCHS", ("sage",))
     rspec = load_spec("tiny", ["model.arch=gat", "model.heads=2"] + FAST)
     assert library.missing_features(rspec.spec) == [
         "model.arch 'gat' is not available yet in this version of betty (available: sage)"]

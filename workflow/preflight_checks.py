@@ -20,19 +20,22 @@ __all__ = ["missing_data", "unavailable_device", "environment_problems"]
 
 
 def missing_data(rspec: ResolvedSpec) -> str | None:
-    """Why the spec's dataset cannot be read from disk, or ``None``."""
-    from betty.data import registry
-    from betty.data.ogb_loader import DatasetNotFoundError, check_ogb_files
+    """Why the spec's dataset cannot be read from disk, or ``None`` (the loaders'
+    checks, imported only for the datasets read from files)."""
+    from betty.data.names import DGL_BUILTIN_NAMES, OGB_NAMES, DatasetNotFoundError
 
     name = rspec.spec.dataset.name
     root = Path(rspec.spec.dataset.root)
-    spec = registry._spec(name)
     try:
-        if spec.build is registry._ogb_build:
+        if name in OGB_NAMES:
+            from betty.data.ogb_loader import check_ogb_files
+
             check_ogb_files(name, root)
-        elif spec.build is registry._dgl_builtin_build:
-            registry.dgl_builtin._check_files(name, root)
-        elif spec.build is registry._dgl_file_build:
+        elif name in DGL_BUILTIN_NAMES:
+            from betty.data.dgl_builtin import check_files
+
+            check_files(name, root)
+        elif name == "dgl-file":
             path = Path(rspec.dataset_options["path"])
             if not path.is_file():
                 raise DatasetNotFoundError(f"dgl-file: path={str(path)!r} does not exist")
@@ -42,7 +45,10 @@ def missing_data(rspec: ResolvedSpec) -> str | None:
 
 
 def unavailable_device(rspec: ResolvedSpec) -> str | None:
-    """Why ``train.device`` cannot be used on this machine, or ``None``."""
+    """Why ``train.device`` cannot be used on this machine, or ``None`` (``auto`` and
+    ``cpu`` always can: torch is imported only to ask about another device)."""
+    if rspec.spec.train.device in ("auto", "cpu"):
+        return None
     from workflow.components import resolve_device
 
     try:

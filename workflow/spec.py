@@ -141,21 +141,21 @@ def _dataset_names() -> list[str]:
 
 
 def _partition_methods() -> list[str]:
-    from betty.partition import PARTITIONERS
+    from betty.catalog import PARTITION_METHODS
 
-    return sorted(PARTITIONERS)
+    return sorted(PARTITION_METHODS)
 
 
 def _aggregators() -> tuple[str, ...]:
-    from betty.models import SAGE_AGGREGATORS
+    from betty.catalog import SAGE_AGGREGATORS
 
-    return tuple(SAGE_AGGREGATORS)
+    return SAGE_AGGREGATORS
 
 
 def _optimizers() -> tuple[str, ...]:
-    from betty.train import OPTIMIZERS
+    from betty.catalog import OPTIMIZERS
 
-    return tuple(OPTIMIZERS)
+    return OPTIMIZERS
 
 
 def _int(value: Any) -> bool:
@@ -320,7 +320,7 @@ class ModelSection(_Section):
 
         value = _library_choice("backend", value, BACKEND_CHOICES)
         try:
-            resolve_backend(value)
+            resolve_backend(value, import_check=False)  # installed; importing it waits for a run
         except BackendUnavailable as err:
             raise ValueError(str(err)) from None
         return value
@@ -333,7 +333,7 @@ class ModelSection(_Section):
     @field_validator("activation")
     @classmethod
     def _activation(cls, value: str | None) -> str | None:
-        from betty.models import ACTIVATIONS
+        from betty.catalog import ACTIVATIONS
 
         return None if value is None else _library_choice("activation", value, ACTIVATIONS)
 
@@ -566,7 +566,7 @@ def _synthetic_config(ds: DatasetSection):
     its resolved options less the options every dataset takes (``self_loops``)."""
     from betty.data import resolve_options
     from betty.data.registry import COMMON_OPTIONS
-    from betty.data.synthetic import SYNTHETIC_PRESETS, SyntheticConfig
+    from betty.data.synthetic_config import SYNTHETIC_PRESETS, SyntheticConfig
 
     if ds.name not in SYNTHETIC_PRESETS:
         return None
@@ -616,7 +616,7 @@ def _path_problems(ds: DatasetSection) -> list[Problem]:
     ``dgl.save_graphs`` file (checked by its header, nothing else is read)."""
     from pathlib import Path
 
-    from betty.data.dgl_file import is_dgl_file
+    from betty.data.names import is_dgl_file
 
     out = []
     paths = [("dataset.root", ds.root)]

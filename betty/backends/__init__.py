@@ -35,11 +35,15 @@ class BackendUnavailable(ImportError):
 
 
 @lru_cache(maxsize=None)
-def available(name: str) -> bool:
-    """Whether backend ``name``'s framework imports here (the import is attempted once)."""
+def available(name: str, import_check: bool = True) -> bool:
+    """Whether backend ``name``'s framework imports here (the import is attempted once);
+    ``import_check=False``: whether it is installed (found, not imported: a spec check
+    that must stay light; a broken install shows when a run imports it)."""
     _check_name(name)
     if importlib.util.find_spec(_FRAMEWORK[name]) is None:
         return False
+    if not import_check:
+        return True
     try:
         importlib.import_module(_FRAMEWORK[name])
     except Exception:  # a broken install (e.g. DGL against the wrong torch) counts as missing
@@ -52,18 +56,19 @@ def _check_name(name: str) -> None:
         raise ValueError(f"backend must be one of {BACKEND_CHOICES}, got {name!r}")
 
 
-def resolve_backend(name: str = "auto") -> str:
+def resolve_backend(name: str = "auto", *, import_check: bool = True) -> str:
     """``"auto"`` -> ``"dgl"`` if DGL imports, else ``"pyg"``; an explicit name must be
-    available. Raises :class:`BackendUnavailable` naming the install command."""
+    available (``import_check``: see :func:`available`). Raises
+    :class:`BackendUnavailable` naming the install command."""
     _check_name(name)
     if name == "auto":
         for candidate in BACKENDS:
-            if available(candidate):
+            if available(candidate, import_check):
                 return candidate
         raise BackendUnavailable(
             "no GNN backend imports (neither dgl nor torch_geometric); install one: "
             + " or ".join(INSTALL.values()))
-    if not available(name):
+    if not available(name, import_check):
         raise BackendUnavailable(
             f"backend {name!r} is not installed ({_FRAMEWORK[name]} does not import); "
             f"install it with: {INSTALL[name]}")

@@ -14,9 +14,11 @@ induced subgraph of one; it answers ``num_nodes()``, ``num_edges()``, ``edges()`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # annotations only: the backend names and checks import no framework
+    import torch
+    from torch import nn
 
 __all__ = ["Backend"]
 

@@ -12,12 +12,23 @@ datasets are read offline from ``root``; a missing one raises
 :class:`DatasetNotFoundError` at once with the exact place to put the files.
 """
 
-from betty.data.dgl_builtin import dgl_raw_path
-from betty.data.ogb_loader import DatasetNotFoundError
-from betty.data.planetoid import load_planetoid, stage_planetoid
+from betty.data.names import DatasetNotFoundError
 from betty.data.registry import cache_path, dataset_digest, dataset_names, load_dataset, resolve_options
-from betty.data.synthetic import SYNTHETIC_PRESETS, SyntheticConfig, generate_synthetic
-from betty.data.types import GraphDataset
+from betty.data.synthetic_config import SYNTHETIC_PRESETS, SyntheticConfig
+
+# Imported on first use: these need numpy and torch, the names above do not (so that a
+# spec is validated without them).
+_LAZY = {"GraphDataset": "types", "generate_synthetic": "synthetic", "stage_planetoid": "planetoid",
+         "load_planetoid": "planetoid", "dgl_raw_path": "dgl_builtin"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"betty.data.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "GraphDataset",

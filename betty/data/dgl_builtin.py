@@ -18,14 +18,14 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from betty.data.names import DGL_BUILTIN_NAMES, DatasetNotFoundError
 
-from betty.data.graph_build import bare_graph, mask_to_index
-from betty.data.ogb_loader import DatasetNotFoundError
-from betty.data.types import GraphDataset
+if TYPE_CHECKING:
+    from betty.data.types import GraphDataset
 
-__all__ = ["DglBuiltin", "DGL_BUILTINS", "PLANETOID_SUFFIXES", "dgl_raw_path", "load_dgl_builtin"]
+__all__ = ["DglBuiltin", "DGL_BUILTINS", "PLANETOID_SUFFIXES", "check_files", "dgl_raw_path", "load_dgl_builtin"]
 
 PLANETOID_SUFFIXES = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
 
@@ -78,6 +78,7 @@ DGL_BUILTINS: dict[str, DglBuiltin] = {
         source_hint="reddit_data.npz and reddit_graph.npz from DGL's reddit.zip",
     ),
 }
+assert tuple(DGL_BUILTINS) == DGL_BUILTIN_NAMES, "betty.data.names.DGL_BUILTIN_NAMES lists them"
 
 
 def _spec(name: str) -> DglBuiltin:
@@ -99,7 +100,7 @@ def dgl_raw_path(name: str, raw_dir: str | Path) -> Path:
     return Path(raw_dir) / f"{spec.dgl_name}_{digest}"
 
 
-def _check_files(name: str, raw_dir: Path) -> None:
+def check_files(name: str, raw_dir: Path) -> None:
     spec = _spec(name)
     folder = dgl_raw_path(name, raw_dir)
     if all((folder / f).is_file() for f in spec.processed_files):
@@ -131,10 +132,15 @@ def load_dgl_builtin(name: str, root: str | Path = "data") -> GraphDataset:
         DatasetNotFoundError: the files are missing (message names folder and files).
         ImportError: DGL is not installed (the message gives the install command).
     """
+    import torch  # the file checks above need no torch
+
+    from betty.data.graph_build import bare_graph, mask_to_index
+    from betty.data.types import GraphDataset
+
 
     spec = _spec(name)
     root = Path(root)
-    _check_files(name, root)
+    check_files(name, root)
     try:
         import dgl.data
     except ImportError as err:

@@ -24,26 +24,10 @@ from pathlib import Path
 import torch
 
 from betty.data.graph_build import bare_graph, mask_to_index
-from betty.data.ogb_loader import DatasetNotFoundError
+from betty.data.names import DGL_FILE_MAGIC, DatasetNotFoundError, is_dgl_file
 from betty.data.types import GraphDataset
 
 __all__ = ["REQUIRED_FIELDS", "DGL_FILE_MAGIC", "is_dgl_file", "load_dgl_file"]
-
-DGL_FILE_MAGIC = (0xDD2E4FF046B4A13F).to_bytes(8, "little")
-"""The first 8 bytes of every ``dgl.save_graphs`` file (DGL's ``kDGLSerializeMagic``)."""
-
-
-def is_dgl_file(path: str | Path) -> bool:
-    """Whether ``path`` is a regular file starting with :data:`DGL_FILE_MAGIC` (reads 8
-    bytes; needs no DGL)."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    try:
-        with path.open("rb") as fh:
-            return fh.read(8) == DGL_FILE_MAGIC
-    except OSError:
-        return False
 
 REQUIRED_FIELDS = {
     "feat": "(N, F) floating point",

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from betty.data.graph_build import bare_graph, canonical_edges
+from betty.data.names import OGB_NAMES, DatasetNotFoundError
 from betty.data.types import GraphDataset
 
 __all__ = [
@@ -61,10 +62,6 @@ __all__ = [
     "load_ogb",
     "load_split_dict",
 ]
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """A dataset's files are not on disk (and nothing will be downloaded)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +85,7 @@ OGB_RECIPES: dict[str, OgbRecipe] = {
     "ogbn-proteins": OgbRecipe(feat_from_edges=True, multilabel=True),
     "ogbn-papers100M": OgbRecipe(to_bidirected=True),
 }
+assert tuple(OGB_RECIPES) == OGB_NAMES, "betty.data.names.OGB_NAMES lists the recipes"
 
 
 def ogb_meta(name: str) -> dict:

@@ -36,12 +36,12 @@ import torch
 
 from betty.data.dgl_builtin import DGL_BUILTINS, PLANETOID_SUFFIXES, dgl_raw_path
 from betty.data.graph_build import bare_graph, canonical_edges
-from betty.data.ogb_loader import DatasetNotFoundError
+from betty.data.names import PLANETOID_NAMES
+from betty.data.names import DatasetNotFoundError
 from betty.data.types import GraphDataset
 
 __all__ = ["PLANETOID_NAMES", "load_planetoid", "load_planetoid_dataset", "stage_planetoid"]
 
-PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
 _NUM_VALID = 500
 
 

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from betty.data import cache as _cache
-from betty.data import dgl_builtin, dgl_file, ogb_loader, planetoid, synthetic
-from betty.data.types import GraphDataset
+from betty.data.names import DGL_BUILTIN_NAMES, OGB_NAMES, PLANETOID_NAMES
+from betty.data.synthetic_config import SYNTHETIC_PRESETS, SyntheticConfig
+
+if TYPE_CHECKING:
+    from betty.data.types import GraphDataset
+
+
+def _module(name: str):
+    """``betty.data.<name>``, imported when first used: the loaders and the cache need
+    numpy and torch, the names, options and their checks here do not."""
+    return importlib.import_module(f"betty.data.{name}")
 
 __all__ = ["DatasetSpec", "DATASETS", "COMMON_OPTIONS", "allowed_options", "dataset_names", "resolve_options", "cache_path", "dataset_digest", "load_dataset"]
 
@@ -41,7 +50,7 @@ class DatasetSpec:
 
 def _synthetic_normalize(preset: str) -> Callable[[dict], dict]:
     float_fields = {
-        k for k, v in synthetic.SYNTHETIC_PRESETS[preset].to_dict().items() if isinstance(v, float)
+        k for k, v in SYNTHETIC_PRESETS[preset].to_dict().items() if isinstance(v, float)
     } | {"max_degree"}
 
     def normalize(opts: dict) -> dict:
@@ -51,14 +60,14 @@ def _synthetic_normalize(preset: str) -> Callable[[dict], dict]:
             else v
             for k, v in opts.items()
         }
-        return synthetic.SyntheticConfig(**out).to_dict()  # validates
+        return SyntheticConfig(**out).to_dict()  # validates
 
     return normalize
 
 
 def _synthetic_build(name: str, root: Path, opts: dict) -> GraphDataset:
     # looked up at call time, so tests can observe whether the generator ran
-    return synthetic.generate_synthetic(synthetic.SyntheticConfig(**opts), name=name)
+    return _module("synthetic").generate_synthetic(SyntheticConfig(**opts), name=name)
 
 
 def _no_source(name: str, root: Path, opts: dict) -> list:
@@ -66,17 +75,17 @@ def _no_source(name: str, root: Path, opts: dict) -> list:
 
 
 def _ogb_build(name: str, root: Path, opts: dict) -> GraphDataset:
-    return ogb_loader.load_ogb(name, root)
+    return _module("ogb_loader").load_ogb(name, root)
 
 
 def _ogb_fingerprint(name: str, root: Path, opts: dict) -> list:
-    return ogb_loader.ogb_source_fingerprint(name, root)
+    return _module("ogb_loader").ogb_source_fingerprint(name, root)
 
 
 def _dgl_builtin_build(name: str, root: Path, opts: dict) -> GraphDataset:
-    if name in planetoid.PLANETOID_NAMES:
-        return planetoid.load_planetoid_dataset(name, root)
-    return dgl_builtin.load_dgl_builtin(name, root)
+    if name in PLANETOID_NAMES:
+        return _module("planetoid").load_planetoid_dataset(name, root)
+    return _module("dgl_builtin").load_dgl_builtin(name, root)
 
 
 def _dgl_file_normalize(opts: dict) -> dict:
@@ -89,12 +98,12 @@ def _dgl_file_normalize(opts: dict) -> dict:
 
 
 def _dgl_file_build(name: str, root: Path, opts: dict) -> GraphDataset:
-    return dgl_file.load_dgl_file(opts["path"], name=name, num_classes=opts["num_classes"])
+    return _module("dgl_file").load_dgl_file(opts["path"], name=name, num_classes=opts["num_classes"])
 
 
 def _build_registry() -> dict[str, DatasetSpec]:
     specs: list[DatasetSpec] = []
-    for preset, config in synthetic.SYNTHETIC_PRESETS.items():
+    for preset, config in SYNTHETIC_PRESETS.items():
         specs.append(
             DatasetSpec(
                 name=preset,
@@ -105,7 +114,7 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 description=f"generated ({config.scaled_num_nodes:,} nodes at scale 1)",
             )
         )
-    for ogb_name in ogb_loader.OGB_RECIPES:
+    for ogb_name in OGB_NAMES:
         specs.append(
             DatasetSpec(
                 name=ogb_name,
@@ -115,14 +124,14 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 description="OGB, raw files read offline with ogb's raw readers",
             )
         )
-    for dgl_name in dgl_builtin.DGL_BUILTINS:
+    for dgl_name in DGL_BUILTIN_NAMES:
         specs.append(
             DatasetSpec(
                 name=dgl_name,
                 defaults={},
                 build=_dgl_builtin_build,
                 description=("Planetoid raw files in DGL's folder layout, read by betty"
-                             if dgl_name in planetoid.PLANETOID_NAMES
+                             if dgl_name in PLANETOID_NAMES
                              else "DGL built-in dataset class, offline"),
             )
         )
@@ -216,14 +225,14 @@ def cache_path(name: str, root: str | Path = "data", **options) -> Path | None:
     datasets betty does not cache)."""
     if _spec(name).fingerprint is None:
         return None
-    return _cache.cache_file(Path(root), name, _identity(name, root, options))
+    return _module("cache").cache_file(Path(root), name, _identity(name, root, options))
 
 
 def dataset_digest(name: str, root: str | Path = "data", **options) -> str:
     """16 hex digits identifying the dataset's content: :func:`betty.data.cache.cache_key`
     over name, resolved options and the source-file fingerprint (the cache file's key
     for cached datasets). Reads no data; raises like :func:`resolve_options`."""
-    return _cache.cache_key(_identity(name, root, options))
+    return _module("cache").cache_key(_identity(name, root, options))
 
 
 def load_dataset(
@@ -256,10 +265,10 @@ def load_dataset(
     root = Path(root)
     path = cache_path(name, root, **opts) if cache else None
     if path is not None:
-        hit = _cache.load_cached(path)
+        hit = _module("cache").load_cached(path)
         if hit is not None:
             return hit
     ds = _apply_common(spec.build(name, root, _own_options(opts)), opts)
     if path is not None:
-        _cache.save_cached(ds, path)
+        _module("cache").save_cached(ds, path)
     return ds

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from betty import catalog
+
 from betty.models.base import ACTIVATIONS, DROPOUT_MODES, BlockGNN
 from betty.models.gat import GAT
 from betty.models.gcn import GCN
@@ -15,7 +17,7 @@ __all__ = ["BlockGNN", "GraphSAGE", "GAT", "GCN", "build_model", "ARCHS", "SAGE_
 DEFAULT_ACTIVATION = {"sage": "relu", "gat": "elu", "gcn": "relu"}
 """The non-linearity between layers when none is given (GAT's paper uses ELU)."""
 
-ARCHS = ("sage", "gat", "gcn", "revgnn")
+ARCHS = catalog.ARCHS
 
 
 def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from betty import catalog
 from betty.models.dropout import hash_dropout
 
 __all__ = ["BlockGNN", "DROPOUT_MODES", "ACTIVATIONS", "SAVES_RESULT", "activation_fn"]
@@ -33,7 +34,8 @@ __all__ = ["BlockGNN", "DROPOUT_MODES", "ACTIVATIONS", "SAVES_RESULT", "activati
 DROPOUT_MODES = ("deterministic", "standard")
 
 _ACTIVATION_FNS = {"relu": F.relu, "elu": F.elu, "leaky_relu": F.leaky_relu, "gelu": F.gelu}
-ACTIVATIONS = tuple(_ACTIVATION_FNS)
+ACTIVATIONS = catalog.ACTIVATIONS
+assert tuple(_ACTIVATION_FNS) == ACTIVATIONS, "betty.catalog.ACTIVATIONS lists them"
 """Non-linearities a block model may use between layers."""
 
 SAVES_RESULT = ("relu",)

@@ -20,11 +20,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from betty import catalog
 from betty.models.base import BlockGNN
 
 __all__ = ["GraphSAGE", "SAGE_AGGREGATORS"]
 
-SAGE_AGGREGATORS = ("mean", "gcn", "pool", "lstm")
+SAGE_AGGREGATORS = catalog.SAGE_AGGREGATORS
 
 
 class GraphSAGE(BlockGNN):

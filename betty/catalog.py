@@ -1,0 +1,22 @@
+"""The names a spec may use, in one place that imports neither numpy nor torch, so that a
+spec is checked without them. The modules that implement each name take their lists
+from here (``tests/test_catalog.py`` checks that every registry matches)."""
+
+from __future__ import annotations
+
+__all__ = ["ARCHS", "SAGE_AGGREGATORS", "ACTIVATIONS", "OPTIMIZERS", "PARTITION_METHODS"]
+
+ARCHS = ("sage", "gat", "gcn", "revgnn")
+"""Model architectures (:func:`betty.models.build_model`)."""
+
+SAGE_AGGREGATORS = ("mean", "gcn", "pool", "lstm")
+"""GraphSAGE aggregators (:class:`betty.models.sage.GraphSAGE`)."""
+
+ACTIVATIONS = ("relu", "elu", "leaky_relu", "gelu")
+"""Non-linearities between layers (:mod:`betty.models.base`)."""
+
+OPTIMIZERS = ("adam", "sgd")
+"""Optimizers (:func:`betty.train.build_optimizer`)."""
+
+PARTITION_METHODS = ("range", "random", "metis", "reg", "reg-unweighted", "reg-all", "hypergraph")
+"""Partitioners registered in :data:`betty.partition.PARTITIONERS`."""
