@@ -127,8 +127,15 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
     # KeyboardInterrupt raised inside an import leaves that module half-initialised
     # (seen: numpy, then MLflow's import in _fail died with a RecursionError and the run
     # ended FAILED). check() raises it right after, before any work starts.
+    # MLflow and the pipeline are imported here too: loading a spec no longer imports
+    # torch, so the start-up outside this block must not be where a signal meets the
+    # first import of MLflow's SQL layer.
     with _signals.shield():
         _watch_parent()
+        import mlflow.tracking  # noqa: F401
+
+        import workflow.pipeline  # noqa: F401
+        import workflow.tracking  # noqa: F401  (guards the store's sessions)
         from workflow.progress import LogReporter, format_metrics
         from workflow.spec import SpecError
         from workflow.specfile import load_spec
