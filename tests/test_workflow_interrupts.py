@@ -100,9 +100,13 @@ class Launch:
                 out.append(proc)
         return out
 
-    def settle(self, timeout: float = 180.0, require_runs: bool = True) -> list:
+    def settle(self, timeout: float = 180.0, require_runs: bool = True,
+               allow_unreached: bool = False) -> list:
         """Wait for ``mlflow run`` and every process it started to end (all within
-        ``timeout``); return the runs (none RUNNING; at least one if ``require_runs``)."""
+        ``timeout``); return the runs (none RUNNING; at least one if ``require_runs``).
+        ``allow_unreached``: a RUNNING run is accepted only if betty never saw it (no
+        betty tag) and MLflow's CLI itself aborted ("Aborted!"): MLflow created the run
+        and was interrupted before it started betty, so no betty code could end it."""
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None and time.monotonic() < deadline:
             self._watch()
@@ -125,8 +129,13 @@ class Launch:
         assert not hung, f"mlflow run still running after {timeout} s\n{self.output[-3000:]}"
         assert not left, f"still alive: {left}\n{self.output[-3000:]}"
         runs = runs_of(self.uri, self.exp)
-        assert (runs or not require_runs) and all(r.info.status != "RUNNING" for r in runs), \
-            ([(r.data.tags.get("stage"), r.info.status) for r in runs], self.output[-3000:])
+        stuck = [r for r in runs if r.info.status == "RUNNING"]
+        if allow_unreached and "Aborted!" in self.output:
+            stuck = [r for r in stuck if any(k.startswith("betty") or k in ("stage", "spec_sha")
+                                             for k in r.data.tags)]
+            runs = [r for r in runs if r.info.status != "RUNNING"]
+        assert (runs or not require_runs) and not stuck, \
+            ([(r.data.tags.get("stage"), r.info.status) for r in stuck], self.output[-3000:])
         return runs
 
 
@@ -191,8 +200,10 @@ def cpu_burner():
 @pytest.mark.parametrize("delay_s", [0.5, 2.0, 5.0])
 def test_sigint_to_group_during_startup_under_load(project, cpu_burner, delay_s):
     """Ctrl-C (SIGINT to the group) ``delay_s`` after ``mlflow run -e main`` starts,
-    while two CPU burners load the machine: everything ends within the bound, no run is
-    left RUNNING, none of the stages ran."""
+    while two CPU burners load the machine: everything ends within the bound, no run that
+    betty saw is left RUNNING, none of the stages ran. (When the signal reaches MLflow's
+    CLI after it created its run and before it started betty, that run stays RUNNING
+    with no betty tag: MLflow's own gap, which no betty code is alive to close.)"""
     run = Launch(project, f"startup-{delay_s}", "main")
     started = time.monotonic()
     while time.monotonic() - started < delay_s:
@@ -200,7 +211,7 @@ def test_sigint_to_group_during_startup_under_load(project, cpu_burner, delay_s)
         time.sleep(0.02)
     os.killpg(run.proc.pid, signal.SIGINT)
     signalled = time.monotonic()
-    runs = run.settle(timeout=STARTUP_BOUND_S, require_runs=False)
+    runs = run.settle(timeout=STARTUP_BOUND_S, require_runs=False, allow_unreached=True)
     assert time.monotonic() - signalled <= STARTUP_BOUND_S
     statuses = _by_stage(runs)
     assert set(statuses) <= {"main"}, (statuses, run.output[-3000:])  # no stage started
