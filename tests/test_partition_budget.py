@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from test_workflow_support import invoke, runs_of
 

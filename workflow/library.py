@@ -26,7 +26,7 @@ def _arch_message(arch: str) -> str | None:
 
 
 def require_arch(arch: str) -> None:
-    """Raise :class:`NotAvailableYet` unless ``betty.models`` can build ``arch``."""
+    """Raise :class:`NotAvailableYet` unless ``arch`` is in :data:`betty.catalog.ARCHS`."""
     message = _arch_message(arch)
     if message:
         raise NotAvailableYet(message)

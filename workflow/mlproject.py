@@ -104,9 +104,7 @@ def _check_launcher_run() -> None:
     run_id = os.environ.get("MLFLOW_RUN_ID")
     if not run_id:
         return
-    from mlflow.tracking import MlflowClient
-
-    import workflow.tracking  # noqa: F401  (guards the store's sessions before it exists)
+    from mlflow.tracking import MlflowClient  # imported in _main's start-up shield
 
     status = MlflowClient().get_run(run_id).info.status
     if status not in ("RUNNING", "SCHEDULED"):

@@ -240,25 +240,12 @@ def _loopback_store() -> Iterator[int]:
         raise
     # the store owns the socket from here on (it closes it)
     store = dist.TCPStore("127.0.0.1", port, is_master=True, master_listen_fd=sock.detach(),
-                          wait_for_workers=False, **_store_options())
+                          wait_for_workers=False)
     try:
         yield port
     finally:
         del store
 
-
-def _store_options() -> dict:
-    """TCPStore options this torch needs with a listening socket handed over: the libuv
-    server of newer torch versions is told not to be used where it cannot take one."""
-    import inspect
-
-    import torch.distributed as dist
-
-    try:
-        params = inspect.signature(dist.TCPStore.__init__).parameters
-    except (TypeError, ValueError):  # a pybind signature inspect cannot read
-        return {}
-    return {"use_libuv": False} if "use_libuv" in params else {}
 
 
 class _HeldRecords(logging.Filter):
