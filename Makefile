@@ -20,7 +20,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools<70" wheel
-	$(BIN)/python -m pip install --quiet -e ".[dgl,pyg,test,server]"
+	$(BIN)/python -m pip install --quiet -e ".[dgl,pyg,kaminpar,test,server]"
 	@touch $(STAMP)
 
 venv-pyg: $(PYG_STAMP)
@@ -28,7 +28,7 @@ venv-pyg: $(PYG_STAMP)
 $(PYG_STAMP): pyproject.toml
 	@test -x $(PYG_BIN)/python || $(PYTHON) -m venv $(PYG_VENV)
 	$(PYG_BIN)/python -m pip install --quiet --upgrade pip wheel
-	$(PYG_BIN)/python -m pip install --quiet "torch==$(PYG_TORCH)" -e ".[pyg,test,server]"
+	$(PYG_BIN)/python -m pip install --quiet "torch==$(PYG_TORCH)" -e ".[pyg,kaminpar,test,server]"
 	@if $(PYG_BIN)/python -c "import dgl" 2>/dev/null; then \
 		echo "$(PYG_VENV) must not contain DGL"; exit 1; fi
 	@touch $(PYG_STAMP)

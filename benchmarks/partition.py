@@ -1,6 +1,7 @@
 """Benchmark the partitioners on a products-scale synthetic full batch.
 
     python benchmarks/partition.py [--scale S] [--k 2 4 8 16 32] [--methods ...]
+    python benchmarks/partition.py --partitioners [--k 8 16] [--cut-threads 1 2]
 
 Prints, on one full batch (outputs = the training nodes, fanouts 10,25 by default):
 
@@ -131,6 +132,49 @@ def timed_split(batch, groups, k) -> float:
     return time.perf_counter() - start
 
 
+def compare_partitioners(batch, ks: list[int], threads: list[int], seed: int) -> list[dict]:
+    """``reg``'s cut by METIS (one thread) and by KaMinPar (each of ``threads``) at each
+    K, side by side on the same REG (built once, outside the timing): wall and CPU
+    seconds of the cut (CPU = this process's, all threads), betty's redundancy
+    (:func:`split_metrics`, layer 0 and per layer) and the imbalance of the outputs."""
+    from betty.partition.kaminpar_cut import kaminpar_available
+    from betty.threads import available_cores
+
+    cores = available_cores()
+    cuts = [("metis", 1)]
+    if kaminpar_available():
+        cuts += [("kaminpar", t) for t in threads]
+    else:
+        log("# kaminpar is not installed: METIS only")
+    start = time.perf_counter()
+    run_method(batch, 2, "reg", graph=None, seed=seed)  # builds and caches C
+    log(f"# REG built in {time.perf_counter() - start:.1f} s (not in the cut times)")
+    rows = []
+    log(f"\n## reg cut: METIS against KaMinPar (load {os.getloadavg()[0]:.2f})")
+    log(f"{'partitioner':12s} {'threads':>7s} {'K':>3s} {'wall s':>8s} {'CPU s':>8s} "
+        f"{'redundancy':>10s} {'per layer':>20s} {'max/mean outputs':>16s}")
+    for k in ks:
+        for name, t in cuts:
+            wall, cpu = time.perf_counter(), time.process_time()
+            res = run_method(batch, k, "reg", graph=None, seed=seed, partitioner=name,
+                             trainer_threads=cores - t)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            m = split_metrics(batch, res.groups, k)
+            counts = torch.bincount(res.groups, minlength=k).double()
+            row = {"partitioner": name, "threads": res.info["cut_threads"], "k": k,
+                   "wall_s": wall, "cpu_s": cpu, "redundancy": m["redundancy"],
+                   "redundancy_per_layer": m["redundancy_per_layer"],
+                   "output_imbalance": float(counts.max() / counts.mean()),
+                   "edge_cut": res.info["edge_cut"]}
+            rows.append(row)
+            log(f"{name:12s} {row['threads']:7d} {k:3d} {wall:8.2f} {cpu:8.2f} "
+                f"{row['redundancy']:10.4f} "
+                f"{str([round(r, 4) for r in row['redundancy_per_layer']]):>20s} "
+                f"{row['output_imbalance']:16.4f}")
+    log(f"# load average at end: {os.getloadavg()}")
+    return rows
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=float, default=1.0)
@@ -156,6 +200,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--spread-seeds", type=int, nargs="*", default=[],
                     help="also report mean/min/max redundancy at --timing-k over these "
                          "partitioner seeds (same batch)")
+    ap.add_argument("--partitioners", action="store_true",
+                    help="only compare reg's cut by METIS and by KaMinPar (at --k, on "
+                         "--cut-threads threads for KaMinPar) and stop")
+    ap.add_argument("--cut-threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--json", default=None, help="also write all figures to this file")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.methods) - set(PARTITIONERS))
@@ -176,6 +224,13 @@ def main(argv=None) -> dict:
     log(f"# batch (epoch 0): {batch.num_outputs} outputs, layers (src, dst, edges) "
         f"{[(l.num_src, l.num_dst, l.num_edges) for l in batch.layers]}, "
         f"sampled in {time.perf_counter() - start:.1f} s")
+
+    if args.partitioners:
+        report["partitioners"] = compare_partitioners(batch, args.k, args.cut_threads, args.seed)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+        return report
 
     ref = time_reference(batch, args.reference_repeats)
     report["reference_fwd_bwd_s"] = ref

@@ -4,7 +4,8 @@ from here (``tests/test_catalog.py`` checks that every registry matches)."""
 
 from __future__ import annotations
 
-__all__ = ["ARCHS", "SAGE_AGGREGATORS", "ACTIVATIONS", "OPTIMIZERS", "PARTITION_METHODS"]
+__all__ = ["ARCHS", "SAGE_AGGREGATORS", "ACTIVATIONS", "OPTIMIZERS", "PARTITION_METHODS",
+           "REG_PARTITIONERS", "DEFAULT_REG_PARTITIONER"]
 
 ARCHS = ("sage", "gat", "gcn", "revgnn")
 """Model architectures (:func:`betty.models.build_model`)."""
@@ -20,3 +21,10 @@ OPTIMIZERS = ("adam", "sgd")
 
 PARTITION_METHODS = ("range", "random", "metis", "reg", "reg-unweighted", "reg-all", "hypergraph")
 """Partitioners registered in :data:`betty.partition.PARTITIONERS`."""
+
+REG_PARTITIONERS = ("metis", "kaminpar")
+"""Graph partitioners that cut the REG of ``reg`` / ``reg-unweighted`` / ``reg-all``
+(``partition.partitioner``; :mod:`betty.partition.reg`)."""
+
+DEFAULT_REG_PARTITIONER = "metis"
+"""The default of ``partition.partitioner`` (docs/partitioning.md compares the two)."""

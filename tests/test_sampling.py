@@ -155,3 +155,17 @@ def test_data_and_sampling_import_without_dgl_or_pyg():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+def test_uniform_subsets_int32_and_int64_paths_draw_the_same_picks():
+    """A degree of 2^31 or more switches the picks to int64; every other row's draws (the
+    same uniforms: column c of the (k, n) draws) must not change with it."""
+    rng = np.random.default_rng(4)
+    rest = rng.integers(12, 500, size=2000)
+    for k in (1, 3, 11):
+        small = uniform_subsets(torch.from_numpy(np.r_[40, rest]), k, torch.Generator().manual_seed(9))
+        huge = uniform_subsets(torch.from_numpy(np.r_[2**31 + 5, rest]), k,
+                               torch.Generator().manual_seed(9))
+        assert small.dtype == huge.dtype == torch.int64
+        assert torch.equal(small[1:], huge[1:])
+        assert int(huge[0].max()) < 2**31 + 5 and len(set(huge[0].tolist())) == k

@@ -273,15 +273,18 @@ def test_partition_time_limit_and_determinism_reach_the_plan(monkeypatch):
     from workflow.components import partition_options, partition_plan
 
     rspec = resolve_spec(apply_overrides(BASE, [
-        "partition.time_limit_s=60", "partition.deterministic=true", "train.threads=1"]))
+        "partition.time_limit_s=60", "partition.deterministic=true", "train.threads=1",
+        "partition.partitioner=kaminpar"]))
     opts = partition_options(rspec)
-    assert opts == {"time_limit_s": 60.0, "deterministic": True, "threads": 1}
+    assert opts == {"time_limit_s": 60.0, "deterministic": True, "threads": 1,
+                    "partitioner": "kaminpar", "trainer_threads": 1}
     assert partition_plan(rspec).options == opts
     from betty.threads import available_cores
 
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine
     assert partition_options(resolve_spec(BASE)) == {  # threads: auto, before the graph is known
-        "time_limit_s": None, "deterministic": False, "threads": available_cores()}
+        "time_limit_s": None, "deterministic": False, "threads": available_cores(),
+        "partitioner": "metis", "trainer_threads": available_cores()}
     err = problems(["partition.time_limit_s=0"])
     assert {p.path for p in err.problems} == {"partition.time_limit_s"}
 

@@ -132,10 +132,13 @@ def partition_plan(rspec: ResolvedSpec):
 
 def partition_options(rspec: ResolvedSpec) -> dict:
     """The ``options`` of ``betty.partition.partition_batch`` set by the spec
-    (``partition.time_limit_s``, ``partition.deterministic``, ``train.threads``)."""
+    (``partition.time_limit_s``, ``partition.deterministic``, ``partition.partitioner``,
+    ``train.threads``: the hypergraph's threads and, for KaMinPar, the trainer's share of
+    the cores)."""
     p = rspec.spec.partition
+    threads = spec_threads(rspec)
     return {"time_limit_s": p.time_limit_s, "deterministic": p.deterministic,
-            "threads": spec_threads(rspec)}
+            "threads": threads, "partitioner": p.partitioner, "trainer_threads": threads}
 
 
 def batch_size(rspec: ResolvedSpec) -> int | None:

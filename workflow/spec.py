@@ -38,6 +38,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
+from betty.catalog import DEFAULT_REG_PARTITIONER, REG_PARTITIONERS
 from workflow.sizes import BYTE_SIZE_HELP, format_bytes, parse_bytes
 
 __all__ = [
@@ -376,7 +377,10 @@ class PartitionSection(_Section):
     ``null``: for the whole run). ``time_limit_s`` bounds each ``hypergraph`` split
     (seconds; when hit, that split falls back to ``reg`` with a warning; ``null``: no
     limit) and ``deterministic`` selects Mt-KaHyPar's reproducible (slower) preset;
-    its threads are ``train.threads`` (``null``: PyTorch's thread count)."""
+    its threads are ``train.threads`` (``null``: PyTorch's thread count).
+    ``partitioner`` cuts the REG of the ``reg*`` methods: ``metis`` (pymetis, one
+    thread) or ``kaminpar`` (on the cores ``train.threads`` leaves, at least 1; one
+    thread with ``deterministic``, the only count on which its split is reproducible)."""
 
     method: str = "reg"
     k: KValue = 4
@@ -386,12 +390,18 @@ class PartitionSection(_Section):
     reuse: Annotated[int, Field(ge=1)] | None = None
     time_limit_s: Seconds | None = None
     deterministic: bool = False
+    partitioner: str = DEFAULT_REG_PARTITIONER
     sweep: SweepSection = Field(default_factory=SweepSection)
 
     @field_validator("method")
     @classmethod
     def _method(cls, value: str) -> str:
         return _library_choice("partition method", value, _partition_methods())
+
+    @field_validator("partitioner")
+    @classmethod
+    def _partitioner(cls, value: str) -> str:
+        return _library_choice("partition.partitioner", value, REG_PARTITIONERS)
 
 
 class EarlyStoppingSection(_Section):
@@ -719,7 +729,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     if "method" in p.model_fields_set and p.method not in REVGNN_PARTITION_METHODS:
         out.append(Problem("partition.method", p.method, "revgnn splits the graph into induced "
                            f"subgraphs; allowed: {allowed} (random is re-drawn every epoch)"))
-    for key in ("balance", "reuse", "time_limit_s", "deterministic"):
+    for key in ("balance", "reuse", "time_limit_s", "deterministic", "partitioner"):
         if key in _changed(p):
             out.append(Problem(f"partition.{key}", getattr(p, key), "applies to sage/gat "
                                "micro-batches only; revgnn re-draws random clusters every epoch "

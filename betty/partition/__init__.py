@@ -6,7 +6,7 @@ single entry point (it validates the result).
 
 Methods: ``range`` and ``random`` (baselines), ``metis`` (METIS on the original graph
 induced by the outputs), ``reg`` / ``reg-unweighted`` / ``reg-all`` (Betty's
-redundancy-embedded graph cut by METIS) and ``hypergraph`` (Mt-KaHyPar minimising the
+redundancy-embedded graph cut by METIS or KaMinPar, ``partitioner``) and ``hypergraph`` (Mt-KaHyPar minimising the
 exact number of redundant input loads). :func:`split_metrics` measures a split.
 """
 

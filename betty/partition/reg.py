@@ -1,4 +1,5 @@
-"""Betty's redundancy-embedded graph (REG) over the output nodes, cut with METIS.
+"""Betty's redundancy-embedded graph (REG) over the output nodes, cut with METIS
+or KaMinPar.
 
 Let ``B`` be a 0/1 incidence ``(n_src, n_out)``: ``B[s, j] = 1`` iff output ``j`` needs
 source ``s``. The REG is
@@ -20,6 +21,12 @@ Methods registered here:
   (:func:`~betty.partition.incidence.multi_hop_incidence`), weighted, with its own
   default hub cap (:data:`DEFAULT_MAX_HUB_DEGREE_ALL`).
 
+**The cut.** ``partitioner`` (``partition.partitioner``) picks the graph partitioner:
+``metis`` (pymetis, one thread, :func:`~betty.partition.metis_cut.metis_cut`) or
+``kaminpar`` (:func:`~betty.partition.kaminpar_cut.kaminpar_cut`, on the cores the
+trainer's ``trainer_threads`` leave, one thread when ``deterministic``). Both balance the
+outputs' weights within 3% and are reproducible for a seed (KaMinPar only on one thread).
+
 **Hub cap.** Source ``s`` needed by ``d_s`` outputs adds a ``d_s``-clique
 (``d_s(d_s - 1)`` ordered pairs) to ``C``, so a power-law batch's few hubs would
 dominate memory. Sources with ``d_s <= max_hub_degree`` contribute their exact clique
@@ -39,6 +46,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from betty.batch import SampledBatch
+from betty.catalog import DEFAULT_REG_PARTITIONER, REG_PARTITIONERS
 from betty.partition.balance import fill_empty_pieces, integer_vertex_weights
 from betty.partition.base import PartitionResult, register
 from betty.partition.incidence import (
@@ -46,6 +54,7 @@ from betty.partition.incidence import (
     multi_hop_incidence,
     output_layer_incidence,
 )
+from betty.partition.kaminpar_cut import cut_threads, kaminpar_cut
 from betty.partition.metis_cut import metis_cut
 
 __all__ = [
@@ -56,7 +65,14 @@ __all__ = [
     "DEFAULT_MAX_HUB_DEGREE",
     "DEFAULT_HUB_LINKS",
     "DEFAULT_MAX_HUB_DEGREE_ALL",
+    "DEFAULT_PARTITIONER",
+    "PARTITIONER_CHOICES",
 ]
+
+#: The graph partitioners that can cut the REG (``partition.partitioner``).
+PARTITIONER_CHOICES = REG_PARTITIONERS
+#: The default one (docs/partitioning.md compares them on the products-scale batch).
+DEFAULT_PARTITIONER = DEFAULT_REG_PARTITIONER
 
 #: Sources needed by more outputs than this are hubs (ring instead of clique). On the
 #: products-scale synthetic batch (196,615 outputs, K = 8), redundancy with no cap /
@@ -248,7 +264,13 @@ def _cut_reg(
     weights,
     max_hub_degree: int | None,
     hub_links: int,
+    partitioner: str = DEFAULT_PARTITIONER,
+    deterministic: bool = False,
+    trainer_threads: int | None = None,
 ) -> PartitionResult:
+    if partitioner not in PARTITIONER_CHOICES:
+        raise ValueError(f"partition.partitioner must be one of {list(PARTITIONER_CHOICES)}, "
+                         f"got {partitioner!r}")
     start = time.perf_counter()
     # C does not depend on K: a K search builds it once per batch
     reg, stats = batch.derived(
@@ -258,11 +280,17 @@ def _cut_reg(
         slot="redundancy_graph")
     vweights = integer_vertex_weights(weights, batch.num_outputs)
     built = time.perf_counter()
-    groups, cut = metis_cut(reg, k, vweights=vweights, use_edge_weights=weighted, seed=seed)
+    threads = 1
+    if partitioner == "kaminpar":
+        threads = cut_threads(trainer_threads, deterministic=deterministic)
+        groups, cut = kaminpar_cut(reg, k, vweights=vweights, use_edge_weights=weighted,
+                                   seed=seed, threads=threads)
+    else:
+        groups, cut = metis_cut(reg, k, vweights=vweights, use_edge_weights=weighted, seed=seed)
     done = time.perf_counter()
     groups, moved = fill_empty_pieces(groups, k)
     info = dict(stats, edge_cut=cut, moved_to_empty=moved, max_hub_degree=max_hub_degree,
-                hub_links=hub_links)
+                hub_links=hub_links, partitioner=partitioner, cut_threads=threads)
     return PartitionResult(groups, k, method, built - start, done - built, info)
 
 
@@ -273,13 +301,17 @@ def _reg_method(name: str, incidence_fn, *, weighted: bool, max_hub_degree: int 
 
     def partition(batch: SampledBatch, k: int, *, seed: int = 0, weights=None, graph=None,
                   max_hub_degree: int | None = default_hub,
-                  hub_links: int = DEFAULT_HUB_LINKS) -> PartitionResult:
+                  hub_links: int = DEFAULT_HUB_LINKS,
+                  partitioner: str = DEFAULT_PARTITIONER, deterministic: bool = False,
+                  trainer_threads: int | None = None) -> PartitionResult:
         return _cut_reg(batch, k, incidence_fn, name, weighted=weighted, seed=seed,
-                        weights=weights, max_hub_degree=max_hub_degree, hub_links=hub_links)
+                        weights=weights, max_hub_degree=max_hub_degree, hub_links=hub_links,
+                        partitioner=partitioner, deterministic=deterministic,
+                        trainer_threads=trainer_threads)
 
     partition.__name__ = partition.__qualname__ = name.replace("-", "_") + "_partition"
     partition.__doc__ = doc
-    return register(name)(partition)
+    return register(name, options=("partitioner", "deterministic", "trainer_threads"))(partition)
 
 
 reg_partition = _reg_method(
