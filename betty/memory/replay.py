@@ -114,6 +114,9 @@ class _Replayer:
                 "the memory replay under a mixed precision covers SAGE with the mean "
                 f"aggregator; got arch {cfg.model.arch!r}, aggregator "
                 f"{cfg.model.aggregator!r} (precision '32' and '64' cover every model)")
+        if self.ce and cfg.label_columns:
+            raise NotImplementedError("the memory replay under a mixed precision covers "
+                                      "single-label targets (label_columns=0)")
 
     # ------------------------------------------------------------------ params
     def param_grads(self, shapes, tag: str, casts: list[Buffer] | None = None) -> None:
@@ -398,9 +401,13 @@ class _Replayer:
         casts = {"fc_neigh": [], "fc_self": []}
         copies = {}
 
+        pending = []  # the aggregated q once autocast's copy of it replaced it
+
         def autocast(name: str) -> None:
             if not self.ce:
                 return
+            if name == "fc_self" and self.pyg and pending:
+                tl.release(pending.pop())  # PyG drops q after fc_neigh (DGL: with its scope)
             casts[name] = self.cast_params(fc_neigh if name == "fc_neigh" else fc_self,
                                            h_grad, f"{tag} {name}")
             if name == "fc_self":
@@ -422,9 +429,11 @@ class _Replayer:
             out = tl.alloc(n_dst * wo * self.e, ACT, f"{tag} out")
             tl.release(f, m, q)
         else:
+            if self.ce and in_e != self.ce:
+                pending.append(q)
             out = self._fc_out(tag, n_dst, wo, autocast)
             if copies.get("fc_neigh") is not None:  # fc_neigh saved the copy; q goes
-                tl.release(q)
+                tl.release(*pending)
                 q = copies["fc_neigh"]
         hh = None if copies.get("fc_self") is not None else h
         tl.hold(hh)  # fc_self saves h[:n_dst] (or autocast's copy of it)
@@ -1131,6 +1140,10 @@ class _Replayer:
             tl.temp(n_out * t * e, LOSS, "targets cast")
             mean = through(self.tl, LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
             saved = [mean]
+        elif self.ce:  # autocast runs cross_entropy in float32: a cast copy of the logits
+            lsm = through(tl, LOSS, n_out * n_cls * 4, "logits (autocast float32 copy)",
+                          n_out * n_cls * 4, "log_softmax")
+            saved = [lsm]
         else:
             lsm = tl.alloc(n_out * n_cls * e, LOSS, "log_softmax")
             saved = [lsm]
@@ -1143,6 +1156,12 @@ class _Replayer:
             g1 = tl.alloc(n_out * t * e, BWD, "grad bce")
             g = tl.alloc(n_out * t * e, BWD, "grad logits")
             tl.release(g1, *saved)
+        elif self.ce:  # float32 loss gradients, then the cast's backward
+            g1 = tl.alloc(n_out * n_cls * 4, BWD, "grad nll")
+            g2 = tl.alloc(n_out * n_cls * 4, BWD, "grad logits (float32)")
+            tl.release(g1, *saved)
+            g = tl.alloc(n_out * n_cls * self.ce, BWD, "grad logits")
+            tl.release(g2)
         else:
             g1 = tl.alloc(n_out * n_cls * e, BWD, "grad nll")
             g = tl.alloc(n_out * n_cls * e, BWD, "grad logits")
