@@ -1189,9 +1189,13 @@ class _Replayer:
         return tl
 
 
-def replay(sizes: PieceSizes, cfg: ReplayConfig) -> Timeline:
-    """Replay one micro-batch per piece of ``sizes``; see the module docstring."""
+def replay(sizes: PieceSizes, cfg: ReplayConfig, *, record: bool = False) -> Timeline:
+    """Replay one micro-batch per piece of ``sizes``; see the module docstring.
+    ``record``: keep every allocation and free in ``Timeline.log``."""
     if len(sizes.n_src) != cfg.model.num_layers:
         raise ValueError(
             f"sizes describe {len(sizes.n_src)} layers but the model has {cfg.model.num_layers}")
-    return _Replayer(sizes, cfg).run()
+    r = _Replayer(sizes, cfg)
+    if record:
+        r.tl.log = []
+    return r.run()
