@@ -27,7 +27,18 @@ storage as it is created and when its last holder lets go of it:
 The sequences were read off the code of DGL 2.1's ``SAGEConv`` (mean / gcn / pool /
 lstm, with ``lin_before_mp`` when ``in_feats > out_feats``), ``betty.models.gat``,
 ``betty.models.dropout`` and PyTorch 2.2's autograd, and checked op by op against a
-dispatch-mode trace.
+dispatch-mode trace (:class:`betty.memory.trace.AllocationTrace`;
+``tests/test_memory_trace_diff.py`` diffs the two event sequences).
+
+**Mixed precision** (``StepConfig.autocast_elt``; SAGE mean only): the forward pass and
+the loss run under ``torch.autocast``. Each linear layer casts its bias and weight (the
+copies stay in autocast's cache until the region ends after the loss, a weight's copy
+until its backward where the layer's input needs a gradient) and, where its input is
+not in the compute dtype (float32 features in the first layer), the input: that copy is
+saved instead of the input. Everything after a linear layer is in the compute dtype;
+``cross_entropy`` runs in float32 on a float32 copy of the logits; parameter gradients
+come out of each backward node in the compute dtype and go through the cast's backward
+(a float32 copy) into ``AccumulateGrad``.
 
 **Backends.** ``ModelSpec.backend`` (read off the model) picks the op sequences where the
 GNN backend's ops differ; everything else (parameters, dropout, features, labels,
