@@ -79,10 +79,9 @@ from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LA
 from betty.memory.sizes import PieceSizes
 from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
+from betty.models.dropout import CHUNK_ELEMENTS  # hash dropout's chunk of int64 scratch
 
 __all__ = ["ReplayConfig", "replay", "INDEX_BYTES"]
-
-_DROPOUT_CHUNK_ELEMENTS = 1 << 15  # betty.models.dropout._CHUNK_ELEMENTS
 
 # components of the breakdown besides the shared ones (betty.memory.ops); all indices are
 # int64 (INDEX_BYTES: betty builds blocks with idtype=int64)
@@ -215,7 +214,7 @@ class _Replayer:
 
     def _hash_chunks(self, n, width: int, tag: str) -> None:
         tl = self.tl
-        rows_per_chunk = np.minimum(n, max(1, _DROPOUT_CHUNK_ELEMENTS // max(width, 1)))
+        rows_per_chunk = np.minimum(n, max(1, CHUNK_ELEMENTS // max(width, 1)))
         scratch = tl.alloc(rows_per_chunk * width * INDEX_BYTES, DROP, f"{tag} dropout scratch")
         keep = tl.alloc(rows_per_chunk * width, DROP, f"{tag} dropout keep chunk")
         tl.release(self._rows, self._cols, scratch, keep)
