@@ -9,6 +9,11 @@ estimated and measured peak and the relative error, then the overall maximum.
     .venv/bin/python benchmarks/memory.py                 # default sweep
     .venv/bin/python benchmarks/memory.py --sizes 1000 --hidden 64 --layers 2
     .venv/bin/python benchmarks/memory.py --backend pyg     # the PyTorch Geometric backend
+    .venv/bin/python benchmarks/memory.py --precision bf16-mixed --models sage-mean
+
+With ``--precision bf16-mixed`` each micro-batch's forward pass and loss run under
+``torch.autocast(cpu, bfloat16)`` (float32 parameters, gradients, Adam state and
+features) and the estimate is :func:`betty.memory.estimate_pieces` with that precision.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
+from autocast_step import autocast_step  # noqa: E402
 from betty.memory import MemoryMeter, estimate_pieces  # noqa: E402
+from betty.precision import PRECISIONS  # noqa: E402
 from betty.models import build_model  # noqa: E402
 from betty.partition import partition_batch  # noqa: E402
 from betty.sampling import sample_full_batch  # noqa: E402
@@ -48,6 +55,8 @@ def main(argv=None) -> int:
     parser.add_argument("--method", default="random")
     parser.add_argument("--backend", default="dgl", choices=["dgl", "pyg"],
                         help="the model's GNN backend (betty.backends)")
+    parser.add_argument("--precision", default="32", choices=[p for p in PRECISIONS if p != "64"],
+                        help="training precision (mixed: forward and loss under autocast)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     from graphs import power_law_graph
@@ -78,9 +87,11 @@ def main(argv=None) -> int:
                     for k in _ints(args.k):
                         groups = partition_batch(batch, k, args.method, seed=k).groups
                         opt.zero_grad(set_to_none=True)
-                        res = accumulate_gradients(model, batch, groups, feat, label, k=k,
-                                                   meter=meter, dropout_key=2)
-                        ests = estimate_pieces(batch, groups, k, model, opt)
+                        with autocast_step(model, args.precision) as stepped:
+                            res = accumulate_gradients(stepped, batch, groups, feat, label, k=k,
+                                                       meter=meter, dropout_key=2)
+                        ests = estimate_pieces(batch, groups, k, model, opt,
+                                               precision=args.precision)
                         errs = [(e.peak - m.peak_bytes) / m.peak_bytes for e, m in zip(ests, res.micro)]
                         i = max(range(k), key=lambda j: abs(errs[j]))
                         worst_all = max(worst_all, abs(errs[i]))
@@ -92,7 +103,8 @@ def main(argv=None) -> int:
                               f"{errs[i] * 100:+7.2f}%  {ests[i].peak_at}", flush=True)
     print(f"\n{rows} configurations, every micro-batch compared; max |error| = "
           f"{worst_all * 100:.2f}% ({time.perf_counter() - start:.0f} s)")
-    print(f"\nworst |error| per model, backend {args.backend}, torch {torch.__version__}:")
+    print(f"\nworst |error| per model, backend {args.backend}, precision {args.precision}, "
+          f"torch {torch.__version__}:")
     for name, (err, where) in worst.items():
         print(f"  {name:10s} {err * 100:7.3f}%  at {where}")
     return 0

@@ -34,6 +34,7 @@ from betty.memory.ops import itemsize
 from betty.memory.replay import ReplayConfig, replay
 from betty.memory.sizes import PieceSizes, micro_batch_sizes, piece_sizes
 from betty.memory.spec import as_model_spec, as_optimizer_spec
+from betty.precision import Precision
 
 __all__ = ["MemoryEstimate", "estimate_micro_batch", "estimate_pieces", "estimate_sizes", "persistent_bytes"]
 
@@ -91,7 +92,9 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
                    backend: str = "cpu", *, feat_dtype: torch.dtype | None = torch.float32,
                    fresh_grads=False, label_columns: int = 0,
                    label_dtype: torch.dtype = torch.float32,
-                   constants: BackendConstants | None = None) -> list[MemoryEstimate]:
+                   constants: BackendConstants | None = None,
+                   precision: "str | Precision" = "32",
+                   feature_dtype: torch.dtype | None = None) -> list[MemoryEstimate]:
     """Estimate every piece described by ``sizes`` (one vectorized replay).
 
     Args:
@@ -106,10 +109,25 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
         label_columns: T for multi-label targets (0: single-label).
         label_dtype: dtype of multi-label targets.
         constants: override the backend's constants.
+        precision: the training precision (:class:`~betty.precision.Precision` or its
+            name). ``"32"`` / ``"64"``: the step runs in ``dtype``. A mixed precision
+            (``"bf16-mixed"``, ``"16-mixed"``): the forward pass and the loss run under
+            ``torch.autocast`` in the precision's compute dtype, parameters, gradients
+            and optimizer state stay in the model's parameter dtype (float32), the
+            features are not cast before the model (``dtype`` must be None).
+        feature_dtype: dtype of the host feature matrix (overrides ``feat_dtype``;
+            None: ``feat_dtype``, float32 by default).
     """
     spec = as_model_spec(model)
     opt = as_optimizer_spec(optimizer)
-    feat_elt = _itemsize(feat_dtype, "feat_dtype")
+    prec = Precision.parse(precision)
+    if feature_dtype is not None:
+        feat_dtype = feature_dtype
+    feat_elt = _itemsize(feat_dtype, "feature_dtype")
+    if prec.mixed and dtype is not None:
+        raise ValueError(f"dtype must be None under precision {prec.name!r} (autocast casts "
+                         f"the features); got dtype={dtype}")
+    autocast_elt = prec.compute_bytes if prec.mixed else 0
     elt = _itemsize(dtype, "dtype") if dtype is not None else feat_elt
     consts = _constants(backend, constants)
     p = sizes.num_pieces
@@ -117,7 +135,7 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
     cfg = ReplayConfig(model=spec, optimizer=opt, elt=elt, feat_elt=feat_elt, constants=consts,
                        fresh_grads=fresh, label_columns=int(label_columns),
                        label_elt=_itemsize(label_dtype, "label_dtype"),
-                       host=not backend.startswith("cuda"))
+                       autocast_elt=autocast_elt, host=not backend.startswith("cuda"))
     tl = replay(sizes, cfg)
     breakdown = tl.breakdown()
     where = tl.peak_event()

@@ -63,6 +63,7 @@ import torch
 from betty.batch import SampledBatch
 from betty.memory.estimator import MemoryEstimate, estimate_pieces, persistent_bytes
 from betty.memory.spec import as_model_spec
+from betty.precision import Precision
 
 __all__ = [
     "KSearchError",
@@ -359,7 +360,9 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
              seed: int = 0, graph=None, dtype: torch.dtype | None = None,
              backend: str = "cpu", partition_fn: Callable | None = None,
              max_evaluations: int = 40, partition_options: Mapping | None = None,
-             screen_method: str | None = "reg", min_k: int = 1, **estimate_kwargs) -> KSearchResult:
+             screen_method: str | None = "reg", min_k: int = 1,
+             precision: "str | Precision" = "32", feature_dtype: torch.dtype | None = None,
+             **estimate_kwargs) -> KSearchResult:
     """Smallest K (see the module docstring) whose partition's largest piece fits.
 
     Args:
@@ -383,6 +386,8 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
             docstring); ``None``: search with ``method`` itself at every K.
         min_k: smallest K allowed (capped at the number of outputs); the world size
             for data-parallel training, so each rank has at least one piece.
+        precision, feature_dtype: the training precision and the host features' dtype
+            (:func:`~betty.memory.estimator.estimate_sizes`).
 
     Raises:
         KSearchError: no K fits (fixed costs or one output's neighbourhood exceed it),
@@ -395,6 +400,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
     if balance not in ("nodes", "memory"):
         raise ValueError(f"balance must be 'nodes' or 'memory', got {balance!r}")
     partition_fn = partition_fn or functools.partial(_default_partition, options=partition_options)
+    estimate_kwargs = dict(estimate_kwargs, precision=precision, feature_dtype=feature_dtype)
     weights = memory_balance_weights(batch, model) if balance == "memory" else None
     fixed = persistent_bytes(model, optimizer, backend)
     from betty.partition import EXPENSIVE_METHODS
@@ -423,6 +429,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
 def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | None = None,
                    backend: str = "cpu", partition_fn: Callable | None = None,
                    on_search: Callable[[KSearchResult], None] | None = None,
+                   precision: "str | Precision" = "32", feature_dtype: torch.dtype | None = None,
                    **estimate_kwargs):
     """A :data:`betty.engine.KChooser`: ``(batch, plan, seed) -> (partition, per-piece
     estimated peak bytes)`` running :func:`search_k` with the plan's ``method``,
@@ -438,7 +445,8 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
                           balance=plan.balance, seed=seed, graph=graph, dtype=dtype,
                           backend=backend, partition_fn=partition_fn,
                           partition_options=getattr(plan, "options", None),
-                          min_k=getattr(plan, "min_k", 1), **estimate_kwargs)
+                          min_k=getattr(plan, "min_k", 1), precision=precision,
+                          feature_dtype=feature_dtype, **estimate_kwargs)
         if on_search is not None:
             on_search(result)
         return result.partition, [int(e.peak) for e in result.estimates]
@@ -447,9 +455,12 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
 
 
 def make_estimator(model, optimizer="adam", *, dtype: torch.dtype | None = None,
-                   backend: str = "cpu", **estimate_kwargs):
+                   backend: str = "cpu", precision: "str | Precision" = "32",
+                   feature_dtype: torch.dtype | None = None, **estimate_kwargs):
     """A :data:`betty.engine.Estimator`: ``(batch, groups, k) -> per-piece estimated peak
-    bytes``."""
+    bytes`` (``precision``, ``feature_dtype``: those of
+    :func:`~betty.memory.estimator.estimate_sizes`)."""
+    estimate_kwargs = dict(estimate_kwargs, precision=precision, feature_dtype=feature_dtype)
 
     def estimate(batch: SampledBatch, groups, k: int) -> list[int]:
         return [int(e.peak) for e in estimate_pieces(batch, groups, k, model, optimizer, dtype,

@@ -70,6 +70,9 @@ class StepConfig:
             after ``zero_grad(set_to_none=True)``), so its backward creates them.
         label_columns: T for multi-label targets (0: single-label int64 classes).
         label_elt: bytes per element of multi-label targets.
+        autocast_elt: bytes per element of autocast's compute dtype when the forward
+            pass and loss run under ``torch.autocast`` (a mixed precision: 2 for
+            bfloat16 / float16), 0 when there is no autocast.
         host: the measured device is the host: Adam's 0-d ``step`` tensors are counted,
             Adam runs single-tensor, standard dropout keeps a float noise tensor. On CUDA
             the steps stay on the host unless capturable/fused, Adam runs foreach and
@@ -82,6 +85,7 @@ class StepConfig:
     fresh_grads: np.ndarray
     label_columns: int = 0
     label_elt: int = 4
+    autocast_elt: int = 0
     host: bool = True
 
 

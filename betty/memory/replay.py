@@ -27,7 +27,18 @@ storage as it is created and when its last holder lets go of it:
 The sequences were read off the code of DGL 2.1's ``SAGEConv`` (mean / gcn / pool /
 lstm, with ``lin_before_mp`` when ``in_feats > out_feats``), ``betty.models.gat``,
 ``betty.models.dropout`` and PyTorch 2.2's autograd, and checked op by op against a
-dispatch-mode trace.
+dispatch-mode trace (:class:`betty.memory.trace.AllocationTrace`;
+``tests/test_memory_trace_diff.py`` diffs the two event sequences).
+
+**Mixed precision** (``StepConfig.autocast_elt``; SAGE mean only): the forward pass and
+the loss run under ``torch.autocast``. Each linear layer casts its bias and weight (the
+copies stay in autocast's cache until the region ends after the loss, a weight's copy
+until its backward where the layer's input needs a gradient) and, where its input is
+not in the compute dtype (float32 features in the first layer), the input: that copy is
+saved instead of the input. Everything after a linear layer is in the compute dtype;
+``cross_entropy`` runs in float32 on a float32 copy of the logits; parameter gradients
+come out of each backward node in the compute dtype and go through the cast's backward
+(a float32 copy) into ``AccumulateGrad``.
 
 **Backends.** ``ModelSpec.backend`` (read off the model) picks the op sequences where the
 GNN backend's ops differ; everything else (parameters, dropout, features, labels,
@@ -60,7 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.constants import BackendConstants
-from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
+from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, PARAMS,
                               StepConfig, edge_softmax_backward, numel,
                               index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
@@ -68,10 +79,9 @@ from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LA
 from betty.memory.sizes import PieceSizes
 from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
+from betty.models.dropout import CHUNK_ELEMENTS  # hash dropout's chunk of int64 scratch
 
 __all__ = ["ReplayConfig", "replay", "INDEX_BYTES"]
-
-_DROPOUT_CHUNK_ELEMENTS = 1 << 15  # betty.models.dropout._CHUNK_ELEMENTS
 
 # components of the breakdown besides the shared ones (betty.memory.ops); all indices are
 # int64 (INDEX_BYTES: betty builds blocks with idtype=int64)
@@ -107,14 +117,65 @@ class _Replayer:
         self.pelt = cfg.model.param_dtype.itemsize
         self.shapes = parameter_shapes(cfg.model)
         self.pyg = cfg.model.backend == "pyg"
+        self.ce = int(cfg.autocast_elt)  # autocast's compute bytes (0: no autocast)
+        self._region_casts: list[Buffer] = []  # autocast's cached copies, freed at its exit
+        if self.ce and not (cfg.model.arch == "sage" and cfg.model.aggregator == "mean"):
+            raise NotImplementedError(
+                "the memory replay under a mixed precision covers SAGE with the mean "
+                f"aggregator; got arch {cfg.model.arch!r}, aggregator "
+                f"{cfg.model.aggregator!r} (precision '32' and '64' cover every model)")
+        if self.ce and cfg.label_columns:
+            raise NotImplementedError("the memory replay under a mixed precision covers "
+                                      "single-label targets (label_columns=0)")
 
     # ------------------------------------------------------------------ params
-    def param_grads(self, shapes, tag: str) -> None:
+    def param_grads(self, shapes, tag: str, casts: list[Buffer] | None = None) -> None:
         """Gradients of ``shapes`` produced by one backward node, one tensor each
-        (:func:`~betty.memory.ops.param_grads`)."""
-        for shape in shapes:
-            name = f"{tag} grad {shape}"
-            param_grads(self.tl, numel(shape) * self.pelt, self.fresh, name, name)
+        (:func:`~betty.memory.ops.param_grads`).
+
+        Under autocast the node produces them in the compute dtype; then its saved
+        ``casts`` (autocast's copies of the weights) go, and each gradient goes through
+        the cast's backward (a ``param_dtype`` copy, the low-precision one freed) into
+        ``AccumulateGrad``."""
+        tl = self.tl
+        if not self.ce:
+            for shape in shapes:
+                name = f"{tag} grad {shape}"
+                param_grads(tl, numel(shape) * self.pelt, self.fresh, name, name)
+            return
+        low = [tl.alloc(numel(shape) * self.ce, GRADS, f"{tag} grad {shape} (autocast)")
+               for shape in shapes]
+        tl.release(*(casts or []))
+        for shape, b in zip(shapes, low):
+            g = tl.alloc(numel(shape) * self.pelt, GRADS, f"{tag} grad {shape}")
+            tl.release(b)
+            tl.release_where(g, ~self.fresh)
+
+    # ------------------------------------------------------------------ autocast
+    def cast_input(self, nelem, in_elt: int, tag: str) -> Buffer | None:
+        """Autocast's copy of a linear layer's input in the compute dtype, where the
+        input (``nelem`` elements of ``in_elt`` bytes) is not in it already; None
+        otherwise (and without autocast). The linear layer saves the copy."""
+        if not self.ce or in_elt == self.ce:
+            return None
+        return self.tl.alloc(nelem * self.ce, ACT, f"{tag} input (autocast copy)")
+
+    def cast_params(self, shapes, saved: bool, tag: str) -> list[Buffer]:
+        """Autocast's cached compute-dtype copies of a linear layer's parameters
+        (``shapes``: a bias first, as ``addmm`` casts it, then the weight). A weight's
+        copy is saved for backward when the layer's input needs a gradient (returned:
+        the caller releases it in backward); the others stay in autocast's cache until
+        the autocast region ends."""
+        if not self.ce:
+            return []
+        kept = []
+        for shape in sorted(shapes, key=len):
+            b = self.tl.alloc(numel(shape) * self.ce, PARAMS, f"{tag} {shape} (autocast copy)")
+            if saved and len(shape) > 1:
+                kept.append(b)
+            else:
+                self._region_casts.append(b)
+        return kept
 
     def baseline(self) -> None:
         all_shapes = [s for layer in self.shapes for s in layer]
@@ -153,7 +214,7 @@ class _Replayer:
 
     def _hash_chunks(self, n, width: int, tag: str) -> None:
         tl = self.tl
-        rows_per_chunk = np.minimum(n, max(1, _DROPOUT_CHUNK_ELEMENTS // max(width, 1)))
+        rows_per_chunk = np.minimum(n, max(1, CHUNK_ELEMENTS // max(width, 1)))
         scratch = tl.alloc(rows_per_chunk * width * INDEX_BYTES, DROP, f"{tag} dropout scratch")
         keep = tl.alloc(rows_per_chunk * width, DROP, f"{tag} dropout keep chunk")
         tl.release(self._rows, self._cols, scratch, keep)
@@ -226,23 +287,30 @@ class _Replayer:
         lstm = self._pyg_sage_lstm if self.pyg else self._sage_lstm
         return lstm(tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo)
 
-    def _fc_out(self, tag, n_dst, wo) -> Buffer:
+    def _fc_out(self, tag, n_dst, wo, autocast=None) -> Buffer:
         """SAGEConv's output ``fc_neigh(h_neigh) + fc_self(h[:n_dst])``: the two
         ``(n_dst, wo)`` ``addmm``/``mm`` results, then their out-of-place sum (the two
-        products freed)."""
-        tl, e = self.tl, self.e
+        products freed). ``autocast``: a callable run before each product with its
+        name (``"fc_neigh"``, ``"fc_self"``), for autocast's casts."""
+        tl = self.tl
+        if autocast is not None:
+            autocast("fc_neigh")
+        e = self.e
         mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+        if autocast is not None:
+            autocast("fc_self")
         f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
         out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
         tl.release(f, mm)
         return out
 
-    def _fc_self_bwd(self, tag, fc_self, n_dst, wi, h_grad: bool) -> Buffer | None:
+    def _fc_self_bwd(self, tag, fc_self, n_dst, wi, h_grad: bool, casts=None) -> Buffer | None:
         """Backward of ``fc_self(h[:n_dst])`` (the first node the gradient of ``out``
         reaches): the ``(n_dst, wi)`` gradient of ``h[:n_dst]`` (``mm``) where ``h``
-        needs one, then ``fc_self``'s weight and bias gradients. Returns the former."""
+        needs one, then ``fc_self``'s weight and bias gradients (``casts``: its saved
+        autocast copies). Returns the former."""
         gs = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad h_dst") if h_grad else None
-        self.param_grads(fc_self, f"{tag} fc_self")
+        self.param_grads(fc_self, f"{tag} fc_self", casts)
         return gs
 
     # ------------------------------------------------------------------ aggregations
@@ -290,25 +358,31 @@ class _Replayer:
     # ------------------------------------------------------------------ SAGE, shared
     # mean and gcn: fc_neigh runs on the sources before message passing
     # (``lin_before_mp``) when in_feats > out_feats, else on the aggregated destinations.
-    def _lin_before_mp(self, tag, n_src, wi, wo, lbm: bool):
+    def _lin_before_mp(self, tag, n_src, wi, wo, lbm: bool, autocast=None):
         """``fc_neigh(h)`` on the ``(n_src, wi)`` sources where ``lbm``: returns the
-        ``(n_src, wo)`` result and the width aggregated (``(None, wi)`` otherwise)."""
+        ``(n_src, wo)`` result and the width aggregated (``(None, wi)`` otherwise).
+        ``autocast``: run before the product, for autocast's casts."""
         if not lbm:
             return None, wi
+        if autocast is not None:
+            autocast("fc_neigh")
         return self.tl.alloc(n_src * wo * self.e, AGG, f"{tag} fc_neigh(src)"), wo
 
-    def _lin_before_mp_bwd(self, fc_neigh, n_src, wi, h_grad: bool, tag) -> Buffer | None:
-        """Backward of the sources' ``fc_neigh(h)``: its weight gradient, then the
-        ``(n_src, wi)`` gradient of ``h`` where ``h`` needs one (returned)."""
-        self.param_grads(fc_neigh, f"{tag} fc_neigh")
+    def _lin_before_mp_bwd(self, fc_neigh, n_src, wi, h_grad: bool, tag,
+                           casts=None) -> Buffer | None:
+        """Backward of the sources' ``fc_neigh(h)``: its weight gradient (``casts``: its
+        saved autocast copies), then the ``(n_src, wi)`` gradient of ``h`` where ``h``
+        needs one (returned)."""
+        self.param_grads(fc_neigh, f"{tag} fc_neigh", casts)
         return self.tl.alloc(n_src * wi * self.e, BWD, f"{tag} grad h") if h_grad else None
 
     def _fc_neigh_bwd(self, g: Buffer, q: Buffer, fc_neigh, n_dst, wi, h_grad: bool, tag,
-                      name: str) -> Buffer | None:
+                      name: str, casts=None) -> Buffer | None:
         """Backward of ``fc_neigh(q)`` on the aggregated ``(n_dst, wi)`` ``q`` (saved):
-        the weight gradient, then ``q``'s gradient (``grad {name}``) where ``h`` needs
-        one; ``g`` and ``q`` released. Returns ``q``'s gradient."""
-        self.param_grads(fc_neigh, f"{tag} fc_neigh")
+        the weight gradient (``casts``: its saved autocast copies), then ``q``'s
+        gradient (``grad {name}``) where ``h`` needs one; ``g`` and ``q`` released.
+        Returns ``q``'s gradient."""
+        self.param_grads(fc_neigh, f"{tag} fc_neigh", casts)
         gq = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad {name}") if h_grad else None
         self.tl.release(g, q)
         return gq
@@ -324,37 +398,74 @@ class _Replayer:
     def _sage_mean(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm):
         """SAGEConv mean: ``fc_neigh(mean_{in-edges} h_src) + fc_self(h[:n_dst])``
         (``lbm``: ``mean(fc_neigh(h)) + fc_self(h[:n_dst])``); the mean is the
-        backend's (:meth:`_mean_aggregate`)."""
-        tl, e = self.tl, self.e
+        backend's (:meth:`_mean_aggregate`).
+
+        Under autocast each linear layer first casts its parameters (:meth:`cast_params`)
+        and, where the input is not in the compute dtype (float32 features in the first
+        layer), its input (:meth:`cast_input`: the copy is saved instead of the input);
+        everything after a linear layer is in the compute dtype."""
+        tl = self.tl
+        in_e = self.e
         fc_neigh, fc_self = [shp[0]], shp[1:]
         agg_grad = h_grad or lbm
-        m, w = self._lin_before_mp(tag, n_src, wi, wo, lbm)
+        casts = {"fc_neigh": [], "fc_self": []}
+        copies = {}
+
+        pending = []  # the aggregated q once autocast's copy of it replaced it
+
+        def autocast(name: str) -> None:
+            if not self.ce:
+                return
+            if name == "fc_self" and self.pyg and pending:
+                tl.release(pending.pop())  # PyG drops q after fc_neigh (DGL: with its scope)
+            casts[name] = self.cast_params(fc_neigh if name == "fc_neigh" else fc_self,
+                                           h_grad, f"{tag} {name}")
+            if name == "fc_self":
+                copies[name] = self.cast_input(n_dst * wi, in_e, f"{tag} fc_self")
+            elif lbm:
+                copies[name] = self.cast_input(n_src * wi, in_e, f"{tag} fc_neigh")
+            else:
+                copies[name] = self.cast_input(n_dst * wi, in_e, f"{tag} fc_neigh")
+            self.e = self.ce
+
+        m, w = self._lin_before_mp(tag, n_src, wi, wo, lbm, autocast)
         deg, q = self._mean_aggregate(tag, n_dst, n_e, w)
         if not agg_grad:
             tl.release(deg)
             deg = None
         if lbm:
-            f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
-            out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+            autocast("fc_self")
+            f = tl.alloc(n_dst * wo * self.e, ACT, f"{tag} fc_self")
+            out = tl.alloc(n_dst * wo * self.e, ACT, f"{tag} out")
             tl.release(f, m, q)
         else:
-            out = self._fc_out(tag, n_dst, wo)
-        tl.hold(h)  # fc_self saves h[:n_dst]
+            if self.ce and in_e != self.ce:
+                pending.append(q)
+            out = self._fc_out(tag, n_dst, wo, autocast)
+            if copies.get("fc_neigh") is not None:  # fc_neigh saved the copy; q goes
+                tl.release(*pending)
+                q = copies["fc_neigh"]
+        hh = None if copies.get("fc_self") is not None else h
+        tl.hold(hh)  # fc_self saves h[:n_dst] (or autocast's copy of it)
+        self_casts = casts["fc_self"] + [c for c in [copies.get("fc_self")] if c is not None]
+        neigh_casts = casts["fc_neigh"]
+        if lbm and copies.get("fc_neigh") is not None:
+            neigh_casts = neigh_casts + [copies["fc_neigh"]]
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
-            h_kept = h
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad, self_casts)
+            h_kept = hh
             if self.pyg and not lbm:  # only fc_self kept h (the gather keeps its index)
-                tl.release(h)
+                tl.release(hh)
                 h_kept = None
             if lbm:
                 gd = self._div_bwd(g, deg, n_dst, wo, tag, "mean")
                 gz = self._copy_u_sum_bwd(gd, n_src, n_e, wo, tag)
-                gh = self._lin_before_mp_bwd(fc_neigh, n_src, wi, h_grad, tag)
+                gh = self._lin_before_mp_bwd(fc_neigh, n_src, wi, h_grad, tag, neigh_casts)
                 tl.release(gz)
-                tl.release(h)
+                tl.release(hh)
                 return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
-            gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "mean")
+            gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "mean", neigh_casts)
             if not h_grad:
                 tl.release(h_kept)
                 return None
@@ -981,7 +1092,9 @@ class _Replayer:
         tl.phase = "inputs"
         f_in = spec.widths[0]
         x = tl.alloc(s.n_src[0] * f_in * cfg.feat_elt, FEATS, "input features")
-        if cfg.feat_elt != e:
+        if self.ce:  # autocast: the features stay in their dtype, the linear layers cast
+            self.e = cfg.feat_elt
+        elif cfg.feat_elt != e:
             x2 = tl.alloc(s.n_src[0] * f_in * e, FEATS, "input features (cast)")
             tl.release(x)
             x = x2
@@ -1012,6 +1125,7 @@ class _Replayer:
                 out, conv_bwd, _ = self.gat_layer(l, conv_in, conv_grad, last)
             if conv_in is not inp:
                 tl.release(conv_in)  # forward_layer's variable moves on
+            e = self.e  # a layer's output: in autocast's compute dtype under autocast
             act = pre_act = None
             if not last:
                 wo = spec.widths[l + 1]
@@ -1036,9 +1150,15 @@ class _Replayer:
             tl.temp(n_out * t * e, LOSS, "targets cast")
             mean = through(self.tl, LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
             saved = [mean]
+        elif self.ce:  # autocast runs cross_entropy in float32: a cast copy of the logits
+            lsm = through(tl, LOSS, n_out * n_cls * 4, "logits (autocast float32 copy)",
+                          n_out * n_cls * 4, "log_softmax")
+            saved = [lsm]
         else:
             lsm = tl.alloc(n_out * n_cls * e, LOSS, "log_softmax")
             saved = [lsm]
+        tl.release(*self._region_casts)  # the autocast region ends after the loss
+        self._region_casts = []
 
         tl.phase = "backward loss"
         if cfg.label_columns:
@@ -1046,6 +1166,12 @@ class _Replayer:
             g1 = tl.alloc(n_out * t * e, BWD, "grad bce")
             g = tl.alloc(n_out * t * e, BWD, "grad logits")
             tl.release(g1, *saved)
+        elif self.ce:  # float32 loss gradients, then the cast's backward
+            g1 = tl.alloc(n_out * n_cls * 4, BWD, "grad nll")
+            g2 = tl.alloc(n_out * n_cls * 4, BWD, "grad logits (float32)")
+            tl.release(g1, *saved)
+            g = tl.alloc(n_out * n_cls * self.ce, BWD, "grad logits")
+            tl.release(g2)
         else:
             g1 = tl.alloc(n_out * n_cls * e, BWD, "grad nll")
             g = tl.alloc(n_out * n_cls * e, BWD, "grad logits")
@@ -1073,9 +1199,13 @@ class _Replayer:
         return tl
 
 
-def replay(sizes: PieceSizes, cfg: ReplayConfig) -> Timeline:
-    """Replay one micro-batch per piece of ``sizes``; see the module docstring."""
+def replay(sizes: PieceSizes, cfg: ReplayConfig, *, record: bool = False) -> Timeline:
+    """Replay one micro-batch per piece of ``sizes``; see the module docstring.
+    ``record``: keep every allocation and free in ``Timeline.log``."""
     if len(sizes.n_src) != cfg.model.num_layers:
         raise ValueError(
             f"sizes describe {len(sizes.n_src)} layers but the model has {cfg.model.num_layers}")
-    return _Replayer(sizes, cfg).run()
+    r = _Replayer(sizes, cfg)
+    if record:
+        r.tl.log = []
+    return r.run()

@@ -64,6 +64,9 @@ class Timeline:
         self._peak_event = np.zeros(self.num_pieces, dtype=np.int64)
         self._event_names: list[str] = ["start"]
         self.phase = "start"
+        self.log: list[tuple[str, str, str, np.ndarray]] | None = None
+        """Set to a list to record every ``("alloc" | "free", name, component, sizes)`` event in
+        order (the replay's side of a trace diff, :mod:`betty.memory.trace`)."""
 
     # ------------------------------------------------------------------ sizes
     def _size(self, nbytes) -> np.ndarray:
@@ -106,6 +109,8 @@ class Timeline:
         self._component(component)[:] += size
         self.live += size
         self._note(name)
+        if self.log is not None:
+            self.log.append(("alloc", name, component, size))
         return buf
 
     def temp(self, nbytes, component: str, name: str) -> None:
@@ -129,6 +134,8 @@ class Timeline:
             if buf.holders == 0:
                 self._by_component[buf.component][:] -= buf.size
                 self.live -= buf.size
+                if self.log is not None:
+                    self.log.append(("free", buf.name, buf.component, buf.size))
 
     def release_where(self, buf: Buffer, mask) -> None:
         """Free ``buf`` only in the pieces where ``mask`` is True; elsewhere it stays

@@ -35,7 +35,7 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
-_CHUNK_ELEMENTS = 1 << 15  # int64 scratch per chunk: 256 KiB, stays in cache
+CHUNK_ELEMENTS = 1 << 15  # int64 scratch per chunk: 256 KiB, stays in cache
 _SIGN = -(1 << 63)
 
 
@@ -98,7 +98,7 @@ def _keep_chunk(rows: torch.Tensor, cols: torch.Tensor, thr: int, scratch: torch
 
 
 def _chunks(n: int, width: int):
-    rows = max(1, min(n, _CHUNK_ELEMENTS // max(width, 1)))
+    rows = max(1, min(n, CHUNK_ELEMENTS // max(width, 1)))
     for start in range(0, n, rows):
         yield start, min(n, start + rows)
 
@@ -110,7 +110,7 @@ def hash_keep_mask(
     rows, cols = _row_col_words(ids, width, key, layer)
     thr = _threshold(p)
     out = torch.empty(ids.shape[0], width, dtype=torch.bool, device=ids.device)
-    scratch = torch.empty(min(ids.shape[0], max(1, _CHUNK_ELEMENTS // max(width, 1))), width,
+    scratch = torch.empty(min(ids.shape[0], max(1, CHUNK_ELEMENTS // max(width, 1))), width,
                           dtype=torch.int64, device=ids.device)
     for start, stop in _chunks(ids.shape[0], width):
         _keep_chunk(rows[start:stop], cols, thr, scratch, out[start:stop])
@@ -139,7 +139,7 @@ def _apply_mask(x: torch.Tensor, ids: torch.Tensor, p: float, key: int, layer: i
     rows, cols = _row_col_words(ids, width, key, layer)
     thr = _threshold(p)
     out = torch.empty_like(flat)
-    rows_per_chunk = min(n, max(1, _CHUNK_ELEMENTS // max(width, 1)))
+    rows_per_chunk = min(n, max(1, CHUNK_ELEMENTS // max(width, 1)))
     scratch = torch.empty(rows_per_chunk, width, dtype=torch.int64, device=x.device)
     keep = torch.empty(rows_per_chunk, width, dtype=torch.bool, device=x.device)
     scale = 1.0 / (1.0 - p)

@@ -1,0 +1,99 @@
+"""The replays' event sequences against the allocation recorder, op by op.
+
+For each model and backend, one float32 training micro-batch runs under
+:class:`betty.memory.trace.AllocationTrace` and the same micro-batch is replayed
+(:func:`betty.memory.replay.replay` with ``record=True``). Normalized form: the
+allocations of at least ``MIN_BYTES`` (tiny 0-d and per-bucket tensors are below it),
+as ``(op or label, bytes)`` in order. Two checks, each naming the first op that breaks
+it, so that a library upgrade that adds, drops or resizes an op shows up by name:
+
+* every floating-point allocation of the trace is, in order, an allocation of the
+  replay with the same bytes (a replay that leaves an op out fails here);
+* every allocation of the replay, except the block structures and dropout IDs built
+  before the model runs (the replay keeps them as one buffer per layer), is, in order,
+  an allocation of the trace with the same bytes (a replay that invents an op or gets
+  its size wrong fails here).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from betty.memory.constants import load_constants
+from betty.memory.replay import ReplayConfig, replay
+from betty.memory.sizes import piece_sizes
+from betty.memory.spec import as_model_spec, as_optimizer_spec
+from betty.memory.trace import AllocationTrace
+from betty.models import build_model
+from betty.sampling import sample_full_batch
+from betty.train import accumulate_gradients, build_optimizer, train_step
+from graphs import power_law_graph
+
+MIN_BYTES = 1024
+BACKENDS = [pytest.param("dgl", marks=pytest.mark.dgl), pytest.param("pyg", marks=pytest.mark.pyg)]
+MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("gat", "mean"), ("gcn", "mean")]
+BEFORE_MODEL = ("blocks", "global_ids")
+
+
+def _events(arch: str, agg: str, backend: str, hidden: int):
+    if backend == "pyg":
+        pytest.importorskip("torch_geometric")
+    g, feat, label, train = power_law_graph(num_nodes=300, avg_degree=8, num_feats=40,
+                                            num_classes=5, seed=300)
+    batch = sample_full_batch(g, train, [4, 6], seed=1)
+    torch.manual_seed(0)
+    model = build_model(arch, 40, 5, hidden=hidden, layers=2, aggregator=agg, heads=2,
+                        backend=backend).train()
+    opt = build_optimizer("adam", model.parameters(), 1e-3)
+    groups = torch.zeros(batch.num_outputs, dtype=torch.int64)
+    train_step(model, opt, batch, groups, feat, label, dropout_key=1)  # .grad and Adam state
+    with AllocationTrace("cpu") as trace:
+        accumulate_gradients(model, batch, groups, feat, label, k=1, dropout_key=2)
+    cfg = ReplayConfig(model=as_model_spec(model), optimizer=as_optimizer_spec(opt), elt=4,
+                       feat_elt=4, constants=load_constants("cpu"), fresh_grads=np.array([False]))
+    tl = replay(piece_sizes(batch, groups, 1), cfg, record=True)
+    traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
+    replayed = [(name, int(size[0]), comp) for kind, name, comp, size in tl.log
+                if kind == "alloc" and size[0] >= MIN_BYTES]
+    return traced, replayed
+
+
+def _first_unmatched(needles, haystack) -> int | None:
+    """Index of the first ``needles`` entry whose bytes are not found, in order, in
+    ``haystack`` (greedy subsequence match on bytes); None when all are."""
+    j = 0
+    for i, (_, nbytes, _) in enumerate(needles):
+        while j < len(haystack) and haystack[j][1] != nbytes:
+            j += 1
+        if j == len(haystack):
+            return i
+        j += 1
+    return None
+
+
+def diff(traced, replayed) -> list[str]:
+    """The two checks of the module docstring; a message per failed check."""
+    out = []
+    floats = [e for e in traced if "float" in e[2]]
+    i = _first_unmatched(floats, replayed)
+    if i is not None:
+        out.append(f"traced op {floats[i][0]} ({floats[i][1]} bytes, {floats[i][2]}, float "
+                   f"allocation {i}) has no replay event; replay around it: "
+                   f"{[r[:2] for r in replayed[max(0, i - 3):i + 3]]}")
+    own = [e for e in replayed if e[2] not in BEFORE_MODEL]
+    i = _first_unmatched(own, traced)
+    if i is not None:
+        out.append(f"replay event {own[i][0]!r} ({own[i][1]} bytes, allocation {i}) has no "
+                   f"traced op")
+    return out
+
+
+@pytest.mark.parametrize("arch,agg", MODELS, ids=[f"{a}-{g}" for a, g in MODELS])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_replay_follows_the_trace(backend, arch, agg):
+    for hidden in (16, 64):  # 40 -> 16: lin_before_mp; 40 -> 64: aggregate first
+        traced, replayed = _events(arch, agg, backend, hidden)
+        problems = diff(traced, replayed)
+        assert not problems, f"hidden {hidden}: " + "\n".join(problems)
