@@ -221,7 +221,7 @@ def _apply_common(ds: GraphDataset, opts: Mapping[str, Any]) -> GraphDataset:
 
 
 def cache_path(name: str, root: str | Path = "data", **options) -> Path | None:
-    """The cache file :func:`load_dataset` uses for these arguments (``None`` for
+    """The cache folder :func:`load_dataset` uses for these arguments (``None`` for
     datasets betty does not cache)."""
     if _spec(name).fingerprint is None:
         return None
@@ -271,4 +271,7 @@ def load_dataset(
     ds = _apply_common(spec.build(name, root, _own_options(opts)), opts)
     if path is not None:
         _module("cache").save_cached(ds, path)
+        stored = _module("cache").load_cached(path, verify=False)  # just written: the lean, mapped form
+        if stored is not None:
+            return stored
     return ds
