@@ -29,7 +29,7 @@ from betty.data.types import GraphDataset
 from betty.graph import Graph
 
 __all__ = ["CACHE_DIRNAME", "CACHE_FORMAT", "cache_key", "cache_file", "save_cached", "load_cached",
-           "lean_csr"]
+           "lean_csr", "entry_scalars", "dataset_from_store"]
 
 CACHE_DIRNAME = "betty-cache"
 CACHE_FORMAT = 2  # bump when the processing of any dataset or the entry's layout changes
@@ -63,13 +63,21 @@ def lean_csr(graph: Graph) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | N
     return indptr.to(torch.int64), indices, eid
 
 
+def entry_scalars(name: str, num_nodes: int, num_classes: int, *, multilabel: bool = False,
+                  is_ogb: bool = False, ogb_name: str | None = None) -> dict:
+    """The manifest scalars of a cache entry (what a generator writing an entry itself
+    passes to :class:`betty.data.store.StoreWriter`)."""
+    return {"cache_format": CACHE_FORMAT, "name": name, "num_nodes": int(num_nodes),
+            "num_classes": int(num_classes), "multilabel": bool(multilabel),
+            "is_ogb": bool(is_ogb), "ogb_name": ogb_name}
+
+
 def save_cached(ds: GraphDataset, path: str | Path) -> None:
     """Write ``ds`` as a store folder at ``path`` (atomically; see the module docstring)."""
     path = Path(path)
     indptr, indices, eid = lean_csr(ds.graph)
-    scalars = {"cache_format": CACHE_FORMAT, "name": ds.name, "num_nodes": ds.num_nodes,
-               "num_classes": int(ds.num_classes), "multilabel": bool(ds.multilabel),
-               "is_ogb": bool(ds.is_ogb), "ogb_name": ds.ogb_name}
+    scalars = entry_scalars(ds.name, ds.num_nodes, ds.num_classes, multilabel=ds.multilabel,
+                            is_ogb=ds.is_ogb, ogb_name=ds.ogb_name)
     with StoreWriter(path, scalars) as w:
         w.put("indptr", indptr, torch.int64)
         w.put("indices", indices, torch.int32 if ds.num_nodes <= _INT32_MAX else torch.int64)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 __all__ = ["STORE_FORMAT", "MANIFEST", "StoreError", "StoreWriter", "ArrayWriter", "write_store",
-           "open_store", "clear_path"]
+           "open_store", "clear_path", "gather_rows"]
 
 STORE_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -214,3 +214,24 @@ def open_store(folder: str | Path, *, verify: bool = True) -> tuple[dict[str, to
             raise StoreError(f"content of {entry['file']} differs from its recorded SHA-256")
         arrays[name] = _map(path, dtype, entry["shape"])
     return arrays, scalars
+
+
+def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 16) -> torch.Tensor:
+    """``table[ids]``, reading ``table``'s rows in ascending order, ``chunk_rows`` at a time.
+
+    For a memory-mapped ``table`` (features on disk) an unsorted gather touches pages in
+    random order; here the IDs are sorted once (``order = argsort(ids)``, stable) and
+    row blocks ``table[ids[order[a:b]]]`` are read in that order and scattered to their
+    places, so the file is read front to back and only one chunk's gather is in flight.
+    Shapes: ``table (N, ...)``, ``ids (n,)`` integer; returns ``(n, ...)`` in ``table``'s
+    dtype, equal to ``table[ids]`` bit for bit."""
+    ids = torch.as_tensor(ids, dtype=torch.int64)
+    out = torch.empty((ids.numel(), *table.shape[1:]), dtype=table.dtype)
+    if ids.numel() == 0:
+        return out
+    order = torch.argsort(ids, stable=True)
+    sorted_ids = ids[order]
+    for lo in range(0, ids.numel(), chunk_rows):
+        at = order[lo:lo + chunk_rows]
+        out[at] = table[sorted_ids[lo:lo + chunk_rows]]
+    return out
