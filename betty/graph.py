@@ -150,10 +150,11 @@ class Graph:
             self.__dict__["_out_degrees"] = cached
         return cached
 
-    def csr_edge_chunks(self, max_edges: int = _CHUNK):
+    def csr_edge_chunks(self, max_edges: int | None = None):
         """Yield ``(src, dst)`` int64 chunks covering every edge once, in CSR order
         (whole rows, about ``max_edges`` edges a chunk): a pass over all edges without
         materializing the ``(E,)`` COO arrays."""
+        max_edges = _CHUNK if max_edges is None else int(max_edges)
         indptr, indices, _ = self.in_csr
         n, a = self._num_nodes, 0
         while a < n:

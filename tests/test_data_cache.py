@@ -182,10 +182,22 @@ def _same_batch(a, b) -> None:
             assert x.dtype == y.dtype == torch.int64 and torch.equal(x, y), f
 
 
+def _edges_are_the_graphs(batch, graph) -> None:
+    """Every sampled edge ID names an edge of ``graph`` with the sampled endpoints."""
+    src, dst = graph.edges()
+    for layer in batch.layers:
+        assert torch.equal(src[layer.edge_id], layer.src_nid[layer.edge_src])
+        assert torch.equal(dst[layer.edge_id], layer.src_nid[layer.edge_dst])
+
+
 @pytest.mark.parametrize("self_loops", [False, True])
-def test_sampler_reads_the_stored_csr_and_gives_the_same_batch(tmp_path, self_loops):
+def test_sampler_reads_the_stored_csr_and_gives_the_same_batch(tmp_path, monkeypatch, self_loops):
     """The cached entry holds the CSR alone (int32 indices, no COO), memory-mapped; the
-    sampler, the degrees and the derived COO equal those of the uncached dataset."""
+    sampler, the degrees and the derived COO equal those of the uncached dataset (the
+    passes over all edges run in several chunks here)."""
+    import betty.graph as graph_module
+
+    monkeypatch.setattr(graph_module, "_CHUNK", 257)
     plain = load_dataset("synthetic", root=tmp_path, cache=False, self_loops=self_loops, **OPTS)
     load_dataset("synthetic", root=tmp_path, self_loops=self_loops, **OPTS)  # writes the entry
     stored = load_dataset("synthetic", root=tmp_path, self_loops=self_loops, **OPTS)
@@ -196,11 +208,16 @@ def test_sampler_reads_the_stored_csr_and_gives_the_same_batch(tmp_path, self_lo
     g = stored.graph
     assert "src" not in g.__dict__ and g.in_csr[1].dtype == torch.int32 and g.in_csr[2].dtype == torch.int32
     for seed in (0, 1):
-        _same_batch(sample_full_batch(g, stored.train_idx, [4, 3], seed=seed),
-                    sample_full_batch(plain.graph, plain.train_idx, [4, 3], seed=seed))
+        got = sample_full_batch(g, stored.train_idx, [4, 3], seed=seed)
+        _same_batch(got, sample_full_batch(plain.graph, plain.train_idx, [4, 3], seed=seed))
+        _edges_are_the_graphs(got, plain.graph)
     assert torch.equal(g.in_degrees(), plain.graph.in_degrees())
     assert torch.equal(g.out_degrees(), plain.graph.out_degrees())
-    assert stored.stats() == pytest.approx(plain.stats(), nan_ok=True)
+    stats = stored.stats()
+    assert stats == pytest.approx(plain.stats(), nan_ok=True)
+    src, dst = plain.graph.edges()  # the passes over the CSR against the COO directly
+    assert stats["num_self_loops"] == int((src == dst).sum())
+    assert stats["edge_homophily"] == pytest.approx(float((plain.label[src] == plain.label[dst]).double().mean()))
     assert "src" not in g.__dict__  # the sampler and the statistics read the CSR in place
     _same(stored, plain)  # the COO derived on demand, edge IDs kept
 
