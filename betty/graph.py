@@ -1,17 +1,24 @@
 """The framework-neutral graph every part of betty's core works on.
 
-A :class:`Graph` is a homogeneous directed graph held as two ``(E,)`` int64 CPU tensors
-``src`` and ``dst`` (edge ``e`` goes ``src[e] -> dst[e]``; a node aggregates over its
-**in**-edges, so ``src[e]`` is a neighbour of ``dst[e]``) and a node count. Edge IDs are
-positions in those tensors. Nothing here imports DGL or PyG: a backend turns a graph
+A :class:`Graph` is a homogeneous directed graph on N nodes whose edge ``e`` goes
+``src[e] -> dst[e]`` (a node aggregates over its **in**-edges, so ``src[e]`` is a
+neighbour of ``dst[e]``). It is held in one of two forms: as the two ``(E,)`` int64 CPU
+tensors ``src`` and ``dst`` (:class:`Graph`'s constructor; edge IDs are positions in
+them), or as its in-edge CSR alone (:meth:`Graph.from_csr`, what the dataset store
+memory-maps), in which case ``src``/``dst`` are derived from the CSR only when a
+consumer asks for them (building a backend's whole-graph object). Nothing here imports DGL or PyG: a backend turns a graph
 (or a sampled block) into its own object at the last moment (:meth:`Graph.to_dgl`,
 :meth:`Graph.edge_index`).
 
-The in-edge CSR (``indptr (N+1,)``, neighbour ``indices (E,)``, ``eid (E,)``), which
-the sampler and the partitioners read, is built once on first use and cached: for node
+The in-edge CSR (``indptr (N+1,)``, neighbour ``indices (E,)``, ``eid (E,)`` or
+``None``), which the sampler and the partitioners read, is built once on first use and
+cached (or given to :meth:`Graph.from_csr`): for node
 ``v`` its in-neighbours are ``indices[indptr[v]:indptr[v+1]]``, listed in the canonical
 neighbour order (ascending source ID, parallel edges by ascending edge ID), and ``eid``
-holds those edges' IDs. Any subset of a row taken in row order is therefore already in
+holds those edges' IDs (``None`` when edge IDs are CSR positions, ``eid[p] = p``). In
+the COO form all three are int64; a stored CSR keeps ``indptr`` int64 and may hold
+``indices`` / ``eid`` as int32 (node / edge counts below 2^31): a consumer casts the
+entries it gathers. Any subset of a row taken in row order is therefore already in
 canonical order, which is what lets the sampler skip a sort per batch.
 
 The method names of the small read API (``num_nodes()``, ``num_edges()``, ``edges()``,
@@ -26,6 +33,8 @@ from functools import cached_property
 import torch
 
 __all__ = ["Graph", "as_graph"]
+
+_CHUNK = 1 << 24  # CSR entries per step where a pass over all edges is chunked
 
 
 class Graph:
@@ -50,6 +59,62 @@ class Graph:
             raise ValueError(f"edge endpoints must lie in [0, {num_nodes})")
         self.src, self.dst, self._num_nodes = src, dst, num_nodes
 
+    @classmethod
+    def from_csr(cls, indptr: torch.Tensor, indices: torch.Tensor, eid: torch.Tensor | None,
+                 num_nodes: int) -> "Graph":
+        """The graph given by its in-edge CSR alone (no COO copy is made).
+
+        Args:
+            indptr: ``(N+1,)`` int64, ``indptr[0] = 0``, non-decreasing.
+            indices: ``(E,)`` int32 or int64 source IDs in canonical row order.
+            eid: ``(E,)`` int32 or int64 edge IDs of the CSR entries, or ``None`` when
+                edge ``p`` is CSR entry ``p``.
+            num_nodes: N.
+
+        Only O(1) checks run (shapes, dtypes, ``indptr``'s ends): the tensors may be
+        memory-mapped and are not read here."""
+        num_nodes = int(num_nodes)
+        if indptr.dim() != 1 or indptr.numel() != num_nodes + 1 or indptr.dtype != torch.int64:
+            raise ValueError(f"indptr must be ({num_nodes + 1},) int64, got {tuple(indptr.shape)} {indptr.dtype}")
+        num_edges = int(indices.numel())
+        if int(indptr[0]) != 0 or int(indptr[-1]) != num_edges:
+            raise ValueError(f"indptr must run from 0 to len(indices) = {num_edges}")
+        for name, t in (("indices", indices), ("eid", eid)):
+            if t is not None and (t.dim() != 1 or t.numel() != num_edges
+                                  or t.dtype not in (torch.int32, torch.int64)):
+                raise ValueError(f"{name} must be ({num_edges},) int32 or int64, got "
+                                 f"{tuple(t.shape)} {t.dtype}")
+        graph = cls.__new__(cls)
+        graph._num_nodes = num_nodes
+        graph.__dict__["in_csr"] = (indptr, indices, eid)
+        return graph
+
+    def _coo_from_csr(self) -> None:
+        """Derive and cache ``src``/``dst`` (int64, edge-ID order) from the CSR."""
+        indptr, indices, eid = self.in_csr
+        row = torch.repeat_interleave(torch.arange(self._num_nodes), torch.diff(indptr))
+        if eid is None:
+            src, dst = indices.to(torch.int64), row
+        else:
+            at = eid.to(torch.int64)
+            src = torch.empty(row.numel(), dtype=torch.int64)
+            dst = torch.empty(row.numel(), dtype=torch.int64)
+            src[at] = indices.to(torch.int64)
+            dst[at] = row
+        self.__dict__["src"], self.__dict__["dst"] = src, dst
+
+    @cached_property
+    def src(self) -> torch.Tensor:
+        """``(E,)`` int64 edge sources (derived from the CSR for a :meth:`from_csr` graph)."""
+        self._coo_from_csr()
+        return self.__dict__["src"]
+
+    @cached_property
+    def dst(self) -> torch.Tensor:
+        """``(E,)`` int64 edge destinations (derived from the CSR for a :meth:`from_csr` graph)."""
+        self._coo_from_csr()
+        return self.__dict__["dst"]
+
     # -- the DGL-shaped read API ------------------------------------------------------
     idtype = torch.int64
     device = torch.device("cpu")
@@ -59,7 +124,9 @@ class Graph:
         return self._num_nodes
 
     def num_edges(self) -> int:
-        return int(self.src.numel())
+        if "src" in self.__dict__:
+            return int(self.__dict__["src"].numel())
+        return int(self.in_csr[1].numel())
 
     def edges(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(src, dst)``: the ``(E,)`` endpoints in edge-ID order."""
@@ -67,15 +134,36 @@ class Graph:
 
     def in_degrees(self) -> torch.Tensor:
         """``(N,)`` int64 number of in-edges of every node."""
-        return torch.diff(self.in_csr[0])
+        return torch.diff(self.in_csr[0]).to(torch.int64)
 
     def out_degrees(self) -> torch.Tensor:
         """``(N,)`` int64 number of out-edges of every node (built once and cached)."""
         cached = self.__dict__.get("_out_degrees")
         if cached is None:
-            cached = torch.bincount(self.src, minlength=self._num_nodes)
+            if "src" in self.__dict__:
+                cached = torch.bincount(self.src, minlength=self._num_nodes)
+            else:  # from the CSR's sources, in chunks (no (E,) int64 temporary)
+                indices = self.in_csr[1]
+                cached = torch.zeros(self._num_nodes, dtype=torch.int64)
+                for lo in range(0, indices.numel(), _CHUNK):
+                    cached += torch.bincount(indices[lo:lo + _CHUNK], minlength=self._num_nodes)
             self.__dict__["_out_degrees"] = cached
         return cached
+
+    def csr_edge_chunks(self, max_edges: int | None = None):
+        """Yield ``(src, dst)`` int64 chunks covering every edge once, in CSR order
+        (whole rows, about ``max_edges`` edges a chunk): a pass over all edges without
+        materializing the ``(E,)`` COO arrays."""
+        max_edges = _CHUNK if max_edges is None else int(max_edges)
+        indptr, indices, _ = self.in_csr
+        n, a = self._num_nodes, 0
+        while a < n:
+            b = int(torch.searchsorted(indptr, int(indptr[a]) + max_edges, right=True)) - 1
+            b = min(max(b, a + 1), n)
+            lo, hi = int(indptr[a]), int(indptr[b])
+            dst = torch.repeat_interleave(torch.arange(a, b), torch.diff(indptr[a:b + 1]))
+            yield indices[lo:hi].to(torch.int64), dst
+            a = b
 
     def long(self) -> "Graph":
         return self

@@ -94,13 +94,14 @@ def sample_neighbors(
 
     Returns:
         ``(row, pos)``: ``(E',)`` int64 each; edge ``e`` ends at ``nodes[row[e]]`` and is
-        CSR entry ``pos[e]`` (source ``indices[pos]``, edge ID ``eid[pos]``). Edges are
+        CSR entry ``pos[e]`` (source ``indices[pos]``, edge ID ``eid[pos]``, or ``pos``
+        itself when ``eid`` is ``None``). Edges are
         grouped by ``row`` ascending, each row's in CSR order: the canonical neighbour
         order (ascending source ID, see :attr:`betty.graph.Graph.in_csr`).
     """
     indptr = graph.in_csr[0].numpy()
     v = nodes.numpy()
-    start = indptr[v]
+    start = indptr[v].astype(np.int64, copy=False)
     degree = indptr[v + 1] - start
     take = degree if fanout == -1 else np.minimum(degree, fanout)
     row = np.repeat(np.arange(v.size), take)
@@ -165,7 +166,7 @@ def sample_full_batch(
     for fanout in reversed(fanouts):
         # rows ascending, each row's picks in CSR order: already canonical order
         row, pos = sample_neighbors(graph, dst_nid, fanout, gen)
-        src_gid = indices[pos]
+        src_gid = indices[pos].to(torch.int64)  # a stored CSR may hold int32
         mark[src_gid] = True
         mark[dst_nid] = False
         extra = torch.nonzero(mark).view(-1)  # the other sources, ascending
@@ -178,7 +179,7 @@ def sample_full_batch(
                 num_dst=int(dst_nid.numel()),
                 edge_src=local[src_gid],
                 edge_dst=row,
-                edge_id=eid[pos],
+                edge_id=pos if eid is None else eid[pos].to(torch.int64),
                 src_out_degree=out_degree[src_nid],
             )
         )

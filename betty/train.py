@@ -30,6 +30,7 @@ from torch.nn import functional as F
 
 from betty import catalog
 from betty.batch import MicroBatch, SampledBatch
+from betty.data.store import gather_rows
 from betty.microbatch import Carver, validate_groups
 
 __all__ = [
@@ -408,7 +409,7 @@ def accumulate_gradients(
         blocks = _to_device_blocks(mb, device, model)
         src_nids, edge_ids = _device_ids(model, mb, device)
         t_block = time.perf_counter() - start
-        x = feat[mb.input_nid].to(device)
+        x = gather_rows(feat, mb.input_nid).to(device)  # rows read in ascending order
         if dtype is not None:
             x = x.to(dtype)
         y = label[mb.output_nid].to(device)

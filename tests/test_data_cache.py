@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
 import betty.data.synthetic as synthetic_module
 from betty.data import cache_path, load_dataset
 from betty.data import cache as cache_module
+from betty.data import store as store_module
+from betty.sampling import sample_full_batch
 
 OPTS = dict(num_nodes=600, avg_degree=6.0, num_communities=10, num_classes=4)
+
+
+def _replace(path, data: bytes) -> None:
+    """Put ``data`` at ``path`` as a new file (the old one may be mapped by a loaded
+    dataset: changing it in place would change that dataset's memory)."""
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 def _same(a, b) -> None:
@@ -40,7 +52,7 @@ def generator_calls(monkeypatch):
 def test_second_load_hits_cache(tmp_path, generator_calls):
     first = load_dataset("synthetic", root=tmp_path, **OPTS)
     path = cache_path("synthetic", tmp_path, **OPTS)
-    assert path.is_file() and path.parent == tmp_path / "betty-cache"
+    assert path.is_dir() and (path / "manifest.json").is_file() and path.parent == tmp_path / "betty-cache"
     assert len(generator_calls) == 1
     second = load_dataset("synthetic", root=tmp_path, **OPTS)
     assert len(generator_calls) == 1, "the generator ran again"
@@ -54,7 +66,7 @@ def test_changed_option_misses_and_equal_settings_hit(tmp_path, generator_calls)
     changed = cache_path("synthetic", tmp_path, **{**OPTS, "seed": 1})
     assert changed != base
     other = load_dataset("synthetic", root=tmp_path, **{**OPTS, "seed": 1})
-    assert len(generator_calls) == 2 and changed.is_file()
+    assert len(generator_calls) == 2 and changed.is_dir()
     assert not torch.equal(other.feat, load_dataset("synthetic", root=tmp_path, **OPTS).feat)
     assert len(generator_calls) == 2
     # the same settings spelled differently: an explicit default, an int for a float
@@ -75,24 +87,31 @@ def test_cache_false_neither_reads_nor_writes(tmp_path, generator_calls):
 
 
 def test_interrupted_write_leaves_no_cache_file(tmp_path, monkeypatch, generator_calls):
-    def crash_midway(obj, fh, *args, **kwargs):
-        fh.write(b"partial bytes of a cache file")
-        raise KeyboardInterrupt
+    real = store_module.ArrayWriter.append
 
-    monkeypatch.setattr(cache_module.torch, "save", crash_midway)
+    def crash_midway(self, chunk):
+        if self.path.name == "feat.bin":  # after the CSR files were written
+            real(self, chunk[:1])
+            raise KeyboardInterrupt
+        real(self, chunk)
+
+    monkeypatch.setattr(store_module.ArrayWriter, "append", crash_midway)
     with pytest.raises(KeyboardInterrupt):
         load_dataset("synthetic", root=tmp_path, **OPTS)
     assert list((tmp_path / "betty-cache").iterdir()) == []  # no final file, no temp file
     monkeypatch.undo()
     load_dataset("synthetic", root=tmp_path, **OPTS)
-    assert cache_path("synthetic", tmp_path, **OPTS).is_file()
+    assert cache_path("synthetic", tmp_path, **OPTS).is_dir()
 
 
-def test_damaged_cache_is_recomputed(tmp_path, generator_calls):
+@pytest.mark.parametrize("victim", ["indptr.bin", "indices.bin", "eid.bin", "feat.bin"])
+def test_damaged_cache_is_recomputed(tmp_path, generator_calls, victim):
+    """A file of the entry overwritten with other bytes of the same length."""
     first = load_dataset("synthetic", root=tmp_path, **OPTS)
     path = cache_path("synthetic", tmp_path, **OPTS)
-    path.write_bytes(b"not a torch file")
-    with pytest.warns(UserWarning, match="ignoring dataset cache .*content differs from its recorded SHA-256"):
+    size = (path / victim).stat().st_size
+    _replace(path / victim, bytes(range(256)) * (size // 256) + bytes(size % 256))
+    with pytest.warns(UserWarning, match=f"ignoring dataset cache .*content of {victim} differs from its recorded SHA-256"):
         again = load_dataset("synthetic", root=tmp_path, **OPTS)
     assert len(generator_calls) == 2
     _same(first, again)
@@ -101,13 +120,12 @@ def test_damaged_cache_is_recomputed(tmp_path, generator_calls):
 
 
 def test_changed_cache_content_is_rebuilt(tmp_path, generator_calls):
-    """A cache file that still loads but whose labels were shifted is not used."""
+    """An entry that still loads but whose labels were shifted is not used."""
     first = load_dataset("synthetic", root=tmp_path, **OPTS)
     path = cache_path("synthetic", tmp_path, **OPTS)
-    state = torch.load(path, weights_only=True)
-    state["label"] = (state["label"] + 1) % state["num_classes"]
-    torch.save(state, path)
-    with pytest.warns(UserWarning, match="content differs from its recorded SHA-256"):
+    label = (first.label + 1) % first.num_classes
+    _replace(path / "label.bin", label.numpy().tobytes())
+    with pytest.warns(UserWarning, match="content of label.bin differs from its recorded SHA-256"):
         again = load_dataset("synthetic", root=tmp_path, **OPTS)
     assert len(generator_calls) == 2
     _same(first, again)
@@ -115,23 +133,111 @@ def test_changed_cache_content_is_rebuilt(tmp_path, generator_calls):
     assert len(generator_calls) == 2
 
 
-def test_cache_without_digest_is_rebuilt(tmp_path, generator_calls):
+@pytest.mark.parametrize("damage", ["missing", "garbled"])
+def test_cache_without_manifest_is_rebuilt(tmp_path, generator_calls, damage):
     load_dataset("synthetic", root=tmp_path, **OPTS)
-    cache_module.digest_file(cache_path("synthetic", tmp_path, **OPTS)).unlink()
-    with pytest.warns(UserWarning, match="has no readable content digest"):
+    manifest = cache_path("synthetic", tmp_path, **OPTS) / "manifest.json"
+    if damage == "missing":
+        manifest.unlink()
+    else:
+        _replace(manifest, manifest.read_bytes()[:-40])
+    with pytest.warns(UserWarning, match="has no readable manifest"):
         load_dataset("synthetic", root=tmp_path, **OPTS)
     assert len(generator_calls) == 2
 
 
-def test_directory_in_place_of_the_cache_file_is_rebuilt(tmp_path, generator_calls):
+@pytest.mark.parametrize("victim", ["indptr.bin", "indices.bin", "eid.bin"])
+def test_truncated_csr_is_detected_and_rebuilt(tmp_path, generator_calls, victim):
+    """A CSR file cut short (a full disk, a killed copy) is caught by its size, before
+    it is read; the rerun rebuilds it and samples the same batch."""
+    first = load_dataset("synthetic", root=tmp_path, **OPTS)
+    want = sample_full_batch(first.graph, first.train_idx, [3, 2], seed=5)
+    path = cache_path("synthetic", tmp_path, **OPTS) / victim
+    _replace(path, path.read_bytes()[:-4])
+    with pytest.warns(UserWarning, match=f"{victim} of .* bytes, its manifest records"):
+        again = load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert len(generator_calls) == 2
+    _same_batch(sample_full_batch(again.graph, again.train_idx, [3, 2], seed=5), want)
+    load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert len(generator_calls) == 2
+
+
+def test_file_in_place_of_the_cache_folder_is_rebuilt(tmp_path, generator_calls):
     first = load_dataset("synthetic", root=tmp_path, **OPTS)
     path = cache_path("synthetic", tmp_path, **OPTS)
-    path.unlink()
-    (path / "inner").mkdir(parents=True)
-    with pytest.warns(UserWarning, match="is not a regular file"):
+    shutil.rmtree(path)
+    path.write_bytes(b"a stray file")
+    with pytest.warns(UserWarning, match="is not a store folder"):
         again = load_dataset("synthetic", root=tmp_path, **OPTS)
-    assert path.is_file() and len(generator_calls) == 2
+    assert path.is_dir() and len(generator_calls) == 2
     _same(first, again)
+
+
+def _same_batch(a, b) -> None:
+    assert a.fanouts == b.fanouts and len(a.layers) == len(b.layers)
+    for la, lb in zip(a.layers, b.layers):
+        assert la.num_dst == lb.num_dst
+        for f in ("src_nid", "edge_src", "edge_dst", "edge_id", "src_out_degree"):
+            x, y = getattr(la, f), getattr(lb, f)
+            assert x.dtype == y.dtype == torch.int64 and torch.equal(x, y), f
+
+
+def _edges_are_the_graphs(batch, graph) -> None:
+    """Every sampled edge ID names an edge of ``graph`` with the sampled endpoints."""
+    src, dst = graph.edges()
+    for layer in batch.layers:
+        assert torch.equal(src[layer.edge_id], layer.src_nid[layer.edge_src])
+        assert torch.equal(dst[layer.edge_id], layer.src_nid[layer.edge_dst])
+
+
+@pytest.mark.parametrize("self_loops", [False, True])
+def test_sampler_reads_the_stored_csr_and_gives_the_same_batch(tmp_path, monkeypatch, self_loops):
+    """The cached entry holds the CSR alone (int32 indices, no COO), memory-mapped; the
+    sampler, the degrees and the derived COO equal those of the uncached dataset (the
+    passes over all edges run in several chunks here)."""
+    import betty.graph as graph_module
+
+    monkeypatch.setattr(graph_module, "_CHUNK", 257)
+    plain = load_dataset("synthetic", root=tmp_path, cache=False, self_loops=self_loops, **OPTS)
+    load_dataset("synthetic", root=tmp_path, self_loops=self_loops, **OPTS)  # writes the entry
+    stored = load_dataset("synthetic", root=tmp_path, self_loops=self_loops, **OPTS)
+    entry = cache_path("synthetic", tmp_path, self_loops=self_loops, **OPTS)
+    assert sorted(p.name for p in entry.iterdir()) == sorted(
+        ["manifest.json", "indptr.bin", "indices.bin", "eid.bin", "feat.bin", "label.bin",
+         "train_idx.bin", "valid_idx.bin", "test_idx.bin"])
+    g = stored.graph
+    assert "src" not in g.__dict__ and g.in_csr[1].dtype == torch.int32 and g.in_csr[2].dtype == torch.int32
+    for seed in (0, 1):
+        got = sample_full_batch(g, stored.train_idx, [4, 3], seed=seed)
+        _same_batch(got, sample_full_batch(plain.graph, plain.train_idx, [4, 3], seed=seed))
+        _edges_are_the_graphs(got, plain.graph)
+    assert torch.equal(g.in_degrees(), plain.graph.in_degrees())
+    assert torch.equal(g.out_degrees(), plain.graph.out_degrees())
+    stats = stored.stats()
+    assert stats == pytest.approx(plain.stats(), nan_ok=True)
+    src, dst = plain.graph.edges()  # the passes over the CSR against the COO directly
+    assert stats["num_self_loops"] == int((src == dst).sum())
+    assert stats["edge_homophily"] == pytest.approx(float((plain.label[src] == plain.label[dst]).double().mean()))
+    assert "src" not in g.__dict__  # the sampler and the statistics read the CSR in place
+    _same(stored, plain)  # the COO derived on demand, edge IDs kept
+
+
+def test_identity_edge_ids_are_not_stored(tmp_path):
+    """A graph whose edges are already in CSR order stores no ``eid`` and samples the
+    same batch (edge ID = CSR position)."""
+    from betty.data.types import GraphDataset
+    from betty.graph import Graph
+
+    ds = load_dataset("synthetic", root=tmp_path, cache=False, **OPTS)
+    indptr, indices, eid = ds.graph.in_csr
+    src, dst = ds.graph.src[eid], ds.graph.dst[eid]  # renumber the edges into CSR order
+    ordered = GraphDataset(**{**ds.__dict__, "graph": Graph(src, dst, ds.num_nodes)})
+    cache_module.save_cached(ordered, tmp_path / "entry")
+    back = cache_module.load_cached(tmp_path / "entry")
+    assert not (tmp_path / "entry" / "eid.bin").exists() and back.graph.in_csr[2] is None
+    _same_batch(sample_full_batch(back.graph, ds.train_idx, [4, 3], seed=2),
+                sample_full_batch(ordered.graph, ds.train_idx, [4, 3], seed=2))
+    _same(back, ordered)
 
 
 def test_uncached_datasets_have_no_cache_path(tmp_path):

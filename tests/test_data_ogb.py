@@ -186,7 +186,7 @@ def test_custom_meta_dict_runs_the_same_processing(tmp_path):
 def test_second_ogb_load_uses_betty_cache(tmp_path, monkeypatch):
     _write(tmp_path, "ogbn-products")
     first = load_dataset("ogbn-products", root=tmp_path)
-    assert cache_path("ogbn-products", tmp_path).is_file()
+    assert cache_path("ogbn-products", tmp_path).is_dir()
     import betty.data.ogb_loader as ogb_loader
 
     monkeypatch.setattr(ogb_loader, "load_ogb", lambda *a, **k: pytest.fail("not cached"))

@@ -1,37 +1,39 @@
-"""On-disk cache of processed datasets: ``<root>/betty-cache/<name>-<key>.pt``.
+"""On-disk cache of processed datasets: ``<root>/betty-cache/<name>-<key>/``, a store.
 
 ``key`` is the first 16 hex digits of the SHA-256 of a JSON description of everything
 the processed dataset depends on (name, resolved options with defaults filled in, a
 fingerprint of the source files, and :data:`CACHE_FORMAT`), so changing any option
-misses the cache. Files are written to a temporary name in the same directory and moved
-into place with ``os.replace`` (atomic on POSIX): an interrupted run leaves either no
-cache file or a complete one. Beside each file, ``<file>.sha256`` records the SHA-256 of
-its bytes; a load hashes the file and checks it, so a cache whose content changed after
-it was written (edited, replaced, truncated) is rebuilt with a warning instead of being
-used. A cache file that cannot be read, has no or a different digest, or is not a
-regular file (a directory in its place) is ignored with a warning and overwritten.
+misses the cache. The cache entry is a :mod:`betty.data.store` folder (layout and
+versioning in ``docs/graph_store.md``) holding the graph as its in-edge CSR only
+(``indptr`` int64, ``indices`` int32 when N < 2^31, ``eid`` int32 when E < 2^31 and
+left out when edge IDs are CSR positions), the features and labels in whatever dtype
+they have, and the splits. It is written to a temporary folder and moved into place
+(an interrupted run leaves no entry); every file's size and SHA-256 are in its
+manifest. A load checks them and memory-maps every array (nothing is read into memory
+but what is touched): an entry that is not a folder, lacks or cannot read its
+manifest, has a missing, truncated or changed file, is ignored with a warning and
+rebuilt, never crashed on.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
-from betty.data.graph_build import bare_graph
+from betty.data.store import StoreError, StoreWriter, open_store
 from betty.data.types import GraphDataset
+from betty.graph import Graph
 
-__all__ = ["CACHE_DIRNAME", "CACHE_FORMAT", "cache_key", "cache_file", "digest_file", "save_cached",
-           "load_cached"]
+__all__ = ["CACHE_DIRNAME", "CACHE_FORMAT", "cache_key", "cache_file", "save_cached", "load_cached",
+           "lean_csr", "entry_scalars", "dataset_from_store"]
 
 CACHE_DIRNAME = "betty-cache"
-CACHE_FORMAT = 1  # bump when the processing of any dataset changes
+CACHE_FORMAT = 2  # bump when the processing of any dataset or the entry's layout changes
+_INT32_MAX = 2**31 - 1
 
 
 def cache_key(payload: dict) -> str:
@@ -41,122 +43,77 @@ def cache_key(payload: dict) -> str:
 
 
 def cache_file(root: str | Path, name: str, payload: dict) -> Path:
-    """Where the processed dataset ``name`` described by ``payload`` is cached."""
+    """The folder where the processed dataset ``name`` described by ``payload`` is cached."""
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
-    return Path(root) / CACHE_DIRNAME / f"{safe}-{cache_key(payload)}.pt"
+    return Path(root) / CACHE_DIRNAME / f"{safe}-{cache_key(payload)}"
 
 
-def digest_file(path: str | Path) -> Path:
-    """Where the SHA-256 of cache file ``path`` is recorded: ``<path>.sha256``."""
-    path = Path(path)
-    return path.with_name(path.name + ".sha256")
+def lean_csr(graph: Graph) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``graph``'s in-CSR as stored: ``indptr`` int64, ``indices`` int32 when N < 2^31,
+    ``eid`` int32 when E < 2^31, or ``None`` when ``eid[p] = p`` (checked in chunks).
+    The narrowing is done chunk by chunk as the store writes; here only the dtypes are
+    chosen (the tensors returned are the graph's own)."""
+    indptr, indices, eid = graph.in_csr
+    if eid is not None:
+        step = 1 << 24
+        identity = all(torch.equal(eid[lo:lo + step].to(torch.int64), torch.arange(lo, min(lo + step, eid.numel())))
+                       for lo in range(0, eid.numel(), step))
+        if identity:
+            eid = None
+    return indptr.to(torch.int64), indices, eid
 
 
-def _sha256(path: Path) -> str:
-    """SHA-256 (hex) of the file's bytes."""
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def _write_atomic(path: Path, write) -> None:
-    """``write(fh)`` into a temporary file beside ``path``, fsync, then ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _clear(path: Path) -> None:
-    """Remove whatever is at ``path`` unless it is a regular file (a directory or other
-    object left where a cache file belongs), so the cache file can be written there."""
-    if path.is_symlink() or (path.exists() and not path.is_dir() and not path.is_file()):
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
+def entry_scalars(name: str, num_nodes: int, num_classes: int, *, multilabel: bool = False,
+                  is_ogb: bool = False, ogb_name: str | None = None) -> dict:
+    """The manifest scalars of a cache entry (what a generator writing an entry itself
+    passes to :class:`betty.data.store.StoreWriter`)."""
+    return {"cache_format": CACHE_FORMAT, "name": name, "num_nodes": int(num_nodes),
+            "num_classes": int(num_classes), "multilabel": bool(multilabel),
+            "is_ogb": bool(is_ogb), "ogb_name": ogb_name}
 
 
 def save_cached(ds: GraphDataset, path: str | Path) -> None:
-    """Write ``ds`` to ``path`` atomically (temporary file + ``os.replace``), then its
-    SHA-256 to :func:`digest_file` (also atomically)."""
+    """Write ``ds`` as a store folder at ``path`` (atomically; see the module docstring)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for target in (path, digest_file(path)):
-        _clear(target)
-    src, dst = ds.graph.edges()
-    state = {
-        "format": CACHE_FORMAT,
-        "name": ds.name,
-        "num_nodes": ds.num_nodes,
-        "src": src,
-        "dst": dst,
-        "feat": ds.feat,
-        "label": ds.label,
-        "train_idx": ds.train_idx,
-        "valid_idx": ds.valid_idx,
-        "test_idx": ds.test_idx,
-        "num_classes": int(ds.num_classes),
-        "multilabel": bool(ds.multilabel),
-        "is_ogb": bool(ds.is_ogb),
-        "ogb_name": ds.ogb_name,
-    }
-    _write_atomic(path, lambda fh: torch.save(state, fh))
-    digest = _sha256(path)
-    _write_atomic(digest_file(path), lambda fh: fh.write(digest.encode("ascii") + b"\n"))
+    indptr, indices, eid = lean_csr(ds.graph)
+    scalars = entry_scalars(ds.name, ds.num_nodes, ds.num_classes, multilabel=ds.multilabel,
+                            is_ogb=ds.is_ogb, ogb_name=ds.ogb_name)
+    with StoreWriter(path, scalars) as w:
+        w.put("indptr", indptr, torch.int64)
+        w.put("indices", indices, torch.int32 if ds.num_nodes <= _INT32_MAX else torch.int64)
+        if eid is not None:
+            w.put("eid", eid, torch.int32 if ds.num_edges <= _INT32_MAX else torch.int64)
+        for field in ("feat", "label", "train_idx", "valid_idx", "test_idx"):
+            w.put(field, getattr(ds, field))
 
 
-def _content_problem(path: Path) -> str | None:
-    """Why the file at ``path`` must not be used as a cache (``None``: it may)."""
-    if not path.is_file():
-        return "is not a regular file"
-    record = digest_file(path)
-    try:
-        want = record.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return f"has no readable content digest ({record.name})"
-    if _sha256(path) != want:
-        return f"content differs from its recorded SHA-256 ({record.name})"
-    return None
+def dataset_from_store(arrays: dict[str, torch.Tensor], scalars: dict) -> GraphDataset:
+    """The :class:`GraphDataset` of an opened store (its graph CSR-only)."""
+    graph = Graph.from_csr(arrays["indptr"], arrays["indices"], arrays.get("eid"), scalars["num_nodes"])
+    return GraphDataset(
+        name=scalars["name"], graph=graph, feat=arrays["feat"], label=arrays["label"],
+        train_idx=arrays["train_idx"], valid_idx=arrays["valid_idx"], test_idx=arrays["test_idx"],
+        num_classes=scalars["num_classes"], multilabel=scalars["multilabel"],
+        is_ogb=scalars["is_ogb"], ogb_name=scalars["ogb_name"])
 
 
-def load_cached(path: str | Path) -> GraphDataset | None:
+def load_cached(path: str | Path, *, verify: bool = True) -> GraphDataset | None:
     """The dataset stored at ``path``, or ``None`` if there is none or it cannot be used
-    (unreadable, not a regular file, content not matching its recorded SHA-256: each
-    with a warning; the caller then rebuilds and overwrites it).
+    (each reason with a warning; the caller then rebuilds and overwrites it).
 
-    Tensors are memory-mapped from the file (``mmap=True``, ``weights_only=True``) after its bytes
-    are hashed once (about a second per GB), so pages are read from the page cache.
-    """
+    Every array is memory-mapped after its file's size and (``verify``) SHA-256 are
+    checked against the manifest (hashing reads the files once, about a second per GB,
+    so their pages are then in the page cache)."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return None
-    problem = _content_problem(path)
-    if problem is not None:
-        warnings.warn(f"ignoring dataset cache {path}: it {problem}; rebuilding it", stacklevel=2)
-        return None
     try:
-        state = torch.load(str(path), mmap=True, weights_only=True)
-        if state.get("format") != CACHE_FORMAT:
-            return None
-        return GraphDataset(
-            name=state["name"],
-            graph=bare_graph(state["src"], state["dst"], state["num_nodes"]),
-            feat=state["feat"],
-            label=state["label"],
-            train_idx=state["train_idx"],
-            valid_idx=state["valid_idx"],
-            test_idx=state["test_idx"],
-            num_classes=state["num_classes"],
-            multilabel=state["multilabel"],
-            is_ogb=state["is_ogb"],
-            ogb_name=state["ogb_name"],
-        )
-    except Exception as err:  # a damaged or foreign file: recompute instead
-        warnings.warn(f"ignoring unreadable dataset cache {path}: {err}", stacklevel=2)
-        return None
+        arrays, scalars = open_store(path, verify=verify)
+        if scalars.get("cache_format") != CACHE_FORMAT:
+            raise StoreError(f"has cache format {scalars.get('cache_format')!r}, this betty writes {CACHE_FORMAT}")
+        return dataset_from_store(arrays, scalars)
+    except StoreError as err:
+        warnings.warn(f"ignoring dataset cache {path}: it {err}; rebuilding it", stacklevel=2)
+    except Exception as err:  # a damaged or foreign entry: recompute instead
+        warnings.warn(f"ignoring unreadable dataset cache {path}: {err}; rebuilding it", stacklevel=2)
+    return None

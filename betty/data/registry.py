@@ -38,6 +38,9 @@ class DatasetSpec:
             for the cache key; ``None`` means the dataset is not cached by betty
             (cheap to load, or already cached by its library).
         description: one line for listings.
+        writes_store: ``(name, root, options, folder) -> None`` for a dataset generated
+            straight into its cache folder (never held in memory); ``build`` is then
+            unused.
     """
 
     name: str
@@ -46,6 +49,7 @@ class DatasetSpec:
     normalize: Callable[[dict], dict] = dict
     fingerprint: Callable[[str, Path, dict], Any] | None = None
     description: str = ""
+    writes_store: Callable[[str, Path, dict, Path], None] | None = None
 
 
 def _synthetic_normalize(preset: str) -> Callable[[dict], dict]:
@@ -101,6 +105,17 @@ def _dgl_file_build(name: str, root: Path, opts: dict) -> GraphDataset:
     return _module("dgl_file").load_dgl_file(opts["path"], name=name, num_classes=opts["num_classes"])
 
 
+def _papers_normalize(opts: dict) -> dict:
+    return _module("synthetic_papers").normalize_papers_options(opts)
+
+
+def _papers_write(name: str, root: Path, opts: dict, folder: Path) -> None:
+    papers = _module("synthetic_papers")
+    scalars = _module("cache").entry_scalars(name, papers.papers_counts(opts["scale"])["num_nodes"],
+                                             papers.PAPERS_SHAPE["num_classes"])
+    papers.write_synthetic_papers(folder, opts, name=name, scalars=scalars)
+
+
 def _build_registry() -> dict[str, DatasetSpec]:
     specs: list[DatasetSpec] = []
     for preset, config in SYNTHETIC_PRESETS.items():
@@ -114,6 +129,17 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 description=f"generated ({config.scaled_num_nodes:,} nodes at scale 1)",
             )
         )
+    specs.append(
+        DatasetSpec(
+            name="synthetic-papers",
+            defaults={"scale": 1.0, "seed": 0, "feature_snr": 0.5, "chunk_edges": 1 << 23},
+            build=_no_source,
+            normalize=_papers_normalize,
+            fingerprint=_no_source,
+            writes_store=_papers_write,
+            description="generated straight to disk, ogbn-papers100M's shape at scale 1 (111,059,956 nodes)",
+        )
+    )
     for ogb_name in OGB_NAMES:
         specs.append(
             DatasetSpec(
@@ -221,7 +247,7 @@ def _apply_common(ds: GraphDataset, opts: Mapping[str, Any]) -> GraphDataset:
 
 
 def cache_path(name: str, root: str | Path = "data", **options) -> Path | None:
-    """The cache file :func:`load_dataset` uses for these arguments (``None`` for
+    """The cache folder :func:`load_dataset` uses for these arguments (``None`` for
     datasets betty does not cache)."""
     if _spec(name).fingerprint is None:
         return None
@@ -233,6 +259,24 @@ def dataset_digest(name: str, root: str | Path = "data", **options) -> str:
     over name, resolved options and the source-file fingerprint (the cache file's key
     for cached datasets). Reads no data; raises like :func:`resolve_options`."""
     return _module("cache").cache_key(_identity(name, root, options))
+
+
+def _load_written_store(spec: DatasetSpec, name: str, root: Path, opts: dict, path: Path | None):
+    """Load (or first generate) a dataset whose generator writes its cache folder."""
+    if path is None:
+        raise ValueError(f"dataset {name!r} is generated straight into betty's cache folder "
+                         f"under root: cache=False is not allowed (allowed: cache=True)")
+    if opts["self_loops"]:
+        raise ValueError(f"self_loops=True is not supported for dataset {name!r} "
+                         f"(allowed: false); the model adds the self term")
+    cache = _module("cache")
+    hit = cache.load_cached(path)
+    if hit is None:
+        spec.writes_store(name, root, _own_options(opts), path)
+        hit = cache.load_cached(path, verify=False)
+    if hit is None:
+        raise RuntimeError(f"dataset {name!r}: the folder just written at {path} does not load")
+    return hit
 
 
 def load_dataset(
@@ -264,6 +308,8 @@ def load_dataset(
     opts = resolve_options(name, options)
     root = Path(root)
     path = cache_path(name, root, **opts) if cache else None
+    if spec.writes_store is not None:
+        return _load_written_store(spec, name, root, opts, path)
     if path is not None:
         hit = _module("cache").load_cached(path)
         if hit is not None:
@@ -271,4 +317,7 @@ def load_dataset(
     ds = _apply_common(spec.build(name, root, _own_options(opts)), opts)
     if path is not None:
         _module("cache").save_cached(ds, path)
+        stored = _module("cache").load_cached(path, verify=False)  # just written: the lean, mapped form
+        if stored is not None:
+            return stored
     return ds

@@ -2,8 +2,8 @@
 
 Conventions (shared by every loader, checked in :meth:`GraphDataset.__post_init__`):
 
-* ``graph`` is a :class:`betty.graph.Graph`: ``int64`` edge arrays on the CPU, no DGL
-  or PyG object (a backend converts it: ``graph.to_dgl()``, ``graph.edge_index()``).
+* ``graph`` is a :class:`betty.graph.Graph` on the CPU (COO or, loaded from the
+  dataset store, its in-CSR alone), no DGL or PyG object (a backend converts it: ``graph.to_dgl()``, ``graph.edge_index()``).
   An edge ``u -> v`` means *u is a neighbour of v*: a node aggregates over its
   **in**-edges. Features and labels live beside it.
 * ``feat`` is ``(N, F)`` float32.
@@ -76,8 +76,8 @@ class GraphDataset:
         return int(self.feat.shape[1])
 
     def in_degrees(self) -> torch.Tensor:
-        """``(N,)`` int64 in-degree of every node (``bincount`` of edge destinations)."""
-        return torch.bincount(self.graph.dst, minlength=self.num_nodes)
+        """``(N,)`` int64 in-degree of every node (the in-CSR's row lengths)."""
+        return self.graph.in_degrees()
 
     def edge_homophily(self) -> float:
         """Fraction of edges whose endpoints share a label, over edges with both ends
@@ -85,13 +85,13 @@ class GraphDataset:
         when no edge has two labelled ends."""
         if self.multilabel:
             return float("nan")
-        src, dst = self.graph.edges()
-        ls, ld = self.label[src], self.label[dst]
-        both = (ls >= 0) & (ld >= 0)
-        n = int(both.sum())
-        if n == 0:
-            return float("nan")
-        return float(((ls == ld) & both).sum()) / n
+        n = same = 0
+        for src, dst in self.graph.csr_edge_chunks():
+            ls, ld = self.label[src], self.label[dst]
+            both = (ls >= 0) & (ld >= 0)
+            n += int(both.sum())
+            same += int(((ls == ld) & both).sum())
+        return float(same) / n if n else float("nan")
 
     def stats(self) -> dict[str, float | int]:
         """Plain-number summary for logging.
@@ -102,7 +102,7 @@ class GraphDataset:
         edge_homophily (NaN for multi-label).
         """
         deg = self.in_degrees()
-        src, dst = self.graph.edges()
+        loops = sum(int((src == dst).sum()) for src, dst in self.graph.csr_edge_chunks())
         n = self.num_nodes
         return {
             "num_nodes": n,
@@ -118,7 +118,7 @@ class GraphDataset:
             "max_in_degree": int(deg.max()) if n else 0,
             "num_distinct_in_degrees": int(torch.unique(deg).numel()),
             "num_zero_in_degree": int((deg == 0).sum()),
-            "num_self_loops": int((src == dst).sum()),
+            "num_self_loops": loops,
             "edge_homophily": self.edge_homophily(),
         }
 

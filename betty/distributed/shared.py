@@ -67,7 +67,7 @@ class SharedTensor:
 class SharedDataset:
     """A :class:`betty.data.GraphDataset` whose tensors live in files of ``folder``.
 
-    ``tensors`` maps field names (``graph.src``, ``graph.dst``, ``graph.in_csr.<i>``,
+    ``tensors`` maps field names (``graph.in_csr.<i>``, or ``graph.src``/``graph.dst``,
     ``feat``, ``label``, ``train_idx`` ...) to their files; ``scalars`` holds the other
     fields (name, num_classes, flags)."""
 
@@ -88,10 +88,11 @@ class SharedDataset:
         from betty.graph import Graph
 
         t = {name: st.open() for name, st in self.tensors.items()}
-        graph = Graph(t.pop("graph.src"), t.pop("graph.dst"), self.num_nodes)
-        csr = [t.pop(f"graph.in_csr.{i}") for i in range(3) if f"graph.in_csr.{i}" in t]
-        if csr:
-            graph.__dict__["in_csr"] = tuple(csr)  # the cached_property, computed once by the launcher
+        if "graph.in_csr.0" in t:  # the CSR alone, computed once by the launcher
+            csr = [t.pop(f"graph.in_csr.{i}", None) for i in range(3)]
+            graph = Graph.from_csr(*csr, self.num_nodes)
+        else:
+            graph = Graph(t.pop("graph.src"), t.pop("graph.dst"), self.num_nodes)
         return GraphDataset(graph=graph, **t, **self.scalars)
 
 
@@ -117,11 +118,13 @@ def share_dataset(dataset, folder: str | None = None, *, with_csr: bool = True) 
             tensors[name] = SharedTensor.write(tensor, os.path.join(root, name + ".bin"))
 
         graph = dataset.graph
-        put("graph.src", graph.src)
-        put("graph.dst", graph.dst)
         if with_csr:
             for i, part in enumerate(graph.in_csr):
-                put(f"graph.in_csr.{i}", part)
+                if part is not None:  # eid is None when edge IDs are CSR positions
+                    put(f"graph.in_csr.{i}", part)
+        else:
+            put("graph.src", graph.src)
+            put("graph.dst", graph.dst)
         scalars = {}
         for f in fields(GraphDataset):
             if f.name == "graph":

@@ -49,7 +49,7 @@ def induced_output_graph(graph, output_nid: torch.Tensor) -> sp.csr_matrix:
         )
     graph = as_graph(graph)
     row, at = sample_neighbors(graph, output_nid, -1)  # every in-edge of the outputs
-    src, dst = graph.in_csr[1][at], output_nid[row]
+    src, dst = graph.in_csr[1][at].to(torch.int64), output_nid[row]
     pos = torch.full((num_nodes,), -1, dtype=torch.int64)
     pos[output_nid] = torch.arange(n_out, dtype=torch.int64)
     a, b = pos[src], pos[dst]

@@ -1,0 +1,98 @@
+"""synthetic-papers: generated straight to disk in bounded memory, and trainable."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import pytest
+import torch
+
+from betty.data import cache_path, load_dataset
+from betty.data.store import gather_rows
+from betty.data.synthetic_papers import papers_counts, write_synthetic_papers
+
+OPTS = {"scale": 2e-4, "seed": 0, "feature_snr": 0.5, "chunk_edges": 1 << 13}
+
+
+def _peak_bytes(folder, opts) -> tuple[int, int]:
+    """(tracemalloc peak while generating, bytes written)."""
+    tracemalloc.start()
+    try:
+        write_synthetic_papers(folder, opts)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return peak, sum(p.stat().st_size for p in folder.iterdir())
+
+
+def test_generator_memory_is_bounded_by_its_block_not_the_output(tmp_path):
+    small, small_out = _peak_bytes(tmp_path / "a", OPTS)
+    large, large_out = _peak_bytes(tmp_path / "b", {**OPTS, "scale": 4 * OPTS["scale"]})
+    assert large_out > 3.5 * small_out
+    assert large < small_out / 4, (large, small_out)  # far below even the smaller output
+    assert large < 1.6 * small, (small, large)  # grows with the splits only, not the graph
+
+
+def test_generated_store_has_the_shape_and_is_canonical(tmp_path):
+    ds = load_dataset("synthetic-papers", tmp_path, **OPTS)
+    counts = papers_counts(OPTS["scale"])
+    assert ds.num_nodes == counts["num_nodes"] and ds.feat.shape == (ds.num_nodes, 128)
+    assert abs(ds.num_edges / counts["num_edges"] - 1) < 0.05 and ds.num_classes == 172
+    assert [ds.train_idx.numel(), ds.valid_idx.numel(), ds.test_idx.numel()] == [
+        counts["num_train"], counts["num_valid"], counts["num_test"]]
+    split = torch.cat([ds.train_idx, ds.valid_idx, ds.test_idx])
+    assert torch.unique(split).numel() == split.numel()
+    labelled = torch.nonzero(ds.label >= 0).view(-1)
+    assert torch.equal(labelled, torch.sort(split).values)  # only the split nodes are labelled
+    indptr, indices, eid = ds.graph.in_csr
+    assert eid is None and indices.dtype == torch.int32 and "src" not in ds.graph.__dict__
+    rows = torch.repeat_interleave(torch.arange(ds.num_nodes), torch.diff(indptr))
+    key = rows * ds.num_nodes + indices.to(torch.int64)
+    assert bool((key[1:] >= key[:-1]).all())  # canonical order: by row, then source
+    manifest = json.loads((cache_path("synthetic-papers", tmp_path, **OPTS) / "manifest.json").read_text())
+    again = tmp_path / "again"
+    write_synthetic_papers(again, OPTS)
+    assert json.loads((again / "manifest.json").read_text())["arrays"] == manifest["arrays"]  # seeded
+    with pytest.raises(ValueError, match="cache=False"):
+        load_dataset("synthetic-papers", tmp_path, cache=False, **OPTS)
+    with pytest.raises(ValueError, match="scale"):
+        load_dataset("synthetic-papers", tmp_path, scale=0)
+
+
+def test_gather_rows_reads_sorted_chunks_and_equals_indexing():
+    table = torch.randn(1000, 3)
+    ids = torch.randint(0, 1000, (777,))
+    for chunk in (1, 7, 10_000):
+        assert torch.equal(gather_rows(table, ids, chunk_rows=chunk), table[ids])
+
+    seen = []
+
+    class Recorder:
+        shape, dtype = table.shape, table.dtype
+
+        def __getitem__(self, at):
+            seen.append(at.clone())
+            return table[at]
+
+    gather_rows(Recorder(), ids, chunk_rows=100)
+    flat = torch.cat(seen)
+    assert len(seen) == 8 and bool((flat[1:] >= flat[:-1]).all())  # front to back, in chunks
+
+
+@pytest.mark.slow
+def test_an_epoch_of_sage_mean_trains_with_k_from_the_memory_model(tmp_path):
+    from betty.engine import PartitionPlan, Trainer
+    from betty.models import build_model
+
+    ds = load_dataset("synthetic-papers", tmp_path, **OPTS)
+    torch.manual_seed(0)
+    model = build_model("sage", 128, 172, hidden=16, layers=2, aggregator="mean")
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    before = [p.detach().clone() for p in model.parameters()]
+    plan = PartitionPlan(method="random", k="auto", memory_budget=3 << 20)
+    trainer = Trainer(model, optimizer, ds, [5, 10], plan, seed=0)
+    record = trainer.train_epoch(0)
+    assert record.k > 1  # the budget forced a split
+    assert torch.isfinite(torch.tensor(record.loss))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
