@@ -267,8 +267,9 @@ def step_over_pieces(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     (:meth:`betty.precision.LossScaler.step`). Returns ``(result, loss, correct)``.
     """
     if parallel is not None:
+        extra = {} if scaler is None else {"scaler": scaler}
         result, loss, correct = parallel.step(model, optimizer, costs,
-                                              lambda mine: run(frozenset(mine), None), scaler=scaler)
+                                              lambda mine: run(frozenset(mine), None), **extra)
         loss, correct = parallel.sum_scalars(loss, correct)
         return result, loss, correct
     model.train()
