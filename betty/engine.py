@@ -32,6 +32,7 @@ from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
 from betty.records import epoch_metrics, estimate_error
 from betty.sampling import sample_full_batch
+from betty.precision import LossScaler, Precision
 from betty.train import MicroBatchRecord, locate_non_finite, train_step
 
 __all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches"]
@@ -153,7 +154,12 @@ class Trainer:
         batch_size: output nodes per batch (``None``: all training nodes).
         device: where micro-batches run.
         seed: seeds batches, sampling, partitioning and dropout.
-        dtype: compute dtype (default float32).
+        dtype: the parameters' dtype (default float32).
+        precision: ``train.precision`` (default: ``64`` for float64 ``dtype``, else
+            ``32``): ``bf16-mixed``/``16-mixed`` run each micro-batch's forward and loss
+            under autocast with float32 parameters and gradients; ``16-mixed`` adds one
+            :class:`betty.precision.LossScaler` for the run (its scale carries across
+            steps, an inf/NaN gradient skips the step on every rank).
         meter: optional memory meter (one region per micro-batch).
         k_chooser: picks K (and the partition) for a batch when ``plan.k == "auto"``;
             default: :func:`betty.memory.make_k_chooser` for this model and device.
@@ -169,8 +175,8 @@ class Trainer:
 
     def __init__(self, model, optimizer, dataset, fanouts, plan: PartitionPlan, *,
                  batch_size: int | None = None, device="cpu", seed: int = 0,
-                 dtype: torch.dtype = torch.float32, meter=None,
-                 k_chooser: KChooser | None = None, estimator: Estimator | None = None,
+                 dtype: torch.dtype = torch.float32, precision: Precision | str | None = None,
+                 meter=None, k_chooser: KChooser | None = None, estimator: Estimator | None = None,
                  estimate_memory: bool = True, on_search=None,
                  dropout_seed: int | None = None, parallel=None) -> None:
         if len(fanouts) != model.num_layers:
@@ -198,6 +204,13 @@ class Trainer:
         self.fanouts = list(fanouts)
         self.plan = plan
         self.device, self.seed, self.dtype = device, seed, dtype
+        if precision is None:
+            precision = "64" if dtype == torch.float64 else "32"
+        self.precision = Precision.parse(precision)
+        if self.precision.param_dtype != dtype:
+            raise ValueError(f"precision {self.precision} keeps parameters in "
+                             f"{self.precision.param_dtype}, but dtype is {dtype}")
+        self.scaler = LossScaler() if self.precision.needs_scaler else None
         self.meter = meter
         self.k_chooser, self.estimator = k_chooser, estimator
         self.dropout_seed = seed if dropout_seed is None else dropout_seed
@@ -287,7 +300,7 @@ class Trainer:
                 step_kwargs = dict(k=result.k, device=self.device,
                                    dropout_key=dropout_key(self.dropout_seed, epoch, b),
                                    multilabel=self.dataset.multilabel, meter=self.meter,
-                                   dtype=self.dtype)
+                                   dtype=self.dtype, precision=self.precision, scaler=self.scaler)
                 step = train_step(self.model, self.optimizer, batch, result.groups,
                                   self.dataset.feat, self.dataset.label, parallel=self.parallel,
                                   costs=estimates if self.parallel is not None else None, **step_kwargs)

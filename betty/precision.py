@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -105,3 +105,98 @@ class Precision:
 
     def __str__(self) -> str:
         return self.name
+
+
+def input_dtype(feat_dtype: "torch.dtype", precision: "Precision | str | None",
+                dtype: "torch.dtype | None") -> "torch.dtype | None":
+    """The dtype a micro-batch's features are cast to on the device, or ``None`` to keep
+    ``feat_dtype``: under a mixed precision, features already in its ``compute_dtype``
+    stay there (autocast's first matrix product takes them as they are); otherwise they
+    are cast to ``dtype`` (the model's, e.g. bfloat16 host features to float32 in ``32``)."""
+    prec = Precision.parse(precision if precision is not None else "32")
+    if prec.mixed and feat_dtype == prec.compute_dtype:
+        return None
+    return dtype
+
+
+class LossScaler:
+    """A dynamic loss scale for ``16-mixed``, one scale per optimizer step.
+
+    The step multiplies every micro-batch's loss by the same :attr:`scale` ``s`` before
+    its backward, so ``.grad`` accumulates ``s · Σ_k ∇L_k``. After the last micro-batch
+    (and, data-parallel, after the gradient all-reduce) :meth:`unscale` multiplies every
+    gradient by ``1/s`` once and reports whether any entry is inf or NaN; ``found_inf``
+    is then all-reduced (MAX) over the ranks, so one bad micro-batch anywhere skips the
+    step everywhere. :meth:`update` runs once per step: a skipped step multiplies ``s``
+    by ``backoff_factor``; ``growth_interval`` finite steps in a row multiply it by
+    ``growth_factor``. The defaults are ``torch.amp.GradScaler``'s (2^16, 2, 0.5, 2000).
+    ``s`` stays a power of two, so scaling and unscaling a float32 gradient are exact
+    (short of overflow or underflow).
+
+    Torch's own ``GradScaler`` is not used: torch 2.2 has only the CUDA one, and its
+    ``unscale_``/``step`` decide per process, with no hook for a cross-rank decision.
+    """
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000) -> None:
+        if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
+            raise ValueError("LossScaler needs init_scale > 0, growth_factor > 1, "
+                             "0 < backoff_factor < 1, growth_interval >= 1")
+        self.scale = float(init_scale)
+        self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.growth_tracker = 0
+        self.skipped_steps = 0
+
+    def scale_loss(self, loss: "torch.Tensor") -> "torch.Tensor":
+        """``s · loss`` (float32)."""
+        return loss.float() * self.scale
+
+    def unscale(self, params: "Iterable[torch.Tensor]", all_ranks: bool = False, group=None) -> bool:
+        """Multiply every ``.grad`` by ``1/s`` in place; return ``found_inf``: whether any
+        gradient entry is inf or NaN, with ``all_ranks`` on any rank of the process
+        ``group`` (a MAX all-reduce of the flag; ``None``: the default group)."""
+        import torch
+        inv = 1.0 / self.scale
+        bad = torch.zeros((), dtype=torch.float32)
+        for p in params:
+            if p.grad is None:
+                continue
+            p.grad.mul_(inv)
+            bad = torch.maximum(bad, (~torch.isfinite(p.grad)).any().float().cpu())
+        import torch.distributed as dist
+        if all_ranks:
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=group)
+        return bool(bad.item() > 0)
+
+    def update(self, found_inf: bool) -> None:
+        """Once per step: back off after a skipped step, grow after
+        ``growth_interval`` finite steps in a row."""
+        if found_inf:
+            self.scale *= self.backoff_factor
+            self.growth_tracker = 0
+            self.skipped_steps += 1
+            return
+        self.growth_tracker += 1
+        if self.growth_tracker == self.growth_interval:
+            self.scale *= self.growth_factor
+            self.growth_tracker = 0
+
+    def step(self, optimizer: "torch.optim.Optimizer", params: "Iterable[torch.Tensor]",
+             all_ranks: bool = False, group=None) -> bool:
+        """:meth:`unscale`, then ``optimizer.step()`` unless ``found_inf``, then
+        :meth:`update`. Returns whether the step was taken."""
+        found_inf = self.unscale(params, all_ranks, group)
+        if not found_inf:
+            optimizer.step()
+        self.update(found_inf)
+        return not found_inf
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "growth_tracker": self.growth_tracker,
+                "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale = float(state["scale"])
+        self.growth_tracker = int(state["growth_tracker"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))

@@ -25,6 +25,7 @@ import torch
 from torch.nn import functional as F
 
 from betty.batch import LayerEdges, SampledBatch, layer_to_block
+from betty.precision import Precision, input_dtype
 
 __all__ = ["ReferenceResult", "full_batch_reference", "assert_canonical_order"]
 
@@ -65,7 +66,7 @@ def _mean_loss(logits: torch.Tensor, target: torch.Tensor, multilabel: bool) -> 
 def full_batch_reference(model: torch.nn.Module, batch: SampledBatch, feat: torch.Tensor,
                          label: torch.Tensor, *, dropout_key: int | None = None,
                          device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-                         multilabel: bool = False) -> ReferenceResult:
+                         multilabel: bool = False, precision=None) -> ReferenceResult:
     """One forward and backward pass of ``model`` on the whole sampled batch.
 
     Args:
@@ -78,6 +79,8 @@ def full_batch_reference(model: torch.nn.Module, batch: SampledBatch, feat: torc
         device: where to run.
         dtype: cast the features to this dtype (default: keep).
         multilabel: use the multi-label loss.
+        precision: a :class:`betty.precision.Precision` or its name (default ``32``):
+            forward and loss under its autocast when mixed, loss taken in float32.
 
     Returns:
         The loss ``(1/N) Σ_v ℓ(v)`` and ``∇`` of it for every parameter (zeros where a
@@ -86,18 +89,23 @@ def full_batch_reference(model: torch.nn.Module, batch: SampledBatch, feat: torc
     for l, layer in enumerate(batch.layers):
         assert_canonical_order(layer, l)
     model.zero_grad(set_to_none=True)
+    prec = Precision.parse(precision if precision is not None else "32")
     x = feat[batch.input_nid].to(device)
-    if dtype is not None:
-        x = x.to(dtype)
+    cast = input_dtype(x.dtype, prec, dtype)
+    if cast is not None:
+        x = x.to(cast)
     src_nids = [layer.src_nid.to(device) for layer in batch.layers]
     edge_ids = [layer.edge_id.to(device) for layer in batch.layers]
     backend = getattr(model, "backend_name", "auto")  # the model's backend (betty.backends)
     degrees = getattr(model, "needs_degrees", False)  # the sampler's whole-graph degrees
     blocks = [layer_to_block(layer, device, backend, degrees=degrees)
               for layer in batch.layers]  # edge order kept
-    logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids,
-                   dropout_key=dropout_key)
-    loss = _mean_loss(logits, label[batch.output_nid].to(device), multilabel)
+    with prec.autocast(torch.device(device).type):
+        logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids,
+                       dropout_key=dropout_key)
+        loss = _mean_loss(logits, label[batch.output_nid].to(device), multilabel)
+        if prec.mixed:
+            loss = loss.float()
     loss.backward()
     grads = {name: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
              for name, p in model.named_parameters()}

@@ -32,6 +32,7 @@ from betty import catalog
 from betty.batch import MicroBatch, SampledBatch
 from betty.data.store import gather_rows
 from betty.microbatch import Carver, validate_groups
+from betty.precision import LossScaler, Precision, input_dtype
 
 __all__ = [
     "NonFiniteLoss",
@@ -192,7 +193,9 @@ class PieceRun:
 
 def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], PieceForward],
                       n_global: int, *, meter=None, last_index: int | None = None,
-                      after_last: Callable[[], None] | None = None) -> list[PieceRun]:
+                      after_last: Callable[[], None] | None = None,
+                      precision: Precision | str | None = None, device_type: str = "cpu",
+                      scaler: LossScaler | None = None) -> list[PieceRun]:
     """Forward and backward each piece, accumulating ``∇ (loss_sum_k / N)`` into ``.grad``.
 
     With ``N = n_global`` the number of loss terms of the whole step (all pieces, all
@@ -209,18 +212,28 @@ def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], Pi
         last_index, after_last: ``after_last()`` runs inside piece ``last_index``'s
             region, after everything the piece allocated is released (the optimizer
             step, so its temporaries are measured with the last piece).
+        precision: a :class:`betty.precision.Precision` (default ``32``): under a mixed
+            one, each piece's forward and loss run in ``autocast(device_type)`` and the
+            loss is taken in float32; the backward runs outside autocast and accumulates
+            float32 gradients.
+        scaler: a :class:`betty.precision.LossScaler` (``16-mixed``): every piece's
+            backward starts from ``scaler.scale · loss_k`` (one scale for the step; the
+            step's owner unscales once).
     """
+    prec = Precision.parse(precision if precision is not None else "32")
     runs: list[PieceRun] = []
     for index, piece in pieces:
         start = time.perf_counter()
         with (meter.measure() if meter is not None else nullcontext()) as reading:
-            fwd = forward(piece)
-            loss = fwd.loss_sum / n_global
-            fwd.loss_sum = None
+            with prec.autocast(device_type):
+                fwd = forward(piece)
+                loss_sum = fwd.loss_sum.float() if prec.mixed else fwd.loss_sum
+                loss = loss_sum / n_global
+            fwd.loss_sum = loss_sum = None
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise NonFiniteLoss(value, index)
-            loss.backward()
+            (scaler.scale_loss(loss) if scaler is not None else loss).backward()
             correct, info = fwd.count_correct(), fwd.info
             if fwd.release is not None:
                 fwd.release()
@@ -238,7 +251,8 @@ def step_over_pieces(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      run: Callable[[frozenset[int] | None, Callable[[], None] | None],
                                    tuple[T, float, float]],
                      *, parallel=None, costs: Sequence[float] | None = None,
-                     step_in_last_region: bool = False) -> tuple[T, float, float]:
+                     step_in_last_region: bool = False,
+                     scaler: LossScaler | None = None) -> tuple[T, float, float]:
     """One optimizer step: ``zero_grad`` -> ``run(pieces, after_last)`` -> (gradient
     all-reduce) -> ``optimizer.step()``.
 
@@ -248,11 +262,15 @@ def step_over_pieces(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     run inside the last piece's meter region (stepped here if ``run`` did not).
     ``parallel``: a :class:`betty.distributed.DataParallel` that assigns the pieces by
     ``costs`` (K,), all-reduces the gradients and steps; ``loss`` and ``correct`` are
-    then summed over the ranks. Returns ``(result, loss, correct)``.
+    then summed over the ranks. ``scaler`` (``16-mixed``, the same one ``run`` scales the
+    losses with): the gradients are unscaled once after every piece (after the
+    all-reduce), and an inf or NaN anywhere skips the optimizer step on every rank
+    (:meth:`betty.precision.LossScaler.step`). Returns ``(result, loss, correct)``.
     """
     if parallel is not None:
+        extra = {} if scaler is None else {"scaler": scaler}
         result, loss, correct = parallel.step(model, optimizer, costs,
-                                              lambda mine: run(frozenset(mine), None))
+                                              lambda mine: run(frozenset(mine), None), **extra)
         loss, correct = parallel.sum_scalars(loss, correct)
         return result, loss, correct
     model.train()
@@ -260,12 +278,15 @@ def step_over_pieces(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     stepped: list[bool] = []
 
     def step() -> None:
-        optimizer.step()
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer, model.parameters())
         stepped.append(True)
 
     out = run(None, step if step_in_last_region else None)
     if not stepped:
-        optimizer.step()
+        step()
     return out
 
 
@@ -372,6 +393,8 @@ def accumulate_gradients(
     meter=None,
     dtype: torch.dtype | None = None,
     pieces: Collection[int] | None = None,
+    precision: Precision | str | None = None,
+    scaler: LossScaler | None = None,
 ) -> StepResult:
     """Forward and backward every micro-batch, accumulating into ``.grad``.
 
@@ -389,7 +412,12 @@ def accumulate_gradients(
         multilabel: use the multi-label loss.
         meter: optional :class:`betty.memory.meter.MemoryMeter`; one region per
             micro-batch (carving, which happens on the host, is outside it).
-        dtype: cast features to this dtype on the device (default: keep).
+        dtype: cast features to this dtype on the device (default: keep); under a
+            mixed ``precision`` features already in its compute dtype are kept
+            (:func:`betty.precision.input_dtype`).
+        precision: ``32`` (default), ``64``, ``bf16-mixed`` or ``16-mixed``: forward and
+            loss under autocast when mixed (:func:`accumulate_pieces`).
+        scaler: the step's :class:`betty.precision.LossScaler` (``16-mixed``).
         pieces: run only these piece indices (default: all K); the normalisation stays
             the global ``1/|outputs|``, so the loss, accuracy and gradients returned are
             those pieces' shares of the full-batch ones (data parallelism,
@@ -410,8 +438,9 @@ def accumulate_gradients(
         src_nids, edge_ids = _device_ids(model, mb, device)
         t_block = time.perf_counter() - start
         x = gather_rows(feat, mb.input_nid).to(device)  # rows read in ascending order
-        if dtype is not None:
-            x = x.to(dtype)
+        cast = input_dtype(x.dtype, precision, dtype)
+        if cast is not None:
+            x = x.to(cast)
         y = label[mb.output_nid].to(device)
         logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids, dropout_key=dropout_key)
         return PieceForward(
@@ -423,7 +452,8 @@ def accumulate_gradients(
                   "t_carve": t_carve, "t_block": t_block})
 
     runs = accumulate_pieces(((i, (mb, t)) for i, mb, t in _micro_batches(batch, groups, k, pieces)),
-                             forward, n_total, meter=meter)
+                             forward, n_total, meter=meter, precision=precision,
+                             device_type=torch.device(device).type, scaler=scaler)
     records = [
         MicroBatchRecord(
             index=r.index,
@@ -460,8 +490,9 @@ def train_step(
     the pieces (assigned by ``costs`` (K,), default
     :func:`betty.distributed.assign.piece_output_costs`), gradients are all-reduced before
     the step, and the loss and accuracy returned are summed over the ranks (``micro``
-    lists this rank's pieces). Other keyword arguments: those of
-    :func:`accumulate_gradients` (``pieces`` excepted).
+    lists this rank's pieces). ``scaler``: the :class:`betty.precision.LossScaler` of a
+    ``16-mixed`` run (made once per training run; its scale carries across steps).
+    Other keyword arguments: those of :func:`accumulate_gradients` (``pieces`` excepted).
     """
     if "pieces" in kwargs:
         raise TypeError("train_step runs every piece (or this rank's share with parallel=); "
@@ -472,11 +503,14 @@ def train_step(
         k = kwargs.get("k")
         costs = piece_output_costs(groups, int(torch.as_tensor(groups).max()) + 1 if k is None else k)
 
+    scaler = kwargs.get("scaler")
+
     def run(mine, _after_last):
         res = accumulate_gradients(model, batch, groups, feat, label, pieces=mine, **kwargs)
         return res.micro, res.loss, res.train_acc
 
-    micro, loss, acc = step_over_pieces(model, optimizer, run, parallel=parallel, costs=costs)
+    micro, loss, acc = step_over_pieces(model, optimizer, run, parallel=parallel, costs=costs,
+                                        scaler=scaler)
     return StepResult(loss=loss, train_acc=acc, micro=micro)
 
 

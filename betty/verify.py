@@ -26,6 +26,13 @@ The tolerance (:func:`exactness_tolerance`):
   no data can make the check blind to an error of 0.1%. A real mismatch (per-call
   dropout: about 0.7) stays far above it. The measure costs two more full-batch passes
   (one in float64, on a float64 copy of the model: twice its parameter memory).
+* a mixed precision (``bf16-mixed``, ``16-mixed``): :data:`MIXED_TOL`, fixed per
+  precision just above the worst K-way difference measured by
+  ``benchmarks/precision.py`` and on the default spec (docs/precision.md). Autocast
+  rounds every matrix product's output to 8 (bfloat16) or 11 (float16) significant
+  bits, and a micro-batch's product of the same rows can round differently from the
+  full batch's (a different blocking of the sum), so K-way and full-batch differ by
+  that rounding, far below a real mismatch (per-call dropout: about 0.5).
 """
 
 from __future__ import annotations
@@ -38,13 +45,17 @@ import torch
 from betty.batch import SampledBatch
 from betty.models.dropout import dropout_key
 from betty.partition import partition_batch
+from betty.precision import Precision
 from betty.reference import full_batch_reference
 from betty.train import accumulate_gradients, gradients, max_relative_difference
 
-__all__ = ["verify_exactness", "DEFAULT_TOL", "default_tol", "ROUNDING_FACTOR", "MAX_SCALED_TOL",
+__all__ = ["verify_exactness", "DEFAULT_TOL", "MIXED_TOL", "default_tol", "ROUNDING_FACTOR", "MAX_SCALED_TOL",
            "rounding_scale", "exactness_tolerance"]
 
 DEFAULT_TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+MIXED_TOL = {"bf16-mixed": 3e-2, "16-mixed": 4e-3}
+"""The verdict's tolerance under each mixed precision (see the module docstring)."""
 """Relative tolerance of the verdict per compute dtype (float32: the floor of the scaled one)."""
 
 ROUNDING_FACTOR = 4.0
@@ -85,10 +96,16 @@ def rounding_scale(model: torch.nn.Module, batch: SampledBatch, feat: torch.Tens
     return max(grad_err, loss_err)
 
 
-def exactness_tolerance(dtype: torch.dtype, scale: float | None = None) -> tuple[float, str]:
-    """``(tolerance, why)`` of the verdict for compute ``dtype``: float64 (or no
-    ``scale``) the fixed :data:`DEFAULT_TOL`; float32 with a measured
-    :func:`rounding_scale` ``min(MAX_SCALED_TOL, max(DEFAULT_TOL, ROUNDING_FACTOR * scale))``."""
+def exactness_tolerance(dtype: torch.dtype, scale: float | None = None,
+                        precision: Precision | str | None = None) -> tuple[float, str]:
+    """``(tolerance, why)`` of the verdict for compute ``dtype``: a mixed ``precision``
+    its fixed :data:`MIXED_TOL`; float64 (or no ``scale``) the fixed
+    :data:`DEFAULT_TOL`; float32 with a measured :func:`rounding_scale`
+    ``min(MAX_SCALED_TOL, max(DEFAULT_TOL, ROUNDING_FACTOR * scale))``."""
+    prec = Precision.parse(precision if precision is not None else "32")
+    if prec.mixed:
+        tol = MIXED_TOL[prec.name]
+        return tol, f"fixed {prec.name} tolerance {tol:.0e} (autocast rounding, docs/precision.md)"
     floor = default_tol(dtype)
     name = str(dtype).replace("torch.", "")
     if dtype != torch.float32 or scale is None:
@@ -106,10 +123,13 @@ def exactness_tolerance(dtype: torch.dtype, scale: float | None = None) -> tuple
 def verify_exactness(model: torch.nn.Module, batch: SampledBatch, feat: torch.Tensor,
                      label: torch.Tensor, ks: Sequence[int], *, method: str = "random",
                      seed: int = 0, device="cpu", dtype: torch.dtype | None = None,
-                     multilabel: bool = False, graph=None, tol: float | None = None) -> dict:
+                     multilabel: bool = False, graph=None, tol: float | None = None,
+                     precision: Precision | str | None = None) -> dict:
     """Compare K-way accumulated gradients (K=1 and each of ``ks``) with the reference.
 
     Args:
+        precision: ``train.precision`` (default ``32``): under a mixed one the reference
+            and every K-way pass run their forward and loss under autocast.
         tol: relative tolerance of the verdict (> 0); default: :func:`exactness_tolerance`
             (float32: scaled to the measured rounding of this model and batch).
 
@@ -126,11 +146,12 @@ def verify_exactness(model: torch.nn.Module, batch: SampledBatch, feat: torch.Te
         raise ValueError(f"--k values must be between 1 and {batch.num_outputs} "
                          f"(the batch's output nodes), got {bad}")
     compute_dtype = dtype or next(model.parameters()).dtype
+    prec = Precision.parse(precision if precision is not None else "32")
     scale = None
     if tol is None:
-        if compute_dtype == torch.float32:
+        if compute_dtype == torch.float32 and not prec.mixed:
             scale = rounding_scale(model, batch, feat, label, device=device, multilabel=multilabel)
-        tol, basis = exactness_tolerance(compute_dtype, scale)
+        tol, basis = exactness_tolerance(compute_dtype, scale, prec)
     else:
         tol, basis = float(tol), "given"
     if not tol > 0:
@@ -139,13 +160,14 @@ def verify_exactness(model: torch.nn.Module, batch: SampledBatch, feat: torch.Te
     model.train()
     key = dropout_key(seed, 0)
     ref = full_batch_reference(model, batch, feat, label, dropout_key=key, device=device,
-                               dtype=dtype, multilabel=multilabel)
+                               dtype=dtype, multilabel=multilabel, precision=prec)
 
     def run(k: int):
         model.zero_grad(set_to_none=True)
         groups = partition_batch(batch, k, method, seed=seed, graph=graph).groups
         res = accumulate_gradients(model, batch, groups, feat, label, k=k, device=device,
-                                   dropout_key=key, multilabel=multilabel, dtype=dtype)
+                                   dropout_key=key, multilabel=multilabel, dtype=dtype,
+                                   precision=prec)
         return res.loss, gradients(model)
 
     results = []
@@ -162,6 +184,7 @@ def verify_exactness(model: torch.nn.Module, batch: SampledBatch, feat: torch.Te
     model.train(was_training)
     passed = all(r["passed"] for r in results)
     return {"method": method, "dtype": str(compute_dtype).replace("torch.", ""),
+            "precision": prec.name,
             "num_outputs": batch.num_outputs, "loss_full": ref.loss, "tol": tol,
             "tol_basis": basis, "rounding_scale": scale,
             "passed": passed, "verdict": "PASS" if passed else "FAIL", "results": results}

@@ -58,3 +58,28 @@ def test_gat_on_cora_with_per_call_dropout_still_fails(tmp_path):
     assert out["verdict"] == "FAIL"
     assert out["tol"] <= MAX_SCALED_TOL
     assert all(r["max_rel_grad_diff"] > 100 * out["tol"] for r in out["results"][1:])
+
+
+def test_mixed_precision_has_its_own_fixed_tolerance():
+    from betty.verify import MIXED_TOL
+
+    tol, why = exactness_tolerance(torch.float32, 2e-5, "bf16-mixed")
+    assert tol == MIXED_TOL["bf16-mixed"] and "bf16-mixed" in why
+    assert exactness_tolerance(torch.float32, None, "16-mixed")[0] == MIXED_TOL["16-mixed"]
+    assert exactness_tolerance(torch.float32, None, "32")[0] == DEFAULT_TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dropout_mode,verdict", [("deterministic", "PASS"), ("standard", "FAIL")])
+def test_verify_in_bf16_passes_and_per_call_dropout_fails(dropout_mode, verdict):
+    from betty.sampling import sample_full_batch
+    from graphs import power_law_graph
+
+    g, feat, label, train = power_law_graph(num_nodes=600, avg_degree=8, seed=0)
+    batch = sample_full_batch(g, train, [5, 8], seed=0)
+    torch.manual_seed(0)
+    model = build_model("sage", 12, 5, hidden=16, layers=2, dropout=0.5, dropout_mode=dropout_mode)
+    out = verify_exactness(model, batch, feat, label, [2, 4, 8], seed=0, precision="bf16-mixed")
+    assert out["precision"] == "bf16-mixed" and out["rounding_scale"] is None
+    assert out["verdict"] == verdict, out
+    if verdict == "PASS":  # autocast did run: K-way differs from the reference by bf16 rounding
+        assert max(r["max_rel_grad_diff"] for r in out["results"][1:]) > 1e-4

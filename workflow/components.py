@@ -18,6 +18,8 @@ import os
 
 import torch
 
+from betty.precision import Precision
+
 from workflow import library
 from workflow.specfile import ResolvedSpec
 
@@ -25,6 +27,8 @@ __all__ = [
     "is_reversible",
     "resolve_device",
     "torch_dtype",
+    "spec_precision",
+    "feature_dtype",
     "load_data",
     "build_model",
     "partition_plan",
@@ -51,7 +55,18 @@ def resolve_device(name: str) -> torch.device:
 
 
 def torch_dtype(rspec: ResolvedSpec) -> torch.dtype:
+    """The parameters' dtype: float64 for ``train.precision: 64``, else float32."""
     return {"float32": torch.float32, "float64": torch.float64}[rspec.spec.train.dtype]
+
+
+def spec_precision(rspec: ResolvedSpec) -> Precision:
+    """``train.precision`` as a :class:`betty.precision.Precision`."""
+    return Precision.parse(rspec.spec.train.precision)
+
+
+def feature_dtype(rspec: ResolvedSpec) -> torch.dtype:
+    """``dataset.feature_dtype`` as a torch dtype."""
+    return getattr(torch, rspec.spec.dataset.feature_dtype)
 
 
 def spec_threads(rspec: ResolvedSpec, work_edges: int | None = None, *, ranks: int | None = None) -> int | None:
@@ -91,6 +106,8 @@ def load_data(rspec: ResolvedSpec):
 
     ds = rspec.spec.dataset
     dataset = load_dataset(ds.name, ds.root, **rspec.dataset_options)
+    if dataset.feat.dtype != feature_dtype(rspec):  # host storage in dataset.feature_dtype
+        dataset.feat = dataset.feat.to(feature_dtype(rspec))
     configure_threads(rspec, dataset.num_edges)
     return dataset
 
@@ -169,7 +186,8 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
 
         trainer = RevTrainer(model, optimizer, dataset, partition_plan(rspec), device=device,
                              seed=rspec.spec.sampling.seed + repeat, dropout_seed=t.seed + repeat,
-                             dtype=torch_dtype(rspec), dropout_mode=rspec.spec.model.dropout_mode,
+                             dtype=torch_dtype(rspec), precision=spec_precision(rspec),
+                             dropout_mode=rspec.spec.model.dropout_mode,
                              meter=meter, on_search=on_search)
         return trainer, model, optimizer
     extra = {}
@@ -178,7 +196,7 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
     trainer = Trainer(model, optimizer, dataset, rspec.spec.sampling.fanouts, partition_plan(rspec),
                       batch_size=batch_size(rspec), device=device,
                       seed=rspec.spec.sampling.seed + repeat, dtype=torch_dtype(rspec),
-                      meter=meter, dropout_seed=t.seed + repeat, **extra)
+                      precision=spec_precision(rspec), meter=meter, dropout_seed=t.seed + repeat, **extra)
     return trainer, model, optimizer
 
 

@@ -264,13 +264,14 @@ def verify_distributed(rspec: ResolvedSpec, ks: list[int], nproc: int, tol: floa
     "max_rel_update_diff", "ok"}], "ok"}``."""
     from betty.distributed.launch import launch
     from betty.distributed.verify import update_difference, update_tolerance
-    from workflow.components import spec_threads, torch_dtype
+    from workflow.components import spec_precision, spec_threads, torch_dtype
 
     before, reference = _one_step(rspec, 1, torch.device("cpu"))
     ranks = launch(rank_verify, (rspec, ks), nproc=nproc, threads=spec_threads(rspec, ranks=nproc) or 1)[0]
-    tol = update_tolerance(torch_dtype(rspec)) if tol is None else tol
+    tol = update_tolerance(torch_dtype(rspec), spec_precision(rspec)) if tol is None else tol
     results = [{"k": k, "max_rel_update_diff": update_difference(before, reference, ranks[k])} for k in ks]
     for row in results:
         row["ok"] = row["max_rel_update_diff"] <= tol
-    return {"world_size": nproc, "dtype": rspec.spec.train.dtype, "tolerance": tol,
+    return {"world_size": nproc, "dtype": rspec.spec.train.dtype,
+            "precision": rspec.spec.train.precision, "tolerance": tol,
             "results": results, "ok": all(r["ok"] for r in results)}

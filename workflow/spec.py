@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validat
 
 from betty.catalog import DEFAULT_REG_PARTITIONER, REG_PARTITIONERS
 from workflow.sizes import BYTE_SIZE_HELP, format_bytes, parse_bytes
+from betty.precision import PRECISIONS
 
 __all__ = [
     "ARCHS",
@@ -233,6 +234,12 @@ Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Threads = Annotated[int | str | None, PlainValidator(_check_threads)]
 
 
+FEATURE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""The accepted ``dataset.feature_dtype`` names (host storage of the features)."""
+
+_DTYPE_PRECISION = {"float32": "32", "float64": "64"}
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=False)
 
@@ -250,6 +257,15 @@ class DatasetSection(BaseModel):
 
     name: str
     root: str = "data"
+    feature_dtype: str = "float32"
+
+    @field_validator("feature_dtype")
+    @classmethod
+    def _feature_dtype(cls, value: str) -> str:
+        if value not in FEATURE_DTYPES:
+            raise ValueError(f"dataset.feature_dtype must be one of {', '.join(FEATURE_DTYPES)}; "
+                             f"got {value!r}")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -435,6 +451,7 @@ class TrainSection(_Section):
     optimizer: str = "adam"
     device: Device = "auto"
     dtype: Literal["float32", "float64"] = "float32"
+    precision: Any = "32"
     seed: Seed = 0
     repeats: int = Field(1, ge=1)
     measure_memory: bool = True
@@ -446,6 +463,31 @@ class TrainSection(_Section):
     @classmethod
     def _optimizer(cls, value: str) -> str:
         return _library_choice("optimizer", value, _optimizers())
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, value: Any) -> str:
+        if isinstance(value, bool) or not isinstance(value, (str, int)) or str(value) not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {', '.join(PRECISIONS)}; got {value!r}")
+        return str(value)
+
+    @model_validator(mode="after")
+    def _dtype_alias(self) -> "TrainSection":
+        """``train.dtype`` is the older name of ``train.precision`` 32/64 (the
+        parameters' dtype): one given sets the other; both given must agree (float64 is
+        precision 64; float32 is 32, bf16-mixed or 16-mixed)."""
+        given = self.model_fields_set
+        if "dtype" in given and "precision" in given:
+            if (self.dtype == "float64") != (self.precision == "64"):
+                raise ValueError(
+                    f"train.dtype {self.dtype!r} and train.precision {self.precision!r} disagree "
+                    f"(train.dtype float64 is train.precision 64; float32 is 32, bf16-mixed or "
+                    "16-mixed); give only train.precision")
+        elif "dtype" in given:
+            object.__setattr__(self, "precision", _DTYPE_PRECISION[self.dtype])
+        else:
+            object.__setattr__(self, "dtype", "float64" if self.precision == "64" else "float32")
+        return self
 
 
 class EvaluateSection(_Section):

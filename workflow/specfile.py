@@ -358,7 +358,8 @@ class ResolvedSpec:
     @property
     def dataset_options(self) -> dict:
         """The dataset's options, defaults filled in by the data layer."""
-        return {k: v for k, v in self.data["dataset"].items() if k not in ("name", "root")}
+        return {k: v for k, v in self.data["dataset"].items()
+                if k not in ("name", "root", "feature_dtype")}
 
     def stage_content(self, stage: str) -> dict:
         """The parts of the resolved spec ``stage``'s output depends on."""

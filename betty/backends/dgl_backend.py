@@ -7,6 +7,8 @@ import dgl.ops as ops
 import torch
 from dgl.nn import GATConv, GraphConv, SAGEConv
 
+from betty.backends.lstm import autocast_safe
+
 from betty.backends.base import Backend, _required_degrees
 
 __all__ = ["DGLBackend", "BACKEND", "SRC_OUT_DEGREE"]
@@ -46,6 +48,9 @@ class DGLBackend(Backend):
         return ops.edge_softmax(block, e)
 
     def u_mul_e_sum(self, block, z, a):
+        if z.dtype != a.dtype:  # autocast: bf16 features, float32 softmax weights
+            wide = torch.promote_types(z.dtype, a.dtype)
+            z, a = z.to(wide), a.to(wide)
         return ops.u_mul_e_sum(block, z, a)
 
     def full_graph(self, graph, device="cpu"):
@@ -72,7 +77,7 @@ class DGLBackend(Backend):
         return GATConv(in_feats, out_feats, num_heads=heads, allow_zero_in_degree=True)
 
     def sage_conv(self, in_feats, out_feats, aggregator):
-        return SAGEConv(in_feats, out_feats, aggregator)
+        return autocast_safe(SAGEConv(in_feats, out_feats, aggregator))
 
 
 BACKEND = DGLBackend()

@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from torch_geometric.utils import scatter, softmax
 
 from betty.backends.base import Backend, _required_degrees
+from betty.backends.lstm import AutocastLSTM
 
 __all__ = ["PygBlock", "PygGraph", "PygSAGEConv", "PygGraphConv", "PygGATConv", "lstm_aggregate",
            "PygBackend", "BACKEND"]
@@ -120,10 +121,10 @@ def lstm_aggregate(lstm: nn.LSTM, h_src: torch.Tensor, block: PygBlock) -> torch
         _, (last, _) = lstm(mailbox, (zeros, zeros))  # last: (1, B, F)
         nodes_all.append(nodes)
         last_all.append(last.squeeze(0))
-    out = h_src.new_zeros(n_dst, width)
     if not nodes_all:
-        return out
-    return out.index_put((torch.cat(nodes_all),), torch.cat(last_all))
+        return h_src.new_zeros(n_dst, width)
+    last = torch.cat(last_all)  # float32 where the LSTM ran outside autocast (AutocastLSTM)
+    return last.new_zeros(n_dst, width).index_put((torch.cat(nodes_all),), last)
 
 
 class PygSAGEConv(nn.Module):
@@ -139,7 +140,7 @@ class PygSAGEConv(nn.Module):
         if aggregator == "pool":
             self.fc_pool = nn.Linear(in_feats, in_feats)
         if aggregator == "lstm":
-            self.lstm = nn.LSTM(in_feats, in_feats, batch_first=True)
+            self.lstm = AutocastLSTM(in_feats, in_feats, batch_first=True)
         self.fc_neigh = nn.Linear(in_feats, out_feats, bias=False)
         if aggregator != "gcn":
             self.fc_self = nn.Linear(in_feats, out_feats, bias=True)

@@ -73,9 +73,12 @@ class DataParallel:
         return lpt_assign(costs, self.world_size)[self.rank]
 
     def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             costs: Sequence[float], run_pieces: Callable[[list[int]], T]) -> T:
+             costs: Sequence[float], run_pieces: Callable[[list[int]], T], scaler=None) -> T:
         """zero_grad -> ``run_pieces(mine)`` -> gradient all-reduce -> ``optimizer.step()``
-        (-> checksum check every ``check_every`` steps). Returns ``run_pieces``' result."""
+        (-> checksum check every ``check_every`` steps). Returns ``run_pieces``' result.
+        ``scaler``: a :class:`betty.precision.LossScaler`: after the all-reduce the
+        gradients are unscaled once and the step is taken only if no rank found an inf
+        or NaN (the flag is all-reduced, so every rank decides alike)."""
         model.train()
         optimizer.zero_grad(set_to_none=True)
         mine = self.assign(costs)
@@ -84,7 +87,10 @@ class DataParallel:
         compute = time.perf_counter() - start
         params = list(model.parameters())
         stats = allreduce_gradients(params, self.group, self.bucket_bytes)
-        optimizer.step()
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer, params, all_ranks=True, group=self.group)
         self.steps += 1
         checksum = None
         if self.check_every and self.steps % self.check_every == 0:

@@ -19,12 +19,14 @@ from betty.train import max_relative_difference
 
 __all__ = ["update_difference", "update_tolerance"]
 
-def update_tolerance(dtype: torch.dtype) -> float:
+def update_tolerance(dtype: torch.dtype, precision=None) -> float:
     """The exactness bound of ``dtype`` (:func:`betty.verify.default_tol`: 1e-10 float64,
-    1e-5 float32)."""
-    from betty.verify import default_tol
+    1e-5 float32), or under a mixed ``precision`` its :data:`betty.verify.MIXED_TOL`."""
+    from betty.precision import Precision
+    from betty.verify import MIXED_TOL, default_tol
 
-    return default_tol(dtype)
+    prec = Precision.parse(precision if precision is not None else "32")
+    return MIXED_TOL[prec.name] if prec.mixed else default_tol(dtype)
 
 
 def update_difference(before: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor],

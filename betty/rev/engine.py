@@ -389,7 +389,15 @@ class RevTrainer:
                  device: torch.device | str = "cpu", seed: int = 0, dropout_seed: int | None = None,
                  dtype: torch.dtype = torch.float32, dropout_mode: str = "deterministic",
                  meter: Any = None, estimate_memory: bool = True,
-                 on_search: Optional[Callable[[Any], None]] = None, parallel: Any = None) -> None:
+                 on_search: Optional[Callable[[Any], None]] = None, parallel: Any = None,
+                 precision: Any = None) -> None:
+        from betty.precision import Precision
+
+        if precision is not None and Precision.parse(precision).mixed:
+            raise ValueError(f"train.precision {Precision.parse(precision)} is not supported for "
+                             "model.arch revgnn: its backward rebuilds each block's input by "
+                             "inverting the coupling, which is exact only in the forward's own "
+                             "dtype; use train.precision 32 or 64")
         if dropout_mode not in DROPOUT_MODES:
             raise ValueError(f"dropout_mode must be one of {DROPOUT_MODES}, got {dropout_mode!r}")
         if not hasattr(model, "dropout") or not hasattr(model, "encoder"):

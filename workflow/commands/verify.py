@@ -44,7 +44,7 @@ def verify(spec: SpecArg,
     update of the first epoch against the single-process full-batch one."""
     from betty.verify import verify_exactness
 
-    from workflow.components import load_data, make_trainer, resolve_device, torch_dtype
+    from workflow.components import load_data, make_trainer, resolve_device, spec_precision, torch_dtype
 
     ks = parse_ks(k)
     if tol is not None and not tol > 0:
@@ -69,11 +69,12 @@ def verify(spec: SpecArg,
     batch = trainer.sample(0, 0)
     result = verify_exactness(model, batch, ds.feat, ds.label, ks, method=rspec.spec.partition.method,
                               seed=rspec.spec.sampling.seed, device=device, dtype=torch_dtype(rspec),
-                              multilabel=ds.multilabel, graph=ds.graph, tol=tol)
+                              multilabel=ds.multilabel, graph=ds.graph, tol=tol,
+                              precision=spec_precision(rspec))
     if json_:
         emit_json(result)
     else:
-        typer.echo(f"{rspec.name}: method {result['method']}, {result['dtype']}, "
+        typer.echo(f"{rspec.name}: method {result['method']}, precision {result['precision']}, "
                    f"{result['num_outputs']} outputs, reference full-batch loss "
                    f"{result['loss_full']:.6g}, tolerance {result['tol']:.1e} ({result['tol_basis']})")
         for row in result["results"]:

@@ -1,0 +1,237 @@
+"""Mixed precision (``train.precision``): the step, the loss scaler, the spec keys and
+exactness under autocast.
+
+Under ``bf16-mixed``/``16-mixed`` every node still computes its full-batch computation,
+so K-way accumulation differs from K=1 only by autocast's rounding. The bounds below are
+just above the worst case ``benchmarks/precision.py`` measured on this test graph (both
+backends, K = 2, 4, 8; docs/precision.md); per-call dropout stays far above them.
+CPU autocast runs bfloat16 on both backends; float16 runs on the PyG stack only (DGL's
+CPU sparse kernels take no float16), so the 16-mixed exactness rows are PyG's.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from betty.models import build_model
+from betty.models.dropout import dropout_key
+from betty.partition import partition_batch
+from betty.precision import LossScaler, Precision, input_dtype
+from betty.reference import full_batch_reference
+from betty.sampling import sample_full_batch
+from betty.train import (accumulate_gradients, build_optimizer, gradients, max_relative_difference,
+                         train_step)
+from graphs import power_law_graph
+
+MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("sage", "lstm"), ("gat", None)]
+BACKENDS = [pytest.param("dgl", marks=pytest.mark.dgl), pytest.param("pyg", marks=pytest.mark.pyg)]
+KWAY_TOL = {"bf16-mixed": 3e-2, "16-mixed": 4e-3}
+"""K-way vs K=1, same precision: just above the measured worst case."""
+VS32_TOL = {"bf16-mixed": 4e-2, "16-mixed": 3.5e-2}
+"""Mixed K=1 vs float32 K=1: just above the measured worst case."""
+
+
+@pytest.fixture(scope="module")
+def batch_data():
+    g, feat, label, train = power_law_graph(num_nodes=600, avg_degree=8, seed=0)
+    return sample_full_batch(g, train, [5, 8], seed=0), feat, label
+
+
+def _model(arch, agg, backend, dropout_mode="deterministic"):
+    torch.manual_seed(0)
+    return build_model(arch, 12, 5, hidden=16, layers=2, aggregator=agg or "mean", heads=2,
+                       dropout=0.5, attn_dropout=0.25, dropout_mode=dropout_mode, backend=backend).train()
+
+
+def _grads(model, batch, feat, label, k, precision, scaler=None):
+    model.zero_grad(set_to_none=True)
+    groups = partition_batch(batch, k, "random", seed=3).groups
+    res = accumulate_gradients(model, batch, groups, feat, label, k=k, dropout_key=dropout_key(0, 1),
+                               dtype=torch.float32, precision=precision, scaler=scaler)
+    return res, gradients(model)
+
+
+def _need(backend, precision):
+    pytest.importorskip("dgl" if backend == "dgl" else "torch_geometric")
+    if backend == "dgl" and precision == "16-mixed":
+        pytest.skip("DGL's CPU sparse kernels take no float16 (16-mixed needs CUDA with DGL)")
+
+
+# ------------------------------------------------------------------ exactness
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+@pytest.mark.parametrize("arch,agg", MODELS, ids=[f"{a}-{g}" if g else a for a, g in MODELS])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_k_way_equals_k1_under_mixed_precision(batch_data, backend, arch, agg, precision):
+    _need(backend, precision)
+    batch, feat, label = batch_data
+    model = _model(arch, agg, backend)
+    _, g32 = _grads(model, batch, feat, label, 1, "32")
+    _, one = _grads(model, batch, feat, label, 1, precision)
+    assert all(v.dtype == torch.float32 for v in one.values()), "master gradients must be float32"
+    vs32 = max_relative_difference(one, g32)
+    assert 0 < vs32 < VS32_TOL[precision], f"{precision} vs 32: {vs32:.2e}"
+    for k in (2, 4, 8):
+        _, gk = _grads(model, batch, feat, label, k, precision)
+        err = max_relative_difference(gk, one)
+        assert err < KWAY_TOL[precision], f"K={k} vs K=1 in {precision}: {err:.2e}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_call_dropout_breaks_it_under_bf16(batch_data, backend):
+    """Negative control: per-call dropout masks are far outside the bf16 bound."""
+    _need(backend, "bf16-mixed")
+    batch, feat, label = batch_data
+    model = _model("sage", "mean", backend, dropout_mode="standard")
+    _, one = _grads(model, batch, feat, label, 1, "bf16-mixed")
+    _, four = _grads(model, batch, feat, label, 4, "bf16-mixed")
+    assert max_relative_difference(four, one) > 10 * KWAY_TOL["bf16-mixed"]
+
+
+def test_reference_runs_under_autocast_and_matches_k1(batch_data):
+    batch, feat, label = batch_data
+    model = _model("sage", "mean", "auto")
+    ref = full_batch_reference(model, batch, feat, label, dropout_key=dropout_key(0, 1),
+                               dtype=torch.float32, precision="bf16-mixed")
+    ref32 = full_batch_reference(model, batch, feat, label, dropout_key=dropout_key(0, 1),
+                                 dtype=torch.float32)
+    _, one = _grads(model, batch, feat, label, 1, "bf16-mixed")
+    assert max_relative_difference(one, ref.grads) < KWAY_TOL["bf16-mixed"]
+    assert max_relative_difference(ref.grads, ref32.grads) > 1e-4  # the reference did run in bf16
+
+
+def test_bf16_features_stay_bf16_under_bf16_mixed_and_are_cast_in_32():
+    assert input_dtype(torch.bfloat16, "bf16-mixed", torch.float32) is None
+    assert input_dtype(torch.bfloat16, "32", torch.float32) == torch.float32
+    assert input_dtype(torch.float16, "bf16-mixed", torch.float32) == torch.float32
+    assert input_dtype(torch.float16, "16-mixed", torch.float32) is None
+
+
+def test_bf16_features_train_under_both_precisions(batch_data):
+    batch, feat, label = batch_data
+    model = _model("sage", "mean", "auto")
+    _, g32 = _grads(model, batch, feat, label, 2, "32")
+    for prec in ("32", "bf16-mixed"):
+        _, gb = _grads(model, batch, feat.bfloat16(), label, 2, prec)
+        assert max_relative_difference(gb, g32) < VS32_TOL["bf16-mixed"]
+
+
+# ------------------------------------------------------------------ the scaler
+
+
+def test_scaler_update_backs_off_and_grows_like_torch_defaults():
+    s = LossScaler()
+    assert (s.scale, s.growth_factor, s.backoff_factor, s.growth_interval) == (2.0 ** 16, 2.0, 0.5, 2000)
+    s = LossScaler(init_scale=8.0, growth_interval=3)
+    s.update(True)
+    assert s.scale == 4.0 and s.skipped_steps == 1
+    s.update(False), s.update(False)
+    assert s.scale == 4.0
+    s.update(True)  # a skip resets the run of finite steps
+    s.update(False), s.update(False)
+    assert s.scale == 2.0
+    s.update(False)
+    assert s.scale == 4.0 and s.growth_tracker == 0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_scaled_step_equals_the_unscaled_one(batch_data, k):
+    """One power-of-two scale for every micro-batch, unscaled once: the same float32
+    gradients as without a scaler, bit for bit."""
+    batch, feat, label = batch_data
+    model = _model("sage", "mean", "auto")
+    _, plain = _grads(model, batch, feat, label, k, "bf16-mixed")
+    scaler = LossScaler(init_scale=2.0 ** 10)
+    _, scaled = _grads(model, batch, feat, label, k, "bf16-mixed", scaler=scaler)
+    assert max_relative_difference(scaled, plain) > 100  # accumulated scaled ...
+    assert not scaler.unscale(model.parameters())
+    for name, g in plain.items():  # ... and unscaled once
+        assert torch.equal(dict(model.named_parameters())[name].grad, g), name
+
+
+def test_overflow_in_one_micro_batch_skips_the_step_and_backs_off(batch_data):
+    batch, feat, label = batch_data
+    model = _model("sage", "mean", "auto")
+    opt = build_optimizer("adam", model.parameters(), lr=0.1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    groups = partition_batch(batch, 3, "random", seed=3).groups
+    scaler = LossScaler(init_scale=2.0 ** 140)  # s = 2^140 overflows float32: inf gradients
+    step = train_step(model, opt, batch, groups, feat, label, k=3, dropout_key=dropout_key(0, 1),
+                      dtype=torch.float32, precision="bf16-mixed", scaler=scaler)
+    assert step.k == 3
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters()), "step not skipped"
+    assert scaler.scale == 2.0 ** 139 and scaler.skipped_steps == 1
+    scaler.scale = 2.0 ** 8
+    train_step(model, opt, batch, groups, feat, label, k=3, dropout_key=dropout_key(0, 1),
+               dtype=torch.float32, precision="bf16-mixed", scaler=scaler)
+    assert not all(torch.equal(p, before[n]) for n, p in model.named_parameters()), "finite step skipped"
+    assert scaler.skipped_steps == 1 and scaler.growth_tracker == 1
+
+
+def _rank_found_inf(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.full((3,), 4.0)
+    if rank == 1:
+        p.grad[1] = float("inf")  # only rank 1 overflowed
+    found = LossScaler(init_scale=4.0).unscale([p], all_ranks=True)
+    with open(f"{out}.{rank}", "w") as fh:
+        fh.write(str(found))
+    dist.destroy_process_group()
+
+
+def test_found_inf_is_agreed_over_the_ranks(tmp_path):
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp_path / 'store'}"
+    mp.spawn(_rank_found_inf, args=(2, init, str(tmp_path / "found")), nprocs=2, join=True)
+    assert [(tmp_path / f"found.{r}").read_text() for r in range(2)] == ["True", "True"]
+
+
+def test_trainer_builds_a_scaler_only_for_16_mixed():
+    assert Precision("16-mixed").needs_scaler and not Precision("bf16-mixed").needs_scaler
+    with pytest.raises(ValueError, match="train.precision must be one of 64, 32, bf16-mixed, 16-mixed"):
+        Precision("bf16")
+
+
+# ------------------------------------------------------------------ the spec keys
+
+
+def _spec(train=None, dataset=None):
+    from workflow.spec import Spec
+
+    return Spec.model_validate({"dataset": {"name": "synthetic", **(dataset or {})},
+                                "sampling": {"fanouts": [5, 5]}, "train": train or {}})
+
+
+def test_precision_key_and_its_dtype_alias():
+    assert (_spec().train.precision, _spec().train.dtype) == ("32", "float32")
+    assert _spec({"precision": 64}).train.dtype == "float64"
+    assert _spec({"dtype": "float64"}).train.precision == "64"
+    t = _spec({"precision": "bf16-mixed"}).train
+    assert (t.precision, t.dtype) == ("bf16-mixed", "float32")
+    assert _spec({"precision": "16-mixed", "dtype": "float32"}).train.precision == "16-mixed"
+
+
+@pytest.mark.parametrize("train,match", [
+    ({"precision": "bf16"}, "train.precision must be one of 64, 32, bf16-mixed, 16-mixed"),
+    ({"precision": 16}, "train.precision must be one of"),
+    ({"precision": "bf16-mixed", "dtype": "float64"}, "train.dtype 'float64' and train.precision 'bf16-mixed' disagree"),
+    ({"precision": 64, "dtype": "float32"}, "train.dtype 'float32' and train.precision '64' disagree"),
+])
+def test_precision_errors_name_the_keys(train, match):
+    with pytest.raises(ValueError, match=match):
+        _spec(train)
+
+
+def test_feature_dtype_key():
+    assert _spec().dataset.feature_dtype == "float32"
+    assert _spec(dataset={"feature_dtype": "bfloat16"}).dataset.feature_dtype == "bfloat16"
+    with pytest.raises(ValueError, match="dataset.feature_dtype must be one of float32, bfloat16, float16"):
+        _spec(dataset={"feature_dtype": "int8"})
