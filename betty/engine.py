@@ -35,7 +35,12 @@ from betty.sampling import sample_full_batch
 from betty.precision import LossScaler, Precision
 from betty.train import MicroBatchRecord, locate_non_finite, train_step
 
-__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches"]
+__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches", "PREPARATION_TIMERS"]
+
+#: The sampled-batch epoch's own timers (beyond the shared ``time_partition_s``,
+#: ``time_compute_s``, ``epoch_time_s``): see :class:`EpochRecord`.
+PREPARATION_TIMERS = ("time_sample_s", "time_estimate_s", "time_block_s", "time_metrics_s",
+                      "time_h2d_s", "time_idle_s")
 
 
 @dataclass
@@ -86,11 +91,28 @@ class BatchRecord:
     peak_mem_estimated_bytes: int | None
     micro: list[MicroBatchRecord] = field(default_factory=list)
     micro_estimated_bytes: list[int] | None = None
+    time_estimate_s: float = 0.0
+    time_metrics_s: float = 0.0
+    time_h2d_s: float = 0.0
 
 
 @dataclass
 class EpochRecord:
-    """Everything measured in one epoch (sums/maxima over its batches)."""
+    """Everything measured in one epoch (sums/maxima over its batches).
+
+    Wall-clock timers (seconds, summed over the epoch's batches), each step once:
+    ``time_sample_s`` (neighbour sampling), ``time_partition_s`` (the cut, or the K
+    search with its estimates; ~0 when a partition is reused), ``time_estimate_s``
+    (the memory estimates made outside the K search: the check of a reused partition,
+    the per-piece estimate logged next to the measurement), ``time_block_s`` (carving
+    the K micro-batches and building their backend blocks on the device),
+    ``time_metrics_s`` (the redundancy metric, :func:`betty.partition.metrics.split_metrics`),
+    ``time_h2d_s`` (gathering each micro-batch's features and labels and copying them
+    to the device), ``time_compute_s`` (forward, backward and optimizer step) and
+    ``time_idle_s = epoch_time_s - time_compute_s`` (the epoch's wall not spent
+    computing: the device waiting). The first seven are disjoint parts of
+    ``epoch_time_s``, so their sum is at most it.
+    """
 
     epoch: int
     loss: float
@@ -105,6 +127,14 @@ class EpochRecord:
     peak_mem_measured_bytes: int | None
     peak_mem_estimated_bytes: int | None
     batches: list[BatchRecord] = field(default_factory=list)
+    time_estimate_s: float = 0.0
+    time_metrics_s: float = 0.0
+    time_h2d_s: float = 0.0
+
+    @property
+    def time_idle_s(self) -> float:
+        """Wall of the epoch not covered by compute (seconds, >= 0)."""
+        return max(0.0, self.epoch_time_s - self.time_compute_s)
 
     @property
     def mem_estimate_error(self) -> float | None:
@@ -115,7 +145,7 @@ class EpochRecord:
 
     def metrics(self) -> dict[str, float]:
         """The per-epoch metrics with their stable MLflow names."""
-        return epoch_metrics(self, ("redundancy", "time_sample_s", "time_block_s"))
+        return epoch_metrics(self, ("redundancy", *PREPARATION_TIMERS))
 
 
 def fixed_batches(train_idx: torch.Tensor, batch_size: int | None, seed: int) -> list[torch.Tensor]:
@@ -217,6 +247,7 @@ class Trainer:
         self.parallel = parallel
         self.batches = fixed_batches(dataset.train_idx, batch_size, seed)
         self._partitions: dict[int, tuple[PartitionResult, int]] = {}  # batch -> (result, epoch made)
+        self._estimate_s = 0.0  # wall of the estimates outside the K search, this batch
 
     # -- pieces ---------------------------------------------------------------------
     def sample(self, epoch: int, batch_index: int = 0) -> SampledBatch:
@@ -261,7 +292,7 @@ class Trainer:
         estimates = None
         if not expired and self.estimator is not None:
             result = cached[0]
-            estimates = self.estimator(batch, result.groups, result.k)
+            estimates = self._estimate(self.estimator, batch, result)
             budget = self._usable_budget()
             if budget is not None and max(estimates) > budget:
                 expired = True  # the fresh sample grew past the budget: re-partition
@@ -270,6 +301,14 @@ class Trainer:
             self._partitions[batch_index] = (result, epoch)
             return result, estimates, True
         return cached[0], estimates, False
+
+    def _estimate(self, estimator: Estimator, batch: SampledBatch, result: PartitionResult) -> list[int]:
+        """``estimator``'s per-piece bytes, its wall added to ``self._estimate_s``."""
+        start = time.perf_counter()
+        try:
+            return estimator(batch, result.groups, result.k)
+        finally:
+            self._estimate_s += time.perf_counter() - start
 
     def _usable_budget(self) -> float | None:
         if self.plan.memory_budget is None:
@@ -287,15 +326,17 @@ class Trainer:
             t0 = time.perf_counter()
             batch = self.sample(epoch, b)
             t1 = time.perf_counter()
+            self._estimate_s = 0.0
             result, estimates, fresh = self.partition(batch, epoch, b)
             if estimates is None and self.estimator is not None:
-                estimates = self.estimator(batch, result.groups, result.k)
+                estimates = self._estimate(self.estimator, batch, result)
             if estimates and self.plan.k != "auto" and self.plan.memory_budget is not None:
                 check_fixed_k(estimates, result.k, self.plan.memory_budget, self.plan.safety_margin)
             logged = estimates
             if self._stateless_estimator is not None and not self.optimizer.state:
-                logged = self._stateless_estimator(batch, result.groups, result.k)
+                logged = self._estimate(self._stateless_estimator, batch, result)
             t2 = time.perf_counter()
+            t_estimate = self._estimate_s
             with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, b):
                 step_kwargs = dict(k=result.k, device=self.device,
                                    dropout_key=dropout_key(self.dropout_seed, epoch, b),
@@ -306,12 +347,15 @@ class Trainer:
                                   costs=estimates if self.parallel is not None else None, **step_kwargs)
             if logged:  # the pieces this process ran (all K unless data-parallel)
                 logged = [logged[m.index] for m in step.micro]
+            t3 = time.perf_counter()
             redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]
+            t4 = time.perf_counter()
             records.append(BatchRecord(
                 index=b, k=result.k, loss=step.loss, train_acc=step.train_acc,
                 num_outputs=batch.num_outputs, redundancy=redundancy, repartitioned=fresh,
-                time_sample_s=t1 - t0, time_partition_s=t2 - t1,
+                time_sample_s=t1 - t0, time_partition_s=t2 - t1 - t_estimate,
                 time_block_s=step.time_block_s, time_compute_s=step.time_compute_s,
+                time_estimate_s=t_estimate, time_metrics_s=t4 - t3, time_h2d_s=step.time_h2d_s,
                 peak_mem_measured_bytes=step.peak_bytes,
                 peak_mem_estimated_bytes=max(logged) if logged else None,
                 micro=step.micro, micro_estimated_bytes=logged,
@@ -335,4 +379,7 @@ class Trainer:
             peak_mem_measured_bytes=max(measured) if measured else None,
             peak_mem_estimated_bytes=max(estimated) if estimated else None,
             batches=records,
+            time_estimate_s=sum(r.time_estimate_s for r in records),
+            time_metrics_s=sum(r.time_metrics_s for r in records),
+            time_h2d_s=sum(r.time_h2d_s for r in records),
         )

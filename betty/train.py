@@ -308,6 +308,7 @@ class MicroBatchRecord:
     time_block_s: float
     time_compute_s: float
     peak_bytes: int | None = None
+    time_h2d_s: float = 0.0
 
 
 @dataclass
@@ -336,6 +337,10 @@ class StepResult:
     @property
     def time_compute_s(self) -> float:
         return sum(m.time_compute_s for m in self.micro)
+
+    @property
+    def time_h2d_s(self) -> float:
+        return sum(m.time_h2d_s for m in self.micro)
 
     @property
     def peak_bytes(self) -> int | None:
@@ -442,6 +447,7 @@ def accumulate_gradients(
         if cast is not None:
             x = x.to(cast)
         y = label[mb.output_nid].to(device)
+        t_h2d = time.perf_counter() - start - t_block
         logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids, dropout_key=dropout_key)
         return PieceForward(
             loss_sum=node_loss_sum(logits, y, multilabel),
@@ -449,7 +455,7 @@ def accumulate_gradients(
             keep=(blocks, src_nids, edge_ids, x),
             info={"num_outputs": mb.num_outputs, "num_inputs": mb.layers[0].num_src,
                   "num_edges": sum(layer.num_edges for layer in mb.layers),
-                  "t_carve": t_carve, "t_block": t_block})
+                  "t_carve": t_carve, "t_block": t_block, "t_h2d": t_h2d})
 
     runs = accumulate_pieces(((i, (mb, t)) for i, mb, t in _micro_batches(batch, groups, k, pieces)),
                              forward, n_total, meter=meter, precision=precision,
@@ -462,8 +468,9 @@ def accumulate_gradients(
             num_edges=r.info["num_edges"],
             loss=r.loss,
             time_block_s=r.info["t_carve"] + r.info["t_block"],
-            time_compute_s=r.seconds - r.info["t_block"],
+            time_compute_s=r.seconds - r.info["t_block"] - r.info["t_h2d"],
             peak_bytes=r.peak_bytes,
+            time_h2d_s=r.info["t_h2d"],
         )
         for r in runs
     ]

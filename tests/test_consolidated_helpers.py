@@ -30,7 +30,9 @@ def test_both_epoch_records_name_their_shared_metrics_alike():
     rev = RevEpochRecord(edges_kept_fraction=0.9, repartitioned=True, **common).metrics()
     shared = {"loss": 0.5, "train_acc": 0.75, "k": 3.0, "time_partition_s": 0.1, "time_compute_s": 0.2,
               "epoch_time_s": 0.4, "peak_mem_estimated_bytes": 1000.0}  # unknown ones left out
-    assert sampled == {**shared, "redundancy": 1.5, "time_sample_s": 0.05, "time_block_s": 0.01}
+    assert sampled == {**shared, "redundancy": 1.5, "time_sample_s": 0.05, "time_block_s": 0.01,
+                       "time_estimate_s": 0.0, "time_metrics_s": 0.0, "time_h2d_s": 0.0,
+                       "time_idle_s": 0.2}
     assert rev == {**shared, "edges_kept_fraction": 0.9}
     assert all(type(v) is float for v in (*sampled.values(), *rev.values()))
     measured = SimpleNamespace(**{**common, "peak_mem_measured_bytes": 1100, "mem_estimate_error": 0.1})

@@ -21,7 +21,8 @@ from workflow.stages.partition import sweep
 
 EPOCH_METRICS = {"loss", "train_acc", "k", "redundancy", "time_sample_s", "time_partition_s",
                  "time_block_s", "time_compute_s", "epoch_time_s", "peak_mem_measured_bytes",
-                 "peak_mem_estimated_bytes", "mem_estimate_error", "valid_acc"}
+                 "peak_mem_estimated_bytes", "mem_estimate_error", "valid_acc", "time_estimate_s",
+                 "time_metrics_s", "time_h2d_s", "time_idle_s"}
 FAST = ["partition.sweep.k=[2, 4]", "partition.sweep.methods=[range, reg]"]
 
 

@@ -33,9 +33,14 @@ def test_run_nproc_2_logs_per_rank_metrics_and_single_process_losses(tracking):
     assert m["world_size"] == 2.0 and train.data.params["spec.train.world_size"] == "2"
     for r in (0, 1):
         for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
-                    "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes"):
+                    "time_idle_s", "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes"):
             assert f"{key}.rank{r}" in m, f"{key}.rank{r} missing"
         assert 0 < m[f"host_pss_bytes.rank{r}"] <= m[f"host_rss_peak_bytes.rank{r}"]
+        assert 0 <= m[f"time_idle_s.rank{r}"] < m["epoch_time_s"] + 1.0  # ranks' walls differ slightly
+    for key in ("time_sample_s", "time_partition_s", "time_estimate_s", "time_block_s",
+                "time_metrics_s", "time_h2d_s"):
+        assert m[key] > 0, key
+    assert m["time_idle_s"] == max(m["time_idle_s.rank0"], m["time_idle_s.rank1"])
     assert m["allreduce_bytes"] > 0
     assert m["peak_mem_measured_bytes"] == max(m["peak_mem_measured_bytes.rank0"],
                                                m["peak_mem_measured_bytes.rank1"])

@@ -20,7 +20,8 @@ from workflow.specfile import STAGES
 VENV_BIN = Path(sys.executable).parent
 EPOCH_METRICS = ("loss", "train_acc", "k", "redundancy", "epoch_time_s", "time_sample_s",
                  "time_partition_s", "time_block_s", "time_compute_s", "peak_mem_measured_bytes",
-                 "peak_mem_estimated_bytes", "mem_estimate_error", "valid_acc")
+                 "peak_mem_estimated_bytes", "mem_estimate_error", "valid_acc", "time_estimate_s",
+                 "time_metrics_s", "time_h2d_s", "time_idle_s")
 
 
 @pytest.fixture(scope="module")

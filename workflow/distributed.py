@@ -7,9 +7,10 @@ every epoch the ranks all-gather their figures; rank 0 evaluates when due and re
 the whole history and the selected weights (``evaluate.select``; an early stop is
 rank 0's decision, broadcast so that every rank leaves after the same epoch), which the
 stage logs: the usual per-epoch contract (``loss``,
-``train_acc`` are the full-batch ones; peak memory is the maximum over ranks) plus, per
-rank r, ``peak_mem_measured_bytes.rank<r>``, ``peak_mem_estimated_bytes.rank<r>``,
-``time_compute_s.rank<r>``, ``allreduce_wait_s.rank<r>``, ``host_rss_peak_bytes.rank<r>``
+``train_acc`` are the full-batch ones; peak memory is the maximum over ranks,
+``time_compute_s`` the slowest rank's, ``time_idle_s`` the most idle rank's; the other
+timers are rank 0's) plus, per rank r, ``peak_mem_measured_bytes.rank<r>``, ``peak_mem_estimated_bytes.rank<r>``,
+``time_compute_s.rank<r>``, ``time_idle_s.rank<r>``, ``allreduce_wait_s.rank<r>``, ``host_rss_peak_bytes.rank<r>``
 (the rank's peak resident memory on the host), ``host_pss_bytes.rank<r>`` (its
 proportional set size at the end of the epoch: pages shared with the other ranks are
 divided among them), and ``allreduce_bytes``
@@ -33,7 +34,7 @@ from workflow.specfile import ResolvedSpec
 __all__ = ["PER_RANK_METRICS", "RankFailed", "train_distributed", "rank_train", "launch_options"]
 
 PER_RANK_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
-                    "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes")
+                    "time_idle_s", "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes")
 
 
 def launch_options() -> dict[str, Any]:
@@ -68,9 +69,11 @@ def _inject_fault(rank: int, epoch: int) -> None:
 
 def _rank_figures(record, dp, steps_before: int) -> dict[str, float | None]:
     stats = dp.history[steps_before:]
+    compute = sum(s.time_compute_s for s in stats)
     return {"peak_mem_measured_bytes": record.peak_mem_measured_bytes,
             "peak_mem_estimated_bytes": record.peak_mem_estimated_bytes,
-            "time_compute_s": sum(s.time_compute_s for s in stats),
+            "time_compute_s": compute,
+            "time_idle_s": max(0.0, record.epoch_time_s - compute),
             "allreduce_wait_s": sum(s.reduce.wait_s for s in stats),
             "allreduce_bytes": float(sum(s.reduce.bytes for s in stats)),
             **_host_memory()}
@@ -146,6 +149,7 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
         if errors:
             metrics["mem_estimate_error"] = max(errors)
         metrics["time_compute_s"] = max(g[0]["time_compute_s"] for g in gathered)
+        metrics["time_idle_s"] = max(g[0]["time_idle_s"] for g in gathered)  # the most idle rank
         metrics["allreduce_bytes"] = gathered[0][0]["allreduce_bytes"]
         metrics["world_size"] = float(world)
         for r, (fig, _) in enumerate(gathered):

@@ -4,8 +4,9 @@ Each epoch re-samples the batch, re-uses or recomputes its partition
 (``partition.reuse``) and takes one optimizer step per batch, accumulating gradients
 over the K micro-batches. Logged per epoch (``step = epoch``): every metric of
 ``EpochRecord.metrics()`` (``loss``, ``train_acc``, ``k``, ``redundancy``,
-``time_sample_s``, ``time_partition_s``, ``time_block_s``, ``time_compute_s``,
-``epoch_time_s``, ``peak_mem_measured_bytes``, and with a memory estimator
+``time_sample_s``, ``time_partition_s``, ``time_estimate_s``, ``time_block_s``,
+``time_metrics_s``, ``time_h2d_s``, ``time_compute_s``, ``time_idle_s`` (the timers of
+:class:`betty.engine.EpochRecord`), ``epoch_time_s``, ``peak_mem_measured_bytes``, and with a memory estimator
 ``peak_mem_estimated_bytes``, ``mem_estimate_error``) and, every ``evaluate.every``
 epochs, ``valid_acc`` (``valid_rocauc`` for multi-label data).
 
