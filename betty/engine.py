@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,8 @@ from betty.batch import SampledBatch
 from betty.memory import (DEFAULT_SAFETY_MARGIN, OptimizerSpec, apply_budget, default_backend, make_estimator,
                           make_k_chooser, memory_balance_weights, oom_guard)
 from betty.memory.ksearch import check_fixed_k
+from betty.memory.replay import replays_mixed_precision
+from betty.memory.spec import ModelSpec
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
@@ -216,9 +219,13 @@ class Trainer:
         if plan.k == "auto" and plan.memory_budget is None:
             raise ValueError("k='auto' needs a memory_budget")
         self.model, self.optimizer, self.dataset = model, optimizer, dataset
-        memory_kwargs = dict(dtype=dtype, backend=default_backend(device),
-                             feat_dtype=dataset.feat.dtype,
-                             label_columns=dataset.num_classes if dataset.multilabel else 0)
+        if precision is None:
+            precision = "64" if dtype == torch.float64 else "32"
+        self.precision = Precision.parse(precision)
+        if self.precision.param_dtype != dtype:
+            raise ValueError(f"precision {self.precision} keeps parameters in "
+                             f"{self.precision.param_dtype}, but dtype is {dtype}")
+        self.memory_kwargs = memory_kwargs = self._memory_kwargs(model, dataset, device, dtype)
         if k_chooser is None and plan.k == "auto":
             k_chooser = make_k_chooser(model, optimizer, graph=dataset.graph,
                                        on_search=on_search, **memory_kwargs)
@@ -234,12 +241,6 @@ class Trainer:
         self.fanouts = list(fanouts)
         self.plan = plan
         self.device, self.seed, self.dtype = device, seed, dtype
-        if precision is None:
-            precision = "64" if dtype == torch.float64 else "32"
-        self.precision = Precision.parse(precision)
-        if self.precision.param_dtype != dtype:
-            raise ValueError(f"precision {self.precision} keeps parameters in "
-                             f"{self.precision.param_dtype}, but dtype is {dtype}")
         self.scaler = LossScaler() if self.precision.needs_scaler else None
         self.meter = meter
         self.k_chooser, self.estimator = k_chooser, estimator
@@ -316,6 +317,23 @@ class Trainer:
         return self.plan.memory_budget * (1.0 - self.plan.safety_margin)
 
     # -- epochs ---------------------------------------------------------------------
+    def _memory_kwargs(self, model, dataset, device, dtype: torch.dtype) -> dict:
+        """The memory model's keywords for this run's step. Under a mixed precision the
+        replay follows autocast where it covers the model
+        (:func:`betty.memory.replay.replays_mixed_precision`); elsewhere K is chosen from
+        the estimate of the float32 step, with a warning (the measured mixed-precision
+        peaks in docs/precision.md are below float32's)."""
+        kwargs = dict(backend=default_backend(device), feat_dtype=dataset.feat.dtype,
+                      label_columns=dataset.num_classes if dataset.multilabel else 0)
+        if not self.precision.mixed:
+            return dict(kwargs, dtype=dtype)
+        if replays_mixed_precision(ModelSpec.from_model(model)) and not dataset.multilabel:
+            return dict(kwargs, dtype=None, precision=self.precision)
+        warnings.warn(f"the memory model replays this model's float32 step, not its "
+                      f"{self.precision} step: K is chosen from float32 estimates",
+                      stacklevel=3)
+        return dict(kwargs, dtype=torch.float32)
+
     def train_epoch(self, epoch: int, progress: Callable[[int, int], None] | None = None) -> EpochRecord:
         """One epoch; ``progress(done_batches, total_batches)`` is called after each step."""
         start_epoch = time.perf_counter()

@@ -366,6 +366,16 @@ def _to_device_blocks(mb: MicroBatch, device, model=None) -> list:
                                          degrees=getattr(model, "needs_degrees", False))
 
 
+def _gather_features(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Tensor:
+    """``feat[ids]`` on ``device``. For an accelerator the host rows are read in ascending
+    order (:func:`betty.data.store.gather_rows`: sequential reads of memory-mapped
+    features); on the CPU the gathered rows are the device's own memory, which the
+    memory model counts, so they are gathered in one ``feat[ids]`` with no second copy."""
+    if torch.device(device).type == "cpu":
+        return feat[ids]
+    return gather_rows(feat, ids).to(device)
+
+
 def _micro_batches(batch: SampledBatch, groups: torch.Tensor, k: int,
                    pieces: Collection[int] | None = None) -> Iterable[tuple[int, MicroBatch, float]]:
     """Yield (piece index, micro-batch, seconds to carve it) lazily, one piece at a
@@ -442,7 +452,7 @@ def accumulate_gradients(
         blocks = _to_device_blocks(mb, device, model)
         src_nids, edge_ids = _device_ids(model, mb, device)
         t_block = time.perf_counter() - start
-        x = gather_rows(feat, mb.input_nid).to(device)  # rows read in ascending order
+        x = _gather_features(feat, mb.input_nid, device)
         cast = input_dtype(x.dtype, precision, dtype)
         if cast is not None:
             x = x.to(cast)

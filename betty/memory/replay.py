@@ -107,6 +107,13 @@ class ReplayConfig(StepConfig):
     training: bool = True
 
 
+def replays_mixed_precision(model: ModelSpec) -> bool:
+    """Whether the replay follows a mixed-precision (autocast) step of ``model``: SAGE
+    with the mean aggregator and single-label targets today; ``32`` and ``64`` cover
+    every model."""
+    return model.arch == "sage" and model.aggregator == "mean"
+
+
 class _Replayer:
     def __init__(self, sizes: PieceSizes, cfg: ReplayConfig) -> None:
         self.s = sizes
@@ -119,7 +126,7 @@ class _Replayer:
         self.pyg = cfg.model.backend == "pyg"
         self.ce = int(cfg.autocast_elt)  # autocast's compute bytes (0: no autocast)
         self._region_casts: list[Buffer] = []  # autocast's cached copies, freed at its exit
-        if self.ce and not (cfg.model.arch == "sage" and cfg.model.aggregator == "mean"):
+        if self.ce and not replays_mixed_precision(cfg.model):
             raise NotImplementedError(
                 "the memory replay under a mixed precision covers SAGE with the mean "
                 f"aggregator; got arch {cfg.model.arch!r}, aggregator "

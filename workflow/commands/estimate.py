@@ -51,9 +51,9 @@ def _sampled_report(rspec, ds, device, trainer, model, optimizer, measure: bool)
     batch = trainer.sample(0, 0)
     result, _, _ = trainer.partition(batch, 0, 0)
     dtype, backend = torch_dtype(rspec), default_backend(device)
-    estimates = estimate_pieces(batch, result.groups, result.k, model, optimizer, dtype, backend,
-                                feat_dtype=ds.feat.dtype,
-                                label_columns=ds.num_classes if ds.multilabel else 0)
+    # the Trainer's own memory-model keywords: its precision, features and targets
+    estimates = estimate_pieces(batch, result.groups, result.k, model, optimizer,
+                                **trainer.memory_kwargs)
     plan = trainer.plan
     out = {"method": result.method, "k": result.k, "backend": backend,
            "num_outputs": batch.num_outputs, "memory_budget_bytes": plan.memory_budget,
@@ -64,7 +64,7 @@ def _sampled_report(rspec, ds, device, trainer, model, optimizer, measure: bool)
         meter = MemoryMeter(device)
         meter.track(model, optimizer)
         common = dict(k=result.k, device=device, dropout_key=dropout_key(rspec.spec.train.seed, 0),
-                      multilabel=ds.multilabel, dtype=dtype)
+                      multilabel=ds.multilabel, dtype=dtype, precision=trainer.precision)
         train_step(model, optimizer, batch, result.groups, ds.feat, ds.label, **common)  # Adam state
         optimizer.zero_grad(set_to_none=True)
         step = accumulate_gradients(model, batch, result.groups, ds.feat, ds.label, meter=meter, **common)

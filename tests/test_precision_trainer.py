@@ -1,0 +1,63 @@
+"""The Trainer's memory model follows its precision: under bf16-mixed the estimate it
+logs beside the measured peak is the autocast step's, and K is searched with it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from betty.engine import PartitionPlan, Trainer
+from betty.memory import MemoryMeter
+from betty.models import build_model
+from distributed_cases import CLASSES, FEATS, dataset
+
+pytestmark = pytest.mark.dgl
+
+
+def _trainer(precision: str, aggregator: str = "mean", arch: str = "sage", k=4, budget=None):
+    torch.manual_seed(0)
+    model = build_model(arch, FEATS, CLASSES, hidden=16, layers=2, aggregator=aggregator)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    plan = PartitionPlan("random", k, memory_budget=budget)
+    return Trainer(model, opt, dataset(2000), [4, 6], plan, seed=1, precision=precision,
+                   meter=MemoryMeter("cpu"))
+
+
+def test_bf16_mixed_estimate_is_the_autocast_steps():
+    records = {}
+    for precision in ("32", "bf16-mixed"):
+        trainer = _trainer(precision)
+        trainer.train_epoch(0)
+        records[precision] = trainer.train_epoch(1)
+    est = {p: r.peak_mem_estimated_bytes for p, r in records.items()}
+    off = {p: r.peak_mem_estimated_bytes - r.peak_mem_measured_bytes for p, r in records.items()}
+    # the autocast step's estimate, not the float32 one, and as close to its measured
+    # peak (in bytes) as the float32 estimate is to the float32 peak at this size
+    assert est["bf16-mixed"] < 0.8 * est["32"], est
+    assert abs(off["bf16-mixed"]) <= 1.1 * abs(off["32"]) + 1024, (off, est)
+
+
+def test_bf16_mixed_searches_k_with_its_own_estimate():
+    picked = {}
+    budget = None
+    for precision in ("32", "bf16-mixed"):
+        probe = _trainer(precision)
+        probe.train_epoch(0)
+        if budget is None:  # just above the float32 K=4 peak: bf16-mixed needs fewer pieces
+            budget = int(probe.train_epoch(1).peak_mem_estimated_bytes * 1.3)
+        trainer = _trainer(precision, k="auto", budget=budget)
+        trainer.train_epoch(0)
+        picked[precision] = trainer.train_epoch(1).k
+    assert picked["bf16-mixed"] < picked["32"], picked
+
+
+def test_a_model_the_replay_does_not_follow_warns_and_uses_float32_estimates():
+    with pytest.warns(UserWarning, match="float32 step, not its bf16-mixed step"):
+        trainer = _trainer("bf16-mixed", arch="gat")
+    record = trainer.train_epoch(0)
+    assert record.peak_mem_measured_bytes is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _trainer("bf16-mixed")  # SAGE-mean: followed, no warning
