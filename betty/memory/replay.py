@@ -108,9 +108,9 @@ class ReplayConfig(StepConfig):
 
 
 def replays_mixed_precision(model: ModelSpec) -> bool:
-    """Whether the replay follows a mixed-precision (autocast) step of ``model``: SAGE
-    with the mean aggregator and single-label targets today; ``32`` and ``64`` cover
-    every model."""
+    """Whether the replay follows a mixed-precision (autocast) step of ``model``'s
+    architecture: SAGE with the mean aggregator today (and, checked apart, only with
+    single-label targets); ``32`` and ``64`` cover every model."""
     return model.arch == "sage" and model.aggregator == "mean"
 
 
