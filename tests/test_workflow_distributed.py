@@ -109,7 +109,7 @@ def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
 
     import psutil
 
-    from test_workflow_support import PROJECT, new_store
+    from test_workflow_support import PROJECT, command_line, new_store
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": new_store(tmp_path / "store"), "PYTHONPATH": str(PROJECT),
            "MLFLOW_EXPERIMENT_NAME": "dist-kill", "OMP_NUM_THREADS": "1"}
@@ -123,8 +123,7 @@ def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
         deadline = time.monotonic() + 240
         while len(ranks) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)
-            ranks = [p for p in psutil.Process(proc.pid).children()
-                     if "spawn_main" in " ".join(p.cmdline())]
+            ranks = [p for p in psutil.Process(proc.pid).children() if "spawn_main" in command_line(p)]
         assert len(ranks) == 2, (ranks, proc.poll(), (tmp_path / "run.log").read_text()[-3000:])
         time.sleep(3)  # into the epochs
         os.kill(proc.pid, signal.SIGKILL)

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from test_workflow_support import new_experiment, new_store, project_copy, runs_of
+from test_workflow_support import command_line, new_experiment, new_store, project_copy, runs_of
 
 VENV_BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
@@ -74,10 +74,7 @@ class Launch:
 
     def process_running(self, *words: str) -> bool:
         for kid in self._watch():
-            try:
-                cmd = " ".join(kid.cmdline())
-            except psutil.Error:
-                continue
+            cmd = command_line(kid)
             if "workflow.mlproject" in cmd and all(w in cmd for w in words):
                 return True
         return False
@@ -122,7 +119,7 @@ class Launch:
             if not alive:
                 break
             time.sleep(0.2)
-        left = [(p.pid, " ".join(p.cmdline())) for p in alive]
+        left = [(p.pid, command_line(p)) for p in alive]
         for p in alive:  # left running: stop them, or reading the output below never ends
             p.kill()
         self.output = self.proc.stdout.read()

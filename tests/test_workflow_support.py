@@ -90,6 +90,17 @@ def project_copy(dest: Path) -> Path:
     return dest
 
 
+def command_line(proc) -> str:
+    """``proc``'s (a ``psutil.Process``) command line, or "" when it cannot be read: a
+    short-lived child may already be a zombie, or gone, by the time it is looked at."""
+    import psutil
+
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def invoke(*args: str, catch_exceptions: bool = False):
     """Run the ``betty`` CLI in this process with ``args`` (Typer's runner); returns its
     ``Result``. With ``catch_exceptions=False`` an uncaught exception fails the test with
