@@ -13,7 +13,7 @@ PYG_STAMP := $(PYG_VENV)/.installed
 # (or an unpinned torch) makes pip download a multi-GB CUDA build.
 PYG_TORCH := 2.13.0
 
-.PHONY: venv venv-pyg test test-dgl test-pyg run clean-venv
+.PHONY: venv venv-pyg test test-dgl test-slow test-pyg run clean-venv
 
 venv: $(STAMP)
 
@@ -33,15 +33,21 @@ $(PYG_STAMP): pyproject.toml
 		echo "$(PYG_VENV) must not contain DGL"; exit 1; fi
 	@touch $(PYG_STAMP)
 
-# The full suite on the DGL stack, then, without DGL, what only the modern stack can show:
-# the PyG backend, the library on torch $(PYG_TORCH) and numpy 2. The workflow-layer tests
-# (marker `workflow`) and the slow ones (both backends' halves ran in .venv) run once.
+# The full suite on the DGL stack in two parts, the slow tests (marker `slow`: the
+# `mlflow run` end-to-end, interrupt and deep-RevGNN tests) and the rest; then, without
+# DGL, what only the modern stack can show: the PyG backend, the library on torch
+# $(PYG_TORCH) and numpy 2. The workflow-layer tests (marker `workflow`) and the slow ones
+# (both backends' halves ran in .venv) run once. `make -j2 test` (CI) runs the three
+# passes two at a time, so neither core waits while one long pass finishes.
 PYTEST := -m pytest -q --durations=25
 
-test: test-dgl test-pyg
+test: test-dgl test-slow test-pyg
 
 test-dgl: venv
-	$(BIN)/python $(PYTEST)
+	$(BIN)/python $(PYTEST) -m "not slow"
+
+test-slow: venv
+	$(BIN)/python $(PYTEST) -m slow
 
 test-pyg: venv-pyg
 	$(PYG_BIN)/python $(PYTEST) -m "not dgl and (not workflow or pyg) and not slow"
