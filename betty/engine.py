@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import torch
@@ -30,20 +31,23 @@ from betty.memory import (DEFAULT_SAFETY_MARGIN, OptimizerSpec, apply_budget, de
 from betty.memory.ksearch import check_fixed_k
 from betty.memory.replay import replays_mixed_precision
 from betty.memory.spec import ModelSpec
+from betty.microbatch import Carver
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
+from betty.pipeline import Inline, Prefetcher
+from betty.precision import LossScaler, Precision
 from betty.records import epoch_metrics, estimate_error
 from betty.sampling import sample_full_batch
-from betty.precision import LossScaler, Precision
 from betty.train import MicroBatchRecord, locate_non_finite, train_step
 
-__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "Trainer", "fixed_batches", "PREPARATION_TIMERS"]
+__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "PreparedBatch", "Trainer", "fixed_batches",
+           "PREPARATION_TIMERS"]
 
 #: The sampled-batch epoch's own timers (beyond the shared ``time_partition_s``,
 #: ``time_compute_s``, ``epoch_time_s``): see :class:`EpochRecord`.
 PREPARATION_TIMERS = ("time_sample_s", "time_estimate_s", "time_block_s", "time_metrics_s",
-                      "time_h2d_s", "time_idle_s")
+                      "time_h2d_s", "time_wait_s", "time_idle_s")
 
 
 @dataclass
@@ -97,6 +101,65 @@ class BatchRecord:
     time_estimate_s: float = 0.0
     time_metrics_s: float = 0.0
     time_h2d_s: float = 0.0
+    time_wait_s: float = 0.0
+
+
+@dataclass
+class PreparedBatch:
+    """One batch made ready for its optimizer step: everything the step needs that
+    does not depend on the model's parameters (made ahead of the step when the
+    :class:`Trainer` pipelines).
+
+    Attributes:
+        epoch, index: which batch of which epoch.
+        batch: the sampled full batch.
+        partition: its split into ``partition.k`` pieces.
+        estimates: per-piece estimated peak bytes (K,), or ``None`` without an estimator.
+        fresh: whether the partition was (re)computed for this batch.
+        redundancy: :func:`betty.partition.metrics.split_metrics`'s ``redundancy``.
+        micro_batches: ``(piece, micro-batch, seconds to carve it)`` of the pieces this
+            process runs, carved ahead; ``None``: carved one at a time during the step.
+        nbytes: host bytes of the batch's tensors and of its carved micro-batches.
+        time_sample_s, time_partition_s, time_estimate_s, time_metrics_s: wall of each
+            preparation step (the partition's without the estimates made outside the
+            K search).
+    """
+
+    epoch: int
+    index: int
+    batch: SampledBatch
+    partition: PartitionResult
+    estimates: list[int] | None
+    fresh: bool
+    redundancy: float
+    micro_batches: list | None
+    nbytes: int
+    time_sample_s: float
+    time_partition_s: float
+    time_estimate_s: float
+    time_metrics_s: float
+
+
+def _tensor_bytes(obj) -> int:
+    """Bytes of the tensors reachable from ``obj`` through dataclass fields, lists,
+    tuples and dicts (each storage counted once)."""
+    seen: set[int] = set()
+    total = 0
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return total
 
 
 @dataclass
@@ -113,8 +176,13 @@ class EpochRecord:
     ``time_h2d_s`` (gathering each micro-batch's features and labels and copying them
     to the device), ``time_compute_s`` (forward, backward and optimizer step) and
     ``time_idle_s = epoch_time_s - time_compute_s`` (the epoch's wall not spent
-    computing: the device waiting). The first seven are disjoint parts of
-    ``epoch_time_s``, so their sum is at most it.
+    computing: the device waiting). ``time_wait_s`` is the part of the epoch the
+    training loop spent waiting for a prepared batch. Serially (``prefetch=0``) the
+    first seven are disjoint parts of ``epoch_time_s``, so their sum is at most it, and
+    ``time_wait_s`` is about the preparation's share; pipelined, sampling, partitioning,
+    the estimates, the metric and the carving run on the preparation thread, behind
+    compute, and only ``time_wait_s`` of them shows in the epoch's wall.
+    ``prefetch_bytes``: the most host bytes of prepared batches alive at once (0 serially).
     """
 
     epoch: int
@@ -133,6 +201,8 @@ class EpochRecord:
     time_estimate_s: float = 0.0
     time_metrics_s: float = 0.0
     time_h2d_s: float = 0.0
+    time_wait_s: float = 0.0
+    prefetch_bytes: int = 0
 
     @property
     def time_idle_s(self) -> float:
@@ -148,7 +218,7 @@ class EpochRecord:
 
     def metrics(self) -> dict[str, float]:
         """The per-epoch metrics with their stable MLflow names."""
-        return epoch_metrics(self, ("redundancy", *PREPARATION_TIMERS))
+        return epoch_metrics(self, ("redundancy", *PREPARATION_TIMERS, "prefetch_bytes"))
 
 
 def fixed_batches(train_idx: torch.Tensor, batch_size: int | None, seed: int) -> list[torch.Tensor]:
@@ -204,6 +274,11 @@ class Trainer:
         parallel: a :class:`betty.distributed.DataParallel`: spread each batch's pieces
             over its ranks (longest estimated first) and all-reduce the gradients;
             every rank must build the Trainer identically (same seed).
+        prefetch: ``0`` (default): each batch is prepared (sampled, partitioned,
+            estimated) when its step starts and its micro-batches are carved one at a
+            time; ``n >= 1``: a preparation thread prepares and carves up to ``n`` batches
+            ahead of the step (:meth:`epochs`), at the cost of holding their host
+            tensors (``EpochRecord.prefetch_bytes``).
     """
 
     def __init__(self, model, optimizer, dataset, fanouts, plan: PartitionPlan, *,
@@ -211,7 +286,7 @@ class Trainer:
                  dtype: torch.dtype = torch.float32, precision: Precision | str | None = None,
                  meter=None, k_chooser: KChooser | None = None, estimator: Estimator | None = None,
                  estimate_memory: bool = True, on_search=None,
-                 dropout_seed: int | None = None, parallel=None) -> None:
+                 dropout_seed: int | None = None, parallel=None, prefetch: int = 0) -> None:
         if len(fanouts) != model.num_layers:
             raise ValueError(f"{len(fanouts)} fanouts for a {model.num_layers}-layer model")
         if plan.balance not in ("nodes", "memory"):
@@ -248,7 +323,9 @@ class Trainer:
         self.parallel = parallel
         self.batches = fixed_batches(dataset.train_idx, batch_size, seed)
         self._partitions: dict[int, tuple[PartitionResult, int]] = {}  # batch -> (result, epoch made)
-        self._estimate_s = 0.0  # wall of the estimates outside the K search, this batch
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+        self.prefetch = prefetch
 
     # -- pieces ---------------------------------------------------------------------
     def sample(self, epoch: int, batch_index: int = 0) -> SampledBatch:
@@ -287,29 +364,33 @@ class Trainer:
 
     def partition(self, batch: SampledBatch, epoch: int, batch_index: int):
         """(partition, per-piece estimates or None, whether it was recomputed)."""
+        result, estimates, fresh, _ = self._partition_timed(batch, epoch, batch_index)
+        return result, estimates, fresh
+
+    def _partition_timed(self, batch: SampledBatch, epoch: int, batch_index: int):
+        """:meth:`partition` plus the wall of the estimates made outside the K search."""
         cached = self._partitions.get(batch_index)
         expired = cached is None or (
             self.plan.reuse is not None and epoch - cached[1] >= self.plan.reuse)
-        estimates = None
+        estimates, t_estimate = None, 0.0
         if not expired and self.estimator is not None:
             result = cached[0]
-            estimates = self._estimate(self.estimator, batch, result)
+            estimates, t_estimate = self._estimate(self.estimator, batch, result)
             budget = self._usable_budget()
             if budget is not None and max(estimates) > budget:
                 expired = True  # the fresh sample grew past the budget: re-partition
         if expired:
             result, estimates = self._fresh_partition(batch, epoch, batch_index)
             self._partitions[batch_index] = (result, epoch)
-            return result, estimates, True
-        return cached[0], estimates, False
+            return result, estimates, True, t_estimate
+        return cached[0], estimates, False, t_estimate
 
-    def _estimate(self, estimator: Estimator, batch: SampledBatch, result: PartitionResult) -> list[int]:
-        """``estimator``'s per-piece bytes, its wall added to ``self._estimate_s``."""
+    @staticmethod
+    def _estimate(estimator: Estimator, batch: SampledBatch, result: PartitionResult) -> tuple[list[int], float]:
+        """``estimator``'s per-piece bytes and the seconds it took."""
         start = time.perf_counter()
-        try:
-            return estimator(batch, result.groups, result.k)
-        finally:
-            self._estimate_s += time.perf_counter() - start
+        estimates = estimator(batch, result.groups, result.k)
+        return estimates, time.perf_counter() - start
 
     def _usable_budget(self) -> float | None:
         if self.plan.memory_budget is None:
@@ -334,52 +415,130 @@ class Trainer:
                       stacklevel=3)
         return dict(kwargs, dtype=torch.float32)
 
+    def batch_order(self, epoch: int) -> list[int]:
+        """The order in which ``epoch`` steps through the batches (seeded, reshuffled
+        every epoch)."""
+        gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+        return torch.randperm(len(self.batches), generator=gen).tolist()
+
+    def prepare(self, epoch: int, batch_index: int, carve: bool = False) -> PreparedBatch:
+        """Sample batch ``batch_index`` of ``epoch``, partition it (or reuse its
+        partition), estimate its pieces and measure its redundancy; with ``carve``, also
+        carve the micro-batches this process will run. Reads the dataset and this
+        trainer's partitions, never the model's parameters: run in epoch order (a reused
+        partition's age counts in epochs), it gives the same result at any time.
+
+        Raises:
+            betty.memory.ksearch.BudgetExceeded: a fixed K whose largest piece is estimated
+                past the memory budget (:func:`betty.memory.ksearch.check_fixed_k`).
+        """
+        t0 = time.perf_counter()
+        batch = self.sample(epoch, batch_index)
+        t1 = time.perf_counter()
+        result, estimates, fresh, t_estimate = self._partition_timed(batch, epoch, batch_index)
+        if estimates is None and self.estimator is not None:
+            estimates, seconds = self._estimate(self.estimator, batch, result)
+            t_estimate += seconds
+        if estimates and self.plan.k != "auto" and self.plan.memory_budget is not None:
+            check_fixed_k(estimates, result.k, self.plan.memory_budget, self.plan.safety_margin)
+        t2 = time.perf_counter()
+        redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]
+        t3 = time.perf_counter()
+        micro = self._carve(batch, result, estimates) if carve else None
+        prepared = PreparedBatch(
+            epoch=epoch, index=batch_index, batch=batch, partition=result, estimates=estimates,
+            fresh=fresh, redundancy=redundancy, micro_batches=micro, nbytes=0,
+            time_sample_s=t1 - t0, time_partition_s=t2 - t1 - t_estimate, time_estimate_s=t_estimate,
+            time_metrics_s=t3 - t2)
+        prepared.nbytes = _tensor_bytes((batch, micro))
+        return prepared
+
+    def _carve(self, batch: SampledBatch, result: PartitionResult, estimates: list[int] | None) -> list:
+        """``(piece, micro-batch, seconds)`` of every piece this process runs: all K, or
+        under ``parallel`` this rank's share of the assignment its step will make."""
+        from betty.train import carve_pieces
+
+        pieces = None
+        if self.parallel is not None:
+            from betty.distributed.assign import piece_output_costs
+
+            costs = estimates if estimates is not None else piece_output_costs(result.groups, result.k)
+            pieces = self.parallel.assign(costs)
+        return list(carve_pieces(batch, result.groups, result.k, pieces))
+
+    def train_prepared(self, prepared: PreparedBatch) -> BatchRecord:
+        """One optimizer step over a :class:`PreparedBatch`."""
+        batch, result, b, epoch = prepared.batch, prepared.partition, prepared.index, prepared.epoch
+        estimates = prepared.estimates
+        logged, t_logged = estimates, 0.0
+        if self._stateless_estimator is not None and not self.optimizer.state:
+            logged, t_logged = self._estimate(self._stateless_estimator, batch, result)
+        micro, prepared.micro_batches = prepared.micro_batches, None  # freed piece by piece
+        with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, b):
+            step_kwargs = dict(k=result.k, device=self.device,
+                               dropout_key=dropout_key(self.dropout_seed, epoch, b),
+                               multilabel=self.dataset.multilabel, meter=self.meter,
+                               dtype=self.dtype, precision=self.precision, scaler=self.scaler)
+            if micro is not None:
+                step_kwargs["micro_batches"] = micro
+            step = train_step(self.model, self.optimizer, batch, result.groups,
+                              self.dataset.feat, self.dataset.label, parallel=self.parallel,
+                              costs=estimates if self.parallel is not None else None, **step_kwargs)
+        if logged:  # the pieces this process ran (all K unless data-parallel)
+            logged = [logged[m.index] for m in step.micro]
+        return BatchRecord(
+            index=b, k=result.k, loss=step.loss, train_acc=step.train_acc,
+            num_outputs=batch.num_outputs, redundancy=prepared.redundancy, repartitioned=prepared.fresh,
+            time_sample_s=prepared.time_sample_s, time_partition_s=prepared.time_partition_s,
+            time_block_s=step.time_block_s, time_compute_s=step.time_compute_s,
+            time_estimate_s=prepared.time_estimate_s + t_logged, time_metrics_s=prepared.time_metrics_s,
+            time_h2d_s=step.time_h2d_s,
+            peak_mem_measured_bytes=step.peak_bytes,
+            peak_mem_estimated_bytes=max(logged) if logged else None,
+            micro=step.micro, micro_estimated_bytes=logged,
+        )
+
     def train_epoch(self, epoch: int, progress: Callable[[int, int], None] | None = None) -> EpochRecord:
         """One epoch; ``progress(done_batches, total_batches)`` is called after each step."""
-        start_epoch = time.perf_counter()
-        gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
-        order = torch.randperm(len(self.batches), generator=gen).tolist()
-        records = []
-        for done, b in enumerate(order, 1):
-            t0 = time.perf_counter()
-            batch = self.sample(epoch, b)
-            t1 = time.perf_counter()
-            self._estimate_s = 0.0
-            result, estimates, fresh = self.partition(batch, epoch, b)
-            if estimates is None and self.estimator is not None:
-                estimates = self._estimate(self.estimator, batch, result)
-            if estimates and self.plan.k != "auto" and self.plan.memory_budget is not None:
-                check_fixed_k(estimates, result.k, self.plan.memory_budget, self.plan.safety_margin)
-            logged = estimates
-            if self._stateless_estimator is not None and not self.optimizer.state:
-                logged = self._estimate(self._stateless_estimator, batch, result)
-            t2 = time.perf_counter()
-            t_estimate = self._estimate_s
-            with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, b):
-                step_kwargs = dict(k=result.k, device=self.device,
-                                   dropout_key=dropout_key(self.dropout_seed, epoch, b),
-                                   multilabel=self.dataset.multilabel, meter=self.meter,
-                                   dtype=self.dtype, precision=self.precision, scaler=self.scaler)
-                step = train_step(self.model, self.optimizer, batch, result.groups,
-                                  self.dataset.feat, self.dataset.label, parallel=self.parallel,
-                                  costs=estimates if self.parallel is not None else None, **step_kwargs)
-            if logged:  # the pieces this process ran (all K unless data-parallel)
-                logged = [logged[m.index] for m in step.micro]
-            t3 = time.perf_counter()
-            redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]
-            t4 = time.perf_counter()
-            records.append(BatchRecord(
-                index=b, k=result.k, loss=step.loss, train_acc=step.train_acc,
-                num_outputs=batch.num_outputs, redundancy=redundancy, repartitioned=fresh,
-                time_sample_s=t1 - t0, time_partition_s=t2 - t1 - t_estimate,
-                time_block_s=step.time_block_s, time_compute_s=step.time_compute_s,
-                time_estimate_s=t_estimate, time_metrics_s=t4 - t3, time_h2d_s=step.time_h2d_s,
-                peak_mem_measured_bytes=step.peak_bytes,
-                peak_mem_estimated_bytes=max(logged) if logged else None,
-                micro=step.micro, micro_estimated_bytes=logged,
-            ))
-            if progress is not None:
-                progress(done, len(order))
+        return next(self.epochs([epoch], progress))
+
+    def epochs(self, epochs: Iterable[int],
+               progress: Callable[[int, int], None] | None = None) -> Iterator[EpochRecord]:
+        """Train ``epochs`` one after the other, yielding each one's record when it ends.
+
+        With ``prefetch = n >= 1`` a preparation thread (:class:`betty.pipeline.Prefetcher`)
+        runs :meth:`prepare` up to ``n`` batches ahead of the step, across epoch
+        boundaries (the next epoch's first batch is prepared while the caller evaluates
+        the model), carving the micro-batches too; the samples, partitions and updates
+        are those of the serial loop, bit for bit. Leaving the loop early (a ``break``,
+        an exception) stops the thread; a batch prepared ahead is dropped, and its
+        partition, if fresh, stays cached as it would after a serial epoch.
+        """
+        epochs = list(epochs)
+        order = {e: self.batch_order(e) for e in epochs}
+        items = [(e, b) for e in epochs for b in order[e]]
+        if self.prefetch:
+            source = Prefetcher(items, lambda item: self.prepare(*item, carve=True), self.prefetch,
+                                size=lambda prepared: prepared.nbytes)
+        else:
+            source = Inline(items, lambda item: self.prepare(*item))
+        with closing(source):
+            for epoch in epochs:
+                start, waited = time.perf_counter(), source.wait_s
+                source.reset_peak()
+                records = []
+                for done in range(1, len(order[epoch]) + 1):
+                    _, prepared = next(source)
+                    records.append(self.train_prepared(prepared))
+                    del prepared
+                    if progress is not None:
+                        progress(done, len(order[epoch]))
+                yield self._epoch_record(epoch, records, time.perf_counter() - start,
+                                         source.wait_s - waited, source.peak_bytes)
+
+    @staticmethod
+    def _epoch_record(epoch: int, records: list[BatchRecord], wall: float, wait: float,
+                      prefetch_bytes: int) -> EpochRecord:
         n = sum(r.num_outputs for r in records)
         measured = [r.peak_mem_measured_bytes for r in records if r.peak_mem_measured_bytes is not None]
         estimated = [r.peak_mem_estimated_bytes for r in records if r.peak_mem_estimated_bytes is not None]
@@ -393,11 +552,13 @@ class Trainer:
             time_partition_s=sum(r.time_partition_s for r in records),
             time_block_s=sum(r.time_block_s for r in records),
             time_compute_s=sum(r.time_compute_s for r in records),
-            epoch_time_s=time.perf_counter() - start_epoch,
+            epoch_time_s=wall,
             peak_mem_measured_bytes=max(measured) if measured else None,
             peak_mem_estimated_bytes=max(estimated) if estimated else None,
             batches=records,
             time_estimate_s=sum(r.time_estimate_s for r in records),
             time_metrics_s=sum(r.time_metrics_s for r in records),
             time_h2d_s=sum(r.time_h2d_s for r in records),
+            time_wait_s=wait,
+            prefetch_bytes=prefetch_bytes,
         )

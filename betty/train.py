@@ -47,6 +47,7 @@ __all__ = [
     "StepResult",
     "train_step",
     "accumulate_gradients",
+    "carve_pieces",
     "node_loss_sum",
     "build_optimizer",
     "first_layer",
@@ -376,10 +377,12 @@ def _gather_features(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Ten
     return gather_rows(feat, ids).to(device)
 
 
-def _micro_batches(batch: SampledBatch, groups: torch.Tensor, k: int,
-                   pieces: Collection[int] | None = None) -> Iterable[tuple[int, MicroBatch, float]]:
+def carve_pieces(batch: SampledBatch, groups: torch.Tensor, k: int,
+                 pieces: Collection[int] | None = None) -> Iterator[tuple[int, MicroBatch, float]]:
     """Yield (piece index, micro-batch, seconds to carve it) lazily, one piece at a
-    time, for the pieces in ``pieces`` (default: all K)."""
+    time, for the pieces in ``pieces`` (default: all K), in piece order; ``groups``
+    ``(n_out,)`` is the piece of each output node. The first piece's seconds include
+    building the :class:`betty.microbatch.Carver`."""
     start = time.perf_counter()
     carver = Carver(batch)
     order = torch.argsort(groups, stable=True)
@@ -392,6 +395,20 @@ def _micro_batches(batch: SampledBatch, groups: torch.Tensor, k: int,
         mb = carver.carve(idx)
         yield piece, mb, time.perf_counter() - start + setup
         setup = 0.0
+
+
+def _take_carved(micro_batches: Sequence[tuple[int, MicroBatch, float]],
+                 wanted: frozenset[int]) -> Iterator[tuple[int, MicroBatch, float]]:
+    """Yield the carved pieces in order, dropping this function's reference to each
+    once the next is asked for. Raises ValueError unless they are exactly ``wanted``."""
+    have = [int(i) for i, _, _ in micro_batches]
+    if sorted(have) != sorted(wanted) or len(set(have)) != len(have):
+        raise ValueError(f"micro_batches carry pieces {sorted(have)}, but the step runs {sorted(wanted)}")
+    pending = sorted(micro_batches, key=lambda entry: entry[0], reverse=True)
+    if isinstance(micro_batches, list):
+        micro_batches.clear()  # the caller's list held every piece: now only ``pending`` does
+    while pending:
+        yield pending.pop()
 
 
 def accumulate_gradients(
@@ -410,6 +427,7 @@ def accumulate_gradients(
     pieces: Collection[int] | None = None,
     precision: Precision | str | None = None,
     scaler: LossScaler | None = None,
+    micro_batches: Sequence[tuple[int, MicroBatch, float]] | None = None,
 ) -> StepResult:
     """Forward and backward every micro-batch, accumulating into ``.grad``.
 
@@ -437,6 +455,10 @@ def accumulate_gradients(
             the global ``1/|outputs|``, so the loss, accuracy and gradients returned are
             those pieces' shares of the full-batch ones (data parallelism,
             :mod:`betty.distributed`).
+        micro_batches: the pieces carved ahead, ``(piece, micro-batch, seconds to carve
+            it)`` as :func:`carve_pieces` yields them; they must be exactly the pieces to
+            run (all K, or ``pieces``). A list is emptied, so that each piece is freed
+            once it has run. Default: carve them here, one at a time.
     """
     groups = torch.as_tensor(groups, dtype=torch.int64)
     if k is None:
@@ -445,6 +467,10 @@ def accumulate_gradients(
     n_total = batch.num_outputs
     if pieces is not None:
         pieces = frozenset(int(p) for p in pieces)
+    if micro_batches is None:
+        carved: Iterable[tuple[int, MicroBatch, float]] = carve_pieces(batch, groups, k, pieces)
+    else:
+        carved = _take_carved(micro_batches, frozenset(range(k)) if pieces is None else pieces)
 
     def forward(carved: tuple[MicroBatch, float]) -> PieceForward:
         mb, t_carve = carved
@@ -467,7 +493,7 @@ def accumulate_gradients(
                   "num_edges": sum(layer.num_edges for layer in mb.layers),
                   "t_carve": t_carve, "t_block": t_block, "t_h2d": t_h2d})
 
-    runs = accumulate_pieces(((i, (mb, t)) for i, mb, t in _micro_batches(batch, groups, k, pieces)),
+    runs = accumulate_pieces(((i, (mb, t)) for i, mb, t in carved),
                              forward, n_total, meter=meter, precision=precision,
                              device_type=torch.device(device).type, scaler=scaler)
     records = [

@@ -33,9 +33,11 @@ def dataset(num_nodes: int = 240):
 
 
 def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "auto", parallel=None,
-               steps: int = STEPS, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+               steps: int = STEPS, dtype: torch.dtype = torch.float64,
+               prefetch: int = 0) -> dict[str, torch.Tensor]:
     """Parameters after ``steps`` optimizer steps of K-way training (float64, dropout 0.5)
-    with the model on ``backend`` (``"auto"``, ``"dgl"`` or ``"pyg"``)."""
+    with the model on ``backend`` (``"auto"``, ``"dgl"`` or ``"pyg"``); ``prefetch``:
+    the sampled-batch :class:`betty.engine.Trainer`'s (RevGNN trains serially)."""
     from betty.engine import PartitionPlan, Trainer
     from betty.models import build_model
 
@@ -53,18 +55,19 @@ def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "auto", pa
         assert backend == "auto" or model.backend_name == backend
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         trainer = Trainer(model, opt, ds, [4, 6], PartitionPlan("random", k), seed=1, dtype=dtype,
-                          estimate_memory=False, parallel=parallel)
-    losses = [trainer.train_epoch(e).loss for e in range(steps)]
+                          estimate_memory=False, parallel=parallel, prefetch=prefetch)
+    losses = [record.loss for record in trainer.epochs(range(steps))]
     state = {n: p.detach().clone() for n, p in model.named_parameters()}
     state["_losses"] = torch.tensor(losses, dtype=torch.float64)
     return state
 
 
-def rank_all_cases(cases=None, shared=None) -> dict[str, dict[str, torch.Tensor]]:
+def rank_all_cases(cases=None, shared=None, prefetch: int = 0) -> dict[str, dict[str, torch.Tensor]]:
     """On one rank: every case with a :class:`betty.distributed.DataParallel` (checksum
     every step), plus the pieces this rank ran in its last step. ``shared``: a
     :class:`betty.distributed.shared.SharedDataset` to map instead of building the
-    dataset (the shared files this process maps come back under ``"_files"``)."""
+    dataset (the shared files this process maps come back under ``"_files"``);
+    ``prefetch``: :func:`train_case`'s."""
     from betty.distributed import DataParallel
 
     ds = dataset() if shared is None else shared.attach()
@@ -74,7 +77,7 @@ def rank_all_cases(cases=None, shared=None) -> dict[str, dict[str, torch.Tensor]
             out["_files"] = sorted({line.split()[-1] for line in fh if shared.folder in line})
     for case in cases or CASES:
         dp = DataParallel(check_every=1)
-        out[case_name(*case)] = train_case(ds, *case, parallel=dp)
+        out[case_name(*case)] = train_case(ds, *case, parallel=dp, prefetch=prefetch)
         out[case_name(*case)]["_pieces"] = torch.tensor(dp.history[-1].pieces)
     return out
 

@@ -3,7 +3,9 @@
 float64, dropout 0.5, 3 Adam steps: parameters on every rank equal the single-process
 run's to 1e-10 relative, for SAGE mean and lstm, GAT and RevGNN parts, K in {3, 4, 7},
 N in {2, 3}, on the DGL backend; SAGE mean and lstm and GAT on the PyG backend too (that
-half needs no DGL and runs in ``.venv-pyg``). One launch per (backend, N) runs every case.
+half needs no DGL and runs in ``.venv-pyg``). One launch per (backend, N) runs every case;
+the 2-rank launches prepare each batch ahead of its step (``Trainer(prefetch=1)``), the
+3-rank ones serially, against the serial single-process reference.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ def test_ranks_equal_single_process(backend, nproc):
     if backend == "pyg":
         pytest.importorskip("torch_geometric")
     cases = BACKEND_CASES[backend]
+    prefetch = 1 if nproc == 2 else 0
     if backend == "dgl":  # every rank builds its own dataset
-        results = launch(rank_all_cases, (cases,), nproc=nproc)
+        results = launch(rank_all_cases, (cases, None, prefetch), nproc=nproc)
     else:  # the ranks map one shared copy (betty.distributed.shared): same results
         with share_dataset(dataset()) as shared:
-            results = launch(rank_all_cases, (cases, shared), nproc=nproc)
+            results = launch(rank_all_cases, (cases, shared, prefetch), nproc=nproc)
         for rank in range(nproc):
             mapped = results[rank].pop("_files")  # the rank reads the launcher's copy
             assert mapped == sorted(t.path for t in shared.tensors.values()), mapped

@@ -196,7 +196,8 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
     trainer = Trainer(model, optimizer, dataset, rspec.spec.sampling.fanouts, partition_plan(rspec),
                       batch_size=batch_size(rspec), device=device,
                       seed=rspec.spec.sampling.seed + repeat, dtype=torch_dtype(rspec),
-                      precision=spec_precision(rspec), meter=meter, dropout_seed=t.seed + repeat, **extra)
+                      precision=spec_precision(rspec), meter=meter, dropout_seed=t.seed + repeat,
+                      prefetch=t.prefetch if t.pipeline else 0, **extra)
     return trainer, model, optimizer
 
 

@@ -126,10 +126,11 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
     selector = make_selector(rspec)
     score_key = f"valid_{metric_suffix(ds)}"
     history, rows = [], []
+    epochs = trainer.epochs(range(spec.train.epochs))
     for epoch in range(spec.train.epochs):
         before = len(dp.history)
         _inject_fault(rank, epoch)
-        record = trainer.train_epoch(epoch)
+        record = next(epochs)
         mine = _rank_figures(record, dp, before)
         my_rows = [{**row, "rank": rank} for row in row_fn(record, repeat)]
         gathered: list = [None] * world

@@ -442,7 +442,12 @@ class TrainSection(_Section):
     {patience: N}`` stops once N validation evaluations in a row did not improve
     (``null``: train every epoch; needs ``evaluate.every >= 1``).
     ``weight_decay_first_layer_only``: decay only the first layer's parameters (Kipf
-    and Welling's GCN; ``betty.train.parameter_groups``)."""
+    and Welling's GCN; ``betty.train.parameter_groups``). ``pipeline`` (default on):
+    a preparation thread samples, partitions, estimates and carves up to ``prefetch``
+    batches ahead of the step, so that preparation runs while the previous batch
+    trains (the updates are the serial loop's, bit for bit; ``betty.engine.Trainer``'s
+    ``prefetch``); ``false`` prepares each batch when its step starts. Sampled-batch
+    models only: ``revgnn`` trains serially."""
 
     epochs: int = Field(10, ge=1)
     lr: float = Field(0.01, gt=0.0, allow_inf_nan=False)
@@ -458,6 +463,8 @@ class TrainSection(_Section):
     threads: Threads = "auto"
     world_size: int = Field(1, ge=1)
     early_stopping: EarlyStoppingSection | None = None
+    pipeline: bool = True
+    prefetch: int = Field(1, ge=1, le=16)
 
     @field_validator("optimizer")
     @classmethod

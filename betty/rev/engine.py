@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -514,6 +514,13 @@ class RevTrainer:
         return lambda: SharedHashMasks(p, key, head, dtype)
 
     # -- epochs ---------------------------------------------------------------------
+    def epochs(self, epochs: Iterable[int],
+               progress: Optional[Callable[[int, int], None]] = None) -> Iterator[RevEpochRecord]:
+        """Train ``epochs`` one after the other, yielding each one's record when it ends
+        (serially: a RevGNN epoch's parts are split when its step starts)."""
+        for epoch in epochs:
+            yield self.train_epoch(epoch, progress)
+
     def train_epoch(self, epoch: int, progress: Optional[Callable[[int, int], None]] = None) -> RevEpochRecord:
         """One epoch = one optimizer step over the epoch's parts; ``progress(1, 1)`` is
         called after the step."""

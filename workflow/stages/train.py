@@ -87,8 +87,7 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
     advance = ctx.reporter.steps(label, spec.train.epochs)
     history, rows = [], []
     dataset = dataset_input(ctx.rspec)
-    for epoch in range(spec.train.epochs):
-        record = trainer.train_epoch(epoch)
+    for epoch, record in enumerate(trainer.epochs(range(spec.train.epochs))):
         metrics = record.metrics()
         if every and (epoch + 1) % every == 0:
             metrics.update(evaluate_model(model, ds, ctx.rspec, device, splits=("valid",),

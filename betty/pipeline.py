@@ -1,0 +1,183 @@
+"""A bounded, ordered prefetcher: preparation in a background thread, ahead of its use.
+
+:class:`Prefetcher` runs ``prepare(item)`` for the items of a sequence, in order, on one
+preparation thread, and hands the results to the consuming thread in the same order.
+At most ``depth`` results exist ahead of the one the consumer holds:
+
+    live results <= depth + 1
+
+(the consumer's current one, released when it asks for the next, plus ``depth`` made or
+being made). With ``depth = 1`` batch b+1 is prepared while batch b trains.
+
+Why a thread: the preparation of a sampled batch (neighbour sampling, the graph cut,
+the memory estimate, carving) is made of torch, NumPy and partitioner calls that release
+the GIL for their heavy parts, and its results are large tensors that a thread hands
+over without a copy. Preparation reads only the dataset and its own state, never the
+model's parameters, so running it early changes nothing the model computes.
+
+Errors and stops:
+
+* an exception raised by ``prepare`` (anything, ``KeyboardInterrupt`` included) is
+  raised in the consumer, with its traceback, when the consumer reaches that item:
+  the items before it are delivered first, as a serial loop would;
+* :meth:`Prefetcher.close` (also on leaving a ``with`` block, and when the iterator is
+  dropped) stops the thread after the item it is preparing, drops what it made, and
+  waits for it; an exception in the consumer therefore leaves no thread behind.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
+
+__all__ = ["Prefetcher", "Inline"]
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+_DONE = object()
+
+
+class Prefetcher(Generic[K, T]):
+    """Iterates ``(item, prepare(item))`` over ``items``, ``prepare`` running ahead.
+
+    Args:
+        items: what to prepare, in delivery order.
+        prepare: ``item -> result``, run on the preparation thread.
+        depth: results allowed ahead of the consumer's current one (>= 1).
+        size: ``result -> bytes`` it holds (for :attr:`peak_bytes`; default: 0).
+        name: the preparation thread's name (shown by debuggers and ``py-spy``).
+
+    Attributes:
+        wait_s: seconds the consumer spent blocked waiting for a result.
+        peak_bytes: the most ``size`` bytes of results alive at once (made and not yet
+            released by the consumer) since the start or :meth:`reset_peak`.
+    """
+
+    def __init__(self, items: Sequence[K], prepare: Callable[[K], T], depth: int = 1,
+                 size: Callable[[T], int] | None = None, name: str = "betty-prepare") -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
+        self._items = list(items)
+        self._prepare = prepare
+        self._slots = threading.Semaphore(depth + 1)  # the consumer's current result + depth
+        self._ready: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._holding = False  # the consumer holds a result (its slot not yet returned)
+        self._closed = False
+        self.wait_s = 0.0
+        self._size = size
+        self._lock = threading.Lock()
+        self._live_bytes = 0
+        self._held_bytes = 0  # the consumer's current result
+        self.peak_bytes = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self._items:
+                self._slots.acquire()
+                if self._stop.is_set():
+                    return
+                result = self._prepare(item)
+                self._count(self._size(result) if self._size is not None else 0)
+                self._ready.put((item, result, None))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, re-raised there
+            self._ready.put((None, None, err))
+            return
+        self._ready.put(_DONE)
+
+    def _count(self, nbytes: int) -> None:
+        with self._lock:
+            self._live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self._live_bytes)
+
+    def reset_peak(self) -> None:
+        """Restart :attr:`peak_bytes` from the bytes alive now."""
+        with self._lock:
+            self.peak_bytes = self._live_bytes
+
+    def __iter__(self) -> Iterator[tuple[K, T]]:
+        return self
+
+    def __next__(self) -> tuple[K, T]:
+        if self._closed:
+            raise StopIteration
+        if self._holding:  # the consumer is done with its last result: its slot frees
+            self._holding = False
+            self._count(-self._held_bytes)
+            self._slots.release()
+        start = time.perf_counter()
+        entry = self._ready.get()
+        self.wait_s += time.perf_counter() - start
+        if entry is _DONE:
+            self.close()
+            raise StopIteration
+        item, result, err = entry
+        if err is not None:
+            self.close()
+            raise err
+        self._holding = True
+        self._held_bytes = self._size(result) if self._size is not None else 0
+        return item, result
+
+    def close(self) -> None:
+        """Stop preparing (after the item in progress), drop what was prepared, and
+        wait for the thread to end. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._slots.release()  # a thread waiting for a slot wakes up and sees the stop
+        self._thread.join()
+        while True:  # drop the results nobody will take
+            try:
+                self._ready.get_nowait()
+            except queue.Empty:
+                break
+
+    def __enter__(self) -> "Prefetcher[K, T]":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self._stop.set()
+            self._slots.release()
+
+
+class Inline(Generic[K, T]):
+    """The serial counterpart of :class:`Prefetcher`, with its interface: ``prepare``
+    runs in the consumer's thread when the consumer asks for the next item, so
+    :attr:`wait_s` is the preparation's own wall and nothing is made ahead
+    (:attr:`peak_bytes` stays 0)."""
+
+    def __init__(self, items: Sequence[K], prepare: Callable[[K], T]) -> None:
+        self._items = iter(list(items))
+        self._prepare = prepare
+        self.wait_s = 0.0
+        self.peak_bytes = 0
+
+    def __iter__(self) -> Iterator[tuple[K, T]]:
+        return self
+
+    def __next__(self) -> tuple[K, T]:
+        item = next(self._items)
+        start = time.perf_counter()
+        try:
+            return item, self._prepare(item)
+        finally:
+            self.wait_s += time.perf_counter() - start
+
+    def reset_peak(self) -> None:
+        """Nothing to reset (kept for :class:`Prefetcher`'s interface)."""
+
+    def close(self) -> None:
+        """Drop the items not yet prepared."""
+        self._items = iter(())

@@ -1,0 +1,218 @@
+"""Preparation ahead of the step: the prefetcher's order, bound, errors and stop, and a
+pipelined Trainer that trains exactly as the serial one, bit for bit."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from betty.engine import PartitionPlan, Trainer
+from betty.memory.meter import MemoryMeter
+from betty.models import build_model
+from betty.pipeline import Inline, Prefetcher
+from distributed_cases import CLASSES, FEATS, dataset
+from graphs import backend_params
+
+
+def _prepare_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "betty-prepare"]
+
+
+# -- the prefetcher ------------------------------------------------------------------
+
+def test_results_come_in_order_and_at_most_depth_ahead():
+    made, taken, ahead = [], [], []
+
+    def prepare(i):
+        made.append(i)
+        ahead.append(len(made) - len(taken))  # made but not yet released by the consumer
+        return i * i
+
+    with Prefetcher(range(12), prepare, depth=2, size=lambda r: 10) as source:
+        for item, result in source:
+            assert result == item * item
+            time.sleep(0.01)  # let the thread run as far ahead as it may
+            taken.append(item)
+        peak = source.peak_bytes
+    assert taken == list(range(12))
+    # the consumer holds one result and releases it on asking for the next: with it,
+    # at most depth + 1 are alive
+    assert max(ahead) <= 3
+    assert max(ahead) == 3  # and the thread does run ahead
+    assert peak == 30
+
+
+def test_an_error_in_prepare_reaches_the_consumer_after_the_items_before_it():
+    def prepare(i):
+        if i == 3:
+            raise KeyError("no such batch")
+        return i
+
+    got = []
+    with pytest.raises(KeyError, match="no such batch"):
+        for item, _ in Prefetcher(range(6), prepare, depth=2):
+            got.append(item)
+    assert got == [0, 1, 2]
+    assert not _prepare_threads()
+
+
+def test_leaving_early_stops_the_thread_and_prepares_nothing_more():
+    made = []
+    source = Prefetcher(range(1000), lambda i: made.append(i) or i, depth=1)
+    for item, _ in source:
+        if item == 2:
+            break
+    source.close()
+    count = len(made)
+    assert not _prepare_threads()
+    assert count <= 4  # items 0-2, and at most the one ahead
+    time.sleep(0.05)
+    assert len(made) == count
+
+
+def test_an_error_in_the_consumer_leaves_no_thread_behind():
+    with pytest.raises(RuntimeError):
+        with Prefetcher(range(100), lambda i: i, depth=3) as source:
+            for item, _ in source:
+                if item == 1:
+                    raise RuntimeError("the step failed")
+    assert not _prepare_threads()
+
+
+@pytest.mark.parametrize("depth", [0, -1, 1.5, True])
+def test_depth_must_be_a_positive_integer(depth):
+    with pytest.raises(ValueError, match="depth"):
+        Prefetcher([1], lambda i: i, depth=depth)
+
+
+def test_inline_prepares_in_the_callers_thread_and_times_it():
+    threads = []
+
+    def prepare(i):
+        threads.append(threading.current_thread())
+        time.sleep(0.02)
+        return i
+
+    source = Inline(range(3), prepare)
+    assert [r for _, r in source] == [0, 1, 2]
+    assert threads == [threading.current_thread()] * 3
+    assert source.wait_s >= 0.06 and source.peak_bytes == 0
+
+
+# -- the pipelined trainer -----------------------------------------------------------
+
+def _trainer(prefetch: int, backend: str = "auto", batch_size=None, plan=None, meter=False,
+             arch: str = "sage", aggregator: str = "mean"):
+    torch.manual_seed(0)
+    model = build_model(arch, FEATS, CLASSES, hidden=8, layers=2, aggregator=aggregator, heads=2,
+                        dropout=0.5, backend=backend)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    m = None
+    if meter:
+        m = MemoryMeter("cpu")
+        m.track(model, opt)
+    trainer = Trainer(model, opt, dataset(), [4, 6], plan or PartitionPlan("reg", 3, reuse=2), seed=1,
+                      batch_size=batch_size, prefetch=prefetch, meter=m)
+    return trainer, model
+
+
+def _run(prefetch: int, epochs: int = 4, **kwargs):
+    trainer, model = _trainer(prefetch, **kwargs)
+    records = list(trainer.epochs(range(epochs)))
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, records
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("batch_size", [None, 50])
+@pytest.mark.parametrize("arch,aggregator", [("sage", "mean"), ("gat", None)])
+def test_pipelined_training_equals_serial_bit_for_bit(backend, batch_size, arch, aggregator):
+    serial, serial_records = _run(0, backend=backend, batch_size=batch_size, arch=arch,
+                                  aggregator=aggregator or "mean")
+    piped, piped_records = _run(2, backend=backend, batch_size=batch_size, arch=arch,
+                                aggregator=aggregator or "mean")
+    for name, value in serial.items():
+        assert torch.equal(value, piped[name]), name
+    for a, b in zip(serial_records, piped_records):
+        assert a.loss == b.loss and a.train_acc == b.train_acc and a.k == b.k
+        assert [m.num_inputs for x in a.batches for m in x.micro] == \
+               [m.num_inputs for x in b.batches for m in x.micro]
+        assert [x.repartitioned for x in a.batches] == [x.repartitioned for x in b.batches]
+        assert a.prefetch_bytes == 0 and b.prefetch_bytes > 0
+
+
+def test_pipelined_k_search_and_measured_peaks_equal_serial():
+    """K from the memory model (a budget), the estimate logged beside the measurement:
+    the preparation thread's allocations are not the step's, so every measured and
+    estimated peak is the serial run's."""
+    plan = PartitionPlan("reg", "auto", reuse=2, memory_budget=3 * 2**20)
+    serial, a_records = _run(0, plan=plan, meter=True, batch_size=50)
+    piped, b_records = _run(1, plan=plan, meter=True, batch_size=50)
+    for name, value in serial.items():
+        assert torch.equal(value, piped[name]), name
+    for a, b in zip(a_records, b_records):
+        assert [m.peak_bytes for x in a.batches for m in x.micro] == \
+               [m.peak_bytes for x in b.batches for m in x.micro]
+        assert [x.micro_estimated_bytes for x in a.batches] == [x.micro_estimated_bytes for x in b.batches]
+        assert a.k == b.k
+
+
+def test_the_next_batch_is_prepared_while_the_step_runs():
+    trainer, _ = _trainer(1, batch_size=50)
+    overlapped = []
+    real_prepare, real_step = trainer.prepare, trainer.train_prepared
+    stepping = threading.Event()
+
+    def prepare(*args, **kwargs):
+        time.sleep(0.1)  # the consumer meanwhile starts the step it just took
+        overlapped.append(stepping.is_set())
+        return real_prepare(*args, **kwargs)
+
+    def step(prepared):
+        stepping.set()
+        time.sleep(0.3)  # longer than a preparation
+        try:
+            return real_step(prepared)
+        finally:
+            stepping.clear()
+
+    trainer.prepare, trainer.train_prepared = prepare, step
+    records = list(trainer.epochs(range(2)))
+    # the first is made before any step; every later one while a step runs, across
+    # the epoch boundary too
+    assert overlapped == [False] + [True] * 5
+    assert all(r.time_wait_s < 0.5 * r.epoch_time_s for r in records[1:])
+
+
+def test_a_failing_preparation_fails_the_run_and_leaves_no_thread():
+    trainer, _ = _trainer(1, batch_size=50)
+    real = trainer.sample
+
+    def sample(epoch, batch_index=0):
+        if epoch == 1 and batch_index == trainer.batch_order(1)[1]:
+            raise OSError("feature file vanished")
+        return real(epoch, batch_index)
+
+    trainer.sample = sample
+    done = []
+    with pytest.raises(OSError, match="feature file vanished"):
+        for record in trainer.epochs(range(3)):
+            done.append(record.epoch)
+    assert done == [0]
+    assert not _prepare_threads()
+
+
+def test_breaking_out_of_the_epochs_stops_the_preparation():
+    trainer, _ = _trainer(1, batch_size=50)
+    for record in trainer.epochs(range(50)):
+        break
+    assert record.epoch == 0
+    assert not _prepare_threads()
+
+
+@pytest.mark.parametrize("prefetch", [-1, 1.0, True])
+def test_prefetch_must_be_a_non_negative_integer(prefetch):
+    with pytest.raises(ValueError, match="prefetch"):
+        _trainer(prefetch)
