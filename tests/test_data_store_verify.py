@@ -197,8 +197,8 @@ def test_a_file_changed_in_the_tick_hashing_began_is_not_stamped(tmp_path, hashe
 
 
 def test_a_file_changed_while_hashed_is_not_stamped(tmp_path, hashed, monkeypatch):
-    """A file whose state differs after hashing from before (here: its mtime touched)
-    matched its hash but is not stamped."""
+    """A file changed while it is hashed (here: its mtime set) matched its hash but is
+    not stamped: its ctime is no longer older than the stamp's start."""
     folder = _store(tmp_path, stamped=False)
     real = store_module._sha256
 

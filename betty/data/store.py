@@ -285,9 +285,9 @@ class _Stamper:
 
     Its temporary file is created before any hashing; that file's ``ctime`` (``t0``,
     from the file system's own clock) bounds what may be stamped: a file whose
-    ``ctime`` is not older than ``t0`` was changed in the same clock tick as the hash
-    began and could change again without a new ``ctime``, so it is left out (hashed
-    again next time). A folder that cannot be written to gets no stamp."""
+    ``ctime`` is not older than ``t0`` changed after the hashing began or in the same
+    clock tick (and could change again without a new ``ctime``), so it is left out
+    (hashed again next time). A folder that cannot be written to gets no stamp."""
 
     def __init__(self, folder: Path) -> None:
         self.folder, self.records = folder, {}
@@ -299,12 +299,12 @@ class _Stamper:
         self.tmp, self.fh = Path(name), os.fdopen(fd, "w", encoding="utf-8")
         self.t0 = os.fstat(fd).st_ctime_ns
 
-    def record(self, file: str, digest: str, before: os.stat_result, after: os.stat_result) -> None:
-        """Stamp ``file`` as matching ``digest``, if its state did not change while it was
-        hashed (``before``/``after``) and is older than this stamp."""
-        if (self.tmp is not None and _file_identity(before) == _file_identity(after)
-                and after.st_ctime_ns < self.t0):
-            self.records[file] = {"sha256": digest, **_file_identity(after)}
+    def record(self, file: str, digest: str, st: os.stat_result) -> None:
+        """Stamp ``file`` as matching ``digest`` in state ``st`` (its ``stat`` after it was
+        hashed), if that state is older than ``t0``: then the file did not change since
+        the hashing began, and any later change moves its ``ctime`` to ``t0`` or later."""
+        if self.tmp is not None and st.st_ctime_ns < self.t0:
+            self.records[file] = {"sha256": digest, **_file_identity(st)}
 
     def commit(self, kept: dict) -> None:
         """Write ``kept`` (records still valid) with the new ones as the folder's stamp."""
@@ -380,7 +380,7 @@ def open_store(folder: str | Path, *, verify: bool | str = True) -> tuple[dict[s
                     entry, path = entries[name], folder / entries[name]["file"]
                     if _sha256(path) != entry["sha256"]:
                         raise StoreError(f"content of {entry['file']} differs from its recorded SHA-256")
-                    stamper.record(entry["file"], entry["sha256"], stats[name], path.stat())
+                    stamper.record(entry["file"], entry["sha256"], path.stat())
                 stamper.commit(kept)
             finally:
                 stamper.discard()
