@@ -11,6 +11,7 @@ import betty.data.synthetic as synthetic_module
 from betty.data import cache_path, load_dataset
 from betty.data import cache as cache_module
 from betty.data import store as store_module
+from betty.data.store import STAMP
 from betty.sampling import sample_full_batch
 
 OPTS = dict(num_nodes=600, avg_degree=6.0, num_communities=10, num_classes=4)
@@ -202,9 +203,10 @@ def test_sampler_reads_the_stored_csr_and_gives_the_same_batch(tmp_path, monkeyp
     load_dataset("synthetic", root=tmp_path, self_loops=self_loops, **OPTS)  # writes the entry
     stored = load_dataset("synthetic", root=tmp_path, self_loops=self_loops, **OPTS)
     entry = cache_path("synthetic", tmp_path, self_loops=self_loops, **OPTS)
-    assert sorted(p.name for p in entry.iterdir()) == sorted(
+    names = [p.name for p in entry.iterdir()]  # the stamp, unless the load raced the write
+    assert sorted(names) == sorted(
         ["manifest.json", "indptr.bin", "indices.bin", "eid.bin", "feat.bin", "label.bin",
-         "train_idx.bin", "valid_idx.bin", "test_idx.bin"])
+         "train_idx.bin", "valid_idx.bin", "test_idx.bin", *[STAMP] * (STAMP in names)])
     g = stored.graph
     assert "src" not in g.__dict__ and g.in_csr[1].dtype == torch.int32 and g.in_csr[2].dtype == torch.int32
     for seed in (0, 1):
@@ -282,3 +284,43 @@ def test_self_loops_keep_existing_loops():
     assert looped.edges()[0].tolist() == [0, 1, 2, 2, 1, 3]
     assert looped.edges()[1].tolist() == [0, 2, 1, 2, 1, 3]
     assert looped.with_self_loops() is looped
+
+
+def test_only_the_first_load_after_a_build_hashes_and_an_edit_in_place_rebuilds(tmp_path, monkeypatch,
+                                                                                generator_calls):
+    """The build hashes as it writes and is not hashed again; the next load hashes every
+    file once and stamps them; later loads hash none, unless ``verify="full"``. A file
+    then edited in place (same size, mtime put back) is hashed, refused and rebuilt."""
+    import os
+
+    from test_data_store_verify import _settle
+
+    hashed = []
+    real = store_module._sha256
+    monkeypatch.setattr(store_module, "_sha256", lambda path: hashed.append(path.name) or real(path))
+    first = load_dataset("synthetic", root=tmp_path, **OPTS)
+    path = cache_path("synthetic", tmp_path, **OPTS)
+    files = sorted(p.name for p in path.iterdir() if p.suffix == ".bin")
+    assert hashed == [] and len(files) == 8
+    _settle(path)
+    load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert sorted(hashed) == files and (path / STAMP).is_file()
+    hashed.clear()
+    _same(first, load_dataset("synthetic", root=tmp_path, **OPTS))
+    assert hashed == []
+    load_dataset("synthetic", root=tmp_path, verify="full", **OPTS)
+    assert sorted(hashed) == files
+    with pytest.raises(ValueError, match="allowed: True, False, 'full'"):
+        load_dataset("synthetic", root=tmp_path, verify="sometimes", **OPTS)
+    hashed.clear()
+    victim = path / "label.bin"
+    before = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[0] ^= 1
+    with victim.open("r+b") as fh:  # the datasets loaded above map this file: not used again
+        fh.write(data[:1])
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.warns(UserWarning, match="content of label.bin differs from its recorded SHA-256"):
+        again = load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert hashed == ["label.bin"] and len(generator_calls) == 2
+    assert torch.equal(again.label, load_dataset("synthetic", root=tmp_path, cache=False, **OPTS).label)

@@ -9,10 +9,12 @@ versioning in ``docs/graph_store.md``) holding the graph as its in-edge CSR only
 left out when edge IDs are CSR positions), the features and labels in whatever dtype
 they have, and the splits. It is written to a temporary folder and moved into place
 (an interrupted run leaves no entry); every file's size and SHA-256 are in its
-manifest. A load checks them and memory-maps every array (nothing is read into memory
-but what is touched): an entry that is not a folder, lacks or cannot read its
-manifest, has a missing, truncated or changed file, is ignored with a warning and
-rebuilt, never crashed on.
+manifest. A load checks the manifest and every size, hashes the files not stamped as
+verified since they last changed (:func:`betty.data.store.open_store`: the first load
+after a build hashes them once, later loads none), and memory-maps every array
+(nothing is read into memory but what is touched): an entry that is not a folder,
+lacks or cannot read its manifest, has a missing, truncated or changed file, is
+ignored with a warning and rebuilt, never crashed on.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from betty.data.store import StoreError, StoreWriter, open_store
+from betty.data.store import StoreError, StoreWriter, open_store, verify_mode
 from betty.data.types import GraphDataset
 from betty.graph import Graph
 
@@ -97,13 +99,19 @@ def dataset_from_store(arrays: dict[str, torch.Tensor], scalars: dict) -> GraphD
         is_ogb=scalars["is_ogb"], ogb_name=scalars["ogb_name"])
 
 
-def load_cached(path: str | Path, *, verify: bool = True) -> GraphDataset | None:
+def load_cached(path: str | Path, *, verify: bool | str = True) -> GraphDataset | None:
     """The dataset stored at ``path``, or ``None`` if there is none or it cannot be used
     (each reason with a warning; the caller then rebuilds and overwrites it).
 
-    Every array is memory-mapped after its file's size and (``verify``) SHA-256 are
-    checked against the manifest (hashing reads the files once, about a second per GB,
-    so their pages are then in the page cache)."""
+    Every array is memory-mapped after the manifest and every file's size are checked;
+    ``verify`` (:func:`betty.data.store.open_store`) says which files are hashed against
+    their manifest SHA-256: ``True`` those changed since they were last verified,
+    ``"full"`` all (one sequential read of the entry, about a second per GB, leaving it
+    in the page cache), ``False`` none.
+
+    Raises:
+        ValueError: ``verify`` is none of ``True``, ``False``, ``"full"``."""
+    verify_mode(verify)
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return None

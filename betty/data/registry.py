@@ -261,7 +261,8 @@ def dataset_digest(name: str, root: str | Path = "data", **options) -> str:
     return _module("cache").cache_key(_identity(name, root, options))
 
 
-def _load_written_store(spec: DatasetSpec, name: str, root: Path, opts: dict, path: Path | None):
+def _load_written_store(spec: DatasetSpec, name: str, root: Path, opts: dict, path: Path | None,
+                        verify: bool | str):
     """Load (or first generate) a dataset whose generator writes its cache folder."""
     if path is None:
         raise ValueError(f"dataset {name!r} is generated straight into betty's cache folder "
@@ -270,7 +271,7 @@ def _load_written_store(spec: DatasetSpec, name: str, root: Path, opts: dict, pa
         raise ValueError(f"self_loops=True is not supported for dataset {name!r} "
                          f"(allowed: false); the model adds the self term")
     cache = _module("cache")
-    hit = cache.load_cached(path)
+    hit = cache.load_cached(path, verify=verify)
     if hit is None:
         spec.writes_store(name, root, _own_options(opts), path)
         hit = cache.load_cached(path, verify=False)
@@ -280,7 +281,8 @@ def _load_written_store(spec: DatasetSpec, name: str, root: Path, opts: dict, pa
 
 
 def load_dataset(
-    name: str, root: str | Path = "data", *, cache: bool = True, **options
+    name: str, root: str | Path = "data", *, cache: bool = True, verify: bool | str = True,
+    **options
 ) -> GraphDataset:
     """Load a node-classification dataset by name.
 
@@ -291,6 +293,11 @@ def load_dataset(
         root: data folder: OGB folders (``ogbn_products/``), DGL folders
             (``cora_v2_d697a464/``) and betty's cache (``betty-cache/``) live here.
         cache: read/write betty's processed-dataset cache (synthetic and OGB datasets).
+        verify: how a cache entry found on disk is checked
+            (:func:`betty.data.store.open_store`): ``True`` hashes the files changed
+            since they were last verified, ``"full"`` every file, ``False`` none (the
+            manifest and every file's size are always checked). An entry just written
+            is not hashed again.
         **options: dataset options (see :class:`betty.data.synthetic.SyntheticConfig`;
             ``dgl-file`` takes ``path`` and ``num_classes``; the others take none of
             their own) and :data:`COMMON_OPTIONS` (``self_loops``), which every dataset
@@ -307,11 +314,12 @@ def load_dataset(
     spec = _spec(name)
     opts = resolve_options(name, options)
     root = Path(root)
+    _module("store").verify_mode(verify)
     path = cache_path(name, root, **opts) if cache else None
     if spec.writes_store is not None:
-        return _load_written_store(spec, name, root, opts, path)
+        return _load_written_store(spec, name, root, opts, path, verify)
     if path is not None:
-        hit = _module("cache").load_cached(path)
+        hit = _module("cache").load_cached(path, verify=verify)
         if hit is not None:
             return hit
     ds = _apply_common(spec.build(name, root, _own_options(opts)), opts)

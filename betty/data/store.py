@@ -12,13 +12,33 @@ Arrays are written in chunks (:class:`StoreWriter`, :meth:`StoreWriter.array`), 
 producer never needs a whole array in memory, and hashed as they are written. The
 folder is built under a temporary name beside its final place and moved there with
 ``os.replace`` once the manifest is written: an interrupted write leaves no store, only
-a temporary folder that is removed. :func:`open_store` checks every file's size against
-its manifest (a truncated file is caught without reading it) and, with ``verify``, its
-SHA-256 (reads every byte once, sequentially); it then memory-maps each file
-copy-on-write (``torch.from_file(shared=False)``: pages are read when first touched,
-writes stay private to the process). Any problem raises :class:`StoreError` with the
-reason. Dtypes are stored by name (any torch dtype: the store does not care what the
-arrays hold).
+a temporary folder that is removed.
+
+:func:`open_store` always checks that the manifest is complete and consistent and every
+file's size against it (a truncated file is caught without reading it). It hashes a
+file (SHA-256, one sequential read) only when the folder's stamp, ``verified.json``,
+does not vouch for it::
+
+    {"stamp_format": 1,
+     "files": {"<name>.bin": {"sha256": "<hex>", "bytes": n, "mtime_ns": m,
+                              "ctime_ns": c, "ino": i, "dev": d}, ...}}
+
+A record vouches for a file when its ``sha256`` is the manifest's and the other fields
+equal the file's ``stat`` now: any write, truncation, ``utime`` or replacement changes
+``ctime`` (which cannot be set back) or the inode, so a file changed since it was last
+hashed is hashed again; a missing, unreadable or foreign stamp vouches for nothing. After
+hashing, the files that matched are stamped (the stamp is written to a temporary file
+and moved into place; a folder that cannot be written to keeps hashing), except a file
+last changed in the clock tick the hashing began in (it could change again unseen).
+The stamp trusts the file system's metadata: it catches a changed, replaced or cut
+file, not bytes that rot on a disk without a write (``verify="full"`` hashes every file
+whatever the stamp says), nor someone who may write the folder (they could rewrite the
+manifest as well). ``verify=False`` checks sizes only.
+
+Each array is then memory-mapped copy-on-write (``torch.from_file(shared=False)``:
+pages are read when first touched, writes stay private to the process). Any problem
+raises :class:`StoreError` with the reason. Dtypes are stored by name (any torch dtype:
+the store does not care what the arrays hold).
 """
 
 from __future__ import annotations
@@ -33,11 +53,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["STORE_FORMAT", "MANIFEST", "StoreError", "StoreWriter", "ArrayWriter", "write_store",
-           "open_store", "clear_path", "gather_rows"]
+__all__ = ["STORE_FORMAT", "MANIFEST", "STAMP", "StoreError", "StoreWriter", "ArrayWriter", "write_store",
+           "verify_mode", "open_store", "clear_path", "gather_rows"]
 
 STORE_FORMAT = 1
 MANIFEST = "manifest.json"
+STAMP = "verified.json"
+STAMP_FORMAT = 1
 _WRITE_CHUNK = 1 << 26  # bytes per write/hash step
 
 
@@ -182,37 +204,188 @@ def _map(path: Path, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
     return torch.from_file(str(path), shared=False, size=numel, dtype=dtype).view(*shape)
 
 
-def open_store(folder: str | Path, *, verify: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
+def verify_mode(verify: bool | str) -> str:
+    """The check :func:`open_store` makes for ``verify``: ``"stamp"`` for ``True``,
+    ``"size"`` for ``False``, ``"full"`` for ``"full"``; ``ValueError`` for anything else."""
+    if verify is True:
+        return "stamp"
+    if verify is False:
+        return "size"
+    if verify == "full":
+        return "full"
+    raise ValueError(f"verify={verify!r} (allowed: True, False, 'full')")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _checked_entries(manifest) -> tuple[dict[str, dict], dict]:
+    """``(entries, scalars)`` of a parsed manifest, every entry complete and consistent:
+    a plain file name (no folder, not hidden, not one of the store's own files, each
+    used once), a known dtype, a shape of counts, ``bytes`` = numel x item size and a
+    64-digit hex SHA-256."""
+    if not isinstance(manifest, dict) or not {"store_format", "arrays", "scalars"} <= manifest.keys():
+        raise StoreError(f"has no readable manifest ({MANIFEST}: not an object with store_format, "
+                         f"arrays and scalars)")
+    fmt = manifest["store_format"]
+    if fmt != STORE_FORMAT:
+        raise StoreError(f"has store format {fmt!r}, this betty reads {STORE_FORMAT}")
+    entries, scalars = manifest["arrays"], manifest["scalars"]
+    if not isinstance(entries, dict) or not isinstance(scalars, dict):
+        raise StoreError(f"has no readable manifest ({MANIFEST}: arrays and scalars are not objects)")
+    files: set[str] = set()
+    for name, entry in entries.items():
+        def bad(why: str) -> StoreError:
+            return StoreError(f"has a malformed manifest entry for array {name!r} ({why})")
+        if not isinstance(entry, dict) or not {"file", "dtype", "shape", "bytes", "sha256"} <= entry.keys():
+            raise bad("needs file, dtype, shape, bytes and sha256")
+        file = entry["file"]
+        if (not isinstance(file, str) or not file or file != Path(file).name or "\\" in file
+                or file.startswith(".") or file in (MANIFEST, STAMP) or file in files):
+            raise bad(f"file {file!r} is not a plain, unused file name")
+        files.add(file)
+        dtype = _dtype(entry["dtype"])
+        shape = entry["shape"]
+        if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+            raise bad(f"shape {shape!r} is not a list of counts")
+        digest = entry["sha256"]
+        if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= set("0123456789abcdef"):
+            raise bad(f"sha256 {digest!r} is not 64 hex digits")
+        if not _is_count(entry["bytes"]):
+            raise bad(f"bytes {entry['bytes']!r} is not a count")
+        want = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        if entry["bytes"] != want:
+            raise bad(f"bytes {entry['bytes']} for a {_dtype_name(dtype)} array of shape {shape}: "
+                      f"{want} expected")
+    return entries, scalars
+
+
+def _file_identity(st: os.stat_result) -> dict:
+    """What a stamp records of a file's state: any write, truncation, ``utime``, chmod
+    or replacement changes at least one of these (``ctime`` cannot be set back)."""
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+            "ino": st.st_ino, "dev": st.st_dev}
+
+
+def _read_stamp(folder: Path) -> dict:
+    """``file name -> record`` of the folder's stamp; ``{}`` when it is absent or unreadable."""
+    try:
+        stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
+        if not isinstance(stamp, dict) or stamp.get("stamp_format") != STAMP_FORMAT:
+            return {}
+        files = stamp["files"]
+        return files if isinstance(files, dict) else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+class _Stamper:
+    """Writes the stamp of the files hashed in one :func:`open_store`, atomically.
+
+    Its temporary file is created before any hashing; that file's ``ctime`` (``t0``,
+    from the file system's own clock) bounds what may be stamped: a file whose
+    ``ctime`` is not older than ``t0`` changed after the hashing began or in the same
+    clock tick (and could change again without a new ``ctime``), so it is left out
+    (hashed again next time). A folder that cannot be written to gets no stamp."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.records = folder, {}
+        try:
+            fd, name = tempfile.mkstemp(dir=folder, prefix=f".{STAMP}.", suffix=".tmp")
+        except OSError:
+            self.tmp = None
+            return
+        self.tmp, self.fh = Path(name), os.fdopen(fd, "w", encoding="utf-8")
+        self.t0 = os.fstat(fd).st_ctime_ns
+
+    def record(self, file: str, digest: str, st: os.stat_result) -> None:
+        """Stamp ``file`` as matching ``digest`` in state ``st`` (its ``stat`` after it was
+        hashed), if that state is older than ``t0``: then the file did not change since
+        the hashing began, and any later change moves its ``ctime`` to ``t0`` or later."""
+        if self.tmp is not None and st.st_ctime_ns < self.t0:
+            self.records[file] = {"sha256": digest, **_file_identity(st)}
+
+    def commit(self, kept: dict) -> None:
+        """Write ``kept`` (records still valid) with the new ones as the folder's stamp."""
+        if self.tmp is None:
+            return
+        try:
+            json.dump({"stamp_format": STAMP_FORMAT, "files": {**kept, **self.records}},
+                      self.fh, indent=1, sort_keys=True)
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+            os.chmod(self.tmp, 0o644)
+            os.replace(self.tmp, self.folder / STAMP)
+        except OSError:
+            pass
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Remove the temporary file, if it is still there."""
+        if self.tmp is not None:
+            if not self.fh.closed:
+                self.fh.close()
+            self.tmp.unlink(missing_ok=True)
+            self.tmp = None
+
+
+def open_store(folder: str | Path, *, verify: bool | str = True) -> tuple[dict[str, torch.Tensor], dict]:
     """``(arrays, scalars)`` of the store at ``folder``, each array memory-mapped.
 
+    Always checks that the manifest is complete and consistent and that every file is
+    there with its recorded size (nothing is read from the files for that). Then, by
+    ``verify``:
+
+    * ``True``: hashes each file that the folder's stamp (:data:`STAMP`) does not record
+      as matching its manifest SHA-256 in its current state (size, mtime, ctime, inode,
+      device), and stamps the files that matched;
+    * ``"full"``: hashes every file and stamps them;
+    * ``False``: hashes nothing (for a store just written, hashed on the way).
+
     Raises:
-        StoreError: not a folder, no readable manifest, a foreign format, a missing or
-            truncated file, or (with ``verify``) a file whose SHA-256 differs from its
-            manifest's."""
+        StoreError: not a folder, no readable or a malformed manifest, a foreign format,
+            a missing or truncated file, or a hashed file whose SHA-256 differs from its
+            manifest's.
+        ValueError: ``verify`` is none of ``True``, ``False``, ``"full"``."""
+    mode = verify_mode(verify)
     folder = Path(folder)
     if not folder.is_dir() or folder.is_symlink():
         raise StoreError("is not a store folder")
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        entries, scalars = manifest["arrays"], manifest["scalars"]
-        fmt = manifest["store_format"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError) as err:
         raise StoreError(f"has no readable manifest ({MANIFEST}: {err})") from None
-    if fmt != STORE_FORMAT:
-        raise StoreError(f"has store format {fmt!r}, this betty reads {STORE_FORMAT}")
-    arrays: dict[str, torch.Tensor] = {}
+    entries, scalars = _checked_entries(manifest)
+    stats: dict[str, os.stat_result] = {}
     for name, entry in entries.items():
         path = folder / entry["file"]
-        if "/" in entry["file"] or not path.is_file():
+        if not path.is_file():
             raise StoreError(f"lacks its file {entry['file']}")
-        dtype = _dtype(entry["dtype"])
-        want = int(np.prod(entry["shape"], dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-        size = path.stat().st_size
-        if size != want or entry["bytes"] != want:
-            raise StoreError(f"has {entry['file']} of {size} bytes, its manifest records {want}")
-        if verify and _sha256(path) != entry["sha256"]:
-            raise StoreError(f"content of {entry['file']} differs from its recorded SHA-256")
-        arrays[name] = _map(path, dtype, entry["shape"])
+        stats[name] = path.stat()
+        if stats[name].st_size != entry["bytes"]:
+            raise StoreError(f"has {entry['file']} of {stats[name].st_size} bytes, "
+                             f"its manifest records {entry['bytes']}")
+    if mode != "size":
+        stamp = _read_stamp(folder) if mode == "stamp" else {}
+        kept = {entry["file"]: stamp[entry["file"]] for name, entry in entries.items()
+                if stamp.get(entry["file"]) == {"sha256": entry["sha256"], **_file_identity(stats[name])}}
+        todo = [name for name, entry in entries.items() if entry["file"] not in kept]
+        if todo:
+            stamper = _Stamper(folder)
+            try:
+                for name in todo:
+                    entry, path = entries[name], folder / entries[name]["file"]
+                    if _sha256(path) != entry["sha256"]:
+                        raise StoreError(f"content of {entry['file']} differs from its recorded SHA-256")
+                    stamper.record(entry["file"], entry["sha256"], path.stat())
+                stamper.commit(kept)
+            finally:
+                stamper.discard()
+    arrays = {name: _map(folder / entry["file"], _dtype(entry["dtype"]), entry["shape"])
+              for name, entry in entries.items()}
     return arrays, scalars
 
 
