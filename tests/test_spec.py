@@ -267,6 +267,25 @@ def test_train_threads_is_validated_and_applied():
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("override", ["train.prefetch=0", "train.prefetch=17", "train.prefetch=1.5",
+                                      "train.pipeline=sometimes"])
+def test_train_pipeline_and_prefetch_are_validated(override):
+    with pytest.raises(SpecError, match=override.split("=")[0]):
+        load_spec("tiny", [override])
+
+
+@pytest.mark.parametrize("overrides,prefetch", [([], 1), (["train.prefetch=3"], 3),
+                                                (["train.pipeline=false", "train.prefetch=3"], 0)])
+def test_train_pipeline_reaches_the_trainer(overrides, prefetch):
+    import torch
+
+    from workflow.components import load_data, make_trainer
+
+    rspec = load_spec("tiny", overrides)
+    trainer, _, _ = make_trainer(rspec, load_data(rspec), torch.device("cpu"))
+    assert trainer.prefetch == prefetch
+
+
 def test_partition_time_limit_and_determinism_reach_the_plan(monkeypatch):
     import os
 
