@@ -282,7 +282,11 @@ def test_train_pipeline_reaches_the_trainer(overrides, prefetch):
     from workflow.components import load_data, make_trainer
 
     rspec = load_spec("tiny", overrides)
-    trainer, _, _ = make_trainer(rspec, load_data(rspec), torch.device("cpu"))
+    before = torch.get_num_threads()
+    try:  # load_data applies train.threads
+        trainer, _, _ = make_trainer(rspec, load_data(rspec), torch.device("cpu"))
+    finally:
+        torch.set_num_threads(before)
     assert trainer.prefetch == prefetch
 
 
