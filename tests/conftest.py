@@ -112,6 +112,7 @@ WORKFLOW_MODULES = {
     "test_spec", "test_cli", "test_cli_memory", "test_workflow", "test_workflow_compare",
     "test_workflow_guards", "test_workflow_interrupts", "test_workflow_mlproject",
     "test_workflow_rev", "test_workflow_support", "test_workflow_tracking", "test_team_server",
+    "test_pipeline_workflow",
 }
 STACK_DEPENDENT_WORKFLOW_TESTS = {
     "test_workflow.py::test_pipeline_logs_contract_and_reuses_by_content",
