@@ -188,7 +188,7 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
                              seed=rspec.spec.sampling.seed + repeat, dropout_seed=t.seed + repeat,
                              dtype=torch_dtype(rspec), precision=spec_precision(rspec),
                              dropout_mode=rspec.spec.model.dropout_mode,
-                             meter=meter, on_search=on_search)
+                             meter=meter, on_search=on_search, prefetch=t.prefetch if t.pipeline else 0)
         return trainer, model, optimizer
     extra = {}
     if on_search is not None and "on_search" in inspect.signature(Trainer).parameters:

@@ -446,8 +446,8 @@ class TrainSection(_Section):
     a preparation thread samples, partitions, estimates and carves up to ``prefetch``
     batches ahead of the step, so that preparation runs while the previous batch
     trains (the updates are the serial loop's, bit for bit; ``betty.engine.Trainer``'s
-    ``prefetch``); ``false`` prepares each batch when its step starts. Sampled-batch
-    models only: ``revgnn`` trains serially."""
+    ``prefetch``); ``false`` prepares each batch when its step starts. ``revgnn``: the
+    next epochs' cluster parts are split ahead (``betty.rev.engine.RevTrainer``)."""
 
     epochs: int = Field(10, ge=1)
     lr: float = Field(0.01, gt=0.0, allow_inf_nan=False)

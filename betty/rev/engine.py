@@ -175,6 +175,12 @@ class RevEpochRecord:
     peak_mem_measured_bytes: int | None
     peak_mem_estimated_bytes: int | None
     parts: list[PartRecord] = field(default_factory=list)
+    time_wait_s: float = 0.0
+
+    @property
+    def time_idle_s(self) -> float:
+        """Wall of the epoch not covered by compute (seconds, >= 0)."""
+        return max(0.0, self.epoch_time_s - self.time_compute_s)
 
     @property
     def mem_estimate_error(self) -> float | None:
@@ -185,9 +191,11 @@ class RevEpochRecord:
         """Per-epoch metrics, named as :meth:`betty.engine.EpochRecord.metrics` where
         they mean the same thing (``loss``, ``train_acc``, ``k``, ``time_partition_s``,
         ``time_compute_s``, ``epoch_time_s``, ``peak_mem_*``, ``mem_estimate_error``),
-        plus ``edges_kept_fraction``. ``redundancy``, ``time_sample_s`` and
+        plus ``edges_kept_fraction``, ``time_wait_s`` (the step waiting for its parts:
+        the split's wall serially, what the preparation thread had not hidden when
+        pipelined) and ``time_idle_s``. ``redundancy``, ``time_sample_s`` and
         ``time_block_s`` do not apply (no sampling, every node is loaded once)."""
-        return epoch_metrics(self, ("edges_kept_fraction",))
+        return epoch_metrics(self, ("edges_kept_fraction", "time_wait_s", "time_idle_s"))
 
 
 class SharedHashMasks:
@@ -383,6 +391,8 @@ class RevTrainer:
             ``k="auto"``.
         parallel: a :class:`betty.distributed.DataParallel`: spread the parts over its
             ranks and all-reduce the gradients (every rank builds the same trainer).
+        prefetch: ``0`` (default): each epoch's parts are split when its step starts;
+            ``n >= 1``: a preparation thread splits up to ``n`` epochs ahead (:meth:`epochs`).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, dataset, plan: RevPlan, *,
@@ -390,7 +400,7 @@ class RevTrainer:
                  dtype: torch.dtype = torch.float32, dropout_mode: str = "deterministic",
                  meter: Any = None, estimate_memory: bool = True,
                  on_search: Optional[Callable[[Any], None]] = None, parallel: Any = None,
-                 precision: Any = None) -> None:
+                 precision: Any = None, prefetch: int = 0) -> None:
         from betty.precision import Precision
 
         if precision is not None and Precision.parse(precision).mixed:
@@ -413,6 +423,9 @@ class RevTrainer:
         self.dropout_seed = seed if dropout_seed is None else dropout_seed
         self.dropout_mode, self.meter, self.on_search = dropout_mode, meter, on_search
         self.parallel = parallel
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+        self.prefetch = prefetch
         self.estimate_memory = estimate_memory and can_estimate
         self.train_mask = torch.zeros(dataset.num_nodes, dtype=torch.bool)
         self.train_mask[dataset.train_idx] = True
@@ -514,24 +527,61 @@ class RevTrainer:
         return lambda: SharedHashMasks(p, key, head, dtype)
 
     # -- epochs ---------------------------------------------------------------------
-    def epochs(self, epochs: Iterable[int],
-               progress: Optional[Callable[[int, int], None]] = None) -> Iterator[RevEpochRecord]:
-        """Train ``epochs`` one after the other, yielding each one's record when it ends
-        (serially: a RevGNN epoch's parts are split when its step starts)."""
-        for epoch in epochs:
-            yield self.train_epoch(epoch, progress)
+    def prepare(self, epoch: int) -> tuple[list[GraphPart], list[int] | None, bool, float]:
+        """``(parts, per-part estimates or None, whether the split is new, seconds)`` of
+        epoch ``epoch``: :meth:`split`, and the check of a fixed K against the budget.
+        Reads the graph and this trainer's split state, never the model's parameters;
+        run in epoch order it gives the same parts at any time.
 
-    def train_epoch(self, epoch: int, progress: Optional[Callable[[int, int], None]] = None) -> RevEpochRecord:
-        """One epoch = one optimizer step over the epoch's parts; ``progress(1, 1)`` is
-        called after the step."""
-        from betty.memory import oom_guard
+        Raises:
+            betty.memory.ksearch.BudgetExceeded: a fixed K whose largest part is
+                estimated past the memory budget.
+        """
         from betty.memory.ksearch import check_fixed_k
 
         start = time.perf_counter()
         parts, estimates, fresh = self.split(epoch)
         if estimates and self.plan.k != "auto" and self.plan.memory_budget is not None:
             check_fixed_k(estimates, len(parts), self.plan.memory_budget, self.plan.safety_margin, piece="part")
-        t_split = time.perf_counter() - start
+        return parts, estimates, fresh, time.perf_counter() - start
+
+    def epochs(self, epochs: Iterable[int],
+               progress: Optional[Callable[[int, int], None]] = None) -> Iterator[RevEpochRecord]:
+        """Train ``epochs`` one after the other, yielding each one's record when it ends.
+
+        With ``prefetch = n >= 1`` a preparation thread (:class:`betty.pipeline.Prefetcher`)
+        splits the graph (:meth:`prepare`) up to ``n`` epochs ahead of the step: with
+        random clusters a fresh split per epoch is drawn while the previous epoch trains.
+        The parts and updates are the serial loop's, bit for bit; leaving the loop early
+        stops the thread.
+        """
+        from contextlib import closing
+
+        from betty.pipeline import Inline, Prefetcher
+
+        epochs = list(epochs)
+        if self.prefetch:
+            source = Prefetcher(epochs, self.prepare, self.prefetch)
+        else:
+            source = Inline(epochs, self.prepare)
+        with closing(source):
+            for epoch in epochs:
+                start, waited = time.perf_counter(), source.wait_s
+                _, prepared = next(source)
+                yield self._train_split(epoch, prepared, start, source.wait_s - waited, progress)
+
+    def train_epoch(self, epoch: int, progress: Optional[Callable[[int, int], None]] = None) -> RevEpochRecord:
+        """One epoch = one optimizer step over the epoch's parts; ``progress(1, 1)`` is
+        called after the step."""
+        return next(self.epochs([epoch], progress))
+
+    def _train_split(self, epoch: int, prepared, start: float, wait: float,
+                     progress: Optional[Callable[[int, int], None]]) -> RevEpochRecord:
+        """The optimizer step of ``epoch`` over its :meth:`prepare`'d parts (``start``:
+        the epoch's start on the clock; ``wait``: seconds spent waiting for the parts)."""
+        from betty.memory import oom_guard
+
+        parts, estimates, fresh, t_split = prepared
         ds = self.dataset
         had_state = bool(self.optimizer.state)
         with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, piece_name="part"):
@@ -554,6 +604,6 @@ class RevTrainer:
         return RevEpochRecord(
             epoch=epoch, loss=step.loss, train_acc=step.train_acc, k=len(parts),
             edges_kept_fraction=edges_kept_fraction(parts, ds.num_edges), repartitioned=fresh,
-            time_partition_s=t_split, time_compute_s=step.time_compute_s,
+            time_partition_s=t_split, time_compute_s=step.time_compute_s, time_wait_s=wait,
             epoch_time_s=time.perf_counter() - start, peak_mem_measured_bytes=step.peak_bytes,
             peak_mem_estimated_bytes=max(logged) if logged else None, parts=step.parts)
