@@ -25,6 +25,13 @@ Sections, in order:
    host-to-device (index and feature gather + copy) and compute (forward, backward,
    optimizer step), with ``torch.cuda.synchronize`` at every boundary on CUDA, at K = 1
    and at the K chosen for a budget of 25% of the estimated K = 1 peak.
+5. **Pipeline.** :class:`betty.engine.Trainer` on the same graph at that K (partition
+   reused), ``PIPELINE_EPOCHS`` epochs serially (``prefetch=0``) and again pipelined
+   (``prefetch=1``: the next batch sampled, partitioned and carved on a thread while the
+   current one trains), each from the same initial weights. Per epoch: wall, compute,
+   the wait for preparation and the device's idle fraction ``1 - compute / wall``; and
+   the largest relative parameter difference between the two runs (0 on the CPU; GPU
+   kernels with atomics may differ in the last bits).
 
 Output: one JSON (``--out``) with top-level ``estimate_error`` (per model, calibrated
 constants), ``estimate_error_shipped``, ``budget_overruns`` (a count), the environment
@@ -63,6 +70,7 @@ KS = (1, 4)
 BUDGET_FRACTION = 0.4
 TIMING_BUDGET_FRACTION = 0.25
 SAFETY_MARGIN = 0.05
+PIPELINE_EPOCHS = 3
 #: partitioner of the estimate and budget sections: which split is used does not change
 #: what they check (every piece of the split actually used is estimated and measured),
 #: and ``random`` keeps them fast; ``--partition`` applies to the timed epoch.
@@ -106,7 +114,8 @@ def resolve_backend(name: str) -> SimpleNamespace:
     in, out, **kw)``; ``rev_model(in, hidden, out, layers)``; ``cluster_partition(graph,
     k, method, seed)``; ``to_device_blocks(mb, device, model)``; ``device_ids(model, mb,
     device)``; ``train_step_parts`` / ``estimate_parts`` (reversible steps);
-    ``products(scale)`` -> ``(graph, feat, label, train_idx)``; ``block_formats``
+    ``products(scale)`` -> ``(graph, feat, label, train_idx)``; ``products_dataset(scale)``
+    -> the :class:`betty.data.GraphDataset` they come from; ``block_formats``
     (whether calibration measures device graph formats).
 
     Raises:
@@ -153,11 +162,14 @@ def _backend(name: str) -> SimpleNamespace:
         return RevGNN(in_feats, hidden, out_feats, layers, num_groups=2, conv="sage",
                       dropout=0.1, norm="layer", backend=name)
 
-    def products(scale):
+    def products_dataset(scale):
         from dataclasses import replace
 
-        ds = generate_synthetic(replace(SYNTHETIC_PRESETS["synthetic-products"], scale=scale),
-                                "synthetic-products")
+        return generate_synthetic(replace(SYNTHETIC_PRESETS["synthetic-products"], scale=scale),
+                                  "synthetic-products")
+
+    def products(scale):
+        ds = products_dataset(scale)
         return ds.graph, ds.feat, ds.label, ds.train_idx
 
     return SimpleNamespace(name=name, graph=graph, rev_graph=gnn.full_graph,
@@ -166,7 +178,8 @@ def _backend(name: str) -> SimpleNamespace:
                            cluster_partition=cluster_partition,
                            to_device_blocks=_to_device_blocks, device_ids=_device_ids,
                            train_step_parts=train_step_parts, estimate_parts=estimate_parts,
-                           products=products, block_formats=name == "dgl")
+                           products=products, products_dataset=products_dataset,
+                           block_formats=name == "dgl")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -501,6 +514,37 @@ def timing_section(be, sizes: Sizes, device, backend, consts, method) -> dict:
             "epochs": [k1, kk]}
 
 
+def pipeline_section(be, sizes: Sizes, device, method: str, k: int) -> dict:
+    """Serial against pipelined :class:`betty.engine.Trainer` epochs (module docstring)."""
+    from betty.engine import PartitionPlan, Trainer
+    from betty.train import max_relative_difference
+
+    ds = be.products_dataset(sizes.products_scale)
+    torch.manual_seed(0)
+    model = be.build_model("sage", ds.num_features, ds.num_classes, hidden=sizes.products_hidden,
+                           layers=len(sizes.products_fanouts), aggregator="mean", dropout=0.5).to(device)
+    initial = {n: v.detach().clone() for n, v in model.state_dict().items()}
+    modes, finals = {}, {}
+    for name, prefetch in (("serial", 0), ("pipelined", 1)):
+        model.load_state_dict(initial)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        trainer = Trainer(model, opt, ds, list(sizes.products_fanouts), PartitionPlan(method, int(k)),
+                          device=device, seed=0, estimate_memory=False, prefetch=prefetch)
+        epochs = []
+        for record in trainer.epochs(range(PIPELINE_EPOCHS)):
+            sync(device)
+            epochs.append({"epoch": record.epoch, "epoch_s": record.epoch_time_s,
+                           "compute_s": record.time_compute_s, "wait_s": record.time_wait_s,
+                           "idle_fraction": record.time_idle_s / record.epoch_time_s,
+                           "prefetch_bytes": int(record.prefetch_bytes)})
+        modes[name] = epochs
+        finals[name] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        del trainer, opt
+        free(device)
+    return {"k": int(k), "partition": method, "epochs_per_mode": PIPELINE_EPOCHS, **modes,
+            "max_relative_difference": max_relative_difference(finals["pipelined"], finals["serial"])}
+
+
 def environment(device, be) -> dict:
     env = {"python": platform.python_version(), "torch": torch.__version__,
            "numpy": np.__version__, "cuda": torch.version.cuda,
@@ -537,6 +581,13 @@ def _table(report: dict) -> str:
     for e in tm["epochs"]:
         lines.append(f"{e['k']:4d} " + " ".join(f"{v:13.3f}s" for v in e["seconds"].values())
                      + f" {e['epoch_s']:7.3f}s")
+    pl = report["pipeline"]
+    lines.append(f"epochs at K={pl['k']} (wall / compute / wait / device idle), serial then pipelined; "
+                 f"max relative parameter difference {pl['max_relative_difference']:.1e}:")
+    for mode in ("serial", "pipelined"):
+        lines.append(f"{mode:>10s} " + "  ".join(
+            f"{e['epoch_s']:.2f}/{e['compute_s']:.2f}/{e['wait_s']:.2f}/{e['idle_fraction']:.0%}"
+            for e in pl[mode]))
     return "\n".join(lines)
 
 
@@ -599,6 +650,11 @@ def run(args) -> dict:
     phase["timing_s"] = time.perf_counter() - start
     free(device)
 
+    start = time.perf_counter()
+    log(f"serial and pipelined epochs at K={timing['k_chosen']}")
+    pipeline = pipeline_section(be, sizes, device, method, timing["k_chosen"])
+    phase["pipeline_s"] = time.perf_counter() - start
+
     def worst(name):
         return {m: max(r[f"error_{name}"] for r in rows if r["model"] == m) for m in MODELS}
 
@@ -617,6 +673,7 @@ def run(args) -> dict:
         "estimates": rows,
         "budget": budgets,
         "timing": timing,
+        "pipeline": pipeline,
         "phase_s": phase,
         "wall_s": time.perf_counter() - wall,
     }

@@ -52,7 +52,7 @@ def report(request, tmp_path_factory) -> dict:
 def test_top_level_schema(report):
     for key in ("schema", "estimate_error", "estimate_error_shipped", "budget_overruns",
                 "environment", "settings", "calibration", "estimates", "budget", "timing",
-                "phase_s", "wall_s"):
+                "pipeline", "phase_s", "wall_s"):
         assert key in report, key
     assert set(report["estimate_error"]) == set(MODELS)
     assert set(report["estimate_error_shipped"]) == set(MODELS)
@@ -114,6 +114,18 @@ def test_timed_epochs(report):
         assert epoch["seconds"]["compute"] > 0.0 and epoch["seconds"]["sampling"] > 0.0
         assert epoch["epoch_s"] == pytest.approx(sum(epoch["seconds"].values()))
     assert kk["seconds"]["partitioning"] > 0.0
+
+
+def test_pipeline_section(report):
+    pl = report["pipeline"]
+    assert pl["k"] == report["timing"]["k_chosen"]
+    for mode in ("serial", "pipelined"):
+        assert [e["epoch"] for e in pl[mode]] == list(range(pl["epochs_per_mode"]))
+        for e in pl[mode]:
+            assert 0.0 < e["compute_s"] <= e["epoch_s"] and 0.0 <= e["idle_fraction"] < 1.0
+    assert all(e["prefetch_bytes"] == 0 for e in pl["serial"])
+    assert all(e["prefetch_bytes"] > 0 for e in pl["pipelined"])
+    assert pl["max_relative_difference"] == 0.0  # on the CPU: the serial updates, bit for bit
 
 
 def test_unknown_backend_is_refused_naming_the_choices(tmp_path):
