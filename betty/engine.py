@@ -20,7 +20,6 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import closing
 from dataclasses import dataclass, field
 
 import torch
@@ -522,7 +521,7 @@ class Trainer:
                                 size=lambda prepared: prepared.nbytes)
         else:
             source = Inline(items, lambda item: self.prepare(*item))
-        with closing(source):
+        with source:
             for epoch in epochs:
                 start, waited = time.perf_counter(), source.wait_s
                 source.reset_peak()

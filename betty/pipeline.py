@@ -20,9 +20,11 @@ Errors and stops:
 * an exception raised by ``prepare`` (anything, ``KeyboardInterrupt`` included) is
   raised in the consumer, with its traceback, when the consumer reaches that item:
   the items before it are delivered first, as a serial loop would;
-* :meth:`Prefetcher.close` (also on leaving a ``with`` block, and when the iterator is
-  dropped) stops the thread after the item it is preparing, drops what it made, and
-  waits for it; an exception in the consumer therefore leaves no thread behind.
+* :meth:`Prefetcher.close` (also on leaving a ``with`` block) stops the thread after
+  the item it is preparing and drops what it made; leaving the block normally waits for
+  the thread, leaving it with an exception (Ctrl-C included) does not wait for the
+  item in progress, which the thread then drops before it ends: an interrupt is
+  handled at once, and no thread goes on preparing.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class Prefetcher(Generic[K, T]):
                 if self._stop.is_set():
                     return
                 result = self._prepare(item)
+                if self._stop.is_set():  # closed while preparing: nobody will take it
+                    return
                 self._count(self._size(result) if self._size is not None else 0)
                 self._ready.put((item, result, None))
         except BaseException as err:  # noqa: BLE001 - handed to the consumer, re-raised there
@@ -112,28 +116,37 @@ class Prefetcher(Generic[K, T]):
             self._count(-self._held_bytes)
             self._slots.release()
         start = time.perf_counter()
-        entry = self._ready.get()
+        while True:  # in slices, so that a signal (Ctrl-C) reaches the consumer at once
+            try:
+                entry = self._ready.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._ready.empty():
+                    raise RuntimeError("the preparation thread ended without a result") from None
         self.wait_s += time.perf_counter() - start
         if entry is _DONE:
             self.close()
             raise StopIteration
         item, result, err = entry
         if err is not None:
-            self.close()
+            self.close(wait=False)  # the thread has ended
             raise err
         self._holding = True
         self._held_bytes = self._size(result) if self._size is not None else 0
         return item, result
 
-    def close(self) -> None:
-        """Stop preparing (after the item in progress), drop what was prepared, and
-        wait for the thread to end. Idempotent."""
+    def close(self, wait: bool = True) -> None:
+        """Stop preparing, drop what was prepared and (``wait``) wait for the thread to
+        end: it ends after the item it is preparing, whose result it drops. Without
+        ``wait`` (an interrupt, an error in the consumer) the caller goes on at once and
+        the thread ends on its own. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
         self._slots.release()  # a thread waiting for a slot wakes up and sees the stop
-        self._thread.join()
+        if wait:
+            self._thread.join()
         while True:  # drop the results nobody will take
             try:
                 self._ready.get_nowait()
@@ -143,8 +156,9 @@ class Prefetcher(Generic[K, T]):
     def __enter__(self) -> "Prefetcher[K, T]":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        # a normal end or a generator closed early waits; an error or Ctrl-C does not
+        self.close(wait=exc_type is None or issubclass(exc_type, GeneratorExit))
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
@@ -178,6 +192,13 @@ class Inline(Generic[K, T]):
     def reset_peak(self) -> None:
         """Nothing to reset (kept for :class:`Prefetcher`'s interface)."""
 
-    def close(self) -> None:
-        """Drop the items not yet prepared."""
+    def close(self, wait: bool = True) -> None:
+        """Drop the items not yet prepared (``wait``: kept for :class:`Prefetcher`'s
+        interface)."""
         self._items = iter(())
+
+    def __enter__(self) -> "Inline[K, T]":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -17,8 +17,15 @@ from distributed_cases import CLASSES, FEATS, dataset
 from graphs import backend_params
 
 
-def _prepare_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "betty-prepare"]
+def _prepare_threads(within_s: float = 5.0) -> list[threading.Thread]:
+    """The preparation threads still alive ``within_s`` seconds from now at the latest
+    (a thread left on an error ends on its own once its item is done)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = [t for t in threading.enumerate() if t.name == "betty-prepare"]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.01)
 
 
 # -- the prefetcher ------------------------------------------------------------------
@@ -67,7 +74,7 @@ def test_leaving_early_stops_the_thread_and_prepares_nothing_more():
             break
     source.close()
     count = len(made)
-    assert not _prepare_threads()
+    assert not _prepare_threads(within_s=0)  # close() waited for it
     assert count <= 4  # items 0-2, and at most the one ahead
     time.sleep(0.05)
     assert len(made) == count
@@ -86,6 +93,34 @@ def test_an_error_in_the_consumer_leaves_no_thread_behind():
 def test_depth_must_be_a_positive_integer(depth):
     with pytest.raises(ValueError, match="depth"):
         Prefetcher([1], lambda i: i, depth=depth)
+
+
+def test_an_interrupt_does_not_wait_for_the_item_being_prepared():
+    """Ctrl-C while the thread is in a long preparation: the consumer gets the
+    KeyboardInterrupt at once, and the thread drops that item and ends by itself."""
+    import os
+    import signal
+
+    release = threading.Event()
+    made = []
+
+    def prepare(i):
+        if i == 1:
+            release.wait(30)  # a long partitioner call
+        made.append(i)
+        return i
+
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with Prefetcher(range(5), prepare, depth=1) as source:
+            for _ in source:
+                time.sleep(0.01)
+    assert time.monotonic() - start < 5
+    assert _prepare_threads(within_s=0)  # still in item 1
+    release.set()
+    assert not _prepare_threads()
+    assert made == [0, 1]  # it ended after the item in progress
 
 
 def test_inline_prepares_in_the_callers_thread_and_times_it():

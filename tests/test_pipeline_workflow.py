@@ -5,8 +5,7 @@ preparation thread is left."""
 from __future__ import annotations
 
 import threading
-
-import pytest
+import time
 
 from test_workflow_support import invoke, runs_of
 
@@ -31,6 +30,15 @@ def _fail_preparing(monkeypatch, error: BaseException) -> list[str]:
     return threads
 
 
+def _no_prepare_thread(within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while [t for t in threading.enumerate() if t.name == "betty-prepare"]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _train_runs(uri, exp):
     runs = runs_of(uri, exp)
     return ([r for r in runs if r.data.tags.get("stage") == "train"],
@@ -48,7 +56,7 @@ def test_an_error_while_preparing_fails_the_run_with_it(tracking, monkeypatch):
     assert "the feature file vanished" in train[0].data.tags["error"]
     assert [r.info.status for r in parent] == ["FAILED"]
     assert "betty-prepare" in threads  # it was the preparation thread's error
-    assert not [t for t in threading.enumerate() if t.name == "betty-prepare"]
+    assert _no_prepare_thread()
 
 
 def test_an_interrupt_while_preparing_ends_the_run_killed(tracking, monkeypatch):
@@ -60,4 +68,4 @@ def test_an_interrupt_while_preparing_ends_the_run_killed(tracking, monkeypatch)
     assert [r.info.status for r in train] == ["KILLED"]
     assert [r.info.status for r in parent] == ["KILLED"]
     assert not [r for r in runs_of(uri, exp) if r.info.status == "RUNNING"]
-    assert not [t for t in threading.enumerate() if t.name == "betty-prepare"]
+    assert _no_prepare_thread()

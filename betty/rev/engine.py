@@ -555,8 +555,6 @@ class RevTrainer:
         The parts and updates are the serial loop's, bit for bit; leaving the loop early
         stops the thread.
         """
-        from contextlib import closing
-
         from betty.pipeline import Inline, Prefetcher
 
         epochs = list(epochs)
@@ -564,7 +562,7 @@ class RevTrainer:
             source = Prefetcher(epochs, self.prepare, self.prefetch)
         else:
             source = Inline(epochs, self.prepare)
-        with closing(source):
+        with source:
             for epoch in epochs:
                 start, waited = time.perf_counter(), source.wait_s
                 _, prepared = next(source)
