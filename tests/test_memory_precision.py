@@ -15,9 +15,11 @@ both backends. The tolerances are those of the model's float32 rows of
     backend model      worst measured   where
     dgl     sage-mean  0.010%           L=1 n=800 h=64 K=4
     dgl     sage-gcn   0.024%           L=1 n=300 h=16 K=4
+    dgl     sage-pool  0.010%           L=1 n=300 h=16 K=4
     dgl     gcn        0.002%           L=2 n=800 h=64 K=4
     pyg     sage-mean  0.010%           L=1 n=800 h=64 K=4
     pyg     sage-gcn   0.026%           L=1 n=300 h=16 K=4
+    pyg     sage-pool  0.007%           L=1 n=300 h=16 K=4
     pyg     gcn        0.002%           L=2 n=800 h=64 K=4
 
 :func:`test_covered_models_are_those_tested` ties the models the replay claims to cover
@@ -41,7 +43,7 @@ from graphs import power_law_graph
 from test_memory_accuracy import TOLERANCE
 
 BACKENDS = [pytest.param("dgl", marks=pytest.mark.dgl), pytest.param("pyg", marks=pytest.mark.pyg)]
-MODELS = [("sage", "mean"), ("sage", "gcn"), ("gcn", "mean")]
+MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("gcn", "mean")]
 MODEL_IDS = [f"{a}-{g}" if a == "sage" else a for a, g in MODELS]
 FEATS, CLASSES = 40, 5
 SIZES = [(300, 16), (800, 64)]

@@ -38,8 +38,9 @@ until its backward where the product's input needs a gradient) and, where its in
 not in the compute dtype (float32 features; GCN's float32 ``h * src_norm`` or
 aggregation), the input: that copy is saved instead of the input. The product's output
 is in the compute dtype, and so is what follows it until an op meets a float32 operand:
-SAGE's layers stay in the compute dtype from their first product on, while GCN's
-``* dst_norm`` (the norm in the layer input's dtype) promotes back to float32, so its
+SAGE mean's and pool's layers stay in the compute dtype from their first product on,
+while SAGE gcn's ``/ (deg + 1)`` and ``+ bias`` and GCN's ``* dst_norm`` (degrees and
+norms in the layer input's dtype, a float32 bias) promote back to float32, so those
 layers, activations and logits are float32. ``cross_entropy`` runs in float32 (on a
 float32 copy of logits in the compute dtype). In backward, a gradient that reaches a
 compute-dtype tensor from a float32 op is cast to the compute dtype; a product's node
@@ -119,9 +120,10 @@ class ReplayConfig(StepConfig):
 
 def replays_mixed_precision(model: ModelSpec) -> bool:
     """Whether the replay follows a mixed-precision (autocast) step of ``model``'s
-    architecture: SAGE with the mean or the gcn aggregator, and GCN (and, checked
+    architecture: SAGE with the mean, gcn or pool aggregator, and GCN (and, checked
     apart, only with single-label targets); ``32`` and ``64`` cover every model."""
-    return model.arch == "gcn" or (model.arch == "sage" and model.aggregator in ("mean", "gcn"))
+    return model.arch == "gcn" or (model.arch == "sage"
+                                   and model.aggregator in ("mean", "gcn", "pool"))
 
 
 class _Replayer:
@@ -138,8 +140,8 @@ class _Replayer:
         self._region_casts: list[Buffer] = []  # autocast's cached copies, freed at its exit
         if self.ce and not replays_mixed_precision(cfg.model):
             raise NotImplementedError(
-                "the memory replay under a mixed precision covers SAGE with the mean "
-                f"or gcn aggregator and GCN; got arch {cfg.model.arch!r}, aggregator "
+                "the memory replay under a mixed precision covers SAGE with the mean, "
+                f"gcn or pool aggregator and GCN; got arch {cfg.model.arch!r}, aggregator "
                 f"{cfg.model.aggregator!r} (precision '32' and '64' cover every model)")
         if self.ce and cfg.label_columns:
             raise NotImplementedError("the memory replay under a mixed precision covers "
@@ -669,39 +671,80 @@ class _Replayer:
 
     def _sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo):
         """SAGEConv pool: ``fc_neigh(max_{in-edges} relu(fc_pool(h))) + fc_self(h[:n_dst])``;
-        the max is the backend's (:meth:`_max_aggregate`), everything else is shared."""
-        tl, e = self.tl, self.e
+        the max is the backend's (:meth:`_max_aggregate`), everything else is shared.
+
+        Under autocast ``fc_pool`` and ``fc_self`` cast their parameters and, where ``h``
+        is not in the compute dtype, ``h`` (each saves its copy instead of ``h``);
+        ``fc_neigh`` casts its parameters (its weight's copy saved: its input always
+        needs a gradient); everything from ``fc_pool`` on is in the compute dtype."""
+        tl = self.tl
+        in_e = self.e
         fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
+        pool_casts: list[Buffer] = []
+        casts = {"fc_neigh": [], "fc_self": []}
+        if self.ce:
+            pool_casts = self.cast_params(fc_pool, h_grad, f"{tag} fc_pool")
+            pool_casts += [c for c in [self.cast_input(n_src * wi, in_e, f"{tag} fc_pool")] if c]
+            self.e = self.ce
+        e = self.e
         p2 = through(self.tl, AGG, n_src * wi * e, f"{tag} fc_pool",
                      n_src * wi * e, f"{tag} relu(fc_pool)")
-        tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
-        max_backward = self._max_aggregate(tag, n_src, n_dst, n_e, wi)
-        out = self._fc_out(tag, n_dst, wo)
+        h_saved = in_e == e  # fc_pool saves h; fc_self saves h[:n_dst] (else their copies)
+        if h_saved:
+            tl.hold(h)
+        max_backward, mm_saved = self._max_aggregate(tag, n_src, n_dst, n_e, wi)
+
+        def autocast(name: str) -> None:
+            if not self.ce:
+                return
+            if name == "fc_neigh":
+                casts[name] = self.cast_params(fc_neigh, True, f"{tag} fc_neigh")
+            else:
+                casts[name] = self.cast_params(fc_self, h_grad, f"{tag} fc_self")
+                casts[name] += [c for c in [self.cast_input(n_dst * wi, in_e, f"{tag} fc_self")]
+                                if c]
+
+        out = self._fc_out(tag, n_dst, wo, autocast)
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gp = max_backward(g)
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad, casts["fc_self"])
+            if self.ce:  # fc_neigh's node: its input's gradient in the compute dtype
+                gm = self.autocast_mm_bwd(fc_neigh, casts["fc_neigh"], [g, *mm_saved],
+                                          n_dst * wi, e, f"{tag} fc_neigh")
+            else:
+                self.param_grads(fc_neigh, f"{tag} fc_neigh")
+                gm = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max (filled)" if not self.pyg
+                              else f"{tag} grad max")
+                tl.release(g, *mm_saved)
+            gp = max_backward(gm)
             tb = tl.alloc(n_src * wi * e, BWD, f"{tag} grad fc_pool")
             tl.release(gp, p2)
-            gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
-            self.param_grads(fc_pool, f"{tag} fc_pool")
-            tl.release(tb)
-            tl.release(h)
+            if self.ce:
+                gh = self.autocast_mm_bwd(fc_pool, pool_casts, [tb],
+                                          n_src * wi if h_grad else None, in_e,
+                                          f"{tag} fc_pool", weight_first=False)
+            else:
+                gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+                self.param_grads(fc_pool, f"{tag} fc_pool")
+                tl.release(tb)
+            if h_saved:
+                tl.release(h)
             return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
 
         return out, backward
 
-    def _max_aggregate(self, tag, n_src, n_dst, n_e, w) -> Callable[[Buffer], Buffer]:
-        """Max over in-edges of the ``(n_src, w)`` pooled messages; returns its backward,
-        which maps the ``(n_dst, w)`` gradient (released) to the messages' ``(n_src, w)``
-        gradient.
+    def _max_aggregate(self, tag, n_src, n_dst, n_e, w):
+        """Max over in-edges of the ``(n_src, w)`` pooled messages. Returns its backward,
+        which maps the ``(n_dst, w)`` gradient of the max (released) to the messages'
+        ``(n_src, w)`` gradient, and the buffers that ``fc_neigh`` saves of the max
+        (and frees in its backward).
 
         DGL: ``gspmm`` max keeps the ``(n_dst, w)`` int64 arg-max, then
-        ``max.masked_fill(isinf, 0)`` (the bool mask and the filled copy saved). PyG:
-        ``scatter(reduce="max")`` gathers the ``(E, w)`` messages and runs a
-        ``scatter_reduce_`` into zeros that autograd saves with a clone of the zeros; its
-        backward finds the arg-max by comparisons and counts ties.
+        ``max.masked_fill(isinf, 0)`` (the bool mask kept, the filled copy saved by
+        ``fc_neigh``). PyG: ``scatter(reduce="max")`` gathers the ``(E, w)`` messages and
+        runs a ``scatter_reduce_`` into zeros that autograd saves with a clone of the
+        zeros and its result; its backward finds the arg-max by comparisons and counts
+        ties.
         """
         tl, e = self.tl, self.e
         if not self.pyg:
@@ -711,23 +754,19 @@ class _Replayer:
             mf = tl.alloc(n_dst * w * e, AGG, f"{tag} max (filled)")
             tl.release(z)
 
-            def dgl_backward(g: Buffer) -> Buffer:
-                gmf = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max (filled)")
-                tl.release(g, mf)
+            def dgl_backward(gmf: Buffer) -> Buffer:
                 gmf2 = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max")
                 tl.release(gmf, inf)
                 gp = tl.alloc(n_src * w * e, BWD, f"{tag} grad relu(fc_pool)")
                 tl.release(gmf2, arg)
                 return gp
 
-            return dgl_backward
+            return dgl_backward, [mf]
         msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} max")
         cl = tl.alloc(n_dst * w * e, AGG, f"{tag} max zeros (saved clone)")
 
-        def pyg_backward(g: Buffer) -> Buffer:
-            gz = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max")
-            tl.release(g)
+        def pyg_backward(gz: Buffer) -> Buffer:
             # scatter_reduce(amax) backward: which entries reached the max, how many tie
             val = tl.alloc(n_e * w * e, BWD, f"{tag} max gathered")
             t1 = through(self.tl, BWD, n_dst * w, f"{tag} self == max",
@@ -748,7 +787,7 @@ class _Replayer:
             tl.release(gz, cl, msg, z)
             return self._index_bwd(gsrc, n_src, w, tag)
 
-        return pyg_backward
+        return pyg_backward, []
 
     # ------------------------------------------------------------------ LSTM, shared
     # Both backends run one nn.LSTM call per distinct in-degree t on a (B, t, W) mailbox
