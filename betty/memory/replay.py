@@ -39,10 +39,12 @@ not in the compute dtype (float32 features; GCN's float32 ``h * src_norm`` or
 aggregation), the input: that copy is saved instead of the input. The product's output
 is in the compute dtype, and so is what follows it until an op meets a float32 operand:
 SAGE mean's and pool's layers stay in the compute dtype from their first product on,
-while SAGE gcn's ``/ (deg + 1)`` and ``+ bias`` and GCN's ``* dst_norm`` (degrees and
-norms in the layer input's dtype, a float32 bias) promote back to float32, so those
-layers, activations and logits are float32. ``cross_entropy`` runs in float32 (on a
-float32 copy of logits in the compute dtype). In backward, a gradient that reaches a
+while SAGE gcn's ``/ (deg + 1)`` and ``+ bias``, GCN's ``* dst_norm`` (degrees and norms
+in the layer input's dtype, a float32 bias) and GAT's ``z * attn_l`` / ``z * attn_r``
+(float32 attention vectors) promote back to float32, so those layers, activations and
+logits are float32 (GAT's DGL aggregation casts ``z`` to float32 to meet the
+attention). ``cross_entropy`` runs in float32 (on a float32 copy of logits in the
+compute dtype). In backward, a gradient that reaches a
 compute-dtype tensor from a float32 op is cast to the compute dtype; a product's node
 gives its gradients in the compute dtype, then the casts' backward nodes turn them into
 float32 copies (the input's, where it was cast, then each parameter's, into
@@ -120,10 +122,10 @@ class ReplayConfig(StepConfig):
 
 def replays_mixed_precision(model: ModelSpec) -> bool:
     """Whether the replay follows a mixed-precision (autocast) step of ``model``'s
-    architecture: SAGE with the mean, gcn or pool aggregator, and GCN (and, checked
-    apart, only with single-label targets); ``32`` and ``64`` cover every model."""
-    return model.arch == "gcn" or (model.arch == "sage"
-                                   and model.aggregator in ("mean", "gcn", "pool"))
+    architecture: SAGE with the mean, gcn or pool aggregator, GAT and GCN (and,
+    checked apart, only with single-label targets); ``32`` and ``64`` cover every model."""
+    return model.arch in ("gcn", "gat") or (model.arch == "sage"
+                                            and model.aggregator in ("mean", "gcn", "pool"))
 
 
 class _Replayer:
@@ -141,8 +143,9 @@ class _Replayer:
         if self.ce and not replays_mixed_precision(cfg.model):
             raise NotImplementedError(
                 "the memory replay under a mixed precision covers SAGE with the mean, "
-                f"gcn or pool aggregator and GCN; got arch {cfg.model.arch!r}, aggregator "
-                f"{cfg.model.aggregator!r} (precision '32' and '64' cover every model)")
+                f"gcn or pool aggregator, GAT and GCN; got arch {cfg.model.arch!r}, "
+                f"aggregator {cfg.model.aggregator!r} (precision '32' and '64' cover every "
+                "model)")
         if self.ce and cfg.label_columns:
             raise NotImplementedError("the memory replay under a mixed precision covers "
                                       "single-label targets (label_columns=0)")
@@ -1147,7 +1150,21 @@ class _Replayer:
 
     # ------------------------------------------------------------------ GAT
     def gat_layer(self, l: int, h: Buffer, h_grad: bool, last: bool):
+        """:func:`betty.models.gat.gat_forward`.
+
+        Under autocast only ``fc`` runs in the compute dtype (it casts its weight and,
+        where ``h`` is not in it, ``h``: the copy is saved instead of ``h``); ``z *
+        attn_l`` and ``z[:n_dst] * attn_r`` meet the float32 attention vectors and
+        promote back to float32, so the scores, the softmax and the layer's output are
+        float32. The aggregation multiplies the compute-dtype ``z`` by float32
+        attention: DGL's backend casts ``z`` to float32 first (that copy saved for the
+        aggregation's backward), PyG gathers ``z[src]`` in the compute dtype (saved) and
+        the product promotes. In backward the gradients of ``z`` (aggregation, ``el``,
+        ``er``) come out in float32 and are cast to the compute dtype (:meth:`cast_grad`)
+        where they are summed, then ``fc``'s node and the casts' backward
+        (:meth:`autocast_mm_bwd`)."""
         s, tl, e, cfg = self.s, self.tl, self.e, self.cfg
+        lo = self.ce or e  # fc's output dtype
         heads = cfg.model.layer_heads(l)
         wi, wo = cfg.model.widths[l], cfg.model.widths[l + 1]
         f = wo if last else wo // heads
@@ -1155,8 +1172,14 @@ class _Replayer:
         n_src, n_dst, n_e = s.n_src[l], s.n_dst[l], s.num_edges[l]
         tag = f"layer {l} gat"
         fc_w, attn_l, attn_r, bias = self.shapes[l]
-        z = tl.alloc(n_src * hf * e, ACT, f"{tag} fc")
-        tl.hold(h)  # fc saves its input
+        fc_casts: list[Buffer] = []
+        if self.ce:
+            fc_casts = self.cast_params([fc_w], h_grad, f"{tag} fc")
+            fc_casts += [c for c in [self.cast_input(n_src * wi, e, f"{tag} fc")] if c]
+        z = tl.alloc(n_src * hf * lo, ACT, f"{tag} fc")
+        h_saved = not self.ce or e == lo
+        if h_saved:
+            tl.hold(h)  # fc saves its input
         tl.temp(n_src * hf * e, ATT, f"{tag} z*attn_l")
         el = tl.alloc(n_src * heads * e, ATT, f"{tag} el")
         tl.temp(n_dst * hf * e, ATT, f"{tag} z*attn_r")
@@ -1176,14 +1199,17 @@ class _Replayer:
         if attn_drop:
             a_used = self.dropout_fwd(a, n_e, heads, True, f"{tag} attention")
             amask = getattr(self, "_std_mask", None) if cfg.model.dropout_mode == "standard" else None
+        z_wide = None
         if self.pyg:  # scatter(z[src] * a, dst): the gathered z[src] is saved
             if attn_drop:
                 tl.release(a)  # the softmax's output is not saved by PyG's ops
-            zs = tl.alloc(n_e * hf * e, ATT, f"{tag} z[src]")
+            zs = tl.alloc(n_e * hf * lo, ATT, f"{tag} z[src]")
             m = tl.alloc(n_e * hf * e, ATT, f"{tag} z[src] * a")
             u = tl.alloc(n_dst * hf * e, ACT, f"{tag} u_mul_e_sum")
             tl.release(m)
         else:
+            if lo != e:  # the backend casts z to a's float32 (saved by the aggregation)
+                z_wide = tl.alloc(n_src * hf * e, ATT, f"{tag} z (float32 copy)")
             u = tl.alloc(n_dst * hf * e, ACT, f"{tag} u_mul_e_sum")
         o = tl.alloc(n_dst * hf * e, ACT, f"{tag} out + bias")
         tl.release(el, er, lr, u)
@@ -1194,35 +1220,54 @@ class _Replayer:
         else:
             out = o
 
+        def attention_param_grad(g_attn: Buffer, rows, param, name: str) -> Buffer:
+            """Backward of ``z_rows * attn`` from the score gradient ``g_attn``
+            (released): the ``(rows, H, F)`` gradient of ``z_rows`` (cast to ``z``'s
+            dtype) and the attention vector's."""
+            gz = tl.alloc(rows * hf * e, BWD, f"{tag} grad z ({name})")
+            if lo == e:
+                tl.temp(rows * hf * e, BWD, f"{tag} grad attn_{name}")
+                self.param_grads([param], f"{tag} attn_{name}")
+            else:
+                t = tl.alloc(rows * hf * e, BWD, f"{tag} grad attn_{name}")
+                gz = self.cast_grad(gz, rows * hf, lo, f"{tag} grad z ({name})")
+                self.param_grads([param], f"{tag} attn_{name}", cast=False)
+                tl.release(t)
+            tl.release(g_attn)
+            return gz
+
         def backward(g: Buffer) -> Buffer | None:
             if last:
                 gm = tl.alloc(n_dst * hf * e, BWD, f"{tag} grad mean over heads")
                 tl.release(g)
                 g = gm
-            self.param_grads([bias], f"{tag} bias")
+            self.param_grads([bias], f"{tag} bias", cast=False)
             if self.pyg:
                 gza, gel, ger = self._pyg_attention_bwd(g, zs, a_used, amask, attn_drop, ex, den,
-                                                        uav, n_src, n_dst, n_e, heads, hf, tag)
+                                                        uav, n_src, n_dst, n_e, heads, hf, tag,
+                                                        lo)
             else:
                 gza = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z (aggregation)")
                 ga = tl.alloc(n_e * heads * e, BWD, f"{tag} grad attention")
                 tl.release(g)
+                if z_wide is not None:  # the aggregation's node ends, then the cast's backward
+                    tl.release(z_wide)
+                    gza = self.cast_grad(gza, n_src * hf, lo, f"{tag} grad z (aggregation)")
                 if attn_drop:
                     ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
                     tl.release(a_used)
                 gel, ger = edge_softmax_backward(tl, ga, a, uav, n_e * heads * e, n_src * heads * e,
                                                  n_dst * heads * e, tag)
-            gzr = tl.alloc(n_dst * hf * e, BWD, f"{tag} grad z_dst")
-            tl.temp(n_dst * hf * e, BWD, f"{tag} grad attn_r")
-            self.param_grads([attn_r], f"{tag} attn_r")
-            tl.release(ger)
-            acc = self.accumulate_src_grad(gza, gzr, n_src, hf, tag)
-            gzl = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z (el)")
-            tl.temp(n_src * hf * e, BWD, f"{tag} grad attn_l")
-            self.param_grads([attn_l], f"{tag} attn_l")
-            tl.release(gel, z)
-            acc2 = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z")
+            gzr = attention_param_grad(ger, n_dst, attn_r, "r")
+            with self.elt(lo):
+                acc = self.accumulate_src_grad(gza, gzr, n_src, hf, tag)
+            gzl = attention_param_grad(gel, n_src, attn_l, "l")
+            tl.release(z)
+            acc2 = tl.alloc(n_src * hf * lo, BWD, f"{tag} grad z")
             tl.release(acc, gzl)
+            if self.ce:
+                return self.autocast_mm_bwd([fc_w], fc_casts, [acc2] + ([h] if h_saved else []),
+                                            n_src * wi if h_grad else None, e, f"{tag} fc")
             self.param_grads([fc_w], f"{tag} fc")
             gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
             tl.release(acc2, h)
@@ -1231,20 +1276,24 @@ class _Replayer:
         return out, backward, o
 
     def _pyg_attention_bwd(self, g, zs, a_used, amask, attn_drop, ex, den, uav,
-                           n_src, n_dst, n_e, heads, hf, tag):
+                           n_src, n_dst, n_e, heads, hf, tag, lo):
         """Backward of ``scatter(z[src] * a, dst)``, PyG's softmax and ``el[src] +
         er[dst]`` from the ``(n_dst, H, F)`` gradient ``g`` (released): the
-        gradients of ``z`` (aggregation path), ``el`` and ``er``."""
+        gradients of ``z`` (aggregation path, in ``z``'s ``lo`` bytes per element:
+        the gradient of ``z[src]`` is cast to it where the product promoted), ``el``
+        and ``er``."""
         tl, e = self.tl, self.e
         eh = n_e * heads * e
         ge = tl.alloc(n_e * hf * e, BWD, f"{tag} grad messages (gather)")
         tl.release(g)
         gzs = tl.alloc(n_e * hf * e, BWD, f"{tag} grad z[src]")
         gaf = tl.alloc(n_e * hf * e, BWD, f"{tag} grad a (broadcast)")
+        gzs = self.cast_grad(gzs, n_e * hf, lo, f"{tag} grad z[src]")
         ga = tl.alloc(eh, BWD, f"{tag} grad attention")
         tl.release(gaf, ge)
         tl.release(a_used, zs)
-        gza = self._index_bwd(gzs, n_src, hf, tag)
+        with self.elt(lo):
+            gza = self._index_bwd(gzs, n_src, hf, tag)
         if attn_drop:
             ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
         gl = pyg_softmax_backward(tl, ga, ex, den, eh, n_dst * heads * e, tag)
