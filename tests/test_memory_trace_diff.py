@@ -13,6 +13,12 @@ it, so that a library upgrade that adds, drops or resizes an op shows up by name
   before the model runs (the replay keeps them as one buffer per layer), is, in order,
   an allocation of the trace with the same bytes (a replay that invents an op or gets
   its size wrong fails here).
+
+The same two checks hold under bf16-mixed (the forward pass and the loss under
+``torch.autocast(cpu, bfloat16)``, :func:`autocast_step.autocast_step`; the replay with
+``autocast_elt=2``) for every model the replay covers under autocast
+(:data:`test_memory_precision.MODELS`), at depth 2 and 3: autocast's weight and input
+copies, the ops that promote back to float32 and the casts' backward are each an event.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 import pytest
 import torch
 
+from autocast_step import autocast_step
 from betty.memory.constants import load_constants
 from betty.memory.replay import ReplayConfig, replay
 from betty.memory.sizes import piece_sizes
@@ -30,6 +37,7 @@ from betty.models import build_model
 from betty.sampling import sample_full_batch
 from betty.train import accumulate_gradients, build_optimizer, train_step
 from graphs import power_law_graph
+from test_memory_precision import MODELS as MIXED_MODELS
 
 MIN_BYTES = 1024
 BACKENDS = [pytest.param("dgl", marks=pytest.mark.dgl), pytest.param("pyg", marks=pytest.mark.pyg)]
@@ -37,22 +45,24 @@ MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("gat", "mean"), 
 BEFORE_MODEL = ("blocks", "global_ids")
 
 
-def _events(arch: str, agg: str, backend: str, hidden: int):
+def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
+            precision: str = "32"):
     if backend == "pyg":
         pytest.importorskip("torch_geometric")
     g, feat, label, train = power_law_graph(num_nodes=300, avg_degree=8, num_feats=40,
                                             num_classes=5, seed=300)
-    batch = sample_full_batch(g, train, [4, 6], seed=1)
+    batch = sample_full_batch(g, train, [4, 6, 3][:layers], seed=1)
     torch.manual_seed(0)
-    model = build_model(arch, 40, 5, hidden=hidden, layers=2, aggregator=agg, heads=2,
+    model = build_model(arch, 40, 5, hidden=hidden, layers=layers, aggregator=agg, heads=2,
                         backend=backend).train()
     opt = build_optimizer("adam", model.parameters(), 1e-3)
     groups = torch.zeros(batch.num_outputs, dtype=torch.int64)
     train_step(model, opt, batch, groups, feat, label, dropout_key=1)  # .grad and Adam state
-    with AllocationTrace("cpu") as trace:
-        accumulate_gradients(model, batch, groups, feat, label, k=1, dropout_key=2)
+    with autocast_step(model, precision) as stepped, AllocationTrace("cpu") as trace:
+        accumulate_gradients(stepped, batch, groups, feat, label, k=1, dropout_key=2)
     cfg = ReplayConfig(model=as_model_spec(model), optimizer=as_optimizer_spec(opt), elt=4,
-                       feat_elt=4, constants=load_constants("cpu"), fresh_grads=np.array([False]))
+                       feat_elt=4, constants=load_constants("cpu"), fresh_grads=np.array([False]),
+                       autocast_elt=2 if precision == "bf16-mixed" else 0)
     tl = replay(piece_sizes(batch, groups, 1), cfg, record=True)
     traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
     replayed = [(name, int(size[0]), comp) for kind, name, comp, size in tl.log
@@ -97,3 +107,13 @@ def test_replay_follows_the_trace(backend, arch, agg):
         traced, replayed = _events(arch, agg, backend, hidden)
         problems = diff(traced, replayed)
         assert not problems, f"hidden {hidden}: " + "\n".join(problems)
+
+
+@pytest.mark.parametrize("arch,agg", MIXED_MODELS, ids=[f"{a}-{g}" for a, g in MIXED_MODELS])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixed_precision_replay_follows_the_trace(backend, arch, agg):
+    for layers in (2, 3):  # depth 3: a middle layer whose input needs a gradient
+        for hidden in (16, 64):
+            traced, replayed = _events(arch, agg, backend, hidden, layers, "bf16-mixed")
+            problems = diff(traced, replayed)
+            assert not problems, f"L={layers} hidden {hidden}: " + "\n".join(problems)

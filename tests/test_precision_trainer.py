@@ -58,7 +58,7 @@ def test_bf16_mixed_searches_k_with_its_own_estimate():
 
 def test_a_model_the_replay_does_not_follow_warns_and_uses_float32_estimates():
     with pytest.warns(UserWarning, match="float32 step, not its bf16-mixed step"):
-        trainer = _trainer("bf16-mixed", arch="gat")
+        trainer = _trainer("bf16-mixed", aggregator="lstm")
     record = trainer.train_epoch(0)
     assert record.peak_mem_measured_bytes is not None
     with warnings.catch_warnings():

@@ -30,15 +30,25 @@ lstm, with ``lin_before_mp`` when ``in_feats > out_feats``), ``betty.models.gat`
 dispatch-mode trace (:class:`betty.memory.trace.AllocationTrace`;
 ``tests/test_memory_trace_diff.py`` diffs the two event sequences).
 
-**Mixed precision** (``StepConfig.autocast_elt``; SAGE mean only): the forward pass and
-the loss run under ``torch.autocast``. Each linear layer casts its bias and weight (the
+**Mixed precision** (``StepConfig.autocast_elt``; the models of
+:func:`replays_mixed_precision`): the forward pass and the loss run under
+``torch.autocast``. Each matrix product (``addmm``/``mm``) casts its parameters (the
 copies stay in autocast's cache until the region ends after the loss, a weight's copy
-until its backward where the layer's input needs a gradient) and, where its input is
-not in the compute dtype (float32 features in the first layer), the input: that copy is
-saved instead of the input. Everything after a linear layer is in the compute dtype;
-``cross_entropy`` runs in float32 on a float32 copy of the logits; parameter gradients
-come out of each backward node in the compute dtype and go through the cast's backward
-(a float32 copy) into ``AccumulateGrad``.
+until its backward where the product's input needs a gradient) and, where its input is
+not in the compute dtype (float32 features; GCN's float32 ``h * src_norm`` or
+aggregation), the input: that copy is saved instead of the input. The product's output
+is in the compute dtype, and so is what follows it until an op meets a float32 operand:
+SAGE mean's and pool's layers stay in the compute dtype from their first product on,
+while SAGE gcn's ``/ (deg + 1)`` and ``+ bias``, GCN's ``* dst_norm`` (degrees and norms
+in the layer input's dtype, a float32 bias) and GAT's ``z * attn_l`` / ``z * attn_r``
+(float32 attention vectors) promote back to float32, so those layers, activations and
+logits are float32 (GAT's DGL aggregation casts ``z`` to float32 to meet the
+attention). ``cross_entropy`` runs in float32 (on a float32 copy of logits in the
+compute dtype). In backward, a gradient that reaches a
+compute-dtype tensor from a float32 op is cast to the compute dtype; a product's node
+gives its gradients in the compute dtype, then the casts' backward nodes turn them into
+float32 copies (the input's, where it was cast, then each parameter's, into
+``AccumulateGrad``): :meth:`_Replayer.autocast_mm_bwd`.
 
 **Backends.** ``ModelSpec.backend`` (read off the model) picks the op sequences where the
 GNN backend's ops differ; everything else (parameters, dropout, features, labels,
@@ -65,7 +75,8 @@ All sizes are per-piece vectors, so one replay estimates every piece of a split.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,6 +100,8 @@ BLOCKS, IDS, AGG, LSTM = "blocks", "global_ids", "aggregation", "lstm"
 # dgl.create_block keeps a 2-element int64 tensor per block that PyTorch allocates on
 # the host (measured: 16 bytes per layer of DGL blocks on the host, none with PyG)
 DGL_BLOCK_HOST_BYTES = 16
+# autocast runs cross_entropy in float32
+FLOAT32_BYTES = 4
 
 
 @dataclass
@@ -109,9 +122,10 @@ class ReplayConfig(StepConfig):
 
 def replays_mixed_precision(model: ModelSpec) -> bool:
     """Whether the replay follows a mixed-precision (autocast) step of ``model``'s
-    architecture: SAGE with the mean aggregator today (and, checked apart, only with
-    single-label targets); ``32`` and ``64`` cover every model."""
-    return model.arch == "sage" and model.aggregator == "mean"
+    architecture: SAGE with the mean, gcn or pool aggregator, GAT and GCN (and,
+    checked apart, only with single-label targets); ``32`` and ``64`` cover every model."""
+    return model.arch in ("gcn", "gat") or (model.arch == "sage"
+                                            and model.aggregator in ("mean", "gcn", "pool"))
 
 
 class _Replayer:
@@ -128,37 +142,91 @@ class _Replayer:
         self._region_casts: list[Buffer] = []  # autocast's cached copies, freed at its exit
         if self.ce and not replays_mixed_precision(cfg.model):
             raise NotImplementedError(
-                "the memory replay under a mixed precision covers SAGE with the mean "
-                f"aggregator; got arch {cfg.model.arch!r}, aggregator "
-                f"{cfg.model.aggregator!r} (precision '32' and '64' cover every model)")
+                "the memory replay under a mixed precision covers SAGE with the mean, "
+                f"gcn or pool aggregator, GAT and GCN; got arch {cfg.model.arch!r}, "
+                f"aggregator {cfg.model.aggregator!r} (precision '32' and '64' cover every "
+                "model)")
         if self.ce and cfg.label_columns:
             raise NotImplementedError("the memory replay under a mixed precision covers "
                                       "single-label targets (label_columns=0)")
 
     # ------------------------------------------------------------------ params
-    def param_grads(self, shapes, tag: str, casts: list[Buffer] | None = None) -> None:
+    def param_grads(self, shapes, tag: str, casts: list[Buffer] | None = None,
+                    cast: bool = True) -> None:
         """Gradients of ``shapes`` produced by one backward node, one tensor each
         (:func:`~betty.memory.ops.param_grads`).
 
-        Under autocast the node produces them in the compute dtype; then its saved
-        ``casts`` (autocast's copies of the weights) go, and each gradient goes through
-        the cast's backward (a ``param_dtype`` copy, the low-precision one freed) into
-        ``AccumulateGrad``."""
+        Under autocast, where autocast cast the parameters (``cast``: not for a bias
+        added outside a product, which stays in ``param_dtype``), the node produces them
+        in the compute dtype; then its saved ``casts`` (autocast's copies of the
+        weights) go, and each gradient goes through the cast's backward (a
+        ``param_dtype`` copy, the low-precision one freed) into ``AccumulateGrad``."""
         tl = self.tl
-        if not self.ce:
+        if not self.ce or not cast:
             for shape in shapes:
                 name = f"{tag} grad {shape}"
                 param_grads(tl, numel(shape) * self.pelt, self.fresh, name, name)
             return
-        low = [tl.alloc(numel(shape) * self.ce, GRADS, f"{tag} grad {shape} (autocast)")
-               for shape in shapes]
-        tl.release(*(casts or []))
+        self.autocast_mm_bwd(shapes, casts or [], [], None, 0, tag)
+
+    def autocast_mm_bwd(self, shapes, casts: list[Buffer], node_inputs: list[Buffer],
+                        x_numel, x_elt: int, tag: str, weight_first: bool = True) -> Buffer | None:
+        """Backward of a product ``x @ W`` that ran under autocast (``W``: the parameters
+        ``shapes``, cast to the compute dtype; ``x``: ``x_numel`` elements of ``x_elt``
+        bytes, None where ``x`` needs no gradient).
+
+        The product's node gives the gradients of ``W`` and of ``x`` in the compute
+        dtype (``weight_first``: ``W``'s first, as ``mm`` does; ``addmm`` gives ``x``'s
+        first), then lets go of ``node_inputs`` (its incoming gradient and its saved
+        copy of ``x``) and of the saved ``casts``. Then the casts' backward nodes run,
+        the latest cast first: ``x``'s gradient becomes an ``x_elt`` copy where ``x``
+        was cast (returned), then each parameter's a ``param_dtype`` copy that goes into
+        ``AccumulateGrad`` (kept on a fresh piece, added in place elsewhere)."""
+        tl = self.tl
+
+        def low_weights() -> list[Buffer]:
+            return [tl.alloc(numel(shape) * self.ce, GRADS, f"{tag} grad {shape} (autocast)")
+                    for shape in shapes]
+
+        low = low_weights() if weight_first else []
+        gx = None
+        if x_numel is not None:
+            gx = tl.alloc(x_numel * self.ce, BWD, f"{tag} grad input (autocast)")
+        if not weight_first:
+            low = low_weights()
+        tl.release(*node_inputs, *casts)
+        if gx is not None and x_elt != self.ce:
+            full = tl.alloc(x_numel * x_elt, BWD, f"{tag} grad input")
+            tl.release(gx)
+            gx = full
         for shape, b in zip(shapes, low):
             g = tl.alloc(numel(shape) * self.pelt, GRADS, f"{tag} grad {shape}")
             tl.release(b)
             tl.release_where(g, ~self.fresh)
+        return gx
 
     # ------------------------------------------------------------------ autocast
+    def cast_grad(self, g: Buffer, nelem, elt: int, tag: str) -> Buffer:
+        """The engine's cast of a gradient ``g`` (``nelem`` elements of ``self.e``
+        bytes, released) to ``elt`` bytes, the dtype of the tensor it is the gradient
+        of, where they differ (a compute-dtype tensor that met a float32 operand);
+        ``g`` itself otherwise."""
+        if elt == self.e:
+            return g
+        gc = self.tl.alloc(nelem * elt, BWD, f"{tag} (cast)")
+        self.tl.release(g)
+        return gc
+
+    @contextlib.contextmanager
+    def elt(self, elt: int) -> Iterator[None]:
+        """Run the shared op sequences (aggregations and their backward) on tensors of
+        ``elt`` bytes per element (under autocast: the compute dtype after a product)."""
+        saved, self.e = self.e, elt
+        try:
+            yield
+        finally:
+            self.e = saved
+
     def cast_input(self, nelem, in_elt: int, tag: str) -> Buffer | None:
         """Autocast's copy of a linear layer's input in the compute dtype, where the
         input (``nelem`` elements of ``in_elt`` bytes) is not in it already; None
@@ -365,40 +433,56 @@ class _Replayer:
     # ------------------------------------------------------------------ SAGE, shared
     # mean and gcn: fc_neigh runs on the sources before message passing
     # (``lin_before_mp``) when in_feats > out_feats, else on the aggregated destinations.
-    def _lin_before_mp(self, tag, n_src, wi, wo, lbm: bool, autocast=None):
+    def _lin_before_mp(self, tag, n_src, wi, wo, lbm: bool, autocast=None, elt=None):
         """``fc_neigh(h)`` on the ``(n_src, wi)`` sources where ``lbm``: returns the
-        ``(n_src, wo)`` result and the width aggregated (``(None, wi)`` otherwise).
-        ``autocast``: run before the product, for autocast's casts."""
+        ``(n_src, wo)`` result (``elt`` bytes per element, default ``self.e``) and the
+        width aggregated (``(None, wi)`` otherwise). ``autocast``: run before the
+        product, for autocast's casts."""
         if not lbm:
             return None, wi
         if autocast is not None:
             autocast("fc_neigh")
-        return self.tl.alloc(n_src * wo * self.e, AGG, f"{tag} fc_neigh(src)"), wo
+        return self.tl.alloc(n_src * wo * (elt or self.e), AGG, f"{tag} fc_neigh(src)"), wo
 
-    def _lin_before_mp_bwd(self, fc_neigh, n_src, wi, h_grad: bool, tag,
-                           casts=None) -> Buffer | None:
-        """Backward of the sources' ``fc_neigh(h)``: its weight gradient (``casts``: its
-        saved autocast copies), then the ``(n_src, wi)`` gradient of ``h`` where ``h``
-        needs one (returned)."""
+    def _lin_before_mp_bwd(self, g: Buffer, fc_neigh, n_src, wi, h_grad: bool, tag,
+                           casts=None, x_elt: int | None = None) -> Buffer | None:
+        """Backward of the sources' ``fc_neigh(h)`` from its gradient ``g`` (released):
+        its weight gradient, then the ``(n_src, wi)`` gradient of ``h`` where ``h``
+        needs one (returned). Under autocast (``casts``: its saved autocast copies;
+        ``x_elt``: ``h``'s bytes per element) :meth:`autocast_mm_bwd`."""
+        if self.ce:
+            return self.autocast_mm_bwd(fc_neigh, casts or [], [g], n_src * wi if h_grad else None,
+                                        x_elt or self.e, f"{tag} fc_neigh")
         self.param_grads(fc_neigh, f"{tag} fc_neigh", casts)
-        return self.tl.alloc(n_src * wi * self.e, BWD, f"{tag} grad h") if h_grad else None
+        gh = self.tl.alloc(n_src * wi * self.e, BWD, f"{tag} grad h") if h_grad else None
+        self.tl.release(g)
+        return gh
 
     def _fc_neigh_bwd(self, g: Buffer, q: Buffer, fc_neigh, n_dst, wi, h_grad: bool, tag,
-                      name: str, casts=None) -> Buffer | None:
+                      name: str, casts=None, x_elt: int | None = None) -> Buffer | None:
         """Backward of ``fc_neigh(q)`` on the aggregated ``(n_dst, wi)`` ``q`` (saved):
-        the weight gradient (``casts``: its saved autocast copies), then ``q``'s
-        gradient (``grad {name}``) where ``h`` needs one; ``g`` and ``q`` released.
-        Returns ``q``'s gradient."""
+        the weight gradient, then ``q``'s gradient (``grad {name}``) where ``h`` needs
+        one; ``g`` and ``q`` released. Under autocast (``casts``: its saved autocast
+        copies; ``x_elt``: ``q``'s bytes per element) :meth:`autocast_mm_bwd`. Returns
+        ``q``'s gradient."""
+        if self.ce:
+            return self.autocast_mm_bwd(fc_neigh, casts or [], [g, q],
+                                        n_dst * wi if h_grad else None, x_elt or self.e,
+                                        f"{tag} fc_neigh")
         self.param_grads(fc_neigh, f"{tag} fc_neigh", casts)
         gq = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad {name}") if h_grad else None
         self.tl.release(g, q)
         return gq
 
-    def _div_bwd(self, g: Buffer, deg: Buffer | None, n_dst, w, tag, name: str) -> Buffer:
+    def _div_bwd(self, g: Buffer, deg: Buffer | None, n_dst, w, tag, name: str,
+                 x_elt: int | None = None) -> Buffer:
         """Backward of ``x / deg`` (``deg`` broadcast over the ``w`` columns) for ``x``:
-        the ``(n_dst, w)`` ``g / deg`` (``grad {name}``); ``g`` and the saved ``deg``
+        the ``(n_dst, w)`` ``g / deg`` (``grad {name}``), cast to ``x``'s ``x_elt`` bytes
+        where ``x`` is in another dtype (:meth:`cast_grad`); ``g`` and the saved ``deg``
         released."""
         gd = self.tl.alloc(n_dst * w * self.e, BWD, f"{tag} grad {name}")
+        if x_elt is not None:
+            gd = self.cast_grad(gd, n_dst * w, x_elt, f"{tag} grad {name}")
         self.tl.release(g, deg)
         return gd
 
@@ -468,11 +552,12 @@ class _Replayer:
             if lbm:
                 gd = self._div_bwd(g, deg, n_dst, wo, tag, "mean")
                 gz = self._copy_u_sum_bwd(gd, n_src, n_e, wo, tag)
-                gh = self._lin_before_mp_bwd(fc_neigh, n_src, wi, h_grad, tag, neigh_casts)
-                tl.release(gz)
+                gh = self._lin_before_mp_bwd(gz, fc_neigh, n_src, wi, h_grad, tag, neigh_casts,
+                                             in_e)
                 tl.release(hh)
                 return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
-            gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "mean", neigh_casts)
+            gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "mean", neigh_casts,
+                                    in_e)
             if not h_grad:
                 tl.release(h_kept)
                 return None
@@ -486,12 +571,26 @@ class _Replayer:
     def _sage_gcn(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm):
         """SAGEConv gcn: ``fc_neigh((sum_{in-edges} h_src + h_dst) / (deg + 1)) + bias``
         (``lbm``: ``fc_neigh`` applied to the sources first); the sum is the backend's
-        (:meth:`_gcn_aggregate`)."""
+        (:meth:`_gcn_aggregate`).
+
+        Under autocast ``fc_neigh`` casts its weight and its input (the copy is saved
+        instead of the input) and gives the compute dtype; the aggregation of its
+        output (``lbm``) stays in it up to ``/ (deg + 1)``, whose float32 degrees (in
+        the layer input's dtype) promote back to float32, as does ``+ bias`` after
+        ``fc_neigh`` otherwise: the layer's output is float32."""
         tl, e = self.tl, self.e
+        lo = self.ce or e  # fc_neigh's output dtype
         fc_neigh, bias = [shp[0]], [shp[1]]
         agg_grad = h_grad or lbm
-        m, w = self._lin_before_mp(tag, n_src, wi, wo, lbm)
-        z, deg, deg1, q = self._gcn_aggregate(tag, n_dst, n_e, w)
+        casts: list[Buffer] = []
+        x_copy = None
+        if lbm:
+            casts = self.cast_params(fc_neigh, h_grad, f"{tag} fc_neigh")
+            x_copy = self.cast_input(n_src * wi, e, f"{tag} fc_neigh")
+            if x_copy is not None:
+                casts.append(x_copy)  # saved instead of h
+        m, w = self._lin_before_mp(tag, n_src, wi, wo, lbm, elt=lo)
+        z, deg, deg1, q = self._gcn_aggregate(tag, n_dst, n_e, w, lo if lbm else e)
         if not agg_grad:
             tl.release(deg1)
             deg1 = None
@@ -499,21 +598,36 @@ class _Replayer:
             out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
             tl.release(z, m, q, deg)
         else:
-            mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+            casts = self.cast_params(fc_neigh, h_grad, f"{tag} fc_neigh")
+            q_copy = self.cast_input(n_dst * wi, e, f"{tag} fc_neigh")
+            mm = tl.alloc(n_dst * wo * lo, ACT, f"{tag} fc_neigh")
+            if q_copy is not None:  # fc_neigh saved the copy; q goes
+                tl.release(q)
+                q = q_copy
             out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
             tl.release(z, mm, deg)
-        if lbm:
+        h_saved = lbm and x_copy is None
+        if h_saved:
             tl.hold(h)  # fc_neigh(feat_src) saves its input
 
         def backward(g: Buffer) -> Buffer | None:
-            self.param_grads(bias, f"{tag} bias")
+            if not lbm and lo != e:  # + bias: the engine casts fc_neigh's gradient first
+                g_mm = tl.alloc(n_dst * wo * lo, BWD, f"{tag} grad fc_neigh (cast)")
+                self.param_grads(bias, f"{tag} bias", cast=False)
+                tl.release(g)
+                g = g_mm
+            else:
+                self.param_grads(bias, f"{tag} bias", cast=False)
             if lbm:
-                gd = self._div_bwd(g, deg1, n_dst, wo, tag, "normalized")
-                acc = self._gcn_neigh_bwd(gd, n_src, n_e, wo, tag)
-                gh = self._lin_before_mp_bwd(fc_neigh, n_src, wi, h_grad, tag)
-                tl.release(acc, h)
+                gd = self._div_bwd(g, deg1, n_dst, wo, tag, "normalized", lo)
+                with self.elt(lo):
+                    acc = self._gcn_neigh_bwd(gd, n_src, n_e, wo, tag)
+                gh = self._lin_before_mp_bwd(acc, fc_neigh, n_src, wi, h_grad, tag, casts, e)
+                if h_saved:
+                    tl.release(h)
                 return gh
-            gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "normalized")
+            gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "normalized",
+                                    casts, e)
             if not h_grad:
                 return None
             gd = self._div_bwd(gq, deg1, n_dst, wi, tag, "sum + self")
@@ -521,21 +635,25 @@ class _Replayer:
 
         return out, backward
 
-    def _gcn_aggregate(self, tag, n_dst, n_e, w):
+    def _gcn_aggregate(self, tag, n_dst, n_e, w, we: int | None = None):
         """``(sum_{in-edges} x_src + x_dst) / (deg + 1)``: the ``(sum, degrees,
-        degrees + 1, normalized)`` buffers (``sum`` None where it is already freed)."""
+        degrees + 1, normalized)`` buffers (``sum`` None where it is already freed).
+        ``we``: bytes per element of ``x`` and the sums (default ``self.e``, the dtype
+        of the degrees and, by promotion, of the normalized result)."""
         tl, e = self.tl, self.e
+        we = we or e
         if self.pyg:  # in_degrees() (bincount, cast), scatter(x[src], dst, reduce="sum")
             deg = through(self.tl, AGG, n_dst * INDEX_BYTES, f"{tag} bincount",
                           n_dst * e, f"{tag} degrees")
-            z = through(self.tl, AGG, n_e * w * e, f"{tag} messages", n_dst * w * e, f"{tag} sum")
-            sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
+            z = through(self.tl, AGG, n_e * w * we, f"{tag} messages", n_dst * w * we,
+                        f"{tag} sum")
+            sm = tl.alloc(n_dst * w * we, AGG, f"{tag} sum + self")
             tl.release(z)
             z = None
         else:
-            z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
+            z = tl.alloc(n_dst * w * we, AGG, f"{tag} sum")
             deg = self._degrees(n_dst, tag, clamp=False)
-            sm = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
+            sm = tl.alloc(n_dst * w * we, AGG, f"{tag} sum + self")
         deg1 = tl.alloc(n_dst * e, AGG, f"{tag} degrees + 1")
         q = tl.alloc(n_dst * w * e, AGG, f"{tag} normalized")
         tl.release(sm)
@@ -556,39 +674,80 @@ class _Replayer:
 
     def _sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo):
         """SAGEConv pool: ``fc_neigh(max_{in-edges} relu(fc_pool(h))) + fc_self(h[:n_dst])``;
-        the max is the backend's (:meth:`_max_aggregate`), everything else is shared."""
-        tl, e = self.tl, self.e
+        the max is the backend's (:meth:`_max_aggregate`), everything else is shared.
+
+        Under autocast ``fc_pool`` and ``fc_self`` cast their parameters and, where ``h``
+        is not in the compute dtype, ``h`` (each saves its copy instead of ``h``);
+        ``fc_neigh`` casts its parameters (its weight's copy saved: its input always
+        needs a gradient); everything from ``fc_pool`` on is in the compute dtype."""
+        tl = self.tl
+        in_e = self.e
         fc_pool, fc_neigh, fc_self = shp[0:2], [shp[2]], shp[3:]
+        pool_casts: list[Buffer] = []
+        casts = {"fc_neigh": [], "fc_self": []}
+        if self.ce:
+            pool_casts = self.cast_params(fc_pool, h_grad, f"{tag} fc_pool")
+            pool_casts += [c for c in [self.cast_input(n_src * wi, in_e, f"{tag} fc_pool")] if c]
+            self.e = self.ce
+        e = self.e
         p2 = through(self.tl, AGG, n_src * wi * e, f"{tag} fc_pool",
                      n_src * wi * e, f"{tag} relu(fc_pool)")
-        tl.hold(h)  # fc_pool saves h; fc_self saves h[:n_dst]
-        max_backward = self._max_aggregate(tag, n_src, n_dst, n_e, wi)
-        out = self._fc_out(tag, n_dst, wo)
+        h_saved = in_e == e  # fc_pool saves h; fc_self saves h[:n_dst] (else their copies)
+        if h_saved:
+            tl.hold(h)
+        max_backward, mm_saved = self._max_aggregate(tag, n_src, n_dst, n_e, wi)
+
+        def autocast(name: str) -> None:
+            if not self.ce:
+                return
+            if name == "fc_neigh":
+                casts[name] = self.cast_params(fc_neigh, True, f"{tag} fc_neigh")
+            else:
+                casts[name] = self.cast_params(fc_self, h_grad, f"{tag} fc_self")
+                casts[name] += [c for c in [self.cast_input(n_dst * wi, in_e, f"{tag} fc_self")]
+                                if c]
+
+        out = self._fc_out(tag, n_dst, wo, autocast)
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gp = max_backward(g)
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad, casts["fc_self"])
+            if self.ce:  # fc_neigh's node: its input's gradient in the compute dtype
+                gm = self.autocast_mm_bwd(fc_neigh, casts["fc_neigh"], [g, *mm_saved],
+                                          n_dst * wi, e, f"{tag} fc_neigh")
+            else:
+                self.param_grads(fc_neigh, f"{tag} fc_neigh")
+                gm = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max (filled)" if not self.pyg
+                              else f"{tag} grad max")
+                tl.release(g, *mm_saved)
+            gp = max_backward(gm)
             tb = tl.alloc(n_src * wi * e, BWD, f"{tag} grad fc_pool")
             tl.release(gp, p2)
-            gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
-            self.param_grads(fc_pool, f"{tag} fc_pool")
-            tl.release(tb)
-            tl.release(h)
+            if self.ce:
+                gh = self.autocast_mm_bwd(fc_pool, pool_casts, [tb],
+                                          n_src * wi if h_grad else None, in_e,
+                                          f"{tag} fc_pool", weight_first=False)
+            else:
+                gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+                self.param_grads(fc_pool, f"{tag} fc_pool")
+                tl.release(tb)
+            if h_saved:
+                tl.release(h)
             return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
 
         return out, backward
 
-    def _max_aggregate(self, tag, n_src, n_dst, n_e, w) -> Callable[[Buffer], Buffer]:
-        """Max over in-edges of the ``(n_src, w)`` pooled messages; returns its backward,
-        which maps the ``(n_dst, w)`` gradient (released) to the messages' ``(n_src, w)``
-        gradient.
+    def _max_aggregate(self, tag, n_src, n_dst, n_e, w):
+        """Max over in-edges of the ``(n_src, w)`` pooled messages. Returns its backward,
+        which maps the ``(n_dst, w)`` gradient of the max (released) to the messages'
+        ``(n_src, w)`` gradient, and the buffers that ``fc_neigh`` saves of the max
+        (and frees in its backward).
 
         DGL: ``gspmm`` max keeps the ``(n_dst, w)`` int64 arg-max, then
-        ``max.masked_fill(isinf, 0)`` (the bool mask and the filled copy saved). PyG:
-        ``scatter(reduce="max")`` gathers the ``(E, w)`` messages and runs a
-        ``scatter_reduce_`` into zeros that autograd saves with a clone of the zeros; its
-        backward finds the arg-max by comparisons and counts ties.
+        ``max.masked_fill(isinf, 0)`` (the bool mask kept, the filled copy saved by
+        ``fc_neigh``). PyG: ``scatter(reduce="max")`` gathers the ``(E, w)`` messages and
+        runs a ``scatter_reduce_`` into zeros that autograd saves with a clone of the
+        zeros and its result; its backward finds the arg-max by comparisons and counts
+        ties.
         """
         tl, e = self.tl, self.e
         if not self.pyg:
@@ -598,23 +757,19 @@ class _Replayer:
             mf = tl.alloc(n_dst * w * e, AGG, f"{tag} max (filled)")
             tl.release(z)
 
-            def dgl_backward(g: Buffer) -> Buffer:
-                gmf = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max (filled)")
-                tl.release(g, mf)
+            def dgl_backward(gmf: Buffer) -> Buffer:
                 gmf2 = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max")
                 tl.release(gmf, inf)
                 gp = tl.alloc(n_src * w * e, BWD, f"{tag} grad relu(fc_pool)")
                 tl.release(gmf2, arg)
                 return gp
 
-            return dgl_backward
+            return dgl_backward, [mf]
         msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
         z = tl.alloc(n_dst * w * e, AGG, f"{tag} max")
         cl = tl.alloc(n_dst * w * e, AGG, f"{tag} max zeros (saved clone)")
 
-        def pyg_backward(g: Buffer) -> Buffer:
-            gz = tl.alloc(n_dst * w * e, BWD, f"{tag} grad max")
-            tl.release(g)
+        def pyg_backward(gz: Buffer) -> Buffer:
             # scatter_reduce(amax) backward: which entries reached the max, how many tie
             val = tl.alloc(n_e * w * e, BWD, f"{tag} max gathered")
             t1 = through(self.tl, BWD, n_dst * w, f"{tag} self == max",
@@ -635,7 +790,7 @@ class _Replayer:
             tl.release(gz, cl, msg, z)
             return self._index_bwd(gsrc, n_src, w, tag)
 
-        return pyg_backward
+        return pyg_backward, []
 
     # ------------------------------------------------------------------ LSTM, shared
     # Both backends run one nn.LSTM call per distinct in-degree t on a (B, t, W) mailbox
@@ -896,11 +1051,21 @@ class _Replayer:
         """:func:`betty.models.gcn.gcn_forward`: ``src_norm``, ``dst_norm``, ``hs = h *
         src_norm``, then (``in > out``) ``hs @ W`` before the aggregation or ``@ W``
         after it, ``copy_u_sum(hs) + hs[:n_dst]``, ``* dst_norm``, ``+ b``. The function's
-        locals (``hs``, ``agg``, the norms) live until it returns."""
+        locals (``hs``, ``agg``, the norms) live until it returns.
+
+        Under autocast only the product runs in the compute dtype: autocast casts ``W``
+        and the product's input (the copy is saved instead of the input, which goes
+        when its variable is reassigned); the aggregation of a projected ``hs`` stays in
+        the compute dtype, and ``* dst_norm`` (``dst_norm`` in the layer input's dtype)
+        promotes back to it, so the layer's output, the activation and the next layer
+        are in the input's dtype. In backward the gradient of ``* dst_norm`` is cast to
+        the product side's dtype, and the product's gradients go through the casts'
+        backward (:meth:`autocast_mm_bwd`)."""
         s, tl, e = self.s, self.tl, self.e
         wi, wo = self.cfg.model.widths[l], self.cfg.model.widths[l + 1]
         n_src, n_dst, n_e = s.n_src[l], s.n_dst[l], s.num_edges[l]
         pf = wi > wo  # project first
+        lo = self.ce or e  # the product's output dtype
         tag = f"layer {l} gcn"
         weight, bias = [self.shapes[l][0]], [self.shapes[l][1]]
         src_norm = self._norm(n_src, tag, "out-degree")
@@ -910,21 +1075,32 @@ class _Replayer:
             deg = self._degrees(n_dst, tag, clamp=False)
         dst_norm = self._norm(n_dst, tag, "in-degree", deg)
         hs0 = tl.alloc(n_src * wi * e, AGG, f"{tag} h * src_norm")
-        w = wi
+        w, we = wi, e  # the aggregated width and dtype
         hs = hs0
+        w_casts: list[Buffer] = []
         if pf:
-            hs = tl.alloc(n_src * wo * e, AGG, f"{tag} hs @ W")
-            w = wo  # hs0 is saved by the mm
+            w_casts = self.cast_params(weight, h_grad, f"{tag} weight")
+            x_copy = self.cast_input(n_src * wi, e, f"{tag} hs")
+            hs = tl.alloc(n_src * wo * lo, AGG, f"{tag} hs @ W")
+            w, we = wo, lo  # hs0 (or autocast's copy of it) is saved by the mm
+            if x_copy is not None:
+                tl.release(hs0)  # the variable is reassigned: only the copy stays
+                hs0 = x_copy
         if self.pyg:  # scatter(hs[src], dst, reduce="sum")
-            z = through(tl, AGG, n_e * w * e, f"{tag} messages", n_dst * w * e, f"{tag} sum")
+            z = through(tl, AGG, n_e * w * we, f"{tag} messages", n_dst * w * we, f"{tag} sum")
         else:
-            z = tl.alloc(n_dst * w * e, AGG, f"{tag} sum")
-        agg = tl.alloc(n_dst * w * e, AGG, f"{tag} sum + self")
+            z = tl.alloc(n_dst * w * we, AGG, f"{tag} sum")
+        agg = tl.alloc(n_dst * w * we, AGG, f"{tag} sum + self")
         tl.release(z)
         agg_in = None
         if not pf:
-            agg_in = agg  # saved by the mm
-            agg = tl.alloc(n_dst * wo * e, AGG, f"{tag} agg @ W")
+            agg_in = agg  # saved by the mm (or autocast's copy of it)
+            w_casts = self.cast_params(weight, h_grad, f"{tag} weight")
+            x_copy = self.cast_input(n_dst * wi, e, f"{tag} agg")
+            agg = tl.alloc(n_dst * wo * lo, AGG, f"{tag} agg @ W")
+            if x_copy is not None:
+                tl.release(agg_in)
+                agg_in = x_copy
         scaled = tl.alloc(n_dst * wo * e, ACT, f"{tag} * dst_norm")
         out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
         tl.release(scaled)
@@ -939,21 +1115,31 @@ class _Replayer:
             src_norm = None
 
         def backward(g: Buffer) -> Buffer | None:
-            self.param_grads(bias, f"{tag} bias")
+            self.param_grads(bias, f"{tag} bias", cast=False)
             gm = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad * dst_norm")
+            gm = self.cast_grad(gm, n_dst * wo, lo, f"{tag} grad * dst_norm")
             tl.release(g, dst_norm)
             if not pf:
-                self.param_grads(weight, f"{tag} weight")
-                ga = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad agg") if h_grad else None
-                tl.release(gm, agg_in)
+                if self.ce:
+                    ga = self.autocast_mm_bwd(weight, w_casts, [gm, agg_in],
+                                              n_dst * wi if h_grad else None, e, tag)
+                else:
+                    self.param_grads(weight, f"{tag} weight")
+                    ga = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad agg") if h_grad else None
+                    tl.release(gm, agg_in)
                 if not h_grad:
                     return None
                 ghs = self._gcn_neigh_bwd(ga, n_src, n_e, wi, tag)
             else:
-                acc = self._gcn_neigh_bwd(gm, n_src, n_e, wo, tag)
-                self.param_grads(weight, f"{tag} weight")
-                ghs = tl.alloc(n_src * wi * e, BWD, f"{tag} grad hs") if h_grad else None
-                tl.release(acc, hs0)
+                with self.elt(lo):
+                    acc = self._gcn_neigh_bwd(gm, n_src, n_e, wo, tag)
+                if self.ce:
+                    ghs = self.autocast_mm_bwd(weight, w_casts, [acc, hs0],
+                                               n_src * wi if h_grad else None, e, tag)
+                else:
+                    self.param_grads(weight, f"{tag} weight")
+                    ghs = tl.alloc(n_src * wi * e, BWD, f"{tag} grad hs") if h_grad else None
+                    tl.release(acc, hs0)
                 if not h_grad:
                     return None
             gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h")
@@ -964,7 +1150,21 @@ class _Replayer:
 
     # ------------------------------------------------------------------ GAT
     def gat_layer(self, l: int, h: Buffer, h_grad: bool, last: bool):
+        """:func:`betty.models.gat.gat_forward`.
+
+        Under autocast only ``fc`` runs in the compute dtype (it casts its weight and,
+        where ``h`` is not in it, ``h``: the copy is saved instead of ``h``); ``z *
+        attn_l`` and ``z[:n_dst] * attn_r`` meet the float32 attention vectors and
+        promote back to float32, so the scores, the softmax and the layer's output are
+        float32. The aggregation multiplies the compute-dtype ``z`` by float32
+        attention: DGL's backend casts ``z`` to float32 first (that copy saved for the
+        aggregation's backward), PyG gathers ``z[src]`` in the compute dtype (saved) and
+        the product promotes. In backward the gradients of ``z`` (aggregation, ``el``,
+        ``er``) come out in float32 and are cast to the compute dtype (:meth:`cast_grad`)
+        where they are summed, then ``fc``'s node and the casts' backward
+        (:meth:`autocast_mm_bwd`)."""
         s, tl, e, cfg = self.s, self.tl, self.e, self.cfg
+        lo = self.ce or e  # fc's output dtype
         heads = cfg.model.layer_heads(l)
         wi, wo = cfg.model.widths[l], cfg.model.widths[l + 1]
         f = wo if last else wo // heads
@@ -972,8 +1172,14 @@ class _Replayer:
         n_src, n_dst, n_e = s.n_src[l], s.n_dst[l], s.num_edges[l]
         tag = f"layer {l} gat"
         fc_w, attn_l, attn_r, bias = self.shapes[l]
-        z = tl.alloc(n_src * hf * e, ACT, f"{tag} fc")
-        tl.hold(h)  # fc saves its input
+        fc_casts: list[Buffer] = []
+        if self.ce:
+            fc_casts = self.cast_params([fc_w], h_grad, f"{tag} fc")
+            fc_casts += [c for c in [self.cast_input(n_src * wi, e, f"{tag} fc")] if c]
+        z = tl.alloc(n_src * hf * lo, ACT, f"{tag} fc")
+        h_saved = not self.ce or e == lo
+        if h_saved:
+            tl.hold(h)  # fc saves its input
         tl.temp(n_src * hf * e, ATT, f"{tag} z*attn_l")
         el = tl.alloc(n_src * heads * e, ATT, f"{tag} el")
         tl.temp(n_dst * hf * e, ATT, f"{tag} z*attn_r")
@@ -993,14 +1199,17 @@ class _Replayer:
         if attn_drop:
             a_used = self.dropout_fwd(a, n_e, heads, True, f"{tag} attention")
             amask = getattr(self, "_std_mask", None) if cfg.model.dropout_mode == "standard" else None
+        z_wide = None
         if self.pyg:  # scatter(z[src] * a, dst): the gathered z[src] is saved
             if attn_drop:
                 tl.release(a)  # the softmax's output is not saved by PyG's ops
-            zs = tl.alloc(n_e * hf * e, ATT, f"{tag} z[src]")
+            zs = tl.alloc(n_e * hf * lo, ATT, f"{tag} z[src]")
             m = tl.alloc(n_e * hf * e, ATT, f"{tag} z[src] * a")
             u = tl.alloc(n_dst * hf * e, ACT, f"{tag} u_mul_e_sum")
             tl.release(m)
         else:
+            if lo != e:  # the backend casts z to a's float32 (saved by the aggregation)
+                z_wide = tl.alloc(n_src * hf * e, ATT, f"{tag} z (float32 copy)")
             u = tl.alloc(n_dst * hf * e, ACT, f"{tag} u_mul_e_sum")
         o = tl.alloc(n_dst * hf * e, ACT, f"{tag} out + bias")
         tl.release(el, er, lr, u)
@@ -1011,35 +1220,54 @@ class _Replayer:
         else:
             out = o
 
+        def attention_param_grad(g_attn: Buffer, rows, param, name: str) -> Buffer:
+            """Backward of ``z_rows * attn`` from the score gradient ``g_attn``
+            (released): the ``(rows, H, F)`` gradient of ``z_rows`` (cast to ``z``'s
+            dtype) and the attention vector's."""
+            gz = tl.alloc(rows * hf * e, BWD, f"{tag} grad z ({name})")
+            if lo == e:
+                tl.temp(rows * hf * e, BWD, f"{tag} grad attn_{name}")
+                self.param_grads([param], f"{tag} attn_{name}")
+            else:
+                t = tl.alloc(rows * hf * e, BWD, f"{tag} grad attn_{name}")
+                gz = self.cast_grad(gz, rows * hf, lo, f"{tag} grad z ({name})")
+                self.param_grads([param], f"{tag} attn_{name}", cast=False)
+                tl.release(t)
+            tl.release(g_attn)
+            return gz
+
         def backward(g: Buffer) -> Buffer | None:
             if last:
                 gm = tl.alloc(n_dst * hf * e, BWD, f"{tag} grad mean over heads")
                 tl.release(g)
                 g = gm
-            self.param_grads([bias], f"{tag} bias")
+            self.param_grads([bias], f"{tag} bias", cast=False)
             if self.pyg:
                 gza, gel, ger = self._pyg_attention_bwd(g, zs, a_used, amask, attn_drop, ex, den,
-                                                        uav, n_src, n_dst, n_e, heads, hf, tag)
+                                                        uav, n_src, n_dst, n_e, heads, hf, tag,
+                                                        lo)
             else:
                 gza = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z (aggregation)")
                 ga = tl.alloc(n_e * heads * e, BWD, f"{tag} grad attention")
                 tl.release(g)
+                if z_wide is not None:  # the aggregation's node ends, then the cast's backward
+                    tl.release(z_wide)
+                    gza = self.cast_grad(gza, n_src * hf, lo, f"{tag} grad z (aggregation)")
                 if attn_drop:
                     ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
                     tl.release(a_used)
                 gel, ger = edge_softmax_backward(tl, ga, a, uav, n_e * heads * e, n_src * heads * e,
                                                  n_dst * heads * e, tag)
-            gzr = tl.alloc(n_dst * hf * e, BWD, f"{tag} grad z_dst")
-            tl.temp(n_dst * hf * e, BWD, f"{tag} grad attn_r")
-            self.param_grads([attn_r], f"{tag} attn_r")
-            tl.release(ger)
-            acc = self.accumulate_src_grad(gza, gzr, n_src, hf, tag)
-            gzl = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z (el)")
-            tl.temp(n_src * hf * e, BWD, f"{tag} grad attn_l")
-            self.param_grads([attn_l], f"{tag} attn_l")
-            tl.release(gel, z)
-            acc2 = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z")
+            gzr = attention_param_grad(ger, n_dst, attn_r, "r")
+            with self.elt(lo):
+                acc = self.accumulate_src_grad(gza, gzr, n_src, hf, tag)
+            gzl = attention_param_grad(gel, n_src, attn_l, "l")
+            tl.release(z)
+            acc2 = tl.alloc(n_src * hf * lo, BWD, f"{tag} grad z")
             tl.release(acc, gzl)
+            if self.ce:
+                return self.autocast_mm_bwd([fc_w], fc_casts, [acc2] + ([h] if h_saved else []),
+                                            n_src * wi if h_grad else None, e, f"{tag} fc")
             self.param_grads([fc_w], f"{tag} fc")
             gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
             tl.release(acc2, h)
@@ -1048,20 +1276,24 @@ class _Replayer:
         return out, backward, o
 
     def _pyg_attention_bwd(self, g, zs, a_used, amask, attn_drop, ex, den, uav,
-                           n_src, n_dst, n_e, heads, hf, tag):
+                           n_src, n_dst, n_e, heads, hf, tag, lo):
         """Backward of ``scatter(z[src] * a, dst)``, PyG's softmax and ``el[src] +
         er[dst]`` from the ``(n_dst, H, F)`` gradient ``g`` (released): the
-        gradients of ``z`` (aggregation path), ``el`` and ``er``."""
+        gradients of ``z`` (aggregation path, in ``z``'s ``lo`` bytes per element:
+        the gradient of ``z[src]`` is cast to it where the product promoted), ``el``
+        and ``er``."""
         tl, e = self.tl, self.e
         eh = n_e * heads * e
         ge = tl.alloc(n_e * hf * e, BWD, f"{tag} grad messages (gather)")
         tl.release(g)
         gzs = tl.alloc(n_e * hf * e, BWD, f"{tag} grad z[src]")
         gaf = tl.alloc(n_e * hf * e, BWD, f"{tag} grad a (broadcast)")
+        gzs = self.cast_grad(gzs, n_e * hf, lo, f"{tag} grad z[src]")
         ga = tl.alloc(eh, BWD, f"{tag} grad attention")
         tl.release(gaf, ge)
         tl.release(a_used, zs)
-        gza = self._index_bwd(gzs, n_src, hf, tag)
+        with self.elt(lo):
+            gza = self._index_bwd(gzs, n_src, hf, tag)
         if attn_drop:
             ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
         gl = pyg_softmax_backward(tl, ga, ex, den, eh, n_dst * heads * e, tag)
@@ -1132,7 +1364,7 @@ class _Replayer:
                 out, conv_bwd, _ = self.gat_layer(l, conv_in, conv_grad, last)
             if conv_in is not inp:
                 tl.release(conv_in)  # forward_layer's variable moves on
-            e = self.e  # a layer's output: in autocast's compute dtype under autocast
+            e = self.e  # a layer's output dtype (under autocast: SAGE's in the compute dtype)
             act = pre_act = None
             if not last:
                 wo = spec.widths[l + 1]
@@ -1157,9 +1389,9 @@ class _Replayer:
             tl.temp(n_out * t * e, LOSS, "targets cast")
             mean = through(self.tl, LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
             saved = [mean]
-        elif self.ce:  # autocast runs cross_entropy in float32: a cast copy of the logits
-            lsm = through(tl, LOSS, n_out * n_cls * 4, "logits (autocast float32 copy)",
-                          n_out * n_cls * 4, "log_softmax")
+        elif self.ce and e != FLOAT32_BYTES:  # cross_entropy on a float32 copy of the logits
+            lsm = through(tl, LOSS, n_out * n_cls * FLOAT32_BYTES, "logits (autocast float32 copy)",
+                          n_out * n_cls * FLOAT32_BYTES, "log_softmax")
             saved = [lsm]
         else:
             lsm = tl.alloc(n_out * n_cls * e, LOSS, "log_softmax")
@@ -1173,9 +1405,9 @@ class _Replayer:
             g1 = tl.alloc(n_out * t * e, BWD, "grad bce")
             g = tl.alloc(n_out * t * e, BWD, "grad logits")
             tl.release(g1, *saved)
-        elif self.ce:  # float32 loss gradients, then the cast's backward
-            g1 = tl.alloc(n_out * n_cls * 4, BWD, "grad nll")
-            g2 = tl.alloc(n_out * n_cls * 4, BWD, "grad logits (float32)")
+        elif self.ce and e != FLOAT32_BYTES:  # float32 loss gradients, then the cast's backward
+            g1 = tl.alloc(n_out * n_cls * FLOAT32_BYTES, BWD, "grad nll")
+            g2 = tl.alloc(n_out * n_cls * FLOAT32_BYTES, BWD, "grad logits (float32)")
             tl.release(g1, *saved)
             g = tl.alloc(n_out * n_cls * self.ce, BWD, "grad logits")
             tl.release(g2)
