@@ -24,15 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+from proc_io import process_io  # benchmarks/, the script's folder
+
 _SETTINGS = {"full": "full", "true": True, "false": False}
-
-
-def _io() -> dict[str, int]:
-    try:
-        with open("/proc/self/io") as fh:
-            return {k: int(v) for k, v in (line.split(":") for line in fh)}
-    except OSError:
-        return {}
 
 
 def _evict(folder: Path) -> None:
@@ -50,9 +44,9 @@ def _child(args) -> None:
     from betty.data.cache import load_cached
 
     path = cache_path(args.dataset, args.root, scale=args.scale)
-    io0, t0, c0 = _io(), time.perf_counter(), time.process_time()
+    io0, t0, c0 = process_io(), time.perf_counter(), time.process_time()
     ds = load_cached(path, verify=_SETTINGS[args.child])
-    wall, cpu, io1 = time.perf_counter() - t0, time.process_time() - c0, _io()
+    wall, cpu, io1 = time.perf_counter() - t0, time.process_time() - c0, process_io()
     if ds is None:
         raise SystemExit(f"no usable cache entry at {path}")
     files = sum(p.stat().st_size for p in path.iterdir() if p.suffix == ".bin")

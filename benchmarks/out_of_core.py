@@ -17,13 +17,7 @@ import argparse
 import resource
 import time
 
-
-def _io() -> dict[str, int]:
-    try:
-        with open("/proc/self/io") as fh:
-            return {k: int(v) for k, v in (line.split(":") for line in fh)}
-    except OSError:
-        return {}
+from proc_io import process_io  # benchmarks/, the script's folder
 
 
 def _rss_gib() -> float:
@@ -52,9 +46,9 @@ def main() -> None:
     rows = []
 
     def phase(name, fn):
-        io0, t0, c0 = _io(), time.perf_counter(), time.process_time()
+        io0, t0, c0 = process_io(), time.perf_counter(), time.process_time()
         out = fn()
-        io1 = _io()
+        io1 = process_io()
         rows.append((name, time.perf_counter() - t0, time.process_time() - c0, _rss_gib(),
                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                      (io1.get("read_bytes", 0) - io0.get("read_bytes", 0)) / 2**30,
