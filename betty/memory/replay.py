@@ -169,6 +169,18 @@ class _Replayer:
             return
         self.autocast_mm_bwd(shapes, casts or [], [], None, 0, tag)
 
+    def _product_bwd(self, shapes, casts: list[Buffer], node_inputs: list[Buffer], x_numel,
+                     x_elt: int, tag: str, x_label: str) -> Buffer | None:
+        """Backward of a product ``x @ W``: :meth:`autocast_mm_bwd` under autocast; else
+        ``W``'s gradients, then ``x``'s (``x_numel`` elements of ``x_elt`` bytes, named
+        ``x_label``; None where ``x`` needs no gradient), then ``node_inputs`` freed."""
+        if self.ce:
+            return self.autocast_mm_bwd(shapes, casts, node_inputs, x_numel, x_elt, tag)
+        self.param_grads(shapes, f"{tag} weight")
+        gx = None if x_numel is None else self.tl.alloc(x_numel * x_elt, BWD, f"{tag} {x_label}")
+        self.tl.release(*node_inputs)
+        return gx
+
     def autocast_mm_bwd(self, shapes, casts: list[Buffer], node_inputs: list[Buffer],
                         x_numel, x_elt: int, tag: str, weight_first: bool = True) -> Buffer | None:
         """Backward of a product ``x @ W`` that ran under autocast (``W``: the parameters
@@ -1120,26 +1132,16 @@ class _Replayer:
             gm = self.cast_grad(gm, n_dst * wo, lo, f"{tag} grad * dst_norm")
             tl.release(g, dst_norm)
             if not pf:
-                if self.ce:
-                    ga = self.autocast_mm_bwd(weight, w_casts, [gm, agg_in],
-                                              n_dst * wi if h_grad else None, e, tag)
-                else:
-                    self.param_grads(weight, f"{tag} weight")
-                    ga = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad agg") if h_grad else None
-                    tl.release(gm, agg_in)
+                ga = self._product_bwd(weight, w_casts, [gm, agg_in], n_dst * wi if h_grad else None,
+                                       e, tag, "grad agg")
                 if not h_grad:
                     return None
                 ghs = self._gcn_neigh_bwd(ga, n_src, n_e, wi, tag)
             else:
                 with self.elt(lo):
                     acc = self._gcn_neigh_bwd(gm, n_src, n_e, wo, tag)
-                if self.ce:
-                    ghs = self.autocast_mm_bwd(weight, w_casts, [acc, hs0],
-                                               n_src * wi if h_grad else None, e, tag)
-                else:
-                    self.param_grads(weight, f"{tag} weight")
-                    ghs = tl.alloc(n_src * wi * e, BWD, f"{tag} grad hs") if h_grad else None
-                    tl.release(acc, hs0)
+                ghs = self._product_bwd(weight, w_casts, [acc, hs0], n_src * wi if h_grad else None,
+                                        e, tag, "grad hs")
                 if not h_grad:
                     return None
             gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h")
