@@ -203,6 +203,28 @@ class EpochRecord:
     time_wait_s: float = 0.0
     prefetch_bytes: int = 0
 
+    #: What one of :meth:`rows` describes, the key naming it in a row, the memory
+    #: table's name, and a row's columns.
+    PIECE = "micro-batch"
+    PIECE_KEY = "micro"
+    ROWS_TABLE = "memory_per_microbatch"
+    ROW_COLUMNS = ("epoch", "batch", "micro", "num_outputs", "num_inputs", "num_edges",
+                   "peak_bytes", "estimated_bytes", "time_block_s", "time_compute_s", "loss")
+
+    def rows(self) -> list[dict]:
+        """One row (:attr:`ROW_COLUMNS`) per micro-batch this process ran: its sizes,
+        measured and estimated peak bytes (``None`` where not known), times and loss."""
+        out = []
+        for b in self.batches:
+            estimates = b.micro_estimated_bytes or [None] * len(b.micro)
+            for m, est in zip(b.micro, estimates):
+                out.append({"epoch": self.epoch, "batch": b.index, "micro": m.index,
+                            "num_outputs": m.num_outputs, "num_inputs": m.num_inputs,
+                            "num_edges": m.num_edges, "peak_bytes": m.peak_bytes, "estimated_bytes": est,
+                            "time_block_s": m.time_block_s, "time_compute_s": m.time_compute_s,
+                            "loss": m.loss})
+        return out
+
     @property
     def time_idle_s(self) -> float:
         """Wall of the epoch not covered by compute (seconds, >= 0)."""

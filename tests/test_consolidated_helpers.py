@@ -29,15 +29,40 @@ def test_both_epoch_records_name_their_shared_metrics_alike():
     sampled = EpochRecord(redundancy=1.5, time_sample_s=0.05, time_block_s=0.01, **common).metrics()
     rev = RevEpochRecord(edges_kept_fraction=0.9, repartitioned=True, **common).metrics()
     shared = {"loss": 0.5, "train_acc": 0.75, "k": 3.0, "time_partition_s": 0.1, "time_compute_s": 0.2,
-              "epoch_time_s": 0.4, "peak_mem_estimated_bytes": 1000.0}  # unknown ones left out
+              "epoch_time_s": 0.4, "peak_mem_estimated_bytes": 1000.0,  # unknown ones left out
+              "time_wait_s": 0.0, "time_idle_s": 0.2}
     assert sampled == {**shared, "redundancy": 1.5, "time_sample_s": 0.05, "time_block_s": 0.01,
                        "time_estimate_s": 0.0, "time_metrics_s": 0.0, "time_h2d_s": 0.0,
-                       "time_idle_s": 0.2}
+                       "prefetch_bytes": 0.0}
     assert rev == {**shared, "edges_kept_fraction": 0.9}
     assert all(type(v) is float for v in (*sampled.values(), *rev.values()))
     measured = SimpleNamespace(**{**common, "peak_mem_measured_bytes": 1100, "mem_estimate_error": 0.1})
     assert epoch_metrics(measured)["mem_estimate_error"] == 0.1
     assert epoch_metrics(measured)["peak_mem_measured_bytes"] == 1100.0
+
+
+def test_both_epoch_records_give_one_row_per_piece_with_their_columns():
+    import torch
+
+    from betty.engine import PartitionPlan, Trainer
+    from betty.models import build_model
+    from betty.rev.engine import RevEpochRecord, RevPlan, RevTrainer
+    from distributed_cases import CLASSES, FEATS, dataset
+
+    ds = dataset()
+    torch.manual_seed(0)
+    model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2)
+    sampled = Trainer(model, torch.optim.Adam(model.parameters()), ds, [4, 6], PartitionPlan("random", 3),
+                      batch_size=50).train_epoch(0)
+    model = build_model("revgnn", FEATS, CLASSES, hidden=8, layers=3)
+    rev = RevTrainer(model, torch.optim.Adam(model.parameters()), ds, RevPlan("random", 2)).train_epoch(0)
+    for record, pieces in ((sampled, 3 * len(sampled.batches)), (rev, 2)):
+        rows = record.rows()
+        assert len(rows) == pieces
+        assert all(tuple(row) == type(record).ROW_COLUMNS for row in rows)
+        assert [row[type(record).PIECE_KEY] for row in rows[:2]] == [0, 1]
+        assert all(row["epoch"] == 0 and row["loss"] > 0 for row in rows)
+    assert (EpochRecord.ROWS_TABLE, RevEpochRecord.ROWS_TABLE) == ("memory_per_microbatch", "memory_per_part")
 
 
 def test_largest_peak_ignores_records_without_a_measurement():

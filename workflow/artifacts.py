@@ -25,8 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["batch_arrays", "save_batch", "load_batch", "write_csv", "write_json", "ksearch_records",
-           "MEMORY_COLUMNS", "micro_rows"]
+__all__ = ["batch_arrays", "save_batch", "load_batch", "write_csv", "write_json", "ksearch_records"]
 
 
 def batch_arrays(batch, groups: torch.Tensor | None = None) -> dict[str, np.ndarray]:
@@ -120,21 +119,3 @@ def ksearch_records(results) -> list[dict]:
         else:
             out.append({"result": str(r)})
     return out
-
-
-MEMORY_COLUMNS = ("repeat", "epoch", "batch", "micro", "num_outputs", "num_inputs", "num_edges",
-                  "peak_bytes", "estimated_bytes", "time_block_s", "time_compute_s", "loss")
-
-
-def micro_rows(record, repeat: int) -> list[dict]:
-    """One row per micro-batch of a :class:`betty.engine.EpochRecord` (:data:`MEMORY_COLUMNS`)."""
-    rows = []
-    for b in record.batches:
-        estimates = b.micro_estimated_bytes or [None] * len(b.micro)
-        for m, est in zip(b.micro, estimates):
-            rows.append({"repeat": repeat, "epoch": record.epoch, "batch": b.index, "micro": m.index,
-                         "num_outputs": m.num_outputs, "num_inputs": m.num_inputs,
-                         "num_edges": m.num_edges, "peak_bytes": m.peak_bytes, "estimated_bytes": est,
-                         "time_block_s": m.time_block_s, "time_compute_s": m.time_compute_s,
-                         "loss": m.loss})
-    return rows

@@ -25,6 +25,7 @@ from workflow.specfile import ResolvedSpec
 
 __all__ = [
     "is_reversible",
+    "record_type",
     "resolve_device",
     "torch_dtype",
     "spec_precision",
@@ -42,6 +43,19 @@ def is_reversible(rspec: ResolvedSpec) -> bool:
     """Whether the spec's model is ``revgnn`` (whole graph or K cluster parts per step,
     :mod:`betty.rev.engine`) rather than a sampled-block model (:mod:`betty.engine`)."""
     return rspec.spec.model.arch == "revgnn"
+
+
+def record_type(rspec: ResolvedSpec) -> type:
+    """The epoch record class the spec's trainer returns: its ``rows()`` (one per piece)
+    fill the train stage's memory table, named by its ``ROWS_TABLE`` with
+    ``ROW_COLUMNS``."""
+    if is_reversible(rspec):
+        from betty.rev.engine import RevEpochRecord
+
+        return RevEpochRecord
+    from betty.engine import EpochRecord
+
+    return EpochRecord
 
 
 def resolve_device(name: str) -> torch.device:

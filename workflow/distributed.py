@@ -98,7 +98,7 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
     from betty.distributed import DataParallel
     from betty.distributed.launch import rank_device
     from betty.memory.meter import MemoryMeter
-    from workflow.components import configure_threads, is_reversible, load_data, make_trainer, resolve_device
+    from workflow.components import configure_threads, load_data, make_trainer, resolve_device
     from workflow.evaluation import evaluate_model, metric_suffix
     from workflow.components import make_selector
 
@@ -117,11 +117,6 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
     if meter is not None:
         meter.track(model, optimizer)
     rank, world = dist.get_rank(), dist.get_world_size()
-    reversible = is_reversible(rspec)
-    if reversible:
-        from workflow.revgnn import part_rows as row_fn
-    else:
-        from workflow.artifacts import micro_rows as row_fn
     every = spec.evaluate.every
     selector = make_selector(rspec)
     score_key = f"valid_{metric_suffix(ds)}"
@@ -132,7 +127,7 @@ def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
         _inject_fault(rank, epoch)
         record = next(epochs)
         mine = _rank_figures(record, dp, before)
-        my_rows = [{**row, "rank": rank} for row in row_fn(record, repeat)]
+        my_rows = [{"repeat": repeat, **row, "rank": rank} for row in record.rows()]
         gathered: list = [None] * world
         dist.all_gather_object(gathered, (mine, my_rows))
         due = bool(every) and (epoch + 1) % every == 0

@@ -20,7 +20,7 @@ RevGNN trains on the whole graph (K = 1) or on K induced subgraphs per step
   ``sweep_peak_estimated_bytes.<method>`` (step K);
 * ``train`` and ``evaluate`` use the generic stage code with the reversible trainer and
   :func:`workflow.evaluation.rev_predictions`; the per-part memory table is
-  ``memory_per_part.csv`` (:func:`part_rows`).
+  ``memory_per_part.csv`` (:meth:`betty.rev.engine.RevEpochRecord.rows`).
 """
 
 from __future__ import annotations
@@ -37,11 +37,9 @@ from workflow.components import make_trainer
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_grid
 
-__all__ = ["PART_COLUMNS", "SWEEP_COLUMNS", "sample_stage", "measure_cluster_split", "cluster_sweep",
-           "partition_stage", "part_rows"]
+__all__ = ["SWEEP_COLUMNS", "sample_stage", "measure_cluster_split", "cluster_sweep",
+           "partition_stage"]
 
-PART_COLUMNS = ("repeat", "epoch", "part", "num_nodes", "num_edges", "num_train", "skipped",
-                "peak_bytes", "estimated_bytes", "time_compute_s", "loss")
 SWEEP_COLUMNS = ("method", "k", "num_parts", "edges_kept_fraction", "max_part_nodes", "max_part_edges",
                  "imbalance", "peak_estimated_bytes", "time_partition_s", "error")
 DEFAULT_SWEEP_METHODS = ("random", "metis")
@@ -181,11 +179,3 @@ def partition_stage(ctx: StageContext) -> dict[str, float]:
             plt.close(fig)
     return {"k": len(parts), "edges_kept_fraction": report["edges_kept_fraction"],
             "imbalance": report["imbalance"]}
-
-
-def part_rows(record, repeat: int) -> list[dict]:
-    """One row per part of a :class:`betty.rev.engine.RevEpochRecord` (``PART_COLUMNS``)."""
-    return [{"repeat": repeat, "epoch": record.epoch, "part": p.index, "num_nodes": p.num_nodes,
-             "num_edges": p.num_edges, "num_train": p.num_train, "skipped": p.skipped,
-             "peak_bytes": p.peak_bytes, "estimated_bytes": p.estimated_bytes,
-             "time_compute_s": p.time_compute_s, "loss": p.loss} for p in record.parts]

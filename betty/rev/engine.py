@@ -177,6 +177,21 @@ class RevEpochRecord:
     parts: list[PartRecord] = field(default_factory=list)
     time_wait_s: float = 0.0
 
+    #: What one of :meth:`rows` describes (a RevGNN cluster part), the key naming it in a
+    #: row, the memory table's name, and a row's columns.
+    PIECE = "part"
+    PIECE_KEY = "part"
+    ROWS_TABLE = "memory_per_part"
+    ROW_COLUMNS = ("epoch", "part", "num_nodes", "num_edges", "num_train", "skipped",
+                   "peak_bytes", "estimated_bytes", "time_compute_s", "loss")
+
+    def rows(self) -> list[dict]:
+        """One row (:attr:`ROW_COLUMNS`) per cluster part this process ran."""
+        return [{"epoch": self.epoch, "part": p.index, "num_nodes": p.num_nodes,
+                 "num_edges": p.num_edges, "num_train": p.num_train, "skipped": p.skipped,
+                 "peak_bytes": p.peak_bytes, "estimated_bytes": p.estimated_bytes,
+                 "time_compute_s": p.time_compute_s, "loss": p.loss} for p in self.parts]
+
     @property
     def time_idle_s(self) -> float:
         """Wall of the epoch not covered by compute (seconds, >= 0)."""

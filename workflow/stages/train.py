@@ -51,9 +51,9 @@ import statistics
 import mlflow
 import torch
 
-from workflow.artifacts import MEMORY_COLUMNS, ksearch_records, micro_rows, write_csv, write_json
+from workflow.artifacts import ksearch_records, write_csv, write_json
 from workflow.checksums import log_artifact
-from workflow.components import is_reversible, make_selector, make_trainer
+from workflow.components import make_selector, make_trainer, record_type
 from workflow.evaluation import evaluate_model, metric_suffix
 from workflow.plots import curves_figure, memory_figure
 from workflow.runs import active_run_id, log_metrics, tracked_run
@@ -79,7 +79,6 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
     if meter is not None:
         meter.track(model, optimizer)
 
-    reversible = is_reversible(ctx.rspec)
     every = spec.evaluate.every
     selector = make_selector(ctx.rspec)
     score_key = f"valid_{metric_suffix(ds)}"
@@ -98,12 +97,7 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
         if epoch + 1 < spec.train.epochs and not stop:  # the last epoch's: after the model (_log_outputs)
             log_metrics(metrics, step=epoch, dataset=dataset)
         history.append({"epoch": epoch, **metrics})
-        if reversible:
-            from workflow.revgnn import part_rows
-
-            rows.extend(part_rows(record, repeat))
-        else:
-            rows.extend(micro_rows(record, repeat))
+        rows.extend({"repeat": repeat, **row} for row in record.rows())
         advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc", "valid_rocauc") if k in metrics})
         if stop:
             break
@@ -136,24 +130,19 @@ def _log_outputs(ctx: StageContext, repeat: int, model, history: list[dict], row
     """Log ``model.pt`` (the selected weights), the memory table, K searches and
     figures; return the final metrics (the last epoch's, plus ``selection``: the
     tracker's ``best_valid_acc``, ``best_epoch``, ``stopped_epoch``)."""
-    reversible = is_reversible(ctx.rspec)
+    record = record_type(ctx.rspec)
     folder = ctx.workdir / f"repeat-{repeat}"
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, folder / "model.pt")
     log_artifact(folder / "model.pt")
     _log_model_and_last_epoch(ctx, model, history[-1])
-    if reversible:
-        from workflow.revgnn import PART_COLUMNS
-
-        table, columns, unit = "memory_per_part", PART_COLUMNS, "part"
-    else:
-        table, columns, unit = "memory_per_microbatch", MEMORY_COLUMNS, "micro"
+    table, columns = record.ROWS_TABLE, ("repeat", *record.ROW_COLUMNS)
     if ctx.rspec.spec.train.world_size > 1:
         columns = (*columns, "rank")
     log_artifact(write_csv(folder / f"{table}.csv", rows, columns))
     if searches:
         log_artifact(write_json(folder / "ksearch.json", ksearch_records(searches)))
-    _log_figures(ctx, history, rows, table, unit)
+    _log_figures(ctx, history, rows, record)
 
     final = {k: v for k, v in history[-1].items() if k != "epoch"}
     if selection:  # at the model's step, so the logged model carries them too
@@ -176,8 +165,9 @@ def _log_model_and_last_epoch(ctx: StageContext, model, last: dict) -> None:
                 dataset=dataset_input(ctx.rspec))
 
 
-def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict], table: str = "memory_per_microbatch",
-                 unit: str = "micro") -> None:
+def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict], record) -> None:
+    """The loss/accuracy curves, and the last epoch's memory per piece of ``record``
+    (the epoch record type: :attr:`betty.engine.EpochRecord.ROWS_TABLE` and friends)."""
     import matplotlib.pyplot as plt
 
     fig = curves_figure(history, title=ctx.rspec.name)
@@ -186,9 +176,9 @@ def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict], table
     last = [r for r in rows if r["epoch"] == history[-1]["epoch"]
             and r.get("batch", 0) == rows[-1].get("batch", 0) and r["peak_bytes"] is not None]
     if last:
-        fig = memory_figure(last, title=f"{ctx.rspec.name}: epoch {history[-1]['epoch']}", index_key=unit,
-                            xlabel={"micro": "micro-batch"}.get(unit, unit))
-        mlflow.log_figure(fig, f"plots/{table}.png")
+        fig = memory_figure(last, title=f"{ctx.rspec.name}: epoch {history[-1]['epoch']}",
+                            index_key=record.PIECE_KEY, xlabel=record.PIECE)
+        mlflow.log_figure(fig, f"plots/{record.ROWS_TABLE}.png")
         plt.close(fig)
 
 
