@@ -201,8 +201,9 @@ def test_the_next_batch_is_prepared_while_the_step_runs():
     stepping = threading.Event()
 
     def prepare(*args, **kwargs):
-        time.sleep(0.1)  # the consumer meanwhile starts the step it just took
-        overlapped.append(stepping.is_set())
+        # after the first, each batch is prepared while the loop takes the one before it
+        # and starts its step (which lasts at least 0.3 s): wait for that step to show
+        overlapped.append(stepping.wait(timeout=10) if overlapped else stepping.is_set())
         return real_prepare(*args, **kwargs)
 
     def step(prepared):
