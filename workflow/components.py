@@ -99,9 +99,9 @@ def configure_threads(rspec: ResolvedSpec, work_edges: int | None = None) -> Non
 
 def load_data(rspec: ResolvedSpec):
     """The spec's dataset via :func:`betty.data.load_dataset` (cached under root), its
-    features in ``dataset.feature_dtype`` (a bfloat16 or float16 cache entry holds them
-    in that dtype, memory-mapped; a float32 spec loads the features as the dataset
-    gives them, cast only if they are not float32). Every stage and command starts
+    features in ``dataset.feature_dtype``: the option reaches the loader, so a
+    bfloat16 or float16 cache entry holds them in that dtype and they are
+    memory-mapped, never converted from float32. Every stage and command starts
     here, so it also applies ``train.threads`` (``auto`` once more after loading, sized
     by the graph's edges)."""
     configure_threads(rspec)
@@ -109,7 +109,7 @@ def load_data(rspec: ResolvedSpec):
 
     ds = rspec.spec.dataset
     dataset = load_dataset(ds.name, ds.root, **rspec.dataset_options)
-    if dataset.feat.dtype != feature_dtype(rspec):  # e.g. a float64 dgl-file under a float32 spec
+    if dataset.feat.dtype != feature_dtype(rspec):  # a guard: load_dataset gives this dtype
         dataset.feat = dataset.feat.to(feature_dtype(rspec))
     configure_threads(rspec, dataset.num_edges)
     return dataset

@@ -8,14 +8,15 @@ versioning in ``docs/graph_store.md``) holding the graph as its in-edge CSR only
 (``indptr`` int64, ``indices`` int32 when N < 2^31, ``eid`` int32 when E < 2^31 and
 left out when edge IDs are CSR positions), the features in the dtype asked for
 (``feature_dtype``; a bfloat16 or float16 entry has its own key, the float32 one the
-key it had before the option), the labels in their dtype, and the splits. It is written to a temporary folder and moved into place
-(an interrupted run leaves no entry); every file's size and SHA-256 are in its
-manifest. A load checks the manifest and every size, hashes the files not stamped as
-verified since they last changed (:func:`betty.data.store.open_store`: the first load
-after a build hashes them once, later loads none), and memory-maps every array
-(nothing is read into memory but what is touched): an entry that is not a folder,
-lacks or cannot read its manifest, has a missing, truncated or changed file, is
-ignored with a warning and rebuilt, never crashed on.
+key it had before the option), the labels in their dtype, and the splits. It is
+written to a temporary folder and moved into place (an interrupted run leaves no
+entry); every file's size and SHA-256 are in its manifest. A load checks the manifest
+and every size, hashes the files not stamped as verified since they last changed
+(:func:`betty.data.store.open_store`: the first load after a build hashes them once,
+later loads none), and memory-maps every array (nothing is read into memory but what
+is touched): an entry that is not a folder, lacks or cannot read its manifest, has a
+missing, truncated or changed file, is ignored with a warning and rebuilt, never
+crashed on.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """``synthetic-papers``: a graph of ogbn-papers100M's shape, written straight to disk.
 
 At ``scale = 1`` the published shape: N = 111,059,956 nodes, about 1,615,685,872
-directed edges, F = 128 features (float32, or the dtype asked for), C = 172 classes, 1,207,179 / 125,265 /
-214,338 train / valid / test nodes (the only labelled ones: every other label is
+directed edges, F = 128 features (float32, or the dtype asked for), C = 172 classes,
+1,207,179 / 125,265 / 214,338 train / valid / test nodes (the only labelled ones: every other label is
 ``-1``, as in ogbn-papers100M). ``scale`` multiplies the node, edge and split counts.
 
 The generator never holds the graph: it walks the nodes in blocks of about
