@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -324,3 +325,64 @@ def test_only_the_first_load_after_a_build_hashes_and_an_edit_in_place_rebuilds(
         again = load_dataset("synthetic", root=tmp_path, **OPTS)
     assert hashed == ["label.bin"] and len(generator_calls) == 2
     assert torch.equal(again.label, load_dataset("synthetic", root=tmp_path, cache=False, **OPTS).label)
+
+
+def _mapped_file(t: torch.Tensor) -> str | None:
+    """The file whose memory mapping holds ``t``'s data (``/proc/self/maps``), or ``None``
+    when ``t`` lives in anonymous memory."""
+    ptr = t.data_ptr()
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            fields = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= ptr < hi:
+                return fields[5].strip() if len(fields) == 6 and fields[5].startswith("/") else None
+    return None
+
+
+def test_feature_dtype_entry_is_cast_once_and_mapped_and_keeps_the_float32_key(tmp_path, generator_calls,
+                                                                               monkeypatch):
+    """``feature_dtype=bfloat16``: its own entry (the float32 key is the one without the
+    option, the key every entry had before it), features equal to the float32 ones cast
+    to bfloat16, and a second load maps the bfloat16 file itself: no float32 entry is
+    read or made, nothing is converted."""
+    from betty.data import dataset_digest
+    from betty.data.cache import cache_key
+
+    f32_key = cache_key({"name": "synthetic", "options": synthetic_module.SyntheticConfig(**OPTS).to_dict(),
+                         "source": []})
+    for spelled in (None, "float32", torch.float32):
+        assert dataset_digest("synthetic", tmp_path, feature_dtype=spelled, **OPTS) == f32_key
+        assert cache_path("synthetic", tmp_path, feature_dtype=spelled, **OPTS).name == f"synthetic-{f32_key}"
+    bf16_path = cache_path("synthetic", tmp_path, feature_dtype=torch.bfloat16, **OPTS)
+    assert bf16_path == cache_path("synthetic", tmp_path, feature_dtype="bfloat16", **OPTS) != \
+        cache_path("synthetic", tmp_path, **OPTS)
+    assert cache_path("synthetic", tmp_path, feature_dtype="float16", **OPTS) not in (
+        bf16_path, cache_path("synthetic", tmp_path, **OPTS))
+
+    first = load_dataset("synthetic", tmp_path, feature_dtype=torch.bfloat16, **OPTS)
+    assert sorted(p.name for p in (tmp_path / "betty-cache").iterdir()) == [bf16_path.name]  # no float32 entry
+    assert json.loads((bf16_path / "manifest.json").read_text())["arrays"]["feat"]["dtype"] == "bfloat16"
+    plain = load_dataset("synthetic", tmp_path, cache=False, **OPTS)
+    assert plain.feat.dtype == torch.float32 and first.feat.dtype == torch.bfloat16
+    assert torch.equal(first.feat.view(torch.int16), plain.feat.to(torch.bfloat16).view(torch.int16))
+
+    casts = []
+    real_to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: casts.append(self.dtype) or real_to(self, *a, **k))
+    second = load_dataset("synthetic", tmp_path, feature_dtype="bfloat16", **OPTS)
+    monkeypatch.undo()
+    assert len(generator_calls) == 2  # the bf16 build and the uncached float32 load: a hit
+    assert second.feat.dtype == torch.bfloat16 and torch.float32 not in casts
+    assert _mapped_file(second.feat) == str(bf16_path / "feat.bin")
+    assert torch.equal(second.feat.view(torch.int16), first.feat.view(torch.int16))
+    assert sorted(p.name for p in (tmp_path / "betty-cache").iterdir()) == [bf16_path.name]
+    f32 = load_dataset("synthetic", tmp_path, feature_dtype="float32", **OPTS)  # a float32 entry beside it
+    assert f32.feat.dtype == torch.float32 and _mapped_file(f32.feat) == str(
+        cache_path("synthetic", tmp_path, **OPTS) / "feat.bin")
+    assert torch.equal(load_dataset("synthetic", tmp_path, feature_dtype="float16", cache=False, **OPTS).feat,
+                       plain.feat.to(torch.float16))
+    with pytest.raises(ValueError, match="feature_dtype='int8'"):
+        load_dataset("synthetic", tmp_path, feature_dtype="int8", **OPTS)
+    with pytest.raises(ValueError, match="feature_dtype=torch.float64"):
+        load_dataset("synthetic", tmp_path, feature_dtype=torch.float64, **OPTS)

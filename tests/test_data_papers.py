@@ -96,3 +96,40 @@ def test_an_epoch_of_sage_mean_trains_with_k_from_the_memory_model(tmp_path):
     assert record.k > 1  # the budget forced a split
     assert torch.isfinite(torch.tensor(record.loss))
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_bfloat16_features_are_written_block_by_block_and_mapped(tmp_path, monkeypatch):
+    """``feature_dtype=bfloat16``: the generator casts each block's float32 draw as it
+    appends it (every chunk reaching the feature file's writer is one block, never the
+    whole matrix), the entry is its own, the float32 one's key unchanged, and the
+    loaded features are the float32 entry's cast to bfloat16, mapped from the file."""
+    from betty.data import dataset_digest
+    from betty.data import store as store_module
+    from betty.data.cache import cache_key
+    from test_data_cache import _mapped_file
+
+    opts = {**OPTS, "scale": 4 * OPTS["scale"]}
+    f32_key = cache_key({"name": "synthetic-papers", "options": opts, "source": []})
+    assert dataset_digest("synthetic-papers", tmp_path, **opts) == f32_key
+    feat_chunks = []
+    real = store_module.ArrayWriter.append
+
+    def spy(self, chunk):
+        if self.path.name == "feat.bin":
+            feat_chunks.append((self.dtype, len(chunk)))
+        real(self, chunk)
+
+    monkeypatch.setattr(store_module.ArrayWriter, "append", spy)
+    bf16 = load_dataset("synthetic-papers", tmp_path, feature_dtype="bfloat16", **opts)
+    n = papers_counts(opts["scale"])["num_nodes"]
+    assert len(feat_chunks) > 1 and {d for d, _ in feat_chunks} == {torch.bfloat16}
+    assert max(rows for _, rows in feat_chunks) < n and sum(rows for _, rows in feat_chunks) == n
+    path = cache_path("synthetic-papers", tmp_path, feature_dtype=torch.bfloat16, **opts)
+    assert path.name != f"synthetic-papers-{f32_key}"
+    assert json.loads((path / "manifest.json").read_text())["arrays"]["feat"]["dtype"] == "bfloat16"
+    assert bf16.feat.dtype == torch.bfloat16 and _mapped_file(bf16.feat) == str(path / "feat.bin")
+    f32 = load_dataset("synthetic-papers", tmp_path, **opts)
+    assert cache_path("synthetic-papers", tmp_path, **opts).name == f"synthetic-papers-{f32_key}"
+    assert f32.feat.dtype == torch.float32
+    assert torch.equal(bf16.feat.view(torch.int16), f32.feat.to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(bf16.graph.in_csr[1], f32.graph.in_csr[1]) and torch.equal(bf16.label, f32.label)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import torch
 import yaml
 
 from workflow.sizes import format_bytes, parse_bytes
@@ -561,3 +562,29 @@ def test_dgl_file_loader_refuses_non_graph_files_without_a_backtrace(tmp_path):
         load_dgl_file(truncated)
     for err in (info.value, info2.value):
         assert "Stack trace" not in str(err) and "[bt]" not in str(err) and "\n" not in str(err)
+
+
+def test_feature_dtype_keys_bfloat16_runs_and_leaves_float32_hashes(tmp_path):
+    """``dataset.feature_dtype``: float32 (given or not) keeps the spec's hashes, stage
+    keys and dataset options as they were before the key was hashed (the values below
+    are those hashes of ``BASE``); bfloat16 gets its own, and ``load_data`` hands the
+    option to the loader, which maps the bfloat16 cache entry."""
+    from workflow.components import load_data
+
+    pinned = ("fa679da340e80686",
+              ["573c0e1e9a9123db", "1d185dd8b9cbe463", "d6aadb689826b66c", "f5c610e873149b95", "7e9ae929dc896eab"])
+    stages = ("download", "sample", "partition", "train", "evaluate")
+    plain = resolve_spec(apply_overrides(BASE, []))
+    f32 = resolve_spec(apply_overrides(BASE, ["dataset.feature_dtype=float32"]))
+    for r in (plain, f32):
+        assert (r.sha, [r.stage_sha(s) for s in stages]) == pinned
+        assert "feature_dtype" not in r.dataset_options and "feature_dtype" not in r.data["dataset"]
+    bf16 = resolve_spec(apply_overrides(BASE, ["dataset.feature_dtype=bfloat16", f"dataset.root={tmp_path}"]))
+    assert bf16.dataset_options["feature_dtype"] == "bfloat16"
+    assert bf16.stage_sha("sample") != resolve_spec(apply_overrides(BASE, [f"dataset.root={tmp_path}"])).stage_sha("sample")
+    ds = load_data(bf16)
+    from betty.data import cache_path
+    from test_data_cache import _mapped_file
+
+    entry = cache_path("synthetic", tmp_path, **bf16.dataset_options)
+    assert ds.feat.dtype == torch.bfloat16 and _mapped_file(ds.feat) == str(entry / "feat.bin")

@@ -112,15 +112,18 @@ def configure_threads(rspec: ResolvedSpec, work_edges: int | None = None) -> Non
 
 
 def load_data(rspec: ResolvedSpec):
-    """The spec's dataset via :func:`betty.data.load_dataset` (cached under root).
-    Every stage and command starts here, so it also applies ``train.threads`` (``auto``
-    once more after loading, sized by the graph's edges)."""
+    """The spec's dataset via :func:`betty.data.load_dataset` (cached under root), its
+    features in ``dataset.feature_dtype``: the option reaches the loader, so a
+    bfloat16 or float16 cache entry holds them in that dtype and they are
+    memory-mapped, never converted from float32. Every stage and command starts
+    here, so it also applies ``train.threads`` (``auto`` once more after loading, sized
+    by the graph's edges)."""
     configure_threads(rspec)
     from betty.data import load_dataset
 
     ds = rspec.spec.dataset
     dataset = load_dataset(ds.name, ds.root, **rspec.dataset_options)
-    if dataset.feat.dtype != feature_dtype(rspec):  # host storage in dataset.feature_dtype
+    if dataset.feat.dtype != feature_dtype(rspec):  # a guard: load_dataset gives this dtype
         dataset.feat = dataset.feat.to(feature_dtype(rspec))
     configure_threads(rspec, dataset.num_edges)
     return dataset

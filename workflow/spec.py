@@ -39,6 +39,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
 from betty.catalog import DEFAULT_REG_PARTITIONER, REG_PARTITIONERS
+from betty.data.registry import FEATURE_DTYPES  # the accepted dataset.feature_dtype names
 from workflow.sizes import BYTE_SIZE_HELP, format_bytes, parse_bytes
 from betty.precision import PRECISIONS
 
@@ -234,8 +235,6 @@ Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Threads = Annotated[int | str | None, PlainValidator(_check_threads)]
 
 
-FEATURE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-"""The accepted ``dataset.feature_dtype`` names (host storage of the features)."""
 
 _DTYPE_PRECISION = {"float32": "32", "float64": "64"}
 

@@ -11,7 +11,8 @@ so an override is checked exactly like a key written in the file.
 
 Hashes (SHA-256 of sorted-key JSON, first 16 hex digits) are taken over the *resolved*
 spec: every default filled in, dataset options resolved by the data layer, byte sizes
-in bytes. ``name`` and ``description`` are left out, so a renamed copy of a spec has the
+in bytes; ``dataset.feature_dtype`` is among them when it is not float32 (so a bfloat16
+run never reuses a float32 run's outputs, and float32 specs keep their hashes). ``name`` and ``description`` are left out, so a renamed copy of a spec has the
 same content hash. :meth:`ResolvedSpec.stage_sha` hashes only the sections a stage
 depends on, so editing ``train.epochs`` does not invalidate the sampled batch.
 """
@@ -357,9 +358,9 @@ class ResolvedSpec:
 
     @property
     def dataset_options(self) -> dict:
-        """The dataset's options, defaults filled in by the data layer."""
-        return {k: v for k, v in self.data["dataset"].items()
-                if k not in ("name", "root", "feature_dtype")}
+        """The dataset's options, defaults filled in by the data layer (with
+        ``feature_dtype`` when it is not float32, see :func:`resolve_spec`)."""
+        return {k: v for k, v in self.data["dataset"].items() if k not in ("name", "root")}
 
     def stage_content(self, stage: str) -> dict:
         """The parts of the resolved spec ``stage``'s output depends on."""
@@ -405,11 +406,13 @@ def resolve_spec(raw: dict, *, source: str | None = None, overrides: Sequence[st
     if problems:
         raise SpecError(problems, source)
     spec = with_arch_defaults(spec)
-    from betty.data import resolve_options
+    from betty.data.registry import keyed_options, resolve_options
 
     data = spec.model_dump(mode="json")
-    data["dataset"] = {"name": spec.dataset.name, "root": spec.dataset.root,
-                       **resolve_options(spec.dataset.name, spec.dataset.options)}
+    options = resolve_options(spec.dataset.name, {**spec.dataset.options, "feature_dtype": spec.dataset.feature_dtype})
+    if "feature_dtype" not in keyed_options(options):  # float32: the hashes specs had before the key
+        del options["feature_dtype"]
+    data["dataset"] = {"name": spec.dataset.name, "root": spec.dataset.root, **options}
     data = json.loads(json.dumps(data))  # plain JSON types throughout
     return ResolvedSpec(spec=spec, data=data, source=source, overrides=tuple(overrides))
 

@@ -6,15 +6,17 @@ fingerprint of the source files, and :data:`CACHE_FORMAT`), so changing any opti
 misses the cache. The cache entry is a :mod:`betty.data.store` folder (layout and
 versioning in ``docs/graph_store.md``) holding the graph as its in-edge CSR only
 (``indptr`` int64, ``indices`` int32 when N < 2^31, ``eid`` int32 when E < 2^31 and
-left out when edge IDs are CSR positions), the features and labels in whatever dtype
-they have, and the splits. It is written to a temporary folder and moved into place
-(an interrupted run leaves no entry); every file's size and SHA-256 are in its
-manifest. A load checks the manifest and every size, hashes the files not stamped as
-verified since they last changed (:func:`betty.data.store.open_store`: the first load
-after a build hashes them once, later loads none), and memory-maps every array
-(nothing is read into memory but what is touched): an entry that is not a folder,
-lacks or cannot read its manifest, has a missing, truncated or changed file, is
-ignored with a warning and rebuilt, never crashed on.
+left out when edge IDs are CSR positions), the features in the dtype asked for
+(``feature_dtype``; a bfloat16 or float16 entry has its own key, the float32 one the
+key it had before the option), the labels in their dtype, and the splits. It is
+written to a temporary folder and moved into place (an interrupted run leaves no
+entry); every file's size and SHA-256 are in its manifest. A load checks the manifest
+and every size, hashes the files not stamped as verified since they last changed
+(:func:`betty.data.store.open_store`: the first load after a build hashes them once,
+later loads none), and memory-maps every array (nothing is read into memory but what
+is touched): an entry that is not a folder, lacks or cannot read its manifest, has a
+missing, truncated or changed file, is ignored with a warning and rebuilt, never
+crashed on.
 """
 
 from __future__ import annotations
@@ -74,8 +76,10 @@ def entry_scalars(name: str, num_nodes: int, num_classes: int, *, multilabel: bo
             "is_ogb": bool(is_ogb), "ogb_name": ogb_name}
 
 
-def save_cached(ds: GraphDataset, path: str | Path) -> None:
-    """Write ``ds`` as a store folder at ``path`` (atomically; see the module docstring)."""
+def save_cached(ds: GraphDataset, path: str | Path, *, feature_dtype: torch.dtype | None = None) -> None:
+    """Write ``ds`` as a store folder at ``path`` (atomically; see the module docstring),
+    its features cast to ``feature_dtype`` (default: their own) as they are written,
+    row chunk by row chunk (no whole cast copy is made)."""
     path = Path(path)
     indptr, indices, eid = lean_csr(ds.graph)
     scalars = entry_scalars(ds.name, ds.num_nodes, ds.num_classes, multilabel=ds.multilabel,
@@ -85,7 +89,8 @@ def save_cached(ds: GraphDataset, path: str | Path) -> None:
         w.put("indices", indices, torch.int32 if ds.num_nodes <= _INT32_MAX else torch.int64)
         if eid is not None:
             w.put("eid", eid, torch.int32 if ds.num_edges <= _INT32_MAX else torch.int64)
-        for field in ("feat", "label", "train_idx", "valid_idx", "test_idx"):
+        w.put("feat", ds.feat, feature_dtype)
+        for field in ("label", "train_idx", "valid_idx", "test_idx"):
             w.put(field, getattr(ds, field))
 
 

@@ -21,7 +21,7 @@ def _module(name: str):
     numpy and torch, the names, options and their checks here do not."""
     return importlib.import_module(f"betty.data.{name}")
 
-__all__ = ["DatasetSpec", "DATASETS", "COMMON_OPTIONS", "allowed_options", "dataset_names", "resolve_options", "cache_path", "dataset_digest", "load_dataset"]
+__all__ = ["DatasetSpec", "DATASETS", "COMMON_OPTIONS", "FEATURE_DTYPES", "allowed_options", "keyed_options", "dataset_names", "resolve_options", "cache_path", "dataset_digest", "load_dataset"]
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,10 @@ class DatasetSpec:
             for the cache key; ``None`` means the dataset is not cached by betty
             (cheap to load, or already cached by its library).
         description: one line for listings.
-        writes_store: ``(name, root, options, folder) -> None`` for a dataset generated
-            straight into its cache folder (never held in memory); ``build`` is then
-            unused.
+        writes_store: ``(name, root, options, folder, feature_dtype) -> None`` for a
+            dataset generated straight into its cache folder (never held in memory),
+            its features written in ``feature_dtype`` (a torch dtype) chunk by chunk;
+            ``build`` is then unused.
     """
 
     name: str
@@ -49,7 +50,7 @@ class DatasetSpec:
     normalize: Callable[[dict], dict] = dict
     fingerprint: Callable[[str, Path, dict], Any] | None = None
     description: str = ""
-    writes_store: Callable[[str, Path, dict, Path], None] | None = None
+    writes_store: Callable[[str, Path, dict, Path, Any], None] | None = None
 
 
 def _synthetic_normalize(preset: str) -> Callable[[dict], dict]:
@@ -109,11 +110,11 @@ def _papers_normalize(opts: dict) -> dict:
     return _module("synthetic_papers").normalize_papers_options(opts)
 
 
-def _papers_write(name: str, root: Path, opts: dict, folder: Path) -> None:
+def _papers_write(name: str, root: Path, opts: dict, folder: Path, feature_dtype) -> None:
     papers = _module("synthetic_papers")
     scalars = _module("cache").entry_scalars(name, papers.papers_counts(opts["scale"])["num_nodes"],
                                              papers.PAPERS_SHAPE["num_classes"])
-    papers.write_synthetic_papers(folder, opts, name=name, scalars=scalars)
+    papers.write_synthetic_papers(folder, opts, name=name, scalars=scalars, feature_dtype=feature_dtype)
 
 
 def _build_registry() -> dict[str, DatasetSpec]:
@@ -190,7 +191,19 @@ def _spec(name: str) -> DatasetSpec:
 #: options every dataset takes, with their defaults. ``self_loops``: add an edge
 #: ``v -> v`` to every node that has none, once, after loading and before any sampling
 #: (:meth:`betty.graph.Graph.with_self_loops`; idempotent, existing loops are kept).
-COMMON_OPTIONS: dict[str, Any] = {"self_loops": False}
+#: ``feature_dtype``: the dtype of ``GraphDataset.feat``, one of :data:`FEATURE_DTYPES`
+#: (a name or the torch dtype), ``None`` = as the dataset's loader gives them (float32
+#: for every cached dataset); a cached dataset stores its features in that dtype, so
+#: they are memory-mapped as such (cast once, when the entry is written).
+COMMON_OPTIONS: dict[str, Any] = {"self_loops": False, "feature_dtype": None}
+
+#: the accepted ``feature_dtype`` names.
+FEATURE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+#: option values that leave a cache key as it was before the option existed: each
+#: common option at its default, and float32 features (what every cached dataset's
+#: loader gives, so ``feature_dtype=float32`` names the entry ``None`` names).
+_KEY_NEUTRAL: dict[str, tuple] = {"self_loops": (False,), "feature_dtype": (None, "float32")}
 
 
 def allowed_options(name: str) -> list[str]:
@@ -218,7 +231,27 @@ def resolve_options(name: str, options: Mapping[str, Any]) -> dict:
     common = {**COMMON_OPTIONS, **{k: v for k, v in options.items() if k in COMMON_OPTIONS}}
     if not isinstance(common["self_loops"], bool):
         raise ValueError(f"self_loops={common['self_loops']!r} (allowed: true or false)")
+    common["feature_dtype"] = _feature_dtype_name(common["feature_dtype"])
     return {**spec.normalize({**spec.defaults, **own}), **common}
+
+
+def _feature_dtype_name(value: Any) -> str | None:
+    """``feature_dtype`` in canonical form: ``None`` or a name in :data:`FEATURE_DTYPES`
+    (a torch dtype is given by its name, ``torch.bfloat16`` -> ``"bfloat16"``)."""
+    if value is None:
+        return None
+    name = value if isinstance(value, str) else str(value).removeprefix("torch.")
+    if name not in FEATURE_DTYPES or not (isinstance(value, str) or type(value).__name__ == "dtype"):
+        raise ValueError(f"feature_dtype={value!r} (allowed: None, {', '.join(FEATURE_DTYPES)} "
+                         f"or the torch dtype)")
+    return name
+
+
+def keyed_options(opts: Mapping[str, Any]) -> dict:
+    """Resolved options without those at a value that leaves the cache key unchanged
+    (:data:`_KEY_NEUTRAL`: ``self_loops=False``, ``feature_dtype`` ``None`` or
+    ``float32``): what a cache key and a spec's hashed dataset section hold."""
+    return {k: v for k, v in opts.items() if k not in _KEY_NEUTRAL or v not in _KEY_NEUTRAL[k]}
 
 
 def _own_options(opts: Mapping[str, Any]) -> dict:
@@ -229,11 +262,11 @@ def _own_options(opts: Mapping[str, Any]) -> dict:
 def _identity(name: str, root: str | Path, options: Mapping[str, Any]) -> dict:
     """What identifies a dataset's content: name, resolved options and, where the
     dataset has one, the fingerprint of its source files (sizes and mtimes for OGB).
-    A common option at its default is left out, so adding one keeps existing keys."""
+    A common option at a key-neutral value is left out (:func:`keyed_options`), so
+    adding one keeps existing keys."""
     spec = _spec(name)
     opts = resolve_options(name, options)
-    keyed = {k: v for k, v in opts.items() if k not in COMMON_OPTIONS or v != COMMON_OPTIONS[k]}
-    payload: dict = {"name": name, "options": keyed}
+    payload: dict = {"name": name, "options": keyed_options(opts)}
     if spec.fingerprint is not None:
         payload["source"] = spec.fingerprint(name, Path(root), _own_options(opts))
     return payload
@@ -244,6 +277,22 @@ def _apply_common(ds: GraphDataset, opts: Mapping[str, Any]) -> GraphDataset:
     if opts["self_loops"]:
         ds = dataclasses.replace(ds, graph=ds.graph.with_self_loops())
     return ds
+
+
+def _feature_torch_dtype(opts: Mapping[str, Any]):
+    """The resolved ``feature_dtype`` as a torch dtype (``None`` stays ``None``)."""
+    import torch
+
+    return None if opts["feature_dtype"] is None else getattr(torch, opts["feature_dtype"])
+
+
+def _with_feature_dtype(ds: GraphDataset, dtype) -> GraphDataset:
+    """``ds`` with its features in ``dtype`` (``ds`` itself when they are, or ``dtype``
+    is ``None``): the cast of a dataset that is not cached, and the fallback for a
+    cached entry whose features are in another dtype."""
+    if dtype is None or ds.feat.dtype == dtype:
+        return ds
+    return dataclasses.replace(ds, feat=ds.feat.to(dtype))
 
 
 def cache_path(name: str, root: str | Path = "data", **options) -> Path | None:
@@ -273,11 +322,13 @@ def _load_written_store(spec: DatasetSpec, name: str, root: Path, opts: dict, pa
     cache = _module("cache")
     hit = cache.load_cached(path, verify=verify)
     if hit is None:
-        spec.writes_store(name, root, _own_options(opts), path)
+        import torch
+
+        spec.writes_store(name, root, _own_options(opts), path, _feature_torch_dtype(opts) or torch.float32)
         hit = cache.load_cached(path, verify=False)
     if hit is None:
         raise RuntimeError(f"dataset {name!r}: the folder just written at {path} does not load")
-    return hit
+    return _with_feature_dtype(hit, _feature_torch_dtype(opts))
 
 
 def load_dataset(
@@ -300,8 +351,12 @@ def load_dataset(
             is not hashed again.
         **options: dataset options (see :class:`betty.data.synthetic.SyntheticConfig`;
             ``dgl-file`` takes ``path`` and ``num_classes``; the others take none of
-            their own) and :data:`COMMON_OPTIONS` (``self_loops``), which every dataset
-            takes.
+            their own) and :data:`COMMON_OPTIONS` (``self_loops``, ``feature_dtype``),
+            which every dataset takes. With ``feature_dtype`` bfloat16 or float16 a
+            cached dataset has its own entry (the float32 entry's key is the one
+            without the option), written with the features cast once, row chunk by
+            row chunk, and loaded memory-mapped in that dtype: no float32 copy is
+            read or made. A dataset not cached is cast after loading.
 
     Returns:
         A :class:`GraphDataset`.
@@ -318,14 +373,15 @@ def load_dataset(
     path = cache_path(name, root, **opts) if cache else None
     if spec.writes_store is not None:
         return _load_written_store(spec, name, root, opts, path, verify)
+    dtype = _feature_torch_dtype(opts)
     if path is not None:
         hit = _module("cache").load_cached(path, verify=verify)
         if hit is not None:
-            return hit
+            return _with_feature_dtype(hit, dtype)
     ds = _apply_common(spec.build(name, root, _own_options(opts)), opts)
     if path is not None:
-        _module("cache").save_cached(ds, path)
+        _module("cache").save_cached(ds, path, feature_dtype=dtype)
         stored = _module("cache").load_cached(path, verify=False)  # just written: the lean, mapped form
         if stored is not None:
-            return stored
-    return ds
+            return _with_feature_dtype(stored, dtype)
+    return _with_feature_dtype(ds, dtype)

@@ -1,8 +1,8 @@
 """``synthetic-papers``: a graph of ogbn-papers100M's shape, written straight to disk.
 
 At ``scale = 1`` the published shape: N = 111,059,956 nodes, about 1,615,685,872
-directed edges, F = 128 float32 features, C = 172 classes, 1,207,179 / 125,265 /
-214,338 train / valid / test nodes (the only labelled ones: every other label is
+directed edges, F = 128 features (float32, or the dtype asked for), C = 172 classes,
+1,207,179 / 125,265 / 214,338 train / valid / test nodes (the only labelled ones: every other label is
 ``-1``, as in ogbn-papers100M). ``scale`` multiplies the node, edge and split counts.
 
 The generator never holds the graph: it walks the nodes in blocks of about
@@ -93,10 +93,11 @@ def _coprime_multiplier(n: int, rng: np.random.Generator) -> int:
 
 
 def write_synthetic_papers(folder: str | Path, opts: dict, *, name: str = "synthetic-papers",
-                           scalars: dict | None = None) -> dict:
+                           scalars: dict | None = None, feature_dtype: torch.dtype = torch.float32) -> dict:
     """Generate the dataset block by block into a store at ``folder`` (the arrays
-    ``indptr`` int64, ``indices`` int32, ``feat`` float32 (N, 128), ``label`` int64,
-    ``train_idx`` / ``valid_idx`` / ``test_idx`` int64); returns the counts written."""
+    ``indptr`` int64, ``indices`` int32, ``feat`` (N, 128) in ``feature_dtype``, each
+    block's float32 draw cast as it is appended, ``label`` int64, ``train_idx`` /
+    ``valid_idx`` / ``test_idx`` int64); returns the counts written."""
     counts = papers_counts(opts["scale"])
     n, f, c = counts["num_nodes"], PAPERS_SHAPE["num_features"], PAPERS_SHAPE["num_classes"]
     if n >= 2**31:
@@ -116,7 +117,7 @@ def write_synthetic_papers(folder: str | Path, opts: dict, *, name: str = "synth
     with StoreWriter(folder, scalars) as w:
         indptr_w = w.array("indptr", torch.int64)
         indices_w = w.array("indices", torch.int32)
-        feat_w = w.array("feat", torch.float32, (f,))
+        feat_w = w.array("feat", feature_dtype, (f,))
         label_w = w.array("label", torch.int64)
         indptr_w.append(np.zeros(1, dtype=np.int64))
         for block, lo in enumerate(range(0, n, rows_per_block)):

@@ -6,7 +6,8 @@ Conventions (shared by every loader, checked in :meth:`GraphDataset.__post_init_
   dataset store, its in-CSR alone), no DGL or PyG object (a backend converts it: ``graph.to_dgl()``, ``graph.edge_index()``).
   An edge ``u -> v`` means *u is a neighbour of v*: a node aggregates over its
   **in**-edges. Features and labels live beside it.
-* ``feat`` is ``(N, F)`` float32.
+* ``feat`` is ``(N, F)`` float32, or bfloat16 / float16 when loaded with that
+  ``feature_dtype`` (:data:`betty.data.registry.FEATURE_DTYPES`).
 * ``label`` is ``(N,)`` int64 class IDs for single-label tasks (``-1`` marks a node
   without a label, e.g. most of ogbn-papers100M), or ``(N, T)`` float32 0/1 targets for
   multi-label tasks (ogbn-proteins, T = 112 binary tasks).
@@ -20,7 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
+from betty.data.registry import FEATURE_DTYPES
 from betty.graph import Graph
+
+_FEAT_DTYPES = tuple(getattr(torch, name) for name in FEATURE_DTYPES)
 
 __all__ = ["GraphDataset"]
 
@@ -33,7 +37,7 @@ class GraphDataset:
         name: dataset name as passed to :func:`betty.data.load_dataset`.
         graph: the int64 CPU :class:`betty.graph.Graph`, edges ``src -> dst``
             (in-edges are a node's neighbours).
-        feat: ``(N, F)`` float32 node features.
+        feat: ``(N, F)`` float32 node features (bfloat16 or float16 when asked for).
         label: ``(N,)`` int64 (single-label, ``-1`` = unlabeled) or ``(N, T)`` float32
             0/1 (multi-label).
         train_idx, valid_idx, test_idx: ``(n,)`` int64 node IDs of each split.
@@ -132,9 +136,10 @@ def _contract_violations(ds: GraphDataset) -> list[str]:
                 f"dgl.DGLGraph), got {type(g).__name__}"]
     out: list[str] = []
     n = int(g.num_nodes())
-    if ds.feat.dim() != 2 or ds.feat.shape[0] != n or ds.feat.dtype != torch.float32:
+    if ds.feat.dim() != 2 or ds.feat.shape[0] != n or ds.feat.dtype not in _FEAT_DTYPES:
         out.append(
-            f"feat must be ({n}, F) float32, got {tuple(ds.feat.shape)} {ds.feat.dtype}"
+            f"feat must be ({n}, F) float32 (or {', '.join(FEATURE_DTYPES[1:])}), "
+            f"got {tuple(ds.feat.shape)} {ds.feat.dtype}"
         )
     if ds.multilabel:
         want = f"({n}, {ds.num_classes}) float32"
