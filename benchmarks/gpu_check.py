@@ -30,8 +30,9 @@ Sections, in order:
    (``prefetch=1``: the next batch sampled, partitioned and carved on a thread while the
    current one trains), each from the same initial weights. Per epoch: wall, compute,
    the wait for preparation and the device's idle fraction ``1 - compute / wall``; and
-   the largest relative parameter difference between the two runs (0 on the CPU; GPU
-   kernels with atomics may differ in the last bits).
+   the largest relative parameter difference between the two runs (0 with deterministic
+   kernels; multi-threaded CPU scatter and GPU atomics differ in the last bits from run
+   to run, serial against serial too).
 
 Output: one JSON (``--out``) with top-level ``estimate_error`` (per model, calibrated
 constants), ``estimate_error_shipped``, ``budget_overruns`` (a count), the environment

@@ -125,7 +125,9 @@ def test_pipeline_section(report):
             assert 0.0 < e["compute_s"] <= e["epoch_s"] and 0.0 <= e["idle_fraction"] < 1.0
     assert all(e["prefetch_bytes"] == 0 for e in pl["serial"])
     assert all(e["prefetch_bytes"] > 0 for e in pl["pipelined"])
-    assert pl["max_relative_difference"] == 0.0  # on the CPU: the serial updates, bit for bit
+    # the serial updates up to the run-to-run noise of multi-threaded CPU kernels (PyG's
+    # scatter sums in a thread-dependent order: two serial runs differ by ~1e-8 too)
+    assert pl["max_relative_difference"] < 1e-6
 
 
 def test_unknown_backend_is_refused_naming_the_choices(tmp_path):

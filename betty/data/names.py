@@ -1,5 +1,6 @@
 """What the data layer knows without reading data: the names of the datasets it reads
-from files, and the error for files that are not there. No numpy or torch here, so a
+from files, the feature dtypes a dataset may hold, and the error for files that are not
+there. No numpy or torch here, so a
 spec can be validated without them (:mod:`betty.data.registry`)."""
 
 from __future__ import annotations
@@ -7,7 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = ["DatasetNotFoundError", "OGB_NAMES", "PLANETOID_NAMES", "DGL_BUILTIN_NAMES", "DGL_FILE_MAGIC",
-           "is_dgl_file"]
+           "FEATURE_DTYPES", "is_dgl_file"]
+
+FEATURE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""The feature dtypes a :class:`betty.data.GraphDataset` may hold (``feature_dtype``), float32 first."""
 
 OGB_NAMES = ("ogbn-products", "ogbn-arxiv", "ogbn-proteins", "ogbn-papers100M")
 """OGB node-property datasets read from their raw files (:mod:`betty.data.ogb_loader`)."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from betty.data.names import DGL_BUILTIN_NAMES, OGB_NAMES, PLANETOID_NAMES
+from betty.data.names import DGL_BUILTIN_NAMES, FEATURE_DTYPES, OGB_NAMES, PLANETOID_NAMES
 from betty.data.synthetic_config import SYNTHETIC_PRESETS, SyntheticConfig
 
 if TYPE_CHECKING:
@@ -197,8 +197,6 @@ def _spec(name: str) -> DatasetSpec:
 #: they are memory-mapped as such (cast once, when the entry is written).
 COMMON_OPTIONS: dict[str, Any] = {"self_loops": False, "feature_dtype": None}
 
-#: the accepted ``feature_dtype`` names.
-FEATURE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 #: option values that leave a cache key as it was before the option existed: each
 #: common option at its default, and float32 features (what every cached dataset's

@@ -7,7 +7,7 @@ Conventions (shared by every loader, checked in :meth:`GraphDataset.__post_init_
   An edge ``u -> v`` means *u is a neighbour of v*: a node aggregates over its
   **in**-edges. Features and labels live beside it.
 * ``feat`` is ``(N, F)`` float32, or bfloat16 / float16 when loaded with that
-  ``feature_dtype`` (:data:`betty.data.registry.FEATURE_DTYPES`).
+  ``feature_dtype`` (:data:`betty.data.names.FEATURE_DTYPES`).
 * ``label`` is ``(N,)`` int64 class IDs for single-label tasks (``-1`` marks a node
   without a label, e.g. most of ogbn-papers100M), or ``(N, T)`` float32 0/1 targets for
   multi-label tasks (ogbn-proteins, T = 112 binary tasks).
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from betty.data.registry import FEATURE_DTYPES
+from betty.data.names import FEATURE_DTYPES
 from betty.graph import Graph
 
 _FEAT_DTYPES = tuple(getattr(torch, name) for name in FEATURE_DTYPES)
