@@ -20,11 +20,12 @@ Errors and stops:
 * an exception raised by ``prepare`` (anything, ``KeyboardInterrupt`` included) is
   raised in the consumer, with its traceback, when the consumer reaches that item:
   the items before it are delivered first, as a serial loop would;
-* :meth:`Prefetcher.close` (also on leaving a ``with`` block) stops the thread after
-  the item it is preparing and drops what it made; leaving the block normally waits for
-  the thread, leaving it with an exception (Ctrl-C included) does not wait for the
-  item in progress, which the thread then drops before it ends: an interrupt is
-  handled at once, and no thread goes on preparing.
+* :meth:`Prefetcher.close` (also on leaving a ``with`` block, normally or with an
+  exception, Ctrl-C included) stops the thread after the item it is preparing, drops
+  what it made, and waits for it: no thread goes on running torch code while the
+  process ends (a daemon thread inside a torch op at interpreter exit can abort the
+  process). The consumer's wait for a result is sliced, so a Ctrl-C reaches it at once;
+  the stop then waits at most for the one item in progress.
 """
 
 from __future__ import annotations
@@ -129,17 +130,17 @@ class Prefetcher(Generic[K, T]):
             raise StopIteration
         item, result, err = entry
         if err is not None:
-            self.close(wait=False)  # the thread has ended
+            self.close()  # the thread has ended, or is about to
             raise err
         self._holding = True
         self._held_bytes = self._size(result) if self._size is not None else 0
         return item, result
 
     def close(self, wait: bool = True) -> None:
-        """Stop preparing, drop what was prepared and (``wait``) wait for the thread to
-        end: it ends after the item it is preparing, whose result it drops. Without
-        ``wait`` (an interrupt, an error in the consumer) the caller goes on at once and
-        the thread ends on its own. Idempotent."""
+        """Stop preparing, drop what was prepared and (``wait``, the default) wait for
+        the thread to end: it ends after the item it is preparing, whose result it
+        drops. Without ``wait`` the caller goes on at once and the thread ends on its
+        own. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -156,9 +157,8 @@ class Prefetcher(Generic[K, T]):
     def __enter__(self) -> "Prefetcher[K, T]":
         return self
 
-    def __exit__(self, exc_type, *exc) -> None:
-        # a normal end or a generator closed early waits; an error or Ctrl-C does not
-        self.close(wait=exc_type is None or issubclass(exc_type, GeneratorExit))
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):

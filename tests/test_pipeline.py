@@ -95,9 +95,10 @@ def test_depth_must_be_a_positive_integer(depth):
         Prefetcher([1], lambda i: i, depth=depth)
 
 
-def test_an_interrupt_does_not_wait_for_the_item_being_prepared():
-    """Ctrl-C while the thread is in a long preparation: the consumer gets the
-    KeyboardInterrupt at once, and the thread drops that item and ends by itself."""
+def test_an_interrupt_stops_after_the_item_being_prepared_and_leaves_no_thread():
+    """Ctrl-C while the thread is in a long preparation: the KeyboardInterrupt reaches
+    the consumer, the stop waits for that one item (the thread drops it) and no thread
+    is left running when the interrupt propagates."""
     import os
     import signal
 
@@ -112,20 +113,22 @@ def test_an_interrupt_does_not_wait_for_the_item_being_prepared():
 
     # Python's own handler: another test's launcher (torch elastic) may have left its own
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    got = []
     try:
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        threading.Timer(1.0, release.set).start()
         start = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             with Prefetcher(range(5), prepare, depth=1) as source:
-                for _ in source:
+                for item, _ in source:
+                    got.append(item)
                     time.sleep(0.01)
         assert time.monotonic() - start < 5
-        assert _prepare_threads(within_s=0)  # still in item 1
+        assert not _prepare_threads(within_s=0)  # stopped before the interrupt went on
     finally:
         signal.signal(signal.SIGINT, previous)
         release.set()
-    assert not _prepare_threads()
-    assert made == [0, 1]  # it ended after the item in progress
+    assert got == [0] and made == [0, 1]  # item 1 finished, dropped, nothing after it
 
 
 def test_inline_prepares_in_the_callers_thread_and_times_it():
