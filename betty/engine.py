@@ -30,11 +30,10 @@ from betty.memory import (DEFAULT_SAFETY_MARGIN, OptimizerSpec, apply_budget, de
 from betty.memory.ksearch import check_fixed_k
 from betty.memory.replay import replays_mixed_precision
 from betty.memory.spec import ModelSpec
-from betty.microbatch import Carver
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
-from betty.pipeline import Inline, Prefetcher
+from betty.pipeline import check_prefetch, preparation
 from betty.precision import LossScaler, Precision
 from betty.records import epoch_metrics, estimate_error
 from betty.sampling import sample_full_batch
@@ -100,7 +99,6 @@ class BatchRecord:
     time_estimate_s: float = 0.0
     time_metrics_s: float = 0.0
     time_h2d_s: float = 0.0
-    time_wait_s: float = 0.0
 
 
 @dataclass
@@ -344,9 +342,7 @@ class Trainer:
         self.parallel = parallel
         self.batches = fixed_batches(dataset.train_idx, batch_size, seed)
         self._partitions: dict[int, tuple[PartitionResult, int]] = {}  # batch -> (result, epoch made)
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
-        self.prefetch = prefetch
+        self.prefetch = check_prefetch(prefetch)
 
     # -- pieces ---------------------------------------------------------------------
     def sample(self, epoch: int, batch_index: int = 0) -> SampledBatch:
@@ -474,17 +470,25 @@ class Trainer:
         prepared.nbytes = _tensor_bytes((batch, micro))
         return prepared
 
+    def _piece_costs(self, result: PartitionResult, estimates: list[int] | None) -> list[float] | None:
+        """What ``parallel`` assigns the pieces by (``None`` in one process): the
+        estimates, else each piece's output count. Both the carving ahead and the step
+        use this one list, so they agree on this rank's pieces."""
+        if self.parallel is None:
+            return None
+        if estimates is not None:
+            return estimates
+        from betty.distributed.assign import piece_output_costs
+
+        return piece_output_costs(result.groups, result.k)
+
     def _carve(self, batch: SampledBatch, result: PartitionResult, estimates: list[int] | None) -> list:
         """``(piece, micro-batch, seconds)`` of every piece this process runs: all K, or
         under ``parallel`` this rank's share of the assignment its step will make."""
         from betty.train import carve_pieces
 
-        pieces = None
-        if self.parallel is not None:
-            from betty.distributed.assign import piece_output_costs
-
-            costs = estimates if estimates is not None else piece_output_costs(result.groups, result.k)
-            pieces = self.parallel.assign(costs)
+        costs = self._piece_costs(result, estimates)
+        pieces = None if costs is None else self.parallel.assign(costs)
         return list(carve_pieces(batch, result.groups, result.k, pieces))
 
     def train_prepared(self, prepared: PreparedBatch) -> BatchRecord:
@@ -504,7 +508,7 @@ class Trainer:
                 step_kwargs["micro_batches"] = micro
             step = train_step(self.model, self.optimizer, batch, result.groups,
                               self.dataset.feat, self.dataset.label, parallel=self.parallel,
-                              costs=estimates if self.parallel is not None else None, **step_kwargs)
+                              costs=self._piece_costs(result, estimates), **step_kwargs)
         if logged:  # the pieces this process ran (all K unless data-parallel)
             logged = [logged[m.index] for m in step.micro]
         return BatchRecord(
@@ -538,11 +542,8 @@ class Trainer:
         epochs = list(epochs)
         order = {e: self.batch_order(e) for e in epochs}
         items = [(e, b) for e in epochs for b in order[e]]
-        if self.prefetch:
-            source = Prefetcher(items, lambda item: self.prepare(*item, carve=True), self.prefetch,
-                                size=lambda prepared: prepared.nbytes)
-        else:
-            source = Inline(items, lambda item: self.prepare(*item))
+        source = preparation(items, lambda item: self.prepare(*item, carve=bool(self.prefetch)),
+                             self.prefetch, size=lambda prepared: prepared.nbytes)
         with source:
             for epoch in epochs:
                 start, waited = time.perf_counter(), source.wait_s

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["Prefetcher", "Inline"]
+__all__ = ["Prefetcher", "Inline", "check_prefetch", "preparation"]
 
 K = TypeVar("K")
 T = TypeVar("T")
@@ -202,3 +202,24 @@ class Inline(Generic[K, T]):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def check_prefetch(prefetch: int) -> int:
+    """``prefetch`` (an engine's: 0 serial, ``n >= 1`` batches ahead) checked.
+
+    Raises:
+        ValueError: not an integer >= 0.
+    """
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
+    return prefetch
+
+
+def preparation(items: Sequence[K], prepare: Callable[[K], T], prefetch: int,
+                size: Callable[[T], int] | None = None) -> "Prefetcher[K, T] | Inline[K, T]":
+    """Where an engine's epochs take their prepared items from: ``prefetch = 0`` an
+    :class:`Inline` source (``prepare`` in the caller's thread), ``n >= 1`` a
+    :class:`Prefetcher` ``n`` items ahead (``size``: its bytes accounting)."""
+    if check_prefetch(prefetch) == 0:
+        return Inline(items, prepare)
+    return Prefetcher(items, prepare, prefetch, size=size)

@@ -438,9 +438,9 @@ class RevTrainer:
         self.dropout_seed = seed if dropout_seed is None else dropout_seed
         self.dropout_mode, self.meter, self.on_search = dropout_mode, meter, on_search
         self.parallel = parallel
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
-        self.prefetch = prefetch
+        from betty.pipeline import check_prefetch
+
+        self.prefetch = check_prefetch(prefetch)
         self.estimate_memory = estimate_memory and can_estimate
         self.train_mask = torch.zeros(dataset.num_nodes, dtype=torch.bool)
         self.train_mask[dataset.train_idx] = True
@@ -570,14 +570,10 @@ class RevTrainer:
         The parts and updates are the serial loop's, bit for bit; leaving the loop early
         stops the thread.
         """
-        from betty.pipeline import Inline, Prefetcher
+        from betty.pipeline import preparation
 
         epochs = list(epochs)
-        if self.prefetch:
-            source = Prefetcher(epochs, self.prepare, self.prefetch)
-        else:
-            source = Inline(epochs, self.prepare)
-        with source:
+        with preparation(epochs, self.prepare, self.prefetch) as source:
             for epoch in epochs:
                 start, waited = time.perf_counter(), source.wait_s
                 _, prepared = next(source)
