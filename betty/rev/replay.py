@@ -166,23 +166,27 @@ class _RevReplayer:
         self._grad_is_view = False  # the gradient reaching a group function is a slice
 
     # ------------------------------------------------------------------ helpers
-    def a(self, nbytes, comp: str, name: str) -> Buffer:
+    def alloc(self, nbytes, comp: str, name: str) -> Buffer:
+        """A new buffer of ``nbytes`` per micro-batch (component ``comp``)."""
         return self.tl.alloc(nbytes, comp, name)
 
-    def r(self, *bufs) -> None:
+    def release(self, *bufs) -> None:
+        """Drop one holder of each of ``bufs``; the ones nobody holds are freed."""
         self.tl.release(*bufs)
 
-    def h(self, *bufs) -> None:
+    def hold(self, *bufs) -> None:
+        """One more holder for each of ``bufs`` (e.g. autograd saved it)."""
         self.tl.hold(*bufs)
 
-    def nw(self, width=None):
+    def node_bytes(self, width: int | None = None) -> np.ndarray:
+        """Bytes of an ``(N, width)`` tensor per micro-batch (``width``: one group's ``w``)."""
         return self.n * (self.w if width is None else width) * self.el
 
     def bwd(self, name: str, *freed, nbytes=None) -> Buffer:
         """One backward op's output (``nbytes``; ``(N, w)`` by default), then ``freed``
         let go (the gradient it consumed, the saved tensors it used)."""
-        out = self.a(self.nw() if nbytes is None else nbytes, BWD, name)
-        self.r(*freed)
+        out = self.alloc(self.node_bytes() if nbytes is None else nbytes, BWD, name)
+        self.release(*freed)
         return out
 
     def param_grads(self, group_index: int, tag: str, first_use: bool = True) -> None:
@@ -210,28 +214,28 @@ class _RevReplayer:
         ``stop_early``: a checkpoint recomputation that ends once the group's last saved
         tensor exists (PyTorch's non-reentrant checkpoint stops there); no output."""
         cfg, n, el = self.cfg, self.n, self.el
-        nw = self.nw()
+        nw = self.node_bytes()
         stats: list[Buffer] = []
         if cfg.norm in ("layer", "batch"):
-            z = self.a(nw, INT, f"{tag} norm")
+            z = self.alloc(nw, INT, f"{tag} norm")
             if cfg.norm == "layer":
-                stats = [self.a(n * self.stat_el, INT, f"{tag} norm mean"),
-                         self.a(n * self.stat_el, INT, f"{tag} norm rstd")]
+                stats = [self.alloc(n * self.stat_el, INT, f"{tag} norm mean"),
+                         self.alloc(n * self.stat_el, INT, f"{tag} norm rstd")]
             if grad:
-                self.h(hin)  # the norm saves its input
+                self.hold(hin)  # the norm saves its input
             else:
-                self.r(*stats)
+                self.release(*stats)
                 stats = []
         else:
             z = hin
-            self.h(z)
-        relu = self.a(nw, INT, f"{tag} relu")
-        self.r(z)
+            self.hold(z)
+        relu = self.alloc(nw, INT, f"{tag} relu")
+        self.release(z)
         if grad:
-            self.h(relu)  # relu saves its result
+            self.hold(relu)  # relu saves its result
         if self.has_mask:
-            m = self.a(nw, INT, f"{tag} masked")
-            self.r(relu)
+            m = self.alloc(nw, INT, f"{tag} masked")
+            self.release(relu)
         else:
             m = relu
         convs = {"gcn": self._gcn, "sage": self._sage, "gat": self._gat}
@@ -239,7 +243,7 @@ class _RevReplayer:
             convs.update(gcn=self._gcn_pyg, sage=self._sage_pyg, gat=self._gat_pyg)
         conv = convs[cfg.conv]
         out, conv_bwd = conv(m, grad, tag, stop_early)
-        self.r(m)  # the group function returns
+        self.release(m)  # the group function returns
         if not grad:
             return out, None
 
@@ -265,14 +269,14 @@ class _RevReplayer:
     def _scatter_backward(self, g: Buffer, width, tag: str) -> Buffer:
         """Backward of ``scatter(msg, dst, reduce='sum')`` from ``g`` ``(N, width)``: the
         gather ``g[dst]``, ``(E, width)``; releases ``g``."""
-        ge = self.a(self.e_cnt * width * self.el, BWD, f"{tag} grad scatter_add (gather, E x w)")
-        self.r(g)
+        ge = self.alloc(self.e_cnt * width * self.el, BWD, f"{tag} grad scatter_add (gather, E x w)")
+        self.release(g)
         return ge
 
     def _gather_backward(self, ge: Buffer, width, tag: str) -> Buffer:
         """Backward of the gather ``h[src]`` from ``ge`` ``(E, width)``: ``zeros`` ``(N,
         width)`` then ``index_put_(accumulate=True)`` out of place; releases ``ge``."""
-        return index_backward(self.tl, ge, self.nw(width), tag)
+        return index_backward(self.tl, ge, self.node_bytes(width), tag)
 
     def _pyg_aggregation_backward(self, g: Buffer, tag: str) -> Buffer:
         """Backward of PyG's ``scatter(h[src], dst, reduce='sum')``: ``(N, w)`` from
@@ -286,17 +290,17 @@ class _RevReplayer:
         when the sum does (the variants keep different locals alive). With ``stop``
         (checkpoint recomputation): ``mul`` saves ``norm_dst`` before running and the
         recomputation ends there: no output."""
-        nw = self.nw()
+        nw = self.node_bytes()
         if stop:
-            self.h(nd)
-            self.r(mmo, *early, *late)
+            self.hold(nd)
+            self.release(mmo, *early, *late)
             return None
-        mo = self.a(nw, INT, f"{tag} * norm dst")
+        mo = self.alloc(nw, INT, f"{tag} * norm dst")
         if grad:
-            self.h(nd)
-        self.r(mmo, *early)
-        out = self.a(nw, INT, f"{tag} + bias")
-        self.r(mo, *late)
+            self.hold(nd)
+        self.release(mmo, *early)
+        out = self.alloc(nw, INT, f"{tag} + bias")
+        self.release(mo, *late)
         return out
 
     def _gcn_backward(self, g: Buffer, nd: Buffer, agg: Buffer, ns: Buffer, agg_backward,
@@ -314,16 +318,16 @@ class _RevReplayer:
         ``fc_neigh`` saves the mean, ``fc_self`` its input; releases ``q``. With
         ``stop``: ``fc_self`` saves its input before running, the recomputation ends
         there: no output."""
-        nw = self.nw()
-        mn = self.a(nw, INT, f"{tag} fc_neigh")
+        nw = self.node_bytes()
+        mn = self.alloc(nw, INT, f"{tag} fc_neigh")
         if grad:
-            self.h(q, m)
+            self.hold(q, m)
         if stop:
-            self.r(mn, q)
+            self.release(mn, q)
             return None
-        ms = self.a(nw, INT, f"{tag} fc_self")
-        out = self.a(nw, INT, f"{tag} self + neigh")
-        self.r(ms, mn, q)
+        ms = self.alloc(nw, INT, f"{tag} fc_self")
+        out = self.alloc(nw, INT, f"{tag} self + neigh")
+        self.release(ms, mn, q)
         return out
 
     def _sage_backward(self, g: Buffer, m: Buffer, q: Buffer, deg: Buffer, agg_backward,
@@ -341,31 +345,31 @@ class _RevReplayer:
     def _gcn(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
         """DGL GraphConv(norm='both'), in = out width: aggregate, then multiply."""
         n, el = self.n, self.el
-        nw = self.nw()
+        nw = self.node_bytes()
 
         def backward(g: Buffer) -> Buffer:
             return self._gcn_backward(g, nd, rst, ns, self._gspmm_backward, tag)
 
-        ar = self.a(n * INDEX_BYTES, INT, f"{tag} out_degrees arange")
+        ar = self.alloc(n * INDEX_BYTES, INT, f"{tag} out_degrees arange")
         self.tl.temp(n, INT, f"{tag} has_nodes mask")
-        self.r(ar)
-        d0 = self.a(n * el, INT, f"{tag} out degrees")
-        dc = self.a(n * el, INT, f"{tag} out degrees clamp")
-        self.r(d0)
-        ns = self.a(n * el, INT, f"{tag} norm src")
-        fs = self.a(nw, INT, f"{tag} feat * norm src")
+        self.release(ar)
+        d0 = self.alloc(n * el, INT, f"{tag} out degrees")
+        dc = self.alloc(n * el, INT, f"{tag} out degrees clamp")
+        self.release(d0)
+        ns = self.alloc(n * el, INT, f"{tag} norm src")
+        fs = self.alloc(nw, INT, f"{tag} feat * norm src")
         if grad:
-            self.h(ns)
-        rst = self.a(nw, INT, f"{tag} aggregate")
-        mmo = self.a(nw, INT, f"{tag} aggregate @ W")
+            self.hold(ns)
+        rst = self.alloc(nw, INT, f"{tag} aggregate")
+        mmo = self.alloc(nw, INT, f"{tag} aggregate @ W")
         if grad:
-            self.h(rst)
+            self.hold(rst)
         self.tl.temp(n * INDEX_BYTES, INT, f"{tag} in_degrees arange")
-        d1 = self.a(n * el, INT, f"{tag} in degrees")
-        dc2 = self.a(n * el, INT, f"{tag} in degrees clamp")
-        self.r(d1, dc)
-        nd = self.a(n * el, INT, f"{tag} norm dst")
-        self.r(ns)
+        d1 = self.alloc(n * el, INT, f"{tag} in degrees")
+        dc2 = self.alloc(n * el, INT, f"{tag} in degrees clamp")
+        self.release(d1, dc)
+        nd = self.alloc(n * el, INT, f"{tag} norm dst")
+        self.release(ns)
         # the graph's local_scope keeps the aggregate, degree and norm tensors to the end
         out = self._gcn_norm_dst_bias(mmo, nd, grad, stop, tag, late=(rst, fs, dc2, nd))
         return out, backward
@@ -373,43 +377,43 @@ class _RevReplayer:
     def _sage(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
         """DGL SAGEConv('mean'), in = out width (no lin_before_mp)."""
         n, el = self.n, self.el
-        nw = self.nw()
+        nw = self.node_bytes()
 
         def backward(g: Buffer) -> Buffer:
             return self._sage_backward(g, m, q, dg, self._gspmm_backward, tag)
 
-        z = self.a(nw, INT, f"{tag} neighbour sum")
+        z = self.alloc(nw, INT, f"{tag} neighbour sum")
         self.tl.temp(n * INDEX_BYTES, INT, f"{tag} in_degrees arange")
-        c = self.a(n * INDEX_BYTES, INT, f"{tag} degrees clamp")
-        dg = self.a(n * el, INT, f"{tag} degrees")
-        self.r(c)
-        q = self.a(nw, INT, f"{tag} neighbour mean")
-        self.r(z)
+        c = self.alloc(n * INDEX_BYTES, INT, f"{tag} degrees clamp")
+        dg = self.alloc(n * el, INT, f"{tag} degrees")
+        self.release(c)
+        q = self.alloc(nw, INT, f"{tag} neighbour mean")
+        self.release(z)
         if not grad:
-            self.r(dg)
+            self.release(dg)
         return self._sage_fc(m, q, grad, stop, tag), backward
 
     def _gcn_pyg(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
         """:class:`betty.backends.pyg_backend.PygGraphConv`, in = out width: scale by the
         source norm, gather ``(E, w)`` messages, ``scatter_add`` into zeros, ``@ W``,
         scale by the destination norm, ``+ bias``."""
-        nw, ew = self.nw(), self.e_cnt * self.w * self.el
+        nw, ew = self.node_bytes(), self.e_cnt * self.w * self.el
 
         def backward(g: Buffer) -> Buffer:
             return self._gcn_backward(g, nd, agg, ns, self._pyg_aggregation_backward, tag)
 
         ns = self._pyg_degree_norm(tag, "out")
-        fs = self.a(nw, INT, f"{tag} feat * norm src")
+        fs = self.alloc(nw, INT, f"{tag} feat * norm src")
         if grad:
-            self.h(ns)
-        self.r(ns)
-        msg = self.a(ew, INT, f"{tag} messages h[src] (E x w)")
-        agg = self.a(nw, INT, f"{tag} scatter_add")
-        self.r(msg)
-        mmo = self.a(nw, INT, f"{tag} aggregate @ W")
+            self.hold(ns)
+        self.release(ns)
+        msg = self.alloc(ew, INT, f"{tag} messages h[src] (E x w)")
+        agg = self.alloc(nw, INT, f"{tag} scatter_add")
+        self.release(msg)
+        mmo = self.alloc(nw, INT, f"{tag} aggregate @ W")
         if grad:
-            self.h(agg)
-        self.r(agg)
+            self.hold(agg)
+        self.release(agg)
         nd = self._pyg_degree_norm(tag, "in")
         out = self._gcn_norm_dst_bias(mmo, nd, grad, stop, tag, early=(nd,), late=(fs,))
         return out, backward
@@ -417,13 +421,13 @@ class _RevReplayer:
     def _pyg_degree_norm(self, tag: str, which: str) -> Buffer:
         """``bincount(...).to(dtype).clamp(min=1).pow(-0.5)``: ``(N,)``, temporaries freed."""
         n, el = self.n, self.el
-        b = self.a(n * INDEX_BYTES, INT, f"{tag} {which} degrees (bincount)")
-        t = self.a(n * el, INT, f"{tag} {which} degrees .to")
-        self.r(b)
-        c = self.a(n * el, INT, f"{tag} {which} degrees clamp")
-        self.r(t)
-        norm = self.a(n * el, INT, f"{tag} norm {which}")
-        self.r(c)
+        b = self.alloc(n * INDEX_BYTES, INT, f"{tag} {which} degrees (bincount)")
+        t = self.alloc(n * el, INT, f"{tag} {which} degrees .to")
+        self.release(b)
+        c = self.alloc(n * el, INT, f"{tag} {which} degrees clamp")
+        self.release(t)
+        norm = self.alloc(n * el, INT, f"{tag} norm {which}")
+        self.release(c)
         return norm
 
     def _sage_pyg(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
@@ -435,7 +439,7 @@ class _RevReplayer:
 
         cnt, q = pyg_scatter_mean(self.tl, INT, self.e_cnt, self.n, self.w, self.el, tag)
         if not grad:  # the division saves the counts
-            self.r(cnt)
+            self.release(cnt)
         return self._sage_fc(m, q, grad, stop, tag), backward
 
     # GAT (betty.models.gat.gat_forward on PyG, DGL's GATConv on DGL): both project,
@@ -444,16 +448,16 @@ class _RevReplayer:
         """``z = fc(m)`` ``(N, H, F)`` (``mm``), ``el = (z * attn_l).sum(-1)`` and
         ``er = (z * attn_r).sum(-1)`` ``(N, H)`` (``mul``, ``sum``): ``fc`` saves its
         input, the products save ``z``. Returns ``(z, el, er)``."""
-        nh, n_h = self.nw(self.hf), self.n * self.cfg.heads * self.el
-        ft = self.a(nh, INT, f"{tag} projection")
+        nh, n_h = self.node_bytes(self.hf), self.n * self.cfg.heads * self.el
+        ft = self.alloc(nh, INT, f"{tag} projection")
         if grad:
-            self.h(m, ft)
-        t = self.a(nh, INT, f"{tag} ft * attn_l")
-        el_ = self.a(n_h, ATT, f"{tag} el")
-        self.r(t)
-        t = self.a(nh, INT, f"{tag} ft * attn_r")
-        er = self.a(n_h, ATT, f"{tag} er")
-        self.r(t)
+            self.hold(m, ft)
+        t = self.alloc(nh, INT, f"{tag} ft * attn_l")
+        el_ = self.alloc(n_h, ATT, f"{tag} el")
+        self.release(t)
+        t = self.alloc(nh, INT, f"{tag} ft * attn_r")
+        er = self.alloc(n_h, ATT, f"{tag} er")
+        self.release(t)
         return ft, el_, er
 
     def _gat_scores_backward(self, gel: Buffer, ger: Buffer, gz: Buffer, ft: Buffer, m: Buffer,
@@ -464,19 +468,19 @@ class _RevReplayer:
         (``sliced``: ``er`` was computed on the view ``z[:n_dst]``, whose
         ``slice_backward`` copies into zeros), each added to ``z``'s gradient; then
         ``fc``'s ``mm``. Releases all inputs; returns ``(N, w)``."""
-        nh = self.nw(self.hf)
-        t = self.a(nh, BWD, f"{tag} grad attn_r")
-        gfd = self.a(nh, BWD, f"{tag} grad ft (er)")
-        self.r(t, ger)
+        nh = self.node_bytes(self.hf)
+        t = self.alloc(nh, BWD, f"{tag} grad attn_r")
+        gfd = self.alloc(nh, BWD, f"{tag} grad ft (er)")
+        self.release(t, ger)
         if sliced:
             gfd = self.bwd(f"{tag} grad ft (er) slice_backward", gfd, nbytes=nh)
-        acc = self.a(nh, BWD, f"{tag} grad ft sum")
-        self.r(gz, gfd)
-        t = self.a(nh, BWD, f"{tag} grad attn_l")
-        gfs = self.a(nh, BWD, f"{tag} grad ft (el)")
-        self.r(t, gel, ft)
-        acc2 = self.a(nh, BWD, f"{tag} grad ft")
-        self.r(acc, gfs)
+        acc = self.alloc(nh, BWD, f"{tag} grad ft sum")
+        self.release(gz, gfd)
+        t = self.alloc(nh, BWD, f"{tag} grad attn_l")
+        gfs = self.alloc(nh, BWD, f"{tag} grad ft (el)")
+        self.release(t, gel, ft)
+        acc2 = self.alloc(nh, BWD, f"{tag} grad ft")
+        self.release(acc, gfs)
         return self.bwd(f"{tag} grad input", acc2, m)
 
     def _gat_finish(self, rst: Buffer, stop: bool, tag: str, *local) -> Buffer | None:
@@ -485,14 +489,14 @@ class _RevReplayer:
         ``stop``: ``rst``'s op saved the group's last tensor, the checkpoint
         recomputation ends there (no output)."""
         if stop:
-            self.r(rst, *local)
+            self.release(rst, *local)
             return None
-        o = self.a(self.nw(self.hf), INT, f"{tag} + bias")
-        self.r(rst, *local)
+        o = self.alloc(self.node_bytes(self.hf), INT, f"{tag} + bias")
+        self.release(rst, *local)
         if self.cfg.gat_merge != "mean":
             return o
-        out = self.a(self.nw(), INT, f"{tag} mean over heads")
-        self.r(o)
+        out = self.alloc(self.node_bytes(), INT, f"{tag} mean over heads")
+        self.release(o)
         return out
 
     def _gat_merge_backward(self, g: Buffer, tag: str) -> Buffer:
@@ -504,8 +508,8 @@ class _RevReplayer:
         if self._pre_mean is not None:  # ran before the checkpoint recomputation
             gm, self._pre_mean = self._pre_mean, None
         else:
-            gm = self.a(self.nw(self.hf), BWD, f"{tag} grad mean over heads")
-        self.r(g)
+            gm = self.alloc(self.node_bytes(self.hf), BWD, f"{tag} grad mean over heads")
+        self.release(g)
         return gm
 
     def _gat(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
@@ -514,7 +518,7 @@ class _RevReplayer:
         n, el, heads = self.n, self.el, self.cfg.heads
         mean = self.cfg.gat_merge == "mean"
         e = self.e_cnt
-        nh = self.nw(self.hf)
+        nh = self.node_bytes(self.hf)
         eh = e * heads * el
 
         def backward(g: Buffer) -> Buffer:
@@ -522,27 +526,27 @@ class _RevReplayer:
             # a strided gradient (a column slice of the coupling's output gradient) is
             # copied to a contiguous one each time DGL hands it to its kernels
             strided = not mean and self._grad_is_view
-            gft = self.a(nh, BWD, f"{tag} grad ft (weighted sum)")
+            gft = self.alloc(nh, BWD, f"{tag} grad ft (weighted sum)")
             if strided:
                 self.tl.temp(nh, BWD, f"{tag} contiguous grad copy")
-            ga = self.a(eh, BWD, f"{tag} grad attention")
+            ga = self.alloc(eh, BWD, f"{tag} grad attention")
             if strided:
                 self.tl.temp(nh, BWD, f"{tag} contiguous grad copy")
-            self.r(gm)
+            self.release(gm)
             n_h = n * heads * el
             gel, ger = edge_softmax_backward(self.tl, ga, att, ee, eh, n_h, n_h, tag)
             return self._gat_scores_backward(gel, ger, gft, ft, m, tag)
 
         ft, el_, er = self._gat_scores(m, grad, tag)
-        ee = self.a(eh, ATT, f"{tag} el + er (edges)")
-        lr = self.a(eh, ATT, f"{tag} leaky_relu")
+        ee = self.alloc(eh, ATT, f"{tag} el + er (edges)")
+        lr = self.alloc(eh, ATT, f"{tag} leaky_relu")
         if grad:
-            self.h(ee)  # leaky_relu saves its input
-        self.r(ee)
-        att = self.a(eh, ATT, f"{tag} edge_softmax")
+            self.hold(ee)  # leaky_relu saves its input
+        self.release(ee)
+        att = self.alloc(eh, ATT, f"{tag} edge_softmax")
         if grad:
-            self.h(att)  # softmax saves its output
-        rst = self.a(nh, INT, f"{tag} weighted sum")
+            self.hold(att)  # softmax saves its output
+        rst = self.alloc(nh, INT, f"{tag} weighted sum")
         # the weighted sum saved the group's last tensors; DGL's local_scope ends
         return self._gat_finish(rst, stop, tag, att, ft, el_, er, lr), backward
 
@@ -561,34 +565,34 @@ class _RevReplayer:
             ge = self._scatter_backward(self._gat_merge_backward(g, tag), self.hf, tag)
             # z[src] * a: the attention's gradient (broadcast over F, then summed over F by
             # the engine once the node returns) and z[src]'s
-            gab = self.a(ehf, BWD, f"{tag} grad attention (broadcast)")
-            gzs = self.a(ehf, BWD, f"{tag} grad z[src]")
+            gab = self.alloc(ehf, BWD, f"{tag} grad attention (broadcast)")
+            gzs = self.alloc(ehf, BWD, f"{tag} grad z[src]")
             if unpacked:  # the node's unpacked factors die with it, before that sum
-                self.r(att, zs)
-            ga = self.a(eh, BWD, f"{tag} grad attention")
-            self.r(gab, ge)
+                self.release(att, zs)
+            ga = self.alloc(eh, BWD, f"{tag} grad attention")
+            self.release(gab, ge)
             if not unpacked:  # saved factors are released after the node's outputs exist
-                self.r(att, zs)
+                self.release(att, zs)
             gza = self._gather_backward(gzs, self.hf, tag)
-            glr = pyg_softmax_backward(self.tl, ga, ex, den, eh, self.nw(heads), tag)
-            n_h = self.nw(heads)
+            glr = pyg_softmax_backward(self.tl, ga, ex, den, eh, self.node_bytes(heads), tag)
+            n_h = self.node_bytes(heads)
             gel, ger = pyg_edge_scores_backward(self.tl, glr, ee, eh, n_h, n_h, tag)
             return self._gat_scores_backward(gel, ger, gza, ft, m, tag, sliced=True)
 
         ft, el_, er = self._gat_scores(m, grad, tag)
         ee = pyg_edge_scores(self.tl, eh, tag)
-        lr = self.a(eh, ATT, f"{tag} leaky_relu")
+        lr = self.alloc(eh, ATT, f"{tag} leaky_relu")
         if grad:
-            self.h(ee)  # leaky_relu saves its input
-        self.r(ee)
+            self.hold(ee)  # leaky_relu saves its input
+        self.release(ee)
         att, ex, den = self._pyg_softmax(grad, tag)
-        zs = self.a(ehf, ATT, f"{tag} z[src]")
-        prod = self.a(ehf, ATT, f"{tag} z[src] * a")
+        zs = self.alloc(ehf, ATT, f"{tag} z[src]")
+        prod = self.alloc(ehf, ATT, f"{tag} z[src] * a")
         if grad:
-            self.h(zs, att)  # the product saves both factors
-        self.r(zs)
-        rst = self.a(self.nw(self.hf), INT, f"{tag} weighted sum (scatter_add)")
-        self.r(prod)
+            self.hold(zs, att)  # the product saves both factors
+        self.release(zs)
+        rst = self.alloc(self.node_bytes(self.hf), INT, f"{tag} weighted sum (scatter_add)")
+        self.release(prod)
         # scatter_add_ saves its index: the group's last saved tensor
         return self._gat_finish(rst, stop, tag, att, ft, el_, er, lr), backward
 
@@ -599,10 +603,10 @@ class _RevReplayer:
         them)."""
         eh, n_h = self.e_cnt * self.cfg.heads * self.el, self.n * self.cfg.heads * self.el
         mx, ex, den = pyg_softmax_forward(self.tl, n_h, eh, tag)
-        att = self.a(eh, ATT, f"{tag} edge_softmax")
+        att = self.alloc(eh, ATT, f"{tag} edge_softmax")
         if grad:
-            self.h(ex, den)
-        self.r(mx, ex, den)  # softmax returns
+            self.hold(ex, den)
+        self.release(mx, ex, den)  # softmax returns
         return att, ex, den
 
     # ------------------------------------------------------------------ coupling
@@ -613,16 +617,16 @@ class _RevReplayer:
         recomputation stops after the last group's saved tensors exist).
         """
         cfg = self.cfg
-        nw = self.nw()
+        nw = self.node_bytes()
         C = cfg.num_groups
         if C == 2:
             prev = x  # X'_0 = X_2, a view
-            self.h(x)
+            self.hold(x)
         else:  # X'_0 = X_2 + ... + X_C, summed left to right
-            prev = self.a(nw, ACT, f"{tag} X'_0")
+            prev = self.alloc(nw, ACT, f"{tag} X'_0")
             for j in range(3, C):
-                nxt = self.a(nw, ACT, f"{tag} X'_0")
-                self.r(prev)
+                nxt = self.alloc(nw, ACT, f"{tag} X'_0")
+                self.release(prev)
                 prev = nxt
         outs: list[Buffer] = []
         backs = []
@@ -631,63 +635,63 @@ class _RevReplayer:
             fo, bwd = self.group_forward(prev, grad, f"{tag} group {i}", stop_early=stop)
             backs.append(bwd)
             if stop:
-                self.r(fo, prev, *outs)
+                self.release(fo, prev, *outs)
                 return None, backs
-            o = self.a(nw, ACT, f"{tag} X'_{i + 1}")
-            self.r(fo, prev)
+            o = self.alloc(nw, ACT, f"{tag} X'_{i + 1}")
+            self.release(fo, prev)
             outs.append(o)
             prev = o
-            self.h(o)  # `prev` and the list of outputs
-        self.r(prev)
-        y = self.a(self.n * cfg.hidden * self.el, ACT, f"{tag} output (cat)")
-        self.r(*outs)
+            self.hold(o)  # `prev` and the list of outputs
+        self.release(prev)
+        y = self.alloc(self.n * cfg.hidden * self.el, ACT, f"{tag} output (cat)")
+        self.release(*outs)
         return y, backs
 
     def coupling_inverse(self, y: Buffer, tag: str) -> Buffer:
         """``X`` from ``Y`` (no autograd): ``X_i = Y_i - f_i(Y_{i-1})``, ``i = C .. 1``."""
         cfg = self.cfg
-        nw = self.nw()
+        nw = self.node_bytes()
         C = cfg.num_groups
         xs: list[Buffer] = []
         for i in range(C - 1, -1, -1):
             if i > 0:
                 prev = y
-                self.h(y)
+                self.hold(y)
             elif C == 2:
                 prev = xs[0]  # X_2, reconstructed just before
-                self.h(prev)
+                self.hold(prev)
             else:
-                prev = self.a(nw, ACT, f"{tag} inverse X'_0")
+                prev = self.alloc(nw, ACT, f"{tag} inverse X'_0")
                 for j in range(3, C):
-                    nxt = self.a(nw, ACT, f"{tag} inverse X'_0")
-                    self.r(prev)
+                    nxt = self.alloc(nw, ACT, f"{tag} inverse X'_0")
+                    self.release(prev)
                     prev = nxt
             fo, _ = self.group_forward(prev, False, f"{tag} inverse group {i}")
-            xi = self.a(nw, ACT, f"{tag} inverse X_{i + 1}")
-            self.r(fo, prev)
+            xi = self.alloc(nw, ACT, f"{tag} inverse X_{i + 1}")
+            self.release(fo, prev)
             xs.append(xi)
-        x = self.a(self.n * cfg.hidden * self.el, ACT, f"{tag} reconstructed input (cat)")
-        self.r(*xs)
+        x = self.alloc(self.n * cfg.hidden * self.el, ACT, f"{tag} reconstructed input (cat)")
+        self.release(*xs)
         return x
 
     def coupling_backward(self, gy: Buffer, backs, tag: str) -> Buffer:
         """Gradient wrt the coupling input from ``gy`` ``(N, D)`` (one engine holder),
         through the saved group functions ``backs``; returns ``(N, D)``."""
         cfg = self.cfg
-        nw = self.nw()
+        nw = self.node_bytes()
         C = cfg.num_groups
-        self.h(*([gy] * C))  # CatBackward: one narrow view of gy per group output
-        self.r(gy)
+        self.hold(*([gy] * C))  # CatBackward: one narrow view of gy per group output
+        self.release(gy)
         slots: list[Buffer | None] = [None] * C  # SplitBackward's input buffer
         carry = None
         for i in range(C - 1, -1, -1):
             if carry is None:
                 go = gy  # the view's holder goes to f_i
             else:  # cat's view + what f_{i+1} sent back: an out-of-place sum
-                go = self.a(nw, BWD, f"{tag} grad X'_{i + 1}")
-                self.r(gy, carry)
+                go = self.alloc(nw, BWD, f"{tag} grad X'_{i + 1}")
+                self.release(gy, carry)
             slots[i] = go
-            self.h(go)  # X'_i = f_i(.) + X_i: the same gradient goes to X_i
+            self.hold(go)  # X'_i = f_i(.) + X_i: the same gradient goes to X_i
             self._grad_is_view = go is gy
             gin = backs[i](go)
             self._grad_is_view = False
@@ -697,12 +701,12 @@ class _RevReplayer:
             # gradient wrt X'_0 reaches X_2 .. X_C
             for j in range(1, C):
                 if slots[j] is gy:  # a view of gy: out-of-place sum
-                    new = self.a(nw, BWD, f"{tag} grad X_{j + 1}")
-                    self.r(slots[j])
+                    new = self.alloc(nw, BWD, f"{tag} grad X_{j + 1}")
+                    self.release(slots[j])
                     slots[j] = new
-            self.r(gin)
-        gx = self.a(self.n * cfg.hidden * self.el, BWD, f"{tag} grad input (cat)")
-        self.r(*slots)
+            self.release(gin)
+        gx = self.alloc(self.n * cfg.hidden * self.el, BWD, f"{tag} grad input (cat)")
+        self.release(*slots)
         return gx
 
     def block_param_grads(self, l: int, tag: str) -> None:
@@ -729,22 +733,22 @@ class _RevReplayer:
         self.baseline()
 
         tl.phase = "inputs"
-        local_train = self.a(n, LABELS, "part training mask")
-        feat = self.a(n * cfg.in_feats * cfg.feat_elt, FEATS, "part features")
+        local_train = self.alloc(n, LABELS, "part training mask")
+        feat = self.alloc(n * cfg.in_feats * cfg.feat_elt, FEATS, "part features")
 
         masks: list[Buffer] = []
         if self.has_mask:
             tl.phase = "dropout masks"
             for which in ("blocks", "head"):
-                u = self.a(n * D * 4, DROP, f"{which} mask uniform")
-                keep = self.a(n * D, DROP, f"{which} keep mask")
-                self.r(u)
-                cast = self.a(nd, DROP, f"{which} mask cast")
-                masks.append(self.a(nd, DROP, f"{which} mask"))
-                self.r(cast, keep)
+                u = self.alloc(n * D * 4, DROP, f"{which} mask uniform")
+                keep = self.alloc(n * D, DROP, f"{which} keep mask")
+                self.release(u)
+                cast = self.alloc(nd, DROP, f"{which} mask cast")
+                masks.append(self.alloc(nd, DROP, f"{which} mask"))
+                self.release(cast, keep)
 
         tl.phase = "encoder"
-        x = enc = self.a(nd, ENC, "encoder output")
+        x = enc = self.alloc(nd, ENC, "encoder output")
         mode = cfg.mode
         saved_backs = []
         frames: list[Buffer] = []
@@ -753,63 +757,63 @@ class _RevReplayer:
             tag = f"block {l}"
             if mode == "reversible":
                 y, _ = self.coupling_forward(x, False, tag)
-                self.r(x)  # the input's storage is freed (resize_(0))
+                self.release(x)  # the input's storage is freed (resize_(0))
             elif mode == "residual":
                 y, backs = self.coupling_forward(x, True, tag)
                 saved_backs.append(backs)
                 if l > 0:  # the loop variable moves on; the stack's call keeps the encoder output
-                    self.r(x)
+                    self.release(x)
             else:  # checkpoint: keeps the input only
                 y, _ = self.coupling_forward(x, False, tag)
                 frames.append(x)
             x = y
         if mode == "residual":
-            self.r(enc)  # the stack returns
+            self.release(enc)  # the stack returns
         y_last = x
         handoff = None
         if mode == "reversible":
             handoff = y_last
-            self.h(handoff)  # the last block's hand-off keeps its output until the graph goes
+            self.hold(handoff)  # the last block's hand-off keeps its output until the graph goes
 
         tl.phase = "head"
         has_norm = cfg.norm in ("layer", "batch")
         hstats: list[Buffer] = []
         if has_norm:
-            hz = self.a(nd, HEAD, "head norm")
+            hz = self.alloc(nd, HEAD, "head norm")
             if cfg.norm == "layer":
-                hstats = [self.a(n * self.stat_el, HEAD, "head norm mean"),
-                          self.a(n * self.stat_el, HEAD, "head norm rstd")]
-            self.h(y_last)  # the norm saves its input
+                hstats = [self.alloc(n * self.stat_el, HEAD, "head norm mean"),
+                          self.alloc(n * self.stat_el, HEAD, "head norm rstd")]
+            self.hold(y_last)  # the norm saves its input
         else:
             hz = y_last
-            self.h(hz)
-        hr = self.a(nd, HEAD, "head relu")
-        self.r(hz)
-        self.h(hr)  # relu saves its result
+            self.hold(hz)
+        hr = self.alloc(nd, HEAD, "head relu")
+        self.release(hz)
+        self.hold(hr)  # relu saves its result
         if self.has_mask:
-            hm = self.a(nd, HEAD, "head dropout")
-            self.r(hr)
+            hm = self.alloc(nd, HEAD, "head dropout")
+            self.release(hr)
         else:
             hm = hr
-        out = self.a(n * cfg.out_feats * el, HEAD, "decoder output")
-        self.h(hm)  # the decoder saves its input
-        self.r(hm)
-        self.r(y_last)  # RevGNN.forward returns: its variables go
+        out = self.alloc(n * cfg.out_feats * el, HEAD, "decoder output")
+        self.hold(hm)  # the decoder saves its input
+        self.release(hm)
+        self.release(y_last)  # RevGNN.forward returns: its variables go
 
         tl.phase = "loss"
         nt, T = self.nt, cfg.label_columns
-        oi = self.a(nt * cfg.out_feats * el, LOSS, "output[train]")
+        oi = self.alloc(nt * cfg.out_feats * el, LOSS, "output[train]")
         if T:
-            lab = self.a(n * T * cfg.label_elt, LABELS, "labels[part]")
-            li = self.a(nt * T * cfg.label_elt, LABELS, "labels[train]")
-            self.r(lab)
+            lab = self.alloc(n * T * cfg.label_elt, LABELS, "labels[part]")
+            li = self.alloc(nt * T * cfg.label_elt, LABELS, "labels[train]")
+            self.release(lab)
             saved = []
         else:
-            lab = self.a(n * INDEX_BYTES, LABELS, "labels[part]")
-            li = self.a(nt * INDEX_BYTES, LABELS, "labels[train]")
-            self.r(lab)
-            lsm = self.a(nt * cfg.out_feats * el, LOSS, "log_softmax")
-            self.r(oi)
+            lab = self.alloc(n * INDEX_BYTES, LABELS, "labels[part]")
+            li = self.alloc(nt * INDEX_BYTES, LABELS, "labels[train]")
+            self.release(lab)
+            lsm = self.alloc(nt * cfg.out_feats * el, LOSS, "log_softmax")
+            self.release(oi)
             saved = [lsm]
 
         tl.phase = "backward loss"
@@ -817,31 +821,31 @@ class _RevReplayer:
         if T:
             g2 = self._bce_backward(oi, li, nt, T)
         else:
-            g1 = self.a(nt * C_out * el, BWD, "grad nll")
-            self.r(li)
-            g2 = self.a(nt * C_out * el, BWD, "grad log_softmax")
-            self.r(g1, *saved)
-        z = self.a(n * C_out * el, BWD, "grad output (zeros)")
-        g3 = self.a(n * C_out * el, BWD, "grad output (index_put)")
-        self.r(z, g2)
+            g1 = self.alloc(nt * C_out * el, BWD, "grad nll")
+            self.release(li)
+            g2 = self.alloc(nt * C_out * el, BWD, "grad log_softmax")
+            self.release(g1, *saved)
+        z = self.alloc(n * C_out * el, BWD, "grad output (zeros)")
+        g3 = self.alloc(n * C_out * el, BWD, "grad output (index_put)")
+        self.release(z, g2)
 
         tl.phase = "backward head"
         last = len(self.shapes) - 1
         self.param_grads(last, "head")
-        g = self.a(nd, BWD, "grad decoder input")
-        self.r(g3, hm)
+        g = self.alloc(nd, BWD, "grad decoder input")
+        self.release(g3, hm)
         if self.has_mask:
-            g2 = self.a(nd, BWD, "grad head dropout")
-            self.r(g)
+            g2 = self.alloc(nd, BWD, "grad head dropout")
+            self.release(g)
             g = g2
             if mode == "residual" and not cfg.masks_held:
-                self.r(masks[1])  # its only holder was the head's multiplication
+                self.release(masks[1])  # its only holder was the head's multiplication
                 masks[1] = None
-        t = self.a(nd, BWD, "grad head relu")
-        self.r(g, hr)
+        t = self.alloc(nd, BWD, "grad head relu")
+        self.release(g, hr)
         if has_norm:
-            g = self.a(nd, BWD, "grad head norm")
-            self.r(t, y_last, *hstats)
+            g = self.alloc(nd, BWD, "grad head norm")
+            self.release(t, y_last, *hstats)
         else:
             g = t
 
@@ -859,24 +863,24 @@ class _RevReplayer:
                 if cfg.conv == "gat" and cfg.gat_merge == "mean":
                     # the last group's mean-over-heads backward saves nothing: it runs
                     # before the first saved tensor is asked for (and recomputed)
-                    self._pre_mean = self.a(self.nw(self.hf), BWD, f"{tag} grad mean over heads")
+                    self._pre_mean = self.alloc(self.node_bytes(self.hf), BWD, f"{tag} grad mean over heads")
                 _, backs = self.coupling_forward(xin, True, f"{tag} recompute", stop_early=True)
                 g = self.coupling_backward(g, backs, tag)
-                self.r(xin)  # the checkpoint frame lets go of its input
+                self.release(xin)  # the checkpoint frame lets go of its input
                 self.block_param_grads(l, tag)
             if mode == "residual" and l == 0 and self.has_mask and not cfg.masks_held:
-                self.r(masks[0])
+                self.release(masks[0])
                 masks[0] = None
 
         tl.phase = "backward encoder"
         self.param_grads(0, "encoder")
-        self.r(g, feat)
+        self.release(g, feat)
         tl.phase = "end of part"
-        self.r(out)  # del out, loss: the graph goes
+        self.release(out)  # del out, loss: the graph goes
         if handoff is not None:
-            self.r(handoff)  # the last block's hand-off
-        self.r(*[m for m in masks if m is not None])
-        self.r(local_train)
+            self.release(handoff)  # the last block's hand-off
+        self.release(*[m for m in masks if m is not None])
+        self.release(local_train)
 
         self.optimizer_step()
         return tl
@@ -885,11 +889,11 @@ class _RevReplayer:
         """``binary_cross_entropy_with_logits`` (sum) saved its input and target:
         its backward is ``(sigmoid(x) - y) * grad``, three ``(T_train, T)`` tensors."""
         size = nt * T * self.el
-        s = self.a(size, BWD, "grad bce: sigmoid")
-        d = self.a(size, BWD, "grad bce: sigmoid - target")
-        self.r(s)
-        g = self.a(size, BWD, "grad bce")
-        self.r(d, oi, li)
+        s = self.alloc(size, BWD, "grad bce: sigmoid")
+        d = self.alloc(size, BWD, "grad bce: sigmoid - target")
+        self.release(s)
+        g = self.alloc(size, BWD, "grad bce")
+        self.release(d, oi, li)
         return g
 
     def _reversible_block_backward(self, l: int, gy: Buffer, y: Buffer, tag: str):
@@ -901,16 +905,16 @@ class _RevReplayer:
         y_re, backs = self.coupling_forward(x, True, f"{tag} recompute")
         if cfg.check_consistency:
             self.tl.temp(nd, BWD, f"{tag} check |y|")
-            d = self.a(nd, BWD, f"{tag} check y_re - y")
-            a = self.a(nd, BWD, f"{tag} check |y_re - y|")
-            self.r(d, a)
+            d = self.alloc(nd, BWD, f"{tag} check y_re - y")
+            a = self.alloc(nd, BWD, f"{tag} check |y_re - y|")
+            self.release(d, a)
         gx = self.coupling_backward(gy, backs, tag)
         self.block_param_grads(l, tag)
-        self.r(y_re)  # locals of the backward go
+        self.release(y_re)  # locals of the backward go
         if l < cfg.num_layers - 1:
-            self.r(y)  # handed down by block l + 1; the last block's stays in its hand-off
+            self.release(y)  # handed down by block l + 1; the last block's stays in its hand-off
         if l == 0:
-            self.r(x)
+            self.release(x)
         return gx, x
 
     # ------------------------------------------------------------------ optimizer
