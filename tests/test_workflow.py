@@ -10,7 +10,6 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from test_workflow_support import metric_names, runs_of
-from workflow import library
 from workflow.artifacts import load_batch, save_batch
 from workflow.components import first_batch, load_data
 from workflow.mlproject import parse_args
@@ -145,18 +144,20 @@ def test_a_full_disk_ends_the_runs_failed_with_what_to_do(tracking, monkeypatch)
     assert not disk_full(OSError(errno.EACCES, "Permission denied")) and not disk_full(ValueError("x"))
 
 
-def test_unavailable_feature_fails_before_any_stage(tracking, monkeypatch):
+def test_arch_outside_the_catalog_is_refused_before_any_run(tracking, monkeypatch):
+    """The spec accepts exactly the architectures of betty.catalog.ARCHS, read when the
+    spec is checked: one the catalog lacks is refused with the ones it has, and no run
+    (not even the parent) is created."""
     uri, exp = tracking
     import betty.catalog
+    from workflow.spec import SpecError
 
     monkeypatch.setattr(betty.catalog, "ARCHS", ("sage",))
-    rspec = load_spec("tiny", ["model.arch=gat", "model.heads=2"] + FAST)
-    assert library.missing_features(rspec.spec) == [
-        "model.arch 'gat' is not available yet in this version of betty (available: sage)"]
-    with pytest.raises(library.NotAvailableYet, match="not available yet"):
-        run_pipeline(rspec, InProcessLauncher())
-    runs = runs_of(uri, exp)
-    assert [(r.data.tags["stage"], r.info.status) for r in runs] == [("main", "FAILED")]
+    with pytest.raises(SpecError) as info:
+        load_spec("tiny", ["model.arch=gat", "model.heads=2"] + FAST)
+    assert [str(p) for p in info.value.problems] == [
+        "model.arch = 'gat': unknown architecture; allowed: 'sage'"]
+    assert list(runs_of(uri, exp)) == []
 
 
 def test_repeats_log_mean_and_std(tracking):

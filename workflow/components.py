@@ -20,7 +20,6 @@ import torch
 
 from betty.precision import Precision
 
-from workflow import library
 from workflow.specfile import ResolvedSpec
 
 __all__ = [
@@ -135,7 +134,6 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
     from betty import models
 
     m = rspec.spec.model
-    library.require_arch(m.arch)
     torch.manual_seed(rspec.spec.train.seed if seed is None else seed)
     model = models.build_model(
         m.arch, dataset.num_features, dataset.num_classes, hidden=m.hidden, layers=m.layers,
@@ -186,14 +184,10 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
     seeded by ``train.seed + repeat``) on ``device`` and a :class:`betty.engine.Trainer`
     (``revgnn``: a :class:`betty.rev.engine.RevTrainer`) seeded by ``sampling.seed +
     repeat``. The trainer builds the memory estimator and, for ``partition.k: auto``,
-    the K search itself; ``on_search`` receives every K-search result (when the trainer
-    supports it)."""
-    import inspect
-
+    the K search itself; ``on_search`` receives every K-search result."""
     from betty.engine import Trainer
     from betty.train import build_optimizer, parameter_groups
 
-    library.preflight(rspec.spec)
     t = rspec.spec.train
     model = build_model(rspec, dataset, seed=t.seed + repeat).to(device)
     groups = parameter_groups(model, t.weight_decay, t.weight_decay_first_layer_only)
@@ -207,14 +201,11 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
                              dropout_mode=rspec.spec.model.dropout_mode,
                              meter=meter, on_search=on_search, prefetch=t.prefetch if t.pipeline else 0)
         return trainer, model, optimizer
-    extra = {}
-    if on_search is not None and "on_search" in inspect.signature(Trainer).parameters:
-        extra["on_search"] = on_search
     trainer = Trainer(model, optimizer, dataset, rspec.spec.sampling.fanouts, partition_plan(rspec),
                       batch_size=batch_size(rspec), device=device,
                       seed=rspec.spec.sampling.seed + repeat, dtype=torch_dtype(rspec),
                       precision=spec_precision(rspec), meter=meter, dropout_seed=t.seed + repeat,
-                      prefetch=t.prefetch if t.pipeline else 0, **extra)
+                      prefetch=t.prefetch if t.pipeline else 0, on_search=on_search)
     return trainer, model, optimizer
 
 

@@ -29,7 +29,6 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from workflow import library
 from workflow.checksums import ArtifactDamaged, damaged_artifacts
 from workflow.components import resolve_device
 from workflow.finalize import restore_killed
@@ -71,8 +70,6 @@ def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None =
             tracked_run("stage", stage, rspec, nested=nested, run_name=run_name or f"{rspec.name}/{stage}",
                         device=device, tags=tags) as run:
         signals.check()  # a signal swallowed by a library (importing torch) ends the run here
-        if stage in ("partition", "train", "evaluate"):
-            library.preflight(rspec.spec)
         ctx = StageContext(rspec=rspec, upstream=upstream, reporter=reporter, workdir=Path(tmp),
                            shared=shared if shared is not None else {})
         metrics = stage_function(stage)(ctx)
@@ -214,7 +211,6 @@ def run_pipeline(rspec: ResolvedSpec, launcher, *, reuse: bool = True, reporter:
     device = str(resolve_device(rspec.spec.train.device))
     outcomes: dict[str, dict] = {}
     with tracked_run("main", "main", rspec, run_name=run_name or rspec.name, device=device) as parent:
-        library.preflight(rspec.spec)  # fail before any work if the library lacks a feature
         experiment_id = parent.info.experiment_id
         log_dataset_input(rspec)
         outcomes["main"] = {"run_id": parent.info.run_id}

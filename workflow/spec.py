@@ -44,7 +44,6 @@ from workflow.sizes import BYTE_SIZE_HELP, format_bytes, parse_bytes
 from betty.precision import PRECISIONS
 
 __all__ = [
-    "ARCHS",
     "Problem",
     "SpecError",
     "short_repr",
@@ -62,11 +61,6 @@ __all__ = [
     "spec_notes",
     "with_arch_defaults",
 ]
-
-ARCHS = ("sage", "gat", "gcn", "revgnn")
-"""Architectures a spec may name: ``sage``, ``gat`` and ``gcn`` train on sampled blocks
-(:mod:`betty.engine`), ``revgnn`` on the whole graph or K cluster parts
-(:mod:`betty.rev.engine`)."""
 
 REVGNN_CONVS = ("gcn", "sage", "gat")
 REVGNN_NORMS = ("layer", "batch", "none")
@@ -310,7 +304,7 @@ class ModelSection(_Section):
     (``null``: the arch's own, ReLU for ``sage``, ELU for ``gat`` as in the GAT paper);
     the memory model follows each."""
 
-    arch: Literal["sage", "gat", "gcn", "revgnn"] = "sage"
+    arch: str = "sage"
     hidden: int = Field(256, ge=1, le=MAX_WIDTH)
     layers: int = Field(2, ge=1, le=MAX_LAYERS)
     aggregator: str = "mean"
@@ -328,6 +322,18 @@ class ModelSection(_Section):
     deq: bool = False
     backend: str = Field("auto", validate_default=True)
     activation: str | None = None
+
+    @field_validator("arch")
+    @classmethod
+    def _arch(cls, value: str) -> str:
+        """One of :data:`betty.catalog.ARCHS`: ``sage``, ``gat`` and ``gcn`` train on
+        sampled blocks (:mod:`betty.engine`), ``revgnn`` on the whole graph or K cluster
+        parts (:mod:`betty.rev.engine`)."""
+        from betty.catalog import ARCHS
+
+        if value not in ARCHS:
+            raise ValueError(f"unknown architecture; allowed: {', '.join(map(repr, ARCHS))}")
+        return value
 
     @field_validator("backend")
     @classmethod

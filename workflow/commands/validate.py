@@ -16,7 +16,6 @@ def validate(specs: Annotated[List[str], typer.Argument(metavar="SPEC", help="Sp
     """Validate specs (and overrides); exit code 2 if any is invalid. Also warns when a
     spec cannot run on this machine (data files missing, train.device unavailable);
     --strict makes those errors."""
-    from workflow.library import missing_features
     from workflow.preflight_checks import environment_problems
     from workflow.spec import SpecError, spec_notes
     from workflow.specfile import load_spec
@@ -32,7 +31,7 @@ def validate(specs: Annotated[List[str], typer.Argument(metavar="SPEC", help="Sp
             warnings = environment_problems(r)
             results.append({"spec": ref, "valid": not (strict and warnings), "name": r.name, "source": r.source,
                             "spec_sha": r.sha, "warnings": warnings,
-                            "not_available_yet": missing_features(r.spec), "notes": spec_notes(r.spec)})
+                            "notes": spec_notes(r.spec)})
     if json_:
         emit_json({"valid": all(r["valid"] for r in results), "specs": results})
     else:
@@ -44,7 +43,7 @@ def validate(specs: Annotated[List[str], typer.Argument(metavar="SPEC", help="Sp
             typer.echo(f"{label} {r['name']}  spec_sha={r['spec_sha']}  ({r['source']})", err=not r["valid"])
             for warning in r["warnings"]:
                 typer.echo(f"        {'error' if strict else 'warning'}: {warning}", err=True)
-            for note in r["not_available_yet"] + r["notes"]:
+            for note in r["notes"]:
                 typer.echo(f"        note: {note}", err=True)
     if not all(r["valid"] for r in results):
         raise typer.Exit(2)
