@@ -61,7 +61,7 @@ def test_revgnn_accepted_on_pyg():
 
 @spec_needs_dgl
 def test_unknown_backend_in_spec():
-    with pytest.raises(SpecError, match="unknown backend; allowed: auto, dgl, pyg"):
+    with pytest.raises(SpecError, match="unknown backend; allowed: 'auto', 'dgl', 'pyg'"):
         load_spec("tiny", ["model.backend=jax"])
 
 

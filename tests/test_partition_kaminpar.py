@@ -137,7 +137,7 @@ def test_partitioner_choice_is_validated(planted):
 
     assert PartitionSection().partitioner == "metis"
     assert PartitionSection(partitioner="kaminpar").partitioner == "kaminpar"
-    with pytest.raises(ValidationError, match="unknown partition.partitioner; allowed: metis, kaminpar"):
+    with pytest.raises(ValidationError, match="unknown partition.partitioner; allowed: 'metis', 'kaminpar'"):
         PartitionSection(partitioner="kahip")
 
 

@@ -126,8 +126,11 @@ class SpecError(ValueError):
 
 
 def _library_choice(kind: str, value: Any, choices: list[str] | tuple[str, ...]) -> str:
+    """``value`` when it is one of ``choices``; otherwise a :class:`ValueError` naming the
+    ``kind`` and the choices, quoted as in a spec (``unknown aggregator; allowed: 'mean',
+    'gcn', 'pool', 'lstm'``). The :class:`Problem` built from it adds the key and value."""
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"unknown {kind}; allowed: {', '.join(choices)}")
+        raise ValueError(f"unknown {kind}; allowed: {', '.join(map(repr, choices))}")
     return value
 
 
@@ -331,9 +334,7 @@ class ModelSection(_Section):
         parts (:mod:`betty.rev.engine`)."""
         from betty.catalog import ARCHS
 
-        if value not in ARCHS:
-            raise ValueError(f"unknown architecture; allowed: {', '.join(map(repr, ARCHS))}")
-        return value
+        return _library_choice("architecture", value, ARCHS)
 
     @field_validator("backend")
     @classmethod
