@@ -23,7 +23,7 @@ from betty.precision import Precision
 from workflow.specfile import ResolvedSpec
 
 __all__ = [
-    "is_reversible",
+    "uses_revgnn",
     "record_type",
     "resolve_device",
     "torch_dtype",
@@ -38,9 +38,11 @@ __all__ = [
 ]
 
 
-def is_reversible(rspec: ResolvedSpec) -> bool:
-    """Whether the spec's model is ``revgnn`` (whole graph or K cluster parts per step,
-    :mod:`betty.rev.engine`) rather than a sampled-block model (:mod:`betty.engine`)."""
+def uses_revgnn(rspec: ResolvedSpec) -> bool:
+    """Whether the spec's model is ``revgnn``, trained by the RevGNN trainer (whole graph
+    or K cluster parts per step, :mod:`betty.rev.engine`) rather than a sampled-block
+    model's (:mod:`betty.engine`); true also with ``model.reversible: false``, whose
+    blocks run as a residual network on the same trainer."""
     return rspec.spec.model.arch == "revgnn"
 
 
@@ -48,7 +50,7 @@ def record_type(rspec: ResolvedSpec) -> type:
     """The epoch record class the spec's trainer returns: its ``rows()`` (one per piece)
     fill the train stage's memory table, named by its ``ROWS_TABLE`` with
     ``ROW_COLUMNS``."""
-    if is_reversible(rspec):
+    if uses_revgnn(rspec):
         from betty.rev.engine import RevEpochRecord
 
         return RevEpochRecord
@@ -150,7 +152,7 @@ def partition_plan(rspec: ResolvedSpec):
     (``revgnn``) of the spec's ``partition`` section; with ``train.world_size: N`` the K
     search starts at N (so the partition stage reports the K the ranks will use)."""
     p = rspec.spec.partition
-    if is_reversible(rspec):
+    if uses_revgnn(rspec):
         from betty.rev.engine import RevPlan
 
         return RevPlan(method=p.method, k=p.k, memory_budget=p.memory_budget,
@@ -192,7 +194,7 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
     model = build_model(rspec, dataset, seed=t.seed + repeat).to(device)
     groups = parameter_groups(model, t.weight_decay, t.weight_decay_first_layer_only)
     optimizer = build_optimizer(t.optimizer, groups, lr=t.lr, weight_decay=t.weight_decay)
-    if is_reversible(rspec):
+    if uses_revgnn(rspec):
         from betty.rev.engine import RevTrainer
 
         trainer = RevTrainer(model, optimizer, dataset, partition_plan(rspec), device=device,
@@ -212,7 +214,7 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
 def first_batch(rspec: ResolvedSpec, dataset, *, repeat: int = 0, device=None):
     """The full batch the trainer samples first (epoch 0, batch 0): a ``SampledBatch``
     (``sage``/``gat`` only: ``revgnn`` samples nothing)."""
-    if is_reversible(rspec):
+    if uses_revgnn(rspec):
         raise ValueError("model.arch revgnn samples no batches: it trains on the whole graph or "
                          "on partition.k cluster parts (betty.rev.engine.RevTrainer.split)")
     device = device or resolve_device(rspec.spec.train.device)

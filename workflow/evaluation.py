@@ -68,7 +68,7 @@ def evaluate_model(model, dataset, rspec: ResolvedSpec, device, *,
     ``train_k``: the number of parts training used (``revgnn`` multi-view default)."""
     from betty.inference import evaluate_predictions, layerwise_inference, sampled_inference
 
-    from workflow.components import is_reversible
+    from workflow.components import uses_revgnn
 
     ev = rspec.spec.evaluate
     dtype = torch_dtype(rspec)
@@ -79,7 +79,7 @@ def evaluate_model(model, dataset, rspec: ResolvedSpec, device, *,
     if not wanted:
         return {}
     logits_all = None
-    if is_reversible(rspec):
+    if uses_revgnn(rspec):
         logits_all = rev_predictions(model, dataset, rspec, device, train_k=train_k)
     elif ev.inference == "full":
         logits_all = layerwise_inference(model, dataset.graph, dataset.feat, device=device,

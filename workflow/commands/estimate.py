@@ -115,7 +115,7 @@ def estimate(spec: SpecArg,
     optimizer's steady state, then measure every micro-batch once with the memory meter.
     Prints a summary (budget, the Ks tried, the chosen K, the largest piece); --pieces adds
     one line per piece, --json gives everything."""
-    from workflow.components import is_reversible, load_data, make_trainer, resolve_device
+    from workflow.components import load_data, make_trainer, resolve_device, uses_revgnn
 
     overrides = list(set_ or [])
     k_value = _parse_k(k)
@@ -126,7 +126,7 @@ def estimate(spec: SpecArg,
     device = resolve_device(rspec.spec.train.device)
     searches = []
     trainer, model, optimizer = make_trainer(rspec, ds, device, on_search=searches.append)
-    report = _reversible_report if is_reversible(rspec) else _sampled_report
+    report = _reversible_report if uses_revgnn(rspec) else _sampled_report
     out = {"spec": rspec.name, **report(rspec, ds, device, trainer, model, optimizer, measure)}
     if searches:
         result = searches[-1]

@@ -35,7 +35,7 @@ import numpy as np
 
 from workflow.artifacts import ksearch_records, load_batch, write_csv, write_json
 from workflow.checksums import log_artifact
-from workflow.components import is_reversible, make_trainer, partition_options
+from workflow.components import make_trainer, partition_options, uses_revgnn
 from workflow.plots import redundancy_figure
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_grid
@@ -109,7 +109,7 @@ def sweep(batch, ks, methods, *, seed: int, graph=None, time_limit_s: float | No
 
 
 def run(ctx: StageContext) -> dict[str, float]:
-    if is_reversible(ctx.rspec):
+    if uses_revgnn(ctx.rspec):
         from workflow.revgnn import partition_stage
 
         return partition_stage(ctx)

@@ -13,7 +13,7 @@ import time
 
 from workflow.artifacts import save_batch
 from workflow.checksums import log_artifact
-from workflow.components import first_batch, is_reversible
+from workflow.components import first_batch, uses_revgnn
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext
 
@@ -31,7 +31,7 @@ def block_sizes(batch) -> dict[str, int]:
 
 
 def run(ctx: StageContext) -> dict[str, float]:
-    if is_reversible(ctx.rspec):
+    if uses_revgnn(ctx.rspec):
         from workflow.revgnn import sample_stage
 
         return sample_stage(ctx)
