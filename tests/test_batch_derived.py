@@ -53,7 +53,7 @@ def test_estimate_and_split_metrics_of_one_split_build_the_membership_once(monke
     _, batch = _batch()
     k = 4
     groups = torch.arange(batch.num_outputs) % k
-    layer_calls = _counting(monkeypatch, incidence, "layer_incidence")
+    layer_calls = _counting(monkeypatch, incidence, "needed_sources")
     sizes = piece_sizes(batch, groups, k)
     metrics = split_metrics(batch, groups, k)
     assert len(layer_calls) == batch.num_layers  # each layer's incidence built once

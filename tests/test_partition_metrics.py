@@ -52,9 +52,10 @@ def test_piece_membership_lists_the_carved_sources():
     members = piece_membership(batch, groups, k)
     for piece, mb in enumerate(split(batch, groups, k)):
         for l in range(batch.num_layers):
-            col = members[l].tocsc()[:, piece]
+            row = members[l][piece]
             carved = set(mb.full_src_index[l].tolist())
-            assert set(col.indices.tolist()) == carved
+            assert set(row.indices.tolist()) == carved
+            assert members[l].shape == (k, batch.layers[l].num_src)
 
 
 def test_split_metrics_rejects_an_invalid_partition():

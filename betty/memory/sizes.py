@@ -11,13 +11,13 @@ For P micro-batches (pieces) of an L-layer batch, :class:`PieceSizes` holds, per
 
 :func:`piece_sizes` computes them for a whole split without carving any block, from the
 piece-membership matrices of :func:`betty.partition.metrics.piece_membership`: with
-``M_l`` ``(n_src[l], K)`` the 0/1 matrix "source s of layer l belongs to piece k's
-micro-batch" and ``M_L`` the one-hot piece matrix of the outputs,
+``M_l`` ``(K, n_src[l])`` the 0/1 matrix "source s of layer l belongs to piece k's
+micro-batch" and ``M_L`` ``(K, n_out)`` the piece matrix of the outputs,
 
-    n_src[l]    = 1ᵀ M_l,
-    n_dst[l]    = 1ᵀ M_{l+1}                       (layer l's destinations are layer l+1's sources),
-    num_edges[l] = deg_lᵀ M_{l+1}[:n_dst],         deg_l = in-degrees of the full batch's layer l,
-    degree_counts[l][:, j] = 1[deg_l == d_j]ᵀ M_{l+1}[:n_dst],
+    n_src[l]    = M_l 1,
+    n_dst[l]    = M_{l+1} 1                        (layer l's destinations are layer l+1's sources),
+    num_edges[l] = M_{l+1} deg_l,                  deg_l = in-degrees of the full batch's layer l,
+    degree_counts[l][:, j] = M_{l+1} 1[deg_l == d_j],
 
 which is exactly what :func:`betty.microbatch.carve` keeps (a piece's destination keeps all
 its sampled in-edges). :func:`micro_batch_sizes` reads the same numbers off carved
@@ -110,25 +110,34 @@ def piece_sizes(batch: SampledBatch, groups, k: int) -> PieceSizes:
     """
     from betty.partition.metrics import piece_membership
 
-    members = piece_membership(batch, groups, k)  # M_0 .. M_{L-1}
+    members = piece_membership(batch, groups, k)  # M_0 .. M_{L-1}, (k, n_src[l]) each
     g = torch.as_tensor(groups, dtype=torch.int64).numpy()
     n_out = batch.num_outputs
-    out_member = sp.csr_matrix((np.ones(n_out), (np.arange(n_out), g)), shape=(n_out, k))
+    out_member = sp.csr_matrix((np.ones(n_out), (g, np.arange(n_out))), shape=(k, n_out))
     n_src, n_dst, n_e, degs, counts = [], [], [], [], []
     for l, layer in enumerate(batch.layers):
-        src_m = members[l]
         dst_m = members[l + 1] if l + 1 < batch.num_layers else out_member
-        dst_m = sp.csr_matrix(dst_m[: layer.num_dst], dtype=np.float64)
-        n_src.append(np.asarray(src_m.sum(axis=0), dtype=np.float64).ravel())
-        n_dst.append(np.asarray(dst_m.sum(axis=0), dtype=np.float64).ravel())
+        n_src.append(np.diff(members[l].indptr).astype(np.float64))
+        n_dst.append(np.diff(dst_m.indptr).astype(np.float64))
         deg = layer.in_degrees().numpy()
-        n_e.append(np.asarray(dst_m.T @ deg.astype(np.float64)).ravel())
-        values, inverse = np.unique(deg, return_inverse=True)
-        onehot = sp.csr_matrix(
-            (np.ones(deg.shape[0]), (np.arange(deg.shape[0]), inverse)),
-            shape=(deg.shape[0], values.shape[0]))
-        cnt = (dst_m.T @ onehot).toarray()  # (k, D)
-        present = cnt.sum(axis=0) > 0
-        degs.append(values[present].astype(np.int64))
-        counts.append(cnt[:, present])
+        n_e.append(np.asarray(dst_m @ deg.astype(np.float64), dtype=np.float64).ravel())
+        values, cnt = _degree_counts(dst_m, deg)
+        degs.append(values)
+        counts.append(cnt)
     return PieceSizes(n_src, n_dst, n_e, degs, counts)
+
+
+def _degree_counts(dst_m: sp.csr_matrix, deg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct in-degrees ``d_j`` that some piece's destinations have, ascending, and
+    ``(k, D)`` float64 counts: ``[p, j]`` = destinations of piece ``p`` with in-degree
+    ``d_j``. ``dst_m`` ``(k, n_dst)`` marks each piece's destinations, ``deg``
+    ``(n_dst,)`` their in-degrees. One bincount over ``(piece, degree)`` pairs: O(nnz +
+    max degree), no sort."""
+    k = dst_m.shape[0]
+    degree_of_entry = deg[dst_m.indices]
+    present = np.flatnonzero(np.bincount(degree_of_entry, minlength=1))
+    slot = np.zeros(int(present[-1]) + 1 if present.size else 1, dtype=np.int64)
+    slot[present] = np.arange(present.size)
+    piece = np.repeat(np.arange(k, dtype=np.int64), np.diff(dst_m.indptr))
+    cnt = np.bincount(piece * present.size + slot[degree_of_entry], minlength=k * present.size)
+    return present.astype(np.int64), cnt.reshape(k, present.size).astype(np.float64)

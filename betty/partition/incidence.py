@@ -15,6 +15,12 @@ layer, its own row (DGL's prefix convention) and the rows of its sampled in-neig
   its outputs' columns.
 * :func:`multi_hop_incidence` — ``P_0``: output -> layer-0 input incidence over the
   whole L-hop sampled neighbourhood.
+* :func:`needed_sources` ``N_l`` — ``(n_dst[l], n_src[l])``, the transpose of ``A_l`` as
+  the sampler lists it: row ``d`` holds ``d`` and the sources of ``d``'s sampled edges,
+  in edge order. Built from the edge list in O(E) with no sort; entries repeated by
+  parallel edges or a self-loop are kept (a product followed by :func:`booleanize`
+  counts them once). Products that read a layer from its destinations' side
+  (:func:`betty.partition.metrics.piece_membership`) use it instead of ``A_l``.
 
 All products are scipy CSR products, boolean-ized after each step (entries stay 1), so
 the cost is the number of (edge, reachable output) pairs, never a dense matrix.
@@ -33,6 +39,8 @@ if TYPE_CHECKING:  # annotations only: betty.batch imports this module lazily
 __all__ = [
     "layer_incidence",
     "batch_layer_incidence",
+    "needed_sources",
+    "batch_needed_sources",
     "reachability",
     "multi_hop_incidence",
     "output_layer_incidence",
@@ -73,6 +81,37 @@ def batch_layer_incidence(batch: SampledBatch, l: int) -> sp.csr_matrix:
     """:func:`layer_incidence` of ``batch.layers[l]``, built once per batch
     (:meth:`betty.batch.SampledBatch.derived`); every consumer below shares it."""
     return batch.derived(("layer_incidence", l), lambda: layer_incidence(batch.layers[l]))
+
+
+def needed_sources(layer: LayerEdges) -> sp.csr_matrix:
+    """``N`` ``(n_dst, n_src)`` CSR with 1 entries: row ``d`` lists the sources destination
+    ``d`` of ``layer`` needs, ``d`` itself first, then the source of each of its edges in
+    edge order. ``bool(N) = A^T`` (:func:`layer_incidence`); a source that two parallel
+    edges, or an edge and the diagonal (a self-loop), give twice is listed twice.
+
+    With the edges grouped by destination (as sampled and carved layers are), edge ``e``
+    goes to slot ``e + dst[e] + 1`` (one diagonal slot per destination up to and
+    including its own) and the diagonal of ``d`` to ``indptr[d]``. Any other order is
+    first grouped by a stable sort.
+    """
+    n_src, n_dst = layer.num_src, layer.num_dst
+    dst, src = layer.edge_dst.numpy(), layer.edge_src.numpy()
+    if dst.shape[0] > 1 and (dst[1:] < dst[:-1]).any():
+        order = np.argsort(dst, kind="stable")
+        dst, src = dst[order], src[order]
+    it = index_dtype(max(n_src, dst.shape[0] + n_dst) + 1)
+    indptr = np.zeros(n_dst + 1, dtype=it)
+    np.cumsum(np.bincount(dst, minlength=n_dst) + 1, out=indptr[1:])
+    indices = np.empty(int(indptr[-1]), dtype=it)
+    indices[indptr[:-1]] = np.arange(n_dst, dtype=it)
+    indices[np.arange(dst.shape[0], dtype=it) + dst.astype(it, copy=False) + 1] = src
+    ones = np.ones(indices.shape[0], dtype=np.int32)
+    return sp.csr_matrix((ones, indices, indptr), shape=(n_dst, n_src))
+
+
+def batch_needed_sources(batch: SampledBatch, l: int) -> sp.csr_matrix:
+    """:func:`needed_sources` of ``batch.layers[l]``, built once per batch."""
+    return batch.derived(("needed_sources", l), lambda: needed_sources(batch.layers[l]))
 
 
 def reachability(batch: SampledBatch) -> list[sp.csr_matrix]:

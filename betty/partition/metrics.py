@@ -1,19 +1,22 @@
 """Quality of a split, computed without carving any block.
 
-Piece membership is propagated down the layers with sparse products. With ``G``
-``(n_out, K)`` the one-hot piece matrix and ``A_l`` the layer incidences of
-:mod:`betty.partition.incidence`,
+Piece membership is propagated down the layers with sparse products, piece by piece.
+With ``G`` ``(K, n_out)`` the piece matrix (``G[k, j] = 1`` iff output ``j`` is in piece
+``k``) and ``N_l`` ``(n_dst[l], n_src[l])`` the sources each destination needs
+(:func:`betty.partition.incidence.needed_sources`, the transpose of ``A_l``),
 
-    M_{L-1} = bool(A_{L-1} @ G),   M_l = bool(A_l @ M_{l+1})     (shape (n_src[l], K)),
+    M_{L-1} = bool(G @ N_{L-1}),   M_l = bool(M_{l+1} @ N_l)      (shape (K, n_src[l])),
 
-``M_l[s, k] = 1`` iff source ``s`` of layer ``l`` belongs to piece ``k``'s micro-batch
-at that layer (exactly the sources :func:`betty.microbatch.carve` keeps). Hence
+``M_l[k, s] = 1`` iff source ``s`` of layer ``l`` belongs to piece ``k``'s micro-batch at
+that layer (exactly the sources :func:`betty.microbatch.carve` keeps); row ``k`` of
+``M_l`` is piece ``k``'s layer-``l`` source set, and ``M_l``'s columns below ``n_dst[l-1]``
+are layer ``l - 1``'s destinations. Hence
 ``Σ_k |sources of piece k at layer l| = nnz(M_l)`` and
 
     redundancy_per_layer[l] = nnz(M_l) / n_src[l],
 
 with ``n_src[l]`` the full batch's source count at layer ``l``. Cost: one product per
-layer, O(edges × pieces per node), no per-piece loop.
+layer, O(edges × pieces per node), no per-piece loop and no transpose.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ import torch
 
 from betty.batch import SampledBatch
 from betty.microbatch import validate_groups
-from betty.partition.incidence import batch_layer_incidence, booleanize
+from betty.partition.incidence import batch_needed_sources
 
 __all__ = ["piece_membership", "split_metrics"]
 
 
 def piece_membership(batch: SampledBatch, groups, k: int) -> list[sp.csr_matrix]:
-    """Per layer ``l``, ``M_l`` ``(n_src[l], k)`` 0/1 CSR (see the module docstring).
+    """Per layer ``l``, ``M_l`` ``(k, n_src[l])`` 0/1 CSR: row ``p`` marks the layer-``l``
+    sources of piece ``p`` (see the module docstring; column indices unsorted).
 
     Kept on the batch for the latest split (:meth:`betty.batch.SampledBatch.derived`,
     keyed by a digest of ``groups``), so the memory estimate and :func:`split_metrics`
@@ -42,11 +46,12 @@ def piece_membership(batch: SampledBatch, groups, k: int) -> list[sp.csr_matrix]
     def compute() -> list[sp.csr_matrix]:
         n_out = batch.num_outputs
         member = sp.csr_matrix(
-            (np.ones(n_out, dtype=np.int32), (np.arange(n_out), groups)), shape=(n_out, k)
+            (np.ones(n_out, dtype=np.int32), (groups, np.arange(n_out))), shape=(k, n_out)
         )
         out: list[sp.csr_matrix | None] = [None] * batch.num_layers
         for l in reversed(range(batch.num_layers)):
-            member = booleanize(batch_layer_incidence(batch, l) @ member)
+            member = member @ batch_needed_sources(batch, l)
+            member.data[:] = 1  # a product of 0/1 matrices has no explicit zeros
             out[l] = member
         return out  # type: ignore[return-value]
 
@@ -73,7 +78,7 @@ def split_metrics(batch: SampledBatch, groups, k: int) -> dict:
     """
     members = piece_membership(batch, groups, k)
     per_layer = [m.nnz / batch.layers[l].num_src for l, m in enumerate(members)]
-    inputs = np.bincount(members[0].indices, minlength=k)
+    inputs = np.diff(members[0].indptr)
     outputs = torch.bincount(torch.as_tensor(groups, dtype=torch.int64), minlength=k)
     return {
         "redundancy_per_layer": per_layer,
