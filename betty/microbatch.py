@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from betty.batch import LayerEdges, MicroBatch, SampledBatch
+from betty.ordering import argsort_runs
 
 __all__ = ["Carver", "carve", "split", "validate_groups", "SCAN_RATIO"]
 
@@ -63,7 +64,7 @@ class Carver:
             torch.cumsum(counts, 0, out=indptr[1:])
             self._indptr.append(indptr)
             self._pos.append(torch.full((layer.num_src,), -1, dtype=torch.int64))
-            by_gid = torch.argsort(layer.src_nid)  # sources in ascending global-ID order
+            by_gid = argsort_runs(layer.src_nid)  # sources in ascending global-ID order
             rank = torch.empty_like(by_gid)
             rank[by_gid] = torch.arange(by_gid.numel(), dtype=torch.int64)
             self._by_gid.append(by_gid)

@@ -53,6 +53,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from betty.ordering import argsort_runs
+
 __all__ = ["STORE_FORMAT", "MANIFEST", "STAMP", "StoreError", "StoreWriter", "ArrayWriter", "write_store",
            "verify_mode", "open_store", "clear_path", "gather_rows"]
 
@@ -402,7 +404,7 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     out = torch.empty((ids.numel(), *table.shape[1:]), dtype=table.dtype)
     if ids.numel() == 0:
         return out
-    order = torch.argsort(ids, stable=True)
+    order = argsort_runs(ids)  # a micro-batch's IDs: a few ascending runs
     sorted_ids = ids[order]
     for lo in range(0, ids.numel(), chunk_rows):
         at = order[lo:lo + chunk_rows]
