@@ -485,11 +485,11 @@ class Trainer:
     def _carve(self, batch: SampledBatch, result: PartitionResult, estimates: list[int] | None) -> list:
         """``(piece, micro-batch, seconds)`` of every piece this process runs: all K, or
         under ``parallel`` this rank's share of the assignment its step will make."""
-        from betty.train import carve_pieces
+        from betty.train import carve_all
 
         costs = self._piece_costs(result, estimates)
         pieces = None if costs is None else self.parallel.assign(costs)
-        return list(carve_pieces(batch, result.groups, result.k, pieces))
+        return carve_all(batch, result.groups, result.k, pieces)
 
     def train_prepared(self, prepared: PreparedBatch) -> BatchRecord:
         """One optimizer step over a :class:`PreparedBatch`."""

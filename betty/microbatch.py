@@ -13,6 +13,8 @@ explicitly, never left to ``dgl.to_block``.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from betty.batch import LayerEdges, MicroBatch, SampledBatch
@@ -48,11 +50,8 @@ class Carver:
         self.full = full
         self._edge_order: list[torch.Tensor | None] = []
         self._indptr: list[torch.Tensor] = []
-        self._pos: list[torch.Tensor] = []
         self._by_gid: list[torch.Tensor] = []
         self._rank: list[torch.Tensor] = []
-        self._last: list[torch.Tensor] = []
-        self._seen: list[torch.Tensor] = []
         for layer in full.layers:
             dst = layer.edge_dst
             order = None
@@ -63,14 +62,25 @@ class Carver:
             indptr = torch.zeros(layer.num_dst + 1, dtype=torch.int64)
             torch.cumsum(counts, 0, out=indptr[1:])
             self._indptr.append(indptr)
-            self._pos.append(torch.full((layer.num_src,), -1, dtype=torch.int64))
             by_gid = argsort_runs(layer.src_nid)  # sources in ascending global-ID order
             rank = torch.empty_like(by_gid)
             rank[by_gid] = torch.arange(by_gid.numel(), dtype=torch.int64)
             self._by_gid.append(by_gid)
             self._rank.append(rank)
-            self._last.append(torch.zeros(layer.num_src, dtype=torch.int64))
-            self._seen.append(torch.zeros(layer.num_src, dtype=torch.bool))
+        self._local = threading.local()  # each carving thread's scratch buffers
+        self._scratch()
+
+    def _scratch(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """This thread's per-layer scratch ``(pos, last, seen)``: ``pos`` all -1, ``seen``
+        all False between carves; made on a thread's first carve, so that pieces can be
+        carved on several threads at once (:func:`betty.train.carve_all`)."""
+        local = self._local
+        if not hasattr(local, "pos"):
+            sizes = [layer.num_src for layer in self.full.layers]
+            local.pos = [torch.full((n,), -1, dtype=torch.int64) for n in sizes]
+            local.last = [torch.zeros(n, dtype=torch.int64) for n in sizes]
+            local.seen = [torch.zeros(n, dtype=torch.bool) for n in sizes]
+        return local.pos, local.last, local.seen
 
     def carve(self, output_index: torch.Tensor) -> MicroBatch:
         """The micro-batch computing the outputs at ``output_index`` (positions into
@@ -81,9 +91,10 @@ class Carver:
         layers: list[LayerEdges | None] = [None] * n_layers
         full_src_index: list[torch.Tensor | None] = [None] * n_layers
 
+        positions, _, _ = self._scratch()
         dst_full = output_index  # positions among full layer-l destinations
         for l in reversed(range(n_layers)):
-            fl, indptr, pos = full.layers[l], self._indptr[l], self._pos[l]
+            fl, indptr, pos = full.layers[l], self._indptr[l], positions[l]
             n_dst = dst_full.numel()
 
             # the edges of the needed destinations, destination by destination
@@ -123,8 +134,9 @@ class Carver:
         """The distinct entries of ``e_src`` (layer-``l`` source positions), in ascending
         global-ID order; O(m + min(n_src, u log u)) for ``m`` edges, ``u`` distinct."""
         by_gid, m = self._by_gid[l], e_src.numel()
+        _, lasts, seens = self._scratch()
         if by_gid.numel() <= SCAN_RATIO * m:  # large piece: a scan costs <= SCAN_RATIO * m
-            seen = self._seen[l]
+            seen = seens[l]
             seen[e_src] = True
             touched = by_gid[seen[by_gid]]
             seen[touched] = False  # leave the buffer clean for the next piece
@@ -133,7 +145,7 @@ class Carver:
         # survives, whichever); the edges reading back their own position are one per
         # distinct source. Stale entries of earlier pieces are never read (every source
         # read here was just written). Then sort only the distinct sources' ranks.
-        last, span = self._last[l], torch.arange(m, dtype=torch.int64)
+        last, span = lasts[l], torch.arange(m, dtype=torch.int64)
         last[e_src] = span
         distinct = e_src[last[e_src] == span]
         return by_gid[torch.sort(self._rank[l][distinct]).values]

@@ -179,12 +179,29 @@ def _run(prefetch: int, epochs: int = 4, **kwargs):
     return {n: p.detach().clone() for n, p in model.named_parameters()}, records
 
 
+@pytest.fixture
+def prep_workers(request):
+    """``betty.workers``' preparation threads for the test (the parameter), reset after."""
+    from betty import workers
+
+    workers.set_prep_workers(request.param)
+    yield request.param
+    workers.set_prep_workers("auto")
+
+
 @pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("batch_size", [None, 50])
 @pytest.mark.parametrize("arch,aggregator", [("sage", "mean"), ("gat", None)])
-def test_pipelined_training_equals_serial_bit_for_bit(backend, batch_size, arch, aggregator):
+@pytest.mark.parametrize("prep_workers", [1, 3], indirect=True)
+def test_pipelined_training_equals_serial_bit_for_bit(backend, batch_size, arch, aggregator, prep_workers):
+    """Serial on one preparation thread against pipelined on ``prep_workers`` (the
+    membership product and the carving split over threads)."""
+    from betty import workers
+
+    workers.set_prep_workers(1)
     serial, serial_records = _run(0, backend=backend, batch_size=batch_size, arch=arch,
                                   aggregator=aggregator or "mean")
+    workers.set_prep_workers(prep_workers)
     piped, piped_records = _run(2, backend=backend, batch_size=batch_size, arch=arch,
                                 aggregator=aggregator or "mean")
     for name, value in serial.items():

@@ -268,6 +268,30 @@ def test_train_threads_is_validated_and_applied():
         torch.set_num_threads(before)
 
 
+def test_train_prep_workers_is_validated_and_applied(monkeypatch):
+    import torch
+
+    from betty import workers
+    from workflow.components import configure_threads
+
+    for bad in ("0", "-2", "1.5", "many"):
+        with pytest.raises(SpecError, match="train.prep_workers"):
+            load_spec("tiny", [f"train.prep_workers={bad}"])
+    before = torch.get_num_threads()
+    monkeypatch.setattr("betty.threads.available_cores", lambda *a: 6)
+    try:
+        configure_threads(load_spec("tiny", ["train.prep_workers=3"]))
+        assert workers.prep_workers() == 3
+        configure_threads(load_spec("tiny", ["train.threads=2"]))  # auto: 6 cores - 2 threads
+        assert workers.prep_workers() == 4
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks of 2 threads on 6 cores
+        configure_threads(load_spec("tiny", ["train.threads=2"]))
+        assert workers.prep_workers() == 1
+    finally:
+        torch.set_num_threads(before)
+        workers.set_prep_workers("auto")
+
+
 @pytest.mark.parametrize("override", ["train.prefetch=0", "train.prefetch=17", "train.prefetch=1.5",
                                       "train.pipeline=sometimes"])
 def test_train_pipeline_and_prefetch_are_validated(override):

@@ -103,6 +103,7 @@ def configure_threads(rspec: ResolvedSpec, work_edges: int | None = None) -> Non
     """Apply ``train.threads`` (PyTorch's and, where DGL is installed, DGL's OpenMP
     pools) when it is set; ``auto`` is resolved for ``work_edges`` (:func:`spec_threads`)."""
     threads = spec_threads(rspec, work_edges)
+    _configure_prep_workers(rspec, threads)
     if threads is not None:
         torch.set_num_threads(threads)
         try:
@@ -110,6 +111,20 @@ def configure_threads(rspec: ResolvedSpec, work_edges: int | None = None) -> Non
         except ImportError:  # the PyG stack: no DGL pool to size
             return
         set_num_threads(threads)
+
+
+def _configure_prep_workers(rspec: ResolvedSpec, trainer_threads: int | None) -> None:
+    """Apply ``train.prep_workers``: ``auto`` is :func:`betty.workers.spare_cores` of the
+    trainer's threads, shared among this machine's ``LOCAL_WORLD_SIZE`` ranks."""
+    from betty.workers import set_prep_workers, spare_cores
+
+    workers = rspec.spec.train.prep_workers
+    if workers == "auto":
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        threads = torch.get_num_threads() if trainer_threads is None else trainer_threads
+        workers = spare_cores(threads * ranks) // ranks if ranks > 1 else spare_cores(threads)
+        workers = max(1, workers)
+    set_prep_workers(workers)
 
 
 def load_data(rspec: ResolvedSpec):

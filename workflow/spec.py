@@ -198,6 +198,13 @@ def _check_threads(value: Any) -> int | str | None:
                      f"or an integer from 1 to {cores} (the CPU cores available to this process)")
 
 
+def _check_prep_workers(value: Any) -> int | str:
+    if value == "auto" or (_int(value) and value >= 1):
+        return value
+    raise ValueError("allowed: 'auto' (the cores the trainer's threads leave, betty.workers) "
+                     "or an integer >= 1 (1: preparation in one thread)")
+
+
 def _check_fanout(value: Any) -> int:
     if _int(value) and (value >= 1 or value == -1):
         return value
@@ -230,6 +237,7 @@ Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Threads = Annotated[int | str | None, PlainValidator(_check_threads)]
+PrepWorkers = Annotated[int | str, PlainValidator(_check_prep_workers)]
 
 
 
@@ -442,7 +450,11 @@ class TrainSection(_Section):
     average), shared among the ranks of a
     ``--nproc`` job, and one thread per 2M edges of the graph at most
     (:mod:`betty.threads`); an int as given; ``null`` the libraries' own default (one
-    per host core). ``world_size: N > 1`` spreads each
+    per host core). ``prep_workers``: threads for the host preparation steps whose
+    parts are independent (the piece-membership product, carving a prepared batch's
+    micro-batches; ``betty.workers``): ``auto`` (default) the cores ``threads`` leaves,
+    at least 1, shared among the ranks; an int as given; the count never changes what
+    is computed. ``world_size: N > 1`` spreads each
     step's micro-batches over N ranks (``torch.distributed``, one device each; the
     update is the single-process one: docs/distributed.md). ``early_stopping:
     {patience: N}`` stops once N validation evaluations in a row did not improve
@@ -467,6 +479,7 @@ class TrainSection(_Section):
     repeats: int = Field(1, ge=1)
     measure_memory: bool = True
     threads: Threads = "auto"
+    prep_workers: PrepWorkers = "auto"
     world_size: int = Field(1, ge=1)
     early_stopping: EarlyStoppingSection | None = None
     pipeline: bool = True

@@ -25,7 +25,7 @@ import tempfile
 import numpy as np
 import scipy.sparse as sp
 
-from betty.threads import available_cores
+from betty.workers import spare_cores
 
 __all__ = ["KAMINPAR_EPSILON", "cut_threads", "kaminpar_available", "kaminpar_cut",
            "write_parhip"]
@@ -54,12 +54,7 @@ def cut_threads(trainer_threads: int | None = None, *, deterministic: bool = Fal
     (KaMinPar is reproducible for a seed only on one thread)."""
     if deterministic:
         return 1
-    if trainer_threads is None:
-        import torch
-
-        trainer_threads = torch.get_num_threads()
-    cores = available_cores() if cores is None else int(cores)
-    return max(1, cores - int(trainer_threads))
+    return spare_cores(trainer_threads, cores)
 
 
 def write_parhip(path: str, adj: sp.csr_matrix, vweights: np.ndarray,

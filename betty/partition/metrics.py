@@ -30,6 +30,7 @@ import torch
 from betty.batch import SampledBatch
 from betty.microbatch import validate_groups
 from betty.partition.incidence import batch_needed_sources
+from betty.workers import parallel_map, prep_workers
 
 __all__ = ["piece_membership", "split_metrics"]
 
@@ -50,13 +51,27 @@ def piece_membership(batch: SampledBatch, groups, k: int) -> list[sp.csr_matrix]
         )
         out: list[sp.csr_matrix | None] = [None] * batch.num_layers
         for l in reversed(range(batch.num_layers)):
-            member = member @ batch_needed_sources(batch, l)
+            member = _rows_times(member, batch_needed_sources(batch, l))
             member.data[:] = 1  # a product of 0/1 matrices has no explicit zeros
             out[l] = member
         return out  # type: ignore[return-value]
 
     digest = hashlib.blake2b(np.ascontiguousarray(groups, dtype=np.int64).tobytes(), digest_size=16).hexdigest()
     return batch.derived(("piece_membership", k, digest), compute, slot="piece_membership")
+
+
+def _rows_times(member: sp.csr_matrix, needed: sp.csr_matrix) -> sp.csr_matrix:
+    """``member @ needed``, one block of ``member``'s rows (pieces) per preparation
+    thread (:func:`betty.workers.parallel_map`). A CSR product computes each row on
+    its own, so the stacked blocks are the one-thread product entry for entry, in the
+    same order."""
+    k = member.shape[0]
+    workers = min(prep_workers(), k)
+    if workers <= 1:
+        return member @ needed
+    bounds = np.linspace(0, k, workers + 1).round().astype(int)
+    blocks = parallel_map(lambda ab: member[ab[0]:ab[1]] @ needed, list(zip(bounds[:-1], bounds[1:])))
+    return sp.vstack(blocks, format="csr")
 
 
 def split_metrics(batch: SampledBatch, groups, k: int) -> dict:

@@ -1,0 +1,93 @@
+"""Threads for host preparation (``train.prep_workers``), and the map that uses them.
+
+Preparation steps whose parts are independent run their parts on a shared pool of
+:func:`prep_workers` threads: the piece-membership product one block of pieces per part
+(:func:`betty.partition.metrics.piece_membership`), carving one micro-batch per part
+(:func:`betty.train.carve_pieces` when all pieces are carved at once). Their heavy
+calls (scipy's sparse products, torch and NumPy array ops) release the GIL, so the
+parts run on separate cores. The parts' results are put together in a fixed order, so
+the count never changes what is computed: bit for bit the one-thread result.
+
+The count: :func:`set_prep_workers` (``train.prep_workers``: an int, or ``auto`` = the
+cores this process may use less the trainer's threads, :func:`spare_cores`, at least
+1). One worker runs every part in the calling thread, as a plain loop.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+__all__ = ["prep_workers", "set_prep_workers", "spare_cores", "parallel_map"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_lock = threading.Lock()
+_count: int | None = None  # None: spare_cores() when asked
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+
+def spare_cores(trainer_threads: int | None = None, cores: int | None = None) -> int:
+    """The cores the trainer leaves: ``cores - trainer_threads``, at least 1 (``cores``
+    default :func:`betty.threads.available_cores`, ``trainer_threads`` default
+    ``torch.get_num_threads()``)."""
+    from betty.threads import available_cores
+
+    if trainer_threads is None:
+        import torch
+
+        trainer_threads = torch.get_num_threads()
+    cores = available_cores() if cores is None else int(cores)
+    return max(1, cores - int(trainer_threads))
+
+
+def set_prep_workers(count: int | str | None) -> int:
+    """Set the preparation threads: an int >= 1, or ``"auto"`` / ``None`` for
+    :func:`spare_cores` at the time of each use. Returns the count now in effect."""
+    global _count
+    if count in ("auto", None):
+        _count = None
+    elif isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"prep_workers must be 'auto' or an integer >= 1, got {count!r}")
+    else:
+        _count = count
+    return prep_workers()
+
+
+def prep_workers() -> int:
+    """The preparation threads in effect (see :func:`set_prep_workers`)."""
+    return spare_cores() if _count is None else _count
+
+
+def _executor(size: int) -> ThreadPoolExecutor:
+    global _pool, _pool_size
+    with _lock:
+        if _pool is None or _pool_size != size:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="betty-prep")
+            _pool_size = size
+        return _pool
+
+
+def parallel_map(fn: Callable[[T], R], parts: Sequence[T], workers: int | None = None) -> list[R]:
+    """``[fn(p) for p in parts]``, the parts run on ``workers`` threads (default
+    :func:`prep_workers`; the calling thread alone when 1 or when there is one part).
+    Results in ``parts`` order; the first exception a part raises is raised here, after
+    every part has finished. A map inside a part runs in that part's thread (a part
+    never waits for the pool it runs on)."""
+    parts = list(parts)
+    workers = prep_workers() if workers is None else int(workers)
+    nested = threading.current_thread().name.startswith("betty-prep")  # a part's own map
+    if workers <= 1 or len(parts) <= 1 or nested:
+        return [fn(p) for p in parts]
+    futures = [_executor(workers).submit(fn, p) for p in parts]
+    errors = [f.exception() for f in futures]  # waits for every part
+    for error in errors:
+        if error is not None:
+            raise error
+    return [f.result() for f in futures]
