@@ -60,11 +60,18 @@ def test_generated_store_has_the_shape_and_is_canonical(tmp_path):
         load_dataset("synthetic-papers", tmp_path, scale=0)
 
 
-def test_gather_rows_reads_sorted_chunks_and_equals_indexing():
+@pytest.mark.parametrize("workers", [1, 3])
+def test_gather_rows_reads_sorted_chunks_and_equals_indexing(workers):
+    from betty import workers as prep
+
     table = torch.randn(1000, 3)
     ids = torch.randint(0, 1000, (777,))
-    for chunk in (1, 7, 10_000):
-        assert torch.equal(gather_rows(table, ids, chunk_rows=chunk), table[ids])
+    prep.set_prep_workers(workers)
+    try:
+        for chunk in (1, 7, 10_000):
+            assert torch.equal(gather_rows(table, ids, chunk_rows=chunk), table[ids])
+    finally:
+        prep.set_prep_workers(1)  # one thread: the chunks below come in order
 
     seen = []
 
@@ -75,7 +82,10 @@ def test_gather_rows_reads_sorted_chunks_and_equals_indexing():
             seen.append(at.clone())
             return table[at]
 
-    gather_rows(Recorder(), ids, chunk_rows=100)
+    try:
+        gather_rows(Recorder(), ids, chunk_rows=100)
+    finally:
+        prep.set_prep_workers("auto")
     flat = torch.cat(seen)
     assert len(seen) == 8 and bool((flat[1:] >= flat[:-1]).all())  # front to back, in chunks
 

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from betty.ordering import argsort_runs
+from betty.workers import parallel_map
 
 __all__ = ["STORE_FORMAT", "MANIFEST", "STAMP", "StoreError", "StoreWriter", "ArrayWriter", "write_store",
            "verify_mode", "open_store", "clear_path", "gather_rows"]
@@ -397,7 +398,9 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     For a memory-mapped ``table`` (features on disk) an unsorted gather touches pages in
     random order; here the IDs are sorted once (``order = argsort(ids)``, stable) and
     row blocks ``table[ids[order[a:b]]]`` are read in that order and scattered to their
-    places, so the file is read front to back and only one chunk's gather is in flight.
+    places, so the file is read front to back. The chunks are spread over the
+    preparation threads (:func:`betty.workers.parallel_map`), each reading its own
+    stretch of the file; with one thread one chunk's gather is in flight at a time.
     Shapes: ``table (N, ...)``, ``ids (n,)`` integer; returns ``(n, ...)`` in ``table``'s
     dtype, equal to ``table[ids]`` bit for bit."""
     ids = torch.as_tensor(ids, dtype=torch.int64)
@@ -406,7 +409,9 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
         return out
     order = argsort_runs(ids)  # a micro-batch's IDs: a few ascending runs
     sorted_ids = ids[order]
-    for lo in range(0, ids.numel(), chunk_rows):
-        at = order[lo:lo + chunk_rows]
-        out[at] = table[sorted_ids[lo:lo + chunk_rows]]
+
+    def gather(lo: int) -> None:  # the chunks write disjoint rows of ``out``
+        out[order[lo:lo + chunk_rows]] = table[sorted_ids[lo:lo + chunk_rows]]
+
+    parallel_map(gather, range(0, ids.numel(), chunk_rows))
     return out
