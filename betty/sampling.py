@@ -16,6 +16,18 @@ separately. The subsets of all destinations of a layer are drawn at once with a
 vectorized form of Floyd's algorithm (:func:`uniform_subsets`), ``k`` array steps over
 the destinations whatever their degrees, from one seeded ``torch.Generator``: the
 same seed gives the same batch on any thread count.
+
+Two paths run that rule. The host path (``sample_full_batch(..., device=None)``, the
+default) does the index work in NumPy on CPU tensors. The device path
+(``device="cuda"``, or any torch device) runs the same steps as torch ops
+(:func:`sample_neighbors_torch`, :func:`uniform_subsets_torch`) where the graph's CSR
+lives: it is copied to the device once per graph and cached
+(:meth:`betty.graph.Graph.in_csr_on`), and the batch's tensors stay there, so a GPU
+server samples without moving the CSR or the batch across the bus each epoch. Its random
+numbers come from a generator on that device seeded with ``seed``: on ``"cpu"`` these are
+the host path's draws and the batch is the host path's bit for bit (the host path is the
+faster of the two there: NumPy sorts short rows faster than torch); on CUDA the batch is
+deterministic per seed but another random stream than the CPU's, so not the same batch.
 """
 
 from __future__ import annotations
