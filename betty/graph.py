@@ -150,6 +150,25 @@ class Graph:
             self.__dict__["_out_degrees"] = cached
         return cached
 
+    def in_csr_on(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """:attr:`in_csr` on ``device`` (dtypes kept), copied there once and cached; on
+        the CPU it is :attr:`in_csr` itself (no copy)."""
+        return self._cached_on(device, "in_csr", lambda: self.in_csr)
+
+    def out_degrees_on(self, device: torch.device | str) -> torch.Tensor:
+        """:meth:`out_degrees` on ``device``, copied there once and cached."""
+        return self._cached_on(device, "out_degrees", lambda: (self.out_degrees(),))[0]
+
+    def _cached_on(self, device: torch.device | str, name: str, tensors) -> tuple:
+        """``tensors()`` (a tuple of CPU tensors or ``None``) moved to ``device``, kept
+        per resolved device (``"cuda"`` and ``"cuda:0"`` share one copy)."""
+        device = torch.empty(0, device=device).device  # resolves "cuda" to "cuda:<current>"
+        cache = self.__dict__.setdefault("_on_device", {})
+        key = (name, device)
+        if key not in cache:
+            cache[key] = tuple(None if t is None else t.to(device) for t in tensors())
+        return cache[key]
+
     def csr_edge_chunks(self, max_edges: int | None = None):
         """Yield ``(src, dst)`` int64 chunks covering every edge once, in CSR order
         (whole rows, about ``max_edges`` edges a chunk): a pass over all edges without

@@ -16,6 +16,18 @@ separately. The subsets of all destinations of a layer are drawn at once with a
 vectorized form of Floyd's algorithm (:func:`uniform_subsets`), ``k`` array steps over
 the destinations whatever their degrees, from one seeded ``torch.Generator``: the
 same seed gives the same batch on any thread count.
+
+Two paths run that rule. The host path (``sample_full_batch(..., device=None)``, the
+default) does the index work in NumPy on CPU tensors. The device path
+(``device="cuda"``, or any torch device) runs the same steps as torch ops
+(:func:`sample_neighbors_torch`, :func:`uniform_subsets_torch`) where the graph's CSR
+lives: it is copied to the device once per graph and cached
+(:meth:`betty.graph.Graph.in_csr_on`), and the batch's tensors stay there, so a GPU
+server samples without moving the CSR or the batch across the bus each epoch. Its random
+numbers come from a generator on that device seeded with ``seed``: on ``"cpu"`` these are
+the host path's draws and the batch is the host path's bit for bit (the host path is the
+faster of the two there: NumPy sorts short rows faster than torch); on CUDA the batch is
+deterministic per seed but another random stream than the CPU's, so not the same batch.
 """
 
 from __future__ import annotations
@@ -28,7 +40,13 @@ import torch
 from betty.batch import LayerEdges, SampledBatch
 from betty.graph import Graph, as_graph
 
-__all__ = ["sample_full_batch", "sample_neighbors", "uniform_subsets"]
+__all__ = [
+    "sample_full_batch",
+    "sample_neighbors",
+    "sample_neighbors_torch",
+    "uniform_subsets",
+    "uniform_subsets_torch",
+]
 
 
 def uniform_subsets(
@@ -81,6 +99,77 @@ def uniform_subsets(
     return torch.from_numpy(out.astype(np.int64, copy=False))
 
 
+def uniform_subsets_torch(
+    degree: torch.Tensor, k: int, generator: torch.Generator
+) -> torch.Tensor:
+    """:func:`uniform_subsets` in torch ops, on ``degree``'s device.
+
+    The same Floyd steps, the same ``(k, n)`` float64 draws
+    (``torch.rand(k, n, generator=generator, dtype=torch.float64)``) and the same
+    ``t = min(floor(u (j + 1)), j)``: on the CPU, from a generator in the same state, the
+    result equals :func:`uniform_subsets`'s bit for bit. ``generator`` must live on
+    ``degree``'s device; a CUDA generator gives other numbers than a CPU one seeded
+    alike (deterministic per device, not across devices).
+
+    Args:
+        degree: ``(n,)`` int64, every entry ``>= k``, on the device to run on.
+        k: subset size, ``>= 1``.
+        generator: the seeded source of randomness (``k * n`` float64 draws).
+
+    Returns:
+        ``(n, k)`` int64 on ``degree``'s device, each row ascending.
+    """
+    n = degree.numel()
+    uniform = torch.rand(k, n, generator=generator, dtype=torch.float64, device=degree.device)
+    chosen = torch.empty((k, n), dtype=torch.int64, device=degree.device)
+    for i in range(k):
+        j = degree - (k - i)
+        t = (uniform[i] * (j + 1)).to(torch.int64)  # floor (values >= 0); j + 1 < 2^53 exact
+        torch.minimum(t, j, out=t)
+        if i:
+            hit = (chosen[:i] == t).any(dim=0)  # t already drawn in this row?
+            t = torch.where(hit, j, t)
+        chosen[i] = t
+    return torch.sort(chosen, dim=0).values.T.contiguous()
+
+
+def sample_neighbors_torch(
+    graph: Graph, nodes: torch.Tensor, fanout: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_neighbors` in torch ops, on ``nodes``' device.
+
+    Reads :meth:`betty.graph.Graph.in_csr_on` of that device and draws through
+    :func:`uniform_subsets_torch` (so ``generator`` must live there too). Same rule,
+    same output order, and on the CPU the same ``(row, pos)`` as
+    :func:`sample_neighbors` from a generator in the same state.
+
+    Args:
+        graph: the graph.
+        nodes: ``(n,)`` int64 destination global IDs, on the device to run on.
+        fanout: ``k >= 1``, or ``-1`` for every in-edge.
+        generator: the seeded source of randomness (unused, may be ``None``, for ``-1``).
+
+    Returns:
+        ``(row, pos)``: ``(E',)`` int64 each on ``nodes``' device, as
+        :func:`sample_neighbors`'s.
+    """
+    device = nodes.device
+    indptr = graph.in_csr_on(device)[0]
+    start = indptr[nodes]
+    degree = indptr[nodes + 1] - start
+    take = degree if fanout == -1 else torch.clamp(degree, max=fanout)
+    row = torch.repeat_interleave(take)  # row r repeated take[r] times
+    first = torch.cumsum(take, 0) - take  # each row's first output slot
+    pos = torch.arange(row.numel(), device=device) + (start - first)[row]  # every in-edge
+    if fanout != -1:
+        over = torch.nonzero(degree > fanout).view(-1)
+        if over.numel():
+            picks = uniform_subsets_torch(degree[over], fanout, generator)
+            slots = first[over, None] + torch.arange(fanout, device=device)
+            pos[slots] = start[over, None] + picks
+    return row, pos
+
+
 def sample_neighbors(
     graph: Graph, nodes: torch.Tensor, fanout: int, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,6 +211,7 @@ def sample_full_batch(
     fanouts: Sequence[int],
     *,
     seed: int = 0,
+    device: torch.device | str | None = None,
 ) -> SampledBatch:
     """Sample the L-hop neighbourhood of ``outputs`` once.
 
@@ -135,44 +225,55 @@ def sample_full_batch(
         outputs: ``(n_out,)`` distinct global IDs of the output nodes.
         fanouts: per-layer fanouts, input layer first; ``-1`` means all neighbours.
         seed: seeds the sampler; the same seed gives the same batch.
+        device: ``None``: the host path (NumPy index work, CPU tensors). A device: the
+            torch-op path on that device (:func:`sample_neighbors_torch`; the graph's
+            CSR and out-degrees are copied there once and cached) with a generator on
+            that device seeded with ``seed``. On ``"cpu"`` the batch equals the host
+            path's bit for bit; on CUDA it is deterministic per seed but not the CPU's
+            batch (another random stream).
 
     Returns:
-        A :class:`SampledBatch` whose edges are in canonical order.
+        A :class:`SampledBatch` whose edges are in canonical order, its tensors on
+        ``device`` (on the CPU for ``None``).
     """
     fanouts = [int(f) for f in fanouts]
     if not fanouts:
         raise ValueError("fanouts must list at least one layer")
     if any(f == 0 or f < -1 for f in fanouts):
         raise ValueError(f"each fanout must be a positive int or -1, got {fanouts}")
-    outputs = torch.as_tensor(outputs, dtype=torch.int64)
+    on = torch.device("cpu") if device is None else torch.device(device)
+    outputs = torch.as_tensor(outputs, dtype=torch.int64).to(on)
     if outputs.numel() == 0:
         raise ValueError("a batch needs at least one output node")
     graph = as_graph(graph)
     n = graph.num_nodes()
     if int(outputs.min()) < 0 or int(outputs.max()) >= n:
         raise ValueError(f"output node IDs must lie in [0, {n})")
-    mark = torch.zeros(n, dtype=torch.bool)  # scratch node set, cleared after each use
+    mark = torch.zeros(n, dtype=torch.bool, device=on)  # scratch node set, cleared after each use
     mark[outputs] = True
     if int(mark.sum()) != outputs.numel():
         raise ValueError("output node IDs must be distinct")
     mark[outputs] = False
 
-    _, indices, eid = graph.in_csr
-    out_degree = graph.out_degrees()
-    gen = torch.Generator().manual_seed(int(seed))
-    local = torch.empty(n, dtype=torch.int64)  # global -> local source index, per layer
+    if device is None:
+        neighbors, (_, indices, eid), out_degree = sample_neighbors, graph.in_csr, graph.out_degrees()
+    else:
+        neighbors, (_, indices, eid) = sample_neighbors_torch, graph.in_csr_on(on)
+        out_degree = graph.out_degrees_on(on)
+    gen = torch.Generator(device=on).manual_seed(int(seed))
+    local = torch.empty(n, dtype=torch.int64, device=on)  # global -> local source index, per layer
     layers: list[LayerEdges] = []
     dst_nid = outputs
     for fanout in reversed(fanouts):
         # rows ascending, each row's picks in CSR order: already canonical order
-        row, pos = sample_neighbors(graph, dst_nid, fanout, gen)
+        row, pos = neighbors(graph, dst_nid, fanout, gen)
         src_gid = indices[pos].to(torch.int64)  # a stored CSR may hold int32
         mark[src_gid] = True
         mark[dst_nid] = False
         extra = torch.nonzero(mark).view(-1)  # the other sources, ascending
         mark[extra] = False
         src_nid = torch.cat([dst_nid, extra])
-        local[src_nid] = torch.arange(src_nid.numel())
+        local[src_nid] = torch.arange(src_nid.numel(), device=on)
         layers.append(
             LayerEdges(
                 src_nid=src_nid,
