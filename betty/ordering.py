@@ -17,9 +17,12 @@ __all__ = ["argsort_runs"]
 
 
 def argsort_runs(values: torch.Tensor) -> torch.Tensor:
-    """``(n,)`` int64 positions that sort the 1-D CPU tensor ``values`` ascending, ties
-    in their original order (the same as ``torch.argsort(values, stable=True)``)."""
+    """``(n,)`` int64 positions that sort the 1-D tensor ``values`` ascending, ties in
+    their original order (the same as ``torch.argsort(values, stable=True)``), on
+    ``values``' device (off the CPU: ``torch.argsort`` there)."""
     if values.dim() != 1:
         raise ValueError(f"values must be 1-D, got shape {tuple(values.shape)}")
+    if values.device.type != "cpu":
+        return torch.argsort(values, stable=True)
     order = np.argsort(values.numpy(), kind="stable")
     return torch.from_numpy(order.astype(np.int64, copy=False))

@@ -176,3 +176,16 @@ def test_uniform_subsets_torch_on_cuda_are_distinct_and_in_range():
         rows = rows.cpu()
         assert bool((rows[:, 1:] > rows[:, :-1]).all()) and int(rows.min()) >= 0
         assert bool((rows < degree.cpu()[:, None]).all())
+
+
+@CUDA
+def test_a_cuda_batch_carves_on_the_device_into_the_cpu_carve_moved(graph):
+    """Carving (``betty.microbatch.Carver``, its ID sort included) runs on the batch's
+    device; the pieces have the structure the same carve gives on the CPU."""
+    outputs = _outputs(graph)
+    on_cuda = sample_full_batch(graph, outputs, [3, 4], seed=2, device="cuda")
+    index = torch.arange(0, outputs.numel(), 3)
+    piece = Carver(on_cuda).carve(index.cuda())
+    for layer in piece.layers:
+        assert layer.src_nid.is_cuda and layer.edge_src.is_cuda
+    assert piece.layers[-1].num_dst == index.numel()
