@@ -179,9 +179,9 @@ def test_uniform_subsets_torch_on_cuda_are_distinct_and_in_range():
 
 
 @CUDA
-def test_a_cuda_batch_carves_on_the_device_into_the_cpu_carve_moved(graph):
+def test_a_cuda_batch_carves_on_the_device(graph):
     """Carving (``betty.microbatch.Carver``, its ID sort included) runs on the batch's
-    device; the pieces have the structure the same carve gives on the CPU."""
+    device, and its pieces stay there."""
     outputs = _outputs(graph)
     on_cuda = sample_full_batch(graph, outputs, [3, 4], seed=2, device="cuda")
     index = torch.arange(0, outputs.numel(), 3)
