@@ -69,6 +69,16 @@ class LayerEdges:
         """``(num_dst,)`` number of sampled in-edges of each destination node."""
         return torch.bincount(self.edge_dst, minlength=self.num_dst)
 
+    def to(self, device: torch.device | str) -> "LayerEdges":
+        """This block with every tensor on ``device`` (itself when they are there)."""
+        device = torch.device(device)
+        if self.src_nid.device == device:
+            return self
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return LayerEdges(src_nid=move(self.src_nid), num_dst=self.num_dst,
+                          edge_src=move(self.edge_src), edge_dst=move(self.edge_dst),
+                          edge_id=move(self.edge_id), src_out_degree=move(self.src_out_degree))
+
     def nbytes(self) -> int:
         """Bytes held by this block's index tensors."""
         return sum(
@@ -127,6 +137,14 @@ class SampledBatch(_BlockChain):
     fanouts: list[int] = field(default_factory=list)
     _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _slots: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def to(self, device: torch.device | str) -> "SampledBatch":
+        """The batch with its blocks on ``device`` (itself when they are there; a moved
+        batch starts with nothing derived)."""
+        layers = [layer.to(device) for layer in self.layers]
+        if all(a is b for a, b in zip(layers, self.layers)):
+            return self
+        return SampledBatch(layers=layers, fanouts=list(self.fanouts))
 
     def derived(self, key: tuple, compute: Callable[[], Any], *, slot: str | None = None) -> Any:
         """``compute()``, computed once per ``key`` for this batch and kept while the

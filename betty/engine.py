@@ -298,6 +298,10 @@ class Trainer:
             time; ``n >= 1``: a preparation thread prepares and carves up to ``n`` batches
             ahead of the step (:meth:`epochs`), at the cost of holding their host
             tensors (``EpochRecord.prefetch_bytes``).
+        sample_device: where the sampler runs (:meth:`sample`): ``None`` (default) the
+            host's NumPy sampler; a torch device (``"cuda"``) its torch-op path there,
+            the CSR copied to that device once. The sampled batch comes back to the
+            host for the rest of the preparation.
     """
 
     def __init__(self, model, optimizer, dataset, fanouts, plan: PartitionPlan, *,
@@ -305,7 +309,8 @@ class Trainer:
                  dtype: torch.dtype = torch.float32, precision: Precision | str | None = None,
                  meter=None, k_chooser: KChooser | None = None, estimator: Estimator | None = None,
                  estimate_memory: bool = True, on_search=None,
-                 dropout_seed: int | None = None, parallel=None, prefetch: int = 0) -> None:
+                 dropout_seed: int | None = None, parallel=None, prefetch: int = 0,
+                 sample_device: torch.device | str | None = None) -> None:
         if len(fanouts) != model.num_layers:
             raise ValueError(f"{len(fanouts)} fanouts for a {model.num_layers}-layer model")
         if plan.balance not in ("nodes", "memory"):
@@ -343,12 +348,19 @@ class Trainer:
         self.batches = fixed_batches(dataset.train_idx, batch_size, seed)
         self._partitions: dict[int, tuple[PartitionResult, int]] = {}  # batch -> (result, epoch made)
         self.prefetch = check_prefetch(prefetch)
+        self.sample_device = None if sample_device is None else torch.device(sample_device)
 
     # -- pieces ---------------------------------------------------------------------
     def sample(self, epoch: int, batch_index: int = 0) -> SampledBatch:
-        """The sampled neighbourhood of batch ``batch_index`` at ``epoch``."""
+        """The sampled neighbourhood of batch ``batch_index`` at ``epoch``, on the host.
+        With ``sample_device`` the sampler runs as torch ops on that device
+        (:func:`betty.sampling.sample_full_batch`'s device path: on the CPU the same
+        batch as the host path, bit for bit) and the batch is then copied to the host,
+        where the cut, the estimate and carving read it."""
         seed = dropout_key(self.seed, epoch, batch_index) & 0x7FFFFFFF
-        return sample_full_batch(self.dataset.graph, self.batches[batch_index], self.fanouts, seed=seed)
+        batch = sample_full_batch(self.dataset.graph, self.batches[batch_index], self.fanouts,
+                                  seed=seed, device=self.sample_device)
+        return batch.to("cpu")
 
     def _fresh_partition(self, batch: SampledBatch, epoch: int, batch_index: int):
         seed = self.seed + 1000 * epoch + batch_index

@@ -214,6 +214,30 @@ def test_pipelined_training_equals_serial_bit_for_bit(backend, batch_size, arch,
         assert a.prefetch_bytes == 0 and b.prefetch_bytes > 0
 
 
+def test_sampling_on_the_cpu_device_path_trains_as_the_host_sampler_bit_for_bit(monkeypatch):
+    """``sample_device="cpu"``: the torch-op sampler, whose CPU batch is the host
+    sampler's, gives the same updates and records."""
+    import betty.engine
+
+    host, host_records = _run(0, epochs=2)
+    devices = []
+    sampler = betty.engine.sample_full_batch
+
+    def recording(*args, device=None, **kwargs):
+        devices.append(device)
+        return sampler(*args, device=device, **kwargs)
+
+    monkeypatch.setattr(betty.engine, "sample_full_batch", recording)
+    trainer, model = _trainer(0)
+    trainer.sample_device = torch.device("cpu")
+    records = list(trainer.epochs(range(2)))
+    assert devices and set(devices) == {torch.device("cpu")}
+    for name, value in model.named_parameters():
+        assert torch.equal(value.detach(), host[name]), name
+    for a, b in zip(host_records, records):
+        assert a.loss == b.loss and a.train_acc == b.train_acc
+
+
 def test_pipelined_k_search_and_measured_peaks_equal_serial():
     """K from the memory model (a budget), the estimate logged beside the measurement:
     the preparation thread's allocations are not the step's, so every measured and

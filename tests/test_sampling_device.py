@@ -189,3 +189,15 @@ def test_a_cuda_batch_carves_on_the_device(graph):
     for layer in piece.layers:
         assert layer.src_nid.is_cuda and layer.edge_src.is_cuda
     assert piece.layers[-1].num_dst == index.numel()
+
+
+def test_a_batch_moves_between_devices_whole(graph):
+    batch = sample_full_batch(graph, _outputs(graph), [3, 4], seed=1)
+    assert batch.to("cpu") is batch
+    moved = batch.to("meta")
+    assert moved is not batch and moved.fanouts == batch.fanouts
+    for a, b in zip(moved.layers, batch.layers):
+        assert a.num_dst == b.num_dst
+        for name in LAYER_TENSORS:
+            assert getattr(a, name).device.type == "meta"
+            assert getattr(a, name).shape == getattr(b, name).shape

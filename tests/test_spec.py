@@ -268,6 +268,17 @@ def test_train_threads_is_validated_and_applied():
         torch.set_num_threads(before)
 
 
+def test_sampling_device_is_validated_and_reaches_the_trainer():
+    from workflow.components import sample_device
+
+    assert sample_device(load_spec("tiny", [])) is None
+    assert sample_device(load_spec("tiny", ["sampling.device=cpu"])) == "cpu"
+    assert sample_device(load_spec("tiny", ["sampling.device=cuda:1"])) == "cuda:1"
+    for bad in ("auto", "gpu", "7"):
+        with pytest.raises(SpecError, match="sampling.device"):
+            load_spec("tiny", [f"sampling.device={bad}"])
+
+
 def test_train_prep_workers_is_validated_and_applied(monkeypatch):
     import torch
 

@@ -222,8 +222,15 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
                       batch_size=batch_size(rspec), device=device,
                       seed=rspec.spec.sampling.seed + repeat, dtype=torch_dtype(rspec),
                       precision=spec_precision(rspec), meter=meter, dropout_seed=t.seed + repeat,
-                      prefetch=t.prefetch if t.pipeline else 0, on_search=on_search)
+                      prefetch=t.prefetch if t.pipeline else 0, on_search=on_search,
+                      sample_device=sample_device(rspec))
     return trainer, model, optimizer
+
+
+def sample_device(rspec: ResolvedSpec) -> str | None:
+    """``sampling.device`` as the Trainer's ``sample_device`` (``host``: None)."""
+    device = rspec.spec.sampling.device
+    return None if device == "host" else device
 
 
 def first_batch(rspec: ResolvedSpec, dataset, *, repeat: int = 0, device=None):

@@ -228,7 +228,17 @@ def _check_device(value: Any) -> str:
     return value
 
 
+def _check_sample_device(value: Any) -> str:
+    if value == "host":
+        return value
+    if value == "auto" or not isinstance(value, str):
+        raise ValueError("allowed: 'host' (the NumPy sampler), 'cpu', 'cuda', 'cuda:<index>' "
+                         "or another torch device name")
+    return _check_device(value)
+
+
 Fanout = Annotated[int, PlainValidator(_check_fanout)]
+SampleDevice = Annotated[str, PlainValidator(_check_sample_device)]
 KValue = Annotated[int | str, PlainValidator(_check_k)]
 BatchSize = Annotated[int | str, PlainValidator(_check_batch_size)]
 ByteBudget = Annotated[int | None, PlainValidator(_check_budget)]
@@ -289,11 +299,17 @@ class SamplingSection(_Section):
     anyway are ignored with a note (:func:`spec_notes`). ``batch_size``: output nodes per
     batch, ``'full'`` = the whole training set (Betty's setting). ``seed``: seeds
     batches, sampling and partitioning (epoch ``e`` re-samples, and ``revgnn``
-    re-draws random clusters, with a seed derived from ``(seed, e)``)."""
+    re-draws random clusters, with a seed derived from ``(seed, e)``). ``device``:
+    where the sampler runs: ``host`` (default, NumPy) or a torch device (``cuda``,
+    ``cuda:<index>``; ``cpu`` runs the torch-op sampler on the CPU, the host's batch bit
+    for bit): torch ops there, the graph's CSR copied to it once, the batch then copied
+    to the host for partitioning, the estimate and carving (``betty.engine.Trainer``'s
+    ``sample_device``). On CUDA the same seed draws other numbers than on the CPU."""
 
     fanouts: list[Fanout] | None = Field(None, min_length=1)
     batch_size: BatchSize = "full"
     seed: Seed = 0
+    device: SampleDevice = "host"
 
 
 class ModelSection(_Section):
