@@ -28,7 +28,9 @@ Sections, in order:
 5. **Pipeline.** :class:`betty.engine.Trainer` on the same graph at that K (partition
    reused), ``PIPELINE_EPOCHS`` epochs serially (``prefetch=0``) and again pipelined
    (``prefetch=1``: the next batch sampled, partitioned and carved on a thread while the
-   current one trains), each from the same initial weights. Per epoch: wall, compute,
+   current one trains), and pipelined with the sampler on the device
+   (``sample_device``: torch ops on the GPU, the batch copied back for the cut and
+   carving), each from the same initial weights. Per epoch: wall, compute, sampling,
    the wait for preparation and the device's idle fraction ``1 - compute / wall``; and
    the largest relative parameter difference between the two runs (0 with deterministic
    kernels; multi-threaded CPU scatter and GPU atomics differ in the last bits from run
@@ -526,16 +528,19 @@ def pipeline_section(be, sizes: Sizes, device, method: str, k: int) -> dict:
                            layers=len(sizes.products_fanouts), aggregator="mean", dropout=0.5).to(device)
     initial = {n: v.detach().clone() for n, v in model.state_dict().items()}
     modes, finals = {}, {}
-    for name, prefetch in (("serial", 0), ("pipelined", 1)):
+    for name, prefetch, sample_device in (("serial", 0, None), ("pipelined", 1, None),
+                                          ("device_sampling", 1, device)):
         model.load_state_dict(initial)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         trainer = Trainer(model, opt, ds, list(sizes.products_fanouts), PartitionPlan(method, int(k)),
-                          device=device, seed=0, estimate_memory=False, prefetch=prefetch)
+                          device=device, seed=0, estimate_memory=False, prefetch=prefetch,
+                          sample_device=sample_device)
         epochs = []
         for record in trainer.epochs(range(PIPELINE_EPOCHS)):
             sync(device)
             epochs.append({"epoch": record.epoch, "epoch_s": record.epoch_time_s,
                            "compute_s": record.time_compute_s, "wait_s": record.time_wait_s,
+                           "sample_s": record.time_sample_s,
                            "idle_fraction": record.time_idle_s / record.epoch_time_s,
                            "prefetch_bytes": int(record.prefetch_bytes)})
         modes[name] = epochs
@@ -544,6 +549,7 @@ def pipeline_section(be, sizes: Sizes, device, method: str, k: int) -> dict:
         free(device)
     return {"k": int(k), "partition": method, "epochs_per_mode": PIPELINE_EPOCHS, **modes,
             "max_relative_difference": max_relative_difference(finals["pipelined"], finals["serial"])}
+
 
 
 def environment(device, be) -> dict:
@@ -583,11 +589,12 @@ def _table(report: dict) -> str:
         lines.append(f"{e['k']:4d} " + " ".join(f"{v:13.3f}s" for v in e["seconds"].values())
                      + f" {e['epoch_s']:7.3f}s")
     pl = report["pipeline"]
-    lines.append(f"epochs at K={pl['k']} (wall / compute / wait / device idle), serial then pipelined; "
+    lines.append(f"epochs at K={pl['k']} (wall / compute / wait / sampling / device idle), serial, "
+                 f"pipelined, pipelined with the sampler on the device; "
                  f"max relative parameter difference {pl['max_relative_difference']:.1e}:")
-    for mode in ("serial", "pipelined"):
-        lines.append(f"{mode:>10s} " + "  ".join(
-            f"{e['epoch_s']:.2f}/{e['compute_s']:.2f}/{e['wait_s']:.2f}/{e['idle_fraction']:.0%}"
+    for mode in ("serial", "pipelined", "device_sampling"):
+        lines.append(f"{mode:>15s} " + "  ".join(
+            f"{e['epoch_s']:.2f}/{e['compute_s']:.2f}/{e['wait_s']:.2f}/{e['sample_s']:.2f}/{e['idle_fraction']:.0%}"
             for e in pl[mode]))
     return "\n".join(lines)
 
