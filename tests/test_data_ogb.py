@@ -344,3 +344,24 @@ def test_split_dict_pt_of_floats_is_refused(tmp_path):
     _papers_folder_with_split(tmp_path, {k: np.asarray(v, dtype=np.float64) for k, v in SPLIT.items()})
     with pytest.raises(ValueError, match="split 'train' is not a 1-D array of integer node IDs"):
         load_dataset("ogbn-papers100M", root=tmp_path, cache=False)
+
+
+def test_check_available_is_the_loaders_check_without_loading(tmp_path):
+    """``betty.data.check_available``: the same error as the loader for missing files,
+    quiet for files in place and for generated datasets."""
+    from betty.data import check_available
+
+    with pytest.raises(DatasetNotFoundError) as from_check:
+        check_available("ogbn-arxiv", tmp_path)
+    with pytest.raises(DatasetNotFoundError) as from_load:
+        load_dataset("ogbn-arxiv", root=tmp_path)
+    assert str(from_check.value) == str(from_load.value)
+    _write(tmp_path, "ogbn-products")
+    check_available("ogbn-products", tmp_path)
+    check_available("synthetic", tmp_path, scale=0.5)
+    with pytest.raises(DatasetNotFoundError, match="does not exist"):
+        check_available("dgl-file", tmp_path, path=str(tmp_path / "none.bin"))
+    with pytest.raises(DatasetNotFoundError, match="cora"):
+        check_available("cora", tmp_path)
+    with pytest.raises(ValueError, match="unknown option"):
+        check_available("synthetic", tmp_path, colour="red")

@@ -12,33 +12,19 @@ warnings (exit 0) or, with ``--strict``, as errors (exit 2).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from workflow.specfile import ResolvedSpec
 
 __all__ = ["missing_data", "unavailable_device", "environment_problems"]
 
 
 def missing_data(rspec: ResolvedSpec) -> str | None:
-    """Why the spec's dataset cannot be read from disk, or ``None`` (the loaders'
-    checks, imported only for the datasets read from files)."""
-    from betty.data.names import DGL_BUILTIN_NAMES, OGB_NAMES, DatasetNotFoundError
+    """Why the spec's dataset cannot be read from disk, or ``None``
+    (:func:`betty.data.check_available`: the loader's own check, nothing loaded)."""
+    from betty.data import DatasetNotFoundError, check_available
 
-    name = rspec.spec.dataset.name
-    root = Path(rspec.spec.dataset.root)
+    ds = rspec.spec.dataset
     try:
-        if name in OGB_NAMES:
-            from betty.data.ogb_loader import check_ogb_files
-
-            check_ogb_files(name, root)
-        elif name in DGL_BUILTIN_NAMES:
-            from betty.data.dgl_builtin import check_files
-
-            check_files(name, root)
-        elif name == "dgl-file":
-            path = Path(rspec.dataset_options["path"])
-            if not path.is_file():
-                raise DatasetNotFoundError(f"dgl-file: path={str(path)!r} does not exist")
+        check_available(ds.name, ds.root, **rspec.dataset_options)
     except DatasetNotFoundError as err:
         return f"data files missing: {err}"
     return None

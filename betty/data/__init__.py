@@ -13,7 +13,14 @@ datasets are read offline from ``root``; a missing one raises
 """
 
 from betty.data.names import DatasetNotFoundError
-from betty.data.registry import cache_path, dataset_digest, dataset_names, load_dataset, resolve_options
+from betty.data.registry import (
+    cache_path,
+    check_available,
+    dataset_digest,
+    dataset_names,
+    load_dataset,
+    resolve_options,
+)
 from betty.data.synthetic_config import SYNTHETIC_PRESETS, SyntheticConfig
 
 # Imported on first use: these need numpy and torch, the names above do not (so that a
@@ -35,6 +42,7 @@ __all__ = [
     "load_dataset",
     "dataset_names",
     "resolve_options",
+    "check_available",
     "cache_path",
     "dataset_digest",
     "DatasetNotFoundError",

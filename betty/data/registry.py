@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from betty.data.names import DGL_BUILTIN_NAMES, FEATURE_DTYPES, OGB_NAMES, PLANETOID_NAMES
+from betty.data.names import DGL_BUILTIN_NAMES, FEATURE_DTYPES, OGB_NAMES, PLANETOID_NAMES, DatasetNotFoundError
 from betty.data.synthetic_config import SYNTHETIC_PRESETS, SyntheticConfig
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ def _module(name: str):
     numpy and torch, the names, options and their checks here do not."""
     return importlib.import_module(f"betty.data.{name}")
 
-__all__ = ["DatasetSpec", "DATASETS", "COMMON_OPTIONS", "FEATURE_DTYPES", "allowed_options", "keyed_options", "dataset_names", "resolve_options", "cache_path", "dataset_digest", "load_dataset"]
+__all__ = ["DatasetSpec", "DATASETS", "COMMON_OPTIONS", "FEATURE_DTYPES", "allowed_options", "keyed_options", "dataset_names", "resolve_options", "check_available", "cache_path", "dataset_digest", "load_dataset"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class DatasetSpec:
             dataset generated straight into its cache folder (never held in memory),
             its features written in ``feature_dtype`` (a torch dtype) chunk by chunk;
             ``build`` is then unused.
+        check_files: ``(name, root, options) -> None`` raising
+            :class:`DatasetNotFoundError` when the files ``build`` reads are not on
+            disk, without reading them; ``None``: nothing to read (generated).
     """
 
     name: str
@@ -51,6 +54,7 @@ class DatasetSpec:
     fingerprint: Callable[[str, Path, dict], Any] | None = None
     description: str = ""
     writes_store: Callable[[str, Path, dict, Path, Any], None] | None = None
+    check_files: Callable[[str, Path, dict], None] | None = None
 
 
 def _synthetic_normalize(preset: str) -> Callable[[dict], dict]:
@@ -85,6 +89,19 @@ def _ogb_build(name: str, root: Path, opts: dict) -> GraphDataset:
 
 def _ogb_fingerprint(name: str, root: Path, opts: dict) -> list:
     return _module("ogb_loader").ogb_source_fingerprint(name, root)
+
+
+def _ogb_check(name: str, root: Path, opts: dict) -> None:
+    _module("ogb_loader").check_ogb_files(name, root)
+
+
+def _dgl_builtin_check(name: str, root: Path, opts: dict) -> None:
+    _module("dgl_builtin").check_files(name, root)
+
+
+def _dgl_file_check(name: str, root: Path, opts: dict) -> None:
+    if not Path(opts["path"]).is_file():
+        raise DatasetNotFoundError(f"dgl-file: path={str(opts['path'])!r} does not exist")
 
 
 def _dgl_builtin_build(name: str, root: Path, opts: dict) -> GraphDataset:
@@ -148,6 +165,7 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 defaults={},
                 build=_ogb_build,
                 fingerprint=_ogb_fingerprint,
+                check_files=_ogb_check,
                 description="OGB, raw files read offline with ogb's raw readers",
             )
         )
@@ -157,6 +175,7 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 name=dgl_name,
                 defaults={},
                 build=_dgl_builtin_build,
+                check_files=_dgl_builtin_check,
                 description=("Planetoid raw files in DGL's folder layout, read by betty"
                              if dgl_name in PLANETOID_NAMES
                              else "DGL built-in dataset class, offline"),
@@ -168,6 +187,7 @@ def _build_registry() -> dict[str, DatasetSpec]:
             defaults={"path": None, "num_classes": None},
             build=_dgl_file_build,
             normalize=_dgl_file_normalize,
+            check_files=_dgl_file_check,
             description="a dgl.save_graphs file with feat/label/train_mask/val_mask/test_mask",
         )
     )
@@ -291,6 +311,22 @@ def _with_feature_dtype(ds: GraphDataset, dtype) -> GraphDataset:
     if dtype is None or ds.feat.dtype == dtype:
         return ds
     return dataclasses.replace(ds, feat=ds.feat.to(dtype))
+
+
+def check_available(name: str, root: str | Path = "data", **options) -> None:
+    """Raise :class:`DatasetNotFoundError` (naming each missing file and where it goes)
+    when the files dataset ``name`` reads are not under ``root``, without loading
+    anything; return quietly when they are there or the dataset is generated.
+
+    Raises:
+        DatasetNotFoundError: a real dataset's files are missing.
+        ValueError: unknown dataset or option, or a bad option value
+            (:func:`resolve_options`).
+    """
+    spec = _spec(name)
+    opts = resolve_options(name, options)
+    if spec.check_files is not None:
+        spec.check_files(name, Path(root), opts)
 
 
 def cache_path(name: str, root: str | Path = "data", **options) -> Path | None:
