@@ -26,7 +26,7 @@ def partition(spec: SpecArg,
     subgraphs as the first epoch would and report part sizes, the share of edges kept
     and the estimated peak memory of the largest part (--save writes DIR/parts.npz)."""
     from workflow.artifacts import save_batch
-    from workflow.components import load_data, make_trainer, resolve_device
+    from workflow.components import load_data, make_trainer, resolve_device, uses_revgnn
     from workflow.stages.partition import measure_split
 
     overrides = list(set_ or [])
@@ -37,7 +37,7 @@ def partition(spec: SpecArg,
     rspec = load(spec, overrides)
     ds = load_data(rspec)
     trainer, _, _ = make_trainer(rspec, ds, resolve_device(rspec.spec.train.device))
-    if rspec.spec.model.arch == "revgnn":
+    if uses_revgnn(rspec):
         out = _cluster_report(trainer, save)
         if json_:
             emit_json(out)

@@ -44,7 +44,8 @@ def verify(spec: SpecArg,
     update of the first epoch against the single-process full-batch one."""
     from betty.verify import verify_exactness
 
-    from workflow.components import load_data, make_trainer, resolve_device, spec_precision, torch_dtype
+    from workflow.components import (load_data, make_trainer, resolve_device, spec_precision, torch_dtype,
+                                     uses_revgnn)
 
     ks = parse_ks(k)
     if tol is not None and not tol > 0:
@@ -55,7 +56,7 @@ def verify(spec: SpecArg,
     if dtype:
         overrides.append(f"train.dtype={dtype}")
     rspec = load(spec, overrides)
-    if rspec.spec.model.arch == "revgnn":
+    if uses_revgnn(rspec):
         raise fail("betty verify checks K-way micro-batch training on a sampled batch (sage, gat); "
                    "model.arch revgnn trains on cluster parts whose dropped edges change the "
                    "model, so K parts equal the full graph only when no edge crosses parts "
