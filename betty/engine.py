@@ -430,14 +430,16 @@ class Trainer:
     def _memory_kwargs(self, model, dataset, device, dtype: torch.dtype) -> dict:
         """The memory model's keywords for this run's step. Under a mixed precision the
         replay follows autocast where it covers the model
-        (:func:`betty.memory.replay.replays_mixed_precision`); elsewhere K is chosen from
-        the estimate of the float32 step, with a warning (the measured mixed-precision
-        peaks in docs/precision.md are below float32's)."""
-        kwargs = dict(backend=default_backend(device), feat_dtype=dataset.feat.dtype,
+        (:func:`betty.memory.replay.replays_mixed_precision`, on this device); elsewhere
+        K is chosen from the estimate of the float32 step, with a warning (the measured
+        mixed-precision peaks in docs/precision.md are below float32's)."""
+        backend = default_backend(device)
+        kwargs = dict(backend=backend, feat_dtype=dataset.feat.dtype,
                       label_columns=dataset.num_classes if dataset.multilabel else 0)
         if not self.precision.mixed:
             return dict(kwargs, dtype=dtype)
-        if replays_mixed_precision(ModelSpec.from_model(model)) and not dataset.multilabel:
+        host = not backend.startswith("cuda")
+        if replays_mixed_precision(ModelSpec.from_model(model), host) and not dataset.multilabel:
             return dict(kwargs, dtype=None, precision=self.precision)
         warnings.warn(f"the memory model replays this model's float32 step, not its "
                       f"{self.precision} step: K is chosen from float32 estimates",

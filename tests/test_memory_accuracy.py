@@ -17,7 +17,7 @@ they differ: gathered messages and scatters, the PyG LSTM's buckets, PyG's softm
     dgl     sage-mean  0.058%           L=1 n=300  h=16  K=4      0.15%
     dgl     sage-gcn   0.091%           L=1 n=300  h=16  K=4      0.20%
     dgl     sage-pool  0.025%           L=1 n=300  h=16  K=4      0.05%
-    dgl     sage-lstm  1.883%           L=1 n=1500 h=256 K=1      2.50%
+    dgl     sage-lstm  0.001%           L=1 n=300  h=16  K=4      0.01%
     dgl     gat        0.160%           L=1 n=300  h=16  K=4      0.25%
     dgl     gat-1head  0.160%           L=1 n=300  h=16  K=4      0.17%
     dgl     gcn        0.060%           L=1 n=300  h=16  K=4      0.07%
@@ -30,9 +30,8 @@ they differ: gathered messages and scatters, the PyG LSTM's buckets, PyG's softm
     pyg     gcn        0.019%           L=1 n=300  h=16  K=4      0.025%
 
 (on torch 2.13, ``.venv-pyg``, the PyG worst errors are 0.028%, 0.030%, 0.004%, 0.001%
-and 0.018%, within the same tolerances; the PyG rows' residual is the loss's 0-d
-tensors, 8 bytes; the DGL LSTM is the loosest:
-oneDNN's LSTM workspace is modelled per degree bucket from calibrated constants.)
+and 0.018%, within the same tolerances; the residual of the PyG rows and of DGL's
+SAGE-LSTM is the loss's 0-d tensors, 8 bytes.)
 Leaving one buffer kind out of the replay must break the check: on DGL without the
 ``fc_self`` activations the worst sage-mean error becomes 4.2% (L=2 n=300 h=16 K=4),
 without the labels 2.1% (L=1 n=1500 h=256 K=1), both far over 0.15%; on PyG without the
@@ -62,7 +61,7 @@ from betty.train import accumulate_gradients, build_optimizer, train_step
 from graphs import power_law_graph
 
 TOLERANCE = {
-    "dgl": {"sage-mean": 0.0015, "sage-gcn": 0.002, "sage-pool": 0.0005, "sage-lstm": 0.025,
+    "dgl": {"sage-mean": 0.0015, "sage-gcn": 0.002, "sage-pool": 0.0005, "sage-lstm": 0.0001,
             "gat": 0.0025, "gat-1head": 0.0017, "gcn": 0.0007},
     "pyg": {"sage-mean": 0.0004, "sage-gcn": 0.0004, "sage-pool": 0.0001, "sage-lstm": 0.0001,
             "gat": 0.00025, "gat-1head": 0.0003, "gcn": 0.00025},

@@ -18,7 +18,9 @@ The same two checks hold under bf16-mixed (the forward pass and the loss under
 ``torch.autocast(cpu, bfloat16)``, :func:`autocast_step.autocast_step`; the replay with
 ``autocast_elt=2``) for every model the replay covers under autocast
 (:data:`test_memory_precision.MODELS`), at depth 2 and 3: autocast's weight and input
-copies, the ops that promote back to float32 and the casts' backward are each an event.
+copies, the ops that promote back to float32 and the casts' backward are each an event;
+for SAGE-LSTM also ``AutocastLSTM``'s float32 copies of a bfloat16 mailbox and of the
+initial states, and the cast of the input's gradient back to bfloat16.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from test_memory_precision import MODELS as MIXED_MODELS
 
 MIN_BYTES = 1024
 BACKENDS = [pytest.param("dgl", marks=pytest.mark.dgl), pytest.param("pyg", marks=pytest.mark.pyg)]
-MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("gat", "mean"), ("gcn", "mean")]
+MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("sage", "lstm"), ("gat", "mean"),
+          ("gcn", "mean")]
 BEFORE_MODEL = ("blocks", "global_ids")
 
 

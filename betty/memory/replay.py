@@ -50,6 +50,17 @@ gives its gradients in the compute dtype, then the casts' backward nodes turn th
 float32 copies (the input's, where it was cast, then each parameter's, into
 ``AccumulateGrad``): :meth:`_Replayer.autocast_mm_bwd`.
 
+**SAGE-LSTM under autocast** follows the host's step (``StepConfig.host``), where
+:class:`~betty.backends.lstm.AutocastLSTM` runs the recurrence in float32 with autocast
+off: a bfloat16 mailbox (every layer after the first) and its zero ``h0``/``c0`` are
+copied to float32 first (the copies saved instead of them), so the LSTM's output, state
+and kernel workspace, the concatenated results and ``neigh`` are float32, and
+``fc_neigh`` casts ``neigh`` like any float32 product input (the bfloat16 copy saved;
+``fc_self`` and the layer's output are in the compute dtype). In backward each bucket's
+float32 input gradient is cast back to the mailbox's dtype before the gather's backward.
+On CUDA autocast runs the LSTM in its own dtype (cuDNN), a step not traced here:
+:func:`replays_mixed_precision` says no for it and the replay refuses it.
+
 **Backends.** ``ModelSpec.backend`` (read off the model) picks the op sequences where the
 GNN backend's ops differ; everything else (parameters, dropout, features, labels,
 linear layers, activations, loss, gradient accumulation) is one code path. The PyG
@@ -120,12 +131,17 @@ class ReplayConfig(StepConfig):
     training: bool = True
 
 
-def replays_mixed_precision(model: ModelSpec) -> bool:
+def replays_mixed_precision(model: ModelSpec, host: bool = True) -> bool:
     """Whether the replay follows a mixed-precision (autocast) step of ``model``'s
-    architecture: SAGE with the mean, gcn or pool aggregator, GAT and GCN (and,
-    checked apart, only with single-label targets); ``32`` and ``64`` cover every model."""
-    return model.arch in ("gcn", "gat") or (model.arch == "sage"
-                                            and model.aggregator in ("mean", "gcn", "pool"))
+    architecture on the host (``host``) or on CUDA: SAGE with the mean, gcn or pool
+    aggregator, GAT and GCN; SAGE with the LSTM aggregator on the host only, where
+    :class:`~betty.backends.lstm.AutocastLSTM` runs the LSTM in float32 (CUDA autocast
+    runs it in its own dtype through cuDNN, a step not checked against a trace). Targets
+    are checked apart (single-label only); ``32`` and ``64`` cover every model."""
+    if model.arch in ("gcn", "gat"):
+        return True
+    return model.arch == "sage" and (model.aggregator in ("mean", "gcn", "pool")
+                                     or (model.aggregator == "lstm" and host))
 
 
 class _Replayer:
@@ -140,12 +156,13 @@ class _Replayer:
         self.pyg = cfg.model.backend == "pyg"
         self.ce = int(cfg.autocast_elt)  # autocast's compute bytes (0: no autocast)
         self._region_casts: list[Buffer] = []  # autocast's cached copies, freed at its exit
-        if self.ce and not replays_mixed_precision(cfg.model):
+        if self.ce and not replays_mixed_precision(cfg.model, cfg.host):
             raise NotImplementedError(
                 "the memory replay under a mixed precision covers SAGE with the mean, "
-                f"gcn or pool aggregator, GAT and GCN; got arch {cfg.model.arch!r}, "
-                f"aggregator {cfg.model.aggregator!r} (precision '32' and '64' cover every "
-                "model)")
+                "gcn or pool aggregator, GAT and GCN, and SAGE with the lstm aggregator on "
+                f"the host; got arch {cfg.model.arch!r}, aggregator "
+                f"{cfg.model.aggregator!r} on {'the host' if cfg.host else 'CUDA'} "
+                "(precision '32' and '64' cover every model)")
         if self.ce and cfg.label_columns:
             raise NotImplementedError("the memory replay under a mixed precision covers "
                                       "single-label targets (label_columns=0)")
@@ -807,6 +824,14 @@ class _Replayer:
     # ------------------------------------------------------------------ LSTM, shared
     # Both backends run one nn.LSTM call per distinct in-degree t on a (B, t, W) mailbox
     # of the B destinations with that degree; they differ in how the mailboxes are built.
+    # Under autocast (on the host) betty's AutocastLSTM runs the recurrence in float32
+    # with autocast off: float32 copies of a low-precision mailbox and initial states go
+    # in, float32 hidden states come out, and fc_neigh casts them like any product input.
+    def _lstm_elt(self) -> int:
+        """Bytes per element the LSTM computes in: float32 under autocast
+        (:class:`betty.backends.lstm.AutocastLSTM` on the host), else the layer's."""
+        return FLOAT32_BYTES if self.ce else self.e
+
     def _buckets(self, l: int):
         """``(t, b)`` per nonzero in-degree ``t`` of layer ``l``: ``b`` ``(P,)`` the number
         of destinations of each piece with that in-degree (0: no such bucket there)."""
@@ -823,137 +848,304 @@ class _Replayer:
             n = n + b
         return n
 
+    def _smallest_buckets(self, l: int) -> list[np.ndarray]:
+        """Per bucket of :meth:`_buckets` (ascending degree), the ``(P,)`` pieces where it
+        is the bucket of smallest degree: the last one the backward pass reaches there."""
+        seen = np.zeros(self.s.num_pieces, dtype=bool)
+        out = []
+        for _, b in self._buckets(l):
+            out.append((b > 0) & ~seen)
+            seen = seen | (b > 0)
+        return out
+
     def _lstm_call(self, tag, t: int, b, w: int, mb: Buffer):
-        """``nn.LSTM`` over the ``(B, t, w)`` mailbox ``mb`` (``B = b``), after its
-        ``h0``/``c0``: the time-major ``transpose().contiguous()`` copy (``t > 1``; for
-        ``t = 1`` the mailbox is already time-major and saved as is), the ``(t, B, w)``
-        output, ``h_T``, ``c_T`` and the kernel's saved state
-        (:meth:`~betty.memory.constants.BackendConstants.lstm_saved_bytes`).
+        """``nn.LSTM`` over the ``(B, t, w)`` mailbox ``mb`` (``B = b``, ``self.e`` bytes
+        per element), after the caller's ``h0``/``c0``. Where the LSTM computes in another
+        dtype (:meth:`_lstm_elt`) ``AutocastLSTM`` first copies ``h0``, ``c0`` and then
+        the mailbox to float32 (the copies are saved instead of them). Then the
+        time-major ``transpose().contiguous()`` copy (``t > 1``; for ``t = 1`` the input
+        is already time-major and saved as is), the ``(t, B, w)`` output, ``h_T``,
+        ``c_T`` and the kernel's saved state
+        (:meth:`~betty.memory.constants.BackendConstants.lstm_saved_bytes`), all in the
+        LSTM's dtype.
 
-        Returns ``(saved, mailbox)``: the buffers the call keeps for backward, and ``mb``
-        where the caller still has to drop it (``t > 1``) else None.
+        Returns ``(saved, dropped, inputs_saved)``: the buffers the call keeps for
+        backward, those the caller drops once the call has returned (the float32 copy of
+        the mailbox for ``t > 1``), and whether the call saved the caller's ``h0``/``c0``
+        (no copies) and, for ``t = 1``, ``mb``; the caller drops what it did not save.
         """
-        tl, e, c = self.tl, self.e, self.cfg.constants
+        tl, c = self.tl, self.cfg.constants
+        le = self._lstm_elt()
+        cast = le != self.e
+        copies = [tl.alloc(b * w * le, LSTM, f"{tag} {name} (float32 copy) deg {t}")
+                  for name in ("h0", "c0")] if cast else []
+        x = tl.alloc(t * b * w * le, LSTM, f"{tag} mailbox (float32 copy) deg {t}") if cast else mb
+        dropped = []
         if t > 1:
-            x_in = tl.alloc(t * b * w * e, LSTM, f"{tag} time-major input deg {t}")
-            mailbox = mb
+            x_in = tl.alloc(t * b * w * le, LSTM, f"{tag} time-major input deg {t}")
+            if cast:
+                dropped.append(x)
         else:
-            x_in = mb  # (B, 1, W) is already time-major: saved as is
-            mailbox = None
-        o = tl.alloc(t * b * w * e, LSTM, f"{tag} lstm output deg {t}")
-        hy = tl.alloc(b * w * e, LSTM, f"{tag} h_T deg {t}")
-        cy = tl.alloc(b * w * e, LSTM, f"{tag} c_T deg {t}")
-        ws = tl.alloc(c.lstm_saved_bytes(t, b, w, e), LSTM, f"{tag} lstm state deg {t}")
-        return [x_in, o, hy, cy, ws], mailbox
+            x_in = x  # (B, 1, W) is already time-major: saved as is
+        o = tl.alloc(t * b * w * le, LSTM, f"{tag} lstm output deg {t}")
+        hy = tl.alloc(b * w * le, LSTM, f"{tag} h_T deg {t}")
+        cy = tl.alloc(b * w * le, LSTM, f"{tag} c_T deg {t}")
+        ws = tl.alloc(c.lstm_saved_bytes(t, b, w, le), LSTM, f"{tag} lstm state deg {t}")
+        return [*copies, x_in, o, hy, cy, ws], dropped, not cast
 
-    def _lstm_call_bwd(self, tag, t: int, b, w: int, m, lstm_params):
-        """The LSTM call's backward node up to its ``h0``/``c0`` gradients: the
-        ``(t, B, w)`` input gradient, the kernel's transient scratch
-        (``lstm_backward_step_words``) and one gradient per LSTM parameter (in the
-        pieces ``m`` that have the bucket). Returns ``(grad input, parameter grads)``."""
-        tl, e, c = self.tl, self.e, self.cfg.constants
-        gx = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input deg {t}")
-        tl.temp(b * t * w * e * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
+    def _lstm_call_bwd(self, tag, t: int, b, w: int, m, lstm_params, input_grad: bool):
+        """The LSTM call's backward node: the ``(t, B, w)`` input gradient, the kernel's
+        transient scratch (``lstm_backward_step_words``), one gradient per LSTM
+        parameter (in the pieces ``m`` that have the bucket) and the ``(B, w)``
+        gradients of ``h0`` and ``c0`` (dropped: the zero states need none), all in the
+        LSTM's dtype but the parameters'. Returns ``(grad input, parameter grads)``; the
+        input's gradient is dropped too (None) where ``input_grad`` is False."""
+        tl, le, c = self.tl, self._lstm_elt(), self.cfg.constants
+        gx = tl.alloc(t * b * w * le, BWD, f"{tag} lstm grad input deg {t}")
+        tl.temp(b * t * w * le * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
         new = [tl.alloc(np.where(m, numel(s) * self.pelt, 0), GRADS, f"{tag} lstm weight grad")
                for s in lstm_params]
+        state_grads = [tl.alloc(b * w * le, BWD, f"{tag} lstm grad {name} deg {t}")
+                       for name in ("h0", "c0")]
+        if not input_grad:
+            tl.release(gx)
+            gx = None
+        tl.release(*state_grads)
         return gx, new
 
-    def _bucket_results_bwd(self, g: Buffer, neigh: Buffer, n_dst, n_rows, w, tag,
-                            *saved: Buffer) -> Buffer:
-        """Backward of putting the ``(n_rows, w)`` concatenated bucket results into the
-        ``(n_dst, w)`` zeros ``neigh``: the gradient of ``neigh`` (``g`` and ``neigh``
-        released), then the gathered ``(n_rows, w)`` gradient of the results (the
-        gradient of ``neigh`` and ``saved`` released). Returns the latter."""
-        tl, e = self.tl, self.e
-        gn = tl.alloc(n_dst * w * e, BWD, f"{tag} grad neigh")
-        tl.release(g, neigh)
-        gc = tl.alloc(n_rows * w * e, BWD, f"{tag} grad bucket results")
-        tl.release(gn, *saved)
-        return gc
-
-    def _settle_summed_grads(self, summed) -> None:
+    def _settle_summed_grads(self, summed, where) -> None:
         """AccumulateGrad on parameter gradients summed over buckets (``summed`` from
-        :meth:`bucket_sum`, None when no bucket ran): the sum becomes ``.grad`` on a
-        fresh piece (kept), else it is added in place into ``.grad`` and freed."""
-        if summed is None:
-            return
+        :meth:`bucket_sum`) in the pieces ``where`` whose last bucket has been summed:
+        the sum becomes ``.grad`` on a fresh piece (kept), else it is added in place
+        into ``.grad`` and freed."""
         for parts in summed:
             for buf in parts:
-                self.tl.release_where(buf, ~self.fresh)
+                self.tl.free_where(buf, np.asarray(where, dtype=bool) & ~self.fresh)
+
+    def _lstm_fc(self, tag, fc_neigh, fc_self, neigh: Buffer, h: Buffer, h_grad: bool, n_dst,
+                 wi: int, wo: int):
+        """``fc_neigh(neigh) + fc_self(h[:n_dst])`` on the LSTM's ``(n_dst, wi)`` result
+        ``neigh`` (in the LSTM's dtype; ``h`` in ``self.e``) (:meth:`_fc_out`).
+
+        Under autocast ``fc_neigh`` casts its weight (saved: ``neigh`` needs a gradient)
+        and ``neigh`` (the copy is saved instead; PyG drops ``neigh`` after
+        ``fc_neigh``, DGL when its local scope ends after the sum), ``fc_self`` its
+        parameters and, where ``h`` is not in the compute dtype, ``h[:n_dst]`` (the
+        copy saved instead of ``h``); the output is in the compute dtype.
+
+        Returns ``(out, neigh_kept, neigh_casts, self_casts, h_kept)``: what
+        ``fc_neigh`` saved of its input, the saved autocast copies of each product, and
+        ``h`` where ``fc_self`` holds it (else None)."""
+        tl, in_e = self.tl, self.e
+        if not self.ce:
+            out = self._fc_out(tag, n_dst, wo)
+            tl.hold(h)  # fc_self saves h[:n_dst]
+            return out, neigh, [], [], h
+        casts: dict[str, list[Buffer]] = {}
+        copies: dict[str, Buffer | None] = {}
+
+        def autocast(name: str) -> None:
+            if name == "fc_neigh":
+                casts[name] = self.cast_params(fc_neigh, True, f"{tag} fc_neigh")
+                copies[name] = self.cast_input(n_dst * wi, self._lstm_elt(), f"{tag} fc_neigh")
+            else:
+                if self.pyg and copies["fc_neigh"] is not None:
+                    tl.release(neigh)  # a temporary of PyG's forward
+                casts[name] = self.cast_params(fc_self, h_grad, f"{tag} fc_self")
+                copies[name] = self.cast_input(n_dst * wi, in_e, f"{tag} fc_self")
+            self.e = self.ce
+
+        out = self._fc_out(tag, n_dst, wo, autocast)
+        kept = neigh
+        if copies["fc_neigh"] is not None:
+            kept = copies["fc_neigh"]
+            if not self.pyg:
+                tl.release(neigh)  # DGL's local scope ends
+        h_kept = None
+        self_casts = casts["fc_self"]
+        if copies["fc_self"] is not None:
+            self_casts = self_casts + [copies["fc_self"]]
+        else:
+            h_kept = h
+            tl.hold(h)  # fc_self saves h[:n_dst]
+        return out, kept, casts["fc_neigh"], self_casts, h_kept
+
+    def _lstm_head_bwd(self, g: Buffer, tag, fc_neigh, fc_self, neigh_kept: Buffer, neigh_casts,
+                       self_casts, h_kept: Buffer | None, h_grad: bool, n_dst, n_rows, wi: int,
+                       *saved: Buffer):
+        """Backward of :meth:`_lstm_fc` and of putting the ``(n_rows, wi)`` concatenated
+        bucket results into zeros: ``fc_self``'s node (the ``(n_dst, wi)`` gradient of
+        ``h[:n_dst]`` where ``h`` needs one, returned; then ``fc_self`` lets go of
+        ``h_kept``: neither backend's mailbox keeps ``h``), ``fc_neigh``'s (the gradient of
+        ``neigh``, in the LSTM's dtype: :meth:`autocast_mm_bwd` under autocast; ``g``
+        and ``neigh_kept`` released), then the gathered ``(n_rows, wi)`` gradient of the
+        results (the gradient of ``neigh`` and ``saved`` released). Returns
+        ``(grad h_dst, grad results)``."""
+        tl, le = self.tl, self._lstm_elt()
+        gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad, self_casts)
+        tl.release(h_kept)
+        if self.ce:
+            gn = self.autocast_mm_bwd(fc_neigh, neigh_casts, [g, neigh_kept], n_dst * wi, le,
+                                      f"{tag} fc_neigh")
+        else:
+            self.param_grads(fc_neigh, f"{tag} fc_neigh")
+            gn = tl.alloc(n_dst * wi * le, BWD, f"{tag} grad neigh")
+            tl.release(g, neigh_kept)
+        gc = tl.alloc(n_rows * wi * le, BWD, f"{tag} grad bucket results")
+        tl.release(gn, *saved)
+        return gs, gc
+
+    def _lstm_buckets_bwd(self, tag, l: int, saved, gc: Buffer, h_grad: bool, lstm_params,
+                          w: int, scatter):
+        """Backward of the buckets' LSTM calls, largest degree first, from ``gc``, the
+        gradient of the concatenated results (released with the last bucket's node of
+        each piece). Per bucket: its node (:meth:`_lstm_call_bwd`), its saved tensors
+        released, the parameter gradients summed over the buckets (:meth:`bucket_sum`,
+        then AccumulateGrad after a piece's last bucket); where ``h`` needs a gradient,
+        the input's gradient cast back to the mailbox's dtype (``self.e``) where the
+        LSTM ran in float32, then ``scatter(t, b, m, g_input, index)`` (the backend's
+        backward of building the mailbox: releases ``g_input`` and ``index``, returns
+        the ``(P,)`` gradient to sum). Returns the running sum and the pieces that have
+        one, ``(acc, have_acc)`` (None, all False without ``h_grad``)."""
+        tl, in_e, le = self.tl, self.e, self._lstm_elt()
+        acc = lstm_grad = None
+        have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
+        smallest = self._smallest_buckets(l)
+        for (t, b, bufs, index), last in reversed(list(zip(saved, smallest))):
+            m = b > 0  # the pieces that have this bucket
+            gx, new = self._lstm_call_bwd(tag, t, b, w, m, lstm_params, h_grad)
+            tl.free_where(gc, last)  # the results' gradient goes with their last consumer
+            tl.release(*bufs)  # the node's saved tensors go before its outputs are summed
+            # the engine sums each parameter's gradients out of place, one parameter at a
+            # time, then drops the bucket's own gradients
+            lstm_grad, have_grad = self.bucket_sum(lstm_grad, have_grad, new, m,
+                                                   f"{tag} lstm weight grads")
+            self._settle_summed_grads(lstm_grad, last)
+            if gx is None:
+                continue
+            if in_e != le:  # the backward of AutocastLSTM's input.float()
+                gxc = tl.alloc(t * b * w * in_e, BWD, f"{tag} lstm grad input (cast) deg {t}")
+                tl.release(gx)
+                gx = gxc
+            acc, have_acc = self.bucket_sum(acc, have_acc, [scatter(t, b, m, gx, index)], m,
+                                            f"{tag} grad messages")
+        tl.release(gc)
+        return acc, have_acc
+
+    def _dgl_degree_buckets(self, l: int, n_dst, tag):
+        """DGL's degree bucketing (``dgl.core._bucketing``) of the ``n_dst``
+        destinations: the sorted degrees and their order (``(n_dst,)`` int64 each,
+        freed once every bucket is found), the ``(D,)`` distinct degrees (0 included;
+        NumPy keeps the tensor until the reduction returns); per distinct degree a
+        ``nonzero`` (held until the next one) and the bucket's positions (kept by the
+        bucketing closure until the reduction returns); then per degree the bucket's
+        node IDs, then their original IDs (``(B,)`` int64 each).
+
+        Returns ``(kept, release_after_loop)``: the buffers freed when the reduction
+        returns, and a callable to run when the loop over the buckets ends, which frees
+        the lists only that loop held (degree 0's, and the original IDs of every
+        bucket but the last one of each piece)."""
+        tl = self.tl
+        degrees, counts = self.s.degrees[l].tolist(), self.s.degree_counts[l].T
+        order = [tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} sorted degrees"),
+                 tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} degree order")]
+        distinct = (counts > 0).sum(axis=0) * INDEX_BYTES
+        kept, nz = [tl.alloc(distinct, AGG, f"{tag} distinct degrees")], None
+        for b in counts:
+            new_nz = tl.alloc(b * INDEX_BYTES, AGG, f"{tag} degree nonzero")
+            tl.release(nz)
+            nz = new_nz
+            kept.append(tl.alloc(b * INDEX_BYTES, AGG, f"{tag} bucket positions"))
+        tl.release(*order, nz)
+        nodes = [tl.alloc(b * INDEX_BYTES, AGG, f"{tag} bucket nodes") for b in counts]
+        origs = [tl.alloc(b * INDEX_BYTES, AGG, f"{tag} bucket original ids") for b in counts]
+        # the loop variable keeps the largest degree's original IDs of each piece
+        later = np.zeros(self.s.num_pieces, dtype=bool)
+        largest = []
+        for b in counts[::-1]:
+            largest.append((b > 0) & ~later)
+            later = later | (b > 0)
+        largest = largest[::-1]
+
+        def release_after_loop() -> None:
+            for t, node_ids, orig_ids, last in zip(degrees, nodes, origs, largest):
+                if t == 0:  # skipped by the loop, kept by nothing else
+                    tl.release(node_ids)
+                tl.free_where(orig_ids, ~last)
+
+        kept += [ids for t, ids in zip(degrees, nodes) if t != 0]
+        return kept + origs, release_after_loop
 
     def _sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
-        """DGL's SAGEConv lstm: ``copy_u`` messages, DGL's degree bucketing (one
-        ``(B, t, W)`` mailbox per in-degree ``t``, an LSTM call on each, its ``h_T`` the
-        bucket's result), the results concatenated and put into zeros."""
-        tl, e = self.tl, self.e
+        """DGL's SAGEConv lstm: ``copy_u`` messages, DGL's degree bucketing
+        (:meth:`_dgl_degree_buckets`; per in-degree ``t`` the ``(B·t,)`` edge IDs from
+        NumPy, kept by the gather where ``h`` needs a gradient, and the ``(B, t, W)``
+        mailbox gathered from the messages), an LSTM call on each mailbox from two zero
+        states, its ``h_T`` the bucket's result, the results concatenated and put into
+        zeros; then :meth:`_lstm_fc`."""
+        tl, in_e, le = self.tl, self.e, self._lstm_elt()
         lstm_params, fc_neigh, fc_self = shp[0:4], [shp[4]], shp[5:]
         w = wi
-        msg = tl.alloc(n_e * w * e, AGG, f"{tag} messages")
+        msg = tl.alloc(n_e * w * in_e, AGG, f"{tag} messages")
         tl.temp(n_dst * INDEX_BYTES, AGG, f"{tag} dst arange")
-        idx = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} bucket bookkeeping")
-        buckets = through(self.tl, AGG, 2 * n_dst * INDEX_BYTES, f"{tag} degree sort",
-                          3 * n_dst * INDEX_BYTES, f"{tag} bucket node lists")
-        saved = []
-        results = []
-        mailbox = None
+        idx = tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} destination nodes")
+        book, release_after_loop = self._dgl_degree_buckets(l, n_dst, tag)
+        saved, results = [], []
+        mailbox = eids = None
         n_nonzero = self._bucket_rows(l)
         for t, b in self._buckets(l):
-            mb = tl.alloc(b * t * w * e, LSTM, f"{tag} mailbox deg {t}")
-            if mailbox is not None:
-                tl.release(mailbox)
-            h0 = tl.alloc(b * w * e, LSTM, f"{tag} h0 deg {t}")
-            c0 = tl.alloc(b * w * e, LSTM, f"{tag} c0 deg {t}")
-            call_saved, mailbox = self._lstm_call(tag, t, b, w, mb)
-            st = tl.alloc(b * w * e, LSTM, f"{tag} result deg {t}")
-            tl.temp(b * w * e, LSTM, f"{tag} c stack deg {t}")
-            saved.append((t, b, [h0, c0, *call_saved]))
-            results.append(st)
-        if mailbox is not None:
+            if not h_grad:
+                tl.release(eids)  # the loop variable moves on
+            eids = tl.alloc(b * t * INDEX_BYTES, AGG, f"{tag} edge ids deg {t}")
+            mb = tl.alloc(b * t * w * in_e, LSTM, f"{tag} mailbox deg {t}")
             tl.release(mailbox)
-        cat = tl.alloc(n_nonzero * w * e, AGG, f"{tag} bucket results")
+            h0 = tl.alloc(b * w * in_e, LSTM, f"{tag} h0 deg {t}")
+            c0 = tl.alloc(b * w * in_e, LSTM, f"{tag} c0 deg {t}")
+            call_saved, dropped, inputs_saved = self._lstm_call(tag, t, b, w, mb)
+            st = tl.alloc(b * w * le, LSTM, f"{tag} result deg {t}")
+            tl.temp(b * w * le, LSTM, f"{tag} c stack deg {t}")
+            tl.release(*dropped)
+            states = [h0, c0]
+            if not inputs_saved:
+                tl.release(h0, c0)
+                states = []
+            mailbox = None if inputs_saved and t == 1 else mb
+            saved.append((t, b, [*states, *call_saved], eids if h_grad else None))
+            results.append(st)
+        release_after_loop()
+        cat = tl.alloc(n_nonzero * w * le, AGG, f"{tag} bucket results")
         cat_idx = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} bucket result index")
-        z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
-        neigh = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh")
-        tl.release(z, *results, idx, buckets, msg)
-        out = self._fc_out(tag, n_dst, wo)
-        tl.hold(h)  # fc_self saves h[:n_dst]
+        z = tl.alloc(n_dst * w * le, AGG, f"{tag} neigh zeros")
+        neigh = tl.alloc(n_dst * w * le, AGG, f"{tag} neigh")
+        tl.release(z, idx, *book, *results, mailbox, None if h_grad else eids, msg)
+        out, neigh_kept, neigh_casts, self_casts, h_kept = self._lstm_fc(
+            tag, fc_neigh, fc_self, neigh, h, h_grad, n_dst, wi, wo)
+
+        def scatter(t, b, m, gx, eid):
+            """Backward of the mailbox gather: the batch-major copy of the input's
+            gradient (``t > 1``), then ``index_add`` into ``(E, W)`` zeros."""
+            if t > 1:
+                gxb = tl.alloc(t * b * w * in_e, BWD, f"{tag} lstm grad input batch-major deg {t}")
+                tl.release(gx)
+                gx = gxb
+            ne = np.where(m, n_e * w * in_e, 0)
+            zeros = tl.alloc(ne, BWD, f"{tag} grad messages zeros deg {t}")
+            ia = tl.alloc(ne, BWD, f"{tag} grad messages deg {t}")
+            tl.release(zeros, gx, eid)
+            return ia
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gc = self._bucket_results_bwd(g, neigh, n_dst, n_nonzero, w, tag, cat_idx, cat)
-            acc = None
-            lstm_grad = None
-            have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
-            for t, b, bufs in reversed(saved):
-                m = b > 0  # the pieces that have this bucket (DGL buckets the degrees present)
-                gx, new = self._lstm_call_bwd(tag, t, b, w, m, lstm_params)
-                tl.temp(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
-                tl.release(*bufs)  # the node's saved tensors go before its outputs are summed
-                # the engine sums each parameter's gradients out of place, one parameter
-                # at a time, then drops the bucket's own gradients
-                lstm_grad, have_grad = self.bucket_sum(lstm_grad, have_grad, new, m,
-                                                       f"{tag} lstm weight grads")
+            with self.elt(in_e):
+                gs, gc = self._lstm_head_bwd(g, tag, fc_neigh, fc_self, neigh_kept, neigh_casts,
+                                             self_casts, h_kept, h_grad, n_dst, n_nonzero, wi,
+                                             cat_idx, cat)
+                acc, _ = self._lstm_buckets_bwd(tag, l, saved, gc, h_grad, lstm_params, w,
+                                                scatter)
                 if not h_grad:
-                    tl.release(gx)
-                    continue
-                if t > 1:
-                    gxb = tl.alloc(t * b * w * e, BWD, f"{tag} lstm grad input batch-major deg {t}")
-                    tl.release(gx)
-                    gx = gxb
-                ne = np.where(m, n_e * w * e, 0)
-                zeros = tl.alloc(ne, BWD, f"{tag} grad messages zeros deg {t}")
-                ia = tl.alloc(ne, BWD, f"{tag} grad messages deg {t}")
-                tl.release(zeros, gx)
-                acc, have_acc = self.bucket_sum(acc, have_acc, [ia], m, f"{tag} grad messages")
-            tl.release(gc)
-            self._settle_summed_grads(lstm_grad)
-            tl.release(h)
-            if not h_grad:
-                return None
-            gsrc = tl.alloc(n_src * w * e, BWD, f"{tag} grad h (copy_u)")
-            tl.release(*(acc[0] if acc is not None else []))
-            return self.accumulate_src_grad(gsrc, gs, n_src, wi, tag)
+                    return None
+                gsrc = tl.alloc(n_src * w * in_e, BWD, f"{tag} grad h (copy_u)")
+                tl.release(*(acc[0] if acc is not None else []))
+                return self.accumulate_src_grad(gsrc, gs, n_src, wi, tag)
 
         return out, backward
 
@@ -961,9 +1153,10 @@ class _Replayer:
     def _pyg_sage_lstm(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
         """:func:`betty.backends.pyg_backend.lstm_aggregate`: edges sorted by
         destination, then one LSTM call per in-degree bucket on a mailbox gathered from
-        ``h`` (``(B, d, W)``, its index kept for backward when ``h`` needs a gradient),
-        the buckets' last hidden states put into zeros."""
-        tl, e = self.tl, self.e
+        ``h`` (``(B, d, W)``, its index kept for backward when ``h`` needs a gradient)
+        from one zero state for ``h0`` and ``c0``, the buckets' last hidden states
+        concatenated and put into zeros; then :meth:`_lstm_fc`."""
+        tl, in_e, le = self.tl, self.e, self._lstm_elt()
         lstm_params, fc_neigh, fc_self = shp[0:4], [shp[4]], shp[5:]
         w = wi
         n_nonzero = self._bucket_rows(l)
@@ -977,7 +1170,7 @@ class _Replayer:
         nz = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} nonzero degrees")
         tl.release(gt, nz)
         saved, results = [], []
-        steps = mailbox = c_last = None
+        steps = mailbox = c_last = zeros = None
         for t, b in self._buckets(l):
             eq = tl.alloc(np.where(b > 0, n_dst, 0), AGG, f"{tag} degree == {t}")
             book.append(tl.alloc(b * INDEX_BYTES, AGG, f"{tag} nodes deg {t}"))
@@ -987,61 +1180,51 @@ class _Replayer:
             tl.release(first, steps)
             steps = new_steps
             idx = tl.alloc(b * t * INDEX_BYTES, AGG, f"{tag} mailbox index deg {t}")
-            mb = tl.alloc(b * t * w * e, LSTM, f"{tag} mailbox deg {t}")
+            mb = tl.alloc(b * t * w * in_e, LSTM, f"{tag} mailbox deg {t}")
             if not h_grad:  # the gather saves its index only when h needs a gradient
                 tl.release(idx)
                 idx = None
             tl.release(mailbox)
-            z0 = tl.alloc(b * w * e, LSTM, f"{tag} h0 = c0 deg {t}")
-            call_saved, mailbox = self._lstm_call(tag, t, b, w, mb)
-            results.append(tl.alloc(b * w * e, LSTM, f"{tag} h_n deg {t}"))
-            c_new = tl.alloc(b * w * e, LSTM, f"{tag} c_n deg {t}")
-            tl.release(c_last)
+            z0 = tl.alloc(b * w * in_e, LSTM, f"{tag} h0 = c0 deg {t}")
+            tl.release(zeros)  # the previous zero state, where the LSTM did not save it
+            call_saved, dropped, inputs_saved = self._lstm_call(tag, t, b, w, mb)
+            results.append(tl.alloc(b * w * le, LSTM, f"{tag} h_n deg {t}"))
+            c_new = tl.alloc(b * w * le, LSTM, f"{tag} c_n deg {t}")
+            tl.release(*dropped, c_last)
             c_last = c_new
-            saved.append((t, b, [z0, *call_saved], idx))
-        z = tl.alloc(n_dst * w * e, AGG, f"{tag} neigh zeros")
+            zeros = None if inputs_saved else z0
+            mailbox = None if inputs_saved and t == 1 else mb
+            saved.append((t, b, ([z0] if inputs_saved else []) + call_saved, idx))
+        cat = tl.alloc(n_nonzero * w * le, AGG, f"{tag} bucket results")
+        z = tl.alloc(n_dst * w * le, AGG, f"{tag} neigh zeros")
         cat_idx = tl.alloc(n_nonzero * INDEX_BYTES, AGG, f"{tag} bucket result index")
-        neigh = through(self.tl, AGG, n_nonzero * w * e, f"{tag} bucket results",
-                        n_dst * w * e, f"{tag} neigh")
-        tl.release(*book, *results, c_last, steps, mailbox, z)
-        out = self._fc_out(tag, n_dst, wo)
-        tl.hold(h)  # fc_self saves h[:n_dst]
+        neigh = tl.alloc(n_dst * w * le, AGG, f"{tag} neigh")
+        tl.release(z, *book, *results, c_last, steps, mailbox, zeros, cat)
+        out, neigh_kept, neigh_casts, self_casts, h_kept = self._lstm_fc(
+            tag, fc_neigh, fc_self, neigh, h, h_grad, n_dst, wi, wo)
+
+        def scatter(t, b, m, gx, idx):
+            """Backward of the mailbox gather ``h[index]``: an ``index_put`` into
+            ``(n_src, W)`` zeros."""
+            gi = index_backward(tl, None, np.where(m, n_src * w * in_e, 0), tag)
+            tl.release(gx, idx)
+            return gi
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad)
-            tl.release(h)  # only fc_self kept h (the mailbox gathers keep their indices)
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gc = self._bucket_results_bwd(g, neigh, n_dst, n_nonzero, w, tag, cat_idx)
-            acc = lstm_grad = None
-            have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
-            for i, (t, b, bufs, idx) in enumerate(reversed(saved)):
-                m = b > 0  # the pieces that have this bucket
-                gx, new = self._lstm_call_bwd(tag, t, b, w, m, lstm_params)
-                gh0 = tl.alloc(2 * b * w * e, BWD, f"{tag} lstm grad h0/c0 deg {t}")
+            with self.elt(in_e):
+                gs, gc = self._lstm_head_bwd(g, tag, fc_neigh, fc_self, neigh_kept, neigh_casts,
+                                             self_casts, h_kept, h_grad, n_dst, n_nonzero, wi,
+                                             cat_idx)
+                acc, have_acc = self._lstm_buckets_bwd(tag, l, saved, gc, h_grad, lstm_params,
+                                                       w, scatter)
                 if not h_grad:
-                    tl.release(gx)
-                    gx = None
-                tl.release(gh0)
-                if i == len(saved) - 1:
-                    tl.release(gc)
-                tl.release(*bufs)
-                lstm_grad, have_grad = self.bucket_sum(lstm_grad, have_grad, new, m,
-                                                       f"{tag} lstm weight grads")
-                if gx is None:
-                    continue
-                gi = self._index_bwd(None, np.where(m, n_src, 0), w, tag)
-                tl.release(gx, idx)
-                acc, have_acc = self.bucket_sum(acc, have_acc, [gi], m, f"{tag} grad h")
-            if not saved:
-                tl.release(gc)
-            self._settle_summed_grads(lstm_grad)
-            if not h_grad:
-                return None
-            acc = tl.merge(*acc[0]) if acc is not None else None
-            if not have_acc.all():  # no in-edges in a piece: no index_put ran there
-                zeros = tl.alloc(np.where(have_acc, 0, n_src * w * e), BWD, f"{tag} grad h (zeros)")
-                acc = zeros if acc is None else tl.merge(acc, zeros)
-            return self.accumulate_src_grad(acc, gs, n_src, wi, tag)
+                    return None
+                acc = tl.merge(*acc[0]) if acc is not None else None
+                if not have_acc.all():  # no in-edges in a piece: no index_put ran there
+                    zeros_h = tl.alloc(np.where(have_acc, 0, n_src * w * in_e), BWD,
+                                       f"{tag} grad h (zeros)")
+                    acc = zeros_h if acc is None else tl.merge(acc, zeros_h)
+                return self.accumulate_src_grad(acc, gs, n_src, wi, tag)
 
         return out, backward
 
