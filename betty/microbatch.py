@@ -18,7 +18,7 @@ import threading
 import torch
 
 from betty.batch import LayerEdges, MicroBatch, SampledBatch
-from betty.ordering import argsort_runs
+from betty.indexing import argsort_runs
 
 __all__ = ["Carver", "carve", "split", "validate_groups", "SCAN_RATIO"]
 

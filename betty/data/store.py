@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from betty.ordering import argsort_runs
+from betty.indexing import argsort_runs
 from betty.workers import parallel_map
 
 __all__ = ["STORE_FORMAT", "MANIFEST", "STAMP", "StoreError", "StoreWriter", "ArrayWriter", "write_store",

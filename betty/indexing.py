@@ -1,0 +1,48 @@
+"""Index arrays on the CPU: the gathers, scatters and sorts of preparation, on NumPy.
+
+On one thread NumPy's kernels for these are faster than torch's on the CPU: ``np.take``
+of millions of random positions about 2x ``tensor[index]``; its stable sort, a timsort,
+finds the ascending runs the sampler's ID lists are made of. Off the CPU each function
+is the torch op on the tensor's device. Results equal the torch ops' bit for bit.
+
+Why runs: a sampled layer lists its sources as its destinations followed by the other
+sources in ascending global ID (:func:`betty.sampling.sample_full_batch`), recursively,
+so layer ``l``'s ``src_nid`` is ``L - l + 1`` ascending runs (a micro-batch's input IDs
+too); timsort merges them in O(n log r) for ``r`` runs where ``torch.argsort`` sorts
+from scratch: on 2.45M IDs in three runs, 0.04 s against 0.45 s (one thread).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["argsort_runs", "take", "put"]
+
+
+def argsort_runs(values: torch.Tensor) -> torch.Tensor:
+    """``(n,)`` int64 positions that sort the 1-D tensor ``values`` ascending, ties in
+    their original order (the same as ``torch.argsort(values, stable=True)``), on
+    ``values``' device (off the CPU: ``torch.argsort`` there)."""
+    if values.dim() != 1:
+        raise ValueError(f"values must be 1-D, got shape {tuple(values.shape)}")
+    if values.device.type != "cpu":
+        return torch.argsort(values, stable=True)
+    order = np.argsort(values.numpy(), kind="stable")
+    return torch.from_numpy(order.astype(np.int64, copy=False))
+
+
+def take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[index]`` for a 1-D ``table`` and an integer ``index`` on its device."""
+    if table.device.type != "cpu":
+        return table[index]
+    return torch.from_numpy(np.take(table.numpy(), index.numpy()))
+
+
+def put(table: torch.Tensor, index: torch.Tensor, value) -> None:
+    """``table[index] = value`` in place, for a 1-D ``table``; ``value`` a scalar or a
+    tensor of ``index``'s shape."""
+    if table.device.type != "cpu":
+        table[index] = value
+        return
+    table.numpy()[index.numpy()] = value.numpy() if isinstance(value, torch.Tensor) else value
