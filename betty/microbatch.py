@@ -18,7 +18,7 @@ import threading
 import torch
 
 from betty.batch import LayerEdges, MicroBatch, SampledBatch
-from betty.indexing import argsort_runs
+from betty.indexing import argsort_runs, put, take
 
 __all__ = ["Carver", "carve", "split", "validate_groups", "SCAN_RATIO"]
 
@@ -98,32 +98,32 @@ class Carver:
             n_dst = dst_full.numel()
 
             # the edges of the needed destinations, destination by destination
-            starts = indptr[dst_full]
-            counts = indptr[dst_full + 1] - starts
+            starts = take(indptr, dst_full)
+            counts = take(indptr, dst_full + 1) - starts
             total = int(counts.sum())
             offsets = torch.cumsum(counts, 0) - counts
             edge = torch.repeat_interleave(starts - offsets, counts) + torch.arange(total)
             if self._edge_order[l] is not None:
-                edge = self._edge_order[l][edge]
-            e_src = fl.edge_src[edge]
+                edge = take(self._edge_order[l], edge)
+            e_src = take(fl.edge_src, edge)
             e_dst = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64), counts)
 
             # sources: the destinations first, then the others by ascending global ID
             touched = self._sources_by_gid(l, e_src)
-            pos[dst_full] = torch.arange(n_dst, dtype=torch.int64)
-            extra = touched[pos[touched] < 0]
-            pos[extra] = torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64)
+            put(pos, dst_full, torch.arange(n_dst, dtype=torch.int64))
+            extra = touched[take(pos, touched) < 0]
+            put(pos, extra, torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64))
             src_full = torch.cat([dst_full, extra])
-            e_src_local = pos[e_src]
-            pos[src_full] = -1  # leave the buffer clean for the next piece
+            e_src_local = take(pos, e_src)
+            put(pos, src_full, -1)  # leave the buffer clean for the next piece
 
             layers[l] = LayerEdges(
-                src_nid=fl.src_nid[src_full],
+                src_nid=take(fl.src_nid, src_full),
                 num_dst=n_dst,
                 edge_src=e_src_local,
                 edge_dst=e_dst,
-                edge_id=fl.edge_id[edge],
-                src_out_degree=None if fl.src_out_degree is None else fl.src_out_degree[src_full],
+                edge_id=take(fl.edge_id, edge),
+                src_out_degree=None if fl.src_out_degree is None else take(fl.src_out_degree, src_full),
             )
             full_src_index[l] = src_full
             dst_full = src_full  # layer l's sources are layer l-1's destinations
@@ -137,18 +137,18 @@ class Carver:
         _, lasts, seens = self._scratch()
         if by_gid.numel() <= SCAN_RATIO * m:  # large piece: a scan costs <= SCAN_RATIO * m
             seen = seens[l]
-            seen[e_src] = True
-            touched = by_gid[seen[by_gid]]
-            seen[touched] = False  # leave the buffer clean for the next piece
+            put(seen, e_src, True)
+            touched = by_gid[take(seen, by_gid)]
+            put(seen, touched, False)  # leave the buffer clean for the next piece
             return touched
         # small piece: write each edge's position at its source (one write per source
         # survives, whichever); the edges reading back their own position are one per
         # distinct source. Stale entries of earlier pieces are never read (every source
         # read here was just written). Then sort only the distinct sources' ranks.
         last, span = lasts[l], torch.arange(m, dtype=torch.int64)
-        last[e_src] = span
-        distinct = e_src[last[e_src] == span]
-        return by_gid[torch.sort(self._rank[l][distinct]).values]
+        put(last, e_src, span)
+        distinct = e_src[take(last, e_src) == span]
+        return take(by_gid, torch.sort(take(self._rank[l], distinct)).values)
 
 
 def carve(full: SampledBatch, output_index: torch.Tensor) -> MicroBatch:
