@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from betty.indexing import argsort_runs, put, take
+from betty.indexing import argsort_runs, put, put_rows, take, take_rows
 
 
 @pytest.mark.parametrize("make", [
@@ -41,3 +41,17 @@ def test_take_and_put_are_torch_indexing():
     put(table, index[:2], values[:2])
     want[index[:2]] = values[:2]
     assert torch.equal(table, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_take_rows_and_put_rows_are_torch_indexing(dtype):
+    gen = torch.Generator().manual_seed(2)
+    table = (torch.randn(300, 4, generator=gen) * 100).to(dtype)
+    index = torch.randint(0, 300, (500,), generator=gen)
+    rows = take_rows(table, index)
+    assert rows.dtype == dtype and torch.equal(rows, table[index])
+    out, want = torch.zeros(600, 4, dtype=dtype), torch.zeros(600, 4, dtype=dtype)
+    at = torch.randperm(600, generator=gen)[:500]
+    put_rows(out, at, rows)
+    want[at] = rows
+    assert torch.equal(out, want)

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from betty.indexing import argsort_runs
+from betty.indexing import argsort_runs, put_rows, take_rows
 from betty.workers import parallel_map
 
 __all__ = ["STORE_FORMAT", "MANIFEST", "STAMP", "StoreError", "StoreWriter", "ArrayWriter", "write_store",
@@ -411,7 +411,7 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     sorted_ids = ids[order]
 
     def gather(lo: int) -> None:  # the chunks write disjoint rows of ``out``
-        out[order[lo:lo + chunk_rows]] = table[sorted_ids[lo:lo + chunk_rows]]
+        put_rows(out, order[lo:lo + chunk_rows], take_rows(table, sorted_ids[lo:lo + chunk_rows]))
 
     parallel_map(gather, range(0, ids.numel(), chunk_rows))
     return out
