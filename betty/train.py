@@ -372,11 +372,15 @@ def _to_device_blocks(mb: MicroBatch, device, model=None) -> list:
 def _gather_features(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Tensor:
     """``feat[ids]`` on ``device``. For an accelerator the host rows are read in ascending
     order (:func:`betty.data.store.gather_rows`: sequential reads of memory-mapped
-    features); on the CPU the gathered rows are the device's own memory, which the
-    memory model counts, so they are gathered in one ``feat[ids]`` with no second copy."""
-    if torch.device(device).type == "cpu":
+    features), into pinned host memory on CUDA (a page-locked buffer, from torch's
+    caching host allocator, copies at full bus speed), then copied; on the CPU the
+    gathered rows are the device's own memory, which the memory model counts, so they
+    are gathered in one ``feat[ids]`` with no second copy."""
+    device = torch.device(device)
+    if device.type == "cpu":
         return feat[ids]
-    return gather_rows(feat, ids).to(device)
+    cuda = device.type == "cuda"
+    return gather_rows(feat, ids, pin=cuda).to(device, non_blocking=cuda)
 
 
 def _piece_outputs(groups: torch.Tensor, k: int,

@@ -140,3 +140,12 @@ def test_bfloat16_features_are_written_block_by_block_and_mapped(tmp_path, monke
     assert f32.feat.dtype == torch.float32
     assert torch.equal(bf16.feat.view(torch.int16), f32.feat.to(torch.bfloat16).view(torch.int16))
     assert torch.equal(bf16.graph.in_csr[1], f32.graph.in_csr[1]) and torch.equal(bf16.label, f32.label)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned host memory needs CUDA")
+def test_gather_rows_into_pinned_memory_for_a_device_copy():
+    table = torch.randn(1000, 3)
+    ids = torch.randint(0, 1000, (777,))
+    rows = gather_rows(table, ids, pin=True)
+    assert rows.is_pinned() and torch.equal(rows, table[ids])
+    assert torch.equal(rows.to("cuda", non_blocking=True).cpu(), table[ids])

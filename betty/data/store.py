@@ -392,7 +392,8 @@ def open_store(folder: str | Path, *, verify: bool | str = True) -> tuple[dict[s
     return arrays, scalars
 
 
-def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 16) -> torch.Tensor:
+def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 16, *,
+                pin: bool = False) -> torch.Tensor:
     """``table[ids]``, reading ``table``'s rows in ascending order, ``chunk_rows`` at a time.
 
     For a memory-mapped ``table`` (features on disk) an unsorted gather touches pages in
@@ -402,9 +403,10 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     preparation threads (:func:`betty.workers.parallel_map`), each reading its own
     stretch of the file; with one thread one chunk's gather is in flight at a time.
     Shapes: ``table (N, ...)``, ``ids (n,)`` integer; returns ``(n, ...)`` in ``table``'s
-    dtype, equal to ``table[ids]`` bit for bit."""
+    dtype, equal to ``table[ids]`` bit for bit; in pinned (page-locked) host memory with
+    ``pin`` (needs CUDA), for a ``non_blocking`` copy to the device."""
     ids = torch.as_tensor(ids, dtype=torch.int64)
-    out = torch.empty((ids.numel(), *table.shape[1:]), dtype=table.dtype)
+    out = torch.empty((ids.numel(), *table.shape[1:]), dtype=table.dtype, pin_memory=pin)
     if ids.numel() == 0:
         return out
     order = argsort_runs(ids)  # a micro-batch's IDs: a few ascending runs
