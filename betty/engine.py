@@ -425,7 +425,7 @@ class Trainer:
                       label_columns=dataset.num_classes if dataset.multilabel else 0)
         if not self.precision.mixed:
             return dict(kwargs, dtype=dtype)
-        if replays_mixed_precision(ModelSpec.from_model(model)) and not dataset.multilabel:
+        if replays_mixed_precision(ModelSpec.from_model(model)):
             return dict(kwargs, dtype=None, precision=self.precision)
         warnings.warn(f"the memory model replays this model's float32 step, not its "
                       f"{self.precision} step: K is chosen from float32 estimates",

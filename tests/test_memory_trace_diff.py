@@ -139,3 +139,13 @@ def test_mixed_precision_replay_follows_the_trace(backend, arch, agg):
             traced, replayed = _events(arch, agg, backend, hidden, layers, "bf16-mixed")
             problems = diff(traced, replayed)
             assert not problems, f"L={layers} hidden {hidden}: " + "\n".join(problems)
+
+
+@pytest.mark.parametrize("arch,agg", MULTILABEL_MODELS, ids=[f"{a}-{g}" for a, g in MULTILABEL_MODELS])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixed_precision_multilabel_replay_follows_the_trace(backend, arch, agg):
+    for hidden in (16, 64):
+        traced, replayed = _events(arch, agg, backend, hidden, precision="bf16-mixed",
+                                   label_columns=LABEL_COLUMNS)
+        problems = diff(traced, replayed)
+        assert not problems, f"hidden {hidden}: " + "\n".join(problems)
