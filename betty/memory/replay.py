@@ -1318,7 +1318,7 @@ class _Replayer:
         ``target.to`` copies the targets where their dtype differs from the logits'.
         Under autocast the loss runs in float32: where the logits are in the compute
         dtype, autocast casts the logits and that copy of the targets to float32 (the
-        compute-dtype copy is freed when the call returns). The loss saves its two
+        compute-dtype copy is freed once the loss's output exists). The loss saves its two
         inputs (returned, for :meth:`bce_backward`); its ``(n_out, T)`` per-element
         output and the ``(n_out,)`` row means are freed once the sum exists."""
         tl, e, cfg = self.tl, self.e, self.cfg
@@ -1326,15 +1326,16 @@ class _Replayer:
         if copied:
             target = tl.alloc(n_out * t * e, LOSS, "targets cast")
         logits = None  # the logits themselves: held by the step until its end
-        loss_elt = e
+        loss_elt, low_target = e, None
         if self.ce and e != FLOAT32_BYTES:
             loss_elt = FLOAT32_BYTES
             logits = tl.alloc(n_out * t * loss_elt, LOSS, "logits (autocast float32 copy)")
             wide = tl.alloc(n_out * t * loss_elt, LOSS, "targets (autocast float32 copy)")
-            if copied:
-                tl.release(target)
+            low_target = target if copied else None
             target, copied = wide, True
         per_elem = tl.alloc(n_out * t * loss_elt, LOSS, "bce per element")
+        if low_target is not None:
+            tl.release(low_target)
         mean = tl.alloc(n_out * loss_elt, LOSS, "bce mean over tasks")
         tl.release(mean, per_elem)
         return [b for b, own in ((logits, logits is not None), (target, copied)) if own]
