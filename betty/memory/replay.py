@@ -27,7 +27,7 @@ storage as it is created and when its last holder lets go of it:
    accumulated in place (the others: a transient copy of each).
 6. **Metrics** after the backward, for multi-label targets: ``count_correct``'s three
    ``(n_out, T)`` bool comparisons, their float32 copy and its ``(n_out,)`` row means
-   (single-label: an ``(n_out,)`` argmax, below the 1% level like the other tiny tensors).
+   (single-label: an ``(n_out,)`` argmax and comparison, left out as tiny).
 
 The sequences were read off the code of DGL 2.1's ``SAGEConv`` (mean / gcn / pool /
 lstm, with ``lin_before_mp`` when ``in_feats > out_feats``), ``betty.models.gat``,
@@ -1315,12 +1315,14 @@ class _Replayer:
         reduction="none").mean(1).sum()`` on ``(n_out, T)`` logits of ``self.e`` bytes
         and targets of ``label_elt`` bytes (``labels``).
 
-        ``target.to`` copies the targets where their dtype differs from the logits'.
-        Under autocast the loss runs in float32: where the logits are in the compute
-        dtype, autocast casts the logits and that copy of the targets to float32 (the
-        compute-dtype copy is freed once the loss's output exists). The loss saves its two
-        inputs (returned, for :meth:`bce_backward`); its ``(n_out, T)`` per-element
-        output and the ``(n_out,)`` row means are freed once the sum exists."""
+        ``target.to`` copies the targets where their dtype differs from the logits'
+        (told apart by bytes per element). Under autocast the loss runs in float32:
+        where the logits are in the compute dtype, autocast casts the logits and that
+        copy of the targets to float32 (the compute-dtype copy is freed once the loss's
+        output exists). The loss saves its two inputs; the copies among them are
+        returned, for :meth:`bce_backward` to release (the logits and the labels
+        themselves live to the end of the step). Its ``(n_out, T)`` per-element output
+        and the ``(n_out,)`` row means are freed once the sum exists."""
         tl, e, cfg = self.tl, self.e, self.cfg
         target, copied = labels, cfg.label_elt != e
         if copied:
