@@ -14,6 +14,10 @@ estimated and measured peak and the relative error, then the overall maximum.
 With ``--precision bf16-mixed`` each micro-batch's forward pass and loss run under
 ``torch.autocast(cpu, bfloat16)`` (float32 parameters, gradients, Adam state and
 features) and the estimate is :func:`betty.memory.estimate_pieces` with that precision.
+With ``--multilabel T`` the targets are ``(N, T)`` float32 0/1 (the models have T
+outputs, the loss is the mean over tasks of BCE with logits):
+
+    .venv/bin/python benchmarks/memory.py --precision bf16-mixed --multilabel 16
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ def main(argv=None) -> int:
                         help="the model's GNN backend (betty.backends)")
     parser.add_argument("--precision", default="32", choices=[p for p in PRECISIONS if p != "64"],
                         help="training precision (mixed: forward and loss under autocast)")
+    parser.add_argument("--multilabel", type=int, default=0, metavar="T",
+                        help="T > 0: (N, T) multi-label targets and the BCE loss")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     from graphs import power_law_graph
@@ -69,19 +75,24 @@ def main(argv=None) -> int:
     for n in _ints(args.sizes):
         g, feat, label, train = power_law_graph(num_nodes=n, avg_degree=10, num_feats=args.feats,
                                                 num_classes=8, seed=n)
+        multilabel, outputs = args.multilabel > 0, args.multilabel or 8
+        if multilabel:
+            gen = torch.Generator().manual_seed(n)
+            label = (torch.rand(n, args.multilabel, generator=gen) > 0.5).float()
         for layers in _ints(args.layers):
             batch = sample_full_batch(g, train, FANOUTS[:layers], seed=0)
             for name in args.models.split(","):
                 arch, _, agg = name.partition("-")
                 for hidden in _ints(args.hidden):
                     torch.manual_seed(0)
-                    model = build_model(arch, args.feats, 8, hidden=hidden, layers=layers,
+                    model = build_model(arch, args.feats, outputs, hidden=hidden, layers=layers,
                                         aggregator=agg or "mean", heads=4, dropout=args.dropout,
                                         attn_dropout=args.dropout / 2,
                                         backend=args.backend).train()
                     opt = build_optimizer("adam", model.parameters(), 1e-3)
                     zeros = torch.zeros(batch.num_outputs, dtype=torch.int64)
-                    train_step(model, opt, batch, zeros, feat, label, dropout_key=1)
+                    train_step(model, opt, batch, zeros, feat, label, dropout_key=1,
+                               multilabel=multilabel)
                     meter = MemoryMeter("cpu")
                     meter.track(model, opt)
                     for k in _ints(args.k):
@@ -89,9 +100,11 @@ def main(argv=None) -> int:
                         opt.zero_grad(set_to_none=True)
                         with autocast_step(model, args.precision) as stepped:
                             res = accumulate_gradients(stepped, batch, groups, feat, label, k=k,
-                                                       meter=meter, dropout_key=2)
+                                                       meter=meter, dropout_key=2,
+                                                       multilabel=multilabel)
                         ests = estimate_pieces(batch, groups, k, model, opt,
-                                               precision=args.precision)
+                                               precision=args.precision,
+                                               label_columns=args.multilabel)
                         errs = [(e.peak - m.peak_bytes) / m.peak_bytes for e, m in zip(ests, res.micro)]
                         i = max(range(k), key=lambda j: abs(errs[j]))
                         worst_all = max(worst_all, abs(errs[i]))
@@ -103,8 +116,9 @@ def main(argv=None) -> int:
                               f"{errs[i] * 100:+7.2f}%  {ests[i].peak_at}", flush=True)
     print(f"\n{rows} configurations, every micro-batch compared; max |error| = "
           f"{worst_all * 100:.2f}% ({time.perf_counter() - start:.0f} s)")
+    targets = f"{args.multilabel} multi-label tasks" if args.multilabel else "8 classes"
     print(f"\nworst |error| per model, backend {args.backend}, precision {args.precision}, "
-          f"torch {torch.__version__}:")
+          f"{targets}, torch {torch.__version__}:")
     for name, (err, where) in worst.items():
         print(f"  {name:10s} {err * 100:7.3f}%  at {where}")
     return 0

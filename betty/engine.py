@@ -439,7 +439,7 @@ class Trainer:
         if not self.precision.mixed:
             return dict(kwargs, dtype=dtype)
         host = not backend.startswith("cuda")
-        if replays_mixed_precision(ModelSpec.from_model(model), host) and not dataset.multilabel:
+        if replays_mixed_precision(ModelSpec.from_model(model), host):
             return dict(kwargs, dtype=None, precision=self.precision)
         warnings.warn(f"the memory model replays this model's float32 step, not its "
                       f"{self.precision} step: K is chosen from float32 estimates",

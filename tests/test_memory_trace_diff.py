@@ -46,25 +46,38 @@ BACKENDS = [pytest.param("dgl", marks=pytest.mark.dgl), pytest.param("pyg", mark
 MODELS = [("sage", "mean"), ("sage", "gcn"), ("sage", "pool"), ("sage", "lstm"), ("gat", "mean"),
           ("gcn", "mean")]
 BEFORE_MODEL = ("blocks", "global_ids")
+# multi-label: SAGE-mean's logits stay in autocast's compute dtype, GAT's are float32;
+# T = 7 tasks make the (n_out, T) bool tensors of the metrics at least MIN_BYTES
+MULTILABEL_MODELS = [("sage", "mean"), ("gat", "mean")]
+LABEL_COLUMNS = 7
 
 
 def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
-            precision: str = "32"):
+            precision: str = "32", label_columns: int = 0):
+    """``(traced, replayed)`` allocations of one micro-batch; ``label_columns`` T > 0:
+    multi-label ``(N, T)`` float32 0/1 targets and the BCE loss, else 5 classes."""
     if backend == "pyg":
         pytest.importorskip("torch_geometric")
     g, feat, label, train = power_law_graph(num_nodes=300, avg_degree=8, num_feats=40,
                                             num_classes=5, seed=300)
+    multilabel = label_columns > 0
+    if multilabel:
+        gen = torch.Generator().manual_seed(300)
+        label = (torch.rand(feat.shape[0], label_columns, generator=gen) > 0.5).float()
     batch = sample_full_batch(g, train, [4, 6, 3][:layers], seed=1)
     torch.manual_seed(0)
-    model = build_model(arch, 40, 5, hidden=hidden, layers=layers, aggregator=agg, heads=2,
-                        backend=backend).train()
+    model = build_model(arch, 40, label_columns or 5, hidden=hidden, layers=layers,
+                        aggregator=agg, heads=2, backend=backend).train()
     opt = build_optimizer("adam", model.parameters(), 1e-3)
     groups = torch.zeros(batch.num_outputs, dtype=torch.int64)
-    train_step(model, opt, batch, groups, feat, label, dropout_key=1)  # .grad and Adam state
+    train_step(model, opt, batch, groups, feat, label, dropout_key=1,  # .grad and Adam state
+               multilabel=multilabel)
     with autocast_step(model, precision) as stepped, AllocationTrace("cpu") as trace:
-        accumulate_gradients(stepped, batch, groups, feat, label, k=1, dropout_key=2)
+        accumulate_gradients(stepped, batch, groups, feat, label, k=1, dropout_key=2,
+                             multilabel=multilabel)
     cfg = ReplayConfig(model=as_model_spec(model), optimizer=as_optimizer_spec(opt), elt=4,
                        feat_elt=4, constants=load_constants("cpu"), fresh_grads=np.array([False]),
+                       label_columns=label_columns,
                        autocast_elt=2 if precision == "bf16-mixed" else 0)
     tl = replay(piece_sizes(batch, groups, 1), cfg, record=True)
     traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
@@ -112,6 +125,15 @@ def test_replay_follows_the_trace(backend, arch, agg):
         assert not problems, f"hidden {hidden}: " + "\n".join(problems)
 
 
+@pytest.mark.parametrize("arch,agg", MULTILABEL_MODELS, ids=[f"{a}-{g}" for a, g in MULTILABEL_MODELS])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_multilabel_replay_follows_the_trace(backend, arch, agg):
+    for hidden in (16, 64):
+        traced, replayed = _events(arch, agg, backend, hidden, label_columns=LABEL_COLUMNS)
+        problems = diff(traced, replayed)
+        assert not problems, f"hidden {hidden}: " + "\n".join(problems)
+
+
 @pytest.mark.parametrize("arch,agg", MIXED_MODELS, ids=[f"{a}-{g}" for a, g in MIXED_MODELS])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_mixed_precision_replay_follows_the_trace(backend, arch, agg):
@@ -120,3 +142,13 @@ def test_mixed_precision_replay_follows_the_trace(backend, arch, agg):
             traced, replayed = _events(arch, agg, backend, hidden, layers, "bf16-mixed")
             problems = diff(traced, replayed)
             assert not problems, f"L={layers} hidden {hidden}: " + "\n".join(problems)
+
+
+@pytest.mark.parametrize("arch,agg", MULTILABEL_MODELS, ids=[f"{a}-{g}" for a, g in MULTILABEL_MODELS])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixed_precision_multilabel_replay_follows_the_trace(backend, arch, agg):
+    for hidden in (16, 64):
+        traced, replayed = _events(arch, agg, backend, hidden, precision="bf16-mixed",
+                                   label_columns=LABEL_COLUMNS)
+        problems = diff(traced, replayed)
+        assert not problems, f"hidden {hidden}: " + "\n".join(problems)

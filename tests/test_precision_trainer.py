@@ -3,6 +3,7 @@ logs beside the measured peak is the autocast step's, and K is searched with it.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -16,15 +17,23 @@ from distributed_cases import CLASSES, FEATS, dataset
 pytestmark = pytest.mark.dgl
 
 
-def _trainer(precision: str, aggregator: str = "mean", arch: str = "sage", k=4, budget=None):
+def _multilabel(ds):
+    """``ds`` with ``(N, CLASSES)`` float32 0/1 targets instead of its class labels."""
+    gen = torch.Generator().manual_seed(5)
+    targets = (torch.rand(ds.feat.shape[0], CLASSES, generator=gen) > 0.5).float()
+    return dataclasses.replace(ds, label=targets, multilabel=True)
+
+
+def _trainer(precision: str, aggregator: str = "mean", arch: str = "sage", k=4, budget=None,
+             multilabel: bool = False):
     torch.manual_seed(0)
     model = build_model(arch, FEATS, CLASSES, hidden=16, layers=2, aggregator=aggregator)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     plan = PartitionPlan("random", k, memory_budget=budget)
     meter = MemoryMeter("cpu")
     meter.track(model, opt)  # parameters and Adam state count, as in the train stage
-    return Trainer(model, opt, dataset(2000), [4, 6], plan, seed=1, precision=precision,
-                   meter=meter)
+    ds = _multilabel(dataset(2000)) if multilabel else dataset(2000)
+    return Trainer(model, opt, ds, [4, 6], plan, seed=1, precision=precision, meter=meter)
 
 
 def test_bf16_mixed_estimate_is_the_autocast_steps():
@@ -71,3 +80,16 @@ def test_sage_lstm_is_followed_on_the_host_and_falls_back_to_float32_on_cuda():
     with pytest.warns(UserWarning, match="float32 step, not its bf16-mixed step"):
         cuda = trainer._memory_kwargs(trainer.model, trainer.dataset, "cuda", torch.float32)
     assert cuda["dtype"] == torch.float32 and "precision" not in cuda, cuda
+
+
+@pytest.mark.parametrize("arch", ["sage", "gat"])
+def test_bf16_mixed_multilabel_estimate_is_the_autocast_steps(arch):
+    """Multi-label targets (BCE loss): no float32 fallback, and the logged estimate is
+    the autocast step's, within the float32 tolerance of the memory tests."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer = _trainer("bf16-mixed", arch=arch, multilabel=True)
+    trainer.train_epoch(0)
+    record = trainer.train_epoch(1)
+    assert record.mem_estimate_error is not None and record.mem_estimate_error < 2e-3, (
+        record.peak_mem_estimated_bytes, record.peak_mem_measured_bytes)

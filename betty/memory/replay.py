@@ -19,10 +19,15 @@ storage as it is created and when its last holder lets go of it:
    every intermediate DGL and autograd create, and the activation. What autograd saves
    for backward is *held*, everything else is released where Python drops it
    (DGL keeps ``srcdata``/``dstdata`` until its ``local_scope`` ends).
-5. **Loss** (log-softmax / BCE) and **backward** in reverse layer order: activation
+5. **Loss** (log-softmax; for multi-label targets BCE with logits, its ``(n_out, T)``
+   per-element loss and row means, and in its backward ``grad / T``, ``sigmoid``,
+   ``- target``, ``* grad``) and **backward** in reverse layer order: activation
    gradients appear, saved tensors are released node by node, parameter gradients are
    either created (the first micro-batch after ``zero_grad(set_to_none=True)``) or
    accumulated in place (the others: a transient copy of each).
+6. **Metrics** after the backward, for multi-label targets: ``count_correct``'s three
+   ``(n_out, T)`` bool comparisons, their float32 copy and its ``(n_out,)`` row means
+   (single-label: an ``(n_out,)`` argmax and comparison, left out as tiny).
 
 The sequences were read off the code of DGL 2.1's ``SAGEConv`` (mean / gcn / pool /
 lstm, with ``lin_before_mp`` when ``in_feats > out_feats``), ``betty.models.gat``,
@@ -44,7 +49,10 @@ in the layer input's dtype, a float32 bias) and GAT's ``z * attn_l`` / ``z * att
 (float32 attention vectors) promote back to float32, so those layers, activations and
 logits are float32 (GAT's DGL aggregation casts ``z`` to float32 to meet the
 attention). ``cross_entropy`` runs in float32 (on a float32 copy of logits in the
-compute dtype). In backward, a gradient that reaches a
+compute dtype), and so does ``binary_cross_entropy_with_logits``: where the logits are
+in the compute dtype, ``target.to(logits.dtype)`` makes a compute-dtype copy of the
+float32 targets and autocast casts both to float32 (:meth:`_Replayer.bce_forward`).
+In backward, a gradient that reaches a
 compute-dtype tensor from a float32 op is cast to the compute dtype; a product's node
 gives its gradients in the compute dtype, then the casts' backward nodes turn them into
 float32 copies (the input's, where it was cast, then each parameter's, into
@@ -108,10 +116,11 @@ __all__ = ["ReplayConfig", "replay", "INDEX_BYTES"]
 # components of the breakdown besides the shared ones (betty.memory.ops); all indices are
 # int64 (INDEX_BYTES: betty builds blocks with idtype=int64)
 BLOCKS, IDS, AGG, LSTM = "blocks", "global_ids", "aggregation", "lstm"
+METRICS = "metrics"  # count_correct's tensors after the backward
 # dgl.create_block keeps a 2-element int64 tensor per block that PyTorch allocates on
 # the host (measured: 16 bytes per layer of DGL blocks on the host, none with PyG)
 DGL_BLOCK_HOST_BYTES = 16
-# autocast runs cross_entropy in float32
+# autocast runs cross_entropy and binary_cross_entropy_with_logits in float32
 FLOAT32_BYTES = 4
 
 
@@ -136,8 +145,8 @@ def replays_mixed_precision(model: ModelSpec, host: bool = True) -> bool:
     architecture on the host (``host``) or on CUDA: SAGE with the mean, gcn or pool
     aggregator, GAT and GCN; SAGE with the LSTM aggregator on the host only, where
     :class:`~betty.backends.lstm.AutocastLSTM` runs the LSTM in float32 (CUDA autocast
-    runs it in its own dtype through cuDNN, a step not checked against a trace). Targets
-    are checked apart (single-label only); ``32`` and ``64`` cover every model."""
+    runs it in its own dtype through cuDNN, a step not checked against a trace); with
+    single-label or multi-label targets. ``32`` and ``64`` cover every model."""
     if model.arch in ("gcn", "gat"):
         return True
     return model.arch == "sage" and (model.aggregator in ("mean", "gcn", "pool")
@@ -163,9 +172,6 @@ class _Replayer:
                 f"the host; got arch {cfg.model.arch!r}, aggregator "
                 f"{cfg.model.aggregator!r} on {'the host' if cfg.host else 'CUDA'} "
                 "(precision '32' and '64' cover every model)")
-        if self.ce and cfg.label_columns:
-            raise NotImplementedError("the memory replay under a mixed precision covers "
-                                      "single-label targets (label_columns=0)")
 
     # ------------------------------------------------------------------ params
     def param_grads(self, shapes, tag: str, casts: list[Buffer] | None = None,
@@ -1486,6 +1492,76 @@ class _Replayer:
                                             tag)
         return gza, gel, ger
 
+    # ------------------------------------------------------------------ multi-label loss
+    def bce_forward(self, labels: Buffer, n_out, t: int) -> list[Buffer]:
+        """``binary_cross_entropy_with_logits(logits, target.to(logits.dtype),
+        reduction="none").mean(1).sum()`` on ``(n_out, T)`` logits of ``self.e`` bytes
+        and targets of ``label_elt`` bytes (``labels``).
+
+        ``target.to`` copies the targets where their dtype differs from the logits'
+        (told apart by bytes per element). Under autocast the loss runs in float32:
+        where the logits are in the compute dtype, autocast casts the logits and that
+        copy of the targets to float32 (the compute-dtype copy is freed once the loss's
+        output exists). The loss saves its two inputs; the copies among them are
+        returned, for :meth:`bce_backward` to release (the logits and the labels
+        themselves live to the end of the step). Its ``(n_out, T)`` per-element output
+        and the ``(n_out,)`` row means are freed once the sum exists."""
+        tl, e, cfg = self.tl, self.e, self.cfg
+        target, copied = labels, cfg.label_elt != e
+        if copied:
+            target = tl.alloc(n_out * t * e, LOSS, "targets cast")
+        logits = None  # the logits themselves: held by the step until its end
+        loss_elt, low_target = e, None
+        if self.ce and e != FLOAT32_BYTES:
+            loss_elt = FLOAT32_BYTES
+            logits = tl.alloc(n_out * t * loss_elt, LOSS, "logits (autocast float32 copy)")
+            wide = tl.alloc(n_out * t * loss_elt, LOSS, "targets (autocast float32 copy)")
+            low_target = target if copied else None
+            target, copied = wide, True
+        per_elem = tl.alloc(n_out * t * loss_elt, LOSS, "bce per element")
+        if low_target is not None:
+            tl.release(low_target)
+        mean = tl.alloc(n_out * loss_elt, LOSS, "bce mean over tasks")
+        tl.release(mean, per_elem)
+        return [b for b, own in ((logits, logits is not None), (target, copied)) if own]
+
+    def bce_backward(self, saved: list[Buffer], n_out, t: int) -> Buffer:
+        """Backward of :meth:`bce_forward` from the loss (no tensor of note): ``mean``'s
+        ``grad / T`` (a ``(n_out, T)`` division), then ``(sigmoid(x) - target) * grad``
+        (``sigmoid``, ``sub``, ``mul``, each freed once the next exists), all in the
+        loss's dtype (float32 under autocast); the loss's node then lets go of its
+        ``saved`` inputs. Where the logits are in autocast's compute dtype, the cast's
+        backward turns the float32 gradient into a compute-dtype copy. Returns the
+        logits' gradient."""
+        tl, e = self.tl, self.e
+        cast = self.ce and e != FLOAT32_BYTES
+        nbytes = n_out * t * (FLOAT32_BYTES if cast else e)
+        g_mean = tl.alloc(nbytes, BWD, "grad bce mean over tasks")
+        sig = tl.alloc(nbytes, BWD, "grad bce sigmoid")
+        diff = tl.alloc(nbytes, BWD, "grad bce sigmoid - target")
+        tl.release(sig)
+        g = tl.alloc(nbytes, BWD, "grad logits" + (" (float32)" if cast else ""))
+        tl.release(diff, g_mean, *saved)
+        if cast:
+            low = tl.alloc(n_out * t * self.ce, BWD, "grad logits")
+            tl.release(g)
+            g = low
+        return g
+
+    def multilabel_metrics(self, n_out, t: int) -> None:
+        """``count_correct`` after the backward: ``((logits > 0) == (target > 0.5))``
+        (three ``(n_out, T)`` bool tensors, the two comparisons freed once the third
+        exists), ``.float()`` (float32), ``.mean(1)`` (``(n_out,)`` float32), ``.sum()``."""
+        tl = self.tl
+        pos = tl.alloc(n_out * t, METRICS, "logits > 0")
+        truth = tl.alloc(n_out * t, METRICS, "target > 0.5")
+        right = tl.alloc(n_out * t, METRICS, "correct tasks")
+        tl.release(pos, truth)
+        right_f = tl.alloc(n_out * t * FLOAT32_BYTES, METRICS, "correct tasks (float32)")
+        tl.release(right)
+        mean = tl.alloc(n_out * FLOAT32_BYTES, METRICS, "correct fraction per row")
+        tl.release(right_f, mean)
+
     # ------------------------------------------------------------------ whole step
     def run(self) -> Timeline:
         s, cfg, tl, e = self.s, self.cfg, self.tl, self.e
@@ -1524,9 +1600,9 @@ class _Replayer:
             x = x2
         n_out = s.num_outputs
         if cfg.label_columns:
-            tl.alloc(n_out * cfg.label_columns * cfg.label_elt, LABELS, "labels")
+            labels = tl.alloc(n_out * cfg.label_columns * cfg.label_elt, LABELS, "labels")
         else:
-            tl.alloc(n_out * INDEX_BYTES, LABELS, "labels")
+            labels = tl.alloc(n_out * INDEX_BYTES, LABELS, "labels")
 
         backwards: list[Callable] = []
         h, h_grad = x, False
@@ -1570,10 +1646,7 @@ class _Replayer:
         tl.phase = "loss"
         n_cls = spec.widths[-1]
         if cfg.label_columns:
-            t = cfg.label_columns
-            tl.temp(n_out * t * e, LOSS, "targets cast")
-            mean = through(self.tl, LOSS, n_out * t * e, "bce per element", n_out * e, "bce mean")
-            saved = [mean]
+            saved = self.bce_forward(labels, n_out, cfg.label_columns)
         elif self.ce and e != FLOAT32_BYTES:  # cross_entropy on a float32 copy of the logits
             lsm = through(tl, LOSS, n_out * n_cls * FLOAT32_BYTES, "logits (autocast float32 copy)",
                           n_out * n_cls * FLOAT32_BYTES, "log_softmax")
@@ -1586,10 +1659,7 @@ class _Replayer:
 
         tl.phase = "backward loss"
         if cfg.label_columns:
-            t = cfg.label_columns
-            g1 = tl.alloc(n_out * t * e, BWD, "grad bce")
-            g = tl.alloc(n_out * t * e, BWD, "grad logits")
-            tl.release(g1, *saved)
+            g = self.bce_backward(saved, n_out, cfg.label_columns)
         elif self.ce and e != FLOAT32_BYTES:  # float32 loss gradients, then the cast's backward
             g1 = tl.alloc(n_out * n_cls * FLOAT32_BYTES, BWD, "grad nll")
             g2 = tl.alloc(n_out * n_cls * FLOAT32_BYTES, BWD, "grad logits (float32)")
@@ -1618,6 +1688,9 @@ class _Replayer:
                 g = self.dropout_bwd(g, n, width, f"layer {l}", mask)
             if g is None:
                 break
+        if cfg.label_columns:
+            tl.phase = "metrics"
+            self.multilabel_metrics(n_out, cfg.label_columns)
         tl.phase = "end"
         del logits
         return tl
