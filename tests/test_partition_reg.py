@@ -133,3 +133,76 @@ def test_short_hub_rings_do_not_create_self_loops():
     assert (np.diag(dense) == 0).all() and (dense == dense.T).all()
     assert (dense[~np.eye(4, dtype=bool)] > 0).all()  # every pair still linked
     assert stats["hub_sources"] == 3
+
+
+def _reference_reg(b, cap, links, seed):
+    """C = Sᵀ S + Hᵀ Q by plain scipy products (S: the non-hub rows of B; H: one-hot
+    rows of the hub pins' outputs; Q: their ring neighbours), diagonal dropped."""
+    from betty.partition.reg import _hub_ring_layout
+
+    deg = np.diff(b.indptr)
+    hub = deg > cap
+    small = b[~hub].astype(np.int64)
+    ref = small.T @ small
+    members, partners, _ = _hub_ring_layout(b[hub], links, np.random.default_rng(seed))
+    n_out = b.shape[1]
+    pins = np.arange(members.size)
+    h = sp.csr_matrix((np.ones(members.size, np.int64), (pins, members)),
+                      shape=(members.size, n_out))
+    q = sp.csr_matrix((np.ones(partners.size, np.int64),
+                       (np.repeat(pins, partners.shape[1]), partners.ravel())),
+                      shape=(members.size, n_out))
+    ref = sp.lil_matrix(ref + h.T @ q)
+    ref.setdiag(0)
+    return sp.csr_matrix(ref)
+
+
+@pytest.mark.parametrize("chunk_pairs", [1, 50, 1 << 24])
+def test_reg_equals_the_reference_products_in_either_dtype(chunk_pairs):
+    batch = _batch(6, num_outputs=120, fanouts=(3, 10))
+    b = output_layer_incidence(batch)
+    ref = _reference_reg(b, cap=4, links=2, seed=3)
+    assert ref.nnz > 0
+    one_pass, _ = redundancy_graph(b, max_hub_degree=4, hub_links=2, seed=3)
+    for dtype in (np.int32, np.int64):
+        c, _ = redundancy_graph(b, max_hub_degree=4, hub_links=2, seed=3,
+                                chunk_pairs=chunk_pairs, dtype=dtype)
+        assert c.indices.dtype == c.data.dtype == c.indptr.dtype == dtype
+        np.testing.assert_array_equal(c.toarray(), ref.toarray())
+        # the same entries in the same order as the one-pass int32 build: METIS reads them
+        np.testing.assert_array_equal(c.indptr, one_pass.indptr)
+        np.testing.assert_array_equal(c.indices, one_pass.indices)
+        np.testing.assert_array_equal(c.data, one_pass.data)
+
+
+def test_redundancy_graph_rejects_other_dtypes():
+    b = sp.csr_matrix(np.ones((3, 4), dtype=np.int32))
+    with pytest.raises(ValueError, match="dtype"):
+        redundancy_graph(b, dtype=np.float64)
+
+
+def test_metis_reads_the_cached_reg_arrays_and_splits_as_the_int32_reg(monkeypatch):
+    import pymetis
+
+    from betty.partition import partition_batch
+    from betty.partition.balance import fill_empty_pieces
+    from betty.partition.metis_cut import metis_cut
+
+    batch = _batch(7, num_outputs=120, fanouts=(3, 10))
+    calls = []
+    real = pymetis.part_graph
+
+    def spy(nparts, adjacency=None, **kwargs):
+        calls.append((adjacency, kwargs["eweights"]))
+        return real(nparts, adjacency=adjacency, **kwargs)
+
+    monkeypatch.setattr(pymetis, "part_graph", spy)
+    result = partition_batch(batch, 4, "reg", seed=2)
+    (cached,) = [v for key, v in batch._derived.items() if key[0] == "redundancy_graph"]
+    c = cached[0]
+    (adjacency, eweights), = calls
+    assert adjacency.adjacent is c.indices and eweights is c.data  # no widened copies
+    c32, _ = redundancy_graph(output_layer_incidence(batch), seed=2)
+    groups, _ = metis_cut(c32, 4, vweights=np.ones(c32.shape[0], np.int32),
+                          use_edge_weights=True, seed=2)
+    assert torch.equal(result.groups, fill_empty_pieces(groups, 4)[0])

@@ -55,7 +55,7 @@ from betty.partition.incidence import (
     output_layer_incidence,
 )
 from betty.partition.kaminpar_cut import cut_threads, kaminpar_cut
-from betty.partition.metis_cut import metis_cut
+from betty.partition.metis_cut import metis_cut, metis_index_dtype
 
 __all__ = [
     "redundancy_graph",
@@ -162,6 +162,35 @@ def _chunk_bounds(work: np.ndarray, chunk_pairs: int) -> np.ndarray:
     return np.concatenate([[0], ends if ends[-1] == n else np.append(ends, n)]).astype(np.int64)
 
 
+def _assemble_rows(blocks: list[sp.csr_matrix], n_cols: int, dtype: np.dtype) -> sp.csr_matrix:
+    """``vstack(blocks)`` as CSR with ``dtype`` ``indptr``, ``indices`` and ``data``,
+    entries in the blocks' order. Each block is copied into the preallocated result and
+    released (``blocks`` is emptied), so the peak is the result plus one block, not twice
+    the result as with a concatenation."""
+    nnz = sum(block.nnz for block in blocks)
+    rows = sum(block.shape[0] for block in blocks)
+    indptr = np.empty(rows + 1, dtype=np.promote_types(dtype, index_dtype(nnz + 1)))
+    indices = np.empty(nnz, dtype=dtype)
+    data = np.empty(nnz, dtype=dtype)
+    indptr[0] = 0
+    row, pos = 0, 0
+    blocks.reverse()  # pop from the end: the first block first
+    while blocks:
+        block = blocks.pop()
+        n_rows, end = block.shape[0], pos + block.nnz
+        indptr[row + 1:row + n_rows + 1] = block.indptr[1:].astype(np.int64) + pos
+        indices[pos:end] = block.indices
+        data[pos:end] = block.data
+        row, pos = row + n_rows, end
+        del block
+    out = sp.csr_matrix((rows, n_cols), dtype=dtype)
+    # assigned, not passed to the constructor: scipy narrows int64 index arrays whose
+    # values fit int32, which would copy them
+    out.indptr, out.indices, out.data = indptr, indices, data
+    out.check_format(full_check=False)
+    return out
+
+
 def redundancy_graph(
     incidence: sp.spmatrix,
     *,
@@ -169,6 +198,7 @@ def redundancy_graph(
     hub_links: int = DEFAULT_HUB_LINKS,
     seed: int = 0,
     chunk_pairs: int = DEFAULT_CHUNK_PAIRS,
+    dtype: np.dtype | type = np.int32,
 ) -> tuple[sp.csr_matrix, dict]:
     """The REG ``C`` over the columns (outputs) of ``incidence``, hub-capped, built in
     row chunks.
@@ -177,10 +207,10 @@ def redundancy_graph(
     = the non-hub rows of ``B``; scipy's product sums the shared-source counts row by
     row) plus the chunk's ring links, diagonal dropped. The rows of a chunk expand at
     most ``chunk_pairs`` (output, output) pairs (a single heavier row excepted), so the
-    transient memory is one chunk's pairs, and the peak is about the final ``C``
-    (indices + counts, 8 bytes per entry, twice while the chunks are concatenated) plus
-    the ring layout (about 12 bytes per hub pin). The result does not depend on
-    ``chunk_pairs``.
+    transient memory is one chunk's pairs. The chunks are copied one at a time into
+    ``C``'s arrays and freed, so the peak is about the final ``C`` (indices + counts,
+    ``2 · itemsize(dtype)`` bytes per entry) plus one chunk, plus the ring layout (about
+    12 bytes per hub pin). The result does not depend on ``chunk_pairs`` or ``dtype``.
 
     Args:
         incidence: ``B`` ``(n_src, n_out)`` 0/1 sparse.
@@ -189,9 +219,13 @@ def redundancy_graph(
         hub_links: ring links per output of a hub source, ``>= 1``.
         seed: seeds the ring order of the hub sources.
         chunk_pairs: pairs expanded per chunk of rows, ``>= 1``.
+        dtype: integer type of ``C``'s ``indices``, ``data`` and ``indptr`` (``indptr``
+            int64 when ``C``'s entries outnumber int32): ``int32``, or METIS's ``idx_t``
+            (:func:`~betty.partition.metis_cut.metis_index_dtype`) so that METIS reads
+            ``C``'s own arrays instead of widened copies held beside them.
 
     Returns:
-        ``(C, stats)``: ``C`` ``(n_out, n_out)`` int32 CSR, symmetric,
+        ``(C, stats)``: ``C`` ``(n_out, n_out)`` ``dtype`` CSR, symmetric,
         zero diagonal, ``C[i, j]`` = shared non-hub sources + ring links between ``i``
         and ``j``; ``stats`` has ``hub_sources``, ``hub_pin_fraction`` (share of ``B``'s
         entries in hub rows), ``pairs_exact`` (ordered pairs an uncapped ``BᵀB`` would
@@ -203,6 +237,8 @@ def redundancy_graph(
         raise ValueError(f"hub_links must be >= 1, got {hub_links}")
     if chunk_pairs < 1:
         raise ValueError(f"chunk_pairs must be >= 1, got {chunk_pairs}")
+    if np.dtype(dtype) not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise ValueError(f"dtype must be int32 or int64, got {np.dtype(dtype)}")
     b = sp.csr_matrix(incidence, dtype=np.int32)
     n_out = b.shape[1]
     deg = np.diff(b.indptr).astype(np.int64)
@@ -233,15 +269,10 @@ def redundancy_graph(
         block = sp.csr_matrix(left_t[lo:hi] @ right)  # exact sums, no repeated entries
         block.setdiag(0, k=lo)  # C's diagonal: block entry (i - lo, i)
         block.eliminate_zeros()
-        blocks.append(block.astype(np.int32, copy=False))
+        blocks.append(block)
         del block
     del left_t, right
-    if len(blocks) == 1:
-        c = blocks[0]
-    else:
-        c = sp.vstack(blocks, format="csr")
-    del blocks
-    c = sp.csr_matrix(c, shape=(n_out, n_out))
+    c = _assemble_rows(blocks, n_out, np.dtype(dtype))
     stats = {
         "hub_sources": int(hub.sum()),
         "hub_pin_fraction": float(deg[hub].sum() / max(int(deg.sum()), 1)),
@@ -272,11 +303,13 @@ def _cut_reg(
         raise ValueError(f"partition.partitioner must be one of {list(PARTITIONER_CHOICES)}, "
                          f"got {partitioner!r}")
     start = time.perf_counter()
-    # C does not depend on K: a K search builds it once per batch
+    # C does not depend on K: a K search builds it once per batch. For METIS it is built
+    # in METIS's idx_t, so that METIS reads C's arrays, not widened copies held beside it
+    dtype = metis_index_dtype() if partitioner == "metis" else np.dtype(np.int32)
     reg, stats = batch.derived(
-        ("redundancy_graph", incidence_fn.__name__, max_hub_degree, hub_links, seed),
+        ("redundancy_graph", incidence_fn.__name__, max_hub_degree, hub_links, seed, dtype.name),
         lambda: redundancy_graph(incidence_fn(batch), max_hub_degree=max_hub_degree,
-                                 hub_links=hub_links, seed=seed),
+                                 hub_links=hub_links, seed=seed, dtype=dtype),
         slot="redundancy_graph")
     vweights = integer_vertex_weights(weights, batch.num_outputs)
     built = time.perf_counter()
