@@ -62,6 +62,11 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 """Spec sections each stage's output depends on (its reuse key)."""
 
+#: keys added after specs were hashed, left out of a resolved spec's content (and so of
+#: its hashes and stage keys) while at their defaults: the preparation threads (which
+#: never change a result) and the sampler's device (``host``).
+_UNHASHED_DEFAULTS = (("train", "prep_workers"), ("sampling", "device"))
+
 _SWEEP_ONLY = {"partition": ("sweep",)}  # affects the partition stage's report only
 
 _SPEC_SUFFIXES = (".yaml", ".yml")
@@ -413,6 +418,9 @@ def resolve_spec(raw: dict, *, source: str | None = None, overrides: Sequence[st
     if "feature_dtype" not in keyed_options(options):  # float32: the hashes specs had before the key
         del options["feature_dtype"]
     data["dataset"] = {"name": spec.dataset.name, "root": spec.dataset.root, **options}
+    for section, key in _UNHASHED_DEFAULTS:  # at their defaults: the hashes specs had before the keys
+        if data[section][key] == getattr(type(getattr(spec, section)), "model_fields")[key].default:
+            del data[section][key]
     data = json.loads(json.dumps(data))  # plain JSON types throughout
     return ResolvedSpec(spec=spec, data=data, source=source, overrides=tuple(overrides))
 
