@@ -158,9 +158,9 @@ def sample_neighbors_torch(
     indptr = graph.in_csr_on(device)[0]
     start = indptr[nodes]
     degree = indptr[nodes + 1] - start
-    take = degree if fanout == -1 else torch.clamp(degree, max=fanout)
-    row = torch.repeat_interleave(take)  # row r repeated take[r] times
-    first = torch.cumsum(take, 0) - take  # each row's first output slot
+    picked = degree if fanout == -1 else torch.clamp(degree, max=fanout)
+    row = torch.repeat_interleave(picked)  # row r repeated picked[r] times
+    first = torch.cumsum(picked, 0) - picked  # each row's first output slot
     pos = torch.arange(row.numel(), device=device) + (start - first)[row]  # every in-edge
     if fanout != -1:
         over = torch.nonzero(degree > fanout).view(-1)
@@ -193,9 +193,9 @@ def sample_neighbors(
     v = nodes.numpy()
     start = indptr[v].astype(np.int64, copy=False)
     degree = indptr[v + 1] - start
-    take = degree if fanout == -1 else np.minimum(degree, fanout)
-    row = np.repeat(np.arange(v.size), take)
-    first = np.cumsum(take) - take  # each row's first output slot
+    picked = degree if fanout == -1 else np.minimum(degree, fanout)
+    row = np.repeat(np.arange(v.size), picked)
+    first = np.cumsum(picked) - picked  # each row's first output slot
     pos = np.arange(row.size) + (start - first)[row]  # every in-edge, in CSR order
     if fanout != -1:
         over = np.flatnonzero(degree > fanout)

@@ -393,6 +393,13 @@ def _piece_outputs(groups: torch.Tensor, k: int,
             if pieces is None or piece in pieces]
 
 
+def _carve_timed(carver: Carver, entry: tuple[int, torch.Tensor]) -> tuple[int, MicroBatch, float]:
+    """``(piece, micro-batch, seconds to carve it)`` for ``entry = (piece, outputs)``."""
+    start = time.perf_counter()
+    mb = carver.carve(entry[1])
+    return entry[0], mb, time.perf_counter() - start
+
+
 def carve_pieces(batch: SampledBatch, groups: torch.Tensor, k: int,
                  pieces: Collection[int] | None = None) -> Iterator[tuple[int, MicroBatch, float]]:
     """Yield (piece index, micro-batch, seconds to carve it) lazily, one piece at a
@@ -403,10 +410,9 @@ def carve_pieces(batch: SampledBatch, groups: torch.Tensor, k: int,
     carver = Carver(batch)
     wanted = _piece_outputs(groups, k, pieces)
     setup = time.perf_counter() - start
-    for piece, idx in wanted:
-        start = time.perf_counter()
-        mb = carver.carve(idx)
-        yield piece, mb, time.perf_counter() - start + setup
+    for entry in wanted:
+        piece, mb, seconds = _carve_timed(carver, entry)
+        yield piece, mb, seconds + setup
         setup = 0.0
 
 
@@ -420,13 +426,7 @@ def carve_all(batch: SampledBatch, groups: torch.Tensor, k: int,
     carver = Carver(batch)
     wanted = _piece_outputs(groups, k, pieces)
     setup = time.perf_counter() - start
-
-    def carve(entry: tuple[int, torch.Tensor]) -> tuple[int, MicroBatch, float]:
-        begin = time.perf_counter()
-        mb = carver.carve(entry[1])
-        return entry[0], mb, time.perf_counter() - begin
-
-    carved = parallel_map(carve, wanted)
+    carved = parallel_map(lambda entry: _carve_timed(carver, entry), wanted)
     if carved:
         piece, mb, seconds = carved[0]
         carved[0] = (piece, mb, seconds + setup)

@@ -3,7 +3,8 @@
 Preparation steps whose parts are independent run their parts on a shared pool of
 :func:`prep_workers` threads: the piece-membership product one block of pieces per part
 (:func:`betty.partition.metrics.piece_membership`), carving one micro-batch per part
-(:func:`betty.train.carve_pieces` when all pieces are carved at once). Their heavy
+(:func:`betty.train.carve_all`), the sorted feature gather for a device one chunk of
+rows per part (:func:`betty.data.store.gather_rows`). Their heavy
 calls (scipy's sparse products, torch and NumPy array ops) release the GIL, so the
 parts run on separate cores. The parts' results are put together in a fixed order, so
 the count never changes what is computed: bit for bit the one-thread result.

@@ -122,8 +122,7 @@ def _configure_prep_workers(rspec: ResolvedSpec, trainer_threads: int | None) ->
     if workers == "auto":
         ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         threads = torch.get_num_threads() if trainer_threads is None else trainer_threads
-        workers = spare_cores(threads * ranks) // ranks if ranks > 1 else spare_cores(threads)
-        workers = max(1, workers)
+        workers = max(1, spare_cores(threads * ranks) // ranks)
     set_prep_workers(workers)
 
 
