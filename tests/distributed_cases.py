@@ -122,3 +122,17 @@ def rank_sum_then_wait(wait_s: float = 2.0) -> list[float]:
     dist.all_reduce(t)
     time.sleep(wait_s)
     return t.tolist()
+
+
+def rank_found_inf() -> bool:
+    """The loss scaler's overflow flag on one rank when only rank 1's gradient holds an
+    inf: every rank must report True (the flag is agreed over the ranks)."""
+    import torch.distributed as dist
+
+    from betty.precision import LossScaler
+
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.full((3,), 4.0)
+    if dist.get_rank() == 1:
+        p.grad[1] = float("inf")  # only rank 1 overflowed
+    return LossScaler(init_scale=4.0).unscale([p], all_ranks=True)

@@ -11,8 +11,6 @@ CPU sparse kernels take no float16), so the 16-mixed exactness rows are PyG's.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -172,26 +170,11 @@ def test_overflow_in_one_micro_batch_skips_the_step_and_backs_off(batch_data):
     assert scaler.skipped_steps == 1 and scaler.growth_tracker == 1
 
 
-def _rank_found_inf(rank: int, world: int, init: str, out: str) -> None:
-    import torch.distributed as dist
+def test_found_inf_is_agreed_over_the_ranks():
+    from betty.distributed.launch import launch
+    from distributed_cases import rank_found_inf
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    p = torch.nn.Parameter(torch.ones(3))
-    p.grad = torch.full((3,), 4.0)
-    if rank == 1:
-        p.grad[1] = float("inf")  # only rank 1 overflowed
-    found = LossScaler(init_scale=4.0).unscale([p], all_ranks=True)
-    with open(f"{out}.{rank}", "w") as fh:
-        fh.write(str(found))
-    dist.destroy_process_group()
-
-
-def test_found_inf_is_agreed_over_the_ranks(tmp_path):
-    import torch.multiprocessing as mp
-
-    init = f"file://{tmp_path / 'store'}"
-    mp.spawn(_rank_found_inf, args=(2, init, str(tmp_path / "found")), nprocs=2, join=True)
-    assert [(tmp_path / f"found.{r}").read_text() for r in range(2)] == ["True", "True"]
+    assert launch(rank_found_inf, nproc=2) == {0: True, 1: True}
 
 
 def test_trainer_builds_a_scaler_only_for_16_mixed():
