@@ -13,7 +13,7 @@ from test_workflow_support import metric_names, runs_of
 from workflow.artifacts import load_batch, save_batch
 from workflow.components import first_batch, load_data
 from workflow.mlproject import parse_args
-from workflow.pipeline import InProcessLauncher, run_pipeline, run_stage
+from workflow.pipeline import run_pipeline, run_stage
 from workflow.runs import decode_upstream, encode_upstream
 from workflow.specfile import STAGES, load_spec
 from workflow.stages.partition import sweep
@@ -33,7 +33,7 @@ def test_pipeline_logs_contract_and_reuses_by_content(tracking):
     uri, exp = tracking
     client = MlflowClient(uri)
     rspec = load_spec("tiny", FAST)
-    first = run_pipeline(rspec, InProcessLauncher())
+    first = run_pipeline(rspec)
     runs = runs_of(uri, exp)
     assert len(runs) == 6 and all(r.info.status == "FINISHED" for r in runs)
     parent = client.get_run(first["main"]["run_id"])
@@ -59,12 +59,12 @@ def test_pipeline_logs_contract_and_reuses_by_content(tracking):
     assert all(torch.equal(a.src_nid, b.src_nid) and torch.equal(a.edge_id, b.edge_id)
                for a, b in zip(batch.layers, expected.layers))
 
-    again = run_pipeline(rspec, InProcessLauncher())
+    again = run_pipeline(rspec)
     assert all(again[s]["reused"] and again[s]["run_id"] == first[s]["run_id"] for s in STAGES)
     assert len(runs_of(uri, exp)) == 7  # only a new parent
     assert client.get_run(again["main"]["run_id"]).data.tags["reused_stages"] == ",".join(STAGES)
 
-    edited = run_pipeline(load_spec("tiny", FAST + ["train.epochs=1"]), InProcessLauncher())
+    edited = run_pipeline(load_spec("tiny", FAST + ["train.epochs=1"]))
     assert [edited[s]["reused"] for s in STAGES] == [True, True, True, False, False]
     assert edited["train"]["run_id"] != first["train"]["run_id"]
     assert len(client.get_metric_history(edited["train"]["run_id"], "loss")) == 1
@@ -75,9 +75,9 @@ def test_reuse_requires_same_code_version(tracking, monkeypatch):
     from workflow import reuse
 
     rspec = load_spec("tiny", FAST + ["partition.sweep.k=[]"])
-    run_pipeline(rspec, InProcessLauncher(), stages=("download",))
+    run_pipeline(rspec, stages=("download",))
     monkeypatch.setattr(reuse, "code_version", lambda: "edited+0000")
-    out = run_pipeline(rspec, InProcessLauncher(), stages=("download",))
+    out = run_pipeline(rspec, stages=("download",))
     assert out["download"]["reused"] is False
 
 
@@ -87,7 +87,7 @@ def test_missing_dataset_fails_fast_and_leaves_no_running_run(tracking):
     from betty.data import DatasetNotFoundError
 
     with pytest.raises(DatasetNotFoundError):
-        run_pipeline(rspec, InProcessLauncher())
+        run_pipeline(rspec)
     runs = runs_of(uri, exp)
     assert [(r.data.tags["stage"], r.info.status) for r in runs] == [("main", "FAILED"), ("download", "FAILED")]
     for run in runs:
@@ -106,7 +106,7 @@ def test_interrupted_stage_is_killed_not_running(tracking, monkeypatch):
 
     monkeypatch.setattr(train_stage, "train_once", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_pipeline(load_spec("tiny", FAST), InProcessLauncher())
+        run_pipeline(load_spec("tiny", FAST))
     status = {r.data.tags["stage"]: r.info.status for r in runs_of(uri, exp)}
     assert status == {"main": "KILLED", "download": "FINISHED", "sample": "FINISHED",
                       "partition": "FINISHED", "train": "KILLED"}

@@ -53,27 +53,27 @@ def _artifact(tmp_path, run_id: str, name: str):
 
 def test_damaged_or_missing_artifacts_rerun_the_stage(tracking, tmp_path):
     from workflow.checksums import TAG_PREFIX, file_sha256
-    from workflow.pipeline import InProcessLauncher, run_pipeline
+    from workflow.pipeline import run_pipeline
     from workflow.specfile import load_spec
 
     uri, exp = tracking
     client = MlflowClient(uri)
     rspec = load_spec("tiny", ["partition.sweep.k=[2]", "partition.sweep.methods=[range]"])
-    first = run_pipeline(rspec, InProcessLauncher())
+    first = run_pipeline(rspec)
     sample = first["sample"]["run_id"]
     tags = client.get_run(sample).data.tags
     assert tags[TAG_PREFIX + "batch.npz"] == file_sha256(_artifact(tmp_path, sample, "batch.npz"))
 
     _artifact(tmp_path, first["evaluate"]["run_id"], "evaluation.json").unlink()
     with pytest.warns(UserWarning, match=f"evaluate run {first['evaluate']['run_id']}: evaluation.json is missing"):
-        second = run_pipeline(rspec, InProcessLauncher())
+        second = run_pipeline(rspec)
     assert [s for s in second if s != "main" and second[s]["reused"]] == ["download", "sample", "partition", "train"]
     assert second["evaluate"]["run_id"] != first["evaluate"]["run_id"]
 
     batch = _artifact(tmp_path, sample, "batch.npz")
     batch.write_bytes(batch.read_bytes()[:-1] + b"x")  # one byte changed
     with pytest.warns(UserWarning, match=f"sample run {sample}: batch.npz is damaged"):
-        third = run_pipeline(rspec, InProcessLauncher())
+        third = run_pipeline(rspec)
     assert [s for s in third if s != "main" and third[s]["reused"]] == ["download"]
     parent = client.get_run(third["main"]["run_id"])
     assert parent.data.tags["reuse_refused.sample"] == f"{sample}: batch.npz"

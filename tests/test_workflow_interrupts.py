@@ -2,8 +2,8 @@
 run ``RUNNING`` and no process alive (subprocesses on a copy of the project, a temporary
 sqlite store, the tiny spec).
 
-Moments: the ``main`` entry point still importing torch/DGL; a stage process in flight
-under ``main``; the ``train`` entry point in the middle of its epochs. Signals: ``SIGINT``
+Moments: the ``main`` entry point still importing torch/DGL; a stage in flight under
+``main`` (its nested run, in the entry point's process); the ``train`` entry point in the middle of its epochs. Signals: ``SIGINT``
 to the whole process group (Ctrl-C in a terminal) and ``SIGTERM`` to the ``mlflow run``
 process alone (which then dies without cleanup; its children must notice).
 """
@@ -136,6 +136,10 @@ class Launch:
         return runs
 
 
+LONG_TRAINING = "set=train.epochs=100000;evaluate.every=0"
+"""A train stage that is still running whenever the signal comes."""
+
+
 def _by_stage(runs) -> dict[str, str]:
     return {r.data.tags.get("stage", r.data.tags.get("mlflow.project.entryPoint")): r.info.status for r in runs}
 
@@ -151,25 +155,25 @@ def test_sigint_to_group_while_main_imports(project):
 
 
 def test_sigint_to_group_while_a_stage_runs(project):
-    run = Launch(project, "int-stage", "main")
-    run.wait_for("the sample stage", lambda: run.run_with("sample") is not None and run.process_running("sample"))
-    time.sleep(1.0)
+    run = Launch(project, "int-stage", "main", LONG_TRAINING)
+    run.wait_for("an epoch of the train stage", lambda: run.run_with("train", metric="loss") is not None)
     os.killpg(run.proc.pid, signal.SIGINT)
     runs = run.settle()
-    assert _by_stage(runs) == {"main": "KILLED", "download": "FINISHED", "sample": "KILLED"}, run.output[-3000:]
+    assert _by_stage(runs) == {"main": "KILLED", **dict.fromkeys(("download", "sample", "partition"), "FINISHED"),
+                              "train": "KILLED"}, run.output[-3000:]
 
 
 def test_sigterm_to_mlflow_run_alone_while_a_stage_runs(project):
-    run = Launch(project, "term-stage", "main")
-    run.wait_for("the sample stage", lambda: run.run_with("sample") is not None and run.process_running("sample"))
-    time.sleep(1.0)
+    run = Launch(project, "term-stage", "main", LONG_TRAINING)
+    run.wait_for("an epoch of the train stage", lambda: run.run_with("train", metric="loss") is not None)
     os.kill(run.proc.pid, signal.SIGTERM)  # mlflow run dies at once, without cleanup
     runs = run.settle()
-    assert _by_stage(runs) == {"main": "KILLED", "download": "FINISHED", "sample": "KILLED"}, run.output[-3000:]
+    assert _by_stage(runs) == {"main": "KILLED", **dict.fromkeys(("download", "sample", "partition"), "FINISHED"),
+                              "train": "KILLED"}, run.output[-3000:]
 
 
 def test_sigterm_to_mlflow_run_alone_while_training(project):
-    run = Launch(project, "term-train", "train", "set=train.epochs=100000;evaluate.every=0")
+    run = Launch(project, "term-train", "train", LONG_TRAINING)
     run.wait_for("an epoch of training", lambda: run.run_with("train", metric="loss") is not None)
     os.kill(run.proc.pid, signal.SIGTERM)
     runs = run.settle()

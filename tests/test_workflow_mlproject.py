@@ -58,11 +58,12 @@ def test_mlflow_run_main_then_reuse(project):
     mains, stages, runs = _by_kind(uri, exp)
     assert len(runs) == 6 and all(r.info.status == "FINISHED" for r in runs)
     (parent,) = mains
+    assert parent.data.tags["mlflow.project.entryPoint"] == "main"
     assert sorted(r.data.tags["stage"] for r in stages) == sorted(STAGES)
     for run in stages:
         tags = run.data.tags
         assert tags["mlflow.parentRunId"] == parent.info.run_id
-        assert tags["mlflow.project.entryPoint"] == tags["stage"]
+        assert "mlflow.project.entryPoint" not in tags  # run in the main entry point's process
         assert tags["spec_sha"] == parent.data.tags["spec_sha"]
         assert {"dataset", "device", "code_version", "stage_sha"} <= set(tags)
         assert "spec.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}

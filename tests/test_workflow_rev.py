@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from test_workflow_support import invoke, new_experiment, new_store, project_copy, runs_of
-from workflow.pipeline import InProcessLauncher, run_pipeline, run_stage
+from workflow.pipeline import run_pipeline, run_stage
 from workflow.spec import SpecError, spec_notes
 from workflow.specfile import STAGES, apply_overrides, load_spec, resolve_spec
 
@@ -146,7 +146,7 @@ def test_real_reversible_specs_fail_fast_offline(tracking):
 
     for name in ("proteins_revgnn_deep", "products_revgnn"):
         with pytest.raises(DatasetNotFoundError):
-            run_pipeline(load_spec(name), InProcessLauncher())
+            run_pipeline(load_spec(name))
     runs = runs_of(uri, exp)
     assert [(r.data.tags["stage"], r.info.status) for r in runs] == [("main", "FAILED"), ("download", "FAILED")] * 2
     assert all("DatasetNotFoundError" in r.data.tags["error"] for r in runs)

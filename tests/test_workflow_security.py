@@ -30,11 +30,11 @@ class _Payload:
 
 
 def _pipeline():
-    from workflow.pipeline import InProcessLauncher, run_pipeline
+    from workflow.pipeline import run_pipeline
     from workflow.specfile import load_spec
 
     rspec = load_spec("tiny", FAST)
-    return rspec, run_pipeline(rspec, InProcessLauncher())
+    return rspec, run_pipeline(rspec)
 
 
 def _artifact(tmp_path: Path, run_id: str, name: str) -> Path:
@@ -71,10 +71,10 @@ def test_train_run_without_its_logged_model_is_rerun(tracking):
     train = first["train"]["run_id"]
     (model,) = client.search_logged_models([exp], filter_string=f"source_run_id = '{train}'")
     client.delete_logged_model(model.model_id)
-    from workflow.pipeline import InProcessLauncher, run_pipeline
+    from workflow.pipeline import run_pipeline
 
     with pytest.warns(UserWarning, match=f"not reusing the train run {train}: model is missing"):
-        second = run_pipeline(rspec, InProcessLauncher())
+        second = run_pipeline(rspec)
     assert [s for s in second if s != "main" and second[s]["reused"]] == ["download", "sample", "partition"]
     assert second["train"]["run_id"] != train
     assert client.get_run(second["main"]["run_id"]).data.tags["reuse_refused.train"] == f"{train}: model"

@@ -1,6 +1,7 @@
 """MLproject entry points: ``python -m workflow.mlproject ENTRY --spec S [--set ...]``.
 
-``ENTRY`` is ``main`` (every stage, as child runs) or a stage name. Each call resumes
+``ENTRY`` is ``main`` (every stage, as nested runs in this process, as ``betty run``
+does: :func:`workflow.pipeline.run_pipeline`) or a stage name. Each call resumes
 the run ``mlflow run`` created for it (``MLFLOW_RUN_ID``), except when that run is in
 "Default" (``mlflow run`` without ``--experiment-name``): the entry point's runs then go
 to the spec's experiment (:func:`workflow.tracking.leave_default_experiment`). Overrides come from the
@@ -16,9 +17,8 @@ imported, and everything :func:`main` does (imports included) runs inside one ``
 so ``SIGINT``/``SIGTERM`` at any moment end this process's run (``MLFLOW_RUN_ID``)
 ``KILLED``; so does the death of the parent process (``mlflow run`` killed), also when
 it died before this process could ask to be told (:func:`workflow.signals.launcher_gone`),
-and a run that ``mlflow run`` ended before this process started. The ``main``
-entry point stops the stage process in flight and ends its run ``KILLED`` too
-(:class:`workflow.pipeline.ProjectLauncher`).
+and a run that ``mlflow run`` ended before this process started. Under ``main`` the
+stage in flight ends ``KILLED`` with it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ if __name__ == "__main__":
 import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 __all__ = ["main", "parse_args"]
 
@@ -83,15 +82,11 @@ def _fail(message: str, code: int, exc: BaseException | None = None) -> int:
     return code
 
 
-UNDER_MAIN = "BETTY_UNDER_MAIN"
-"""Set by the ``main`` entry point for its stage processes: it restores their status itself."""
-
-
 def _watch_parent() -> None:
-    """Under ``mlflow run`` (not under betty's ``main``): start the
-    :mod:`workflow.finalize` watcher for this run and the ``mlflow run`` process."""
+    """Under ``mlflow run``: start the :mod:`workflow.finalize` watcher for this run and
+    the ``mlflow run`` process."""
     run_id = os.environ.get("MLFLOW_RUN_ID")
-    if run_id and not os.environ.get(UNDER_MAIN) and os.getppid() > 1:
+    if run_id and os.getppid() > 1:
         from workflow.finalize import spawn
 
         spawn(run_id, os.getppid())
@@ -150,12 +145,10 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
 
         leave_default_experiment(rspec)  # no experiment named: the spec's, not "Default"
         if args.entry == "main":
-            from workflow.pipeline import ProjectLauncher, run_pipeline
+            from workflow.pipeline import run_pipeline
 
-            os.environ[UNDER_MAIN] = "1"  # inherited by the stage processes
-            launcher = ProjectLauncher(Path.cwd(), args.spec, overrides)
             reuse = str(args.reuse).strip().lower() not in ("false", "0", "no", "off")
-            run_pipeline(rspec, launcher, reuse=reuse, reporter=reporter)
+            run_pipeline(rspec, reuse=reuse, reporter=reporter)
         else:
             from workflow.pipeline import run_stage
             from workflow.runs import decode_upstream

@@ -2,15 +2,10 @@
 
 :func:`run_pipeline` opens the parent run (``run_kind=main``, ``stage=main``) and, for
 each stage in order, either reuses a finished run with the same key
-(:mod:`workflow.reuse`) or launches the stage as a child run:
-
-* :class:`InProcessLauncher` (``betty run``): a nested run in this process;
-* :class:`ProjectLauncher` (the MLproject ``main`` entry point): ``mlflow.projects.run``
-  of the stage's entry point with ``env_manager="local"`` (child runs do not inherit
-  ``--env-manager``), into a run created beforehand as a child of the parent. On an
-  interrupt the stage's process is stopped (by MLflow, or by the kernel when this
-  process exits: :mod:`workflow.signals`) and the stage's run ends ``KILLED`` if that
-  process did not end it.
+(:mod:`workflow.reuse`) or runs it (:func:`run_stage`) as a nested run in this process,
+sharing the loaded dataset with the stages after it. ``betty run`` and the MLproject
+``main`` entry point (``mlflow run . -e main``) both run the pipeline this way; the
+per-stage entry points run one stage each.
 
 Artifacts pass between stages by run ID: each stage gets ``upstream = {stage: run_id}``
 of the stages before it. The parent records ``stage_run.<stage>`` tags (the run used
@@ -31,23 +26,17 @@ from mlflow.tracking import MlflowClient
 
 from workflow.checksums import ArtifactDamaged, damaged_artifacts
 from workflow.components import resolve_device
-from workflow.finalize import restore_killed
 from workflow.lineage import check_upstream
 from workflow.progress import Reporter
 from workflow.reuse import find_reusable, stage_key
-from workflow.runs import ERROR_TAG_LIMIT, encode_upstream, log_metrics, tracked_run
+from workflow.runs import encode_upstream, log_metrics, tracked_run
 from workflow import signals
 from workflow.specfile import STAGES, ResolvedSpec
 from workflow.stages import UPSTREAM, stage_function
 from workflow.stages.base import StageContext
 from workflow.tracking import MODEL_NAME, log_dataset_input, logged_model_problem
 
-__all__ = ["StageFailed", "run_stage", "InProcessLauncher", "ProjectLauncher", "run_pipeline",
-           "collect_summary"]
-
-
-class StageFailed(RuntimeError):
-    """A stage launched as a separate process failed; the message carries its error."""
+__all__ = ["run_stage", "run_pipeline", "collect_summary"]
 
 
 def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None = None, *,
@@ -75,72 +64,6 @@ def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None =
         metrics = stage_function(stage)(ctx)
         signals.check()
     return run.info.run_id, metrics
-
-
-class InProcessLauncher:
-    """Stages as nested runs of this process (sharing the loaded dataset)."""
-
-    def __init__(self, reporter: Reporter | None = None) -> None:
-        self.reporter = reporter or Reporter()
-        self.shared: dict = {}
-
-    def launch(self, stage: str, rspec: ResolvedSpec, upstream: dict[str, str], experiment_id: str) -> str:
-        run_id, _ = run_stage(stage, rspec, upstream, reporter=self.reporter, nested=True, shared=self.shared)
-        return run_id
-
-
-class ProjectLauncher:
-    """Stages as MLproject entry points (``mlflow.projects.run``, local env manager).
-
-    Args:
-        project_dir: the folder holding ``MLproject``.
-        spec_ref: the spec as the user gave it (resolved again by each child, in the
-            same working directory).
-        overrides: ``key.path=value`` overrides, passed on as the ``set`` parameter.
-    """
-
-    def __init__(self, project_dir: str | Path, spec_ref: str, overrides: list[str]) -> None:
-        self.project_dir = str(project_dir)
-        self.spec_ref = spec_ref
-        self.overrides = list(overrides)
-
-    def launch(self, stage: str, rspec: ResolvedSpec, upstream: dict[str, str], experiment_id: str) -> str:
-        from mlflow.exceptions import ExecutionException
-        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_PROJECT_ENTRY_POINT, MLFLOW_RUN_NAME
-
-        client = MlflowClient()
-        parent = mlflow.active_run()
-        name = f"{rspec.name}/{stage}"
-        child = client.create_run(experiment_id, run_name=name, tags={
-            MLFLOW_PARENT_RUN_ID: parent.info.run_id, MLFLOW_PROJECT_ENTRY_POINT: stage,
-            MLFLOW_RUN_NAME: name, "run_kind": "stage", "stage": stage})
-        params = {"spec": self.spec_ref, "set": ";".join(self.overrides),
-                  "upstream": encode_upstream(upstream)}
-        run_id = child.info.run_id
-        try:  # synchronous: on an interrupt MLflow stops the stage process (SIGTERM) and waits for it
-            mlflow.projects.run(self.project_dir, entry_point=stage, parameters=params,
-                                experiment_id=experiment_id, run_id=run_id,
-                                env_manager="local", synchronous=True)
-        except ExecutionException:
-            _end_if_running(client, run_id, "FAILED")
-            error = client.get_run(run_id).data.tags.get("error", "see the run's error.txt / logs")
-            raise StageFailed(f"stage {stage} failed (run {run_id}): {error}"[:ERROR_TAG_LIMIT]) from None
-        except BaseException as exc:
-            # interrupted, possibly before MLflow watched the process: that one ends with
-            # this one (PR_SET_PDEATHSIG, workflow.signals); its run ends here if not there
-            _end_if_running(client, run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
-            if isinstance(exc, KeyboardInterrupt):
-                with signals.shield():
-                    restore_killed(client, run_id)  # MLflow ended it FAILED over the KILLED (workflow.finalize)
-            raise
-        return run_id
-
-
-def _end_if_running(client: MlflowClient, run_id: str, status: str) -> None:
-    """End ``run_id`` with ``status`` unless its process already ended it (signals held back)."""
-    with signals.shield():
-        if client.get_run(run_id).info.status in ("RUNNING", "SCHEDULED"):
-            client.set_terminated(run_id, status)
 
 
 def collect_summary(upstream: dict[str, str]) -> dict[str, float]:
@@ -195,7 +118,7 @@ def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
     return None
 
 
-def run_pipeline(rspec: ResolvedSpec, launcher, *, reuse: bool = True, reporter: Reporter | None = None,
+def run_pipeline(rspec: ResolvedSpec, *, reuse: bool = True, reporter: Reporter | None = None,
                  stages: tuple[str, ...] = STAGES, run_name: str | None = None) -> dict[str, dict]:
     """All ``stages`` as children of one parent run (see the module docstring).
 
@@ -210,6 +133,7 @@ def run_pipeline(rspec: ResolvedSpec, launcher, *, reuse: bool = True, reporter:
     reporter = reporter or Reporter()
     device = str(resolve_device(rspec.spec.train.device))
     outcomes: dict[str, dict] = {}
+    shared: dict = {}  # what one stage loaded for the next (the dataset)
     with tracked_run("main", "main", rspec, run_name=run_name or rspec.name, device=device) as parent:
         experiment_id = parent.info.experiment_id
         log_dataset_input(rspec)
@@ -228,7 +152,8 @@ def run_pipeline(rspec: ResolvedSpec, launcher, *, reuse: bool = True, reporter:
             else:
                 reporter.stage_started(stage)
                 try:
-                    run_id = launcher.launch(stage, rspec, dict(upstream), experiment_id)
+                    run_id, _ = run_stage(stage, rspec, dict(upstream), reporter=reporter, nested=True,
+                                          shared=shared)
                 except BaseException as exc:
                     status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
                     reporter.stage_finished(stage, status, str(exc).splitlines()[0][:120] if str(exc) else "")

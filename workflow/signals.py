@@ -25,30 +25,21 @@ an ordinary :class:`KeyboardInterrupt` that the entry point's ``try`` turns into
   before that request (:func:`launcher_gone`: ``mlflow run`` interrupted while it was
   forking this process, so the terminal's ``SIGINT`` reached it but not this process)
   counts as a ``SIGTERM`` received at :func:`install`.
-
-:func:`stop_process` ends a child process: ``SIGTERM``, then ``SIGKILL`` after a grace
-period.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["install", "restore", "shield", "defer", "hold", "release_hold", "check", "stop_process", "received", "launcher_gone"]
+__all__ = ["install", "restore", "shield", "defer", "hold", "release_hold", "check", "launcher_gone"]
 
 _received: list[int] = []
 _shield_depth = 0
 PR_SET_PDEATHSIG = 1
-
-
-def received() -> list[int]:
-    """The signals caught since :func:`install`."""
-    return list(_received)
 
 
 _defer_depth = 0
@@ -186,17 +177,3 @@ def restore(previous: dict) -> None:
     for sig, handler in previous.items():
         if handler is not None:
             signal.signal(sig, handler)
-
-
-def stop_process(proc: subprocess.Popen, grace_s: float = 30.0) -> int | None:
-    """End ``proc`` if it still runs: ``SIGTERM``, wait up to ``grace_s``, then
-    ``SIGKILL``. Returns its exit code."""
-    if proc.poll() is None:
-        try:
-            proc.terminate()
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        except OSError:
-            pass
-    return proc.wait()

@@ -26,7 +26,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     machines: node 0 runs the pipeline and logs, the others only lend their ranks)."""
     from mlflow.tracking import MlflowClient
 
-    from workflow.pipeline import InProcessLauncher, run_pipeline
+    from workflow.pipeline import run_pipeline
     from workflow.progress import make_reporter
 
     from workflow.tracking import use_spec_experiment
@@ -39,7 +39,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
         return
     use_spec_experiment(rspec, experiment)
     with make_reporter() as reporter:
-        outcomes = run_pipeline(rspec, InProcessLauncher(reporter), reuse=reuse, reporter=reporter)
+        outcomes = run_pipeline(rspec, reuse=reuse, reporter=reporter)
     parent = MlflowClient().get_run(outcomes["main"]["run_id"])
     metrics = parent.data.metrics
     if json_:
