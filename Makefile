@@ -12,8 +12,9 @@ PYG_STAMP := $(PYG_VENV)/.installed
 # Pinned: this version's CPU wheel is on the local disk here; any other version
 # (or an unpinned torch) makes pip download a multi-GB CUDA build.
 PYG_TORCH := 2.13.0
+PYG_TORCH_STAMP := $(PYG_VENV)/.torch-$(PYG_TORCH)
 
-.PHONY: venv venv-pyg test test-dgl test-slow test-pyg run clean-venv
+.PHONY: venv venv-pyg venv-pyg-torch test test-dgl test-slow test-pyg run clean-venv
 
 venv: $(STAMP)
 
@@ -25,9 +26,17 @@ $(STAMP): pyproject.toml
 
 venv-pyg: $(PYG_STAMP)
 
-$(PYG_STAMP): pyproject.toml
+# torch alone first: it touches nothing in the source tree, so `make -j2 venv venv-pyg-torch`
+# installs it beside .venv (the editable installs write betty.egg-info: one at a time)
+venv-pyg-torch: $(PYG_TORCH_STAMP)
+
+$(PYG_TORCH_STAMP):
 	@test -x $(PYG_BIN)/python || $(PYTHON) -m venv $(PYG_VENV)
 	$(PYG_BIN)/python -m pip install --quiet --upgrade pip wheel
+	$(PYG_BIN)/python -m pip install --quiet "torch==$(PYG_TORCH)"
+	@touch $(PYG_TORCH_STAMP)
+
+$(PYG_STAMP): pyproject.toml $(PYG_TORCH_STAMP)
 	$(PYG_BIN)/python -m pip install --quiet "torch==$(PYG_TORCH)" -e ".[pyg,kaminpar,test,server]"
 	@if $(PYG_BIN)/python -c "import dgl" 2>/dev/null; then \
 		echo "$(PYG_VENV) must not contain DGL"; exit 1; fi
