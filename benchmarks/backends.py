@@ -17,7 +17,7 @@ hidden 16, 2 GAT heads, dropout 0.5, attention dropout 0.25), prints per model:
 
 ``--epoch SPEC`` instead times whole epochs of a workflow spec (``specs/SPEC.yaml``,
 ``--set`` overrides as in ``betty run``; ``train.epochs`` is irrelevant, ``train.threads``
-defaults to 1) through betty's engine: each repeat builds a fresh
+defaults to 1 and ``train.pipeline`` to false, so the parts add up) through betty's engine: each repeat builds a fresh
 ``betty.engine.Trainer`` per backend (``workflow.components.make_trainer`` with
 ``model.backend`` set to ``dgl``, then ``pyg``; the order alternates between repeats)
 and runs its epoch 0 (after ``--warmup`` untimed epochs per backend, default 1: the
@@ -98,6 +98,10 @@ def time_epochs(spec: str, overrides: list[str], repeats: int,
 
     if not any(o.startswith("train.threads=") for o in overrides):
         overrides = [*overrides, "train.threads=1"]
+    if not any(o.startswith("train.pipeline=") for o in overrides):
+        # serial: each part then lies inside the epoch's wall (pipelined, the carving
+        # runs on the preparation thread while compute runs, and the parts overlap)
+        overrides = [*overrides, "train.pipeline=false"]
     specs = {b: load_spec(spec, [*overrides, f"model.backend={b}"]) for b in ("dgl", "pyg")}
     start = time.perf_counter()
     dataset = load_data(specs["dgl"])  # applies train.threads; the same dataset for both
