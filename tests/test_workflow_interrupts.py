@@ -3,9 +3,10 @@ run ``RUNNING`` and no process alive (subprocesses on a copy of the project, a t
 sqlite store, the tiny spec).
 
 Moments: the ``main`` entry point still importing torch/DGL; a stage in flight under
-``main`` (its nested run, in the entry point's process); the ``train`` entry point in the middle of its epochs. Signals: ``SIGINT``
-to the whole process group (Ctrl-C in a terminal) and ``SIGTERM`` to the ``mlflow run``
-process alone (which then dies without cleanup; its children must notice).
+``main`` (its nested run, in the entry point's process); the ``train`` entry point in
+the middle of its epochs. Signals: ``SIGINT`` to the whole process group (Ctrl-C in a
+terminal) and ``SIGTERM`` to the ``mlflow run`` process alone (which then dies without
+cleanup; its children must notice).
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ Why: ``mlflow run`` (3.17), interrupted, stops its entry point's process, waits 
 then ends the run ``FAILED`` unless it has already ended; its check compares the status
 string with integer codes (``RunStatus.is_terminated("KILLED")`` is ``False``), so it
 overwrites the ``KILLED`` that betty set. An entry point started by ``mlflow run``
-cannot outlive it, so it starts this watcher (detached,
-:func:`spawn`) as soon as it starts (an interrupted process may not get the chance
-later); the watcher waits for the ``mlflow run`` process to exit and then calls
-:func:`restore_killed`: the status goes back to ``KILLED`` when the run ended
-``FAILED`` and its ``error`` tag says ``KeyboardInterrupt``.
+cannot outlive it, so it starts this watcher (detached, :func:`spawn`) as soon as it
+starts (an interrupted process may not get the chance later); the watcher waits for the
+``mlflow run`` process to exit and then calls :func:`restore_killed`: the status goes
+back to ``KILLED`` when the run ended ``FAILED`` and its ``error`` tag says
+``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
