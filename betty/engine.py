@@ -30,6 +30,7 @@ from betty.memory import (DEFAULT_SAFETY_MARGIN, OptimizerSpec, apply_budget, de
 from betty.memory.ksearch import check_fixed_k
 from betty.memory.replay import replays_mixed_precision
 from betty.memory.spec import ModelSpec
+from betty.memory.sizes import carved_piece_sizes
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
@@ -393,26 +394,43 @@ class Trainer:
 
     def partition(self, batch: SampledBatch, epoch: int, batch_index: int):
         """(partition, per-piece estimates or None, whether it was recomputed)."""
-        result, estimates, fresh, _ = self._partition_timed(batch, epoch, batch_index)
+        result, estimates, fresh, _, _ = self._partition_timed(batch, epoch, batch_index)
         return result, estimates, fresh
 
-    def _partition_timed(self, batch: SampledBatch, epoch: int, batch_index: int):
-        """:meth:`partition` plus the wall of the estimates made outside the K search."""
+    def _partition_timed(self, batch: SampledBatch, epoch: int, batch_index: int, carve_ahead: bool = False):
+        """:meth:`partition` plus the wall of the estimates made outside the K search and,
+        with ``carve_ahead``, every piece carved (``carve_all``'s list; ``None`` without).
+        Carved first, a split's estimate and redundancy read the carved pieces' sizes
+        (:func:`betty.memory.sizes.carved_piece_sizes`) instead of building its piece
+        membership; a K search still estimates from the membership of each K it tries."""
         cached = self._partitions.get(batch_index)
         expired = cached is None or (
             self.plan.reuse is not None and epoch - cached[1] >= self.plan.reuse)
-        estimates, t_estimate = None, 0.0
+        estimates, t_estimate, micro = None, 0.0, None
         if not expired and self.estimator is not None:
             result = cached[0]
+            if carve_ahead:
+                micro = self._carve_recorded(batch, result)
             estimates, t_estimate = self._estimate(self.estimator, batch, result)
             budget = self._usable_budget()
             if budget is not None and max(estimates) > budget:
-                expired = True  # the fresh sample grew past the budget: re-partition
+                expired, micro = True, None  # the fresh sample grew past the budget: re-partition
         if expired:
             result, estimates = self._fresh_partition(batch, epoch, batch_index)
             self._partitions[batch_index] = (result, epoch)
-            return result, estimates, True, t_estimate
-        return cached[0], estimates, False, t_estimate
+            if carve_ahead:
+                micro = self._carve_recorded(batch, result)
+            return result, estimates, True, t_estimate, micro
+        if carve_ahead and micro is None:
+            micro = self._carve_recorded(batch, cached[0])
+        return cached[0], estimates, False, t_estimate, micro
+
+    def _carve_recorded(self, batch: SampledBatch, result: PartitionResult) -> list:
+        """Every piece of ``result`` carved (one process), its sizes recorded on ``batch``
+        as the split's piece sizes."""
+        micro = self._carve(batch, result, None)
+        carved_piece_sizes(batch, result.groups, result.k, [mb for _, mb, _ in micro])
+        return micro
 
     @staticmethod
     def _estimate(estimator: Estimator, batch: SampledBatch, result: PartitionResult) -> tuple[list[int], float]:
@@ -466,7 +484,10 @@ class Trainer:
         t0 = time.perf_counter()
         batch = self.sample(epoch, batch_index)
         t1 = time.perf_counter()
-        result, estimates, fresh, t_estimate = self._partition_timed(batch, epoch, batch_index)
+        carve_ahead = carve and self.parallel is None  # under parallel the estimates pick the pieces
+        result, estimates, fresh, t_estimate, micro = self._partition_timed(
+            batch, epoch, batch_index, carve_ahead)
+        t_block = sum(seconds for _, _, seconds in micro) if micro is not None else 0.0
         if estimates is None and self.estimator is not None:
             estimates, seconds = self._estimate(self.estimator, batch, result)
             t_estimate += seconds
@@ -475,12 +496,13 @@ class Trainer:
         t2 = time.perf_counter()
         redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]
         t3 = time.perf_counter()
-        micro = self._carve(batch, result, estimates) if carve else None
+        if carve and micro is None:
+            micro = self._carve(batch, result, estimates)
         prepared = PreparedBatch(
             epoch=epoch, index=batch_index, batch=batch, partition=result, estimates=estimates,
             fresh=fresh, redundancy=redundancy, micro_batches=micro, nbytes=0,
-            time_sample_s=t1 - t0, time_partition_s=t2 - t1 - t_estimate, time_estimate_s=t_estimate,
-            time_metrics_s=t3 - t2)
+            time_sample_s=t1 - t0, time_partition_s=t2 - t1 - t_estimate - t_block,
+            time_estimate_s=t_estimate, time_metrics_s=t3 - t2)
         prepared.nbytes = _tensor_bytes((batch, micro))
         return prepared
 

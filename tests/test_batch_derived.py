@@ -9,7 +9,7 @@ import torch
 from betty.batch import SampledBatch
 from betty.memory.sizes import piece_sizes
 from betty.partition import incidence, partition_batch, reg, split_metrics
-from betty.partition.metrics import piece_membership
+from betty.partition.membership import piece_membership
 from betty.partition.planted import planted_community_graph
 from betty.sampling import sample_full_batch
 

@@ -29,7 +29,7 @@ from betty.memory import (
 from betty.memory.calibrate import calibrate, measure_lstm_state
 from betty.memory.estimator import persistent_bytes
 from betty.memory.constants import onednn_lstm_state_arrays, onednn_lstm_workspace_bytes
-from betty.memory.sizes import micro_batch_sizes, piece_sizes
+from betty.memory.sizes import carved_piece_sizes, micro_batch_sizes, piece_sizes
 from betty.memory.spec import parameter_shapes
 from betty.memory.timeline import Timeline
 from betty.microbatch import split
@@ -60,6 +60,33 @@ def test_piece_sizes_equal_carved_micro_batches(batch3):
             want = dict(zip(ref.degrees[l].tolist(), ref.degree_counts[l][0].tolist()))
             assert {d: c for d, c in hist.items() if c} == want
 
+
+
+@pytest.mark.parametrize("method,k", [("random", 5), ("reg", 3), ("random", 1), ("random", 60)])
+def test_sizes_read_off_the_carved_pieces_equal_the_membership_sizes(batch3, method, k):
+    """:func:`carved_piece_sizes` stacks the pieces' own sizes: the same arrays as
+    :func:`piece_sizes` from the membership (the distinct degrees their union), and it
+    becomes the batch's piece sizes for that split."""
+    batch, _, _ = batch3
+    groups = partition_batch(batch, k, method, seed=1).groups
+    want = piece_sizes(batch, groups, k)
+    batch._derived.clear()
+    got = carved_piece_sizes(batch, groups, k, split(batch, groups, k))
+    for name in ("n_src", "n_dst", "num_edges", "degrees", "degree_counts"):
+        for l in range(batch.num_layers):
+            a, b = getattr(got, name)[l], getattr(want, name)[l]
+            assert a.dtype == b.dtype and np.array_equal(a, b), (name, l)
+    assert piece_sizes(batch, groups, k) is got
+
+
+def test_carved_piece_sizes_refuses_pieces_out_of_order(batch3):
+    batch, _, _ = batch3
+    groups = partition_batch(batch, 4, "random", seed=1).groups
+    pieces = split(batch, groups, 4)
+    with pytest.raises(ValueError, match="micro-batch 0 does not hold the outputs of piece 0"):
+        carved_piece_sizes(batch, groups, 4, pieces[::-1])
+    with pytest.raises(ValueError, match="needs all 4 pieces, got 3"):
+        carved_piece_sizes(batch, groups, 4, pieces[:3])
 
 def test_timeline_refcounts_peak_and_breakdown():
     tl = Timeline(2)

@@ -5,7 +5,7 @@ import torch
 
 from betty.microbatch import split
 from betty.partition import split_metrics
-from betty.partition.metrics import piece_membership
+from betty.partition.membership import piece_membership
 from betty.partition.planted import planted_community_graph
 from betty.sampling import sample_full_batch
 

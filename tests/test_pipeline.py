@@ -350,3 +350,28 @@ def test_pipelined_revgnn_parts_train_as_serial_bit_for_bit(backend, method):
     assert all(r.k > 1 for r in b_records)  # the search split the graph
     assert "time_wait_s" in b_records[-1].metrics()
     assert not _prepare_threads()
+
+
+def test_a_batch_carved_ahead_estimates_from_its_pieces_not_the_membership(monkeypatch):
+    """Carving ahead in one process, a batch's memory estimate and redundancy are read
+    off the carved pieces, fresh (fixed K) and reused alike: no membership product, and
+    the same estimates, redundancy and micro-batches as the membership path."""
+    import betty.partition.membership as membership
+
+    built = []
+    original = membership.piece_membership
+    monkeypatch.setattr(membership, "piece_membership",
+                        lambda *a, **kw: built.append(a[2]) or original(*a, **kw))
+    ahead, _ = _trainer(1)
+    behind, _ = _trainer(1)
+    for epoch in range(3):  # fresh, reused, reused (reuse=2: epoch 2 is fresh again)
+        carved = ahead.prepare(epoch, 0, carve=True)
+        assert built == []
+        plain = behind.prepare(epoch, 0, carve=False)
+        assert len(built) == 1
+        built.clear()
+        assert carved.fresh == plain.fresh == (epoch != 1)
+        assert carved.estimates == plain.estimates and carved.estimates
+        assert carved.redundancy == plain.redundancy
+        assert torch.equal(carved.partition.groups, plain.partition.groups)
+        assert [p for p, _, _ in carved.micro_batches] == list(range(carved.partition.k))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from betty import workers
-from betty.partition.metrics import piece_membership
+from betty.partition.membership import piece_membership
 from betty.sampling import sample_full_batch
 from betty.train import carve_all, carve_pieces
 from graphs import power_law_graph
