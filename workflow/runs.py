@@ -3,7 +3,8 @@
 Every run this package creates is opened with :func:`tracked_run`, which
 
 * tags it: ``run_kind`` (``main`` | ``stage`` | ``repeat``), ``stage``, ``spec_sha``,
-  ``spec_name``, ``dataset``, ``device``, ``code_version``, ``git_commit``, the process
+  ``spec_name``, ``dataset``, ``device``, ``code_version`` (the reuse key's code part),
+  MLflow's own ``mlflow.source.git.commit`` (the UI shows it as the run's source), the process
   doing the work (``betty.host``, ``betty.pid``: ``betty cleanup`` finds runs whose
   process is gone), and for stages ``stage_sha`` and ``upstream_run_id`` (the reuse
   key, see :mod:`workflow.reuse`);
@@ -175,10 +176,12 @@ def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,
         "spec_sha": rspec.sha,
         "dataset": rspec.spec.dataset.name,
         "code_version": code_version(),
-        "git_commit": git_commit() or "none",
         "betty.host": socket.gethostname(),
         "betty.pid": str(os.getpid()),
     }
+    commit = git_commit()
+    if commit:  # MLflow sets it only when the entry script lies in a repository
+        tags["mlflow.source.git.commit"] = commit
     if rspec.source:
         tags["spec_source"] = rspec.source
     if rspec.overrides:
