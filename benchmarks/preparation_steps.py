@@ -1,17 +1,29 @@
-"""CPU-seconds of each host preparation step on one thread, on synthetic-products.
+"""CPU-seconds of a batch's host preparation on one thread, on synthetic-products.
 
     python benchmarks/preparation_steps.py [--scale 1.0] [--k 8] [--method reg] [--repeats 2]
-        [--root data]
+        [--root data] [--checkout DIR]
 
-Loads ``specs/synthetic_products.yaml`` at ``dataset.scale``, samples the full batch of
-all training nodes with fanouts 10,25, splits it with ``--method`` at ``--k`` pieces once,
-then times, ``--repeats`` times each with every per-batch cache cleared: sampling, the
-piece sizes the memory estimate reads (:func:`betty.memory.sizes.piece_sizes`: the
-piece membership and the sizes), carving every piece (:class:`betty.microbatch.Carver`)
-and the sorted feature gather of every piece's inputs
-(:func:`betty.data.store.gather_rows`, what a device's step reads from the host).
-``time.process_time`` on one torch thread and one preparation worker; the machine's load
-is printed beside each row. Run it at two commits to compare them.
+Loads ``specs/synthetic_products.yaml`` at ``dataset.scale`` (all training nodes, one
+full batch, fanouts 10,25, SAGE-mean hidden 256 for the memory estimate) and prints two
+tables, ``time.process_time`` on one torch thread and one preparation worker, with the
+machine's load beside each row:
+
+1. **Per step**, each ``--repeats`` times with the batch's caches cleared, on one split
+   (``--method`` at ``--k`` pieces): sampling, the piece sizes from the split's piece
+   membership (:func:`betty.memory.sizes.piece_sizes`, what a K search estimates from),
+   carving every piece (:class:`betty.microbatch.Carver`), the sizes read off the carved
+   pieces, and the sorted feature gather of every piece's inputs
+   (:func:`betty.data.store.gather_rows`, the host side of a device's copy).
+2. **Per batch**, fresh (sample and partition) and reused (sample, the partition kept),
+   ``--repeats`` times each, every step in the order :meth:`betty.engine.Trainer.prepare`
+   runs them for a batch carved ahead (the pipeline's default): sample, partition,
+   carve, estimate, redundancy (``split_metrics``), gather.
+
+``--checkout DIR`` imports ``betty`` and ``workflow`` from another checkout of the
+project (``git worktree add DIR COMMIT``) with this script's steps, so that two commits
+are measured by one method, one after the other; where that checkout lacks a step
+(no carved sizes, no ``gather_rows``) the batch table runs what it has: the estimate
+and redundancy from the membership before carving, and ``feat[ids]``.
 """
 
 from __future__ import annotations
@@ -21,9 +33,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import torch  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
@@ -33,54 +43,102 @@ def main() -> None:
     ap.add_argument("--method", default="reg")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--root", default="data")
+    ap.add_argument("--checkout", default=ROOT, help="the project checkout to measure")
     args = ap.parse_args()
+    checkout = os.path.abspath(args.checkout)
+    sys.path.insert(0, checkout)
+    import workflow.env  # noqa: F401  (its environment defaults, before torch)
 
-    from betty.data.store import gather_rows
-    from betty.memory.sizes import piece_sizes
-    from betty.microbatch import Carver
+    import torch
+
+    from betty.memory import make_estimator
+    import betty.memory.sizes as sizes
+    from betty.microbatch import Carver, split
     from betty.partition import partition_batch
+    from betty.partition.metrics import split_metrics
     from betty.sampling import sample_full_batch
-    from workflow.components import load_data
+    from workflow.components import build_model, load_data
     from workflow.specfile import load_spec
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    rspec = load_spec(os.path.join(root, "specs", "synthetic_products.yaml"),
+    try:
+        from betty.data.store import gather_rows
+    except ImportError:  # a checkout from before the sorted gather
+        def gather_rows(table, ids):
+            return table[ids]
+    carved_sizes = getattr(sizes, "carved_piece_sizes", None)
+
+    rspec = load_spec(os.path.join(checkout, "specs", "synthetic_products.yaml"),
                       [f"dataset.scale={args.scale}", f"dataset.root={args.root}", "train.device=cpu"])
     ds = load_data(rspec)
     torch.set_num_threads(1)
     try:
         from betty import workers
-    except ImportError:  # a commit from before preparation threads: one thread anyway
+    except ImportError:  # a checkout from before preparation threads: one thread anyway
         pass
     else:
         workers.set_prep_workers(1)
-    fanouts = [10, 25]
+    fanouts, k = [10, 25], args.k
+    estimate = make_estimator(build_model(rspec, ds), "adam")
     batch = sample_full_batch(ds.graph, ds.train_idx, fanouts, seed=0)
-    groups = partition_batch(batch, args.k, args.method, seed=0, graph=ds.graph).groups
+    groups = partition_batch(batch, k, args.method, seed=0, graph=ds.graph).groups
     order = torch.argsort(groups, stable=True)
-    outputs = torch.split(order, torch.bincount(groups, minlength=args.k).tolist())
-    print(f"scale {args.scale}: {int(ds.feat.shape[0]):,} nodes, {batch.num_outputs:,} outputs, "
-          f"{args.method} K={args.k}, one thread")
+    outputs = torch.split(order, torch.bincount(groups, minlength=k).tolist())
+    print(f"checkout {checkout}; scale {args.scale}: {int(ds.feat.shape[0]):,} nodes, "
+          f"{batch.num_outputs:,} outputs, {args.method} K={k}, one thread; "
+          f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}", flush=True)
 
     def timed(step, run) -> None:
         for rep in range(args.repeats):
-            batch._derived.clear()
+            getattr(batch, "_derived", {}).clear()  # a checkout from before the derived cache has none
             start = time.process_time()
             run()
-            print(f"{step:<28s} rep {rep}: {time.process_time() - start:6.2f} CPU-s  "
+            print(f"{step:<30s} rep {rep}: {time.process_time() - start:6.2f} CPU-s  "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
 
-    timed("sample", lambda: sample_full_batch(ds.graph, ds.train_idx, fanouts, seed=1))
-    timed("piece sizes (estimate)", lambda: piece_sizes(batch, groups, args.k))
     pieces = []
 
     def carve_all() -> None:
         carver = Carver(batch)
         pieces[:] = [carver.carve(idx) for idx in outputs]
 
-    timed(f"carve {args.k} pieces", carve_all)
-    timed("gather every piece's inputs",
-          lambda: [gather_rows(ds.feat, mb.input_nid) for mb in pieces])
+    timed("sample", lambda: sample_full_batch(ds.graph, ds.train_idx, fanouts, seed=1))
+    timed("piece sizes (membership)", lambda: sizes.piece_sizes(batch, groups, k))
+    timed(f"carve {k} pieces", carve_all)
+    if carved_sizes is not None:
+        timed("piece sizes (carved pieces)", lambda: carved_sizes(batch, groups, k, pieces))
+    timed("gather every piece's inputs", lambda: [gather_rows(ds.feat, mb.input_nid) for mb in pieces])
+    del pieces[:]
+
+    print("\nper batch, in the engine's order (carved ahead where this checkout can):", flush=True)
+    kept = groups
+    for rep in range(args.repeats):
+        for fresh in (True, False):
+            steps: dict[str, float] = {}
+
+            def clock(name, run):
+                start = time.process_time()
+                value = run()
+                steps[name] = steps.get(name, 0.0) + time.process_time() - start
+                return value
+
+            one = clock("sample", lambda: sample_full_batch(ds.graph, ds.train_idx, fanouts,
+                                                            seed=100 + 2 * rep + fresh))
+            if fresh:
+                kept = clock("partition", lambda: partition_batch(one, k, args.method, seed=rep,
+                                                                  graph=ds.graph).groups)
+            micro = None
+            if carved_sizes is not None:
+                micro = clock("carve", lambda: split(one, kept, k))
+                clock("carve", lambda: carved_sizes(one, kept, k, micro))
+            clock("estimate", lambda: estimate(one, kept, k))
+            clock("redundancy", lambda: split_metrics(one, kept, k))
+            if micro is None:
+                micro = clock("carve", lambda: split(one, kept, k))
+            clock("gather", lambda: [gather_rows(ds.feat, mb.input_nid) for mb in micro])
+            del micro, one
+            print(f"{'fresh' if fresh else 'reused':<6s} rep {rep}: {sum(steps.values()):6.2f} CPU-s  ("
+                  + ", ".join(f"{name} {s:.2f}" for name, s in steps.items())
+                  + f")  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":
