@@ -31,6 +31,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import betty  # noqa: E402,F401  (its process defaults, before torch)
+
 import torch  # noqa: E402
 
 from betty.engine import PREPARATION_TIMERS  # noqa: E402

@@ -8,10 +8,8 @@
   ``betty run --json`` (stdout is betty's own output: tables and JSON);
 * ``DGLBACKEND=pytorch``;
 * ``OUTDATED_IGNORE=1``: ``ogb`` does not query PyPI for a newer version on import;
-* ``OMP_WAIT_POLICY=PASSIVE``: PyTorch and DGL each load their own OpenMP runtime;
-  with the default (spinning) wait policy their idle threads starve each other's
-  workers (measured here on 2 cores: the offline default spec's epoch took 2.85 s,
-  0.28 s with ``PASSIVE``). It must be set before torch or dgl is imported.
+* and the library's own process defaults (``OMP_WAIT_POLICY``, ``THP_MEM_ALLOC_ENABLE``:
+  see :mod:`betty`), which must be set before torch is imported.
 
 Imported first by every entry point (CLI, MLproject) and by :mod:`workflow.runs`, before
 MLflow, so the defaults hold even when ``workflow`` is imported as a namespace package
@@ -20,13 +18,14 @@ MLflow, so the defaults hold even when ``workflow`` is imported as a namespace p
 
 import os
 
+import betty  # noqa: F401  (its process defaults; imports no torch)
+
 DEFAULTS = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
     "DGLBACKEND": "pytorch",
     "OUTDATED_IGNORE": "1",
-    "OMP_WAIT_POLICY": "PASSIVE",
 }
 
 for _key, _value in DEFAULTS.items():
