@@ -13,17 +13,25 @@ machine's load beside each row:
    membership (:func:`betty.memory.sizes.piece_sizes`, what a K search estimates from),
    carving every piece (:class:`betty.microbatch.Carver`), the sizes read off the carved
    pieces, and the sorted feature gather of every piece's inputs
-   (:func:`betty.data.store.gather_rows`, the host side of a device's copy).
+   (:func:`betty.data.store.gather_rows`, the host side of a device's copy), into new
+   buffers and into buffers kept from the repeat before (``out=``).
 2. **Per batch**, fresh (sample and partition) and reused (sample, the partition kept),
    ``--repeats`` times each, every step in the order :meth:`betty.engine.Trainer.prepare`
    runs them for a batch carved ahead (the pipeline's default): sample, partition,
-   carve, estimate, redundancy (``split_metrics``), gather.
+   carve, estimate, redundancy (``split_metrics``), gather. The gather writes into the
+   buffers the batch before used (where they are large enough), as the engine's gather
+   ahead does on CUDA,
+   where torch's caching pinned-host allocator hands the freed buffers out again; the
+   first batch's gather, and the ``gather, new buffers`` column (the same rows into
+   fresh ``torch.empty`` buffers, timed apart and not in the total), show what fresh
+   pages cost on this host.
 
 ``--checkout DIR`` imports ``betty`` and ``workflow`` from another checkout of the
 project (``git worktree add DIR COMMIT``) with this script's steps, so that two commits
 are measured by one method, one after the other; where that checkout lacks a step
 (no carved sizes, no ``gather_rows``) the batch table runs what it has: the estimate
-and redundancy from the membership before carving, and ``feat[ids]``.
+and redundancy from the membership before carving, and ``feat[ids]`` into new buffers
+every batch (such a checkout copied pageable rows to the device).
 """
 
 from __future__ import annotations
@@ -63,8 +71,11 @@ def main() -> None:
     try:
         from betty.data.store import gather_rows
     except ImportError:  # a checkout from before the sorted gather
-        def gather_rows(table, ids):
+        def gather_rows(table, ids):  # and a pageable copy to the device: new buffers each time
             return table[ids]
+    import inspect
+
+    reusable = "out" in inspect.signature(gather_rows).parameters
     carved_sizes = getattr(sizes, "carved_piece_sizes", None)
 
     rspec = load_spec(os.path.join(checkout, "specs", "synthetic_products.yaml"),
@@ -97,6 +108,14 @@ def main() -> None:
 
     pieces = []
 
+    def gather_kept(micro, buffers: list) -> None:
+        """Each piece's rows into ``buffers[i]`` (kept from the batch before; a new
+        buffer where there is none or it is too small), ``buffers`` updated."""
+        for i, mb in enumerate(micro):
+            held = buffers[i] if i < len(buffers) else None
+            rows = gather_rows(ds.feat, mb.input_nid, out=held)
+            buffers[i:i + 1] = [rows]
+
     def carve_all() -> None:
         carver = Carver(batch)
         pieces[:] = [carver.carve(idx) for idx in outputs]
@@ -107,10 +126,13 @@ def main() -> None:
     if carved_sizes is not None:
         timed("piece sizes (carved pieces)", lambda: carved_sizes(batch, groups, k, pieces))
     timed("gather every piece's inputs", lambda: [gather_rows(ds.feat, mb.input_nid) for mb in pieces])
+    kept_buffers = [gather_rows(ds.feat, mb.input_nid) for mb in pieces]
+    if reusable:
+        timed("gather, into kept buffers", lambda: gather_kept(pieces, kept_buffers))
     del pieces[:]
 
     print("\nper batch, in the engine's order (carved ahead where this checkout can):", flush=True)
-    kept = groups
+    kept, kept_buffers = groups, []  # the first batch's gather allocates its buffers
     for rep in range(args.repeats):
         for fresh in (True, False):
             steps: dict[str, float] = {}
@@ -134,11 +156,19 @@ def main() -> None:
             clock("redundancy", lambda: split_metrics(one, kept, k))
             if micro is None:
                 micro = clock("carve", lambda: split(one, kept, k))
-            clock("gather", lambda: [gather_rows(ds.feat, mb.input_nid) for mb in micro])
+            if reusable:
+                clock("gather", lambda: gather_kept(micro, kept_buffers))
+                start = time.process_time()
+                new = [gather_rows(ds.feat, mb.input_nid) for mb in micro]
+                apart = f", gather, new buffers {time.process_time() - start:.2f}"
+                del new
+            else:
+                clock("gather", lambda: [gather_rows(ds.feat, mb.input_nid) for mb in micro])
+                apart = ""
             del micro, one
             print(f"{'fresh' if fresh else 'reused':<6s} rep {rep}: {sum(steps.values()):6.2f} CPU-s  ("
                   + ", ".join(f"{name} {s:.2f}" for name, s in steps.items())
-                  + f")  load {os.getloadavg()[0]:.1f}", flush=True)
+                  + f"{apart})  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":

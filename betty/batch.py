@@ -175,11 +175,15 @@ class MicroBatch(_BlockChain):
             among the full batch's layer-l source nodes: the explicit micro-batch-local
             -> full-batch map (``full.layers[l].src_nid[full_src_index[l]] ==
             layers[l].src_nid``).
+        input_features: ``(n_src_0, F)`` the features of ``input_nid`` gathered ahead
+            into host memory (pinned for a CUDA device) while an earlier step computed,
+            or ``None``: the step gathers them itself.
     """
 
     layers: list[LayerEdges]
     output_index: torch.Tensor
     full_src_index: list[torch.Tensor]
+    input_features: torch.Tensor | None = None
 
     def to_blocks(self, device: torch.device | str = "cpu", backend: str = "auto") -> list:
         """Build ``backend``'s blocks on ``device`` (see :func:`layer_to_block`)."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from betty.batch import SampledBatch
+from betty.data.store import gather_rows
 from betty.memory import (DEFAULT_SAFETY_MARGIN, OptimizerSpec, apply_budget, default_backend, make_estimator,
                           make_k_chooser, memory_balance_weights, oom_guard)
 from betty.memory.ksearch import check_fixed_k
@@ -121,6 +122,8 @@ class PreparedBatch:
         time_sample_s, time_partition_s, time_estimate_s, time_metrics_s: wall of each
             preparation step (the partition's without the estimates made outside the
             K search).
+        time_gather_s: wall of gathering the carved micro-batches' input features
+            ahead (``MicroBatch.input_features``; 0 when the step gathers them).
     """
 
     epoch: int
@@ -136,6 +139,7 @@ class PreparedBatch:
     time_partition_s: float
     time_estimate_s: float
     time_metrics_s: float
+    time_gather_s: float = 0.0
 
 
 def _tensor_bytes(obj) -> int:
@@ -178,7 +182,8 @@ class EpochRecord:
     training loop spent waiting for a prepared batch. Serially (``prefetch=0``) the
     first seven are disjoint parts of ``epoch_time_s``, so their sum is at most it, and
     ``time_wait_s`` is about the preparation's share; pipelined, sampling, partitioning,
-    the estimates, the metric and the carving run on the preparation thread, behind
+    the estimates, the metric and the carving (and with ``gather_ahead`` the host side
+    of ``time_h2d_s``, the feature gather) run on the preparation thread, behind
     compute, and only ``time_wait_s`` of them shows in the epoch's wall.
     ``prefetch_bytes``: the most host bytes of prepared batches alive at once (0 serially).
     """
@@ -299,6 +304,13 @@ class Trainer:
             time; ``n >= 1``: a preparation thread prepares and carves up to ``n`` batches
             ahead of the step (:meth:`epochs`), at the cost of holding their host
             tensors (``EpochRecord.prefetch_bytes``).
+        gather_ahead: whether a batch prepared ahead (``prefetch >= 1``) also gathers
+            its micro-batches' input features into host memory
+            (:func:`betty.data.store.gather_rows`; pinned for CUDA, so that the step's
+            copy is a ``non_blocking`` one), so the step only copies them. ``None``
+            (default): when ``device`` is not the CPU and ``prefetch >= 1``. On the CPU
+            the gathered rows are the device memory a micro-batch's peak counts, so they
+            are gathered in the step, one micro-batch at a time.
         sample_device: where the sampler runs (:meth:`sample`): ``None`` (default) the
             host's NumPy sampler; a torch device (``"cuda"``) its torch-op path there,
             the CSR copied to that device once. The sampled batch comes back to the
@@ -311,6 +323,7 @@ class Trainer:
                  meter=None, k_chooser: KChooser | None = None, estimator: Estimator | None = None,
                  estimate_memory: bool = True, on_search=None,
                  dropout_seed: int | None = None, parallel=None, prefetch: int = 0,
+                 gather_ahead: bool | None = None,
                  sample_device: torch.device | str | None = None) -> None:
         if len(fanouts) != model.num_layers:
             raise ValueError(f"{len(fanouts)} fanouts for a {model.num_layers}-layer model")
@@ -349,6 +362,11 @@ class Trainer:
         self.batches = fixed_batches(dataset.train_idx, batch_size, seed)
         self._partitions: dict[int, tuple[PartitionResult, int]] = {}  # batch -> (result, epoch made)
         self.prefetch = check_prefetch(prefetch)
+        if gather_ahead is None:
+            gather_ahead = bool(self.prefetch) and torch.device(device).type != "cpu"
+        elif gather_ahead and not self.prefetch:
+            raise ValueError("gather_ahead=True gathers for batches prepared ahead: it needs prefetch >= 1")
+        self.gather_ahead = bool(gather_ahead)
         self.sample_device = None if sample_device is None else torch.device(sample_device)
 
     # -- pieces ---------------------------------------------------------------------
@@ -498,11 +516,17 @@ class Trainer:
         t3 = time.perf_counter()
         if carve and micro is None:
             micro = self._carve(batch, result, estimates)
+        t_gather = 0.0
+        if micro is not None and self.gather_ahead:
+            t4 = time.perf_counter()
+            self._gather_inputs(micro)
+            t_gather = time.perf_counter() - t4
         prepared = PreparedBatch(
             epoch=epoch, index=batch_index, batch=batch, partition=result, estimates=estimates,
             fresh=fresh, redundancy=redundancy, micro_batches=micro, nbytes=0,
             time_sample_s=t1 - t0, time_partition_s=t2 - t1 - t_estimate - t_block,
-            time_estimate_s=t_estimate, time_metrics_s=t3 - t2)
+            time_estimate_s=t_estimate, time_metrics_s=t3 - t2,
+            time_gather_s=t_gather)
         prepared.nbytes = _tensor_bytes((batch, micro))
         return prepared
 
@@ -526,6 +550,13 @@ class Trainer:
         costs = self._piece_costs(result, estimates)
         pieces = None if costs is None else self.parallel.assign(costs)
         return carve_all(batch, result.groups, result.k, pieces)
+
+    def _gather_inputs(self, micro: list) -> None:
+        """Each carved micro-batch's input features, gathered into host memory
+        (``MicroBatch.input_features``; pinned for CUDA)."""
+        pin = torch.device(self.device).type == "cuda"
+        for _, mb, _ in micro:
+            mb.input_features = gather_rows(self.dataset.feat, mb.input_nid, pin=pin)
 
     def train_prepared(self, prepared: PreparedBatch) -> BatchRecord:
         """One optimizer step over a :class:`PreparedBatch`."""
@@ -553,7 +584,7 @@ class Trainer:
             time_sample_s=prepared.time_sample_s, time_partition_s=prepared.time_partition_s,
             time_block_s=step.time_block_s, time_compute_s=step.time_compute_s,
             time_estimate_s=prepared.time_estimate_s + t_logged, time_metrics_s=prepared.time_metrics_s,
-            time_h2d_s=step.time_h2d_s,
+            time_h2d_s=prepared.time_gather_s + step.time_h2d_s,
             peak_mem_measured_bytes=step.peak_bytes,
             peak_mem_estimated_bytes=max(logged) if logged else None,
             micro=step.micro, micro_estimated_bytes=logged,

@@ -383,6 +383,17 @@ def _gather_features(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Ten
     return gather_rows(feat, ids, pin=cuda).to(device, non_blocking=cuda)
 
 
+def _input_features(feat: torch.Tensor, mb: MicroBatch, device) -> torch.Tensor:
+    """``mb``'s input features on ``device``: its rows gathered ahead
+    (``mb.input_features``, released from ``mb`` here) copied there, ``non_blocking`` for
+    CUDA (pinned rows), else :func:`_gather_features`."""
+    staged, mb.input_features = mb.input_features, None
+    if staged is None:
+        return _gather_features(feat, mb.input_nid, device)
+    device = torch.device(device)
+    return staged.to(device, non_blocking=device.type == "cuda")
+
+
 def _piece_outputs(groups: torch.Tensor, k: int,
                    pieces: Collection[int] | None) -> list[tuple[int, torch.Tensor]]:
     """``(piece, output positions)`` of each piece in ``pieces`` (default all ``k``), in
@@ -514,7 +525,7 @@ def accumulate_gradients(
         blocks = _to_device_blocks(mb, device, model)
         src_nids, edge_ids = _device_ids(model, mb, device)
         t_block = time.perf_counter() - start
-        x = _gather_features(feat, mb.input_nid, device)
+        x = _input_features(feat, mb, device)
         cast = input_dtype(x.dtype, precision, dtype)
         if cast is not None:
             x = x.to(cast)

@@ -37,7 +37,9 @@ def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "auto", pa
                prefetch: int = 0) -> dict[str, torch.Tensor]:
     """Parameters after ``steps`` optimizer steps of K-way training (float64, dropout 0.5)
     with the model on ``backend`` (``"auto"``, ``"dgl"`` or ``"pyg"``); ``prefetch``:
-    the sampled-batch :class:`betty.engine.Trainer`'s (RevGNN trains serially)."""
+    the sampled-batch :class:`betty.engine.Trainer`'s (RevGNN trains serially), a batch
+    prepared ahead also gathering its features ahead (``gather_ahead``, an
+    accelerator's path)."""
     from betty.engine import PartitionPlan, Trainer
     from betty.models import build_model
 
@@ -55,7 +57,8 @@ def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "auto", pa
         assert backend == "auto" or model.backend_name == backend
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         trainer = Trainer(model, opt, ds, [4, 6], PartitionPlan("random", k), seed=1, dtype=dtype,
-                          estimate_memory=False, parallel=parallel, prefetch=prefetch)
+                          estimate_memory=False, parallel=parallel, prefetch=prefetch,
+                          gather_ahead=bool(prefetch))
     losses = [record.loss for record in trainer.epochs(range(steps))]
     state = {n: p.detach().clone() for n, p in model.named_parameters()}
     state["_losses"] = torch.tensor(losses, dtype=torch.float64)

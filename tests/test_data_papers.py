@@ -87,6 +87,21 @@ def test_gather_rows_reads_sorted_chunks_and_equals_indexing(workers, monkeypatc
     assert len(seen) == 8 and bool((flat[1:] >= flat[:-1]).all())  # front to back, in chunks
 
 
+
+def test_gather_rows_into_a_kept_buffer_reuses_its_storage():
+    table = torch.randn(1000, 3)
+    buf = torch.empty(800, 3)
+    ptr = buf.data_ptr()
+    for n in (777, 800, 5, 801):
+        ids = torch.randint(0, 1000, (n,))
+        got = gather_rows(table, ids, out=buf)
+        assert got.shape == (n, 3) and torch.equal(got, table[ids])
+        assert (got.data_ptr() == ptr) == (n <= 800)  # its storage while it is large enough
+        buf = got
+    with pytest.raises(ValueError, match="out is torch.float64, the table torch.float32"):
+        gather_rows(table, ids, out=torch.empty(5, 3, dtype=torch.float64))
+
+
 @pytest.mark.slow
 def test_an_epoch_of_sage_mean_trains_with_k_from_the_memory_model(tmp_path):
     from betty.engine import PartitionPlan, Trainer

@@ -4,8 +4,8 @@ float64, dropout 0.5, 3 Adam steps: parameters on every rank equal the single-pr
 run's to 1e-10 relative, for SAGE mean and lstm, GAT and RevGNN parts, K in {3, 4, 7},
 N in {2, 3}, on the DGL backend; SAGE mean and lstm and GAT on the PyG backend too (that
 half needs no DGL and runs in ``.venv-pyg``). One launch per (backend, N) runs every case;
-the 2-rank launches prepare each batch ahead of its step (``Trainer(prefetch=1)``), the
-3-rank ones serially, against the serial single-process reference.
+the 2-rank launches prepare each batch ahead of its step, its features gathered ahead
+(``Trainer(prefetch=1, gather_ahead=True)``), the 3-rank ones serially, against the serial single-process reference.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def one_thread():
 
 
 def _trainer(prefetch: int, backend: str = "auto", batch_size=None, plan=None, meter=False,
-             arch: str = "sage", aggregator: str = "mean"):
+             arch: str = "sage", aggregator: str = "mean", gather_ahead=None):
     torch.manual_seed(0)
     model = build_model(arch, FEATS, CLASSES, hidden=8, layers=2, aggregator=aggregator, heads=2,
                         dropout=0.5, backend=backend)
@@ -169,7 +169,7 @@ def _trainer(prefetch: int, backend: str = "auto", batch_size=None, plan=None, m
         m = MemoryMeter("cpu")
         m.track(model, opt)
     trainer = Trainer(model, opt, dataset(), [4, 6], plan or PartitionPlan("reg", 3, reuse=2), seed=1,
-                      batch_size=batch_size, prefetch=prefetch, meter=m)
+                      batch_size=batch_size, prefetch=prefetch, meter=m, gather_ahead=gather_ahead)
     return trainer, model
 
 
@@ -375,3 +375,38 @@ def test_a_batch_carved_ahead_estimates_from_its_pieces_not_the_membership(monke
         assert carved.redundancy == plain.redundancy
         assert torch.equal(carved.partition.groups, plain.partition.groups)
         assert [p for p, _, _ in carved.micro_batches] == list(range(carved.partition.k))
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_features_gathered_ahead_train_as_serial_bit_for_bit(backend):
+    """``gather_ahead`` (an accelerator's default, forced here on the CPU): each prepared
+    micro-batch carries ``feat[input_nid]``, the step copies those rows instead of
+    gathering, releases them, and the updates are the serial run's, with dropout."""
+    serial, serial_records = _run(0, backend=backend, batch_size=50)
+    trainer, model = _trainer(1, backend=backend, batch_size=50, gather_ahead=True)
+    assert trainer.gather_ahead
+    prepared = trainer.prepare(0, 0, carve=True)
+    feat = trainer.dataset.feat
+    assert prepared.micro_batches
+    for _, mb, _ in prepared.micro_batches:
+        assert torch.equal(mb.input_features, feat[mb.input_nid])
+    mbs = [mb for _, mb, _ in prepared.micro_batches]
+    bare = _trainer(1, backend=backend, batch_size=50)[0].prepare(0, 0, carve=True).nbytes
+    assert prepared.nbytes == bare + sum(mb.input_features.nbytes for mb in mbs)  # counted
+    assert prepared.time_gather_s > 0
+    trainer.train_prepared(prepared)
+    assert all(mb.input_features is None for mb in mbs)  # released by the step
+    trainer, model = _trainer(1, backend=backend, batch_size=50, gather_ahead=True)
+    records = list(trainer.epochs(range(4)))
+    for name, value in serial.items():
+        assert torch.equal(value, model.state_dict()[name]), name
+    for a, b in zip(serial_records, records):
+        assert a.loss == b.loss and a.train_acc == b.train_acc
+        assert b.prefetch_bytes > bare
+
+
+def test_gather_ahead_is_the_default_only_for_an_accelerator_and_needs_prefetch():
+    assert not _trainer(1)[0].gather_ahead  # the CPU: the step gathers, the memory model counts it
+    assert not _trainer(0)[0].gather_ahead
+    with pytest.raises(ValueError, match="gather_ahead=True .* prefetch >= 1"):
+        _trainer(0, gather_ahead=True)

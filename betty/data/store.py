@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -393,7 +394,7 @@ def open_store(folder: str | Path, *, verify: bool | str = True) -> tuple[dict[s
 
 
 def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 16, *,
-                pin: bool = False) -> torch.Tensor:
+                pin: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """``table[ids]``, reading ``table``'s rows in ascending order, ``chunk_rows`` at a time.
 
     For a memory-mapped ``table`` (features on disk) an unsorted gather touches pages in
@@ -404,9 +405,19 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     stretch of the file; with one thread one chunk's gather is in flight at a time.
     Shapes: ``table (N, ...)``, ``ids (n,)`` integer; returns ``(n, ...)`` in ``table``'s
     dtype, equal to ``table[ids]`` bit for bit; in pinned (page-locked) host memory with
-    ``pin`` (needs CUDA), for a ``non_blocking`` copy to the device."""
+    ``pin`` (needs CUDA), for a ``non_blocking`` copy to the device. ``out``: a buffer
+    to reuse (a kept one costs no new pages): where its storage holds ``(n, ...)`` rows
+    they are written there (the result is a view of that storage), else into a new
+    buffer (pinned as ``out`` is)."""
     ids = torch.as_tensor(ids, dtype=torch.int64)
-    out = torch.empty((ids.numel(), *table.shape[1:]), dtype=table.dtype, pin_memory=pin)
+    shape = (ids.numel(), *table.shape[1:])
+    if out is not None and out.dtype != table.dtype:
+        raise ValueError(f"out is {out.dtype}, the table {table.dtype}")
+    if out is not None and out.untyped_storage().nbytes() >= math.prod(shape) * table.element_size():
+        out = table.new_empty(0).set_(out.untyped_storage(), 0, shape)
+    else:
+        pin = pin or (out is not None and out.is_pinned())
+        out = torch.empty(shape, dtype=table.dtype, pin_memory=pin)
     if ids.numel() == 0:
         return out
     order = argsort_runs(ids)  # a micro-batch's IDs: a few ascending runs
