@@ -92,12 +92,13 @@ def test_gather_rows_into_a_kept_buffer_reuses_its_storage():
     table = torch.randn(1000, 3)
     buf = torch.empty(800, 3)
     ptr = buf.data_ptr()
-    for n in (777, 800, 5, 801):
+    for n in (777, 800, 5, 801, 900):
         ids = torch.randint(0, 1000, (n,))
         got = gather_rows(table, ids, out=buf)
         assert got.shape == (n, 3) and torch.equal(got, table[ids])
         assert (got.data_ptr() == ptr) == (n <= 800)  # its storage while it is large enough
         buf = got
+    assert buf.untyped_storage().nbytes() == (801 + 801 // 8) * 3 * 4  # outgrown: room to grow
     with pytest.raises(ValueError, match="out is torch.float64, the table torch.float32"):
         gather_rows(table, ids, out=torch.empty(5, 3, dtype=torch.float64))
 

@@ -408,15 +408,19 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     ``pin`` (needs CUDA), for a ``non_blocking`` copy to the device. ``out``: a buffer
     to reuse (a kept one costs no new pages): where its storage holds ``(n, ...)`` rows
     they are written there (the result is a view of that storage), else into a new
-    buffer (pinned as ``out`` is)."""
+    buffer with room for ``n + n // 8`` rows (pinned as ``out`` is), so that a buffer
+    kept for the next batch's rows, which vary a little, is seldom outgrown."""
     ids = torch.as_tensor(ids, dtype=torch.int64)
     shape = (ids.numel(), *table.shape[1:])
     if out is not None and out.dtype != table.dtype:
         raise ValueError(f"out is {out.dtype}, the table {table.dtype}")
     if out is not None and out.untyped_storage().nbytes() >= math.prod(shape) * table.element_size():
         out = table.new_empty(0).set_(out.untyped_storage(), 0, shape)
+    elif out is not None:
+        room = torch.empty((shape[0] + shape[0] // 8, *shape[1:]), dtype=table.dtype,
+                           pin_memory=pin or out.is_pinned())
+        out = room[:shape[0]]
     else:
-        pin = pin or (out is not None and out.is_pinned())
         out = torch.empty(shape, dtype=table.dtype, pin_memory=pin)
     if ids.numel() == 0:
         return out
