@@ -34,8 +34,8 @@ Sections, in order:
    sampler on the device (``sample_device``: torch ops on the GPU, the batch copied back
    for the cut and carving), each from the same initial weights. Per epoch: wall,
    compute, sampling, gather + copy (``time_h2d_s``), the wait for preparation and the
-   device's idle fraction ``1 - compute / wall``; and
-   the largest relative parameter difference between the two runs (0 with deterministic
+   device's idle fraction ``1 - compute / wall``; and the largest relative parameter
+   difference of a pipelined mode from the serial run (0 with deterministic
    kernels; multi-threaded CPU scatter and GPU atomics differ in the last bits from run
    to run, serial against serial too).
 

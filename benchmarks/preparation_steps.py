@@ -37,6 +37,7 @@ every batch (such a checkout copied pageable rows to the device).
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 import time
@@ -73,8 +74,6 @@ def main() -> None:
     except ImportError:  # a checkout from before the sorted gather
         def gather_rows(table, ids):  # and a pageable copy to the device: new buffers each time
             return table[ids]
-    import inspect
-
     reusable = "out" in inspect.signature(gather_rows).parameters
     carved_sizes = getattr(sizes, "carved_piece_sizes", None)
 
@@ -126,8 +125,8 @@ def main() -> None:
     if carved_sizes is not None:
         timed("piece sizes (carved pieces)", lambda: carved_sizes(batch, groups, k, pieces))
     timed("gather every piece's inputs", lambda: [gather_rows(ds.feat, mb.input_nid) for mb in pieces])
-    kept_buffers = [gather_rows(ds.feat, mb.input_nid) for mb in pieces]
     if reusable:
+        kept_buffers = [gather_rows(ds.feat, mb.input_nid) for mb in pieces]
         timed("gather, into kept buffers", lambda: gather_kept(pieces, kept_buffers))
     del pieces[:]
 

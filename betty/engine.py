@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import torch
 
 from betty.batch import SampledBatch
-from betty.data.store import gather_rows
 from betty.memory import (DEFAULT_SAFETY_MARGIN, OptimizerSpec, apply_budget, default_backend, make_estimator,
                           make_k_chooser, memory_balance_weights, oom_guard)
 from betty.memory.ksearch import check_fixed_k
@@ -39,7 +38,7 @@ from betty.pipeline import check_prefetch, preparation
 from betty.precision import LossScaler, Precision
 from betty.records import epoch_metrics, estimate_error
 from betty.sampling import sample_full_batch
-from betty.train import MicroBatchRecord, locate_non_finite, train_step
+from betty.train import MicroBatchRecord, host_rows, locate_non_finite, train_step
 
 __all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "PreparedBatch", "Trainer", "fixed_batches",
            "PREPARATION_TIMERS"]
@@ -306,7 +305,7 @@ class Trainer:
             tensors (``EpochRecord.prefetch_bytes``).
         gather_ahead: whether a batch prepared ahead (``prefetch >= 1``) also gathers
             its micro-batches' input features into host memory
-            (:func:`betty.data.store.gather_rows`; pinned for CUDA, so that the step's
+            (:func:`betty.train.host_rows`; pinned for CUDA, so that the step's
             copy is a ``non_blocking`` one), so the step only copies them. ``None``
             (default): when ``device`` is not the CPU and ``prefetch >= 1``. On the CPU
             the gathered rows are the device memory a micro-batch's peak counts, so they
@@ -554,9 +553,8 @@ class Trainer:
     def _gather_inputs(self, micro: list) -> None:
         """Each carved micro-batch's input features, gathered into host memory
         (``MicroBatch.input_features``; pinned for CUDA)."""
-        pin = torch.device(self.device).type == "cuda"
         for _, mb, _ in micro:
-            mb.input_features = gather_rows(self.dataset.feat, mb.input_nid, pin=pin)
+            mb.input_features = host_rows(self.dataset.feat, mb.input_nid, self.device)
 
     def train_prepared(self, prepared: PreparedBatch) -> BatchRecord:
         """One optimizer step over a :class:`PreparedBatch`."""

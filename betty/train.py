@@ -38,6 +38,7 @@ from betty.workers import parallel_map
 __all__ = [
     "NonFiniteLoss",
     "locate_non_finite",
+    "host_rows",
     "PieceForward",
     "PieceRun",
     "accumulate_pieces",
@@ -369,29 +370,26 @@ def _to_device_blocks(mb: MicroBatch, device, model=None) -> list:
                                          degrees=getattr(model, "needs_degrees", False))
 
 
-def _gather_features(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Tensor:
-    """``feat[ids]`` on ``device``. For an accelerator the host rows are read in ascending
-    order (:func:`betty.data.store.gather_rows`: sequential reads of memory-mapped
-    features), into pinned host memory on CUDA (a page-locked buffer, from torch's
-    caching host allocator, copies at full bus speed), then copied; on the CPU the
-    gathered rows are the device's own memory, which the memory model counts, so they
-    are gathered in one ``feat[ids]`` with no second copy."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return feat[ids]
-    cuda = device.type == "cuda"
-    return gather_rows(feat, ids, pin=cuda).to(device, non_blocking=cuda)
+def host_rows(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Tensor:
+    """``feat[ids]`` gathered on the host for a copy to ``device``: the rows read in
+    ascending order (:func:`betty.data.store.gather_rows`: sequential reads of
+    memory-mapped features), into pinned host memory for CUDA (a page-locked buffer from
+    torch's caching host allocator, copied at full bus speed, ``non_blocking``)."""
+    return gather_rows(feat, ids, pin=torch.device(device).type == "cuda")
 
 
 def _input_features(feat: torch.Tensor, mb: MicroBatch, device) -> torch.Tensor:
-    """``mb``'s input features on ``device``: its rows gathered ahead
-    (``mb.input_features``, released from ``mb`` here) copied there, ``non_blocking`` for
-    CUDA (pinned rows), else :func:`_gather_features`."""
+    """``mb``'s input features on ``device``: the rows gathered ahead
+    (``mb.input_features``, released from ``mb`` here) or else :func:`host_rows`, copied
+    there (``non_blocking`` for CUDA). On the CPU without rows gathered ahead, the
+    gathered rows are the device's own memory, which the memory model counts, so they
+    are gathered in one ``feat[ids]`` with no second copy."""
     staged, mb.input_features = mb.input_features, None
-    if staged is None:
-        return _gather_features(feat, mb.input_nid, device)
     device = torch.device(device)
-    return staged.to(device, non_blocking=device.type == "cuda")
+    if staged is None and device.type == "cpu":
+        return feat[mb.input_nid]
+    rows = host_rows(feat, mb.input_nid, device) if staged is None else staged
+    return rows.to(device, non_blocking=device.type == "cuda")
 
 
 def _piece_outputs(groups: torch.Tensor, k: int,

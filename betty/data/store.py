@@ -412,16 +412,16 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     kept for the next batch's rows, which vary a little, is seldom outgrown."""
     ids = torch.as_tensor(ids, dtype=torch.int64)
     shape = (ids.numel(), *table.shape[1:])
-    if out is not None and out.dtype != table.dtype:
+    if out is None:
+        out = torch.empty(shape, dtype=table.dtype, pin_memory=pin)
+    elif out.dtype != table.dtype:
         raise ValueError(f"out is {out.dtype}, the table {table.dtype}")
-    if out is not None and out.untyped_storage().nbytes() >= math.prod(shape) * table.element_size():
+    elif out.untyped_storage().nbytes() >= math.prod(shape) * table.element_size():
         out = table.new_empty(0).set_(out.untyped_storage(), 0, shape)
-    elif out is not None:
+    else:
         room = torch.empty((shape[0] + shape[0] // 8, *shape[1:]), dtype=table.dtype,
                            pin_memory=pin or out.is_pinned())
         out = room[:shape[0]]
-    else:
-        out = torch.empty(shape, dtype=table.dtype, pin_memory=pin)
     if ids.numel() == 0:
         return out
     order = argsort_runs(ids)  # a micro-batch's IDs: a few ascending runs
