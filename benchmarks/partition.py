@@ -133,15 +133,20 @@ def timed_split(batch, groups, k) -> float:
 
 
 def compare_partitioners(batch, ks: list[int], threads: list[int], seed: int) -> list[dict]:
-    """``reg``'s cut by METIS (one thread) and by KaMinPar (each of ``threads``) at each
-    K, side by side on the same REG (built once, outside the timing): wall and CPU
-    seconds of the cut (CPU = this process's, all threads), betty's redundancy
-    (:func:`split_metrics`, layer 0 and per layer) and the imbalance of the outputs."""
+    """``reg``'s cut by METIS (one thread; its scheme, and recursive bisection forced) and
+    by KaMinPar (each of ``threads``) at each K, side by side on the same REG (built
+    once, outside the timing): wall and CPU seconds of the cut (CPU = this process's,
+    all threads), betty's redundancy (:func:`split_metrics`, layer 0 and per layer) and
+    the imbalance of the outputs."""
+    from betty.partition.balance import fill_empty_pieces
+    from betty.partition.incidence import output_layer_incidence
     from betty.partition.kaminpar_cut import kaminpar_available
+    from betty.partition.metis_cut import metis_cut, metis_index_dtype
+    from betty.partition.reg import redundancy_graph
     from betty.threads import available_cores
 
     cores = available_cores()
-    cuts = [("metis", 1)]
+    cuts = [("metis", 1), ("metis-bisection", 1)]
     if kaminpar_available():
         cuts += [("kaminpar", t) for t in threads]
     else:
@@ -149,15 +154,24 @@ def compare_partitioners(batch, ks: list[int], threads: list[int], seed: int) ->
     start = time.perf_counter()
     run_method(batch, 2, "reg", graph=None, seed=seed)  # builds and caches C
     log(f"# REG built in {time.perf_counter() - start:.1f} s (not in the cut times)")
+    reg, _ = redundancy_graph(output_layer_incidence(batch), seed=seed, dtype=metis_index_dtype())
+
+    def bisection(k: int) -> PartitionResult:  # reg's cut with recursive bisection forced
+        groups, cut = metis_cut(reg, k, use_edge_weights=True, seed=seed, recursive=True)
+        return PartitionResult(fill_empty_pieces(groups, k)[0], k, "reg", 0.0, 0.0,
+                               {"cut_threads": 1, "edge_cut": cut})
     rows = []
     log(f"\n## reg cut: METIS against KaMinPar (load {os.getloadavg()[0]:.2f})")
-    log(f"{'partitioner':12s} {'threads':>7s} {'K':>3s} {'wall s':>8s} {'CPU s':>8s} "
+    log(f"{'partitioner':15s} {'threads':>7s} {'K':>3s} {'wall s':>8s} {'CPU s':>8s} "
         f"{'redundancy':>10s} {'per layer':>20s} {'max/mean outputs':>16s}")
     for k in ks:
         for name, t in cuts:
             wall, cpu = time.perf_counter(), time.process_time()
-            res = run_method(batch, k, "reg", graph=None, seed=seed, partitioner=name,
-                             trainer_threads=cores - t)
+            if name == "metis-bisection":
+                res = bisection(k)
+            else:
+                res = run_method(batch, k, "reg", graph=None, seed=seed, partitioner=name,
+                                 trainer_threads=cores - t)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             m = split_metrics(batch, res.groups, k)
             counts = torch.bincount(res.groups, minlength=k).double()
@@ -167,7 +181,7 @@ def compare_partitioners(batch, ks: list[int], threads: list[int], seed: int) ->
                    "output_imbalance": float(counts.max() / counts.mean()),
                    "edge_cut": res.info["edge_cut"]}
             rows.append(row)
-            log(f"{name:12s} {row['threads']:7d} {k:3d} {wall:8.2f} {cpu:8.2f} "
+            log(f"{name:15s} {row['threads']:7d} {k:3d} {wall:8.2f} {cpu:8.2f} "
                 f"{row['redundancy']:10.4f} "
                 f"{str([round(r, 4) for r in row['redundancy_per_layer']]):>20s} "
                 f"{row['output_imbalance']:16.4f}")

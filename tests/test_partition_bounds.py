@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from betty.partition import partition_batch
+from betty.partition.balance import fill_empty_pieces
 from betty.partition.planted import planted_community_graph
 from betty.sampling import sample_full_batch
 
@@ -121,6 +122,23 @@ def test_reg_unweighted_hands_metis_no_edge_weights(batch40, metis_spy):
     (call,) = metis_spy
     assert call["eweights"] is None
     np.testing.assert_array_equal(np.asarray(call["vweights"]), np.ones(batch.num_outputs))
+
+
+def test_metis_cuts_k_way_from_three_pieces_and_bisects_two(batch40, metis_spy):
+    """pymetis alone would bisect recursively up to K = 8; betty asks for k-way from
+    K = 3 on (cheaper and lower redundancy on the products-scale REG)."""
+    import pymetis
+
+    _, batch = batch40
+    c = _reg_matrix(batch, seed=5)
+    for k in (2, 3, 8, 16):
+        groups = partition_batch(batch, k, "reg", seed=5).groups
+        assert metis_spy[-1]["recursive"] is (k == 2)
+        kway = pymetis.part_graph(k, adjacency=pymetis.CSRAdjacency(c.indptr, c.indices),
+                                  eweights=c.data, recursive=k == 2,
+                                  options=pymetis.Options(seed=5))
+        expected, _ = fill_empty_pieces(np.asarray(kway.vertex_part, dtype=np.int64), k)
+        assert torch.equal(groups, expected)
 
 
 def test_metis_wrapper_keeps_64_bit_values(metis_spy):
