@@ -132,59 +132,71 @@ def timed_split(batch, groups, k) -> float:
     return time.perf_counter() - start
 
 
-def compare_partitioners(batch, ks: list[int], threads: list[int], seed: int) -> list[dict]:
-    """``reg``'s cut by METIS (one thread; its scheme, and recursive bisection forced) and
-    by KaMinPar (each of ``threads``) at each K, side by side on the same REG (built
-    once, outside the timing): wall and CPU seconds of the cut (CPU = this process's,
-    all threads), betty's redundancy (:func:`split_metrics`, layer 0 and per layer) and
-    the imbalance of the outputs."""
-    from betty.partition.balance import fill_empty_pieces
+def compare_partitioners(batch, ks: list[int], threads: list[int], seed: int,
+                         repeats: int = 1) -> list[dict]:
+    """``reg``'s cut by METIS (one thread; betty's scheme, and recursive bisection forced)
+    and by KaMinPar (each of ``threads``) at each K, side by side on the same REG, built
+    once per index type outside the timings (METIS reads C in its ``idx_t``, KaMinPar in
+    int32, as ``reg`` builds them): wall and CPU seconds of the cut alone (CPU = this
+    process's, all threads, user + system; system time is mostly first touches of fresh
+    pages), betty's redundancy (:func:`split_metrics`, layer 0 and per layer) and the
+    imbalance of the outputs. ``repeats`` rounds of every (K, cut), so that each cut's
+    time is seen after the others' (a round's order decides which memory comes back
+    fresh)."""
+    from betty.partition.balance import fill_empty_pieces, integer_vertex_weights
     from betty.partition.incidence import output_layer_incidence
-    from betty.partition.kaminpar_cut import kaminpar_available
+    from betty.partition.kaminpar_cut import kaminpar_available, kaminpar_cut
     from betty.partition.metis_cut import metis_cut, metis_index_dtype
     from betty.partition.reg import redundancy_graph
-    from betty.threads import available_cores
 
-    cores = available_cores()
     cuts = [("metis", 1), ("metis-bisection", 1)]
     if kaminpar_available():
         cuts += [("kaminpar", t) for t in threads]
     else:
         log("# kaminpar is not installed: METIS only")
     start = time.perf_counter()
-    run_method(batch, 2, "reg", graph=None, seed=seed)  # builds and caches C
+    incidence = output_layer_incidence(batch)
+    regs = {dtype: redundancy_graph(incidence, seed=seed, dtype=dtype)[0]
+            for dtype in {metis_index_dtype(), np.dtype(np.int32)}}
+    del incidence
     log(f"# REG built in {time.perf_counter() - start:.1f} s (not in the cut times)")
-    reg, _ = redundancy_graph(output_layer_incidence(batch), seed=seed, dtype=metis_index_dtype())
+    vweights = integer_vertex_weights(None, batch.num_outputs)  # what reg hands the cut
 
-    def bisection(k: int) -> PartitionResult:  # reg's cut with recursive bisection forced
-        groups, cut = metis_cut(reg, k, use_edge_weights=True, seed=seed, recursive=True)
-        return PartitionResult(fill_empty_pieces(groups, k)[0], k, "reg", 0.0, 0.0,
-                               {"cut_threads": 1, "edge_cut": cut})
+    def cut(name: str, k: int, t: int) -> tuple[torch.Tensor, int]:
+        if name == "kaminpar":
+            groups, edge_cut = kaminpar_cut(regs[np.dtype(np.int32)], k, vweights=vweights,
+                                            use_edge_weights=True, seed=seed, threads=t)
+        else:
+            groups, edge_cut = metis_cut(regs[metis_index_dtype()], k, vweights=vweights,
+                                         use_edge_weights=True, seed=seed,
+                                         recursive=True if name == "metis-bisection" else None)
+        return fill_empty_pieces(groups, k)[0], edge_cut
+
     rows = []
     log(f"\n## reg cut: METIS against KaMinPar (load {os.getloadavg()[0]:.2f})")
-    log(f"{'partitioner':15s} {'threads':>7s} {'K':>3s} {'wall s':>8s} {'CPU s':>8s} "
-        f"{'redundancy':>10s} {'per layer':>20s} {'max/mean outputs':>16s}")
-    for k in ks:
-        for name, t in cuts:
-            wall, cpu = time.perf_counter(), time.process_time()
-            if name == "metis-bisection":
-                res = bisection(k)
-            else:
-                res = run_method(batch, k, "reg", graph=None, seed=seed, partitioner=name,
-                                 trainer_threads=cores - t)
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            m = split_metrics(batch, res.groups, k)
-            counts = torch.bincount(res.groups, minlength=k).double()
-            row = {"partitioner": name, "threads": res.info["cut_threads"], "k": k,
-                   "wall_s": wall, "cpu_s": cpu, "redundancy": m["redundancy"],
-                   "redundancy_per_layer": m["redundancy_per_layer"],
-                   "output_imbalance": float(counts.max() / counts.mean()),
-                   "edge_cut": res.info["edge_cut"]}
-            rows.append(row)
-            log(f"{name:15s} {row['threads']:7d} {k:3d} {wall:8.2f} {cpu:8.2f} "
-                f"{row['redundancy']:10.4f} "
-                f"{str([round(r, 4) for r in row['redundancy_per_layer']]):>20s} "
-                f"{row['output_imbalance']:16.4f}")
+    log(f"{'partitioner':15s} {'threads':>7s} {'K':>3s} {'round':>5s} {'wall s':>8s} "
+        f"{'CPU s':>8s} {'sys s':>6s} {'redundancy':>10s} {'per layer':>20s} "
+        f"{'max/mean outputs':>16s}")
+    for rep, k, (name, t) in ((r, k, c) for r in range(repeats) for k in ks for c in cuts):
+        sys_s = os.times().system
+        wall, cpu = time.perf_counter(), time.process_time()
+        groups, edge_cut = cut(name, k, t)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        sys_s = os.times().system - sys_s
+        m = split_metrics(batch, groups, k)
+        counts = torch.bincount(groups, minlength=k).double()
+        row = {"partitioner": name, "threads": t, "k": k,
+               "round": rep, "wall_s": wall, "cpu_s": cpu, "sys_s": sys_s,
+               "redundancy": m["redundancy"],
+               "redundancy_per_layer": m["redundancy_per_layer"],
+               "output_imbalance": float(counts.max() / counts.mean()),
+               "edge_cut": edge_cut}
+        rows.append(row)
+        log(f"{name:15s} {row['threads']:7d} {k:3d} {rep:5d} {wall:8.2f} {cpu:8.2f} "
+            f"{sys_s:6.2f} "
+            f"{row['redundancy']:10.4f} "
+            f"{str([round(r, 4) for r in row['redundancy_per_layer']]):>20s} "
+            f"{row['output_imbalance']:16.4f}")
     log(f"# load average at end: {os.getloadavg()}")
     return rows
 
@@ -218,6 +230,8 @@ def main(argv=None) -> dict:
                     help="only compare reg's cut by METIS and by KaMinPar (at --k, on "
                          "--cut-threads threads for KaMinPar) and stop")
     ap.add_argument("--cut-threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--cut-repeats", type=int, default=1,
+                    help="rounds of the --partitioners comparison")
     ap.add_argument("--json", default=None, help="also write all figures to this file")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.methods) - set(PARTITIONERS))
@@ -240,7 +254,8 @@ def main(argv=None) -> dict:
         f"sampled in {time.perf_counter() - start:.1f} s")
 
     if args.partitioners:
-        report["partitioners"] = compare_partitioners(batch, args.k, args.cut_threads, args.seed)
+        report["partitioners"] = compare_partitioners(batch, args.k, args.cut_threads, args.seed,
+                                                     args.cut_repeats)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)
