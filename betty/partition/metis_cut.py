@@ -9,12 +9,10 @@ a :class:`ValueError` before METIS runs, instead of wrapping around.
 
 **Scheme.** For ``K >= 3`` the cut is METIS's multilevel k-way partitioning
 (``METIS_PartGraphKway``, what ``gpmetis`` runs by default); for ``K = 2`` it is one
-bisection (``METIS_PartGraphRecursive``). pymetis itself would pick recursive bisection
-for every ``K <= 8``; on the full-size synthetic-products REG (196,615 vertices, 22.1M
-entries) k-way cut K = 8 in 2.5 CPU-s against 4.4 for recursive bisection, with lower
-redundancy (2.6081 against 2.6187), and K = 4 in 2.8 against 3.1 (1.9596 against
-1.9627), while at K = 2 the bisection took 1.6 CPU-s against 2.8 for the same
-redundancy (docs/partitioning.md, *The METIS scheme*).
+bisection (``METIS_PartGraphRecursive``), the same problem at less cost. pymetis itself
+would pick recursive bisection for every ``K <= 8``; on the full-size synthetic-products
+REG, k-way is both cheaper and lower in redundancy at K = 4 to 16 (the figures and their
+command: docs/partitioning.md, *The METIS scheme*).
 """
 
 from __future__ import annotations
