@@ -30,9 +30,10 @@ Sections, in order:
    (``prefetch=1``: the next batch sampled, partitioned and carved on a thread while the
    current one trains; the features gathered in the step, ``gather_ahead=False``),
    pipelined with the features gathered ahead too (``gather_ahead=True``, an
-   accelerator's default: into pinned host memory on the thread), and that with the
-   sampler on the device (``sample_device``: torch ops on the GPU, the batch copied back
-   for the cut and carving), each from the same initial weights. Per epoch: wall,
+   accelerator's default: into pinned host memory on the thread), and serially with
+   preparation on the device (``sample_device``: the sampler, carving and the feature
+   gather as torch ops on the GPU, only the cut on the host), each from the same
+   initial weights. Per epoch: wall,
    compute, sampling, gather + copy (``time_h2d_s``), the wait for preparation and the
    device's idle fraction ``1 - compute / wall``; and the largest relative parameter
    difference of a pipelined mode from the serial run (0 with deterministic
@@ -77,7 +78,7 @@ BUDGET_FRACTION = 0.4
 TIMING_BUDGET_FRACTION = 0.25
 SAFETY_MARGIN = 0.05
 PIPELINE_EPOCHS = 3
-PIPELINE_MODES = ("serial", "pipelined", "gathered_ahead", "device_sampling")
+PIPELINE_MODES = ("serial", "pipelined", "gathered_ahead", "device_preparation")
 #: partitioner of the estimate and budget sections: which split is used does not change
 #: what they check (every piece of the split actually used is estimated and measured),
 #: and ``random`` keeps them fast; ``--partition`` applies to the timed epoch.
@@ -534,7 +535,7 @@ def pipeline_section(be, sizes: Sizes, device, method: str, k: int) -> dict:
     modes, finals = {}, {}
     for name, prefetch, gather_ahead, sample_device in (
             ("serial", 0, False, None), ("pipelined", 1, False, None),
-            ("gathered_ahead", 1, True, None), ("device_sampling", 1, True, device)):
+            ("gathered_ahead", 1, True, None), ("device_preparation", 0, False, device)):
         model.load_state_dict(initial)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         trainer = Trainer(model, opt, ds, list(sizes.products_fanouts), PartitionPlan(method, int(k)),

@@ -38,7 +38,7 @@ from betty.pipeline import check_prefetch, preparation
 from betty.precision import LossScaler, Precision
 from betty.records import epoch_metrics, estimate_error
 from betty.sampling import sample_full_batch
-from betty.train import MicroBatchRecord, host_rows, locate_non_finite, train_step
+from betty.train import MicroBatchRecord, host_rows, locate_non_finite, same_device, train_step
 
 __all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "PreparedBatch", "Trainer", "fixed_batches",
            "PREPARATION_TIMERS"]
@@ -123,6 +123,9 @@ class PreparedBatch:
             K search).
         time_gather_s: wall of gathering the carved micro-batches' input features
             ahead (``MicroBatch.input_features``; 0 when the step gathers them).
+        device_batch: with preparation on a device (``Trainer(sample_device=)``) the
+            batch as sampled there, which carving reads; ``batch`` is its host copy
+            (the same object on the CPU). ``None``: the batch was sampled on the host.
     """
 
     epoch: int
@@ -139,6 +142,7 @@ class PreparedBatch:
     time_estimate_s: float
     time_metrics_s: float
     time_gather_s: float = 0.0
+    device_batch: SampledBatch | None = None
 
 
 def _tensor_bytes(obj) -> int:
@@ -310,10 +314,16 @@ class Trainer:
             (default): when ``device`` is not the CPU and ``prefetch >= 1``. On the CPU
             the gathered rows are the device memory a micro-batch's peak counts, so they
             are gathered in the step, one micro-batch at a time.
-        sample_device: where the sampler runs (:meth:`sample`): ``None`` (default) the
-            host's NumPy sampler; a torch device (``"cuda"``) its torch-op path there,
-            the CSR copied to that device once. The sampled batch comes back to the
-            host for the rest of the preparation.
+        sample_device: where a batch is prepared, the cut excepted: ``None`` (default)
+            on the host (NumPy index work); a torch device: the sampler, carving and the
+            feature gather run as torch ops there (preparation on the device), the
+            graph's CSR, the features and the labels copied there once, and a host copy
+            of each batch is what the cut, the estimate and the redundancy metric read.
+            ``"cpu"`` runs the torch-op path on the host: the same batches, pieces and
+            updates as ``None``, bit for bit. A CUDA device must be ``device`` itself,
+            with ``prefetch=0`` (a batch prepared ahead would hold device memory beside
+            the step's); the memory model then counts what preparation keeps there
+            (:mod:`betty.memory.device_preparation`).
     """
 
     def __init__(self, model, optimizer, dataset, fanouts, plan: PartitionPlan, *,
@@ -331,6 +341,7 @@ class Trainer:
         if plan.k == "auto" and plan.memory_budget is None:
             raise ValueError("k='auto' needs a memory_budget")
         self.model, self.optimizer, self.dataset = model, optimizer, dataset
+        self.sample_device = self._preparation_device(sample_device, device, prefetch)
         if precision is None:
             precision = "64" if dtype == torch.float64 else "32"
         self.precision = Precision.parse(precision)
@@ -366,19 +377,48 @@ class Trainer:
         elif gather_ahead and not self.prefetch:
             raise ValueError("gather_ahead=True gathers for batches prepared ahead: it needs prefetch >= 1")
         self.gather_ahead = bool(gather_ahead)
-        self.sample_device = None if sample_device is None else torch.device(sample_device)
+
+    @staticmethod
+    def _preparation_device(sample_device, device, prefetch: int) -> torch.device | None:
+        """``sample_device`` resolved and checked (see the class docstring)."""
+        if sample_device is None:
+            return None
+        on = torch.device(sample_device)
+        if on.type == "cuda":
+            if not same_device(on, torch.device(device)):
+                raise ValueError(f"sample_device {str(on)!r} prepares batches on a CUDA device: it "
+                                 f"must be the training device ({str(device)!r}), whose memory "
+                                 f"budget counts what preparation keeps there")
+            if prefetch:
+                raise ValueError(f"sample_device {str(on)!r} prepares each batch on the training "
+                                 f"device when its step starts: use prefetch=0 (a batch prepared "
+                                 f"ahead would hold device memory beside the step's), got "
+                                 f"prefetch={prefetch}")
+        return on
+
+    def _device_store(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The features and labels the step reads: on the preparation device (copied
+        there once) with preparation on a device, else the dataset's host tensors."""
+        feat, label = self.dataset.feat, self.dataset.label
+        if self.sample_device is None:
+            return feat, label
+        store = self.__dict__.get("_store_on_device")
+        if store is None:
+            store = self._store_on_device = (feat.to(self.sample_device), label.to(self.sample_device))
+        return store
 
     # -- pieces ---------------------------------------------------------------------
-    def sample(self, epoch: int, batch_index: int = 0) -> SampledBatch:
-        """The sampled neighbourhood of batch ``batch_index`` at ``epoch``, on the host.
-        With ``sample_device`` the sampler runs as torch ops on that device
+    def sample(self, epoch: int, batch_index: int = 0, *, on_host: bool = True) -> SampledBatch:
+        """The sampled neighbourhood of batch ``batch_index`` at ``epoch``. With
+        ``sample_device`` the sampler runs as torch ops on that device
         (:func:`betty.sampling.sample_full_batch`'s device path: on the CPU the same
-        batch as the host path, bit for bit) and the batch is then copied to the host,
-        where the cut, the estimate and carving read it."""
+        batch as the host path, bit for bit); ``on_host`` (default) returns the batch's
+        host copy, ``on_host=False`` the batch where it was sampled (what preparation
+        carves)."""
         seed = dropout_key(self.seed, epoch, batch_index) & 0x7FFFFFFF
         batch = sample_full_batch(self.dataset.graph, self.batches[batch_index], self.fanouts,
                                   seed=seed, device=self.sample_device)
-        return batch.to("cpu")
+        return batch.to("cpu") if on_host else batch
 
     def _fresh_partition(self, batch: SampledBatch, epoch: int, batch_index: int):
         seed = self.seed + 1000 * epoch + batch_index
@@ -414,9 +454,11 @@ class Trainer:
         result, estimates, fresh, _, _ = self._partition_timed(batch, epoch, batch_index)
         return result, estimates, fresh
 
-    def _partition_timed(self, batch: SampledBatch, epoch: int, batch_index: int, carve_ahead: bool = False):
+    def _partition_timed(self, batch: SampledBatch, epoch: int, batch_index: int, carve_ahead: bool = False,
+                         device_batch: SampledBatch | None = None):
         """:meth:`partition` plus the wall of the estimates made outside the K search and,
-        with ``carve_ahead``, every piece carved (``carve_all``'s list; ``None`` without).
+        with ``carve_ahead``, every piece carved (``carve_all``'s list; ``None`` without),
+        from ``device_batch`` where the batch was prepared on a device.
         Carved first, a split's estimate and redundancy read the carved pieces' sizes
         (:func:`betty.memory.sizes.carved_piece_sizes`) instead of building its piece
         membership; a K search still estimates from the membership of each K it tries."""
@@ -427,7 +469,7 @@ class Trainer:
         if not expired and self.estimator is not None:
             result = cached[0]
             if carve_ahead:
-                micro = self._carve_recorded(batch, result)
+                micro = self._carve_recorded(batch, result, device_batch)
             estimates, t_estimate = self._estimate(self.estimator, batch, result)
             budget = self._usable_budget()
             if budget is not None and max(estimates) > budget:
@@ -436,16 +478,17 @@ class Trainer:
             result, estimates = self._fresh_partition(batch, epoch, batch_index)
             self._partitions[batch_index] = (result, epoch)
             if carve_ahead:
-                micro = self._carve_recorded(batch, result)
+                micro = self._carve_recorded(batch, result, device_batch)
             return result, estimates, True, t_estimate, micro
         if carve_ahead and micro is None:
-            micro = self._carve_recorded(batch, cached[0])
+            micro = self._carve_recorded(batch, cached[0], device_batch)
         return cached[0], estimates, False, t_estimate, micro
 
-    def _carve_recorded(self, batch: SampledBatch, result: PartitionResult) -> list:
-        """Every piece of ``result`` carved (one process), its sizes recorded on ``batch``
-        as the split's piece sizes."""
-        micro = self._carve(batch, result, None)
+    def _carve_recorded(self, batch: SampledBatch, result: PartitionResult,
+                        device_batch: SampledBatch | None = None) -> list:
+        """Every piece of ``result`` carved (one process; from ``device_batch`` where
+        given), its sizes recorded on ``batch`` as the split's piece sizes."""
+        micro = self._carve(device_batch if device_batch is not None else batch, result, None)
         carved_piece_sizes(batch, result.groups, result.k, [mb for _, mb, _ in micro])
         return micro
 
@@ -471,6 +514,12 @@ class Trainer:
         backend = default_backend(device)
         kwargs = dict(backend=backend, feat_dtype=dataset.feat.dtype,
                       label_columns=dataset.num_classes if dataset.multilabel else 0)
+        if self.sample_device is not None and self.sample_device.type == "cuda":
+            from betty.memory.constants import load_constants
+            from betty.memory.device_preparation import store_bytes
+
+            granule = load_constants(backend).granule_bytes
+            kwargs["device_store_bytes"] = store_bytes(dataset.graph, dataset.feat, dataset.label, granule)
         if not self.precision.mixed:
             return dict(kwargs, dtype=dtype)
         host = not backend.startswith("cuda")
@@ -499,11 +548,14 @@ class Trainer:
                 past the memory budget (:func:`betty.memory.ksearch.check_fixed_k`).
         """
         t0 = time.perf_counter()
-        batch = self.sample(epoch, batch_index)
+        device_batch = self.sample(epoch, batch_index, on_host=False)
+        batch = device_batch.to("cpu")
+        if self.sample_device is None:
+            device_batch = None
         t1 = time.perf_counter()
         carve_ahead = carve and self.parallel is None  # under parallel the estimates pick the pieces
         result, estimates, fresh, t_estimate, micro = self._partition_timed(
-            batch, epoch, batch_index, carve_ahead)
+            batch, epoch, batch_index, carve_ahead, device_batch)
         t_block = sum(seconds for _, _, seconds in micro) if micro is not None else 0.0
         if estimates is None and self.estimator is not None:
             estimates, seconds = self._estimate(self.estimator, batch, result)
@@ -514,7 +566,7 @@ class Trainer:
         redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]
         t3 = time.perf_counter()
         if carve and micro is None:
-            micro = self._carve(batch, result, estimates)
+            micro = self._carve(device_batch if device_batch is not None else batch, result, estimates)
         t_gather = 0.0
         if micro is not None and self.gather_ahead:
             t4 = time.perf_counter()
@@ -525,7 +577,7 @@ class Trainer:
             fresh=fresh, redundancy=redundancy, micro_batches=micro, nbytes=0,
             time_sample_s=t1 - t0, time_partition_s=t2 - t1 - t_estimate - t_block,
             time_estimate_s=t_estimate, time_metrics_s=t3 - t2,
-            time_gather_s=t_gather)
+            time_gather_s=t_gather, device_batch=device_batch)
         prepared.nbytes = _tensor_bytes((batch, micro))
         return prepared
 
@@ -548,7 +600,12 @@ class Trainer:
 
         costs = self._piece_costs(result, estimates)
         pieces = None if costs is None else self.parallel.assign(costs)
-        return carve_all(batch, result.groups, result.k, pieces)
+        return carve_all(batch, result.groups, result.k, pieces, torch_ops=self._torch_ops)
+
+    @property
+    def _torch_ops(self) -> bool:
+        """Whether carving runs in torch ops (preparation on a device, the CPU included)."""
+        return self.sample_device is not None
 
     def _gather_inputs(self, micro: list) -> None:
         """Each carved micro-batch's input features, gathered into host memory
@@ -571,8 +628,11 @@ class Trainer:
                                dtype=self.dtype, precision=self.precision, scaler=self.scaler)
             if micro is not None:
                 step_kwargs["micro_batches"] = micro
-            step = train_step(self.model, self.optimizer, batch, result.groups,
-                              self.dataset.feat, self.dataset.label, parallel=self.parallel,
+            feat, label = self._device_store()
+            carve_from = batch if prepared.device_batch is None else prepared.device_batch
+            prepared.device_batch = None
+            step = train_step(self.model, self.optimizer, carve_from, result.groups,
+                              feat, label, parallel=self.parallel, torch_ops=self._torch_ops,
                               costs=self._piece_costs(result, estimates), **step_kwargs)
         if logged:  # the pieces this process ran (all K unless data-parallel)
             logged = [logged[m.index] for m in step.micro]

@@ -10,6 +10,9 @@ sources in ascending global ID (:func:`betty.sampling.sample_full_batch`), recur
 so layer ``l``'s ``src_nid`` is ``L - l + 1`` ascending runs (a micro-batch's input IDs
 too); timsort merges them in O(n log r) for ``r`` runs where ``torch.argsort`` sorts
 from scratch: on 2.45M IDs in three runs, 0.04 s against 0.45 s (one thread).
+
+``torch_ops=True`` runs the torch op on the CPU as well: the path a device takes,
+checked on the CPU against the NumPy one (:class:`betty.microbatch.Carver`).
 """
 
 from __future__ import annotations
@@ -20,29 +23,33 @@ import torch
 __all__ = ["argsort_runs", "take", "put", "take_rows", "put_rows"]
 
 
-def argsort_runs(values: torch.Tensor) -> torch.Tensor:
+def _on_torch(t: torch.Tensor, torch_ops: bool) -> bool:
+    return torch_ops or t.device.type != "cpu"
+
+
+def argsort_runs(values: torch.Tensor, *, torch_ops: bool = False) -> torch.Tensor:
     """``(n,)`` int64 positions that sort the 1-D tensor ``values`` ascending, ties in
     their original order (the same as ``torch.argsort(values, stable=True)``), on
     ``values``' device (off the CPU: ``torch.argsort`` there)."""
     if values.dim() != 1:
         raise ValueError(f"values must be 1-D, got shape {tuple(values.shape)}")
-    if values.device.type != "cpu":
+    if _on_torch(values, torch_ops):
         return torch.argsort(values, stable=True)
     order = np.argsort(values.numpy(), kind="stable")
     return torch.from_numpy(order.astype(np.int64, copy=False))
 
 
-def take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def take(table: torch.Tensor, index: torch.Tensor, *, torch_ops: bool = False) -> torch.Tensor:
     """``table[index]`` for a 1-D ``table`` and an integer ``index`` on its device."""
-    if table.device.type != "cpu":
+    if _on_torch(table, torch_ops):
         return table[index]
     return torch.from_numpy(np.take(table.numpy(), index.numpy()))
 
 
-def put(table: torch.Tensor, index: torch.Tensor, value) -> None:
+def put(table: torch.Tensor, index: torch.Tensor, value, *, torch_ops: bool = False) -> None:
     """``table[index] = value`` in place, for a 1-D ``table``; ``value`` a scalar or a
     tensor of ``index``'s shape."""
-    if table.device.type != "cpu":
+    if _on_torch(table, torch_ops):
         table[index] = value
         return
     table.numpy()[index.numpy()] = value.numpy() if isinstance(value, torch.Tensor) else value

@@ -46,12 +46,17 @@ class Carver:
     source global ID).
     """
 
-    def __init__(self, full: SampledBatch) -> None:
+    def __init__(self, full: SampledBatch, *, torch_ops: bool | None = None) -> None:
         self.full = full
+        self.device = full.layers[0].src_nid.device
+        #: torch ops for the index work (``None``: off the CPU); on the CPU the same
+        #: pieces as NumPy's, bit for bit
+        self.torch_ops = self.device.type != "cpu" if torch_ops is None else bool(torch_ops)
         self._edge_order: list[torch.Tensor | None] = []
         self._indptr: list[torch.Tensor] = []
         self._by_gid: list[torch.Tensor] = []
         self._rank: list[torch.Tensor] = []
+        on = self.device
         for layer in full.layers:
             dst = layer.edge_dst
             order = None
@@ -59,16 +64,44 @@ class Carver:
                 order = torch.argsort(dst, stable=True)  # keeps the order within a destination
             self._edge_order.append(order)
             counts = torch.bincount(dst, minlength=layer.num_dst)
-            indptr = torch.zeros(layer.num_dst + 1, dtype=torch.int64)
+            indptr = torch.zeros(layer.num_dst + 1, dtype=torch.int64, device=on)
             torch.cumsum(counts, 0, out=indptr[1:])
             self._indptr.append(indptr)
-            by_gid = argsort_runs(layer.src_nid)  # sources in ascending global-ID order
+            by_gid = argsort_runs(layer.src_nid, torch_ops=self.torch_ops)  # ascending global ID
             rank = torch.empty_like(by_gid)
-            rank[by_gid] = torch.arange(by_gid.numel(), dtype=torch.int64)
+            rank[by_gid] = torch.arange(by_gid.numel(), dtype=torch.int64, device=on)
             self._by_gid.append(by_gid)
             self._rank.append(rank)
         self._local = threading.local()  # each carving thread's scratch buffers
         self._scratch()
+
+    @staticmethod
+    def state_bytes(full: SampledBatch, granule: int = 1) -> int:
+        """Bytes a Carver of ``full`` holds on ``full``'s device with one carving
+        thread (:meth:`nbytes` of a new Carver), from the batch's sizes: per layer with
+        ``n`` sources, ``d`` destinations and ``E`` edges, ``8 (d + 1)`` (the CSR
+        pointer), ``8 n`` twice (sources by global ID, their ranks), ``8 E`` for the edge
+        order when the edges are not destination-sorted, and the scratch ``8 n + 8 n +
+        n`` (positions, last writes, marks); each tensor rounded up to ``granule`` bytes
+        (CUDA's caching allocator: 512)."""
+        def rounded(nbytes: int) -> int:
+            return -(-nbytes // granule) * granule
+
+        total = 0
+        for layer in full.layers:
+            dst, n = layer.edge_dst, layer.num_src
+            if dst.numel() > 1 and bool((dst[1:] < dst[:-1]).any()):
+                total += rounded(8 * dst.numel())
+            total += rounded(8 * (layer.num_dst + 1)) + 4 * rounded(8 * n) + rounded(n)
+        return total
+
+    def nbytes(self, granule: int = 1) -> int:
+        """Bytes of the tensors this Carver holds (this thread's scratch included), each
+        rounded up to ``granule`` bytes."""
+        pos, last, seen = self._scratch()
+        tensors = [t for group in (self._edge_order, self._indptr, self._by_gid, self._rank,
+                                   pos, last, seen) for t in group if t is not None]
+        return sum(-(-t.untyped_storage().nbytes() // granule) * granule for t in tensors)
 
     def _scratch(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """This thread's per-layer scratch ``(pos, last, seen)``: ``pos`` all -1, ``seen``
@@ -77,16 +110,18 @@ class Carver:
         local = self._local
         if not hasattr(local, "pos"):
             sizes = [layer.num_src for layer in self.full.layers]
-            local.pos = [torch.full((n,), -1, dtype=torch.int64) for n in sizes]
-            local.last = [torch.zeros(n, dtype=torch.int64) for n in sizes]
-            local.seen = [torch.zeros(n, dtype=torch.bool) for n in sizes]
+            on = self.device
+            local.pos = [torch.full((n,), -1, dtype=torch.int64, device=on) for n in sizes]
+            local.last = [torch.zeros(n, dtype=torch.int64, device=on) for n in sizes]
+            local.seen = [torch.zeros(n, dtype=torch.bool, device=on) for n in sizes]
         return local.pos, local.last, local.seen
 
     def carve(self, output_index: torch.Tensor) -> MicroBatch:
         """The micro-batch computing the outputs at ``output_index`` (positions into
-        ``full.output_nid``, distinct)."""
-        full = self.full
-        output_index = torch.as_tensor(output_index, dtype=torch.int64)
+        ``full.output_nid``, distinct), its tensors on the full batch's device."""
+        full, on = self.full, self.device
+        ops = {"torch_ops": self.torch_ops}
+        output_index = torch.as_tensor(output_index, dtype=torch.int64).to(on)
         n_layers = full.num_layers
         layers: list[LayerEdges | None] = [None] * n_layers
         full_src_index: list[torch.Tensor | None] = [None] * n_layers
@@ -98,32 +133,33 @@ class Carver:
             n_dst = dst_full.numel()
 
             # the edges of the needed destinations, destination by destination
-            starts = take(indptr, dst_full)
-            counts = take(indptr, dst_full + 1) - starts
+            starts = take(indptr, dst_full, **ops)
+            counts = take(indptr, dst_full + 1, **ops) - starts
             total = int(counts.sum())
             offsets = torch.cumsum(counts, 0) - counts
-            edge = torch.repeat_interleave(starts - offsets, counts) + torch.arange(total)
+            edge = torch.repeat_interleave(starts - offsets, counts) + torch.arange(total, device=on)
             if self._edge_order[l] is not None:
-                edge = take(self._edge_order[l], edge)
-            e_src = take(fl.edge_src, edge)
-            e_dst = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64), counts)
+                edge = take(self._edge_order[l], edge, **ops)
+            e_src = take(fl.edge_src, edge, **ops)
+            e_dst = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64, device=on), counts)
 
             # sources: the destinations first, then the others by ascending global ID
             touched = self._sources_by_gid(l, e_src)
-            put(pos, dst_full, torch.arange(n_dst, dtype=torch.int64))
-            extra = touched[take(pos, touched) < 0]
-            put(pos, extra, torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64))
+            put(pos, dst_full, torch.arange(n_dst, dtype=torch.int64, device=on), **ops)
+            extra = touched[take(pos, touched, **ops) < 0]
+            put(pos, extra, torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64, device=on), **ops)
             src_full = torch.cat([dst_full, extra])
-            e_src_local = take(pos, e_src)
-            put(pos, src_full, -1)  # leave the buffer clean for the next piece
+            e_src_local = take(pos, e_src, **ops)
+            put(pos, src_full, -1, **ops)  # leave the buffer clean for the next piece
 
             layers[l] = LayerEdges(
-                src_nid=take(fl.src_nid, src_full),
+                src_nid=take(fl.src_nid, src_full, **ops),
                 num_dst=n_dst,
                 edge_src=e_src_local,
                 edge_dst=e_dst,
-                edge_id=take(fl.edge_id, edge),
-                src_out_degree=None if fl.src_out_degree is None else take(fl.src_out_degree, src_full),
+                edge_id=take(fl.edge_id, edge, **ops),
+                src_out_degree=(None if fl.src_out_degree is None
+                                else take(fl.src_out_degree, src_full, **ops)),
             )
             full_src_index[l] = src_full
             dst_full = src_full  # layer l's sources are layer l-1's destinations
@@ -134,21 +170,22 @@ class Carver:
         """The distinct entries of ``e_src`` (layer-``l`` source positions), in ascending
         global-ID order; O(m + min(n_src, u log u)) for ``m`` edges, ``u`` distinct."""
         by_gid, m = self._by_gid[l], e_src.numel()
+        ops = {"torch_ops": self.torch_ops}
         _, lasts, seens = self._scratch()
         if by_gid.numel() <= SCAN_RATIO * m:  # large piece: a scan costs <= SCAN_RATIO * m
             seen = seens[l]
-            put(seen, e_src, True)
-            touched = by_gid[take(seen, by_gid)]
-            put(seen, touched, False)  # leave the buffer clean for the next piece
+            put(seen, e_src, True, **ops)
+            touched = by_gid[take(seen, by_gid, **ops)]
+            put(seen, touched, False, **ops)  # leave the buffer clean for the next piece
             return touched
         # small piece: write each edge's position at its source (one write per source
         # survives, whichever); the edges reading back their own position are one per
         # distinct source. Stale entries of earlier pieces are never read (every source
         # read here was just written). Then sort only the distinct sources' ranks.
-        last, span = lasts[l], torch.arange(m, dtype=torch.int64)
-        put(last, e_src, span)
-        distinct = e_src[take(last, e_src) == span]
-        return take(by_gid, torch.sort(take(self._rank[l], distinct)).values)
+        last, span = lasts[l], torch.arange(m, dtype=torch.int64, device=self.device)
+        put(last, e_src, span, **ops)
+        distinct = e_src[take(last, e_src, **ops) == span]
+        return take(by_gid, torch.sort(take(self._rank[l], distinct, **ops)).values, **ops)
 
 
 def carve(full: SampledBatch, output_index: torch.Tensor) -> MicroBatch:

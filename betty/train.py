@@ -39,6 +39,7 @@ __all__ = [
     "NonFiniteLoss",
     "locate_non_finite",
     "host_rows",
+    "same_device",
     "PieceForward",
     "PieceRun",
     "accumulate_pieces",
@@ -244,6 +245,7 @@ def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], Pi
             del fwd, loss
             if after_last is not None and index == last_index:
                 after_last()
+        del piece  # freed before the next piece is carved
         runs.append(PieceRun(index=index, loss=value, correct=correct,
                              seconds=time.perf_counter() - start,
                              peak_bytes=None if reading is None else int(reading.peak_bytes),
@@ -381,15 +383,27 @@ def host_rows(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Tensor:
 def _input_features(feat: torch.Tensor, mb: MicroBatch, device) -> torch.Tensor:
     """``mb``'s input features on ``device``: the rows gathered ahead
     (``mb.input_features``, released from ``mb`` here) or else :func:`host_rows`, copied
-    there (``non_blocking`` for CUDA). On the CPU without rows gathered ahead, the
-    gathered rows are the device's own memory, which the memory model counts, so they
-    are gathered in one ``feat[ids]`` with no second copy."""
+    there (``non_blocking`` for CUDA). Where ``feat`` and ``mb``'s IDs are on ``device``
+    (the CPU, or features kept on the device for preparation there), the gathered rows
+    are the device's own memory, which the memory model counts, so they are gathered in
+    one ``feat[ids]`` with no second copy."""
     staged, mb.input_features = mb.input_features, None
     device = torch.device(device)
-    if staged is None and device.type == "cpu":
-        return feat[mb.input_nid]
-    rows = host_rows(feat, mb.input_nid, device) if staged is None else staged
+    ids = mb.input_nid
+    if staged is None and feat.device == ids.device and same_device(feat.device, device):
+        return feat[ids]
+    rows = host_rows(feat, ids, device) if staged is None else staged
     return rows.to(device, non_blocking=device.type == "cuda")
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether ``a`` and ``b`` are one device (``cuda`` and ``cuda:<current>`` are)."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or a.index == b.index:
+        return True
+    current = torch.cuda.current_device()
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
 
 
 def _piece_outputs(groups: torch.Tensor, k: int,
@@ -410,29 +424,34 @@ def _carve_timed(carver: Carver, entry: tuple[int, torch.Tensor]) -> tuple[int, 
 
 
 def carve_pieces(batch: SampledBatch, groups: torch.Tensor, k: int,
-                 pieces: Collection[int] | None = None) -> Iterator[tuple[int, MicroBatch, float]]:
+                 pieces: Collection[int] | None = None, *,
+                 torch_ops: bool | None = None) -> Iterator[tuple[int, MicroBatch, float]]:
     """Yield (piece index, micro-batch, seconds to carve it) lazily, one piece at a
     time, for the pieces in ``pieces`` (default: all K), in piece order; ``groups``
     ``(n_out,)`` is the piece of each output node. The first piece's seconds include
-    building the :class:`betty.microbatch.Carver`."""
+    building the :class:`betty.microbatch.Carver` (``torch_ops``: its index work in
+    torch ops; ``None``: where ``batch`` is off the CPU). Pieces are carved on
+    ``batch``'s device."""
     start = time.perf_counter()
-    carver = Carver(batch)
+    carver = Carver(batch, torch_ops=torch_ops)
     wanted = _piece_outputs(groups, k, pieces)
     setup = time.perf_counter() - start
     for entry in wanted:
         piece, mb, seconds = _carve_timed(carver, entry)
         yield piece, mb, seconds + setup
         setup = 0.0
+        del mb  # the caller's reference is the only one while the next piece is carved
 
 
 def carve_all(batch: SampledBatch, groups: torch.Tensor, k: int,
-              pieces: Collection[int] | None = None) -> list[tuple[int, MicroBatch, float]]:
+              pieces: Collection[int] | None = None, *,
+              torch_ops: bool | None = None) -> list[tuple[int, MicroBatch, float]]:
     """:func:`carve_pieces` all at once: the same ``(piece, micro-batch, seconds)`` list,
     the pieces carved on the preparation threads (:func:`betty.workers.parallel_map`;
     each thread with its own scratch, the carved pieces identical to a serial carve).
     For preparation that holds every piece anyway (a prepared batch)."""
     start = time.perf_counter()
-    carver = Carver(batch)
+    carver = Carver(batch, torch_ops=torch_ops)
     wanted = _piece_outputs(groups, k, pieces)
     setup = time.perf_counter() - start
     carved = parallel_map(lambda entry: _carve_timed(carver, entry), wanted)
@@ -440,6 +459,14 @@ def carve_all(batch: SampledBatch, groups: torch.Tensor, k: int,
         piece, mb, seconds = carved[0]
         carved[0] = (piece, mb, seconds + setup)
     return carved
+
+
+def _indexed(carved: Iterable[tuple[int, MicroBatch, float]]) -> Iterator[tuple[int, tuple[MicroBatch, float]]]:
+    """``(piece, (micro-batch, seconds))`` of each carved piece, holding none of them
+    while the next is carved."""
+    for index, mb, seconds in carved:
+        yield index, (mb, seconds)
+        del mb
 
 
 def _take_carved(micro_batches: Sequence[tuple[int, MicroBatch, float]],
@@ -473,6 +500,7 @@ def accumulate_gradients(
     precision: Precision | str | None = None,
     scaler: LossScaler | None = None,
     micro_batches: Sequence[tuple[int, MicroBatch, float]] | None = None,
+    torch_ops: bool | None = None,
 ) -> StepResult:
     """Forward and backward every micro-batch, accumulating into ``.grad``.
 
@@ -503,7 +531,10 @@ def accumulate_gradients(
         micro_batches: the pieces carved ahead, ``(piece, micro-batch, seconds to carve
             it)`` as :func:`carve_pieces` yields them; they must be exactly the pieces to
             run (all K, or ``pieces``). A list is emptied, so that each piece is freed
-            once it has run. Default: carve them here, one at a time.
+            once it has run. Default: carve them here, one at a time, on ``batch``'s
+            device (``torch_ops``: that of :func:`carve_pieces`). With ``batch``,
+            ``feat`` and ``label`` on ``device``, carving and the feature gather run
+            there (preparation on the device).
     """
     groups = torch.as_tensor(groups, dtype=torch.int64)
     if k is None:
@@ -513,7 +544,8 @@ def accumulate_gradients(
     if pieces is not None:
         pieces = frozenset(int(p) for p in pieces)
     if micro_batches is None:
-        carved: Iterable[tuple[int, MicroBatch, float]] = carve_pieces(batch, groups, k, pieces)
+        carved: Iterable[tuple[int, MicroBatch, float]] = carve_pieces(batch, groups, k, pieces,
+                                                                       torch_ops=torch_ops)
     else:
         carved = _take_carved(micro_batches, frozenset(range(k)) if pieces is None else pieces)
 
@@ -538,8 +570,7 @@ def accumulate_gradients(
                   "num_edges": sum(layer.num_edges for layer in mb.layers),
                   "t_carve": t_carve, "t_block": t_block, "t_h2d": t_h2d})
 
-    runs = accumulate_pieces(((i, (mb, t)) for i, mb, t in carved),
-                             forward, n_total, meter=meter, precision=precision,
+    runs = accumulate_pieces(_indexed(carved), forward, n_total, meter=meter, precision=precision,
                              device_type=torch.device(device).type, scaler=scaler)
     records = [
         MicroBatchRecord(

@@ -286,10 +286,10 @@ def test_a_failing_preparation_fails_the_run_and_leaves_no_thread():
     trainer, _ = _trainer(1, batch_size=50)
     real = trainer.sample
 
-    def sample(epoch, batch_index=0):
+    def sample(epoch, batch_index=0, **kwargs):
         if epoch == 1 and batch_index == trainer.batch_order(1)[1]:
             raise OSError("feature file vanished")
-        return real(epoch, batch_index)
+        return real(epoch, batch_index, **kwargs)
 
     trainer.sample = sample
     done = []

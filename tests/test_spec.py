@@ -273,10 +273,20 @@ def test_sampling_device_is_validated_and_reaches_the_trainer():
 
     assert sample_device(load_spec("tiny", [])) is None
     assert sample_device(load_spec("tiny", ["sampling.device=cpu"])) == "cpu"
-    assert sample_device(load_spec("tiny", ["sampling.device=cuda:1"])) == "cuda:1"
+    assert sample_device(load_spec("tiny", ["sampling.device=cuda:1", "train.pipeline=false"])) == "cuda:1"
     for bad in ("auto", "gpu", "7"):
         with pytest.raises(SpecError, match="sampling.device"):
             load_spec("tiny", [f"sampling.device={bad}"])
+
+
+def test_preparing_on_cuda_needs_the_training_device_and_no_pipeline():
+    with pytest.raises(SpecError, match="train.pipeline = True: must be false with sampling.device 'cuda'"):
+        load_spec("tiny", ["sampling.device=cuda", "train.device=cuda"])
+    with pytest.raises(SpecError, match="sampling.device = 'cuda': prepares batches on the training device"):
+        load_spec("tiny", ["sampling.device=cuda", "train.device=cpu", "train.pipeline=false"])
+    for train_device in ("auto", "cuda", "cuda:0"):
+        load_spec("tiny", ["sampling.device=cuda", f"train.device={train_device}", "train.pipeline=false"])
+    load_spec("tiny", ["sampling.device=cpu", "train.device=cpu"])  # the CPU path pipelines
 
 
 def test_train_prep_workers_is_validated_and_applied(monkeypatch):

@@ -300,11 +300,15 @@ class SamplingSection(_Section):
     batch, ``'full'`` = the whole training set (Betty's setting). ``seed``: seeds
     batches, sampling and partitioning (epoch ``e`` re-samples, and ``revgnn``
     re-draws random clusters, with a seed derived from ``(seed, e)``). ``device``:
-    where the sampler runs: ``host`` (default, NumPy) or a torch device (``cuda``,
-    ``cuda:<index>``; ``cpu`` runs the torch-op sampler on the CPU, the host's batch bit
-    for bit): torch ops there, the graph's CSR copied to it once, the batch then copied
-    to the host for partitioning, the estimate and carving (``betty.engine.Trainer``'s
-    ``sample_device``). On CUDA the same seed draws other numbers than on the CPU."""
+    where batches are prepared: ``host`` (default, NumPy) or a torch device (``cuda``,
+    ``cuda:<index>``; ``cpu`` runs the torch-op path on the CPU, the host's batches and
+    updates bit for bit): the sampler, carving and the feature gather as torch ops
+    there, the graph's CSR, the features and the labels copied to it once, a host copy
+    of each batch for the cut, the estimate and the redundancy metric
+    (``betty.engine.Trainer``'s ``sample_device``). A CUDA device is the training
+    device (``train.device``) with ``train.pipeline: false``, and the memory model
+    counts what preparation keeps there. On CUDA the same seed draws other numbers than
+    on the CPU."""
 
     fanouts: list[Fanout] | None = Field(None, min_length=1)
     batch_size: BatchSize = "full"
@@ -768,6 +772,16 @@ def _sampled_problems(spec: Spec) -> list[Problem]:
             out.append(Problem(path, fanouts,
                                f"has {len(fanouts)} entries but model.layers is {m.layers}; "
                                "give one fanout per layer, input layer first"))
+    on = spec.sampling.device
+    if on.startswith("cuda"):
+        if spec.train.device not in ("auto", on) and not {spec.train.device, on} <= {"cuda", "cuda:0"}:
+            out.append(Problem("sampling.device", on, f"prepares batches on the training device; "
+                               f"allowed with train.device {spec.train.device!r}: 'host', 'cpu' or "
+                               f"train.device itself"))
+        if spec.train.pipeline:
+            out.append(Problem("train.pipeline", True, f"must be false with sampling.device {on!r}: "
+                               f"each batch is prepared on the device when its step starts (a batch "
+                               f"prepared ahead would hold device memory beside the step's)"))
     if ev.inference == "multiview":
         out.append(Problem("evaluate.inference", ev.inference, "applies to model.arch revgnn only; "
                            "allowed here: full, sampled"))

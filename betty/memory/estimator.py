@@ -50,7 +50,9 @@ class MemoryEstimate:
             ``global_ids``, ``features``, ``labels``, ``activations`` (layer outputs and
             what autograd saves), ``aggregation`` (aggregator intermediates),
             ``attention`` (GAT per-edge tensors), ``lstm`` (LSTM buckets),
-            ``dropout``, ``loss``, ``activation_gradients``.
+            ``dropout``, ``loss``, ``activation_gradients``; with preparation on the
+            device (:mod:`betty.memory.device_preparation`) ``device_store`` and
+            ``carved``.
         peak_at: the phase and op where the peak is reached.
         sizes: the micro-batch's per-layer sizes.
         backend: the backend whose constants were used.
@@ -65,8 +67,9 @@ class MemoryEstimate:
     @property
     def fixed(self) -> int:
         """Bytes that do not shrink with K: parameters, their gradients and optimizer
-        state, at the peak."""
-        return sum(self.breakdown.get(c, 0) for c in ("parameters", "gradients", "optimizer_state"))
+        state, and the device store and batch of preparation on the device, at the peak."""
+        return sum(self.breakdown.get(c, 0)
+                   for c in ("parameters", "gradients", "optimizer_state", "device_store"))
 
     @property
     def dominant(self) -> str:
@@ -94,7 +97,8 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
                    label_dtype: torch.dtype = torch.float32,
                    constants: BackendConstants | None = None,
                    precision: "str | Precision" = "32",
-                   feature_dtype: torch.dtype | None = None) -> list[MemoryEstimate]:
+                   feature_dtype: torch.dtype | None = None,
+                   device_store: float = 0.0, carved=0.0) -> list[MemoryEstimate]:
     """Estimate every piece described by ``sizes`` (one vectorized replay).
 
     Args:
@@ -117,6 +121,9 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
             features are not cast before the model (``dtype`` must be None).
         feature_dtype: dtype of the host feature matrix (overrides ``feat_dtype``;
             None: ``feat_dtype``, float32 by default).
+        device_store, carved: bytes preparation on the device keeps there beside each
+            piece's step (:mod:`betty.memory.device_preparation`): the store and batch
+            (one number), each piece's carved micro-batch (one or ``(P,)``).
     """
     spec = as_model_spec(model)
     opt = as_optimizer_spec(optimizer)
@@ -135,7 +142,9 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
     cfg = ReplayConfig(model=spec, optimizer=opt, elt=elt, feat_elt=feat_elt, constants=consts,
                        fresh_grads=fresh, label_columns=int(label_columns),
                        label_elt=_itemsize(label_dtype, "label_dtype"),
-                       autocast_elt=autocast_elt, host=not backend.startswith("cuda"))
+                       autocast_elt=autocast_elt, host=not backend.startswith("cuda"),
+                       device_store=float(device_store),
+                       carved=np.broadcast_to(np.asarray(carved, dtype=np.float64), (p,)).copy())
     tl = replay(sizes, cfg)
     breakdown = tl.breakdown()
     where = tl.peak_event()
@@ -174,17 +183,28 @@ def estimate_micro_batch(mb_or_sizes: MicroBatch | SampledBatch | PieceSizes, mo
 
 def estimate_pieces(batch: SampledBatch, groups, k: int, model, optimizer="adam",
                     dtype: torch.dtype | None = None, backend: str = "cpu", *,
-                    zeroed_grads: bool = True, **kwargs) -> list[MemoryEstimate]:
+                    zeroed_grads: bool = True, device_store_bytes: int | None = None,
+                    **kwargs) -> list[MemoryEstimate]:
     """Estimate every piece of the split ``groups`` of ``batch``, without carving.
 
     Piece ``i`` is the micro-batch :func:`betty.train.accumulate_gradients` runs
     ``i``-th. With ``zeroed_grads`` (what :func:`betty.train.train_step` does) piece 0
-    starts without ``.grad`` and the others with it. Other keyword arguments are those
-    of :func:`estimate_sizes`.
+    starts without ``.grad`` and the others with it. ``device_store_bytes``: the batch
+    is prepared on the device (sampled, kept and carved there) beside a store of that
+    many bytes (:func:`betty.memory.device_preparation.store_bytes`); each piece's peak
+    then counts the store, the batch and its carved micro-batch. Other keyword
+    arguments are those of :func:`estimate_sizes`.
     """
     sizes = piece_sizes(batch, groups, k)
     fresh = np.zeros(k, dtype=bool)
     fresh[0] = bool(zeroed_grads)
+    if device_store_bytes is not None:
+        from betty.memory import device_preparation as prep
+
+        granule = _constants(backend, kwargs.get("constants")).granule_bytes
+        out_degrees = batch.layers[0].src_out_degree is not None
+        kwargs = dict(kwargs, device_store=prep.fixed_bytes(batch, device_store_bytes, granule),
+                      carved=prep.carved_bytes(sizes, out_degrees, granule))
     return estimate_sizes(sizes, model, optimizer, dtype, backend, fresh_grads=fresh, **kwargs)
 
 

@@ -316,13 +316,15 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
         lo = min(int(min_k), k_max)
         full = peak(lo)
         if fixed >= usable:
+            on_device = any("device_store" in e.breakdown for e in evaluate(lo)[1])
+            dominant_extra = ", the device store and batch" if on_device else ""
             raise error_cls(
                 f"fixed costs alone ({int(fixed)} bytes: parameters, gradients, optimizer "
-                f"state) exceed the usable budget {int(usable)} bytes (memory_budget "
+                f"state{dominant_extra}) exceed the usable budget {int(usable)} bytes (memory_budget "
                 f"{int(memory_budget)} with safety_margin {safety_margin}); no K can fit. "
                 f"Smallest budget: about {need(full)} bytes for K = {lo}, at least {need(fixed)}",
                 budget=memory_budget, usable=usable,
-                dominant="parameters+gradients+optimizer_state",
+                dominant="parameters+gradients+optimizer_state" + ("+device_store" if on_device else ""),
                 smallest_budget=need(fixed), tried=record)
         if full <= usable:
             return KLoopResult(lo, *evaluate(lo), tried=record, usable_budget=usable)
@@ -403,6 +405,12 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
     estimate_kwargs = dict(estimate_kwargs, precision=precision, feature_dtype=feature_dtype)
     weights = memory_balance_weights(batch, model) if balance == "memory" else None
     fixed = persistent_bytes(model, optimizer, backend)
+    if estimate_kwargs.get("device_store_bytes") is not None:  # preparation on the device
+        from betty.memory.constants import load_constants
+        from betty.memory.device_preparation import fixed_bytes
+
+        granule = (estimate_kwargs.get("constants") or load_constants(backend)).granule_bytes
+        fixed += fixed_bytes(batch, estimate_kwargs["device_store_bytes"], granule)
     from betty.partition import EXPENSIVE_METHODS
 
     def split_with(name: str) -> SplitAndEstimate:

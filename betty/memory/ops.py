@@ -51,6 +51,7 @@ INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
 
 # components of the breakdown both replays report
 PARAMS, GRADS, OPT = "parameters", "gradients", "optimizer_state"
+DEVICE_STORE, CARVED = "device_store", "carved"
 FEATS, LABELS, DROP = "features", "labels", "dropout"
 ACT, ATT, LOSS, BWD = "activations", "attention", "loss", "activation_gradients"
 
@@ -77,6 +78,11 @@ class StepConfig:
             Adam runs single-tensor, standard dropout keeps a float noise tensor. On CUDA
             the steps stay on the host unless capturable/fused, Adam runs foreach and
             dropout keeps a bool mask.
+        device_store: bytes preparation on the device keeps there through the step
+            whatever the piece (:mod:`betty.memory.device_preparation`: the store and
+            the batch); 0 when preparation runs on the host.
+        carved: ``(P,)`` bytes (or one for all) of each piece's carved micro-batch on
+            the device, beside its step; 0 when carving runs on the host.
     """
 
     optimizer: OptimizerSpec
@@ -87,6 +93,8 @@ class StepConfig:
     label_elt: int = 4
     autocast_elt: int = 0
     host: bool = True
+    device_store: float = 0.0
+    carved: np.ndarray | float = 0.0
 
 
 def itemsize(dtype: torch.dtype, name: str) -> int:
@@ -112,7 +120,8 @@ def step_baseline(tl: Timeline, cfg: StepConfig, param_bytes, num_params: int,
     statistics; None: none), the optimizer state (``n_state · param_bytes``, plus a
     4-byte ``step`` per parameter where it is counted: on the host or on the device
     with capturable/fused Adam) and, in the pieces that do not start fresh, the
-    existing ``.grad`` (``param_bytes``)."""
+    existing ``.grad`` (``param_bytes``); with preparation on the device, its store and
+    batch (``cfg.device_store``) and each piece's carved micro-batch (``cfg.carved``)."""
     tl.add_baseline(param_bytes, PARAMS)
     if buffers is not None:
         tl.add_baseline(buffers, PARAMS)
@@ -122,6 +131,10 @@ def step_baseline(tl: Timeline, cfg: StepConfig, param_bytes, num_params: int,
         state += 4 * num_params
     tl.add_baseline(state, OPT)
     tl.add_baseline(np.where(np.asarray(cfg.fresh_grads, dtype=bool), 0.0, param_bytes), GRADS)
+    if cfg.device_store:
+        tl.add_baseline(cfg.device_store, DEVICE_STORE)
+    if np.any(cfg.carved):
+        tl.add_baseline(cfg.carved, CARVED)
 
 
 def param_grads(tl: Timeline, nbytes, keep, name: str, accumulated_name: str) -> None:
