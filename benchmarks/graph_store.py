@@ -1,8 +1,10 @@
 """Host memory of a preparation process: load a dataset, sample one full batch, cut it.
 
-Runs each phase in this process and prints, per phase, the wall time, the CPU time and
-the process's peak RSS so far (``getrusage``'s ``ru_maxrss``), plus the bytes of the
-raw arrays a preparation process needs (features + in-CSR as stored). Run it once to
+Runs each phase in this process and prints, per phase, the wall time, the CPU time, the
+process's peak RSS so far (``getrusage``'s ``ru_maxrss``) and, after the phase, its
+resident anonymous memory and resident pages of mapped files (``RssAnon``, ``RssFile``
+of ``/proc/self/status``), plus the bytes of the raw arrays a preparation process needs
+(features + in-CSR as stored). Run it once to
 build the dataset cache, then again to measure a load from the cache::
 
     PYTHONPATH=$PWD python benchmarks/graph_store.py --scale 0.25 --root /tmp/gs
@@ -29,6 +31,20 @@ def _peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def _resident_gib() -> tuple[float, float]:
+    """``(RssAnon, RssFile)`` of this process now, in GiB (NaN where not reported)."""
+    found = {}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key in ("RssAnon", "RssFile"):
+                    found[key] = int(value.split()[0]) / 2**20
+    except OSError:
+        pass
+    return found.get("RssAnon", float("nan")), found.get("RssFile", float("nan"))
+
+
 def _nbytes(t) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
@@ -48,7 +64,8 @@ def main() -> None:
     def phase(name, fn):
         t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        rows.append((name, time.perf_counter() - t0, time.process_time() - c0, _peak_gib()))
+        rows.append((name, time.perf_counter() - t0, time.process_time() - c0, _peak_gib(),
+                     *_resident_gib()))
         return out
 
     ds = phase("load", lambda: load_dataset(args.dataset, args.root, scale=args.scale))
@@ -60,9 +77,10 @@ def main() -> None:
     print(f"{args.dataset} scale {args.scale}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges; "
           f"raw arrays (features + in-CSR as held): {raw / 2**30:.2f} GiB "
           f"(indices {indices.dtype}, eid {None if eid is None else eid.dtype})")
-    print(f"{'phase':<10} {'wall s':>8} {'cpu s':>8} {'peak RSS GiB':>13}")
-    for name, wall, cpu, peak in rows:
-        print(f"{name:<10} {wall:8.2f} {cpu:8.2f} {peak:13.2f}")
+    print(f"{'phase':<10} {'wall s':>8} {'cpu s':>8} {'peak RSS GiB':>13} {'RssAnon after':>14} "
+          f"{'RssFile after':>14}")
+    for name, wall, cpu, peak, anon, mapped in rows:
+        print(f"{name:<10} {wall:8.2f} {cpu:8.2f} {peak:13.2f} {anon:14.2f} {mapped:14.2f}")
     print(f"peak RSS / raw arrays: {rows[-1][3] / (raw / 2**30):.2f}")
 
 

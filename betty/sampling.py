@@ -40,6 +40,7 @@ import torch
 from betty.batch import LayerEdges, SampledBatch
 from betty.graph import Graph, as_graph
 from betty.indexing import put, take
+from betty.pages import release_pages
 
 __all__ = [
     "sample_full_batch",
@@ -235,7 +236,10 @@ def sample_full_batch(
 
     Returns:
         A :class:`SampledBatch` whose edges are in canonical order, its tensors on
-        ``device`` (on the CPU for ``None``).
+        ``device`` (on the CPU for ``None``). The host path then hands the pages of a
+        memory-mapped CSR that it read back to the page cache
+        (:func:`betty.pages.release_pages`): the partition and the step that follow
+        do not read them, and the next batch maps them again from the page cache.
     """
     fanouts = [int(f) for f in fanouts]
     if not fanouts:
@@ -287,4 +291,6 @@ def sample_full_batch(
         )
         dst_nid = src_nid
     layers.reverse()
+    if device is None:  # the CSR pages read here are not needed until the next batch
+        release_pages((indices, eid))
     return SampledBatch(layers=layers, fanouts=fanouts)

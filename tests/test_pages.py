@@ -1,0 +1,89 @@
+"""Resident pages of memory-mapped arrays handed back to the page cache
+(:mod:`betty.pages`): only clean file pages go, the values stay, and the sampler and the
+Trainer release what they read of a stored dataset."""
+
+from __future__ import annotations
+
+import mmap
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from betty.data import load_dataset
+from betty.engine import PartitionPlan, Trainer
+from betty.models import build_model
+from betty.pages import BLOCK_PAGES, release_pages, resident_bytes
+from betty.sampling import sample_full_batch
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
+
+PAGE = mmap.PAGESIZE
+OPTS = dict(num_nodes=20_000, avg_degree=10.0, num_communities=20, num_classes=4, num_features=16)
+
+
+def _mapped(tmp_path, n: int) -> torch.Tensor:
+    """An int64 file of ``0..n-1`` mapped copy-on-write, as the store maps its arrays."""
+    path = tmp_path / "arr.bin"
+    np.arange(n, dtype=np.int64).tofile(path)
+    return torch.from_file(str(path), shared=False, size=n, dtype=torch.int64)
+
+
+def test_clean_file_pages_are_released_and_read_back_unchanged(tmp_path):
+    n = 3 * BLOCK_PAGES * PAGE // 8
+    t = _mapped(tmp_path, n)
+    total = int(t.sum())  # touches every page
+    assert resident_bytes([t]) == n * 8
+    assert release_pages([t]) == n * 8
+    assert resident_bytes([t]) == 0
+    assert int(t.sum()) == total and torch.equal(t[:5], torch.arange(5))
+
+
+def test_a_block_holding_a_written_page_is_kept_whole(tmp_path):
+    """A write to a copy-on-write mapping makes a private page: releasing it would lose
+    the write, so its block stays resident; the other blocks go."""
+    n = 3 * BLOCK_PAGES * PAGE // 8
+    t = _mapped(tmp_path, n)
+    t.sum()
+    at = BLOCK_PAGES * PAGE // 8 + 7  # in the second block
+    t[at] = -1
+    assert release_pages([t]) == 2 * BLOCK_PAGES * PAGE
+    # what stays is that block (the kernel may unmap its other pages at the write)
+    assert 0 < resident_bytes([t]) <= BLOCK_PAGES * PAGE
+    assert int(t[at]) == -1 and int(t[at + 1]) == at + 1
+
+
+def test_anonymous_memory_is_never_released():
+    t = torch.randn(3 * BLOCK_PAGES * PAGE // 4)
+    copy = t.clone()
+    assert release_pages([t, None, t]) == 0
+    assert torch.equal(t, copy)
+    assert resident_bytes([t]) >= t.numel() * 4 - 2 * PAGE
+
+
+def test_the_sampler_hands_back_the_stored_csr_pages_it_read(tmp_path):
+    plain = load_dataset("synthetic", root=tmp_path, cache=False, **OPTS)
+    load_dataset("synthetic", root=tmp_path, **OPTS)  # writes the entry
+    stored = load_dataset("synthetic", root=tmp_path, **OPTS)
+    _, indices, eid = stored.graph.in_csr
+    assert indices.numel() * 4 > 64 * PAGE  # enough pages to tell
+    for seed in (0, 1):
+        got = sample_full_batch(stored.graph, stored.train_idx, [5, 5], seed=seed)
+        assert resident_bytes([indices, eid]) == 0
+        want = sample_full_batch(plain.graph, plain.train_idx, [5, 5], seed=seed)
+        for a, b in zip(got.layers, want.layers):
+            for name in ("src_nid", "edge_src", "edge_dst", "edge_id"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_a_trainer_step_hands_back_the_feature_pages_it_read(tmp_path):
+    load_dataset("synthetic", root=tmp_path, **OPTS)
+    ds = load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert ds.feat.numel() * 4 > 64 * PAGE
+    torch.manual_seed(0)
+    model = build_model("sage", ds.num_features, ds.num_classes, hidden=8, layers=2)
+    trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), ds, [5, 5],
+                      PartitionPlan("random", 2), seed=0)
+    trainer.train_epoch(0)
+    assert resident_bytes([ds.feat]) == 0
