@@ -66,7 +66,7 @@ def _spans(tensors: Iterable[torch.Tensor | None]) -> list[tuple[int, int]]:
     ``tensors``."""
     spans, seen = [], set()
     for t in tensors:
-        if t is None or t.device.type != "cpu" or t.untyped_storage().data_ptr() in seen:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.untyped_storage().data_ptr() in seen:
             continue
         seen.add(t.untyped_storage().data_ptr())
         span = _storage_pages(t)
@@ -108,7 +108,8 @@ def release_pages(tensors: Iterable[torch.Tensor | None]) -> int:
     (see the module docstring for when a block of pages is left alone).
 
     Args:
-        tensors: tensors (``None`` skipped); each distinct storage is released once.
+        tensors: tensors (anything else, ``None`` say, skipped); each distinct storage
+            is released once.
 
     Returns:
         Bytes of resident pages released (0 where nothing was, or off Linux).

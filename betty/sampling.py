@@ -33,6 +33,7 @@ deterministic per seed but another random stream than the CPU's, so not the same
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -46,6 +47,8 @@ __all__ = [
     "sample_full_batch",
     "sample_neighbors",
     "sample_neighbors_torch",
+    "sample_rows",
+    "NeighbourSource",
     "uniform_subsets",
     "uniform_subsets_torch",
 ]
@@ -172,6 +175,36 @@ def sample_neighbors_torch(
     return row, pos
 
 
+def sample_rows(start: np.ndarray, degree: np.ndarray, fanout: int,
+                generator: torch.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The sampling rule on CSR rows given by where they start and how long they are.
+
+    Args:
+        start: ``(n,)`` int64 position of each row's first entry in its CSR.
+        degree: ``(n,)`` int64 row lengths (in-degrees).
+        fanout: ``k >= 1``, or ``-1`` for every entry.
+        generator: the seeded source of randomness (unused, may be ``None``, for ``-1``).
+
+    Returns:
+        ``(row, pos)``: ``(E',)`` int64 NumPy arrays; entry ``e`` is CSR position
+        ``pos[e]`` of row ``row[e]``, grouped by row ascending, each row's entries in
+        CSR order. The draws depend on ``degree`` and ``generator`` only, so rows laid
+        out anywhere (a whole graph's CSR, or rows fetched from a remote store into a
+        CSR of their own) give the same picks.
+    """
+    picked = degree if fanout == -1 else np.minimum(degree, fanout)
+    row = np.repeat(np.arange(degree.size), picked)
+    first = np.cumsum(picked) - picked  # each row's first output slot
+    pos = np.arange(row.size) + (start - first)[row]  # every entry, in CSR order
+    if fanout != -1:
+        over = np.flatnonzero(degree > fanout)
+        if over.size:
+            picks = uniform_subsets(torch.from_numpy(degree[over]), fanout, generator).numpy()
+            slots = first[over, None] + np.arange(fanout)
+            pos[slots] = start[over, None] + picks
+    return row, pos
+
+
 def sample_neighbors(
     graph: Graph, nodes: torch.Tensor, fanout: int, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,18 +226,62 @@ def sample_neighbors(
     indptr = graph.in_csr[0].numpy()
     v = nodes.numpy()
     start = indptr[v].astype(np.int64, copy=False)
-    degree = indptr[v + 1] - start
-    picked = degree if fanout == -1 else np.minimum(degree, fanout)
-    row = np.repeat(np.arange(v.size), picked)
-    first = np.cumsum(picked) - picked  # each row's first output slot
-    pos = np.arange(row.size) + (start - first)[row]  # every in-edge, in CSR order
-    if fanout != -1:
-        over = np.flatnonzero(degree > fanout)
-        if over.size:
-            picks = uniform_subsets(torch.from_numpy(degree[over]), fanout, generator).numpy()
-            slots = first[over, None] + np.arange(fanout)
-            pos[slots] = start[over, None] + picks
+    row, pos = sample_rows(start, indptr[v + 1] - start, fanout, generator)
     return torch.from_numpy(row), torch.from_numpy(pos)
+
+
+class NeighbourSource(Protocol):
+    """What :func:`sample_full_batch` reads of a graph that is not a local
+    :class:`~betty.graph.Graph` (a remote graph store, say).
+
+    IDs are the graph's global node and edge IDs; every tensor is int64 on the CPU.
+    """
+
+    def num_nodes(self) -> int:
+        """N."""
+
+    def sample_in_edges(self, nodes: torch.Tensor, fanout: int,
+                        generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(row, src, eid)`` of the sampled in-edges of ``nodes`` by the module's rule
+        (:func:`sample_rows` on each node's in-edges in canonical order): edge ``e`` goes
+        ``src[e] -> nodes[row[e]]`` and has ID ``eid[e]``, grouped by row ascending."""
+
+    def out_degrees_of(self, nodes: torch.Tensor) -> torch.Tensor:
+        """``(n,)`` out-degrees of ``nodes`` in the whole graph."""
+
+
+class _LocalCSR:
+    """:class:`NeighbourSource` of a local :class:`~betty.graph.Graph`: its in-CSR on
+    the host (NumPy index work) or on a torch device (torch ops, the CSR copied there
+    once)."""
+
+    def __init__(self, graph: Graph, device: torch.device | None) -> None:
+        self.graph, self.host = graph, device is None
+        if self.host:
+            _, self.indices, self.eid = graph.in_csr
+            self.out_degree = graph.out_degrees()
+        else:
+            _, self.indices, self.eid = graph.in_csr_on(device)
+            self.out_degree = graph.out_degrees_on(device)
+
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes()
+
+    def sample_in_edges(self, nodes, fanout, generator):
+        pick = sample_neighbors if self.host else sample_neighbors_torch
+        row, pos = pick(self.graph, nodes, fanout, generator)
+        src = take(self.indices, pos).to(torch.int64)  # a stored CSR may hold int32
+        return row, src, pos if self.eid is None else take(self.eid, pos).to(torch.int64)
+
+    def out_degrees_of(self, nodes):
+        return take(self.out_degree, nodes)
+
+    def release(self) -> None:
+        """Hand the pages of a memory-mapped CSR read on the host back to the page
+        cache: the partition and the step that follow do not read them, and the next
+        batch maps them again from there."""
+        if self.host:
+            release_pages((self.indices, self.eid))
 
 
 def sample_full_batch(
@@ -223,7 +300,8 @@ def sample_full_batch(
 
     Args:
         graph: a :class:`betty.graph.Graph` (or a ``dgl.DGLGraph``, converted; pass a
-            ``Graph`` to reuse its cached CSR across calls).
+            ``Graph`` to reuse its cached CSR across calls), or a
+            :class:`NeighbourSource` (host path only: a remote graph store).
         outputs: ``(n_out,)`` distinct global IDs of the output nodes.
         fanouts: per-layer fanouts, input layer first; ``-1`` means all neighbours.
         seed: seeds the sampler; the same seed gives the same batch.
@@ -250,8 +328,13 @@ def sample_full_batch(
     outputs = torch.as_tensor(outputs, dtype=torch.int64).to(on)
     if outputs.numel() == 0:
         raise ValueError("a batch needs at least one output node")
-    graph = as_graph(graph)
-    n = graph.num_nodes()
+    if hasattr(graph, "sample_in_edges"):
+        if device is not None:
+            raise ValueError("a NeighbourSource is sampled on the host: pass device=None")
+        source = graph
+    else:
+        source = _LocalCSR(as_graph(graph), None if device is None else on)
+    n = source.num_nodes()
     if int(outputs.min()) < 0 or int(outputs.max()) >= n:
         raise ValueError(f"output node IDs must lie in [0, {n})")
     mark = torch.zeros(n, dtype=torch.bool, device=on)  # scratch node set, cleared after each use
@@ -260,19 +343,13 @@ def sample_full_batch(
         raise ValueError("output node IDs must be distinct")
     mark[outputs] = False
 
-    if device is None:
-        neighbors, (_, indices, eid), out_degree = sample_neighbors, graph.in_csr, graph.out_degrees()
-    else:
-        neighbors, (_, indices, eid) = sample_neighbors_torch, graph.in_csr_on(on)
-        out_degree = graph.out_degrees_on(on)
     gen = torch.Generator(device=on).manual_seed(int(seed))
     local = torch.empty(n, dtype=torch.int64, device=on)  # global -> local source index, per layer
     layers: list[LayerEdges] = []
     dst_nid = outputs
     for fanout in reversed(fanouts):
         # rows ascending, each row's picks in CSR order: already canonical order
-        row, pos = neighbors(graph, dst_nid, fanout, gen)
-        src_gid = take(indices, pos).to(torch.int64)  # a stored CSR may hold int32
+        row, src_gid, edge_id = source.sample_in_edges(dst_nid, fanout, gen)
         put(mark, src_gid, True)
         mark[dst_nid] = False
         extra = torch.nonzero(mark).view(-1)  # the other sources, ascending
@@ -285,12 +362,12 @@ def sample_full_batch(
                 num_dst=int(dst_nid.numel()),
                 edge_src=take(local, src_gid),
                 edge_dst=row,
-                edge_id=pos if eid is None else take(eid, pos).to(torch.int64),
-                src_out_degree=take(out_degree, src_nid),
+                edge_id=edge_id,
+                src_out_degree=source.out_degrees_of(src_nid),
             )
         )
         dst_nid = src_nid
     layers.reverse()
-    if device is None:  # the CSR pages read here are not needed until the next batch
-        release_pages((indices, eid))
+    if isinstance(source, _LocalCSR):
+        source.release()
     return SampledBatch(layers=layers, fanouts=fanouts)
