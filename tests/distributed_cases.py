@@ -3,6 +3,8 @@ ranks: keep them module-level)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 FEATS, CLASSES, STEPS, DROPOUT = 12, 5, 3, 0.5
@@ -83,6 +85,44 @@ def rank_all_cases(cases=None, shared=None, prefetch: int = 0) -> dict[str, dict
         out[case_name(*case)] = train_case(ds, *case, parallel=dp, prefetch=prefetch)
         out[case_name(*case)]["_pieces"] = torch.tensor(dp.history[-1].pieces)
     return out
+
+
+def rank_distdgl_cases(folder: str, cases) -> dict[str, dict[str, torch.Tensor]]:
+    """On one DistDGL trainer: join the graph servers of the partitioning at ``folder``
+    and train every case of ``cases`` with a :class:`betty.distributed.DataParallel` on
+    the partitioned dataset, then leave the servers."""
+    from betty.backends.distdgl import connect, read_layout
+    from betty.distributed import DataParallel
+
+    ds = connect(read_layout(folder))
+    out = {case_name(*case): train_case(ds, *case, parallel=DataParallel()) for case in cases}
+    ds.close()
+    return out
+
+
+def rank_join_and_wait(folder: str, seconds: float) -> None:
+    """Join the servers, then wait ``seconds`` before leaving: a trainer that waits for an
+    answer that does not come (a server is killed meanwhile)."""
+    from betty.backends.distdgl import connect, read_layout
+
+    ds = connect(read_layout(folder))
+    time.sleep(seconds)
+    ds.close()
+
+
+def rank_fail_on_one(folder: str) -> None:
+    """Join the servers; rank 1 then raises, the others sample and wait for it."""
+    import torch.distributed as dist
+
+    from betty.backends.distdgl import connect, read_layout
+    from betty.sampling import sample_full_batch
+
+    ds = connect(read_layout(folder))
+    if dist.get_rank() == 1:
+        raise ValueError("trainer 1 gave up")
+    sample_full_batch(ds.graph, ds.train_idx, [4, 6], seed=0)
+    dist.barrier()  # rank 1 never gets here
+    ds.close()
 
 
 def rank_collective_checks() -> dict:

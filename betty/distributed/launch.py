@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["launch", "free_port", "rank_device", "default_backend"]
+__all__ = ["launch", "free_port", "rank_device", "default_backend", "environ"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -190,7 +190,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
         if rdzv_endpoint is None:  # one machine: nothing listens beyond loopback
             # newer torch has the rendezvous host a second store for the ranks, on
             # every interface; the ranks use the loopback one instead
-            stack.enter_context(_environ(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"))
+            stack.enter_context(environ(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"))
             port = stack.enter_context(_loopback_store())
             rdzv_endpoint = f"127.0.0.1:{port}"
             local_store = ("127.0.0.1", port, f"betty/{run_id}/group/")
@@ -209,7 +209,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
 
 
 @contextmanager
-def _environ(**values: str) -> Iterator[None]:
+def environ(**values: str) -> Iterator[None]:
     """``os.environ`` with ``values`` set for the duration (restored afterwards)."""
     before = {key: os.environ.get(key) for key in values}
     os.environ.update(values)

@@ -1,0 +1,177 @@
+"""DistDGL as the graph store (:mod:`betty.backends.distdgl`): the partitions keep the
+original IDs, two graph servers and two trainers on 127.0.0.1 train exactly as one
+process with the whole graph (float64, dropout), and a dead server or trainer ends the
+launch naming it, with no process or shared memory left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("dgl")
+pytestmark = pytest.mark.dgl
+
+from betty.backends.distdgl import (GraphServerError, connect, launch, read_ip_config,  # noqa: E402
+                                    read_layout, write_partitions)
+from betty.distributed.launch import free_port  # noqa: E402
+from betty.backends.distdgl.cluster import READY  # noqa: E402
+from distributed_cases import (case_name, dataset, rank_distdgl_cases, rank_fail_on_one,  # noqa: E402
+                               rank_join_and_wait, train_case)
+
+CASES = [("sage", "mean", 3), ("sage", "lstm", 3), ("gat", None, 4)]
+RELATIVE_TOLERANCE = 1e-10
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory):
+    return write_partitions(dataset(), tmp_path_factory.mktemp("parts") / "graph", 2)
+
+
+def _ip_config(tmp_path: Path, machines: int = 2) -> Path:
+    path = tmp_path / "ip_config.txt"
+    path.write_text("".join(f"127.0.0.1 {free_port()}\n" for _ in range(machines)))
+    return path
+
+
+def _our_processes(marker: str) -> list[int]:
+    """PIDs of live processes whose command line holds ``marker``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and "betty.backends.distdgl.server" in cmd:
+            found.append(int(pid))
+    return found
+
+
+def _our_shared_memory(before: set[str]) -> list[str]:
+    return sorted(n for n in set(os.listdir("/dev/shm")) - before if "kvdata" in n)
+
+
+def test_the_partitions_keep_the_original_ids(layout):
+    import dgl
+
+    ds = dataset()
+    new_of_orig, orig_of_new = layout.node_maps()
+    assert np.array_equal(orig_of_new[new_of_orig], np.arange(ds.num_nodes))
+    assert (layout.num_parts, layout.num_nodes, layout.num_edges) == (2, ds.num_nodes, ds.num_edges)
+    assert torch.equal(layout.split("train_idx"), ds.train_idx)
+    src, dst = ds.graph.edges()
+    for part in range(2):
+        g, nodes, edges, book, *_ = dgl.distributed.load_partition(str(layout.config), part)
+        inner = g.ndata["inner_node"].bool()
+        new = g.ndata[dgl.NID][inner]
+        assert torch.equal(nodes["_N/feat"], ds.feat[orig_of_new[new.numpy()]])
+        assert torch.equal(nodes["_N/label"], ds.label[orig_of_new[new.numpy()]])
+        # each inner edge's stored original ID names an edge with the same endpoints
+        inner_edges = g.edata["inner_edge"].bool()
+        u, v = (t[inner_edges] for t in g.edges())
+        eid = edges["_N:_E:_N/betty_eid"]
+        gu, gv = g.ndata[dgl.NID][u], g.ndata[dgl.NID][v]
+        assert torch.equal(src[eid], torch.from_numpy(orig_of_new[gu.numpy()]))
+        assert torch.equal(dst[eid], torch.from_numpy(orig_of_new[gv.numpy()]))
+
+
+def test_partitioning_refuses_bad_arguments(tmp_path, layout):
+    with pytest.raises(ValueError, match="num_parts"):
+        write_partitions(dataset(), tmp_path / "a", 0)
+    with pytest.raises(ValueError, match="method must be one of metis, random"):
+        write_partitions(dataset(), tmp_path / "b", 2, method="kway")
+    with pytest.raises(ValueError, match="not empty"):
+        write_partitions(dataset(), layout.folder, 2)
+    with pytest.raises(FileNotFoundError, match="betty.json"):
+        read_layout(tmp_path)
+
+
+def test_the_ip_configuration_needs_one_line_per_partition(tmp_path):
+    path = tmp_path / "ip"
+    path.write_text("127.0.0.1 3000\n")
+    with pytest.raises(ValueError, match="names 1 machines; the partitioning has 2"):
+        read_ip_config(path, 2)
+    path.write_text("127.0.0.1 3000\n127.0.0.1\n")
+    with pytest.raises(ValueError, match="expected 'HOST PORT'"):
+        read_ip_config(path, 2)
+    path.write_text("10.0.0.1 3000\n\n10.0.0.2 3001\n")
+    assert read_ip_config(path, 2) == [("10.0.0.1", 3000), ("10.0.0.2", 3001)]
+
+
+def test_connect_outside_a_distdgl_trainer_says_how_to_start_one(layout, monkeypatch):
+    monkeypatch.delenv("DGL_ROLE", raising=False)
+    with pytest.raises(RuntimeError, match="cluster.launch"):
+        connect(layout)
+
+
+def test_two_servers_and_two_trainers_train_as_one_process(tmp_path, layout):
+    """The update of each data-parallel trainer on the partitioned graph equals the
+    update of one process with the whole graph (3 steps, float64, dropout 0.5): the same
+    samples, pieces and gradients."""
+    shm_before = set(os.listdir("/dev/shm"))
+    ip_config = _ip_config(tmp_path)
+    results = launch(rank_distdgl_cases, (str(layout.folder), CASES), layout=layout, ip_config=ip_config,
+                     nproc=2, machines=[0, 1], log_dir=tmp_path / "logs")
+    assert sorted(results) == [0, 1]
+    for case in CASES:
+        ref = train_case(dataset(), *case)
+        for rank, states in results.items():
+            got = states[case_name(*case)]
+            # the step's loss is summed over the ranks: the same terms, another order
+            assert torch.allclose(got["_losses"], ref["_losses"], rtol=RELATIVE_TOLERANCE, atol=0), (case, rank)
+            for name, want in ref.items():
+                err = float((got[name] - want).norm() / want.norm().clamp_min(1e-300))
+                assert err <= RELATIVE_TOLERANCE, (case, rank, name, err)
+    assert not _our_processes(str(ip_config))
+    assert not _our_shared_memory(shm_before)
+    for machine in (0, 1):
+        assert "shutdown" in (tmp_path / "logs" / f"server{machine}.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_dead_server_ends_the_launch_naming_it(tmp_path, layout):
+    """DistDGL's requests have no timeout: the supervisor, not the trainers, notices a
+    server that died, ends the launch and names the server."""
+    shm_before = set(os.listdir("/dev/shm"))
+    ip_config = _ip_config(tmp_path)
+
+    def kill_server_1():
+        log = tmp_path / "logs" / "server1.log"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (log.exists() and READY in log.read_text()):
+            time.sleep(0.1)
+        time.sleep(8)  # the trainers have joined by now
+        for pid in _our_processes(str(ip_config)):
+            if "--machine 1" in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode():
+                os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_server_1)
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(GraphServerError, match=r"graph server of machine 1 exited with code -9"):
+        launch(rank_join_and_wait, (str(layout.folder), 120.0), layout=layout, ip_config=ip_config,
+               nproc=2, machines=[0, 1], log_dir=tmp_path / "logs")
+    killer.join()
+    assert time.monotonic() - started < 60  # the trainers would have waited 120 s
+    assert not _our_processes(str(ip_config))
+    assert not _our_shared_memory(shm_before)
+
+
+@pytest.mark.slow
+def test_a_failing_trainer_ends_the_launch_and_stops_the_servers(tmp_path, layout):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    shm_before = set(os.listdir("/dev/shm"))
+    ip_config = _ip_config(tmp_path)
+    with pytest.raises(ChildFailedError) as err:
+        launch(rank_fail_on_one, (str(layout.folder),), layout=layout, ip_config=ip_config,
+               nproc=2, machines=[0, 1], log_dir=tmp_path / "logs")
+    assert "trainer 1 gave up" in str(err.value)
+    assert not _our_processes(str(ip_config))
+    assert not _our_shared_memory(shm_before)
