@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import pytest
@@ -252,3 +253,25 @@ def test_a_malformed_manifest_is_refused_before_hashing(tmp_path, hashed, edit, 
     with pytest.raises(StoreError, match=why):
         open_store(folder, verify="full")
     assert hashed == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo")
+def test_an_array_larger_than_memory_and_swap_maps_copy_on_write(tmp_path):
+    """A store larger than the machine's memory (out of core) maps: the kernel's
+    overcommit check refuses a writable private mapping beyond memory + swap unless it
+    reserves nothing. Writes stay private (the file keeps its bytes)."""
+    from betty.data.store import _map
+
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+    limit = (int(meminfo["MemTotal"].split()[0]) + int(meminfo["SwapTotal"].split()[0])) * 1024
+    numel = (limit + 2**30) // 4
+    path = tmp_path / "big.bin"
+    with path.open("wb") as fh:  # sparse: no disk blocks
+        fh.truncate(numel * 4)
+    t = _map(path, torch.float32, [numel])
+    assert t.numel() == numel and float(t[-1]) == 0.0
+    t[-1] = 3.0
+    assert float(t[-1]) == 3.0
+    with path.open("rb") as fh:
+        fh.seek(numel * 4 - 4)
+        assert fh.read(4) == b"\0\0\0\0"

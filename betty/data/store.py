@@ -35,8 +35,9 @@ file, not bytes that rot on a disk without a write (``verify="full"`` hashes eve
 whatever the stamp says), nor someone who may write the folder (they could rewrite the
 manifest as well). ``verify=False`` checks sizes only.
 
-Each array is then memory-mapped copy-on-write (``torch.from_file(shared=False)``:
-pages are read when first touched, writes stay private to the process). Any problem
+Each array is then memory-mapped copy-on-write (``MAP_PRIVATE``, and on Linux
+``MAP_NORESERVE`` so that files larger than the machine's memory map: pages are read
+when first touched, writes stay private to the process). Any problem
 raises :class:`StoreError` with the reason. Dtypes are stored by name (any torch dtype:
 the store does not care what the arrays hold).
 """
@@ -46,8 +47,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -201,11 +204,27 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
+#: ``mmap(2)``'s ``MAP_NORESERVE`` on Linux (Python's ``mmap`` module names it from 3.13 on)
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+
+
 def _map(path: Path, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    """The array at ``path`` mapped copy-on-write (``MAP_PRIVATE``): pages are read from
+    the file when first touched, writes stay private to the process. On Linux the
+    mapping is ``MAP_NORESERVE``: no swap is reserved for the pages a process might
+    write, so a file larger than the machine's memory maps (the kernel's overcommit
+    check refuses a writable private mapping beyond memory + swap otherwise)."""
     numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    return torch.from_file(str(path), shared=False, size=numel, dtype=dtype).view(*shape)
+    if not _MAP_NORESERVE:
+        return torch.from_file(str(path), shared=False, size=numel, dtype=dtype).view(*shape)
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    with path.open("rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), nbytes, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    # the tensor keeps ``mapped`` alive; the mapping outlives the closed file
+    return torch.frombuffer(mapped, dtype=dtype, count=numel).view(*shape)
 
 
 def verify_mode(verify: bool | str) -> str:
