@@ -175,3 +175,26 @@ def test_a_failing_trainer_ends_the_launch_and_stops_the_servers(tmp_path, layou
     assert "trainer 1 gave up" in str(err.value)
     assert not _our_processes(str(ip_config))
     assert not _our_shared_memory(shm_before)
+
+
+def test_ensure_partitions_writes_once_and_checks_what_it_finds(tmp_path):
+    from betty.backends.distdgl.partition import ensure_partitions
+
+    calls = []
+
+    def load():
+        calls.append(1)
+        return dataset()
+
+    folder = tmp_path / "store" / "parts"
+    layout = ensure_partitions(load, folder, 2, method="random", dataset="dist-test")
+    assert (layout.num_parts, layout.method, calls) == (2, "random", [1])
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["parts"]  # no staging left
+    again = ensure_partitions(load, folder, 2, write=False, dataset="dist-test", timeout_s=1)
+    assert again == layout and calls == [1]
+    with pytest.raises(ValueError, match="holds 2 partitions; this run has 3 machines"):
+        ensure_partitions(load, folder, 3)
+    with pytest.raises(ValueError, match="not of 'other'"):
+        ensure_partitions(load, folder, 2, dataset="other")
+    with pytest.raises(TimeoutError, match="copy node 0's folder"):
+        ensure_partitions(load, tmp_path / "missing", 2, write=False, timeout_s=0.2)

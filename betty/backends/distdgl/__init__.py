@@ -15,8 +15,8 @@ DGL only (``dgl.distributed``); imports DGL on use, not on import.
 """
 
 from betty.backends.distdgl.cluster import GraphServerError, GraphServers, launch, read_ip_config
-from betty.backends.distdgl.partition import PartitionLayout, read_layout, write_partitions
+from betty.backends.distdgl.partition import PartitionLayout, ensure_partitions, read_layout, write_partitions
 from betty.backends.distdgl.store import DistributedDataset, connect
 
-__all__ = ["write_partitions", "read_layout", "PartitionLayout", "GraphServers", "GraphServerError",
+__all__ = ["write_partitions", "ensure_partitions", "read_layout", "PartitionLayout", "GraphServers", "GraphServerError",
            "launch", "read_ip_config", "connect", "DistributedDataset"]

@@ -27,6 +27,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +38,7 @@ import numpy as np
 import torch
 
 __all__ = ["LAYOUT_FORMAT", "GRAPH_NAME", "PartitionLayout", "write_partitions", "read_layout",
-           "PARTITION_METHODS"]
+           "ensure_partitions", "PARTITION_METHODS"]
 
 LAYOUT_FORMAT = 1
 GRAPH_NAME = "graph"
@@ -159,3 +163,46 @@ def read_layout(folder: str | Path) -> PartitionLayout:
                            multilabel=bool(meta["multilabel"]), feat_dtype=meta["feat_dtype"],
                            label_dtype=meta["label_dtype"], method=meta["method"],
                            is_ogb=bool(meta["is_ogb"]), ogb_name=meta["ogb_name"])
+
+
+def ensure_partitions(load: Callable[[], object], folder: str | Path, num_parts: int, *,
+                      method: str = "metis", write: bool = True, dataset: str | None = None,
+                      timeout_s: float = 600.0) -> PartitionLayout:
+    """The partitioning at ``folder``, written first where it is missing.
+
+    A complete partitioning there is checked and read. Otherwise, with ``write`` (one
+    machine, node 0, writes) the dataset ``load()`` returns is partitioned into a new
+    sibling folder that is then renamed to ``folder``, so that nobody reads a partial
+    one; without ``write`` this waits up to ``timeout_s`` for the writer (on one host
+    or shared storage) to finish.
+
+    Raises:
+        ValueError: ``folder`` holds a partitioning into another number of parts, or of
+            another dataset than ``dataset`` (its name, when given).
+        TimeoutError: no complete partitioning appeared within ``timeout_s``.
+    """
+    folder = Path(folder)
+    if not (folder / _META).is_file():
+        if write:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+            try:
+                write_partitions(load(), staging / "parts", num_parts, method=method)
+                os.replace(staging / "parts", folder)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        else:
+            deadline = time.monotonic() + timeout_s
+            while not (folder / _META).is_file():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no complete partitioning appeared at {folder} within "
+                                       f"{timeout_s:.0f} s: node 0 writes it; on machines without "
+                                       "shared storage, copy node 0's folder there")
+                time.sleep(0.5)
+    layout = read_layout(folder)
+    if layout.num_parts != num_parts:
+        raise ValueError(f"{folder} holds {layout.num_parts} partitions; this run has {num_parts} "
+                         "machines: use another folder, or remove it to partition again")
+    if dataset is not None and layout.dataset != dataset:
+        raise ValueError(f"{folder} holds a partitioning of {layout.dataset!r}, not of {dataset!r}")
+    return layout
