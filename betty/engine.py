@@ -34,7 +34,6 @@ from betty.memory.sizes import carved_piece_sizes
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
-from betty.pages import release_pages
 from betty.pipeline import check_prefetch, preparation
 from betty.precision import LossScaler, Precision
 from betty.records import epoch_metrics, estimate_error
@@ -635,7 +634,6 @@ class Trainer:
             step = train_step(self.model, self.optimizer, carve_from, result.groups,
                               feat, label, parallel=self.parallel, torch_ops=self._torch_ops,
                               costs=self._piece_costs(result, estimates), **step_kwargs)
-        release_pages((self.dataset.feat,))  # a mapped feature file's pages this step read
         if logged:  # the pieces this process ran (all K unless data-parallel)
             logged = [logged[m.index] for m in step.micro]
         return BatchRecord(

@@ -1,4 +1,5 @@
-"""Hand the resident pages of memory-mapped arrays back to the page cache.
+"""Pages of memory-mapped arrays: read ahead exactly where a gather needs them, and
+handed back to the page cache once read.
 
 A dataset store maps its arrays from files (:func:`betty.data.store.open_store`): a page
 is read when first touched and then stays in the process's resident set (``RssFile``)
@@ -19,7 +20,18 @@ lost, so a block holding one is left as it is. Only pages wholly inside the stor
 advised. Nothing may write to the storage while it is released (betty never writes to
 the arrays it releases: the graph's in-CSR and the feature matrix).
 
-Linux only; elsewhere (or without ``/proc/self/pagemap``) it releases nothing.
+Reading: a gather of rows scattered over a mapped file faults page by page, and at each
+miss the kernel reads ahead around the faulting page, assuming a sequential reader: for
+rows spread over a file larger than memory that reads most of the file for a few
+percent of its rows (measured on a 37 GB feature file: 100,000 random rows, 49 MB of
+them, read 34 GiB from the disk in 24 s). :func:`prefetch_rows` asks for exactly the
+pages the rows lie on (``madvise(MADV_WILLNEED)`` on each run of consecutive pages,
+which queues their reads at once), so that the gather finds them read: the same rows
+then read 0.38 GiB in 0.9 s. :func:`read_rows` is ``table[ids]`` with that read ahead and
+the pages handed back after.
+
+Linux only; elsewhere (or without ``/proc/self/pagemap``) nothing is released or read
+ahead.
 """
 
 from __future__ import annotations
@@ -33,11 +45,11 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-__all__ = ["release_pages", "resident_bytes", "BLOCK_PAGES"]
+__all__ = ["release_pages", "resident_bytes", "prefetch_rows", "read_rows", "file_mapped", "BLOCK_PAGES"]
 
 #: pages checked and advised together (32 MiB of address space at 4 KiB pages)
 BLOCK_PAGES = 1 << 13
-_MADV_DONTNEED = 4
+_MADV_WILLNEED, _MADV_DONTNEED = 3, 4
 _PRESENT, _SWAPPED, _FILE_OR_SHARED = 1 << 63, 1 << 62, 1 << 61
 _PAGE = mmap.PAGESIZE
 _PAGEMAP = "/proc/self/pagemap"
@@ -125,3 +137,70 @@ def release_pages(tensors: Iterable[torch.Tensor | None]) -> int:
         if _madvise()(block * _PAGE, n * _PAGE, _MADV_DONTNEED) == 0:
             released += resident * _PAGE
     return released
+
+
+_FILE_MAPPED: dict[tuple[int, int], bool] = {}
+
+
+def file_mapped(t: torch.Tensor) -> bool:
+    """Whether ``t``'s storage lies in a mapping of a file (``/proc/self/maps``; the
+    answer is kept per storage address and size). ``False`` off Linux."""
+    if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not sys.platform.startswith("linux"):
+        return False
+    storage = t.untyped_storage()
+    key = (storage.data_ptr(), storage.nbytes())
+    known = _FILE_MAPPED.get(key)
+    if known is None:
+        known = False
+        try:
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    lo, _, hi = fields[0].partition("-")
+                    if int(lo, 16) <= key[0] < int(hi, 16):
+                        known = len(fields) == 6 and fields[5].startswith("/") and fields[4] != "0"
+                        break
+        except OSError:
+            pass
+        _FILE_MAPPED[key] = known
+    return known
+
+
+def prefetch_rows(table: torch.Tensor, ids: torch.Tensor) -> int:
+    """Ask the kernel to read the pages that rows ``ids`` of a file-mapped ``table``
+    lie on (see the module docstring); nothing for a table in ordinary memory.
+
+    Args:
+        table: ``(N, ...)`` contiguous CPU tensor (a 1-D table's rows are its entries).
+        ids: ``(n,)`` integer row IDs, any order.
+
+    Returns:
+        Runs of consecutive pages advised (0 where nothing was).
+    """
+    if not file_mapped(table) or ids.numel() == 0 or not table.is_contiguous():
+        return 0
+    row = table[0].numel() * table.element_size() if table.dim() > 1 else table.element_size()
+    start = table.data_ptr()
+    rows = np.unique(np.asarray(ids, dtype=np.int64))
+    first = (start + rows * row) // _PAGE
+    last = (start + (rows + 1) * row - 1) // _PAGE
+    pages = np.unique(np.concatenate([first, last]))
+    breaks = np.flatnonzero(np.diff(pages) != 1)
+    run_starts = np.concatenate([pages[:1], pages[breaks + 1]])
+    run_ends = np.concatenate([pages[breaks], pages[-1:]])
+    madvise = _madvise()
+    for lo, hi in zip(run_starts.tolist(), run_ends.tolist()):
+        madvise(lo * _PAGE, (hi - lo + 1) * _PAGE, _MADV_WILLNEED)
+    return int(run_starts.size)
+
+
+def read_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``table[ids]``; for a file-mapped ``table`` its pages read ahead first
+    (:func:`prefetch_rows`) and handed back after (:func:`release_pages`), so that the
+    gather reads what it needs and the process keeps only the rows it gathered."""
+    if not file_mapped(table):
+        return table[ids]
+    prefetch_rows(table, ids)
+    rows = table[ids]
+    release_pages((table,))
+    return rows

@@ -41,7 +41,7 @@ import torch
 from betty.batch import LayerEdges, SampledBatch
 from betty.graph import Graph, as_graph
 from betty.indexing import put, take
-from betty.pages import release_pages
+from betty.pages import prefetch_rows, release_pages
 
 __all__ = [
     "sample_full_batch",
@@ -270,6 +270,10 @@ class _LocalCSR:
     def sample_in_edges(self, nodes, fanout, generator):
         pick = sample_neighbors if self.host else sample_neighbors_torch
         row, pos = pick(self.graph, nodes, fanout, generator)
+        if self.host:  # a mapped CSR: read the entries' pages, not the kernel's guesses around them
+            prefetch_rows(self.indices, pos)
+            if self.eid is not None:
+                prefetch_rows(self.eid, pos)
         src = take(self.indices, pos).to(torch.int64)  # a stored CSR may hold int32
         return row, src, pos if self.eid is None else take(self.eid, pos).to(torch.int64)
 

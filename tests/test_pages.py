@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import mmap
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -87,3 +88,56 @@ def test_a_trainer_step_hands_back_the_feature_pages_it_read(tmp_path):
                       PartitionPlan("random", 2), seed=0)
     trainer.train_epoch(0)
     assert resident_bytes([ds.feat]) == 0
+
+
+def _cached_pages(t: torch.Tensor) -> np.ndarray:
+    """Per page of ``t``'s mapping, whether the page cache holds it (``mincore``)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    n = t.untyped_storage().nbytes() // PAGE
+    vec = ctypes.create_string_buffer(n)
+    assert libc.mincore(t.data_ptr(), n * PAGE, vec) == 0, ctypes.get_errno()
+    return (np.frombuffer(vec.raw, dtype=np.uint8) & 1).astype(bool)
+
+
+def test_prefetch_reads_the_pages_of_the_rows_asked_for(tmp_path):
+    """Rows of 1 KiB, every 37th asked for: the page cache then holds their pages and
+    not the ones between (the kernel's own read-ahead around a fault would)."""
+    import os
+
+    from betty.pages import prefetch_rows, read_rows
+
+    n_rows, width = 64 * 1024, 128  # int64 rows of 1 KiB: 4 rows a page, 64 MiB
+    path = tmp_path / "rows.bin"
+    np.arange(n_rows * width, dtype=np.int64).tofile(path)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    table = torch.from_file(str(path), shared=False, size=n_rows * width, dtype=torch.int64).view(n_rows, width)
+    assert _cached_pages(table).sum() < 16
+    ids = torch.arange(0, n_rows, 37)
+    assert prefetch_rows(table, ids) == ids.numel()  # each row on a page of its own
+    wanted = np.zeros(n_rows * width * 8 // PAGE, dtype=bool)
+    wanted[ids.numpy() * width * 8 // PAGE] = True
+    for _ in range(100):  # the reads are queued, not waited for
+        cached = _cached_pages(table)
+        if cached[wanted].all():
+            break
+        time.sleep(0.02)
+    assert cached[wanted].all()
+    assert cached.sum() <= 2 * wanted.sum()
+    rows = read_rows(table, ids.flip(0))
+    assert torch.equal(rows, torch.arange(n_rows * width).view(n_rows, width)[ids.flip(0)])
+    assert resident_bytes([table]) == 0
+
+
+def test_prefetch_leaves_ordinary_memory_alone():
+    from betty.pages import file_mapped, prefetch_rows, read_rows
+
+    table = torch.arange(4096 * 8).view(4096, 8)
+    assert not file_mapped(table)
+    assert prefetch_rows(table, torch.tensor([3, 1])) == 0
+    assert torch.equal(read_rows(table, torch.tensor([3, 1])), table[[3, 1]])

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from betty.indexing import argsort_runs, put_rows, take_rows
+from betty.pages import prefetch_rows, release_pages
 from betty.workers import parallel_map
 
 __all__ = ["STORE_FORMAT", "MANIFEST", "STAMP", "StoreError", "StoreWriter", "ArrayWriter", "write_store",
@@ -419,7 +420,9 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     For a memory-mapped ``table`` (features on disk) an unsorted gather touches pages in
     random order; here the IDs are sorted once (``order = argsort(ids)``, stable) and
     row blocks ``table[ids[order[a:b]]]`` are read in that order and scattered to their
-    places, so the file is read front to back. The chunks are spread over the
+    places, so the file is read front to back; the pages the rows lie on are asked for
+    first (:func:`betty.pages.prefetch_rows`) and handed back after
+    (:func:`betty.pages.release_pages`). The chunks are spread over the
     preparation threads (:func:`betty.workers.parallel_map`), each reading its own
     stretch of the file; with one thread one chunk's gather is in flight at a time.
     Shapes: ``table (N, ...)``, ``ids (n,)`` integer; returns ``(n, ...)`` in ``table``'s
@@ -445,9 +448,11 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
         return out
     order = argsort_runs(ids)  # a micro-batch's IDs: a few ascending runs
     sorted_ids = ids[order]
+    prefetch_rows(table, sorted_ids)  # a mapped table: the rows' pages, read at once
 
     def gather(lo: int) -> None:  # the chunks write disjoint rows of ``out``
         put_rows(out, order[lo:lo + chunk_rows], take_rows(table, sorted_ids[lo:lo + chunk_rows]))
 
     parallel_map(gather, range(0, ids.numel(), chunk_rows))
+    release_pages((table,))  # and handed back to the page cache
     return out
