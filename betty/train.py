@@ -32,7 +32,7 @@ from betty import catalog
 from betty.batch import MicroBatch, SampledBatch
 from betty.data.store import gather_rows
 from betty.microbatch import Carver, validate_groups
-from betty.pages import read_rows
+from betty.pages import file_mapped
 from betty.precision import LossScaler, Precision, input_dtype
 from betty.workers import parallel_map
 
@@ -387,13 +387,14 @@ def _input_features(feat: torch.Tensor, mb: MicroBatch, device) -> torch.Tensor:
     there (``non_blocking`` for CUDA). Where ``feat`` and ``mb``'s IDs are on ``device``
     (the CPU, or features kept on the device for preparation there), the gathered rows
     are the device's own memory, which the memory model counts, so they are gathered in
-    one ``feat[ids]`` with no second copy (:func:`betty.pages.read_rows`: for a
-    memory-mapped feature file, its pages read ahead and handed back)."""
+    one ``feat[ids]`` with no second copy (from a memory-mapped feature file by
+    :func:`betty.data.store.gather_rows`: one buffer, filled chunk by chunk, each chunk's
+    pages read ahead and handed back)."""
     staged, mb.input_features = mb.input_features, None
     device = torch.device(device)
     ids = mb.input_nid
     if staged is None and feat.device == ids.device and same_device(feat.device, device):
-        return read_rows(feat, ids)
+        return gather_rows(feat, ids) if file_mapped(feat) else feat[ids]
     rows = host_rows(feat, ids, device) if staged is None else staged
     return rows.to(device, non_blocking=device.type == "cuda")
 

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from betty.indexing import argsort_runs, put_rows, take_rows
-from betty.pages import prefetch_rows, release_pages
+from betty.pages import prefetch_rows, release_rows
 from betty.workers import parallel_map
 
 __all__ = ["STORE_FORMAT", "MANIFEST", "STAMP", "StoreError", "StoreWriter", "ArrayWriter", "write_store",
@@ -420,9 +420,11 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     For a memory-mapped ``table`` (features on disk) an unsorted gather touches pages in
     random order; here the IDs are sorted once (``order = argsort(ids)``, stable) and
     row blocks ``table[ids[order[a:b]]]`` are read in that order and scattered to their
-    places, so the file is read front to back; the pages the rows lie on are asked for
-    first (:func:`betty.pages.prefetch_rows`) and handed back after
-    (:func:`betty.pages.release_pages`). The chunks are spread over the
+    places, so the file is read front to back. For a memory-mapped ``table`` each
+    chunk's pages are asked for while the chunk before is gathered
+    (:func:`betty.pages.prefetch_rows`) and handed back once it is
+    (:func:`betty.pages.release_rows`): the process holds about two chunks of the file,
+    whatever ``n``. The chunks are spread over the
     preparation threads (:func:`betty.workers.parallel_map`), each reading its own
     stretch of the file; with one thread one chunk's gather is in flight at a time.
     Shapes: ``table (N, ...)``, ``ids (n,)`` integer; returns ``(n, ...)`` in ``table``'s
@@ -448,11 +450,13 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
         return out
     order = argsort_runs(ids)  # a micro-batch's IDs: a few ascending runs
     sorted_ids = ids[order]
-    prefetch_rows(table, sorted_ids)  # a mapped table: the rows' pages, read at once
+    prefetch_rows(table, sorted_ids[:chunk_rows])
 
     def gather(lo: int) -> None:  # the chunks write disjoint rows of ``out``
-        put_rows(out, order[lo:lo + chunk_rows], take_rows(table, sorted_ids[lo:lo + chunk_rows]))
+        hi = min(lo + chunk_rows, ids.numel())
+        prefetch_rows(table, sorted_ids[hi:hi + chunk_rows])  # the next chunk's pages, meanwhile
+        put_rows(out, order[lo:hi], take_rows(table, sorted_ids[lo:hi]))
+        release_rows(table, int(sorted_ids[lo]), int(sorted_ids[hi - 1]))
 
     parallel_map(gather, range(0, ids.numel(), chunk_rows))
-    release_pages((table,))  # and handed back to the page cache
     return out
