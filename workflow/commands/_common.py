@@ -12,7 +12,7 @@ import typer
 
 __all__ = ["SpecArg", "SetOpt", "JsonOpt", "ExperimentOpt", "NprocOpt", "NnodesOpt", "NodeRankOpt",
            "RdzvOpt", "distributed_overrides", "cli_errors", "load", "emit_json",
-           "use_experiment", "experiment_id", "fail"]
+           "experiment_id", "fail"]
 
 SpecArg = Annotated[str, typer.Argument(metavar="SPEC", help="Spec: a path, a file name in specs/ or its stem (e.g. synthetic).")]
 SetOpt = Annotated[Optional[List[str]], typer.Option(
@@ -33,8 +33,6 @@ def distributed_overrides(nproc: int | None, nnodes: int, node_rank: int, rdzv_e
     """``--nproc/--nnodes/--node-rank/--rdzv-endpoint`` -> spec overrides
     (``train.world_size``) and, for several machines, the ``BETTY_*`` launch variables
     read by :func:`workflow.distributed.launch_options`."""
-    import os
-
     if node_rank >= nnodes:
         raise typer.BadParameter(f"--node-rank must be in [0, {nnodes}) (--nnodes is {nnodes}), got {node_rank}")
     if nproc is None:
@@ -103,16 +101,9 @@ def emit_json(obj) -> None:
     sys.stdout.flush()
 
 
-def use_experiment(name: str | None) -> None:
-    """Make ``name`` the active MLflow experiment (created if needed)."""
-    if name:
-        import mlflow
-
-        mlflow.set_experiment(name)
-
-
 def experiment_id(name: str | None) -> str:
     """The ID of experiment ``name`` (default: the environment's or 'Default')."""
+    import mlflow
     from mlflow.tracking import MlflowClient
 
     name = name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
@@ -120,11 +111,5 @@ def experiment_id(name: str | None) -> str:
         return os.environ.get("MLFLOW_EXPERIMENT_ID", "0")
     exp = MlflowClient().get_experiment_by_name(name)
     if exp is None:
-        raise fail(f"no MLflow experiment named {name!r} in {_uri()}", 2)
+        raise fail(f"no MLflow experiment named {name!r} in {mlflow.get_tracking_uri()}", 2)
     return exp.experiment_id
-
-
-def _uri() -> str:
-    import mlflow
-
-    return mlflow.get_tracking_uri()
