@@ -24,7 +24,6 @@ from workflow.specfile import ResolvedSpec
 
 __all__ = [
     "uses_revgnn",
-    "record_type",
     "resolve_device",
     "torch_dtype",
     "spec_precision",
@@ -44,19 +43,6 @@ def uses_revgnn(rspec: ResolvedSpec) -> bool:
     model's (:mod:`betty.engine`); true also with ``model.reversible: false``, whose
     blocks run as a residual network on the same trainer."""
     return rspec.spec.model.arch == "revgnn"
-
-
-def record_type(rspec: ResolvedSpec) -> type:
-    """The epoch record class the spec's trainer returns: its ``rows()`` (one per piece)
-    fill the train stage's memory table, named by its ``ROWS_TABLE`` with
-    ``ROW_COLUMNS``."""
-    if uses_revgnn(rspec):
-        from betty.rev.engine import RevEpochRecord
-
-        return RevEpochRecord
-    from betty.engine import EpochRecord
-
-    return EpochRecord
 
 
 def resolve_device(name: str) -> torch.device:

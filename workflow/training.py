@@ -1,21 +1,29 @@
-"""``train.world_size: N > 1``: the train stage's epochs on N ranks.
+"""The train stage's epochs: one loop for one process and for each of N ranks.
 
-The process that holds the MLflow run (the train stage) launches N ranks with
-:func:`betty.distributed.launch.launch`; each rank loads the dataset, builds the same
-trainer (same seeds) with a :class:`betty.distributed.DataParallel`, and trains. After
-every epoch the ranks all-gather their figures; rank 0 evaluates when due and returns
-the whole history and the selected weights (``evaluate.select``; an early stop is
-rank 0's decision, broadcast so that every rank leaves after the same epoch), which the
-stage logs: the usual per-epoch contract (``loss``,
-``train_acc`` are the full-batch ones; peak memory is the maximum over ranks,
+:func:`train_epochs` builds the trainer (:func:`workflow.components.make_trainer`),
+trains ``train.epochs`` epochs, scores validation every ``evaluate.every`` epochs and
+keeps the selected weights (``evaluate.select``; ``train.early_stopping``:
+:class:`betty.selection.BestValidation`). It works alike with ``sage``/``gat``/``gcn``
+and ``revgnn``: both trainers yield epoch records with ``metrics()`` and ``rows()``.
+
+``train.world_size: N > 1``: the process that holds the MLflow run (the train stage)
+launches N ranks with :func:`betty.distributed.launch.launch`
+(:func:`train_distributed`); each rank runs :func:`train_epochs` with a
+:class:`betty.distributed.DataParallel` (the same trainer, same seeds, its share of each
+step's pieces). After every epoch the ranks all-gather their figures
+(:func:`_gather_ranks`); rank 0 evaluates when due and returns the whole history and the
+selected weights (an early stop is rank 0's decision, broadcast so that every rank
+leaves after the same epoch), which the stage logs: the usual per-epoch contract
+(``loss``, ``train_acc`` are the full-batch ones; peak memory is the maximum over ranks,
 ``time_compute_s`` the slowest rank's, ``time_idle_s`` the most idle rank's; the other
-timers are rank 0's) plus, per rank r, ``peak_mem_measured_bytes.rank<r>``, ``peak_mem_estimated_bytes.rank<r>``,
-``time_compute_s.rank<r>``, ``time_idle_s.rank<r>``, ``allreduce_wait_s.rank<r>``, ``host_rss_peak_bytes.rank<r>``
-(the rank's peak resident memory on the host), ``host_pss_bytes.rank<r>`` (its
-proportional set size at the end of the epoch: pages shared with the other ranks are
-divided among them), and ``allreduce_bytes``
-(gradient payload per rank per epoch) and ``world_size``. A failing rank raises
-``ChildFailedError`` naming it, and the stage's run ends FAILED with that message.
+timers are rank 0's) plus, per rank r, ``peak_mem_measured_bytes.rank<r>``,
+``peak_mem_estimated_bytes.rank<r>``, ``time_compute_s.rank<r>``, ``time_idle_s.rank<r>``,
+``allreduce_wait_s.rank<r>``, ``host_rss_peak_bytes.rank<r>`` (the rank's peak resident
+memory on the host), ``host_pss_bytes.rank<r>`` (its proportional set size at the end of
+the epoch: pages shared with the other ranks are divided among them), and
+``allreduce_bytes`` (gradient payload per rank per epoch) and ``world_size``. A failing
+rank raises ``ChildFailedError`` naming it, and the stage's run ends FAILED with that
+message.
 
 Host memory: the launching process loads the dataset once and shares its tensors with
 its ranks (:func:`betty.distributed.shared.share_dataset`: files in ``/dev/shm`` the
@@ -25,13 +33,19 @@ ranks map instead of loading the dataset again); every machine does so for its o
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from contextlib import closing
 from typing import Any
 
 import torch
 
+from betty.records import estimate_error
+from workflow.components import make_selector, make_trainer
+from workflow.evaluation import evaluate_model, metric_suffix
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["PER_RANK_METRICS", "RankFailed", "train_distributed", "rank_train", "launch_options"]
+__all__ = ["PER_RANK_METRICS", "RankFailed", "train_epochs", "train_distributed", "rank_train",
+           "launch_options"]
 
 PER_RANK_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
                     "time_idle_s", "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes")
@@ -67,105 +81,109 @@ def _inject_fault(rank: int, epoch: int) -> None:
     raise ValueError(f"BETTY_FAULT must be raise@RANK or kill@RANK, got {fault!r}")
 
 
-def _rank_figures(record, dp, steps_before: int) -> dict[str, float | None]:
-    stats = dp.history[steps_before:]
-    compute = sum(s.time_compute_s for s in stats)
-    return {"peak_mem_measured_bytes": record.peak_mem_measured_bytes,
-            "peak_mem_estimated_bytes": record.peak_mem_estimated_bytes,
-            "time_compute_s": compute,
-            "time_idle_s": max(0.0, record.epoch_time_s - compute),
-            "allreduce_wait_s": sum(s.reduce.wait_s for s in stats),
-            "allreduce_bytes": float(sum(s.reduce.bytes for s in stats)),
-            **_host_memory()}
+def train_epochs(rspec: ResolvedSpec, dataset, device, repeat: int = 0, *, parallel=None,
+                 on_epoch: Callable[[dict, bool], None] | None = None) -> dict | None:
+    """Train repeat ``repeat``'s model (see the module docstring): the one epoch loop.
 
+    Args:
+        parallel: this rank's :class:`betty.distributed.DataParallel` (``None``: one
+            process).
+        on_epoch: called on rank 0 with each epoch's ``{"epoch", **metrics}`` and whether
+            it is the last one (the last of ``train.epochs``, or an early stop).
 
-def _host_memory() -> dict[str, float | None]:
-    """This process's peak resident set size so far and its proportional set size now."""
-    from betty.distributed.shared import memory_of_process
-
-    mem = memory_of_process()
-    return {"host_rss_peak_bytes": mem["rss_peak_bytes"], "host_pss_bytes": mem.get("pss_bytes")}
-
-
-def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
-    """One rank's training (module-level: the launcher pickles it). ``shared``: the
-    launcher's :class:`betty.distributed.shared.SharedDataset` (``None``: load the
-    dataset here). Returns, on rank 0, ``{"history", "rows", "state", "searches",
-    "selection"}`` (``state``: the selected weights; ``selection``: the tracker's metrics);
-    ``None`` elsewhere."""
-    import torch.distributed as dist
-
-    from betty.distributed import DataParallel
-    from betty.distributed.launch import rank_device
+    Returns:
+        on rank 0 (in one process: always) ``{"history", "rows", "searches",
+        "selection", "record", "model"}``: the per-epoch entries, the memory table's rows
+        (``repeat`` first; ``rank`` last on N ranks), every K-search result, the
+        selection metrics (``best_valid_acc``, ``best_epoch``, ``stopped_epoch``), the
+        epoch record type (its ``ROWS_TABLE``, ``ROW_COLUMNS``, ``PIECE``) and the model
+        holding the selected weights; ``None`` on the other ranks.
+    """
     from betty.memory.meter import MemoryMeter
-    from workflow.components import configure_threads, load_data, make_trainer, resolve_device
-    from workflow.evaluation import evaluate_model, metric_suffix
-    from workflow.components import make_selector
 
     spec = rspec.spec
-    if shared is None:
-        ds = load_data(rspec)
-    else:
-        ds = shared.attach()
-        configure_threads(rspec, ds.num_edges)
-    device = rank_device() if resolve_device(spec.train.device).type == "cuda" else torch.device("cpu")
     meter = MemoryMeter(device) if spec.train.measure_memory else None
     searches: list = []
-    trainer, model, optimizer = make_trainer(rspec, ds, device, repeat=repeat, meter=meter,
+    trainer, model, optimizer = make_trainer(rspec, dataset, device, repeat=repeat, meter=meter,
                                              on_search=searches.append)
-    dp = trainer.parallel = DataParallel()
+    trainer.parallel = parallel
     if meter is not None:
         meter.track(model, optimizer)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    every = spec.evaluate.every
-    selector = make_selector(rspec)
-    score_key = f"valid_{metric_suffix(ds)}"
-    history, rows = [], []
-    epochs = trainer.epochs(range(spec.train.epochs))
-    for epoch in range(spec.train.epochs):
-        before = len(dp.history)
-        _inject_fault(rank, epoch)
-        record = next(epochs)
-        mine = _rank_figures(record, dp, before)
-        my_rows = [{"repeat": repeat, **row, "rank": rank} for row in record.rows()]
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, (mine, my_rows))
-        due = bool(every) and (epoch + 1) % every == 0
-        if rank != 0:
-            if due and _stop_together(False):
+    rank = 0 if parallel is None else parallel.rank
+    every, selector = spec.evaluate.every, make_selector(rspec)
+    score_key = f"valid_{metric_suffix(dataset)}"
+    history, rows, record = [], [], None
+    with closing(trainer.epochs(range(spec.train.epochs))) as epochs:
+        for epoch in range(spec.train.epochs):
+            steps_before = len(parallel.history) if parallel is not None else 0
+            _inject_fault(rank, epoch)
+            record = next(epochs)
+            metrics, pieces = record.metrics(), [{"repeat": repeat, **row} for row in record.rows()]
+            if parallel is not None:
+                metrics, pieces = _gather_ranks(record, parallel, steps_before, metrics, pieces)
+            due = bool(every) and (epoch + 1) % every == 0
+            if due and rank == 0:
+                metrics.update(evaluate_model(model, dataset, rspec, device, splits=("valid",),
+                                              train_k=record.k))
+                if score_key in metrics:
+                    selector.update(epoch, metrics[score_key], model)
+            stop = due and selector.should_stop()
+            if due and parallel is not None:
+                stop = _stop_together(stop)
+            if rank == 0:
+                history.append({"epoch": epoch, **metrics})
+                rows.extend(pieces)
+                if on_epoch is not None:
+                    on_epoch(history[-1], stop or epoch + 1 == spec.train.epochs)
+            if stop:
                 break
-            continue
-        metrics = record.metrics()
-        for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes"):
-            values = [g[0][key] for g in gathered if g[0][key] is not None]
-            if values:
-                metrics[key] = float(max(values))
-        errors = [_estimate_error(g[1]) for g in gathered]
-        errors = [e for e in errors if e is not None]
-        if errors:
-            metrics["mem_estimate_error"] = max(errors)
-        metrics["time_compute_s"] = max(g[0]["time_compute_s"] for g in gathered)
-        metrics["time_idle_s"] = max(g[0]["time_idle_s"] for g in gathered)  # the most idle rank
-        metrics["allreduce_bytes"] = gathered[0][0]["allreduce_bytes"]
-        metrics["world_size"] = float(world)
-        for r, (fig, _) in enumerate(gathered):
-            for key in PER_RANK_METRICS:
-                if fig[key] is not None:
-                    metrics[f"{key}.rank{r}"] = float(fig[key])
-        if due:
-            metrics.update(evaluate_model(model, ds, rspec, device, splits=("valid",), train_k=record.k))
-            if score_key in metrics:
-                selector.update(epoch, metrics[score_key], model)
-        history.append({"epoch": epoch, **metrics})
-        rows.extend(row for g in gathered for row in g[1])
-        if due and _stop_together(selector.should_stop()):
-            break
     if rank != 0:
         return None
     selector.apply(model)
-    return {"history": history, "rows": rows, "searches": searches,
-            "selection": selector.metrics(score_key),
-            "state": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+    return {"history": history, "rows": rows, "searches": searches, "selection": selector.metrics(score_key),
+            "record": type(record), "model": model}
+
+
+def _gather_ranks(record, parallel, steps_before: int, metrics: dict,
+                  rows: list[dict]) -> tuple[dict | None, list[dict] | None]:
+    """Every rank's figures of this epoch, all-gathered (see the module docstring): on
+    rank 0 the epoch's ``metrics`` with the ranks' combined and per-rank figures, and
+    every rank's ``rows`` (each with its ``rank``); ``(None, None)`` on the others."""
+    import torch.distributed as dist
+
+    from betty.distributed.shared import memory_of_process
+
+    stats = parallel.history[steps_before:]
+    compute = sum(s.time_compute_s for s in stats)
+    host = memory_of_process()
+    mine = {"peak_mem_measured_bytes": record.peak_mem_measured_bytes,
+            "peak_mem_estimated_bytes": record.peak_mem_estimated_bytes,
+            "time_compute_s": compute, "time_idle_s": max(0.0, record.epoch_time_s - compute),
+            "allreduce_wait_s": sum(s.reduce.wait_s for s in stats),
+            "allreduce_bytes": float(sum(s.reduce.bytes for s in stats)),
+            "host_rss_peak_bytes": host["rss_peak_bytes"], "host_pss_bytes": host.get("pss_bytes")}
+    gathered: list = [None] * parallel.world_size
+    dist.all_gather_object(gathered, (mine, [{**row, "rank": parallel.rank} for row in rows]))
+    if parallel.rank != 0:
+        return None, None
+    figures = [fig for fig, _ in gathered]
+    rows = [row for _, rank_rows in gathered for row in rank_rows]
+    for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes"):
+        values = [fig[key] for fig in figures if fig[key] is not None]
+        if values:
+            metrics[key] = float(max(values))
+    error = estimate_error((r.get("estimated_bytes"), r.get("peak_bytes")) for r in rows)
+    if error is not None:
+        metrics["mem_estimate_error"] = error
+    metrics["time_compute_s"] = max(fig["time_compute_s"] for fig in figures)
+    metrics["time_idle_s"] = max(fig["time_idle_s"] for fig in figures)  # the most idle rank
+    metrics["allreduce_bytes"] = figures[0]["allreduce_bytes"]
+    metrics["world_size"] = float(parallel.world_size)
+    for r, fig in enumerate(figures):
+        for key in PER_RANK_METRICS:
+            if fig[key] is not None:
+                metrics[f"{key}.rank{r}"] = float(fig[key])
+    return metrics, rows
 
 
 def _stop_together(stop: bool) -> bool:
@@ -178,10 +196,25 @@ def _stop_together(stop: bool) -> bool:
     return bool(decision[0])
 
 
-def _estimate_error(rows: list[dict]) -> float | None:
-    errs = [abs(r["estimated_bytes"] - r["peak_bytes"]) / r["peak_bytes"] for r in rows
-            if r.get("estimated_bytes") is not None and r.get("peak_bytes")]
-    return max(errs) if errs else None
+def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
+    """One rank's :func:`train_epochs` (module-level: the launcher pickles it).
+    ``shared``: the launcher's :class:`betty.distributed.shared.SharedDataset`
+    (``None``: load the dataset here). Returns rank 0's result with the selected
+    weights as ``state`` (CPU tensors) instead of the model; ``None`` elsewhere."""
+    from betty.distributed import DataParallel
+    from betty.distributed.launch import rank_device
+    from workflow.components import configure_threads, load_data, resolve_device
+
+    if shared is None:
+        dataset = load_data(rspec)
+    else:
+        dataset = shared.attach()
+        configure_threads(rspec, dataset.num_edges)
+    device = rank_device() if resolve_device(rspec.spec.train.device).type == "cuda" else torch.device("cpu")
+    out = train_epochs(rspec, dataset, device, repeat, parallel=DataParallel())
+    if out is not None:
+        out["state"] = {k: v.detach().cpu() for k, v in out.pop("model").state_dict().items()}
+    return out
 
 
 def train_distributed(rspec: ResolvedSpec, repeat: int = 0, dataset=None) -> dict | None:
@@ -238,7 +271,7 @@ def _parameters(model) -> dict[str, torch.Tensor]:
 def _one_step(rspec: ResolvedSpec, k: int, device, parallel=None) -> tuple[dict, dict]:
     """(parameters before, after) epoch 0 of the spec with K = ``k`` pieces per batch
     (``sage``/``gat``; same seeds, so the same batch, partition seed and dropout)."""
-    from workflow.components import load_data, make_trainer
+    from workflow.components import load_data
 
     trainer, model, _ = make_trainer(rspec, load_data(rspec), device, meter=None)
     trainer.plan.k = k

@@ -32,7 +32,7 @@ def distributed_overrides(nproc: int | None, nnodes: int, node_rank: int, rdzv_e
                           run_id: str = "betty") -> list[str]:
     """``--nproc/--nnodes/--node-rank/--rdzv-endpoint`` -> spec overrides
     (``train.world_size``) and, for several machines, the ``BETTY_*`` launch variables
-    read by :func:`workflow.distributed.launch_options`."""
+    read by :func:`workflow.training.launch_options`."""
     if node_rank >= nnodes:
         raise typer.BadParameter(f"--node-rank must be in [0, {nnodes}) (--nnodes is {nnodes}), got {node_rank}")
     if nproc is None:
