@@ -45,12 +45,12 @@ from dataclasses import dataclass
 import mlflow
 import numpy as np
 
-from workflow.artifacts import ksearch_records, load_batch, write_csv, write_json
+from workflow.artifacts import load_batch, write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import make_trainer, uses_revgnn
 from workflow.plots import sweep_figure
 from workflow.runs import log_metrics
-from workflow.stages.base import StageContext, log_sweep_artifacts, sweep_grid
+from workflow.stages.base import StageContext, sweep_grid
 
 __all__ = ["Split", "batch_split", "cluster_split", "sweep", "cluster_sweep", "run"]
 
@@ -261,7 +261,7 @@ def run(ctx: StageContext) -> dict[str, float]:
     np.savez_compressed(path, **split.arrays)
     log_artifact(path)
     if searches:
-        log_artifact(write_json(ctx.workdir / "ksearch.json", ksearch_records(searches)))
+        log_artifact(write_json(ctx.workdir / "ksearch.json", [r.to_dict() for r in searches]))
     ctx.reporter.note(split.note)
 
     if p.sweep.k:
@@ -281,12 +281,17 @@ def run(ctx: StageContext) -> dict[str, float]:
 
 
 def _log_sweep(ctx: StageContext, kind: _SweepLog, table: list[dict], skipped: dict[str, str]) -> None:
-    """The sweep's per-method metrics (step K), its table and, when a row has figures,
-    its figure."""
+    """The sweep's per-method metrics (step K); ``partition_sweep.csv`` (``kind``'s
+    columns), ``partition_sweep.json`` (``{"rows", "skipped"}``) and, when a method was
+    cut short, the ``sweep_skipped`` tag (``method: reason; ...``, at most 500
+    characters); the figure, when a row has figures."""
     for row in table:
         log_metrics({f"{prefix}.{row['method']}": row.get(key) for key, prefix in kind.metrics.items()},
                     step=row["k"])
-    log_sweep_artifacts(ctx, table, skipped, kind.columns)
+    log_artifact(write_csv(ctx.workdir / "partition_sweep.csv", table, kind.columns))
+    log_artifact(write_json(ctx.workdir / "partition_sweep.json", {"rows": table, "skipped": skipped}))
+    if skipped:
+        mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])
     first = kind.panels[0][0]
     if any(r.get(first) is not None for r in table):
         import matplotlib.pyplot as plt
