@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["batch_arrays", "save_batch", "load_batch", "write_csv", "write_json", "ksearch_records"]
+__all__ = ["batch_arrays", "save_batch", "load_batch", "write_csv", "write_json"]
 
 
 def batch_arrays(batch, groups: torch.Tensor | None = None) -> dict[str, np.ndarray]:
@@ -104,18 +104,3 @@ def write_json(path: str | Path, obj) -> Path:
     path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
     return path
 
-
-def ksearch_records(results) -> list[dict]:
-    """K-search results (``betty.memory.KSearchResult``; for ``revgnn``
-    ``betty.rev.memory.RevKSearchResult``: chosen ``k``, its largest part's estimated
-    ``peak`` and every K ``tried`` with its largest part) as JSON-ready dicts."""
-    out = []
-    for r in results:
-        if hasattr(r, "to_dict"):
-            out.append(r.to_dict())
-        elif hasattr(r, "tried") and hasattr(r, "peak"):
-            out.append({"k": int(r.k), "peak_bytes": int(r.peak),
-                        "tried": {str(k): int(v) for k, v in r.tried.items()}})
-        else:
-            out.append({"result": str(r)})
-    return out

@@ -129,9 +129,7 @@ def estimate(spec: SpecArg,
     report = _reversible_report if uses_revgnn(rspec) else _sampled_report
     out = {"spec": rspec.name, **report(rspec, ds, device, trainer, model, optimizer, measure)}
     if searches:
-        result = searches[-1]
-        tried = result.to_dict().get("tried") if hasattr(result, "to_dict") else getattr(result, "tried", None)
-        out["k_tried"] = tried
+        out["k_tried"] = searches[-1].to_dict()["tried"]
     if json_:
         emit_json(out)
         return

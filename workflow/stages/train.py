@@ -51,7 +51,7 @@ import statistics
 import mlflow
 import torch
 
-from workflow.artifacts import ksearch_records, write_csv, write_json
+from workflow.artifacts import write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import build_model
 from workflow.plots import curves_figure, memory_figure
@@ -110,7 +110,7 @@ def _log_outputs(ctx: StageContext, repeat: int, model, *, history: list[dict], 
         columns = (*columns, "rank")
     log_artifact(write_csv(folder / f"{table}.csv", rows, columns))
     if searches:
-        log_artifact(write_json(folder / "ksearch.json", ksearch_records(searches)))
+        log_artifact(write_json(folder / "ksearch.json", [r.to_dict() for r in searches]))
     _log_figures(ctx, history, rows, record)
 
     final = {k: v for k, v in history[-1].items() if k != "epoch"}
