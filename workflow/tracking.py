@@ -311,11 +311,6 @@ def log_pytorch_model(model, rspec: ResolvedSpec, step: int = 0) -> str:
 PICKLE_WARNING = "Saving pytorch model by Pickle or CloudPickle format"
 
 
-class _DropPickleWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(PICKLE_WARNING)
-
-
 @contextlib.contextmanager
 def _quiet_pickle_warning():
     """Drop MLflow's "Saving pytorch model by Pickle..." warning (logger ``mlflow.pytorch``)
@@ -326,9 +321,12 @@ def _quiet_pickle_warning():
     ``torch.export`` cannot trace, so pickle is the only format that loads back with
     ``mlflow.pytorch.load_model`` and the user has nothing to change."""
     logger = logging.getLogger("mlflow.pytorch")
-    drop = _DropPickleWarning()
-    logger.addFilter(drop)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(PICKLE_WARNING)
+
+    logger.addFilter(keep)
     try:
         yield
     finally:
-        logger.removeFilter(drop)
+        logger.removeFilter(keep)
