@@ -24,7 +24,7 @@ def partition(spec: SpecArg,
     and the estimated peak memory of the largest part (--save writes DIR/parts.npz)."""
     import numpy as np
 
-    from workflow.artifacts import save_batch
+    from betty.batchfile import save_batch
     from workflow.components import load_data, make_trainer, resolve_device, uses_revgnn
     from workflow.stages.partition import batch_split, cluster_split
 

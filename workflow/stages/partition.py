@@ -45,7 +45,8 @@ from dataclasses import dataclass
 import mlflow
 import numpy as np
 
-from workflow.artifacts import load_batch, write_csv, write_json
+from betty.batchfile import load_batch
+from workflow.artifacts import write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import make_trainer, uses_revgnn
 from workflow.plots import sweep_figure

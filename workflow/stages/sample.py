@@ -16,7 +16,7 @@ import time
 
 import mlflow
 
-from workflow.artifacts import save_batch
+from betty.batchfile import save_batch
 from workflow.checksums import log_artifact
 from workflow.components import first_batch, uses_revgnn
 from workflow.runs import log_metrics
