@@ -155,8 +155,7 @@ def leave_default_experiment(rspec: ResolvedSpec) -> str | None:
     MLflow can neither move a run to another experiment nor let it be deleted while
     ``mlflow run`` still has to end it, so the launcher's run stays in "Default", empty,
     tagged ``betty.pipeline_experiment`` and with a note naming the experiment; ``mlflow
-    run`` ends it when this process exits. (Stages launched by ``main`` get the spec's
-    experiment explicitly, so this changes nothing there.) Returns the launcher's run ID, or ``None``
+    run`` ends it when this process exits. Returns the launcher's run ID, or ``None``
     when nothing was changed (not under ``mlflow run``, or an experiment was chosen)."""
     launcher_run = os.environ.get("MLFLOW_RUN_ID")
     if (not launcher_run or os.environ.get("MLFLOW_EXPERIMENT_NAME")
