@@ -62,11 +62,6 @@ __all__ = [
     "with_arch_defaults",
 ]
 
-REVGNN_CONVS = ("gcn", "sage", "gat")
-REVGNN_NORMS = ("layer", "batch", "none")
-REVGNN_PARTITION_METHODS = ("random", "metis")
-"""``partition.method`` for ``revgnn``: how the graph is cut into K induced subgraphs
-(``betty.rev.training.cluster_partition``)."""
 DEFAULT_SWEEP_K = (2, 4, 8, 16, 32)
 MAX_SEED = 2**32 - 1
 """Largest seed (``sampling.seed``, ``train.seed``, a dataset's ``seed``): seeds derived
@@ -797,8 +792,8 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     if "batch_size" in _changed(s):
         out.append(Problem("sampling.batch_size", s.batch_size, f"applies to sage/gat only "
                            f"({_REVGNN_NOT_SAMPLED}); allowed: full"))
-    allowed = ", ".join(REVGNN_PARTITION_METHODS)
-    if "method" in p.model_fields_set and p.method not in REVGNN_PARTITION_METHODS:
+    allowed = ", ".join(catalog.CLUSTER_METHODS)
+    if "method" in p.model_fields_set and p.method not in catalog.CLUSTER_METHODS:
         out.append(Problem("partition.method", p.method, "revgnn splits the graph into induced "
                            f"subgraphs; allowed: {allowed} (random is re-drawn every epoch)"))
     for key in ("balance", "reuse", "time_limit_s", "deterministic", "partitioner"):
@@ -807,7 +802,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
                                "micro-batches only; revgnn re-draws random clusters every epoch "
                                "and keeps METIS clusters for the run"))
     for i, method in enumerate(p.sweep.methods or []):
-        if method not in REVGNN_PARTITION_METHODS:
+        if method not in catalog.CLUSTER_METHODS:
             out.append(Problem(f"partition.sweep.methods[{i}]", method, f"allowed for revgnn: {allowed}"))
     if ev.inference == "sampled":
         out.append(Problem("evaluate.inference", ev.inference,
