@@ -115,8 +115,10 @@ def train_epochs(rspec: ResolvedSpec, dataset, device, repeat: int = 0, *, paral
     history, rows, record = [], [], None
     with closing(trainer.epochs(range(spec.train.epochs))) as epochs:
         for epoch in range(spec.train.epochs):
-            steps_before = len(parallel.history) if parallel is not None else 0
-            _inject_fault(rank, epoch)
+            steps_before = 0
+            if parallel is not None:
+                steps_before = len(parallel.history)
+                _inject_fault(rank, epoch)
             record = next(epochs)
             metrics, pieces = record.metrics(), [{"repeat": repeat, **row} for row in record.rows()]
             if parallel is not None:
