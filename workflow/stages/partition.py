@@ -46,6 +46,7 @@ import mlflow
 import numpy as np
 
 from betty.batchfile import load_batch
+from betty.catalog import CLUSTER_METHODS
 from workflow.artifacts import write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import make_trainer, uses_revgnn
@@ -217,7 +218,8 @@ def cluster_sweep(trainer, ks, methods, *, seed: int, time_limit_s: float | None
 @dataclass(frozen=True)
 class _SweepLog:
     """How one engine's sweep is logged: its table's columns, the per-method metrics
-    (``{row key: metric prefix}``, step K), the figure's panels and file name."""
+    (``{row key: metric prefix}``, step K), the figure's panels (``(row key, axis
+    label)``), its file name and what its title says."""
 
     columns: tuple[str, ...]
     metrics: Mapping[str, str]
@@ -268,8 +270,6 @@ def run(ctx: StageContext) -> dict[str, float]:
     if p.sweep.k:
         options = dict(time_limit_s=p.sweep.time_limit_s, max_k=p.sweep.max_k, reporter=ctx.reporter)
         if revgnn:
-            from betty.rev.engine import CLUSTER_METHODS
-
             kind, table, skipped = CLUSTER_SWEEP, *cluster_sweep(
                 trainer, p.sweep.k, p.sweep.methods or list(CLUSTER_METHODS), seed=spec.sampling.seed, **options)
         else:
