@@ -11,7 +11,7 @@ from typing import Annotated, List, Optional
 import typer
 
 __all__ = ["SpecArg", "SetOpt", "JsonOpt", "ExperimentOpt", "NprocOpt", "NnodesOpt", "NodeRankOpt",
-           "RdzvOpt", "distributed_overrides", "cli_errors", "load", "emit_json",
+           "RdzvOpt", "distributed_overrides", "cli_errors", "load", "emit_json", "emit_fields",
            "experiment_id", "fail"]
 
 SpecArg = Annotated[str, typer.Argument(metavar="SPEC", help="Spec: a path, a file name in specs/ or its stem (e.g. synthetic).")]
@@ -99,6 +99,16 @@ def load(spec: str, overrides: list[str] | None):
 def emit_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def emit_fields(out: dict, json_: bool, *, width: int, show=str) -> None:
+    """``out`` as one JSON object (``--json``), else one ``key: value`` line per entry,
+    the keys right-aligned in ``width`` characters and each value written by ``show``."""
+    if json_:
+        emit_json(out)
+        return
+    for key, value in out.items():
+        typer.echo(f"{key:>{width}}: {show(value)}")
 
 
 def experiment_id(name: str | None) -> str:

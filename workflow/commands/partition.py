@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, load
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit_fields, load
 from workflow.progress import format_number
 
 
@@ -44,11 +44,7 @@ def partition(spec: SpecArg,
         Path(save).mkdir(parents=True, exist_ok=True)
         np.savez_compressed(Path(save) / "parts.npz", **split.arrays)
         out["saved"] = str(Path(save) / "parts.npz")
-    if json_:
-        emit_json(out)
-        return
-    for key, value in out.items():
-        typer.echo(f"{key:>22}: {format_number(value)}")
+    emit_fields(out, json_, width=22, show=format_number)
 
 
 def register(app: typer.Typer) -> None:
