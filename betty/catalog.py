@@ -5,7 +5,7 @@ from here (``tests/test_catalog.py`` checks that every registry matches)."""
 from __future__ import annotations
 
 __all__ = ["ARCHS", "SAGE_AGGREGATORS", "ACTIVATIONS", "OPTIMIZERS", "PARTITION_METHODS",
-           "REG_PARTITIONERS", "DEFAULT_REG_PARTITIONER"]
+           "REG_PARTITIONERS", "DEFAULT_REG_PARTITIONER", "CLUSTER_METHODS"]
 
 ARCHS = ("sage", "gat", "gcn", "revgnn")
 """Model architectures (:func:`betty.models.build_model`)."""
@@ -28,3 +28,7 @@ REG_PARTITIONERS = ("metis", "kaminpar")
 
 DEFAULT_REG_PARTITIONER = "metis"
 """The default of ``partition.partitioner`` (docs/partitioning.md compares the two)."""
+
+CLUSTER_METHODS = ("random", "metis")
+"""How ``revgnn`` cuts the graph into K induced subgraphs (:class:`betty.rev.engine.RevPlan`,
+:func:`betty.rev.training.cluster_partition`): ``random`` is re-drawn every epoch."""

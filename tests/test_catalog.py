@@ -10,12 +10,15 @@ def test_every_registry_matches_the_catalog():
     from betty.models import ARCHS, SAGE_AGGREGATORS
     from betty.models.base import _ACTIVATION_FNS
     from betty.partition import PARTITIONERS
+    from betty.rev.engine import CLUSTER_METHODS
+    from betty.rev.training import PARTITION_METHODS as CLUSTER_CUTS
     from betty.train import OPTIMIZERS, build_optimizer
 
     assert ARCHS == catalog.ARCHS and SAGE_AGGREGATORS == catalog.SAGE_AGGREGATORS
     assert tuple(_ACTIVATION_FNS) == catalog.ACTIVATIONS
     assert sorted(PARTITIONERS) == sorted(catalog.PARTITION_METHODS)
     assert OPTIMIZERS == catalog.OPTIMIZERS
+    assert CLUSTER_METHODS == CLUSTER_CUTS == catalog.CLUSTER_METHODS
     import torch
 
     for name in catalog.OPTIMIZERS:  # each name builds its optimizer

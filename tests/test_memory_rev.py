@@ -215,6 +215,8 @@ def test_search_k_rev_fits_the_budget_when_trained():
     result = search_k_rev(g, model, budget, train_mask=mask, optimizer=opt, seed=3)
     assert result.k > 1 and result.peak <= budget
     assert all(peak > budget for k, peak in result.tried.items() if k < result.k)
+    assert json.loads(json.dumps(result.to_dict())) == {
+        "k": result.k, "peak_bytes": result.peak, "tried": {str(k): p for k, p in result.tried.items()}}
     measured = _measured_step(model, opt, result.parts, feat, label, mask)
     assert measured <= budget, (measured, budget, result.k)
     with pytest.raises(RevKSearchError, match="parameters"):

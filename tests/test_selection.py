@@ -111,11 +111,11 @@ def test_workflow_logs_selection_metrics_and_evaluate_scores_the_selected_weight
 
 
 def test_workflow_early_stopping_logs_the_stopping_epoch(tracking, monkeypatch):
-    import workflow.stages.train as train_stage
+    import workflow.training as training
 
     client = MlflowClient(tracking[0])
     curve = iter(CURVE)
-    monkeypatch.setattr(train_stage, "evaluate_model", lambda *a, **k: {"valid_acc": next(curve)})
+    monkeypatch.setattr(training, "evaluate_model", lambda *a, **k: {"valid_acc": next(curve)})
     rspec = load_spec("tiny", NO_SWEEP + ["train.epochs=8", "train.early_stopping={patience: 2}",
                                           "train.measure_memory=false"])
     train_id, final = run_stage("train", rspec)

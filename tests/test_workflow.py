@@ -10,7 +10,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from test_workflow_support import metric_names, runs_of
-from workflow.artifacts import load_batch, save_batch
+from betty.batchfile import load_batch
 from workflow.components import first_batch, load_data
 from workflow.mlproject import parse_args
 from workflow.provenance import git_commit
@@ -214,25 +214,6 @@ def test_evaluate_needs_a_train_run(tracking):
 
 
 # ------------------------------------------------------------------- pure helpers
-
-
-def test_batch_file_round_trip(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    rspec = load_spec("tiny")
-    batch = first_batch(rspec, load_data(rspec))
-    groups = torch.arange(batch.num_outputs) % 3
-    loaded, g = load_batch(save_batch(tmp_path / "b.npz", batch, groups))
-    assert torch.equal(g, groups) and loaded.fanouts == batch.fanouts
-    for a, b in zip(loaded.layers, batch.layers):
-        assert a.num_dst == b.num_dst
-        for name in ("src_nid", "edge_src", "edge_dst", "edge_id", "src_out_degree"):
-            assert torch.equal(getattr(a, name), getattr(b, name)), name
-    import numpy as np
-
-    z = np.load(tmp_path / "b.npz")
-    assert z["block0_src"].dtype == np.int64
-    assert np.array_equal(z["block1_dst"], batch.layers[1].src_nid[batch.layers[1].edge_dst].numpy())
-    assert np.array_equal(z["outputs"], batch.output_nid.numpy())
 
 
 def test_sweep_skips_failing_and_slow_methods(tmp_path, monkeypatch):

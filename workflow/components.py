@@ -24,7 +24,6 @@ from workflow.specfile import ResolvedSpec
 
 __all__ = [
     "uses_revgnn",
-    "record_type",
     "resolve_device",
     "torch_dtype",
     "spec_precision",
@@ -44,19 +43,6 @@ def uses_revgnn(rspec: ResolvedSpec) -> bool:
     model's (:mod:`betty.engine`); true also with ``model.reversible: false``, whose
     blocks run as a residual network on the same trainer."""
     return rspec.spec.model.arch == "revgnn"
-
-
-def record_type(rspec: ResolvedSpec) -> type:
-    """The epoch record class the spec's trainer returns: its ``rows()`` (one per piece)
-    fill the train stage's memory table, named by its ``ROWS_TABLE`` with
-    ``ROW_COLUMNS``."""
-    if uses_revgnn(rspec):
-        from betty.rev.engine import RevEpochRecord
-
-        return RevEpochRecord
-    from betty.engine import EpochRecord
-
-    return EpochRecord
 
 
 def resolve_device(name: str) -> torch.device:
@@ -202,27 +188,22 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
     repeat``. The trainer builds the memory estimator and, for ``partition.k: auto``,
     the K search itself; ``on_search`` receives every K-search result."""
     from betty.engine import Trainer
+    from betty.rev.engine import RevTrainer
     from betty.train import build_optimizer, parameter_groups
 
     t = rspec.spec.train
     model = build_model(rspec, dataset, seed=t.seed + repeat).to(device)
     groups = parameter_groups(model, t.weight_decay, t.weight_decay_first_layer_only)
     optimizer = build_optimizer(t.optimizer, groups, lr=t.lr, weight_decay=t.weight_decay)
+    common = dict(device=device, seed=rspec.spec.sampling.seed + repeat, dropout_seed=t.seed + repeat,
+                  dtype=torch_dtype(rspec), precision=spec_precision(rspec), meter=meter, on_search=on_search,
+                  prefetch=t.prefetch if t.pipeline else 0)
     if uses_revgnn(rspec):
-        from betty.rev.engine import RevTrainer
-
-        trainer = RevTrainer(model, optimizer, dataset, partition_plan(rspec), device=device,
-                             seed=rspec.spec.sampling.seed + repeat, dropout_seed=t.seed + repeat,
-                             dtype=torch_dtype(rspec), precision=spec_precision(rspec),
-                             dropout_mode=rspec.spec.model.dropout_mode,
-                             meter=meter, on_search=on_search, prefetch=t.prefetch if t.pipeline else 0)
-        return trainer, model, optimizer
-    trainer = Trainer(model, optimizer, dataset, rspec.spec.sampling.fanouts, partition_plan(rspec),
-                      batch_size=batch_size(rspec), device=device,
-                      seed=rspec.spec.sampling.seed + repeat, dtype=torch_dtype(rspec),
-                      precision=spec_precision(rspec), meter=meter, dropout_seed=t.seed + repeat,
-                      prefetch=t.prefetch if t.pipeline else 0, on_search=on_search,
-                      sample_device=sample_device(rspec))
+        trainer = RevTrainer(model, optimizer, dataset, partition_plan(rspec),
+                             dropout_mode=rspec.spec.model.dropout_mode, **common)
+    else:
+        trainer = Trainer(model, optimizer, dataset, rspec.spec.sampling.fanouts, partition_plan(rspec),
+                          batch_size=batch_size(rspec), sample_device=sample_device(rspec), **common)
     return trainer, model, optimizer
 
 

@@ -7,7 +7,7 @@ the run ``mlflow run`` created for it (``MLFLOW_RUN_ID``), except when that run 
 to the spec's experiment (:func:`workflow.tracking.leave_default_experiment`). Overrides come from the
 ``set`` parameter (``"train.epochs=3;model.hidden=64"``) and from undeclared
 ``-P key.path=value`` parameters, which MLflow appends as ``--key.path value``;
-``-P nproc=N`` is ``train.world_size=N`` (N ranks, :mod:`workflow.distributed`).
+``-P nproc=N`` is ``train.world_size=N`` (N ranks, :mod:`workflow.training`).
 
 Exit codes: 0 success, 2 invalid spec (no traceback), 1 any other failure (message on
 stderr, traceback in the run's ``error.txt``), 130 interrupted.

@@ -92,22 +92,15 @@ def collect_summary(upstream: dict[str, str]) -> dict[str, float]:
     return out
 
 
-def _problems(stage: str, run_id: str) -> list[ArtifactDamaged]:
-    """What is missing or damaged in ``run_id``: its checksummed artifacts and, for a
-    train run, the logged MLflow model (``runs:/<id>/model``) it promises."""
-    damaged = damaged_artifacts(run_id)
-    if stage == "train":
-        problem = logged_model_problem(run_id)
-        if problem is not None:
-            damaged.append(ArtifactDamaged(run_id, MODEL_NAME, problem))
-    return damaged
-
-
 def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
-    """``run_id`` if every checksummed artifact of it (and a train run's logged model)
-    is present and intact, else ``None`` after a warning naming the run and each damaged
+    """``run_id`` if every checksummed artifact of it (:mod:`workflow.checksums`) and,
+    for a train run, the logged MLflow model it promises (``runs:/<id>/model``) are
+    present and intact, else ``None`` after a warning naming the run and each damaged
     file (the stage runs again)."""
-    damaged = _problems(stage, run_id)
+    damaged = damaged_artifacts(run_id)
+    problem = logged_model_problem(run_id) if stage == "train" else None
+    if problem is not None:
+        damaged.append(ArtifactDamaged(run_id, MODEL_NAME, problem))
     if not damaged:
         return run_id
     for err in damaged:

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["curves_figure", "memory_figure", "redundancy_figure", "cluster_sweep_figure"]
+__all__ = ["curves_figure", "memory_figure", "sweep_figure"]
 
 
 
@@ -74,49 +74,25 @@ def memory_figure(rows: Sequence[Mapping[str, float]], title: str = "", *,
     return fig
 
 
-def redundancy_figure(rows: Sequence[Mapping], title: str = ""):
-    """Redundancy against K, one line per partition method (rows without a
-    ``redundancy`` value, e.g. failed entries, are skipped)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+def sweep_figure(rows: Sequence[Mapping], panels: Sequence[tuple[str, str]], title: str = ""):
+    """A partition sweep against K (log scale), one line per method, one panel per
+    ``(key, label)`` of ``panels``: e.g. the redundancy of sampled-batch splits, or the
+    share of edges RevGNN's cluster parts keep and their largest estimated peak (a key
+    ending in ``_bytes`` is drawn in the binary unit that suits it). Rows without a
+    panel's value (failed entries) are skipped there."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    for method in methods:
-        pts = sorted((r["k"], r["redundancy"]) for r in rows
-                     if r["method"] == method and r.get("redundancy") is not None)
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o", label=method)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("K (micro-batches)")
-    ax.set_ylabel("redundancy (input loads / inputs)")
-    ax.legend(fontsize="small")
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
-
-
-def cluster_sweep_figure(rows: Sequence[Mapping], title: str = ""):
-    """``revgnn`` splits against K, one line per method: the share of edges the induced
-    parts keep (left) and the largest part's estimated peak memory (right, when
-    estimated). Rows without ``edges_kept_fraction`` (failed entries) are skipped."""
-    fig, (ax_kept, ax_mem) = plt.subplots(1, 2, figsize=(9, 3.5))
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    peaks = [r.get("peak_estimated_bytes") or 0 for r in rows]
-    unit, scale = _unit(max(peaks + [0]))
-    for method in methods:
-        mine = sorted((r for r in rows if r["method"] == method and r.get("edges_kept_fraction") is not None),
-                      key=lambda r: r["k"])
-        if mine:
-            ax_kept.plot([r["k"] for r in mine], [r["edges_kept_fraction"] for r in mine], marker="o", label=method)
-            est = [(r["k"], r["peak_estimated_bytes"] / scale) for r in mine if r.get("peak_estimated_bytes")]
-            if est:
-                xs, ys = zip(*est)
-                ax_mem.plot(xs, ys, marker="o", label=method)
-    for ax in (ax_kept, ax_mem):
+    for ax, (key, label) in zip(axes[0], panels):
+        unit, scale = _unit(max([r.get(key) or 0 for r in rows])) if key.endswith("_bytes") else ("", 1.0)
+        for method in methods:
+            pts = sorted((r["k"], r[key] / scale) for r in rows if r["method"] == method and r.get(key) is not None)
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", label=method)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("K (parts)")
+        ax.set_xlabel("K")
+        ax.set_ylabel(f"{label} ({unit})" if unit else label)
         ax.legend(fontsize="small")
-    ax_kept.set_ylabel("edges kept (fraction)")
-    ax_mem.set_ylabel(f"largest part, estimated peak ({unit})")
     fig.suptitle(title)
     fig.tight_layout()
     return fig

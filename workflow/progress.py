@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["Reporter", "NullReporter", "LogReporter", "RichReporter", "make_reporter", "format_number",
+__all__ = ["Reporter", "LogReporter", "RichReporter", "make_reporter", "format_number",
            "format_metrics"]
 
 Advance = Callable[..., None]
@@ -55,7 +55,13 @@ def _seconds(s: float) -> str:
 
 
 class Reporter:
-    """Interface (and no-op implementation)."""
+    """Interface (and no-op implementation); a context manager around the pipeline."""
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
 
     def stage_started(self, stage: str, detail: str = "") -> None:
         """A stage begins (``detail``: e.g. its run ID)."""
@@ -69,9 +75,6 @@ class Reporter:
 
     def note(self, text: str) -> None:
         """A one-line message (e.g. a skipped sweep entry)."""
-
-
-NullReporter = Reporter
 
 
 class LogReporter(Reporter):
@@ -92,12 +95,6 @@ class LogReporter(Reporter):
         start = self._start.pop(stage, None)
         took = f" after {time.perf_counter() - start:.1f}s" if start is not None else ""
         self._say(f"{stage}: {status.lower()}{took} {detail}".rstrip())
-
-    def __enter__(self) -> LogReporter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
 
     def steps(self, description: str, total: int | None) -> Advance:
         """One line per step: ``description i/total elapsed ... eta ... fields``."""

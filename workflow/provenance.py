@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import subprocess
 from pathlib import Path
 
 __all__ = ["package_roots", "source_hash", "git_commit", "code_version"]
@@ -38,17 +37,15 @@ def source_hash(roots: list[Path] | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
-def git_commit(folder: Path | None = None) -> str | None:
-    """``git rev-parse HEAD`` in ``folder`` (default: the project), ``None`` outside a
-    repository or without git."""
-    folder = folder or package_roots()[0].parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
-                             text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and commit else None
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """The project's commit as MLflow reads it for its ``mlflow.source.git.commit`` tag
+    (:func:`mlflow.utils.git_utils.get_git_commit`), ``None`` outside a repository.
+    MLflow looks next to the entry script, which for the ``betty`` command lies outside
+    the repository; betty asks about the folder holding its packages."""
+    from mlflow.utils.git_utils import get_git_commit
+
+    return get_git_commit(str(package_roots()[0].parent))
 
 
 @functools.lru_cache(maxsize=1)

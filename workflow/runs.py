@@ -155,16 +155,10 @@ def record_failure(run_id: str, exc: BaseException) -> None:
 def mark_failed(run_id: str, exc: BaseException) -> None:
     """Record ``exc`` on ``run_id`` and end it ``FAILED`` (``KILLED`` for
     ``KeyboardInterrupt``) unless it has already ended. Signals meanwhile are held
-    back (:func:`workflow.signals.shield`)."""
+    back (:func:`workflow.signals.shield`): a second Ctrl-C must not leave it ``RUNNING``."""
     with shield():
         record_failure(run_id, exc)
-        client = MlflowClient()
-        try:
-            status = client.get_run(run_id).info.status
-            if status in ("RUNNING", "SCHEDULED"):
-                client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
-        except Exception:  # noqa: BLE001
-            pass
+        _end(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
 
 
 def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,
@@ -210,19 +204,23 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
             mlflow.log_text(rspec.yaml(), "spec.yaml")
         yield run
     except BaseException as exc:
-        with shield():  # a second Ctrl-C must not leave the run RUNNING
-            record_failure(run_id, exc)
-            status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-            _end(run_id, status)
+        mark_failed(run_id, exc)
         raise
     else:
         _end(run_id, "FINISHED")
 
 
 def _end(run_id: str, status: str) -> None:
-    """End ``run_id`` (the innermost active run) with ``status``."""
+    """End ``run_id`` with ``status``: the innermost active run through MLflow's run
+    stack; any other (another run is on top, or this process never resumed it) by ID,
+    unless it has ended already."""
     active = mlflow.active_run()
     if active is not None and active.info.run_id == run_id:
         mlflow.end_run(status)
-    else:  # somebody ended it already, or another run is on top: end it by ID
-        MlflowClient().set_terminated(run_id, status)
+        return
+    client = MlflowClient()
+    try:
+        if client.get_run(run_id).info.status in ("RUNNING", "SCHEDULED"):
+            client.set_terminated(run_id, status)
+    except Exception:  # noqa: BLE001  (reporting a failure must not hide it)
+        pass

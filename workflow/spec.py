@@ -38,7 +38,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
-from betty.catalog import DEFAULT_REG_PARTITIONER, REG_PARTITIONERS
+from betty import catalog  # read when a spec is checked: the schema grows with the library
 from betty.data.registry import FEATURE_DTYPES  # the accepted dataset.feature_dtype names
 from workflow.sizes import BYTE_SIZE_HELP, format_bytes, parse_bytes
 from betty.precision import PRECISIONS
@@ -62,11 +62,6 @@ __all__ = [
     "with_arch_defaults",
 ]
 
-REVGNN_CONVS = ("gcn", "sage", "gat")
-REVGNN_NORMS = ("layer", "batch", "none")
-REVGNN_PARTITION_METHODS = ("random", "metis")
-"""``partition.method`` for ``revgnn``: how the graph is cut into K induced subgraphs
-(``betty.rev.training.cluster_partition``)."""
 DEFAULT_SWEEP_K = (2, 4, 8, 16, 32)
 MAX_SEED = 2**32 - 1
 """Largest seed (``sampling.seed``, ``train.seed``, a dataset's ``seed``): seeds derived
@@ -132,30 +127,6 @@ def _library_choice(kind: str, value: Any, choices: list[str] | tuple[str, ...])
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"unknown {kind}; allowed: {', '.join(map(repr, choices))}")
     return value
-
-
-def _dataset_names() -> list[str]:
-    from betty.data import dataset_names
-
-    return dataset_names()
-
-
-def _partition_methods() -> list[str]:
-    from betty.catalog import PARTITION_METHODS
-
-    return sorted(PARTITION_METHODS)
-
-
-def _aggregators() -> tuple[str, ...]:
-    from betty.catalog import SAGE_AGGREGATORS
-
-    return SAGE_AGGREGATORS
-
-
-def _optimizers() -> tuple[str, ...]:
-    from betty.catalog import OPTIMIZERS
-
-    return OPTIMIZERS
 
 
 def _int(value: Any) -> bool:
@@ -284,7 +255,9 @@ class DatasetSection(BaseModel):
     @field_validator("name")
     @classmethod
     def _known(cls, value: str) -> str:
-        return _library_choice("dataset", value, _dataset_names())
+        from betty.data import dataset_names
+
+        return _library_choice("dataset", value, dataset_names())
 
     @property
     def options(self) -> dict[str, Any]:
@@ -360,9 +333,7 @@ class ModelSection(_Section):
         """One of :data:`betty.catalog.ARCHS`: ``sage``, ``gat`` and ``gcn`` train on
         sampled blocks (:mod:`betty.engine`), ``revgnn`` on the whole graph or K cluster
         parts (:mod:`betty.rev.engine`)."""
-        from betty.catalog import ARCHS
-
-        return _library_choice("architecture", value, ARCHS)
+        return _library_choice("architecture", value, catalog.ARCHS)
 
     @field_validator("backend")
     @classmethod
@@ -379,14 +350,12 @@ class ModelSection(_Section):
     @field_validator("aggregator")
     @classmethod
     def _aggregator(cls, value: str) -> str:
-        return _library_choice("aggregator", value, _aggregators())
+        return _library_choice("aggregator", value, catalog.SAGE_AGGREGATORS)
 
     @field_validator("activation")
     @classmethod
     def _activation(cls, value: str | None) -> str | None:
-        from betty.catalog import ACTIVATIONS
-
-        return None if value is None else _library_choice("activation", value, ACTIVATIONS)
+        return None if value is None else _library_choice("activation", value, catalog.ACTIVATIONS)
 
 
 class SweepSection(_Section):
@@ -407,7 +376,7 @@ class SweepSection(_Section):
     @classmethod
     def _max_k(cls, value: dict[str, int]) -> dict[str, int]:
         for m in value:
-            _library_choice("partition method", m, _partition_methods())
+            _library_choice("partition method", m, sorted(catalog.PARTITION_METHODS))
         return value
 
     @field_validator("methods")
@@ -415,7 +384,7 @@ class SweepSection(_Section):
     def _methods(cls, value: list[str] | None) -> list[str] | None:
         if value is not None:
             for m in value:
-                _library_choice("partition method", m, _partition_methods())
+                _library_choice("partition method", m, sorted(catalog.PARTITION_METHODS))
         return value
 
 
@@ -440,18 +409,18 @@ class PartitionSection(_Section):
     reuse: Annotated[int, Field(ge=1)] | None = None
     time_limit_s: Seconds | None = None
     deterministic: bool = False
-    partitioner: str = DEFAULT_REG_PARTITIONER
+    partitioner: str = catalog.DEFAULT_REG_PARTITIONER
     sweep: SweepSection = Field(default_factory=SweepSection)
 
     @field_validator("method")
     @classmethod
     def _method(cls, value: str) -> str:
-        return _library_choice("partition method", value, _partition_methods())
+        return _library_choice("partition method", value, sorted(catalog.PARTITION_METHODS))
 
     @field_validator("partitioner")
     @classmethod
     def _partitioner(cls, value: str) -> str:
-        return _library_choice("partition.partitioner", value, REG_PARTITIONERS)
+        return _library_choice("partition.partitioner", value, catalog.REG_PARTITIONERS)
 
 
 class EarlyStoppingSection(_Section):
@@ -508,7 +477,7 @@ class TrainSection(_Section):
     @field_validator("optimizer")
     @classmethod
     def _optimizer(cls, value: str) -> str:
-        return _library_choice("optimizer", value, _optimizers())
+        return _library_choice("optimizer", value, catalog.OPTIMIZERS)
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -823,8 +792,8 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     if "batch_size" in _changed(s):
         out.append(Problem("sampling.batch_size", s.batch_size, f"applies to sage/gat only "
                            f"({_REVGNN_NOT_SAMPLED}); allowed: full"))
-    allowed = ", ".join(REVGNN_PARTITION_METHODS)
-    if "method" in p.model_fields_set and p.method not in REVGNN_PARTITION_METHODS:
+    allowed = ", ".join(catalog.CLUSTER_METHODS)
+    if "method" in p.model_fields_set and p.method not in catalog.CLUSTER_METHODS:
         out.append(Problem("partition.method", p.method, "revgnn splits the graph into induced "
                            f"subgraphs; allowed: {allowed} (random is re-drawn every epoch)"))
     for key in ("balance", "reuse", "time_limit_s", "deterministic", "partitioner"):
@@ -833,7 +802,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
                                "micro-batches only; revgnn re-draws random clusters every epoch "
                                "and keeps METIS clusters for the run"))
     for i, method in enumerate(p.sweep.methods or []):
-        if method not in REVGNN_PARTITION_METHODS:
+        if method not in catalog.CLUSTER_METHODS:
             out.append(Problem(f"partition.sweep.methods[{i}]", method, f"allowed for revgnn: {allowed}"))
     if ev.inference == "sampled":
         out.append(Problem("evaluate.inference", ev.inference,

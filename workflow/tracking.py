@@ -155,8 +155,7 @@ def leave_default_experiment(rspec: ResolvedSpec) -> str | None:
     MLflow can neither move a run to another experiment nor let it be deleted while
     ``mlflow run`` still has to end it, so the launcher's run stays in "Default", empty,
     tagged ``betty.pipeline_experiment`` and with a note naming the experiment; ``mlflow
-    run`` ends it when this process exits. (Stages launched by ``main`` get the spec's
-    experiment explicitly, so this changes nothing there.) Returns the launcher's run ID, or ``None``
+    run`` ends it when this process exits. Returns the launcher's run ID, or ``None``
     when nothing was changed (not under ``mlflow run``, or an experiment was chosen)."""
     launcher_run = os.environ.get("MLFLOW_RUN_ID")
     if (not launcher_run or os.environ.get("MLFLOW_EXPERIMENT_NAME")
@@ -311,11 +310,6 @@ def log_pytorch_model(model, rspec: ResolvedSpec, step: int = 0) -> str:
 PICKLE_WARNING = "Saving pytorch model by Pickle or CloudPickle format"
 
 
-class _DropPickleWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(PICKLE_WARNING)
-
-
 @contextlib.contextmanager
 def _quiet_pickle_warning():
     """Drop MLflow's "Saving pytorch model by Pickle..." warning (logger ``mlflow.pytorch``)
@@ -326,9 +320,12 @@ def _quiet_pickle_warning():
     ``torch.export`` cannot trace, so pickle is the only format that loads back with
     ``mlflow.pytorch.load_model`` and the user has nothing to change."""
     logger = logging.getLogger("mlflow.pytorch")
-    drop = _DropPickleWarning()
-    logger.addFilter(drop)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(PICKLE_WARNING)
+
+    logger.addFilter(keep)
     try:
         yield
     finally:
-        logger.removeFilter(drop)
+        logger.removeFilter(keep)

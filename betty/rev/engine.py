@@ -50,6 +50,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from betty.catalog import CLUSTER_METHODS
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.records import epoch_metrics, estimate_error
 from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes
@@ -73,7 +74,6 @@ __all__ = [
     "train_step_parts",
 ]
 
-CLUSTER_METHODS = ("random", "metis")
 DROPOUT_MODES = ("deterministic", "standard")
 _PARTITION_STREAM = 0x9A27  # separates the partition seeds from other (seed, epoch) streams
 

@@ -410,6 +410,13 @@ class RevKSearchResult:
     peak: int
     tried: dict[int, int] = field(default_factory=dict)
 
+    def to_dict(self) -> dict:
+        """JSON-ready summary (for logging and the CLI, as
+        :meth:`betty.memory.KSearchResult.to_dict`): ``k``, its largest part's estimated
+        ``peak_bytes`` and ``tried`` (``{"K": largest estimated part peak}``)."""
+        return {"k": int(self.k), "peak_bytes": int(self.peak),
+                "tried": {str(k): int(v) for k, v in self.tried.items()}}
+
 
 def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed: int = 0,
                  train_mask: Optional[torch.Tensor] = None, max_k: Optional[int] = None,

@@ -26,6 +26,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor, nn
 
+from betty.catalog import CLUSTER_METHODS
 from betty.partition.metis_cut import metis_cut, symmetric_simple
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
     "train_step_partitions",
 ]
 
-PARTITION_METHODS = ("random", "metis")
+PARTITION_METHODS = CLUSTER_METHODS  # the catalog's list: what a spec may name
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import Annotated, List, Optional
 import typer
 
 __all__ = ["SpecArg", "SetOpt", "JsonOpt", "ExperimentOpt", "NprocOpt", "NnodesOpt", "NodeRankOpt",
-           "RdzvOpt", "distributed_overrides", "cli_errors", "load", "emit_json",
-           "use_experiment", "experiment_id", "fail"]
+           "RdzvOpt", "distributed_overrides", "cli_errors", "load", "emit_json", "emit_fields",
+           "experiment_id", "fail"]
 
 SpecArg = Annotated[str, typer.Argument(metavar="SPEC", help="Spec: a path, a file name in specs/ or its stem (e.g. synthetic).")]
 SetOpt = Annotated[Optional[List[str]], typer.Option(
@@ -32,9 +32,7 @@ def distributed_overrides(nproc: int | None, nnodes: int, node_rank: int, rdzv_e
                           run_id: str = "betty") -> list[str]:
     """``--nproc/--nnodes/--node-rank/--rdzv-endpoint`` -> spec overrides
     (``train.world_size``) and, for several machines, the ``BETTY_*`` launch variables
-    read by :func:`workflow.distributed.launch_options`."""
-    import os
-
+    read by :func:`workflow.training.launch_options`."""
     if node_rank >= nnodes:
         raise typer.BadParameter(f"--node-rank must be in [0, {nnodes}) (--nnodes is {nnodes}), got {node_rank}")
     if nproc is None:
@@ -103,16 +101,19 @@ def emit_json(obj) -> None:
     sys.stdout.flush()
 
 
-def use_experiment(name: str | None) -> None:
-    """Make ``name`` the active MLflow experiment (created if needed)."""
-    if name:
-        import mlflow
-
-        mlflow.set_experiment(name)
+def emit_fields(out: dict, json_: bool, *, width: int, show=str) -> None:
+    """``out`` as one JSON object (``--json``), else one ``key: value`` line per entry,
+    the keys right-aligned in ``width`` characters and each value written by ``show``."""
+    if json_:
+        emit_json(out)
+        return
+    for key, value in out.items():
+        typer.echo(f"{key:>{width}}: {show(value)}")
 
 
 def experiment_id(name: str | None) -> str:
     """The ID of experiment ``name`` (default: the environment's or 'Default')."""
+    import mlflow
     from mlflow.tracking import MlflowClient
 
     name = name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
@@ -120,11 +121,5 @@ def experiment_id(name: str | None) -> str:
         return os.environ.get("MLFLOW_EXPERIMENT_ID", "0")
     exp = MlflowClient().get_experiment_by_name(name)
     if exp is None:
-        raise fail(f"no MLflow experiment named {name!r} in {_uri()}", 2)
+        raise fail(f"no MLflow experiment named {name!r} in {mlflow.get_tracking_uri()}", 2)
     return exp.experiment_id
-
-
-def _uri() -> str:
-    import mlflow
-
-    return mlflow.get_tracking_uri()

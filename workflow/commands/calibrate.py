@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from workflow.commands._common import JsonOpt, cli_errors, emit_json
+from workflow.commands._common import JsonOpt, cli_errors, emit_fields
 
 
 @cli_errors
@@ -19,12 +19,7 @@ def calibrate(device: Annotated[str, typer.Option("--device", help="cpu, cuda, c
 
     from workflow.components import resolve_device
 
-    result = run_calibration(resolve_device(device), write=write)
-    if json_:
-        emit_json(result)
-        return
-    for key, value in result.items():
-        typer.echo(f"{key:>28}: {value}")
+    emit_fields(run_calibration(resolve_device(device), write=write), json_, width=28)
 
 
 def register(app: typer.Typer) -> None:

@@ -23,26 +23,11 @@ def _parse_k(text: str | None) -> str | None:
     return str(k)
 
 
-def _rows(estimates) -> list[dict]:
-    return [{"index": i, "estimated_peak_bytes": int(e.peak),
-             "components": {c: int(b) for c, b in e.breakdown.items()}}
-            for i, e in enumerate(estimates)]
-
-
-def _add_measurements(out: dict, peaks: list[int | None]) -> None:
-    """Per-piece measured peak and relative error (pieces that did not run: None)."""
-    for row, peak in zip(out["micro_batches"], peaks):
-        row["measured_peak_bytes"] = peak
-        row["relative_error"] = None if not peak else (row["estimated_peak_bytes"] - peak) / peak
-    measured = [p for p in peaks if p]
-    errors = [abs(r["relative_error"]) for r in out["micro_batches"] if r["relative_error"] is not None]
-    out["max_measured_peak_bytes"] = max(measured) if measured else None
-    out["max_abs_relative_error"] = max(errors) if errors else None
-
-
-def _sampled_report(rspec, ds, device, trainer, model, optimizer, measure: bool) -> dict:
-    """GraphSAGE/GAT: the first sampled batch, split as the first epoch would be."""
-    from betty.memory import MemoryMeter, default_backend, estimate_pieces
+def _sampled_pieces(rspec, ds, device, trainer, model, optimizer):
+    """GraphSAGE/GAT/GCN: the first sampled batch, split as the first epoch would be:
+    ``(figures, per-piece estimates, measure)``; ``measure(meter)`` trains one step (the
+    optimizer's steady state), then measures every micro-batch once."""
+    from betty.memory import estimate_pieces
     from betty.models.dropout import dropout_key
     from betty.train import accumulate_gradients, train_step
 
@@ -50,34 +35,26 @@ def _sampled_report(rspec, ds, device, trainer, model, optimizer, measure: bool)
 
     batch = trainer.sample(0, 0)
     result, _, _ = trainer.partition(batch, 0, 0)
-    dtype, backend = torch_dtype(rspec), default_backend(device)
     # the Trainer's own memory-model keywords: its precision, features and targets
-    estimates = estimate_pieces(batch, result.groups, result.k, model, optimizer,
-                                **trainer.memory_kwargs)
-    plan = trainer.plan
-    out = {"method": result.method, "k": result.k, "backend": backend,
-           "num_outputs": batch.num_outputs, "memory_budget_bytes": plan.memory_budget,
-           "safety_margin": plan.safety_margin,
-           "max_estimated_peak_bytes": max(int(e.peak) for e in estimates),
-           "micro_batches": _rows(estimates)}
-    if measure:
-        meter = MemoryMeter(device)
-        meter.track(model, optimizer)
+    estimates = estimate_pieces(batch, result.groups, result.k, model, optimizer, **trainer.memory_kwargs)
+
+    def measure(meter) -> list[int | None]:
         common = dict(k=result.k, device=device, dropout_key=dropout_key(rspec.spec.train.seed, 0),
-                      multilabel=ds.multilabel, dtype=dtype, precision=trainer.precision)
+                      multilabel=ds.multilabel, dtype=torch_dtype(rspec), precision=trainer.precision)
         train_step(model, optimizer, batch, result.groups, ds.feat, ds.label, **common)  # Adam state
         optimizer.zero_grad(set_to_none=True)
         step = accumulate_gradients(model, batch, result.groups, ds.feat, ds.label, meter=meter, **common)
-        _add_measurements(out, [r.peak_bytes for r in step.micro])
         model.zero_grad(set_to_none=True)
-    return out
+        return [r.peak_bytes for r in step.micro]
+
+    return {"method": result.method, "k": result.k, "num_outputs": batch.num_outputs}, estimates, measure
 
 
-def _reversible_report(rspec, ds, device, trainer, model, optimizer, measure: bool) -> dict:
-    """RevGNN: the first epoch's K cluster parts (each a whole induced subgraph)."""
-    from betty.memory import MemoryMeter
-    from betty.rev.memory import estimate_rev_parts
+def _reversible_pieces(rspec, ds, device, trainer, model, optimizer):
+    """RevGNN: the first epoch's K cluster parts (each a whole induced subgraph), as
+    :func:`_sampled_pieces`."""
     from betty.rev.engine import supports_estimate, train_step_parts
+    from betty.rev.memory import estimate_rev_parts
 
     if not supports_estimate(model):
         raise ValueError("the memory model does not cover this reversible variant "
@@ -85,21 +62,45 @@ def _reversible_report(rspec, ds, device, trainer, model, optimizer, measure: bo
     parts, _, _ = trainer.split(0)
     estimates = estimate_rev_parts(parts, model, train_mask=trainer.train_mask,
                                    optimizer=optimizer, **trainer.memory_kwargs)
-    plan = trainer.plan
-    out = {"method": plan.method, "k": len(parts), "backend": trainer.memory_kwargs["backend"],
-           "num_nodes_per_part": [int(p.node_ids.numel()) for p in parts],
-           "memory_budget_bytes": plan.memory_budget, "safety_margin": plan.safety_margin,
-           "max_estimated_peak_bytes": max(int(e.peak) for e in estimates),
-           "micro_batches": _rows(estimates)}
-    if measure:
-        meter = MemoryMeter(device)
-        meter.track(model, optimizer)
+
+    def measure(meter) -> list[int | None]:
         common = dict(multilabel=ds.multilabel, device=device, dtype=trainer.dtype,
                       mask_factory=trainer.mask_factory(0))
         train_step_parts(model, optimizer, parts, ds.feat, ds.label, trainer.train_mask, **common)
         step = train_step_parts(model, optimizer, parts, ds.feat, ds.label, trainer.train_mask,
                                 meter=meter, **common)
-        _add_measurements(out, [r.peak_bytes for r in step.parts])
+        return [r.peak_bytes for r in step.parts]
+
+    figures = {"method": trainer.plan.method, "k": len(parts),
+               "num_nodes_per_part": [int(p.node_ids.numel()) for p in parts]}
+    return figures, estimates, measure
+
+
+def _report(rspec, ds, device, trainer, model, optimizer, measure: bool) -> dict:
+    """Every piece's estimated peak by component and, with ``measure``, its measured
+    peak and relative error (pieces that did not run: ``None``)."""
+    from betty.memory import MemoryMeter
+
+    from workflow.components import uses_revgnn
+
+    pieces = _reversible_pieces if uses_revgnn(rspec) else _sampled_pieces
+    figures, estimates, measured = pieces(rspec, ds, device, trainer, model, optimizer)
+    rows = [{"index": i, "estimated_peak_bytes": int(e.peak),
+             "components": {c: int(b) for c, b in e.breakdown.items()}} for i, e in enumerate(estimates)]
+    out = {"method": figures.pop("method"), "k": figures.pop("k"), "backend": trainer.memory_kwargs["backend"],
+           **figures, "memory_budget_bytes": trainer.plan.memory_budget,
+           "safety_margin": trainer.plan.safety_margin,
+           "max_estimated_peak_bytes": max(row["estimated_peak_bytes"] for row in rows), "micro_batches": rows}
+    if measure:
+        meter = MemoryMeter(device)
+        meter.track(model, optimizer)
+        peaks = measured(meter)
+        for row, peak in zip(rows, peaks):
+            row["measured_peak_bytes"] = peak
+            row["relative_error"] = None if not peak else (row["estimated_peak_bytes"] - peak) / peak
+        errors = [abs(r["relative_error"]) for r in rows if r["relative_error"] is not None]
+        out["max_measured_peak_bytes"] = max((p for p in peaks if p), default=None)
+        out["max_abs_relative_error"] = max(errors, default=None)
     return out
 
 
@@ -115,7 +116,7 @@ def estimate(spec: SpecArg,
     optimizer's steady state, then measure every micro-batch once with the memory meter.
     Prints a summary (budget, the Ks tried, the chosen K, the largest piece); --pieces adds
     one line per piece, --json gives everything."""
-    from workflow.components import load_data, make_trainer, resolve_device, uses_revgnn
+    from workflow.components import load_data, make_trainer, resolve_device
 
     overrides = list(set_ or [])
     k_value = _parse_k(k)
@@ -126,12 +127,9 @@ def estimate(spec: SpecArg,
     device = resolve_device(rspec.spec.train.device)
     searches = []
     trainer, model, optimizer = make_trainer(rspec, ds, device, on_search=searches.append)
-    report = _reversible_report if uses_revgnn(rspec) else _sampled_report
-    out = {"spec": rspec.name, **report(rspec, ds, device, trainer, model, optimizer, measure)}
+    out = {"spec": rspec.name, **_report(rspec, ds, device, trainer, model, optimizer, measure)}
     if searches:
-        result = searches[-1]
-        tried = result.to_dict().get("tried") if hasattr(result, "to_dict") else getattr(result, "tried", None)
-        out["k_tried"] = tried
+        out["k_tried"] = searches[-1].to_dict()["tried"]
     if json_:
         emit_json(out)
         return

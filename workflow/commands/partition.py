@@ -7,11 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, load
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit_fields, load
 from workflow.progress import format_number
-
-REPORT_KEYS = ("method", "k", "redundancy", "redundancy_per_layer", "imbalance", "time_build_s",
-               "time_partition_s", "time_block_s")
 
 
 @cli_errors
@@ -25,9 +22,11 @@ def partition(spec: SpecArg,
     micro-batch blocks. For model.arch revgnn: split the graph into K induced
     subgraphs as the first epoch would and report part sizes, the share of edges kept
     and the estimated peak memory of the largest part (--save writes DIR/parts.npz)."""
-    from workflow.artifacts import save_batch
+    import numpy as np
+
+    from betty.batchfile import save_batch
     from workflow.components import load_data, make_trainer, resolve_device, uses_revgnn
-    from workflow.stages.partition import measure_split
+    from workflow.stages.partition import batch_split, cluster_split
 
     overrides = list(set_ or [])
     if method:
@@ -35,59 +34,17 @@ def partition(spec: SpecArg,
     if k is not None:
         overrides.append(f"partition.k={k}")
     rspec = load(spec, overrides)
-    ds = load_data(rspec)
-    trainer, _, _ = make_trainer(rspec, ds, resolve_device(rspec.spec.train.device))
-    if uses_revgnn(rspec):
-        out = _cluster_report(trainer, save)
-        if json_:
-            emit_json(out)
-            return
-        for key, value in out.items():
-            typer.echo(f"{key:>22}: {format_number(value)}")
-        return
-    batch = trainer.sample(0, 0)
-    report, result, _ = measure_split(trainer, batch)
-    out = {key: report[key] for key in REPORT_KEYS}
-    if result.info.get("fallback_from"):  # e.g. hypergraph hit partition.time_limit_s
-        out["fallback_from"] = result.info["fallback_from"]
-        out["fallback_reason"] = result.info["fallback_reason"]
-    if report["time_ksearch_s"] is not None:
-        out["time_ksearch_s"] = report["time_ksearch_s"]
-    if report["estimated_bytes"]:
-        out["peak_mem_estimated_bytes"] = max(report["estimated_bytes"])
-    if save is not None:
-        out["saved"] = str(save_batch(Path(save) / "batch.npz", batch, result.groups))
-    if json_:
-        emit_json(out)
-        return
-    for key, value in out.items():
-        typer.echo(f"{key:>22}: {format_number(value)}")
-
-
-CLUSTER_KEYS = ("method", "k", "part_nodes", "part_edges", "part_train", "edges_kept_fraction",
-                "edges_dropped_fraction", "imbalance", "time_partition_s", "time_estimate_s")
-
-
-def _cluster_report(trainer, save: Optional[Path]) -> dict:
-    """The revgnn split of the first epoch (``workflow.revgnn.measure_cluster_split``)."""
-    import numpy as np
-
-    from workflow.revgnn import measure_cluster_split
-
-    report, parts = measure_cluster_split(trainer)
-    out = {key: report[key] for key in CLUSTER_KEYS}
-    if report["time_ksearch_s"] is not None:
-        out["time_ksearch_s"] = report["time_ksearch_s"]
-    if report["estimated_bytes"]:
-        out["peak_mem_estimated_bytes"] = max(report["estimated_bytes"])
-    if save is not None:
-        labels = np.empty(trainer.dataset.num_nodes, dtype=np.int64)
-        for i, part in enumerate(parts):
-            labels[part.node_ids.cpu().numpy()] = i
+    trainer, _, _ = make_trainer(rspec, load_data(rspec), resolve_device(rspec.spec.train.device))
+    batch = None if uses_revgnn(rspec) else trainer.sample(0, 0)
+    split = cluster_split(trainer) if batch is None else batch_split(trainer, batch)
+    out = dict(split.report)
+    if save is not None and batch is not None:
+        out["saved"] = str(save_batch(Path(save) / "batch.npz", batch, split.arrays["groups"]))
+    elif save is not None:
         Path(save).mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(Path(save) / "parts.npz", part=labels)
+        np.savez_compressed(Path(save) / "parts.npz", **split.arrays)
         out["saved"] = str(Path(save) / "parts.npz")
-    return out
+    emit_fields(out, json_, width=22, show=format_number)
 
 
 def register(app: typer.Typer) -> None:

@@ -33,7 +33,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
 
     rspec = load(spec, [*(set_ or []), *distributed_overrides(nproc, nnodes, node_rank, rdzv_endpoint)])
     if nnodes > 1 and node_rank > 0:
-        from workflow.distributed import train_distributed
+        from workflow.training import train_distributed
 
         train_distributed(rspec)  # this machine's ranks; node 0 holds the runs
         return

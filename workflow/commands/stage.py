@@ -12,21 +12,17 @@ from workflow.specfile import STAGES
 
 def _auto_upstream(rspec, stage: str, upstream: dict[str, str], exp: str) -> dict[str, str]:
     """For ``evaluate`` without ``--upstream train=...``: the newest FINISHED train run
-    of this spec content and code version in the active experiment."""
+    of this spec content and code version in the active experiment
+    (:func:`workflow.reuse.find_reusable` without the train run's own upstream)."""
     if stage != "evaluate" or "train" in upstream:
         return upstream
-    from mlflow.tracking import MlflowClient
-
     from workflow.components import resolve_device
-    from workflow.provenance import code_version
+    from workflow.reuse import find_reusable, stage_key
 
-    device = str(resolve_device(rspec.spec.train.device))
-    sha = rspec.stage_sha("train", {"device": device})
-    runs = MlflowClient().search_runs(
-        [exp], f"tags.stage = 'train' and tags.run_kind = 'stage' and tags.stage_sha = '{sha}' and "
-               f"tags.code_version = '{code_version()}' and attributes.status = 'FINISHED'",
-        max_results=1, order_by=["attributes.start_time DESC"])
-    return {**upstream, "train": runs[0].info.run_id} if runs else upstream
+    key = stage_key(rspec, "train", None, str(resolve_device(rspec.spec.train.device)))
+    del key["upstream_run_id"]  # any partition run of this content
+    run_id = find_reusable(exp, key)
+    return {**upstream, "train": run_id} if run_id else upstream
 
 
 @cli_errors

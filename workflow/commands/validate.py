@@ -1,4 +1,10 @@
-"""``betty validate SPEC...``: check specs without running anything."""
+"""``betty validate SPEC...``: check specs without running anything.
+
+Beyond the schema it asks whether the spec can run *here*: are the dataset's files
+under ``dataset.root`` (the loader's own check, nothing loaded), and does this machine
+have ``train.device`` (``cuda`` without CUDA)? Those are warnings (exit 0), or errors
+with ``--strict`` (exit 2).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,28 @@ import typer
 from workflow.commands._common import JsonOpt, SetOpt, cli_errors, emit_json
 
 
+def environment_problems(rspec) -> list[str]:
+    """Why ``rspec`` cannot run on this machine: its dataset's files are missing
+    (:func:`betty.data.check_available`), or ``train.device`` is not here (``auto`` and
+    ``cpu`` always are: torch is imported only to ask about another device)."""
+    from betty.data import DatasetNotFoundError, check_available
+
+    problems = []
+    ds = rspec.spec.dataset
+    try:
+        check_available(ds.name, ds.root, **rspec.dataset_options)
+    except DatasetNotFoundError as err:
+        problems.append(f"data files missing: {err}")
+    if rspec.spec.train.device not in ("auto", "cpu"):
+        from workflow.components import resolve_device
+
+        try:
+            resolve_device(rspec.spec.train.device)
+        except RuntimeError as err:
+            problems.append(str(err))
+    return problems
+
+
 @cli_errors
 def validate(specs: Annotated[List[str], typer.Argument(metavar="SPEC", help="Specs: paths, file names in specs/ or stems.")],
              set_: SetOpt = None, json_: JsonOpt = False,
@@ -16,7 +44,6 @@ def validate(specs: Annotated[List[str], typer.Argument(metavar="SPEC", help="Sp
     """Validate specs (and overrides); exit code 2 if any is invalid. Also warns when a
     spec cannot run on this machine (data files missing, train.device unavailable);
     --strict makes those errors."""
-    from workflow.preflight_checks import environment_problems
     from workflow.spec import SpecError, spec_notes
     from workflow.specfile import load_spec
 

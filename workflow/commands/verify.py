@@ -90,7 +90,7 @@ def verify(spec: SpecArg,
 
 
 def _verify_ranks(rspec, ks: list[int], nproc: int, json_: bool, tol: float | None) -> None:
-    from workflow.distributed import verify_distributed
+    from workflow.training import verify_distributed
 
     result = verify_distributed(rspec, ks, nproc, tol=tol)
     if json_:

@@ -11,14 +11,9 @@ from workflow.specfile import STAGES
 
 __all__ = ["STAGES", "UPSTREAM", "stage_function"]
 
-UPSTREAM: dict[str, str | None] = {
-    "download": None,
-    "sample": "download",
-    "partition": "sample",
-    "train": "partition",
-    "evaluate": "train",
-}
-"""The stage whose run a stage's reuse key depends on (its direct upstream)."""
+UPSTREAM: dict[str, str | None] = dict(zip(STAGES, (None, *STAGES[:-1])))
+"""The stage whose run a stage's reuse key depends on: the one before it (``download``:
+none)."""
 
 
 def stage_function(name: str) -> Callable:

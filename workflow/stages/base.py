@@ -14,11 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mlflow
 import torch
 
-from workflow.artifacts import write_csv, write_json
-from workflow.checksums import fetch, log_artifact
+from workflow.checksums import fetch
 from workflow.components import load_data, resolve_device
 from workflow.progress import Reporter
 from workflow.specfile import ResolvedSpec
@@ -142,14 +140,3 @@ def sweep_grid(methods: Sequence[str], ks: Sequence[int], measure: Callable[[str
             if reporter:
                 reporter.note(f"sweep: {method} {skipped[method]}")
     return rows, skipped
-
-
-def log_sweep_artifacts(ctx: StageContext, table: list[dict], skipped: dict[str, str],
-                        columns) -> None:
-    """Log a partition stage's method x K comparison: ``partition_sweep.csv`` (``columns``),
-    ``partition_sweep.json`` (``{"rows", "skipped"}``) and, when a method was cut short,
-    the ``sweep_skipped`` tag (``method: reason; ...``, at most 500 characters)."""
-    log_artifact(write_csv(ctx.workdir / "partition_sweep.csv", table, columns))
-    log_artifact(write_json(ctx.workdir / "partition_sweep.json", {"rows": table, "skipped": skipped}))
-    if skipped:
-        mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])

@@ -2,16 +2,21 @@
 
 Logs ``time_sample_s``, ``num_outputs``, ``num_inputs`` and per layer ``l`` (0 = input
 layer) ``block{l}_num_src``, ``block{l}_num_dst``, ``block{l}_num_edges``; saves the batch
-as ``batch.npz`` (format: :mod:`workflow.artifacts`). ``revgnn`` samples nothing
-(:func:`workflow.revgnn.sample_stage`).
+as ``batch.npz`` (format: :mod:`workflow.artifacts`).
+
+``revgnn`` samples nothing (every step runs on the whole graph or on K cluster parts):
+it logs the "batch" every step covers (``num_outputs`` = training nodes, ``num_inputs``
+= every node), the tag ``sampling = none (revgnn)`` and a note; ignored
+``sampling.fanouts`` are noted and tagged (``spec_notes``).
 """
 
 from __future__ import annotations
 
 import time
 
+import mlflow
 
-from workflow.artifacts import save_batch
+from betty.batchfile import save_batch
 from workflow.checksums import log_artifact
 from workflow.components import first_batch, uses_revgnn
 from workflow.runs import log_metrics
@@ -30,11 +35,27 @@ def block_sizes(batch) -> dict[str, int]:
     return out
 
 
+def _nothing_to_sample(ctx: StageContext) -> dict[str, float]:
+    """The ``sample`` stage for ``revgnn`` (see the module docstring)."""
+    from workflow.spec import spec_notes
+
+    ds = ctx.dataset()
+    mlflow.set_tag("sampling", "none (revgnn)")
+    notes = spec_notes(ctx.rspec.spec)
+    if notes:
+        mlflow.set_tag("spec_notes", "; ".join(notes)[:500])
+    metrics = {"num_outputs": int(ds.train_idx.numel()), "num_inputs": ds.num_nodes}
+    log_metrics(metrics)
+    ctx.reporter.note("revgnn samples nothing: every step runs on the whole graph or on "
+                      "partition.k cluster parts (see the partition stage)")
+    for note in notes:
+        ctx.reporter.note(note)
+    return metrics
+
+
 def run(ctx: StageContext) -> dict[str, float]:
     if uses_revgnn(ctx.rspec):
-        from workflow.revgnn import sample_stage
-
-        return sample_stage(ctx)
+        return _nothing_to_sample(ctx)
     ds = ctx.dataset()
     start = time.perf_counter()
     batch = first_batch(ctx.rspec, ds)

@@ -51,86 +51,55 @@ import statistics
 import mlflow
 import torch
 
-from workflow.artifacts import ksearch_records, write_csv, write_json
+from workflow.artifacts import write_csv, write_json
 from workflow.checksums import log_artifact
-from workflow.components import make_selector, make_trainer, record_type
-from workflow.evaluation import evaluate_model, metric_suffix
+from workflow.components import build_model
 from workflow.plots import curves_figure, memory_figure
 from workflow.runs import active_run_id, log_metrics, tracked_run
 from workflow.stages.base import StageContext
 from workflow.tracking import MODEL_NAME, dataset_input, log_dataset_input, log_pytorch_model
+from workflow.training import train_distributed, train_epochs
 
 __all__ = ["run", "train_once", "summarize_repeats"]
 
+PROGRESS_KEYS = ("loss", "train_acc", "valid_acc", "valid_rocauc")
+
+
 def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
-    """Train one model in the active run; returns the last epoch's metrics (plus the
-    maximum measured/estimated peak memory over epochs)."""
-    from betty.memory.meter import MemoryMeter
-
+    """Train one model in the active run (:func:`workflow.training.train_epochs`; on
+    ``train.world_size`` ranks through :func:`workflow.training.train_distributed`);
+    returns the last epoch's metrics (plus the maximum measured/estimated peak memory
+    over epochs)."""
     spec = ctx.rspec.spec
-    if spec.train.world_size > 1:
-        return _train_once_distributed(ctx, repeat)
-    ds = ctx.dataset()
-    device = ctx.device
-    meter = MemoryMeter(device) if spec.train.measure_memory else None
-    searches: list = []
-    trainer, model, optimizer = make_trainer(ctx.rspec, ds, device, repeat=repeat, meter=meter,
-                                             on_search=searches.append)
-    if meter is not None:
-        meter.track(model, optimizer)
-
-    every = spec.evaluate.every
-    selector = make_selector(ctx.rspec)
-    score_key = f"valid_{metric_suffix(ds)}"
-    label = "epochs" if spec.train.repeats == 1 else f"epochs (repeat {repeat})"
-    advance = ctx.reporter.steps(label, spec.train.epochs)
-    history, rows = [], []
+    label = "epochs" + (f" ({spec.train.world_size} ranks)" if spec.train.world_size > 1 else "")
+    advance = ctx.reporter.steps(label + (f" (repeat {repeat})" if spec.train.repeats > 1 else ""),
+                                 spec.train.epochs)
     dataset = dataset_input(ctx.rspec)
-    for epoch, record in enumerate(trainer.epochs(range(spec.train.epochs))):
-        metrics = record.metrics()
-        if every and (epoch + 1) % every == 0:
-            metrics.update(evaluate_model(model, ds, ctx.rspec, device, splits=("valid",),
-                                          train_k=record.k))
-            if score_key in metrics:
-                selector.update(epoch, metrics[score_key], model)
-        stop = selector.should_stop()
-        if epoch + 1 < spec.train.epochs and not stop:  # the last epoch's: after the model (_log_outputs)
-            log_metrics(metrics, step=epoch, dataset=dataset)
-        history.append({"epoch": epoch, **metrics})
-        rows.extend({"repeat": repeat, **row} for row in record.rows())
-        advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc", "valid_rocauc") if k in metrics})
-        if stop:
-            break
 
-    selector.apply(model)
-    return _log_outputs(ctx, repeat, model, history, rows, searches, selector.metrics(score_key))
-
-
-def _train_once_distributed(ctx: StageContext, repeat: int) -> dict[str, float]:
-    """:func:`train_once` on ``train.world_size`` ranks (:mod:`workflow.distributed`)."""
-    from workflow.distributed import train_distributed
-
-    out = train_distributed(ctx.rspec, repeat, dataset=ctx.dataset())
-    advance = ctx.reporter.steps(f"epochs ({ctx.rspec.spec.train.world_size} ranks)", len(out["history"]))
-    dataset = dataset_input(ctx.rspec)
-    for i, entry in enumerate(out["history"]):
+    def on_epoch(entry: dict, last: bool) -> None:
         metrics = {k: v for k, v in entry.items() if k != "epoch"}
-        if i + 1 < len(out["history"]):  # the last epoch's: after the model (_log_outputs)
+        if not last:  # the last epoch's: after the model (_log_outputs)
             log_metrics(metrics, step=entry["epoch"], dataset=dataset)
-        advance(1, **{k: metrics[k] for k in ("loss", "train_acc", "valid_acc") if k in metrics})
-    from workflow.components import build_model
+        advance(1, **{k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
 
-    model = build_model(ctx.rspec, ctx.dataset(), seed=ctx.rspec.spec.train.seed + repeat)
-    model.load_state_dict(out["state"])  # rank 0's trained parameters (identical on every rank)
-    return _log_outputs(ctx, repeat, model, out["history"], out["rows"], out["searches"], out["selection"])
+    if spec.train.world_size > 1:
+        out = train_distributed(ctx.rspec, repeat, dataset=ctx.dataset())
+        for entry in out["history"]:  # rank 0's, logged once the ranks are done
+            on_epoch(entry, entry is out["history"][-1])
+        model = build_model(ctx.rspec, ctx.dataset(), seed=spec.train.seed + repeat)
+        model.load_state_dict(out.pop("state"))  # rank 0's selected weights (identical on every rank)
+    else:
+        out = train_epochs(ctx.rspec, ctx.dataset(), ctx.device, repeat, on_epoch=on_epoch)
+        model = out.pop("model")
+    return _log_outputs(ctx, repeat, model, **out)
 
 
-def _log_outputs(ctx: StageContext, repeat: int, model, history: list[dict], rows: list[dict],
-                 searches: list, selection: dict[str, float] | None = None) -> dict[str, float]:
-    """Log ``model.pt`` (the selected weights), the memory table, K searches and
-    figures; return the final metrics (the last epoch's, plus ``selection``: the
-    tracker's ``best_valid_acc``, ``best_epoch``, ``stopped_epoch``)."""
-    record = record_type(ctx.rspec)
+def _log_outputs(ctx: StageContext, repeat: int, model, *, history: list[dict], rows: list[dict],
+                 searches: list, selection: dict[str, float], record: type) -> dict[str, float]:
+    """Log ``model.pt`` (the selected weights), the memory table of ``record`` (the
+    epoch record type: :attr:`betty.engine.EpochRecord.ROWS_TABLE` and friends), K
+    searches and figures; return the final metrics (the last epoch's, plus
+    ``selection``: the tracker's ``best_valid_acc``, ``best_epoch``, ``stopped_epoch``)."""
     folder = ctx.workdir / f"repeat-{repeat}"
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, folder / "model.pt")
@@ -141,7 +110,7 @@ def _log_outputs(ctx: StageContext, repeat: int, model, history: list[dict], row
         columns = (*columns, "rank")
     log_artifact(write_csv(folder / f"{table}.csv", rows, columns))
     if searches:
-        log_artifact(write_json(folder / "ksearch.json", ksearch_records(searches)))
+        log_artifact(write_json(folder / "ksearch.json", [r.to_dict() for r in searches]))
     _log_figures(ctx, history, rows, record)
 
     final = {k: v for k, v in history[-1].items() if k != "epoch"}
