@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 from betty.batch import LayerEdges, layer_to_block
-from betty.graph import as_graph
-from betty.sampling import sample_full_batch
+from betty.sampling import sample_full_batch, sampler_graph
 
 __all__ = ["in_edge_block", "layerwise_inference", "sampled_inference", "evaluate_predictions"]
 
@@ -38,14 +37,14 @@ def layerwise_inference(model, graph, feat: torch.Tensor, *, device="cpu",
 
     Args:
         model: a :class:`betty.models.BlockGNN` with ``widths`` (its layer widths).
-        graph: the whole graph.
-        feat: ``(N, F)`` host features.
+        graph: the whole graph (or a :class:`~betty.sampling.NeighbourSource`).
+        feat: ``(N, F)`` host features (or rows read by node ID, ``feat[ids]``).
         device: where each chunk runs.
         chunk_size: destination nodes per chunk.
         dtype: compute dtype (default: the features').
         progress: optional callable ``(layer, done, total)`` for progress displays.
     """
-    graph = as_graph(graph)  # once: its CSR serves every chunk
+    graph = sampler_graph(graph)  # once: a Graph's CSR then serves every chunk
     was_training = model.training
     model.eval()
     n = graph.num_nodes()
@@ -81,7 +80,7 @@ def sampled_inference(model, graph, feat: torch.Tensor, nodes: torch.Tensor, fan
     inference on huge graphs; stochastic, seeded)."""
     from betty.microbatch import carve
 
-    graph = as_graph(graph)  # once: its CSR serves every chunk
+    graph = sampler_graph(graph)  # once: a Graph's CSR then serves every chunk
     was_training = model.training
     model.eval()
     nodes = torch.as_tensor(nodes, dtype=torch.int64)

@@ -49,6 +49,7 @@ __all__ = [
     "sample_neighbors_torch",
     "sample_rows",
     "NeighbourSource",
+    "sampler_graph",
     "uniform_subsets",
     "uniform_subsets_torch",
 ]
@@ -250,6 +251,12 @@ class NeighbourSource(Protocol):
         """``(n,)`` out-degrees of ``nodes`` in the whole graph."""
 
 
+def sampler_graph(graph) -> "Graph | NeighbourSource":
+    """What :func:`sample_full_batch` reads ``graph`` as: a :class:`NeighbourSource` as
+    it is, anything else as a :class:`~betty.graph.Graph` (:func:`betty.graph.as_graph`)."""
+    return graph if hasattr(graph, "sample_in_edges") else as_graph(graph)
+
+
 class _LocalCSR:
     """:class:`NeighbourSource` of a local :class:`~betty.graph.Graph`: its in-CSR on
     the host (NumPy index work) or on a torch device (torch ops, the CSR copied there
@@ -332,12 +339,11 @@ def sample_full_batch(
     outputs = torch.as_tensor(outputs, dtype=torch.int64).to(on)
     if outputs.numel() == 0:
         raise ValueError("a batch needs at least one output node")
-    if hasattr(graph, "sample_in_edges"):
-        if device is not None:
-            raise ValueError("a NeighbourSource is sampled on the host: pass device=None")
-        source = graph
-    else:
-        source = _LocalCSR(as_graph(graph), None if device is None else on)
+    source = sampler_graph(graph)
+    if isinstance(source, Graph):
+        source = _LocalCSR(source, None if device is None else on)
+    elif device is not None:
+        raise ValueError("a NeighbourSource is sampled on the host: pass device=None")
     n = source.num_nodes()
     if int(outputs.min()) < 0 or int(outputs.max()) >= n:
         raise ValueError(f"output node IDs must lie in [0, {n})")

@@ -87,15 +87,18 @@ def rank_all_cases(cases=None, shared=None, prefetch: int = 0) -> dict[str, dict
     return out
 
 
-def rank_distdgl_cases(folder: str, cases) -> dict[str, dict[str, torch.Tensor]]:
+def rank_distdgl_cases(folder: str, cases, pipelined=()) -> dict[str, dict[str, torch.Tensor]]:
     """On one DistDGL trainer: join the graph servers of the partitioning at ``folder``
     and train every case of ``cases`` with a :class:`betty.distributed.DataParallel` on
-    the partitioned dataset, then leave the servers."""
+    the partitioned dataset, and those of ``pipelined`` with ``prefetch=1`` too (named
+    ``<case>-pipelined``), then leave the servers."""
     from betty.backends.distdgl import connect, read_layout
     from betty.distributed import DataParallel
 
     ds = connect(read_layout(folder))
     out = {case_name(*case): train_case(ds, *case, parallel=DataParallel()) for case in cases}
+    for case in pipelined:
+        out[case_name(*case) + "-pipelined"] = train_case(ds, *case, parallel=DataParallel(), prefetch=1)
     ds.close()
     return out
 

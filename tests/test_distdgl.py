@@ -26,6 +26,7 @@ from distributed_cases import (case_name, dataset, rank_distdgl_cases, rank_fail
                                rank_join_and_wait, train_case)
 
 CASES = [("sage", "mean", 3), ("sage", "lstm", 3), ("gat", None, 4)]
+PIPELINED = [("sage", "mean", 3)]  # sampling on the preparation thread while the step reads features
 RELATIVE_TOLERANCE = 1e-10
 
 
@@ -113,21 +114,24 @@ def test_connect_outside_a_distdgl_trainer_says_how_to_start_one(layout, monkeyp
 def test_two_servers_and_two_trainers_train_as_one_process(tmp_path, layout):
     """The update of each data-parallel trainer on the partitioned graph equals the
     update of one process with the whole graph (3 steps, float64, dropout 0.5): the same
-    samples, pieces and gradients."""
+    samples, pieces and gradients; pipelined too (the preparation thread and the step
+    both ask the servers)."""
     shm_before = set(os.listdir("/dev/shm"))
     ip_config = _ip_config(tmp_path)
-    results = launch(rank_distdgl_cases, (str(layout.folder), CASES), layout=layout, ip_config=ip_config,
-                     nproc=2, machines=[0, 1], log_dir=tmp_path / "logs")
+    results = launch(rank_distdgl_cases, (str(layout.folder), CASES, PIPELINED), layout=layout,
+                     ip_config=ip_config, nproc=2, machines=[0, 1], log_dir=tmp_path / "logs")
     assert sorted(results) == [0, 1]
-    for case in CASES:
+    named = [(case, case_name(*case)) for case in CASES] + \
+            [(case, case_name(*case) + "-pipelined") for case in PIPELINED]
+    for case, run in named:
         ref = train_case(dataset(), *case)
         for rank, states in results.items():
-            got = states[case_name(*case)]
+            got = states[run]
             # the step's loss is summed over the ranks: the same terms, another order
             assert torch.allclose(got["_losses"], ref["_losses"], rtol=RELATIVE_TOLERANCE, atol=0), (case, rank)
             for name, want in ref.items():
                 err = float((got[name] - want).norm() / want.norm().clamp_min(1e-300))
-                assert err <= RELATIVE_TOLERANCE, (case, rank, name, err)
+                assert err <= RELATIVE_TOLERANCE, (run, rank, name, err)
     assert not _our_processes(str(ip_config))
     assert not _our_shared_memory(shm_before)
     for machine in (0, 1):

@@ -427,6 +427,8 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     whatever ``n``. The chunks are spread over the
     preparation threads (:func:`betty.workers.parallel_map`), each reading its own
     stretch of the file; with one thread one chunk's gather is in flight at a time.
+    A ``table`` that is not a tensor (rows read by ID from a graph store,
+    :class:`betty.backends.distdgl.store.DistRows`) is read with ``table[ids]``.
     Shapes: ``table (N, ...)``, ``ids (n,)`` integer; returns ``(n, ...)`` in ``table``'s
     dtype, equal to ``table[ids]`` bit for bit; in pinned (page-locked) host memory with
     ``pin`` (needs CUDA), for a ``non_blocking`` copy to the device. ``out``: a buffer
@@ -435,6 +437,9 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     buffer with room for ``n + n // 8`` rows (pinned as ``out`` is), so that a buffer
     kept for the next batch's rows, which vary a little, is seldom outgrown."""
     ids = torch.as_tensor(ids, dtype=torch.int64)
+    if not isinstance(table, torch.Tensor):  # rows read by ID from elsewhere (a graph store)
+        rows = table[ids]
+        return rows.pin_memory() if pin else rows
     shape = (ids.numel(), *table.shape[1:])
     if out is None:
         out = torch.empty(shape, dtype=table.dtype, pin_memory=pin)

@@ -19,12 +19,18 @@ all-reduce are betty's, unchanged, so the update equals the single-process updat
 
 What a trainer holds: the two node maps (memory-mapped, 8 bytes per node each) and the
 split; per batch, the fetched in-neighbourhoods of one layer's frontier at a time.
+
+DistDGL's client sends a request and then takes the next response off one queue, so
+two threads of a process must not ask at once (a pipelined Trainer samples on its
+preparation thread while the step reads features): every request here holds
+:data:`REQUESTS`, one lock per process.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import threading
 
 import numpy as np
 import torch
@@ -32,7 +38,10 @@ import torch
 from betty.backends.distdgl.partition import GRAPH_NAME, PartitionLayout
 from betty.sampling import sample_rows
 
-__all__ = ["connect", "DistributedDataset", "DistNeighbours", "DistRows"]
+__all__ = ["connect", "DistributedDataset", "DistNeighbours", "DistRows", "REQUESTS"]
+
+#: held by every request to the servers (see the module docstring)
+REQUESTS = threading.Lock()
 
 
 def _new_ids(new_of_orig: np.ndarray, nodes: torch.Tensor) -> torch.Tensor:
@@ -54,8 +63,9 @@ class DistRows:
         return len(self.shape)
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
-        ids = torch.as_tensor(ids, dtype=torch.int64)
-        return self._tensor[_new_ids(self._new_of_orig, ids)]
+        new = _new_ids(self._new_of_orig, torch.as_tensor(ids, dtype=torch.int64))
+        with REQUESTS:
+            return self._tensor[new]
 
 
 class DistNeighbours:
@@ -80,12 +90,13 @@ class DistNeighbours:
         import dgl
 
         new = np.take(self._new_of_orig, nodes.numpy())
-        frontier = dgl.distributed.sample_neighbors(self._graph, torch.from_numpy(new), -1)
+        with REQUESTS:
+            frontier = dgl.distributed.sample_neighbors(self._graph, torch.from_numpy(new), -1)
+            eid = self._eid[frontier.edata[dgl.EID]].numpy()
         u, v = (t.numpy() for t in frontier.edges())
         order = np.argsort(new, kind="stable")
         row = order[np.searchsorted(new, v, sorter=order)]
         src = np.take(self._orig_of_new, u)
-        eid = self._eid[frontier.edata[dgl.EID]].numpy()
         canonical = np.lexsort((eid, src, row))
         degree = np.bincount(row, minlength=new.size).astype(np.int64)
         return np.cumsum(degree) - degree, degree, src[canonical], eid[canonical]
@@ -99,7 +110,9 @@ class DistNeighbours:
     def out_degrees_of(self, nodes: torch.Tensor) -> torch.Tensor:
         if nodes.numel() == 0:
             return torch.zeros(0, dtype=torch.int64)
-        return self._graph.out_degrees(_new_ids(self._new_of_orig, nodes)).to(torch.int64)
+        new = _new_ids(self._new_of_orig, nodes)
+        with REQUESTS:
+            return self._graph.out_degrees(new).to(torch.int64)
 
 
 class DistributedDataset:
@@ -141,7 +154,8 @@ class DistributedDataset:
             import dgl
 
             self._open = False
-            dgl.distributed.exit_client()
+            with REQUESTS:
+                dgl.distributed.exit_client()
 
 
 def connect(layout: PartitionLayout) -> DistributedDataset:
