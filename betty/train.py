@@ -33,6 +33,7 @@ from betty.batch import MicroBatch, SampledBatch
 from betty.data.store import gather_rows
 from betty.microbatch import Carver, validate_groups
 from betty.precision import LossScaler, Precision, input_dtype
+from betty.streams import CopyStream, Staged
 from betty.workers import parallel_map
 
 __all__ = [
@@ -304,7 +305,11 @@ def largest_peak(records: Iterable) -> int | None:
 
 @dataclass
 class MicroBatchRecord:
-    """What happened in one micro-batch."""
+    """What happened in one micro-batch: its sizes and loss; ``time_block_s`` (carving
+    it and putting its blocks and IDs on the device), ``time_h2d_s`` (its features and
+    labels: gather, copy, cast); ``time_compute_s`` (its forward, backward and, for the
+    last one, the optimizer step: its region's wall without the copies made in it);
+    ``peak_bytes``: its measured peak."""
 
     index: int
     num_outputs: int
@@ -353,23 +358,27 @@ class StepResult:
         return largest_peak(self.micro)
 
 
-def _device_ids(model, mb: MicroBatch, device):
-    """Global node/edge IDs on the device, only when the model's dropout needs them."""
+def _device_ids(model, mb: MicroBatch, device, to: Callable | None = None):
+    """Global node/edge IDs on the device, only when the model's dropout needs them
+    (copied by ``to(tensor, copy)``, default :meth:`betty.streams.Staged.to`)."""
+    to = to or Staged(device).to
     src = eid = None
     if model.training and getattr(model, "needs_node_ids", True):
-        src = [layer.src_nid.to(device, copy=True) for layer in mb.layers]
+        src = [to(layer.src_nid, True) for layer in mb.layers]
     if model.training and getattr(model, "needs_edge_ids", True):
-        eid = [layer.edge_id.to(device, copy=True) for layer in mb.layers]
+        eid = [to(layer.edge_id, True) for layer in mb.layers]
     return src, eid
 
 
-def _to_device_blocks(mb: MicroBatch, device, model=None) -> list:
+def _to_device_blocks(mb: MicroBatch, device, model=None, to: Callable | None = None) -> list:
     """Blocks of ``model``'s backend (``auto`` without a model) on ``device``; index
-    tensors are always copied (counted per micro-batch)."""
+    tensors are always copied (counted per micro-batch), by ``to(tensor, copy)``
+    (default :meth:`betty.streams.Staged.to`)."""
     from betty.backends import backend_of
 
     return backend_of(model).make_blocks(mb.layers, device, copy=True,
-                                         degrees=getattr(model, "needs_degrees", False))
+                                         degrees=getattr(model, "needs_degrees", False),
+                                         to=to or Staged(device).to)
 
 
 def host_rows(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Tensor:
@@ -380,20 +389,58 @@ def host_rows(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Tensor:
     return gather_rows(feat, ids, pin=torch.device(device).type == "cuda")
 
 
-def _input_features(feat: torch.Tensor, mb: MicroBatch, device) -> torch.Tensor:
+def _input_features(feat: torch.Tensor, mb: MicroBatch, device, to: Callable | None = None) -> torch.Tensor:
     """``mb``'s input features on ``device``: the rows gathered ahead
     (``mb.input_features``, released from ``mb`` here) or else :func:`host_rows`, copied
-    there (``non_blocking`` for CUDA). Where ``feat`` and ``mb``'s IDs are on ``device``
-    (the CPU, or features kept on the device for preparation there), the gathered rows
-    are the device's own memory, which the memory model counts, so they are gathered in
-    one ``feat[ids]`` with no second copy."""
-    staged, mb.input_features = mb.input_features, None
+    there by ``to(tensor, copy)`` (default :meth:`betty.streams.Staged.to`:
+    ``non_blocking`` from pinned memory for CUDA). Where ``feat`` and ``mb``'s IDs are on
+    ``device`` (the CPU, or features kept on the device for preparation there), the
+    gathered rows are the device's own memory, which the memory model counts, so they
+    are gathered in one ``feat[ids]`` with no second copy."""
+    gathered, mb.input_features = mb.input_features, None
     device = torch.device(device)
+    to = to or Staged(device).to
     ids = mb.input_nid
-    if staged is None and feat.device == ids.device and same_device(feat.device, device):
-        return feat[ids]
-    rows = host_rows(feat, ids, device) if staged is None else staged
-    return rows.to(device, non_blocking=device.type == "cuda")
+    if gathered is None and feat.device == ids.device and same_device(feat.device, device):
+        return to(feat[ids])
+    return to(host_rows(feat, ids, device) if gathered is None else gathered)
+
+
+@dataclass
+class _DeviceInputs:
+    """One micro-batch's inputs on the device, as :func:`_stage_inputs` put them there:
+    its L ``blocks``, the global node and edge IDs its dropout keys on (``None`` where
+    the model needs none), the input features ``x`` ``(n_in, F)`` in the host matrix's
+    dtype (``None`` once the forward has taken them) and the labels ``y`` ``(n_out,)``
+    or ``(n_out, T)``; ``staged`` records every one of these device tensors until the
+    compute stream takes them (and the end of their copies on a side stream);
+    ``t_block`` and ``t_h2d``: seconds spent on the blocks and IDs, and on the features
+    and labels."""
+
+    blocks: list
+    src_nids: list | None
+    edge_ids: list | None
+    x: torch.Tensor
+    y: torch.Tensor
+    staged: Staged
+    t_block: float
+    t_h2d: float
+
+
+def _stage_inputs(stream: CopyStream, model, mb: MicroBatch, feat: torch.Tensor, label: torch.Tensor,
+                  device) -> _DeviceInputs:
+    """Copy everything ``mb``'s forward reads to ``device`` on ``stream``
+    (:meth:`betty.streams.CopyStream.staging`): the blocks, the IDs, the input features
+    (``mb``'s rows gathered ahead are released), the labels."""
+    start = time.perf_counter()
+    with stream.staging() as staged:
+        blocks = _to_device_blocks(mb, device, model, to=staged.to)
+        src_nids, edge_ids = _device_ids(model, mb, device, to=staged.to)
+        t_block = time.perf_counter() - start
+        x = _input_features(feat, mb, device, to=staged.to)
+        y = staged.to(label[mb.output_nid])
+    return _DeviceInputs(blocks, src_nids, edge_ids, x, y, staged, t_block,
+                         time.perf_counter() - start - t_block)
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -461,11 +508,21 @@ def carve_all(batch: SampledBatch, groups: torch.Tensor, k: int,
     return carved
 
 
-def _indexed(carved: Iterable[tuple[int, MicroBatch, float]]) -> Iterator[tuple[int, tuple[MicroBatch, float]]]:
-    """``(piece, (micro-batch, seconds))`` of each carved piece, holding none of them
-    while the next is carved."""
+@dataclass
+class _Piece:
+    """One carved micro-batch on its way through the step: ``mb``, the seconds it took
+    to carve (``t_carve``), its device ``inputs`` once copied (``None`` until then)."""
+
+    mb: MicroBatch
+    t_carve: float
+    inputs: _DeviceInputs | None = None
+
+
+def _pieces(carved: Iterable[tuple[int, MicroBatch, float]]) -> Iterator[tuple[int, _Piece]]:
+    """``(index, piece)`` of each carved piece in order, each carved when asked for,
+    none held while the next is carved."""
     for index, mb, seconds in carved:
-        yield index, (mb, seconds)
+        yield index, _Piece(mb, seconds)
         del mb
 
 
@@ -548,30 +605,40 @@ def accumulate_gradients(
                                                                        torch_ops=torch_ops)
     else:
         carved = _take_carved(micro_batches, frozenset(range(k)) if pieces is None else pieces)
+    stream = CopyStream(device)
 
-    def forward(carved: tuple[MicroBatch, float]) -> PieceForward:
-        mb, t_carve = carved
+    def stage(piece: _Piece) -> _DeviceInputs:
+        return _stage_inputs(stream, model, piece.mb, feat, label, device)
+
+    def forward(piece: _Piece) -> PieceForward:
+        inputs, piece.inputs = piece.inputs, None
+        t_copies = 0.0  # seconds of copies made in this piece's region
+        if inputs is None:
+            inputs = stage(piece)
+            t_copies += inputs.t_block + inputs.t_h2d
+        stream.use(inputs.staged)
         start = time.perf_counter()
-        blocks = _to_device_blocks(mb, device, model)
-        src_nids, edge_ids = _device_ids(model, mb, device)
-        t_block = time.perf_counter() - start
-        x = _input_features(feat, mb, device)
+        x, inputs.x = inputs.x, None  # a cast copy replaces it
         cast = input_dtype(x.dtype, precision, dtype)
         if cast is not None:
             x = x.to(cast)
-        y = label[mb.output_nid].to(device)
-        t_h2d = time.perf_counter() - start - t_block
-        logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids, dropout_key=dropout_key)
+        t_cast = time.perf_counter() - start
+        mb = piece.mb
+        logits = model(inputs.blocks, x, src_nids=inputs.src_nids, edge_ids=inputs.edge_ids,
+                       dropout_key=dropout_key)
+        y = inputs.y
         return PieceForward(
             loss_sum=node_loss_sum(logits, y, multilabel),
             count_correct=lambda: count_correct(logits.detach(), y, multilabel),
-            keep=(blocks, src_nids, edge_ids, x),
+            keep=(inputs, x),
             info={"num_outputs": mb.num_outputs, "num_inputs": mb.layers[0].num_src,
                   "num_edges": sum(layer.num_edges for layer in mb.layers),
-                  "t_carve": t_carve, "t_block": t_block, "t_h2d": t_h2d})
+                  "t_carve": piece.t_carve, "t_block": inputs.t_block,
+                  "t_h2d": inputs.t_h2d + t_cast, "t_copies": t_copies + t_cast})
 
-    runs = accumulate_pieces(_indexed(carved), forward, n_total, meter=meter, precision=precision,
-                             device_type=torch.device(device).type, scaler=scaler)
+    runs = accumulate_pieces(_pieces(carved), forward, n_total, meter=meter,
+                             precision=precision, device_type=torch.device(device).type,
+                             scaler=scaler)
     records = [
         MicroBatchRecord(
             index=r.index,
@@ -580,7 +647,7 @@ def accumulate_gradients(
             num_edges=r.info["num_edges"],
             loss=r.loss,
             time_block_s=r.info["t_carve"] + r.info["t_block"],
-            time_compute_s=r.seconds - r.info["t_block"] - r.info["t_h2d"],
+            time_compute_s=r.seconds - r.info["t_copies"],
             peak_bytes=r.peak_bytes,
             time_h2d_s=r.info["t_h2d"],
         )

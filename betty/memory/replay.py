@@ -12,8 +12,8 @@ storage as it is created and when its last holder lets go of it:
    (the same bytes) and nothing else.
 2. **Global IDs** for deterministic dropout: ``n_src_l·8`` per layer (feature dropout),
    ``E_l·8`` per layer (GAT attention dropout).
-3. **Features** ``n_in·F`` elements (then a cast copy if the compute dtype differs) and
-   **labels** (``n_out`` int64 or ``n_out·T`` multi-label targets).
+3. **Features** ``n_in·F`` elements and **labels** (``n_out`` int64 or ``n_out·T``
+   multi-label targets), then a cast copy of the features if the compute dtype differs.
 4. **Forward**, layer by layer: input dropout (hash dropout keeps no mask, only
    bounded chunk buffers; standard dropout keeps a bool mask), the convolution with
    every intermediate DGL and autograd create, and the activation. What autograd saves
@@ -101,8 +101,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.constants import BackendConstants
-from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, PARAMS,
-                              StepConfig, edge_softmax_backward, numel,
+from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
+                              PARAMS, StepConfig, edge_softmax_backward, numel,
                               index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline, through)
@@ -163,6 +163,7 @@ class _Replayer:
         self.pelt = cfg.model.param_dtype.itemsize
         self.shapes = parameter_shapes(cfg.model)
         self.pyg = cfg.model.backend == "pyg"
+        self.dropout_on = cfg.training and cfg.model.dropout > 0  # feature dropout in the forward
         self.ce = int(cfg.autocast_elt)  # autocast's compute bytes (0: no autocast)
         self._region_casts: list[Buffer] = []  # autocast's cached copies, freed at its exit
         if self.ce and not replays_mixed_precision(cfg.model, cfg.host):
@@ -1563,11 +1564,15 @@ class _Replayer:
         tl.release(right_f, mean)
 
     # ------------------------------------------------------------------ whole step
-    def run(self) -> Timeline:
-        s, cfg, tl, e = self.s, self.cfg, self.tl, self.e
+    def inputs(self) -> tuple[Buffer, Buffer]:
+        """What the step copies to the device for one piece, in its order
+        (:func:`betty.train.accumulate_gradients`' staging): each layer's block (edge
+        index copies, the GCN's source out-degrees, DGL's block structures), the global
+        IDs dropout keys on, the input features in the host matrix's dtype, the labels.
+        Returns ``(features, labels)``, each held once."""
+        s, cfg, tl = self.s, self.cfg, self.tl
         spec = cfg.model
         L = spec.num_layers
-        self.baseline()
         tl.phase = "blocks"
         for l in range(L):
             tl.alloc(2 * s.num_edges[l] * INDEX_BYTES, BLOCKS, f"layer {l} edge index copies")
@@ -1581,8 +1586,7 @@ class _Replayer:
             tl.alloc(cfg.constants.block_bytes_per_edge * s.num_edges[l]
                      + cfg.constants.block_bytes_per_node * (s.n_src[l] + s.n_dst[l]),
                      BLOCKS, f"layer {l} device graph formats")
-        dropout_on = cfg.training and spec.dropout > 0
-        if dropout_on and spec.dropout_mode == "deterministic":
+        if self.dropout_on and spec.dropout_mode == "deterministic":
             for l in range(L):
                 tl.alloc(s.n_src[l] * INDEX_BYTES, IDS, f"layer {l} node ids")
         if (cfg.training and spec.arch == "gat" and spec.attn_dropout > 0
@@ -1590,8 +1594,20 @@ class _Replayer:
             for l in range(L):
                 tl.alloc(s.num_edges[l] * INDEX_BYTES, IDS, f"layer {l} edge ids")
         tl.phase = "inputs"
+        x = tl.alloc(s.n_src[0] * spec.widths[0] * cfg.feat_elt, FEATS, "input features")
+        if cfg.label_columns:
+            labels = tl.alloc(s.num_outputs * cfg.label_columns * cfg.label_elt, LABELS, "labels")
+        else:
+            labels = tl.alloc(s.num_outputs * INDEX_BYTES, LABELS, "labels")
+        return x, labels
+
+    def run(self) -> Timeline:
+        s, cfg, tl, e = self.s, self.cfg, self.tl, self.e
+        spec = cfg.model
+        L = spec.num_layers
+        self.baseline()
+        x, labels = self.inputs()
         f_in = spec.widths[0]
-        x = tl.alloc(s.n_src[0] * f_in * cfg.feat_elt, FEATS, "input features")
         if self.ce:  # autocast: the features stay in their dtype, the linear layers cast
             self.e = cfg.feat_elt
         elif cfg.feat_elt != e:
@@ -1599,10 +1615,6 @@ class _Replayer:
             tl.release(x)
             x = x2
         n_out = s.num_outputs
-        if cfg.label_columns:
-            labels = tl.alloc(n_out * cfg.label_columns * cfg.label_elt, LABELS, "labels")
-        else:
-            labels = tl.alloc(n_out * INDEX_BYTES, LABELS, "labels")
 
         backwards: list[Callable] = []
         h, h_grad = x, False
@@ -1613,7 +1625,7 @@ class _Replayer:
             inp = h
             conv_in, conv_grad = inp, h_grad
             drop = None
-            if dropout_on:
+            if self.dropout_on:
                 width = spec.widths[l]
                 conv_in = self.dropout_fwd(inp, s.n_src[l], width, h_grad, f"layer {l}")
                 drop = (s.n_src[l], width, h_grad, getattr(self, "_std_mask", None))
