@@ -13,7 +13,9 @@ storage as it is created and when its last holder lets go of it:
 2. **Global IDs** for deterministic dropout: ``n_src_l·8`` per layer (feature dropout),
    ``E_l·8`` per layer (GAT attention dropout).
 3. **Features** ``n_in·F`` elements and **labels** (``n_out`` int64 or ``n_out·T``
-   multi-label targets), then a cast copy of the features if the compute dtype differs.
+   multi-label targets); with copy-ahead (``StepConfig.next_inputs``) the next piece's
+   blocks, IDs, features and labels, copied while this piece computes; then a cast copy
+   of the features if the compute dtype differs.
 4. **Forward**, layer by layer: input dropout (hash dropout keeps no mask, only
    bounded chunk buffers; standard dropout keeps a bool mask), the convolution with
    every intermediate DGL and autograd create, and the activation. What autograd saves
@@ -102,7 +104,7 @@ import numpy as np
 
 from betty.memory.constants import BackendConstants
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
-                              PARAMS, StepConfig, edge_softmax_backward, numel,
+                              NEXT_INPUTS, PARAMS, StepConfig, edge_softmax_backward, numel,
                               index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline, through)
@@ -111,7 +113,7 @@ from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
 from betty.models.dropout import CHUNK_ELEMENTS  # hash dropout's chunk of int64 scratch
 
-__all__ = ["ReplayConfig", "replay", "INDEX_BYTES"]
+__all__ = ["ReplayConfig", "replay", "input_bytes", "INDEX_BYTES"]
 
 # components of the breakdown besides the shared ones (betty.memory.ops); all indices are
 # int64 (INDEX_BYTES: betty builds blocks with idtype=int64)
@@ -1607,6 +1609,8 @@ class _Replayer:
         L = spec.num_layers
         self.baseline()
         x, labels = self.inputs()
+        if np.any(cfg.next_inputs):  # copy-ahead: the next piece's inputs, live to the end
+            tl.alloc(cfg.next_inputs, NEXT_INPUTS, "next piece's inputs")
         f_in = spec.widths[0]
         if self.ce:  # autocast: the features stay in their dtype, the linear layers cast
             self.e = cfg.feat_elt
@@ -1708,13 +1712,27 @@ class _Replayer:
         return tl
 
 
-def replay(sizes: PieceSizes, cfg: ReplayConfig, *, record: bool = False) -> Timeline:
-    """Replay one micro-batch per piece of ``sizes``; see the module docstring.
-    ``record``: keep every allocation and free in ``Timeline.log``."""
+def _replayer(sizes: PieceSizes, cfg: ReplayConfig) -> _Replayer:
     if len(sizes.n_src) != cfg.model.num_layers:
         raise ValueError(
             f"sizes describe {len(sizes.n_src)} layers but the model has {cfg.model.num_layers}")
-    r = _Replayer(sizes, cfg)
+    return _Replayer(sizes, cfg)
+
+
+def input_bytes(sizes: PieceSizes, cfg: ReplayConfig) -> np.ndarray:
+    """``(P,)`` bytes of what the step copies to the device for each piece of ``sizes``
+    before its forward (:meth:`_Replayer.inputs`: blocks, global IDs, features in the
+    host matrix's dtype, labels), each allocation rounded to the backend's granule: the
+    bytes copy-ahead holds beside the piece before it (``StepConfig.next_inputs``)."""
+    r = _replayer(sizes, cfg)
+    r.inputs()
+    return r.tl.live.copy()
+
+
+def replay(sizes: PieceSizes, cfg: ReplayConfig, *, record: bool = False) -> Timeline:
+    """Replay one micro-batch per piece of ``sizes``; see the module docstring.
+    ``record``: keep every allocation and free in ``Timeline.log``."""
+    r = _replayer(sizes, cfg)
     if record:
         r.tl.log = []
     return r.run()
