@@ -13,7 +13,10 @@ cross-entropy over the T tasks.
 
 Only one micro-batch's blocks, features and activations are on the device at a time:
 its input features are gathered from the host feature matrix and moved per micro-batch,
-and everything is released before the next one starts.
+and everything is released before the next one starts. With ``copy_ahead`` the inputs
+of micro-batch k+1 (blocks, IDs, features, labels) are copied while micro-batch k
+computes (on a side CUDA stream, :mod:`betty.streams`), so they are on the device beside
+micro-batch k, which the memory model counts (``next_inputs``).
 """
 
 from __future__ import annotations
@@ -201,7 +204,8 @@ def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], Pi
                       n_global: int, *, meter=None, last_index: int | None = None,
                       after_last: Callable[[], None] | None = None,
                       precision: Precision | str | None = None, device_type: str = "cpu",
-                      scaler: LossScaler | None = None) -> list[PieceRun]:
+                      scaler: LossScaler | None = None,
+                      carried: Callable[[P], Iterable[torch.Tensor]] | None = None) -> list[PieceRun]:
     """Forward and backward each piece, accumulating ``∇ (loss_sum_k / N)`` into ``.grad``.
 
     With ``N = n_global`` the number of loss terms of the whole step (all pieces, all
@@ -225,12 +229,17 @@ def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], Pi
         scaler: a :class:`betty.precision.LossScaler` (``16-mixed``): every piece's
             backward starts from ``scaler.scale · loss_k`` (one scale for the step; the
             step's owner unscales once).
+        carried: ``carried(piece)``: the device tensors a piece brings into its region,
+            made before it (its inputs copied ahead during the piece before): the meter
+            counts them from the region's start (:meth:`betty.memory.MemoryMeter.count`).
     """
     prec = Precision.parse(precision if precision is not None else "32")
     runs: list[PieceRun] = []
     for index, piece in pieces:
         start = time.perf_counter()
         with (meter.measure() if meter is not None else nullcontext()) as reading:
+            if meter is not None and carried is not None:
+                meter.count(carried(piece))
             with prec.autocast(device_type):
                 fwd = forward(piece)
                 loss_sum = fwd.loss_sum.float() if prec.mixed else fwd.loss_sum
@@ -307,9 +316,10 @@ def largest_peak(records: Iterable) -> int | None:
 class MicroBatchRecord:
     """What happened in one micro-batch: its sizes and loss; ``time_block_s`` (carving
     it and putting its blocks and IDs on the device), ``time_h2d_s`` (its features and
-    labels: gather, copy, cast); ``time_compute_s`` (its forward, backward and, for the
-    last one, the optimizer step: its region's wall without the copies made in it);
-    ``peak_bytes``: its measured peak."""
+    labels: gather, copy, cast), each counted with this micro-batch wherever it ran (with
+    copy-ahead, during the micro-batch before); ``time_compute_s`` (its forward,
+    backward and, for the last one, the optimizer step: its region's wall without the
+    copies made in it); ``peak_bytes``: its measured peak."""
 
     index: int
     num_outputs: int
@@ -511,19 +521,37 @@ def carve_all(batch: SampledBatch, groups: torch.Tensor, k: int,
 @dataclass
 class _Piece:
     """One carved micro-batch on its way through the step: ``mb``, the seconds it took
-    to carve (``t_carve``), its device ``inputs`` once copied (``None`` until then)."""
+    to carve (``t_carve``), its device ``inputs`` once copied ahead (``None`` until
+    then), and with copy-ahead the piece that runs after it (``next``, ``None`` for the
+    last), whose inputs it copies."""
 
     mb: MicroBatch
     t_carve: float
     inputs: _DeviceInputs | None = None
+    next: _Piece | None = None
 
 
-def _pieces(carved: Iterable[tuple[int, MicroBatch, float]]) -> Iterator[tuple[int, _Piece]]:
-    """``(index, piece)`` of each carved piece in order, each carved when asked for,
-    none held while the next is carved."""
+def _pieces(carved: Iterable[tuple[int, MicroBatch, float]], ahead: bool) -> Iterator[tuple[int, _Piece]]:
+    """``(index, piece)`` of each carved piece in order. Without ``ahead`` each is
+    carved when asked for, none held while the next is carved; with ``ahead`` piece
+    k + 1 is carved before piece k is handed out (outside piece k's meter region) and
+    linked as its ``next``."""
+    if not ahead:
+        for index, mb, seconds in carved:
+            yield index, _Piece(mb, seconds)
+            del mb
+        return
+    pending: tuple[int, _Piece] | None = None
     for index, mb, seconds in carved:
-        yield index, _Piece(mb, seconds)
+        piece = _Piece(mb, seconds)
         del mb
+        if pending is not None:
+            pending[1].next = piece
+            yield pending
+        pending = (index, piece)
+        del piece
+    if pending is not None:
+        yield pending
 
 
 def _take_carved(micro_batches: Sequence[tuple[int, MicroBatch, float]],
@@ -558,6 +586,7 @@ def accumulate_gradients(
     scaler: LossScaler | None = None,
     micro_batches: Sequence[tuple[int, MicroBatch, float]] | None = None,
     torch_ops: bool | None = None,
+    copy_ahead: bool = False,
 ) -> StepResult:
     """Forward and backward every micro-batch, accumulating into ``.grad``.
 
@@ -592,6 +621,15 @@ def accumulate_gradients(
             device (``torch_ops``: that of :func:`carve_pieces`). With ``batch``,
             ``feat`` and ``label`` on ``device``, carving and the feature gather run
             there (preparation on the device).
+        copy_ahead: copy micro-batch k+1's inputs (blocks, IDs, features, labels) to
+            the device while micro-batch k computes: once k's inputs are on the device,
+            before its forward, k+1's copy is issued (:mod:`betty.streams`: on CUDA on a
+            side stream, from pinned memory, ``non_blocking``, the compute stream waiting
+            for it before k+1 reads them; elsewhere synchronously, at the same point).
+            Piece k+1 is carved before piece k runs. The updates are the same; each piece
+            but the last holds the next one's inputs beside its own (the memory model's
+            ``copy_ahead``), and a meter counts a piece's inputs copied ahead from its
+            region's start.
     """
     groups = torch.as_tensor(groups, dtype=torch.int64)
     if k is None:
@@ -605,18 +643,22 @@ def accumulate_gradients(
                                                                        torch_ops=torch_ops)
     else:
         carved = _take_carved(micro_batches, frozenset(range(k)) if pieces is None else pieces)
-    stream = CopyStream(device)
+    stream = CopyStream(device, side=copy_ahead)
 
     def stage(piece: _Piece) -> _DeviceInputs:
         return _stage_inputs(stream, model, piece.mb, feat, label, device)
 
     def forward(piece: _Piece) -> PieceForward:
         inputs, piece.inputs = piece.inputs, None
-        t_copies = 0.0  # seconds of copies made in this piece's region
+        t_copies = 0.0  # seconds of copies made in this piece's region, its own or the next's
         if inputs is None:
             inputs = stage(piece)
             t_copies += inputs.t_block + inputs.t_h2d
         stream.use(inputs.staged)
+        if piece.next is not None:  # copy-ahead: issued now, runs while this piece computes
+            ahead = piece.next.inputs = stage(piece.next)
+            t_copies += ahead.t_block + ahead.t_h2d
+            del ahead
         start = time.perf_counter()
         x, inputs.x = inputs.x, None  # a cast copy replaces it
         cast = input_dtype(x.dtype, precision, dtype)
@@ -636,9 +678,12 @@ def accumulate_gradients(
                   "t_carve": piece.t_carve, "t_block": inputs.t_block,
                   "t_h2d": inputs.t_h2d + t_cast, "t_copies": t_copies + t_cast})
 
-    runs = accumulate_pieces(_pieces(carved), forward, n_total, meter=meter,
+    def carried(piece: _Piece) -> list[torch.Tensor]:
+        return [] if piece.inputs is None else piece.inputs.staged.tensors
+
+    runs = accumulate_pieces(_pieces(carved, ahead=copy_ahead), forward, n_total, meter=meter,
                              precision=precision, device_type=torch.device(device).type,
-                             scaler=scaler)
+                             scaler=scaler, carried=carried)
     records = [
         MicroBatchRecord(
             index=r.index,
@@ -678,7 +723,10 @@ def train_step(
     the step, and the loss and accuracy returned are summed over the ranks (``micro``
     lists this rank's pieces). ``scaler``: the :class:`betty.precision.LossScaler` of a
     ``16-mixed`` run (made once per training run; its scale carries across steps).
-    Other keyword arguments: those of :func:`accumulate_gradients` (``pieces`` excepted).
+    ``copy_ahead``: copy each next micro-batch's inputs to the device while the one
+    before computes (a side CUDA stream; the same update, the next inputs counted in each
+    piece's peak: :func:`accumulate_gradients`). Other keyword arguments: those of
+    :func:`accumulate_gradients` (``pieces`` excepted).
     """
     if "pieces" in kwargs:
         raise TypeError("train_step runs every piece (or this rank's share with parallel=); "
