@@ -41,8 +41,9 @@ Two backends:
 
     Not counted (limitations):
 
-    * storages created before the region and not tracked, including when they are freed
-      inside it (they were never added, so they are never subtracted);
+    * storages created before the region and neither tracked nor counted
+      (:meth:`MemoryMeter.count`), including when they are freed inside it (they were
+      never added, so they are never subtracted);
     * scratch memory a kernel allocates and frees internally (it never becomes an op
       output), e.g. a BLAS packing buffer;
     * memory outside PyTorch tensors: DGL's C++ graph index (the COO/CSR/CSC formats of a
