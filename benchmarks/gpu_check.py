@@ -30,13 +30,16 @@ Sections, in order:
    (``prefetch=1``: the next batch sampled, partitioned and carved on a thread while the
    current one trains; the features gathered in the step, ``gather_ahead=False``),
    pipelined with the features gathered ahead too (``gather_ahead=True``, an
-   accelerator's default: into pinned host memory on the thread), and serially with
+   accelerator's default: into pinned host memory on the thread), serially with
    preparation on the device (``sample_device``: the sampler, carving and the feature
-   gather as torch ops on the GPU, only the cut on the host), each from the same
+   gather as torch ops on the GPU, only the cut on the host), and pipelined, gathered
+   ahead, with copy-ahead (``copy_ahead=True``: micro-batch k+1's inputs copied on a
+   side CUDA stream while micro-batch k computes), each from the same
    initial weights. Per epoch: wall,
    compute, sampling, gather + copy (``time_h2d_s``), the wait for preparation and the
-   device's idle fraction ``1 - compute / wall``; and the largest relative parameter
-   difference of a pipelined mode from the serial run (0 with deterministic
+   device's idle fraction ``1 - compute / wall``; and the relative parameter difference
+   of each mode from the serial run (``relative_difference``, its largest
+   ``max_relative_difference``; 0 with deterministic
    kernels; multi-threaded CPU scatter and GPU atomics differ in the last bits from run
    to run, serial against serial too).
 
@@ -78,7 +81,7 @@ BUDGET_FRACTION = 0.4
 TIMING_BUDGET_FRACTION = 0.25
 SAFETY_MARGIN = 0.05
 PIPELINE_EPOCHS = 3
-PIPELINE_MODES = ("serial", "pipelined", "gathered_ahead", "device_preparation")
+PIPELINE_MODES = ("serial", "pipelined", "gathered_ahead", "device_preparation", "copy_ahead")
 #: partitioner of the estimate and budget sections: which split is used does not change
 #: what they check (every piece of the split actually used is estimated and measured),
 #: and ``random`` keeps them fast; ``--partition`` applies to the timed epoch.
@@ -533,14 +536,16 @@ def pipeline_section(be, sizes: Sizes, device, method: str, k: int) -> dict:
                            layers=len(sizes.products_fanouts), aggregator="mean", dropout=0.5).to(device)
     initial = {n: v.detach().clone() for n, v in model.state_dict().items()}
     modes, finals = {}, {}
-    for name, prefetch, gather_ahead, sample_device in (
-            ("serial", 0, False, None), ("pipelined", 1, False, None),
-            ("gathered_ahead", 1, True, None), ("device_preparation", 0, False, device)):
+    for name, prefetch, gather_ahead, sample_device, copy_ahead in (
+            ("serial", 0, False, None, False), ("pipelined", 1, False, None, False),
+            ("gathered_ahead", 1, True, None, False), ("device_preparation", 0, False, device, False),
+            ("copy_ahead", 1, True, None, True)):
         model.load_state_dict(initial)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         trainer = Trainer(model, opt, ds, list(sizes.products_fanouts), PartitionPlan(method, int(k)),
                           device=device, seed=0, estimate_memory=False, prefetch=prefetch,
-                          gather_ahead=gather_ahead, sample_device=sample_device)
+                          gather_ahead=gather_ahead, sample_device=sample_device,
+                          copy_ahead=copy_ahead)
         epochs = []
         for record in trainer.epochs(range(PIPELINE_EPOCHS)):
             sync(device)
@@ -553,9 +558,11 @@ def pipeline_section(be, sizes: Sizes, device, method: str, k: int) -> dict:
         finals[name] = {n: p.detach().clone() for n, p in model.named_parameters()}
         del trainer, opt
         free(device)
+    differences = {mode: max_relative_difference(finals[mode], finals["serial"])
+                   for mode in PIPELINE_MODES[1:]}
     return {"k": int(k), "partition": method, "epochs_per_mode": PIPELINE_EPOCHS, **modes,
-            "max_relative_difference": max(max_relative_difference(finals[mode], finals["serial"])
-                                           for mode in PIPELINE_MODES[1:])}
+            "relative_difference": differences,
+            "max_relative_difference": max(differences.values())}
 
 
 
@@ -597,7 +604,7 @@ def _table(report: dict) -> str:
                      + f" {e['epoch_s']:7.3f}s")
     pl = report["pipeline"]
     lines.append(f"epochs at K={pl['k']} (wall / compute / wait / sampling / gather+copy / device idle), "
-                 f"serial, pipelined, features gathered ahead, and the sampler on the device; "
+                 f"serial, pipelined, features gathered ahead, the sampler on the device, and copy-ahead; "
                  f"max relative parameter difference {pl['max_relative_difference']:.1e}:")
     for mode in PIPELINE_MODES:
         lines.append(f"{mode:>15s} " + "  ".join(

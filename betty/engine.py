@@ -324,6 +324,15 @@ class Trainer:
             with ``prefetch=0`` (a batch prepared ahead would hold device memory beside
             the step's); the memory model then counts what preparation keeps there
             (:mod:`betty.memory.device_preparation`).
+        copy_ahead: copy micro-batch k+1's inputs (blocks, IDs, features, labels) to
+            the device while micro-batch k computes (:func:`betty.train.accumulate_gradients`:
+            on CUDA on a side stream, from pinned memory, ``non_blocking``; on the CPU
+            synchronously at the same point, the same memory profile). The updates are
+            the same; it costs memory: each micro-batch but a step's last holds the next
+            one's inputs beside its own, which the memory model counts (its
+            ``next_inputs`` component) and the K search fits. Default off. Not with
+            ``parallel`` (the estimate follows the single-process order of the pieces)
+            or a CUDA ``sample_device`` (a batch prepared there is not copied from the host).
     """
 
     def __init__(self, model, optimizer, dataset, fanouts, plan: PartitionPlan, *,
@@ -333,7 +342,7 @@ class Trainer:
                  estimate_memory: bool = True, on_search=None,
                  dropout_seed: int | None = None, parallel=None, prefetch: int = 0,
                  gather_ahead: bool | None = None,
-                 sample_device: torch.device | str | None = None) -> None:
+                 sample_device: torch.device | str | None = None, copy_ahead: bool = False) -> None:
         if len(fanouts) != model.num_layers:
             raise ValueError(f"{len(fanouts)} fanouts for a {model.num_layers}-layer model")
         if plan.balance not in ("nodes", "memory"):
@@ -342,6 +351,7 @@ class Trainer:
             raise ValueError("k='auto' needs a memory_budget")
         self.model, self.optimizer, self.dataset = model, optimizer, dataset
         self.sample_device = self._preparation_device(sample_device, device, prefetch)
+        self.copy_ahead = self._check_copy_ahead(copy_ahead, parallel, self.sample_device)
         if precision is None:
             precision = "64" if dtype == torch.float64 else "32"
         self.precision = Precision.parse(precision)
@@ -395,6 +405,20 @@ class Trainer:
                                  f"ahead would hold device memory beside the step's), got "
                                  f"prefetch={prefetch}")
         return on
+
+    @staticmethod
+    def _check_copy_ahead(copy_ahead: bool, parallel, sample_device: torch.device | None) -> bool:
+        """``copy_ahead`` checked (see the class docstring)."""
+        if not copy_ahead:
+            return False
+        if parallel is not None:
+            raise ValueError("copy_ahead counts each piece's successor in the single-process "
+                             "order of the pieces; it does not run with parallel=")
+        if sample_device is not None and sample_device.type == "cuda":
+            raise ValueError(f"copy_ahead overlaps the copy of each next micro-batch from the "
+                             f"host; with sample_device {str(sample_device)!r} the batch is "
+                             f"prepared on the device and not copied")
+        return True
 
     def _device_store(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The features and labels the step reads: on the preparation device (copied
@@ -514,6 +538,8 @@ class Trainer:
         backend = default_backend(device)
         kwargs = dict(backend=backend, feat_dtype=dataset.feat.dtype,
                       label_columns=dataset.num_classes if dataset.multilabel else 0)
+        if self.copy_ahead:
+            kwargs["copy_ahead"] = True
         if self.sample_device is not None and self.sample_device.type == "cuda":
             from betty.memory.constants import load_constants
             from betty.memory.device_preparation import store_bytes
@@ -625,7 +651,8 @@ class Trainer:
             step_kwargs = dict(k=result.k, device=self.device,
                                dropout_key=dropout_key(self.dropout_seed, epoch, b),
                                multilabel=self.dataset.multilabel, meter=self.meter,
-                               dtype=self.dtype, precision=self.precision, scaler=self.scaler)
+                               dtype=self.dtype, precision=self.precision, scaler=self.scaler,
+                               copy_ahead=self.copy_ahead)
             if micro is not None:
                 step_kwargs["micro_batches"] = micro
             feat, label = self._device_store()

@@ -13,7 +13,10 @@ cross-entropy over the T tasks.
 
 Only one micro-batch's blocks, features and activations are on the device at a time:
 its input features are gathered from the host feature matrix and moved per micro-batch,
-and everything is released before the next one starts.
+and everything is released before the next one starts. With ``copy_ahead`` the inputs
+of micro-batch k+1 (blocks, IDs, features, labels) are copied while micro-batch k
+computes (on a side CUDA stream, :mod:`betty.streams`), so they are on the device beside
+micro-batch k, which the memory model counts (``next_inputs``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from betty.data.store import gather_rows
 from betty.microbatch import Carver, validate_groups
 from betty.pages import file_mapped
 from betty.precision import LossScaler, Precision, input_dtype
+from betty.streams import CopyStream, Staged
 from betty.workers import parallel_map
 
 __all__ = [
@@ -201,7 +205,8 @@ def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], Pi
                       n_global: int, *, meter=None, last_index: int | None = None,
                       after_last: Callable[[], None] | None = None,
                       precision: Precision | str | None = None, device_type: str = "cpu",
-                      scaler: LossScaler | None = None) -> list[PieceRun]:
+                      scaler: LossScaler | None = None,
+                      carried: Callable[[P], Iterable[torch.Tensor]] | None = None) -> list[PieceRun]:
     """Forward and backward each piece, accumulating ``∇ (loss_sum_k / N)`` into ``.grad``.
 
     With ``N = n_global`` the number of loss terms of the whole step (all pieces, all
@@ -225,12 +230,17 @@ def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], Pi
         scaler: a :class:`betty.precision.LossScaler` (``16-mixed``): every piece's
             backward starts from ``scaler.scale · loss_k`` (one scale for the step; the
             step's owner unscales once).
+        carried: ``carried(piece)``: the device tensors a piece brings into its region,
+            made before it (its inputs copied ahead during the piece before): the meter
+            counts them from the region's start (:meth:`betty.memory.MemoryMeter.count`).
     """
     prec = Precision.parse(precision if precision is not None else "32")
     runs: list[PieceRun] = []
     for index, piece in pieces:
         start = time.perf_counter()
         with (meter.measure() if meter is not None else nullcontext()) as reading:
+            if meter is not None and carried is not None:
+                meter.count(carried(piece))
             with prec.autocast(device_type):
                 fwd = forward(piece)
                 loss_sum = fwd.loss_sum.float() if prec.mixed else fwd.loss_sum
@@ -305,7 +315,12 @@ def largest_peak(records: Iterable) -> int | None:
 
 @dataclass
 class MicroBatchRecord:
-    """What happened in one micro-batch."""
+    """What happened in one micro-batch: its sizes and loss; ``time_block_s`` (carving
+    it and putting its blocks and IDs on the device), ``time_h2d_s`` (its features and
+    labels: gather, copy, cast), each counted with this micro-batch wherever it ran (with
+    copy-ahead, during the micro-batch before); ``time_compute_s`` (its forward,
+    backward and, for the last one, the optimizer step: its region's wall without the
+    copies made in it); ``peak_bytes``: its measured peak."""
 
     index: int
     num_outputs: int
@@ -354,23 +369,27 @@ class StepResult:
         return largest_peak(self.micro)
 
 
-def _device_ids(model, mb: MicroBatch, device):
-    """Global node/edge IDs on the device, only when the model's dropout needs them."""
+def _device_ids(model, mb: MicroBatch, device, to: Callable | None = None):
+    """Global node/edge IDs on the device, only when the model's dropout needs them
+    (copied by ``to(tensor, copy)``, default :meth:`betty.streams.Staged.to`)."""
+    to = to or Staged(device).to
     src = eid = None
     if model.training and getattr(model, "needs_node_ids", True):
-        src = [layer.src_nid.to(device, copy=True) for layer in mb.layers]
+        src = [to(layer.src_nid, True) for layer in mb.layers]
     if model.training and getattr(model, "needs_edge_ids", True):
-        eid = [layer.edge_id.to(device, copy=True) for layer in mb.layers]
+        eid = [to(layer.edge_id, True) for layer in mb.layers]
     return src, eid
 
 
-def _to_device_blocks(mb: MicroBatch, device, model=None) -> list:
+def _to_device_blocks(mb: MicroBatch, device, model=None, to: Callable | None = None) -> list:
     """Blocks of ``model``'s backend (``auto`` without a model) on ``device``; index
-    tensors are always copied (counted per micro-batch)."""
+    tensors are always copied (counted per micro-batch), by ``to(tensor, copy)``
+    (default :meth:`betty.streams.Staged.to`)."""
     from betty.backends import backend_of
 
     return backend_of(model).make_blocks(mb.layers, device, copy=True,
-                                         degrees=getattr(model, "needs_degrees", False))
+                                         degrees=getattr(model, "needs_degrees", False),
+                                         to=to or Staged(device).to)
 
 
 def host_rows(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Tensor:
@@ -381,22 +400,60 @@ def host_rows(feat: torch.Tensor, ids: torch.Tensor, device) -> torch.Tensor:
     return gather_rows(feat, ids, pin=torch.device(device).type == "cuda")
 
 
-def _input_features(feat: torch.Tensor, mb: MicroBatch, device) -> torch.Tensor:
+def _input_features(feat: torch.Tensor, mb: MicroBatch, device, to: Callable | None = None) -> torch.Tensor:
     """``mb``'s input features on ``device``: the rows gathered ahead
     (``mb.input_features``, released from ``mb`` here) or else :func:`host_rows`, copied
-    there (``non_blocking`` for CUDA). Where ``feat`` and ``mb``'s IDs are on ``device``
-    (the CPU, or features kept on the device for preparation there), the gathered rows
-    are the device's own memory, which the memory model counts, so they are gathered in
-    one ``feat[ids]`` with no second copy (from a memory-mapped feature file by
-    :func:`betty.data.store.gather_rows`: one buffer, filled chunk by chunk, each chunk's
-    pages read ahead and handed back)."""
-    staged, mb.input_features = mb.input_features, None
+    there by ``to(tensor, copy)`` (default :meth:`betty.streams.Staged.to`:
+    ``non_blocking`` from pinned memory for CUDA). Where ``feat`` and ``mb``'s IDs are on
+    ``device`` (the CPU, or features kept on the device for preparation there), the
+    gathered rows are the device's own memory, which the memory model counts, so they
+    are gathered in one ``feat[ids]`` with no second copy (from a memory-mapped feature
+    file by :func:`betty.data.store.gather_rows`: one buffer, filled chunk by chunk,
+    each chunk's pages read ahead and handed back)."""
+    gathered, mb.input_features = mb.input_features, None
     device = torch.device(device)
+    to = to or Staged(device).to
     ids = mb.input_nid
-    if staged is None and feat.device == ids.device and same_device(feat.device, device):
-        return gather_rows(feat, ids) if file_mapped(feat) else feat[ids]
-    rows = host_rows(feat, ids, device) if staged is None else staged
-    return rows.to(device, non_blocking=device.type == "cuda")
+    if gathered is None and feat.device == ids.device and same_device(feat.device, device):
+        return to(gather_rows(feat, ids) if file_mapped(feat) else feat[ids])
+    return to(host_rows(feat, ids, device) if gathered is None else gathered)
+
+
+@dataclass
+class _DeviceInputs:
+    """One micro-batch's inputs on the device, as :func:`_stage_inputs` put them there:
+    its L ``blocks``, the global node and edge IDs its dropout keys on (``None`` where
+    the model needs none), the input features ``x`` ``(n_in, F)`` in the host matrix's
+    dtype (``None`` once the forward has taken them) and the labels ``y`` ``(n_out,)``
+    or ``(n_out, T)``; ``staged`` records every one of these device tensors until the
+    compute stream takes them (and the end of their copies on a side stream);
+    ``t_block`` and ``t_h2d``: seconds spent on the blocks and IDs, and on the features
+    and labels."""
+
+    blocks: list
+    src_nids: list | None
+    edge_ids: list | None
+    x: torch.Tensor
+    y: torch.Tensor
+    staged: Staged
+    t_block: float
+    t_h2d: float
+
+
+def _stage_inputs(stream: CopyStream, model, mb: MicroBatch, feat: torch.Tensor, label: torch.Tensor,
+                  device) -> _DeviceInputs:
+    """Copy everything ``mb``'s forward reads to ``device`` on ``stream``
+    (:meth:`betty.streams.CopyStream.staging`): the blocks, the IDs, the input features
+    (``mb``'s rows gathered ahead are released), the labels."""
+    start = time.perf_counter()
+    with stream.staging() as staged:
+        blocks = _to_device_blocks(mb, device, model, to=staged.to)
+        src_nids, edge_ids = _device_ids(model, mb, device, to=staged.to)
+        t_block = time.perf_counter() - start
+        x = _input_features(feat, mb, device, to=staged.to)
+        y = staged.to(label[mb.output_nid])
+    return _DeviceInputs(blocks, src_nids, edge_ids, x, y, staged, t_block,
+                         time.perf_counter() - start - t_block)
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -464,12 +521,40 @@ def carve_all(batch: SampledBatch, groups: torch.Tensor, k: int,
     return carved
 
 
-def _indexed(carved: Iterable[tuple[int, MicroBatch, float]]) -> Iterator[tuple[int, tuple[MicroBatch, float]]]:
-    """``(piece, (micro-batch, seconds))`` of each carved piece, holding none of them
-    while the next is carved."""
+@dataclass
+class _Piece:
+    """One carved micro-batch on its way through the step: ``mb``, the seconds it took
+    to carve (``t_carve``), its device ``inputs`` once copied ahead (``None`` until
+    then), and with copy-ahead the piece that runs after it (``next``, ``None`` for the
+    last), whose inputs it copies."""
+
+    mb: MicroBatch
+    t_carve: float
+    inputs: _DeviceInputs | None = None
+    next: _Piece | None = None
+
+
+def _pieces(carved: Iterable[tuple[int, MicroBatch, float]], ahead: bool) -> Iterator[tuple[int, _Piece]]:
+    """``(index, piece)`` of each carved piece in order. Without ``ahead`` each is
+    carved when asked for, none held while the next is carved; with ``ahead`` piece
+    k + 1 is carved before piece k is handed out (outside piece k's meter region) and
+    linked as its ``next``."""
+    if not ahead:
+        for index, mb, seconds in carved:
+            yield index, _Piece(mb, seconds)
+            del mb
+        return
+    pending: tuple[int, _Piece] | None = None
     for index, mb, seconds in carved:
-        yield index, (mb, seconds)
+        piece = _Piece(mb, seconds)
         del mb
+        if pending is not None:
+            pending[1].next = piece
+            yield pending
+        pending = (index, piece)
+        del piece
+    if pending is not None:
+        yield pending
 
 
 def _take_carved(micro_batches: Sequence[tuple[int, MicroBatch, float]],
@@ -504,6 +589,7 @@ def accumulate_gradients(
     scaler: LossScaler | None = None,
     micro_batches: Sequence[tuple[int, MicroBatch, float]] | None = None,
     torch_ops: bool | None = None,
+    copy_ahead: bool = False,
 ) -> StepResult:
     """Forward and backward every micro-batch, accumulating into ``.grad``.
 
@@ -538,6 +624,15 @@ def accumulate_gradients(
             device (``torch_ops``: that of :func:`carve_pieces`). With ``batch``,
             ``feat`` and ``label`` on ``device``, carving and the feature gather run
             there (preparation on the device).
+        copy_ahead: copy micro-batch k+1's inputs (blocks, IDs, features, labels) to
+            the device while micro-batch k computes: once k's inputs are on the device,
+            before its forward, k+1's copy is issued (:mod:`betty.streams`: on CUDA on a
+            side stream, from pinned memory, ``non_blocking``, the compute stream waiting
+            for it before k+1 reads them; elsewhere synchronously, at the same point).
+            Piece k+1 is carved before piece k runs. The updates are the same; each piece
+            but the last holds the next one's inputs beside its own (the memory model's
+            ``copy_ahead``), and a meter counts a piece's inputs copied ahead from its
+            region's start.
     """
     groups = torch.as_tensor(groups, dtype=torch.int64)
     if k is None:
@@ -551,30 +646,47 @@ def accumulate_gradients(
                                                                        torch_ops=torch_ops)
     else:
         carved = _take_carved(micro_batches, frozenset(range(k)) if pieces is None else pieces)
+    stream = CopyStream(device, side=copy_ahead)
 
-    def forward(carved: tuple[MicroBatch, float]) -> PieceForward:
-        mb, t_carve = carved
+    def stage(piece: _Piece) -> _DeviceInputs:
+        return _stage_inputs(stream, model, piece.mb, feat, label, device)
+
+    def forward(piece: _Piece) -> PieceForward:
+        inputs, piece.inputs = piece.inputs, None
+        t_copies = 0.0  # seconds of copies made in this piece's region, its own or the next's
+        if inputs is None:
+            inputs = stage(piece)
+            t_copies += inputs.t_block + inputs.t_h2d
+        stream.use(inputs.staged)
+        if piece.next is not None:  # copy-ahead: issued now, runs while this piece computes
+            ahead = piece.next.inputs = stage(piece.next)
+            t_copies += ahead.t_block + ahead.t_h2d
+            del ahead
         start = time.perf_counter()
-        blocks = _to_device_blocks(mb, device, model)
-        src_nids, edge_ids = _device_ids(model, mb, device)
-        t_block = time.perf_counter() - start
-        x = _input_features(feat, mb, device)
+        x, inputs.x = inputs.x, None  # a cast copy replaces it
         cast = input_dtype(x.dtype, precision, dtype)
         if cast is not None:
             x = x.to(cast)
-        y = label[mb.output_nid].to(device)
-        t_h2d = time.perf_counter() - start - t_block
-        logits = model(blocks, x, src_nids=src_nids, edge_ids=edge_ids, dropout_key=dropout_key)
+        t_cast = time.perf_counter() - start
+        mb = piece.mb
+        logits = model(inputs.blocks, x, src_nids=inputs.src_nids, edge_ids=inputs.edge_ids,
+                       dropout_key=dropout_key)
+        y = inputs.y
         return PieceForward(
             loss_sum=node_loss_sum(logits, y, multilabel),
             count_correct=lambda: count_correct(logits.detach(), y, multilabel),
-            keep=(blocks, src_nids, edge_ids, x),
+            keep=(inputs, x),
             info={"num_outputs": mb.num_outputs, "num_inputs": mb.layers[0].num_src,
                   "num_edges": sum(layer.num_edges for layer in mb.layers),
-                  "t_carve": t_carve, "t_block": t_block, "t_h2d": t_h2d})
+                  "t_carve": piece.t_carve, "t_block": inputs.t_block,
+                  "t_h2d": inputs.t_h2d + t_cast, "t_copies": t_copies + t_cast})
 
-    runs = accumulate_pieces(_indexed(carved), forward, n_total, meter=meter, precision=precision,
-                             device_type=torch.device(device).type, scaler=scaler)
+    def carried(piece: _Piece) -> list[torch.Tensor]:
+        return [] if piece.inputs is None else piece.inputs.staged.tensors
+
+    runs = accumulate_pieces(_pieces(carved, ahead=copy_ahead), forward, n_total, meter=meter,
+                             precision=precision, device_type=torch.device(device).type,
+                             scaler=scaler, carried=carried)
     records = [
         MicroBatchRecord(
             index=r.index,
@@ -583,7 +695,7 @@ def accumulate_gradients(
             num_edges=r.info["num_edges"],
             loss=r.loss,
             time_block_s=r.info["t_carve"] + r.info["t_block"],
-            time_compute_s=r.seconds - r.info["t_block"] - r.info["t_h2d"],
+            time_compute_s=r.seconds - r.info["t_copies"],
             peak_bytes=r.peak_bytes,
             time_h2d_s=r.info["t_h2d"],
         )
@@ -614,7 +726,10 @@ def train_step(
     the step, and the loss and accuracy returned are summed over the ranks (``micro``
     lists this rank's pieces). ``scaler``: the :class:`betty.precision.LossScaler` of a
     ``16-mixed`` run (made once per training run; its scale carries across steps).
-    Other keyword arguments: those of :func:`accumulate_gradients` (``pieces`` excepted).
+    ``copy_ahead``: copy each next micro-batch's inputs to the device while the one
+    before computes (a side CUDA stream; the same update, the next inputs counted in each
+    piece's peak: :func:`accumulate_gradients`). Other keyword arguments: those of
+    :func:`accumulate_gradients` (``pieces`` excepted).
     """
     if "pieces" in kwargs:
         raise TypeError("train_step runs every piece (or this rank's share with parallel=); "

@@ -6,8 +6,9 @@ tests below, which validate the JSON's schema and its values: per-model worst es
 error under the tolerances below (measured here on the quick run: sage-mean 0.23%,
 sage-pool 0.04%, sage-lstm 0.70%, gat 0.24%, revgnn 0.42%), no budget overrun, every
 budget run split (K > 1) and capped under its budget, the impossible budget refused with
-the K search's error, and a timed epoch split into the five phases at K = 1 and at the K
-chosen for 25% of the K = 1 peak.
+the K search's error, a timed epoch split into the five phases at K = 1 and at the K
+chosen for 25% of the K = 1 peak, and the pipeline's epochs in every mode (copy-ahead
+included) with the serial run's updates.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ MODELS = ("sage-mean", "sage-pool", "sage-lstm", "gat", "revgnn")
 TOLERANCE = {"sage-mean": 0.01, "sage-pool": 0.01, "sage-lstm": 0.02, "gat": 0.01,
              "revgnn": 0.01}
 PHASES = ("sampling", "partitioning", "carving", "host_to_device", "compute")
+PIPELINE_MODES = ("serial", "pipelined", "gathered_ahead", "device_preparation", "copy_ahead")
 
 BACKENDS = [pytest.param("dgl", marks=pytest.mark.dgl), "pyg"]
 
@@ -119,7 +121,7 @@ def test_timed_epochs(report):
 def test_pipeline_section(report):
     pl = report["pipeline"]
     assert pl["k"] == report["timing"]["k_chosen"]
-    for mode in ("serial", "pipelined", "gathered_ahead", "device_preparation"):
+    for mode in PIPELINE_MODES:
         assert [e["epoch"] for e in pl[mode]] == list(range(pl["epochs_per_mode"]))
         for e in pl[mode]:
             assert 0.0 < e["compute_s"] <= e["epoch_s"] and 0.0 <= e["idle_fraction"] < 1.0
@@ -127,13 +129,15 @@ def test_pipeline_section(report):
     assert all(e["prefetch_bytes"] == 0 for e in pl["serial"] + pl["device_preparation"])
     assert all(e["prefetch_bytes"] > 0 for e in pl["pipelined"])
     # the features gathered ahead are held with the prepared batch, gathered on the thread
-    assert min(e["prefetch_bytes"] for e in pl["gathered_ahead"]) > \
-           max(e["prefetch_bytes"] for e in pl["pipelined"])
-    assert all(e["h2d_s"] > 0 for mode in ("serial", "pipelined", "gathered_ahead", "device_preparation")
-               for e in pl[mode])
+    for mode in ("gathered_ahead", "copy_ahead"):
+        assert min(e["prefetch_bytes"] for e in pl[mode]) > \
+               max(e["prefetch_bytes"] for e in pl["pipelined"]), mode
+    assert all(e["h2d_s"] > 0 for mode in PIPELINE_MODES for e in pl[mode])
     # the serial updates up to the run-to-run noise of multi-threaded CPU kernels (PyG's
     # scatter sums in a thread-dependent order: two serial runs differ by ~1e-8 too)
-    assert pl["max_relative_difference"] < 1e-6
+    assert set(pl["relative_difference"]) == set(PIPELINE_MODES[1:])
+    assert all(diff < 1e-6 for diff in pl["relative_difference"].values()), pl["relative_difference"]
+    assert pl["max_relative_difference"] == max(pl["relative_difference"].values())
 
 
 def test_unknown_backend_is_refused_naming_the_choices(tmp_path):

@@ -101,6 +101,25 @@ def test_tracked_tensor_freed_inside_is_subtracted():
     del new
 
 
+def test_counted_tensor_made_before_the_region_is_added_until_freed():
+    """``count``: a tensor made before the region (a micro-batch's inputs copied ahead)
+    joins the innermost region's live bytes from there, is subtracted when freed, and
+    the meter keeps no reference to it; outside a region it does nothing."""
+    held = {"t": _bytes(6 * MB)}
+    meter = MemoryMeter()
+    meter.count([held["t"]])  # no region open
+    with meter.measure() as outer:
+        with meter.measure() as reading:
+            meter.count([held["t"], held["t"]])  # one storage, counted once
+            held.clear()  # its last holder: freed
+            new = _bytes(MB)
+    assert reading.baseline_bytes == 0
+    assert reading.peak_bytes == 6 * MB
+    assert reading.end_bytes == MB
+    assert outer.peak_bytes == MB  # the outer region never counted it
+    del new
+
+
 def test_zero_size_storage_growth_via_resize_and_out():
     meter = MemoryMeter()
     with meter.measure() as reading:

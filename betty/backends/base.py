@@ -13,14 +13,22 @@ induced subgraph of one; it answers ``num_nodes()``, ``num_edges()``, ``edges()`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the backend names and checks import no framework
     import torch
     from torch import nn
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "ToDevice", "plain_to"]
+
+ToDevice = Callable[["torch.Tensor", bool], "torch.Tensor"]
+"""``to(tensor, copy)``: ``tensor`` on the block's device (a fresh copy with ``copy``)."""
+
+
+def plain_to(device) -> ToDevice:
+    """The default :data:`ToDevice`: ``tensor.to(device, copy=copy)``."""
+    return lambda tensor, copy=False: tensor.to(device, copy=copy)
 
 
 def _required_degrees(layer) -> torch.Tensor:
@@ -39,17 +47,20 @@ class Backend:
 
     # -- blocks ---------------------------------------------------------------------
     def make_block(self, layer, device: torch.device | str = "cpu", *, copy: bool = False,
-                   degrees: bool = False):
+                   degrees: bool = False, to: ToDevice | None = None):
         """The backend's block object for one :class:`betty.batch.LayerEdges`, on
         ``device``, edge order preserved. ``copy`` forces fresh index tensors on the
         device (so a micro-batch's transfer is counted even when already there).
         ``degrees`` also carries ``layer.src_out_degree`` to the device (read back by
-        :meth:`src_out_degree`; the symmetric GCN needs it)."""
+        :meth:`src_out_degree`; the symmetric GCN needs it). ``to``: how each index
+        tensor reaches ``device`` (``to(tensor, copy)``, e.g.
+        :meth:`betty.streams.Staged.to`, which also records it); default
+        ``tensor.to(device, copy=copy)``."""
         raise NotImplementedError
 
     def make_blocks(self, layers: Sequence, device: torch.device | str = "cpu", *,
-                    copy: bool = False, degrees: bool = False) -> list:
-        return [self.make_block(layer, device, copy=copy, degrees=degrees) for layer in layers]
+                    copy: bool = False, degrees: bool = False, to: ToDevice | None = None) -> list:
+        return [self.make_block(layer, device, copy=copy, degrees=degrees, to=to) for layer in layers]
 
     def src_out_degree(self, block) -> torch.Tensor | None:
         """``(n_src,)`` whole-graph out-degrees of the block's sources, as carried by

@@ -9,7 +9,7 @@ from dgl.nn import GATConv, GraphConv, SAGEConv
 
 from betty.backends.lstm import autocast_safe
 
-from betty.backends.base import Backend, _required_degrees
+from betty.backends.base import Backend, _required_degrees, plain_to
 
 __all__ = ["DGLBackend", "BACKEND", "SRC_OUT_DEGREE"]
 
@@ -20,16 +20,17 @@ SRC_OUT_DEGREE = "betty_src_out_degree"
 class DGLBackend(Backend):
     name = "dgl"
 
-    def make_block(self, layer, device="cpu", *, copy=False, degrees=False):
+    def make_block(self, layer, device="cpu", *, copy=False, degrees=False, to=None):
         """``dgl.create_block`` with explicit node counts: destinations without in-edges
         are kept and the source order is exactly ``layer.src_nid``; with ``degrees`` the
         sources' whole-graph out-degrees go to ``srcdata[SRC_OUT_DEGREE]``."""
+        to = to or plain_to(device)
         block = dgl.create_block(
-            (layer.edge_src.to(device, copy=copy), layer.edge_dst.to(device, copy=copy)),
+            (to(layer.edge_src, copy), to(layer.edge_dst, copy)),
             num_src_nodes=layer.num_src, num_dst_nodes=layer.num_dst,
             idtype=torch.int64, device=device)
         if degrees:
-            block.srcdata[SRC_OUT_DEGREE] = _required_degrees(layer).to(device, copy=copy)
+            block.srcdata[SRC_OUT_DEGREE] = to(_required_degrees(layer), copy)
         return block
 
     def src_out_degree(self, block):

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch_geometric.utils import scatter, softmax
 
-from betty.backends.base import Backend, _required_degrees
+from betty.backends.base import Backend, _required_degrees, plain_to
 from betty.backends.lstm import AutocastLSTM
 
 __all__ = ["PygBlock", "PygGraph", "PygSAGEConv", "PygGraphConv", "PygGATConv", "lstm_aggregate",
@@ -242,9 +242,10 @@ class PygGATConv(nn.Module):
 class PygBackend(Backend):
     name = "pyg"
 
-    def make_block(self, layer, device="cpu", *, copy=False, degrees=False):
-        edge_index = torch.stack([layer.edge_src, layer.edge_dst]).to(device)  # stack copies
-        deg = _required_degrees(layer).to(device, copy=copy) if degrees else None
+    def make_block(self, layer, device="cpu", *, copy=False, degrees=False, to=None):
+        to = to or plain_to(device)
+        edge_index = to(torch.stack([layer.edge_src, layer.edge_dst]), False)  # stack copies
+        deg = to(_required_degrees(layer), copy) if degrees else None
         return PygBlock(edge_index, layer.num_src, layer.num_dst, deg)
 
     def src_out_degree(self, block):

@@ -31,7 +31,7 @@ import torch
 from betty.batch import MicroBatch, SampledBatch
 from betty.memory.constants import BackendConstants, load_constants
 from betty.memory.ops import itemsize
-from betty.memory.replay import ReplayConfig, replay
+from betty.memory.replay import ReplayConfig, input_bytes, replay
 from betty.memory.sizes import PieceSizes, micro_batch_sizes, piece_sizes
 from betty.memory.spec import as_model_spec, as_optimizer_spec
 from betty.precision import Precision
@@ -52,7 +52,7 @@ class MemoryEstimate:
             ``attention`` (GAT per-edge tensors), ``lstm`` (LSTM buckets),
             ``dropout``, ``loss``, ``activation_gradients``; with preparation on the
             device (:mod:`betty.memory.device_preparation`) ``device_store`` and
-            ``carved``.
+            ``carved``; with copy-ahead ``next_inputs`` (the next piece's inputs).
         peak_at: the phase and op where the peak is reached.
         sizes: the micro-batch's per-layer sizes.
         backend: the backend whose constants were used.
@@ -98,7 +98,8 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
                    constants: BackendConstants | None = None,
                    precision: "str | Precision" = "32",
                    feature_dtype: torch.dtype | None = None,
-                   device_store: float = 0.0, carved=0.0) -> list[MemoryEstimate]:
+                   device_store: float = 0.0, carved=0.0,
+                   copy_ahead: bool = False) -> list[MemoryEstimate]:
     """Estimate every piece described by ``sizes`` (one vectorized replay).
 
     Args:
@@ -124,6 +125,12 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
         device_store, carved: bytes preparation on the device keeps there beside each
             piece's step (:mod:`betty.memory.device_preparation`): the store and batch
             (one number), each piece's carved micro-batch (one or ``(P,)``).
+        copy_ahead: the P pieces run in this order in one step that copies each
+            piece's successor's inputs to the device while the piece computes
+            (:func:`betty.train.accumulate_gradients` with ``copy_ahead``): piece ``i``'s
+            peak also counts piece ``i + 1``'s inputs
+            (:func:`betty.memory.replay.input_bytes`; none for the last piece), the
+            ``next_inputs`` component.
     """
     spec = as_model_spec(model)
     opt = as_optimizer_spec(optimizer)
@@ -145,6 +152,8 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
                        autocast_elt=autocast_elt, host=not backend.startswith("cuda"),
                        device_store=float(device_store),
                        carved=np.broadcast_to(np.asarray(carved, dtype=np.float64), (p,)).copy())
+    if copy_ahead:  # piece i holds piece i + 1's inputs; the last piece holds none
+        cfg.next_inputs = np.append(input_bytes(sizes, cfg)[1:], 0.0)
     tl = replay(sizes, cfg)
     breakdown = tl.breakdown()
     where = tl.peak_event()
@@ -193,8 +202,16 @@ def estimate_pieces(batch: SampledBatch, groups, k: int, model, optimizer="adam"
     is prepared on the device (sampled, kept and carved there) beside a store of that
     many bytes (:func:`betty.memory.device_preparation.store_bytes`); each piece's peak
     then counts the store, the batch and its carved micro-batch. Other keyword
-    arguments are those of :func:`estimate_sizes`.
+    arguments are those of :func:`estimate_sizes` (``copy_ahead``: piece ``i`` also
+    holds piece ``i + 1``'s inputs).
+
+    Raises:
+        ValueError: ``copy_ahead`` with ``device_store_bytes``: a batch prepared on the
+            device is not copied from the host.
     """
+    if kwargs.get("copy_ahead") and device_store_bytes is not None:
+        raise ValueError("copy_ahead overlaps each next piece's copy from the host; a batch "
+                         "prepared on the device (device_store_bytes) is not copied from it")
     sizes = piece_sizes(batch, groups, k)
     fresh = np.zeros(k, dtype=bool)
     fresh[0] = bool(zeroed_grads)

@@ -41,8 +41,9 @@ Two backends:
 
     Not counted (limitations):
 
-    * storages created before the region and not tracked, including when they are freed
-      inside it (they were never added, so they are never subtracted);
+    * storages created before the region and neither tracked nor counted
+      (:meth:`MemoryMeter.count`), including when they are freed inside it (they were
+      never added, so they are never subtracted);
     * scratch memory a kernel allocates and frees internally (it never becomes an op
       output), e.g. a BLAS packing buffer;
     * memory outside PyTorch tensors: DGL's C++ graph index (the COO/CSR/CSC formats of a
@@ -408,6 +409,7 @@ class MemoryMeter:
                 self.device = torch.device("cuda", torch.cuda.current_device())
         self.backend = backend
         self._tracked: list[weakref.ref] = []
+        self._open: list[_Ledger] = []  # this meter's open dispatch regions, innermost last
 
     # ---------------------------------------------------------------- tracking
 
@@ -442,6 +444,19 @@ class MemoryMeter:
         """Bytes of :meth:`tracked_storages` right now."""
         return sum(s.nbytes() for s in self.tracked_storages())
 
+    def count(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count ``tensors``, made before the innermost open region, as allocated in it
+        now, until they are freed (a micro-batch's inputs copied to the device during
+        the region before its own). Holds no reference to them. The ``"cuda"`` backend
+        counts every live tensor anyway, and outside a region there is nothing to add
+        them to: then it does nothing."""
+        if self.backend == "cuda" or not self._open:
+            return
+        ledger = self._open[-1]
+        # one expression, as for the tracked storages: no variable keeps one alive
+        any(map(ledger.add, _unique_storages(_iter_tensors(list(tensors)), self.device)))
+        ledger.note_peak()
+
     # ---------------------------------------------------------------- measuring
 
     @contextmanager
@@ -464,10 +479,12 @@ class MemoryMeter:
         any(map(ledger.add, self.tracked_storages()))
         reading.baseline_bytes = ledger.peak = ledger.live
         _open_ledger(ledger)
+        self._open.append(ledger)
         try:
             with _LiveBytesMode(ledger, self.device):
                 yield reading
         finally:
+            self._open.remove(ledger)
             _close_ledger(ledger)
             ledger.note_peak()
             reading.peak_bytes = ledger.peak

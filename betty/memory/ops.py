@@ -52,6 +52,7 @@ INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
 # components of the breakdown both replays report
 PARAMS, GRADS, OPT = "parameters", "gradients", "optimizer_state"
 DEVICE_STORE, CARVED = "device_store", "carved"
+NEXT_INPUTS = "next_inputs"
 FEATS, LABELS, DROP = "features", "labels", "dropout"
 ACT, ATT, LOSS, BWD = "activations", "attention", "loss", "activation_gradients"
 
@@ -83,6 +84,10 @@ class StepConfig:
             the batch); 0 when preparation runs on the host.
         carved: ``(P,)`` bytes (or one for all) of each piece's carved micro-batch on
             the device, beside its step; 0 when carving runs on the host.
+        next_inputs: ``(P,)`` bytes (or one for all) of the inputs the step copies to
+            the device for the piece after piece ``i`` while piece ``i`` computes
+            (copy-ahead, :func:`betty.train.accumulate_gradients`): allocated right after
+            piece ``i``'s own inputs and live to its end; 0 without copy-ahead.
     """
 
     optimizer: OptimizerSpec
@@ -95,6 +100,7 @@ class StepConfig:
     host: bool = True
     device_store: float = 0.0
     carved: np.ndarray | float = 0.0
+    next_inputs: np.ndarray | float = 0.0
 
 
 def itemsize(dtype: torch.dtype, name: str) -> int:

@@ -12,8 +12,10 @@ storage as it is created and when its last holder lets go of it:
    (the same bytes) and nothing else.
 2. **Global IDs** for deterministic dropout: ``n_src_l·8`` per layer (feature dropout),
    ``E_l·8`` per layer (GAT attention dropout).
-3. **Features** ``n_in·F`` elements (then a cast copy if the compute dtype differs) and
-   **labels** (``n_out`` int64 or ``n_out·T`` multi-label targets).
+3. **Features** ``n_in·F`` elements and **labels** (``n_out`` int64 or ``n_out·T``
+   multi-label targets); with copy-ahead (``StepConfig.next_inputs``) the next piece's
+   blocks, IDs, features and labels, copied while this piece computes; then a cast copy
+   of the features if the compute dtype differs.
 4. **Forward**, layer by layer: input dropout (hash dropout keeps no mask, only
    bounded chunk buffers; standard dropout keeps a bool mask), the convolution with
    every intermediate DGL and autograd create, and the activation. What autograd saves
@@ -101,8 +103,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.constants import BackendConstants
-from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, PARAMS,
-                              StepConfig, edge_softmax_backward, numel,
+from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
+                              NEXT_INPUTS, PARAMS, StepConfig, edge_softmax_backward, numel,
                               index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline, through)
@@ -111,7 +113,7 @@ from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
 from betty.models.dropout import CHUNK_ELEMENTS  # hash dropout's chunk of int64 scratch
 
-__all__ = ["ReplayConfig", "replay", "INDEX_BYTES"]
+__all__ = ["ReplayConfig", "replay", "input_bytes", "INDEX_BYTES"]
 
 # components of the breakdown besides the shared ones (betty.memory.ops); all indices are
 # int64 (INDEX_BYTES: betty builds blocks with idtype=int64)
@@ -163,6 +165,7 @@ class _Replayer:
         self.pelt = cfg.model.param_dtype.itemsize
         self.shapes = parameter_shapes(cfg.model)
         self.pyg = cfg.model.backend == "pyg"
+        self.dropout_on = cfg.training and cfg.model.dropout > 0  # feature dropout in the forward
         self.ce = int(cfg.autocast_elt)  # autocast's compute bytes (0: no autocast)
         self._region_casts: list[Buffer] = []  # autocast's cached copies, freed at its exit
         if self.ce and not replays_mixed_precision(cfg.model, cfg.host):
@@ -1563,11 +1566,15 @@ class _Replayer:
         tl.release(right_f, mean)
 
     # ------------------------------------------------------------------ whole step
-    def run(self) -> Timeline:
-        s, cfg, tl, e = self.s, self.cfg, self.tl, self.e
+    def inputs(self) -> tuple[Buffer, Buffer]:
+        """What the step copies to the device for one piece, in its order
+        (:func:`betty.train.accumulate_gradients`' staging): each layer's block (edge
+        index copies, the GCN's source out-degrees, DGL's block structures), the global
+        IDs dropout keys on, the input features in the host matrix's dtype, the labels.
+        Returns ``(features, labels)``, each held once."""
+        s, cfg, tl = self.s, self.cfg, self.tl
         spec = cfg.model
         L = spec.num_layers
-        self.baseline()
         tl.phase = "blocks"
         for l in range(L):
             tl.alloc(2 * s.num_edges[l] * INDEX_BYTES, BLOCKS, f"layer {l} edge index copies")
@@ -1581,8 +1588,7 @@ class _Replayer:
             tl.alloc(cfg.constants.block_bytes_per_edge * s.num_edges[l]
                      + cfg.constants.block_bytes_per_node * (s.n_src[l] + s.n_dst[l]),
                      BLOCKS, f"layer {l} device graph formats")
-        dropout_on = cfg.training and spec.dropout > 0
-        if dropout_on and spec.dropout_mode == "deterministic":
+        if self.dropout_on and spec.dropout_mode == "deterministic":
             for l in range(L):
                 tl.alloc(s.n_src[l] * INDEX_BYTES, IDS, f"layer {l} node ids")
         if (cfg.training and spec.arch == "gat" and spec.attn_dropout > 0
@@ -1590,8 +1596,22 @@ class _Replayer:
             for l in range(L):
                 tl.alloc(s.num_edges[l] * INDEX_BYTES, IDS, f"layer {l} edge ids")
         tl.phase = "inputs"
+        x = tl.alloc(s.n_src[0] * spec.widths[0] * cfg.feat_elt, FEATS, "input features")
+        if cfg.label_columns:
+            labels = tl.alloc(s.num_outputs * cfg.label_columns * cfg.label_elt, LABELS, "labels")
+        else:
+            labels = tl.alloc(s.num_outputs * INDEX_BYTES, LABELS, "labels")
+        return x, labels
+
+    def run(self) -> Timeline:
+        s, cfg, tl, e = self.s, self.cfg, self.tl, self.e
+        spec = cfg.model
+        L = spec.num_layers
+        self.baseline()
+        x, labels = self.inputs()
+        if np.any(cfg.next_inputs):  # copy-ahead: the next piece's inputs, live to the end
+            tl.alloc(cfg.next_inputs, NEXT_INPUTS, "next piece's inputs")
         f_in = spec.widths[0]
-        x = tl.alloc(s.n_src[0] * f_in * cfg.feat_elt, FEATS, "input features")
         if self.ce:  # autocast: the features stay in their dtype, the linear layers cast
             self.e = cfg.feat_elt
         elif cfg.feat_elt != e:
@@ -1599,10 +1619,6 @@ class _Replayer:
             tl.release(x)
             x = x2
         n_out = s.num_outputs
-        if cfg.label_columns:
-            labels = tl.alloc(n_out * cfg.label_columns * cfg.label_elt, LABELS, "labels")
-        else:
-            labels = tl.alloc(n_out * INDEX_BYTES, LABELS, "labels")
 
         backwards: list[Callable] = []
         h, h_grad = x, False
@@ -1613,7 +1629,7 @@ class _Replayer:
             inp = h
             conv_in, conv_grad = inp, h_grad
             drop = None
-            if dropout_on:
+            if self.dropout_on:
                 width = spec.widths[l]
                 conv_in = self.dropout_fwd(inp, s.n_src[l], width, h_grad, f"layer {l}")
                 drop = (s.n_src[l], width, h_grad, getattr(self, "_std_mask", None))
@@ -1696,13 +1712,27 @@ class _Replayer:
         return tl
 
 
-def replay(sizes: PieceSizes, cfg: ReplayConfig, *, record: bool = False) -> Timeline:
-    """Replay one micro-batch per piece of ``sizes``; see the module docstring.
-    ``record``: keep every allocation and free in ``Timeline.log``."""
+def _replayer(sizes: PieceSizes, cfg: ReplayConfig) -> _Replayer:
     if len(sizes.n_src) != cfg.model.num_layers:
         raise ValueError(
             f"sizes describe {len(sizes.n_src)} layers but the model has {cfg.model.num_layers}")
-    r = _Replayer(sizes, cfg)
+    return _Replayer(sizes, cfg)
+
+
+def input_bytes(sizes: PieceSizes, cfg: ReplayConfig) -> np.ndarray:
+    """``(P,)`` bytes of what the step copies to the device for each piece of ``sizes``
+    before its forward (:meth:`_Replayer.inputs`: blocks, global IDs, features in the
+    host matrix's dtype, labels), each allocation rounded to the backend's granule: the
+    bytes copy-ahead holds beside the piece before it (``StepConfig.next_inputs``)."""
+    r = _replayer(sizes, cfg)
+    r.inputs()
+    return r.tl.live.copy()
+
+
+def replay(sizes: PieceSizes, cfg: ReplayConfig, *, record: bool = False) -> Timeline:
+    """Replay one micro-batch per piece of ``sizes``; see the module docstring.
+    ``record``: keep every allocation and free in ``Timeline.log``."""
+    r = _replayer(sizes, cfg)
     if record:
         r.tl.log = []
     return r.run()
