@@ -6,8 +6,8 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
-import uuid
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -58,7 +58,8 @@ def test_allreduce_sums_keeps_absent_gradients_and_names_diverged_rank():
 
 
 def test_two_machines_on_localhost_equal_single_process(tmp_path):
-    """Two launchers with nnodes=2 (one rank each) meet through the c10d rendezvous."""
+    """Two launchers with nnodes=2 (one rank each) meet through the rendezvous; machine
+    i holds global rank i even when machine 1 joins first."""
     case = ("sage", "mean", 4)
     port, run_id = free_port(), f"two-nodes-{uuid.uuid4().hex[:8]}"
     script = (
@@ -69,8 +70,10 @@ def test_two_machines_on_localhost_equal_single_process(tmp_path):
         f"res = launch(rank_all_cases, ([{case!r}],), nproc=1, nnodes=2, node_rank=int(sys.argv[1]),\n"
         f"             rdzv_endpoint='127.0.0.1:{port}', run_id={run_id!r}, join_timeout_s=60)\n"
         "pickle.dump(res, open(sys.argv[2], 'wb'))\n")
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(i), str(tmp_path / f"node{i}.pkl")])
-             for i in (0, 1)]
+    procs = []
+    for i in (1, 0):  # machine 1 first: the rank order must not follow who came first
+        procs.append(subprocess.Popen([sys.executable, "-c", script, str(i), str(tmp_path / f"node{i}.pkl")]))
+        time.sleep(3)
     try:
         codes = [p.wait(timeout=240) for p in procs]
     finally:
@@ -80,7 +83,9 @@ def test_two_machines_on_localhost_equal_single_process(tmp_path):
     assert codes == [0, 0]
     results = {}
     for i in (0, 1):
-        results.update(pickle.loads((tmp_path / f"node{i}.pkl").read_bytes()))
+        mine = pickle.loads((tmp_path / f"node{i}.pkl").read_bytes())
+        assert sorted(mine) == [i]
+        results.update(mine)
     assert sorted(results) == [0, 1]
     ref = train_case(dataset(), *case)
     name = case_name(*case)

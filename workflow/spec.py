@@ -232,17 +232,47 @@ class _Section(BaseModel):
 # ------------------------------------------------------------------------ sections
 
 
+STORES = ("local", "distributed")
+STORE_METHODS = ("metis", "random")
+#: the dataset keys that say where the graph is held, not what it is
+STORE_KEYS = ("store", "store_folder", "store_ip_config", "store_method")
+
+
 class DatasetSection(BaseModel):
     """``name`` (see ``betty.data.dataset_names()``), ``root`` (data folder, relative
     to the working directory) and the dataset's own options as further keys (e.g. the
     synthetic generator's ``num_nodes``, ``scale``, ``seed``; checked against the
-    dataset's option list by :func:`check_spec`)."""
+    dataset's option list by :func:`check_spec`).
+
+    Where the graph is held: ``store`` ``local`` (default: every training process
+    holds the whole graph) or ``distributed`` (DistDGL: one graph server per machine
+    holds its partition, the trainers fetch what each batch needs;
+    :mod:`betty.backends.distdgl`); with ``distributed``, ``store_ip_config`` (required:
+    a file with one line ``HOST PORT`` per machine, line ``m`` the graph server of
+    partition ``m``), ``store_folder`` (the partitioning, written by node 0 where it is
+    missing; default ``<root>/distdgl/<dataset>-<options hash>-<machines>``) and
+    ``store_method`` (how the graph is split across the machines: ``metis`` or
+    ``random``). The store changes where the graph is read, not what is learnt."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
     name: str
     root: str = "data"
     feature_dtype: str = "float32"
+    store: str = "local"
+    store_folder: str | None = None
+    store_ip_config: str | None = None
+    store_method: str = "metis"
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value: str) -> str:
+        return _library_choice("store", value, STORES)
+
+    @field_validator("store_method")
+    @classmethod
+    def _store_method(cls, value: str) -> str:
+        return _library_choice("store method", value, STORE_METHODS)
 
     @field_validator("feature_dtype")
     @classmethod
@@ -704,12 +734,12 @@ def _path_problems(ds: DatasetSection) -> list[Problem]:
     return out
 
 
-def _changed(section: BaseModel) -> set[str]:
+def changed_keys(section: BaseModel) -> set[str]:
     """Keys a spec gives with a value other than their default (a default value written
     out explicitly is harmless)."""
     fields = type(section).model_fields
     return {k for k in section.model_fields_set
-            if getattr(section, k) != fields[k].get_default(call_default_factory=True)}
+            if k in fields and getattr(section, k) != fields[k].get_default(call_default_factory=True)}
 
 
 def _gcn_problems(spec: Spec) -> list[Problem]:
@@ -727,7 +757,7 @@ def _sampled_problems(spec: Spec) -> list[Problem]:
     m, ev, out = spec.model, spec.evaluate, []
     if m.arch == "gcn":
         out.extend(_gcn_problems(spec))
-    if "heads" in _changed(m) and m.arch != "gat":
+    if "heads" in changed_keys(m) and m.arch != "gat":
         out.append(Problem("model.heads", m.heads,
                            "applies to model.arch gat (or revgnn with conv gat) only"))
     if m.arch == "gat" and m.hidden * m.heads > MAX_WIDTH:
@@ -755,7 +785,7 @@ def _sampled_problems(spec: Spec) -> list[Problem]:
         out.append(Problem("evaluate.inference", ev.inference, "applies to model.arch revgnn only; "
                            "allowed here: full, sampled"))
     for key in ("views", "parts"):
-        if key in _changed(ev):
+        if key in changed_keys(ev):
             out.append(Problem(f"evaluate.{key}", getattr(ev, key),
                                "applies to evaluate.inference multiview (model.arch revgnn) only"))
     return out
@@ -768,7 +798,7 @@ _REVGNN_NOT_SAMPLED = ("revgnn samples no neighbourhoods: each step runs on the 
 def _revgnn_problems(spec: Spec) -> list[Problem]:
     """Rules of ``revgnn`` (reversible blocks keep the node set: no sampled blocks)."""
     m, s, p, ev, out = spec.model, spec.sampling, spec.partition, spec.evaluate, []
-    changed = _changed(m)
+    changed = changed_keys(m)
     if "heads" in changed and m.conv != "gat" and m.heads != 1:
         out.append(Problem("model.heads", m.heads, f"applies to model.conv gat only (model.conv "
                            f"is {m.conv!r}); allowed otherwise: 1"))
@@ -789,7 +819,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     elif m.hidden % m.groups:
         out.append(Problem("model.hidden", m.hidden,
                            f"must be divisible by model.groups = {m.groups} (channels are split into groups)"))
-    if "batch_size" in _changed(s):
+    if "batch_size" in changed_keys(s):
         out.append(Problem("sampling.batch_size", s.batch_size, f"applies to sage/gat only "
                            f"({_REVGNN_NOT_SAMPLED}); allowed: full"))
     allowed = ", ".join(catalog.CLUSTER_METHODS)
@@ -797,7 +827,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
         out.append(Problem("partition.method", p.method, "revgnn splits the graph into induced "
                            f"subgraphs; allowed: {allowed} (random is re-drawn every epoch)"))
     for key in ("balance", "reuse", "time_limit_s", "deterministic", "partitioner"):
-        if key in _changed(p):
+        if key in changed_keys(p):
             out.append(Problem(f"partition.{key}", getattr(p, key), "applies to sage/gat "
                                "micro-batches only; revgnn re-draws random clusters every epoch "
                                "and keeps METIS clusters for the run"))
@@ -807,12 +837,12 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     if ev.inference == "sampled":
         out.append(Problem("evaluate.inference", ev.inference,
                            "revgnn has no sampled inference; allowed: full, multiview"))
-    if "chunk_size" in _changed(ev):
+    if "chunk_size" in changed_keys(ev):
         out.append(Problem("evaluate.chunk_size", ev.chunk_size, "applies to sage/gat (layer-wise "
                            "inference); revgnn runs the whole graph (full) or whole parts (multiview)"))
     if ev.inference != "multiview":
         for key in ("views", "parts"):
-            if key in _changed(ev):
+            if key in changed_keys(ev):
                 out.append(Problem(f"evaluate.{key}", getattr(ev, key),
                                    "applies to evaluate.inference multiview only"))
     return out
@@ -838,14 +868,40 @@ def _weight_decay_problems(spec: Spec) -> list[Problem]:
     return []
 
 
+def _store_problems(spec: Spec) -> list[Problem]:
+    """Rules of ``dataset.store``: the DistDGL store serves sampled batches to DGL
+    models, its keys apply to it alone."""
+    ds, out = spec.dataset, []
+    if ds.store == "local":
+        for key in STORE_KEYS[1:]:
+            if key in changed_keys(ds):
+                out.append(Problem(f"dataset.{key}", getattr(ds, key),
+                                   "applies to dataset.store distributed only"))
+        return out
+    if ds.store_ip_config is None:
+        out.append(Problem("dataset.store_ip_config", None, "is required with dataset.store distributed: "
+                           "a file with one line 'HOST PORT' per machine (the graph server of "
+                           "each partition)", missing=True))
+    if spec.model.arch == "revgnn":
+        out.append(Problem("dataset.store", ds.store, "serves sampled batches; model.arch revgnn trains on "
+                           "the whole graph or its cluster parts; allowed archs: sage, gat, gcn"))
+    if spec.model.backend == "pyg":
+        out.append(Problem("dataset.store", ds.store, "is DistDGL (dgl.distributed): it needs "
+                           "model.backend dgl or auto, not pyg"))
+    if spec.sampling.device != "host":
+        out.append(Problem("sampling.device", spec.sampling.device, "must be host with dataset.store "
+                           "distributed (the trainers sample what the servers send)"))
+    return out
+
+
 def check_spec(spec: Spec) -> list[Problem]:
     """Rules spanning several keys (field-level rules live in the models)."""
     dataset_problems = _dataset_problems(spec.dataset)
-    out = dataset_problems + _path_problems(spec.dataset)
+    out = dataset_problems + _path_problems(spec.dataset) + _store_problems(spec)
     m = spec.model
     # an arch-specific key set to a non-default value under another arch is a mistake
     # (e.g. aggregator: lstm with arch: gat); the default value is harmless
-    changed = _changed(m)
+    changed = changed_keys(m)
     for key, archs in _ARCH_ONLY.items():
         if key in changed and m.arch not in archs:
             out.append(Problem(f"model.{key}", getattr(m, key),
@@ -881,7 +937,7 @@ def spec_notes(spec: Spec) -> list[str]:
                      "(accepted so that a sage/gat spec runs with --set model.arch=revgnn)")
     if m.arch == "revgnn" and m.deq:
         for key in ("layers", "groups"):
-            if key in _changed(m):
+            if key in changed_keys(m):
                 notes.append(f"model.{key} = {getattr(m, key)!r} is ignored with model.deq: true (one "
                              "weight-tied cell of width model.hidden solved to a fixed point)")
     return notes

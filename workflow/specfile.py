@@ -31,7 +31,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from workflow.spec import Problem, Spec, SpecError, check_spec, short_repr, short_text, with_arch_defaults
+from workflow.spec import (STORE_KEYS, Problem, Spec, SpecError, changed_keys, check_spec, short_repr, short_text,
+                           with_arch_defaults)
 
 __all__ = [
     "STAGES",
@@ -365,7 +366,7 @@ class ResolvedSpec:
     def dataset_options(self) -> dict:
         """The dataset's options, defaults filled in by the data layer (with
         ``feature_dtype`` when it is not float32, see :func:`resolve_spec`)."""
-        return {k: v for k, v in self.data["dataset"].items() if k not in ("name", "root")}
+        return {k: v for k, v in self.data["dataset"].items() if k not in ("name", "root", *STORE_KEYS)}
 
     def stage_content(self, stage: str) -> dict:
         """The parts of the resolved spec ``stage``'s output depends on."""
@@ -418,6 +419,9 @@ def resolve_spec(raw: dict, *, source: str | None = None, overrides: Sequence[st
     if "feature_dtype" not in keyed_options(options):  # float32: the hashes specs had before the key
         del options["feature_dtype"]
     data["dataset"] = {"name": spec.dataset.name, "root": spec.dataset.root, **options}
+    for key in STORE_KEYS:  # where the graph is held: in the content (and stage keys) once set
+        if key in changed_keys(spec.dataset):
+            data["dataset"][key] = getattr(spec.dataset, key)
     for section, key in _UNHASHED_DEFAULTS:  # at their defaults: the hashes specs had before the keys
         if data[section][key] == getattr(type(getattr(spec, section)), "model_fields")[key].default:
             del data[section][key]

@@ -32,9 +32,12 @@ ranks map instead of loading the dataset again); every machine does so for its o
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,7 +48,7 @@ from workflow.evaluation import evaluate_model, metric_suffix
 from workflow.specfile import ResolvedSpec
 
 __all__ = ["PER_RANK_METRICS", "RankFailed", "train_epochs", "train_distributed", "rank_train",
-           "launch_options"]
+           "launch_options", "launched", "store_folder"]
 
 PER_RANK_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
                     "time_idle_s", "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes")
@@ -198,25 +201,69 @@ def _stop_together(stop: bool) -> bool:
     return bool(decision[0])
 
 
-def rank_train(rspec: ResolvedSpec, repeat: int, shared=None) -> dict | None:
+def launched(rspec: ResolvedSpec) -> bool:
+    """Whether the train stage runs its epochs in launched ranks
+    (:func:`train_distributed`): several of them, or the trainers of a distributed
+    graph store (``dataset.store: distributed``), which join its servers."""
+    spec = rspec.spec
+    return spec.train.world_size > 1 or spec.dataset.store == "distributed"
+
+
+def rank_train(rspec: ResolvedSpec, repeat: int, shared=None, store: str | None = None) -> dict | None:
     """One rank's :func:`train_epochs` (module-level: the launcher pickles it).
-    ``shared``: the launcher's :class:`betty.distributed.shared.SharedDataset`
-    (``None``: load the dataset here). Returns rank 0's result with the selected
-    weights as ``state`` (CPU tensors) instead of the model; ``None`` elsewhere."""
+    ``shared``: the launcher's :class:`betty.distributed.shared.SharedDataset`;
+    ``store``: the folder of a DistDGL partitioning whose servers this rank joins
+    (:func:`betty.backends.distdgl.connect`, and leaves once trained); neither: load the
+    dataset here. Returns rank 0's result with the selected weights as ``state`` (CPU
+    tensors) instead of the model; ``None`` elsewhere."""
     from betty.distributed import DataParallel
     from betty.distributed.launch import rank_device
     from workflow.components import configure_threads, load_data, resolve_device
 
-    if shared is None:
+    if store is not None:
+        from betty.backends.distdgl import connect, read_layout
+
+        dataset = connect(read_layout(store))
+        configure_threads(rspec, dataset.num_edges)
+    elif shared is None:
         dataset = load_data(rspec)
     else:
         dataset = shared.attach()
         configure_threads(rspec, dataset.num_edges)
     device = rank_device() if resolve_device(rspec.spec.train.device).type == "cuda" else torch.device("cpu")
     out = train_epochs(rspec, dataset, device, repeat, parallel=DataParallel())
+    if store is not None:
+        dataset.close()  # after training only: a failing trainer's servers are stopped by the launcher
     if out is not None:
         out["state"] = {k: v.detach().cpu() for k, v in out.pop("model").state_dict().items()}
     return out
+
+
+def store_folder(rspec: ResolvedSpec, machines: int) -> Path:
+    """The DistDGL partitioning of the spec's dataset for ``machines`` machines:
+    ``dataset.store_folder``, or ``<root>/distdgl/<dataset>-<options hash>-<machines>``."""
+    ds = rspec.spec.dataset
+    if ds.store_folder is not None:
+        return Path(ds.store_folder)
+    key = hashlib.sha256(json.dumps(rspec.dataset_options, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(ds.root) / "distdgl" / f"{ds.name}-{key}-{machines}"
+
+
+def _launch_on_store(rspec: ResolvedSpec, repeat: int, dataset, nproc: int, options: dict) -> dict:
+    """:func:`betty.backends.distdgl.launch`: this machine's graph server beside its
+    ``nproc`` ranks, on the partitioning node 0 writes where it is missing (from
+    ``dataset``, or the dataset loaded here) and the other machines wait for."""
+    from betty.backends.distdgl import ensure_partitions, launch
+    from workflow.components import load_data, spec_threads
+
+    ds = rspec.spec.dataset
+    nnodes, node_rank = options.get("nnodes", 1), options.get("node_rank", 0)
+    layout = ensure_partitions(lambda: dataset if dataset is not None else load_data(rspec),
+                               store_folder(rspec, nnodes), nnodes, method=ds.store_method,
+                               write=node_rank == 0, dataset=ds.name)
+    threads = spec_threads(rspec, layout.num_edges, ranks=nproc) or 1
+    return launch(rank_train, (rspec, repeat, None, str(layout.folder)), layout=layout,
+                  ip_config=ds.store_ip_config, nproc=nproc, threads=threads, **options)
 
 
 def train_distributed(rspec: ResolvedSpec, repeat: int = 0, dataset=None) -> dict | None:
@@ -237,10 +284,13 @@ def train_distributed(rspec: ResolvedSpec, repeat: int = 0, dataset=None) -> dic
 
     nproc = world // nnodes
     try:
-        dataset = dataset if dataset is not None else load_data(rspec)
-        with share_dataset(dataset) as shared:
-            threads = spec_threads(rspec, dataset.num_edges, ranks=nproc) or 1
-            results = launch(rank_train, (rspec, repeat, shared), nproc=nproc, threads=threads, **options)
+        if rspec.spec.dataset.store == "distributed":
+            results = _launch_on_store(rspec, repeat, dataset, nproc, options)
+        else:
+            dataset = dataset if dataset is not None else load_data(rspec)
+            with share_dataset(dataset) as shared:
+                threads = spec_threads(rspec, dataset.num_edges, ranks=nproc) or 1
+                results = launch(rank_train, (rspec, repeat, shared), nproc=nproc, threads=threads, **options)
     except ChildFailedError as exc:
         raise RankFailed(describe_failures(exc)) from exc
     return results.get(0)

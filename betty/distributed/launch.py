@@ -4,8 +4,10 @@
 device per rank: ``cuda:<local_rank>`` when CUDA is present, else the CPU), after
 ``init_process_group`` with NCCL on CUDA and gloo on the CPU, and returns this node's
 results by global rank. Several machines: every machine runs the same call with
-``nnodes=M``, the same ``rdzv_endpoint`` and ``run_id``; the c10d rendezvous (hosted by
-``node_rank`` 0) numbers the ranks. A failing rank makes the launcher stop the others
+``nnodes=M``, its own ``node_rank``, the same ``rdzv_endpoint`` and ``run_id``; the
+static rendezvous (a store hosted by ``node_rank`` 0 at the endpoint) gives machine
+``i`` the global ranks ``i * nproc`` to ``i * nproc + nproc - 1``, so global rank 0,
+whose result the caller reports, is always on machine 0. A failing rank makes the launcher stop the others
 and raise :class:`torch.distributed.elastic.multiprocessing.errors.ChildFailedError`,
 whose message names the rank and carries its traceback. A rank whose launcher dies
 (even by ``SIGKILL``) ends within half a second.
@@ -161,6 +163,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
         nproc: ranks on this machine.
         nnodes, node_rank, rdzv_endpoint: several machines: ``HOST:PORT`` of node 0
             (required when ``nnodes > 1``; default for one node: a free local port).
+            Every machine must run the same ``nproc``.
         run_id: rendezvous id shared by all nodes (default: random, one node only).
         backend: ``"gloo"`` / ``"nccl"`` (default :func:`default_backend`).
         threads: ``torch.set_num_threads`` in each rank (``None``: torch's default).
@@ -194,10 +197,13 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
             port = stack.enter_context(_loopback_store())
             rdzv_endpoint = f"127.0.0.1:{port}"
             local_store = ("127.0.0.1", port, f"betty/{run_id}/group/")
+        if local_store is None:  # several machines: node i's ranks are i * nproc + local rank
+            backend_name, rdzv_configs = "static", {"rank": node_rank, "timeout": join_timeout_s}
+        else:
+            backend_name, rdzv_configs = "c10d", {"is_host": False, "join_timeout": join_timeout_s}
         config = LaunchConfig(
             min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc, run_id=run_id,
-            rdzv_endpoint=rdzv_endpoint, rdzv_backend="c10d",
-            rdzv_configs={"is_host": node_rank == 0 and local_store is None, "join_timeout": join_timeout_s},
+            rdzv_endpoint=rdzv_endpoint, rdzv_backend=backend_name, rdzv_configs=rdzv_configs,
             max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn")
         held = stack.enter_context(_closing_notes_held())
         try:

@@ -58,7 +58,7 @@ from workflow.plots import curves_figure, memory_figure
 from workflow.runs import active_run_id, log_metrics, tracked_run
 from workflow.stages.base import StageContext
 from workflow.tracking import MODEL_NAME, dataset_input, log_dataset_input, log_pytorch_model
-from workflow.training import train_distributed, train_epochs
+from workflow.training import launched, train_distributed, train_epochs
 
 __all__ = ["run", "train_once", "summarize_repeats"]
 
@@ -82,7 +82,7 @@ def train_once(ctx: StageContext, repeat: int = 0) -> dict[str, float]:
             log_metrics(metrics, step=entry["epoch"], dataset=dataset)
         advance(1, **{k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
 
-    if spec.train.world_size > 1:
+    if launched(ctx.rspec):
         out = train_distributed(ctx.rspec, repeat, dataset=ctx.dataset())
         for entry in out["history"]:  # rank 0's, logged once the ranks are done
             on_epoch(entry, entry is out["history"][-1])
@@ -106,7 +106,7 @@ def _log_outputs(ctx: StageContext, repeat: int, model, *, history: list[dict], 
     log_artifact(folder / "model.pt")
     _log_model_and_last_epoch(ctx, model, history[-1])
     table, columns = record.ROWS_TABLE, ("repeat", *record.ROW_COLUMNS)
-    if ctx.rspec.spec.train.world_size > 1:
+    if launched(ctx.rspec):
         columns = (*columns, "rank")
     log_artifact(write_csv(folder / f"{table}.csv", rows, columns))
     if searches:

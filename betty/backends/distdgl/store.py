@@ -29,7 +29,9 @@ preparation thread while the step reads features): every request here holds
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import sys
 import threading
 
 import numpy as np
@@ -154,7 +156,7 @@ class DistributedDataset:
             import dgl
 
             self._open = False
-            with REQUESTS:
+            with REQUESTS, contextlib.redirect_stdout(sys.stderr):  # DGL's notes: not the caller's output
                 dgl.distributed.exit_client()
 
 
@@ -177,7 +179,8 @@ def connect(layout: PartitionLayout) -> DistributedDataset:
     from betty.backends.distdgl import shm
 
     shm.install()
-    dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
+    with contextlib.redirect_stdout(sys.stderr):  # DGL's notes: not the caller's output
+        dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
     atexit.unregister(dgl.distributed.exit_client)  # left explicitly, by DistributedDataset.close
     book = load_partition_book(str(layout.config), rpc.get_machine_id())[0]
     return DistributedDataset(layout, DistGraph(GRAPH_NAME, gpb=book))
