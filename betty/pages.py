@@ -54,6 +54,9 @@ __all__ = ["release_pages", "release_rows", "resident_bytes", "prefetch_rows", "
 
 #: pages checked and advised together (32 MiB of address space at 4 KiB pages)
 BLOCK_PAGES = 1 << 13
+#: pages a fault maps beside the one it reads where they are cached (the kernel's
+#: ``fault_around_bytes``, 64 KiB by default): a row span's release reaches that far
+FAULT_AROUND_PAGES = 65536 // mmap.PAGESIZE
 _MADV_RANDOM, _MADV_WILLNEED, _MADV_DONTNEED = 1, 3, 4
 _PRESENT, _SWAPPED, _FILE_OR_SHARED = 1 << 63, 1 << 62, 1 << 61
 _PAGE = mmap.PAGESIZE
@@ -94,14 +97,15 @@ def _spans(tensors: Iterable[torch.Tensor | None]) -> list[tuple[int, int]]:
 
 def _row_span(table: torch.Tensor, lo: int, hi: int) -> tuple[int, int] | None:
     """``(first page, page count)`` of the pages that rows ``lo..hi`` (inclusive) of the
-    contiguous ``table`` lie on, within those wholly inside its storage."""
+    contiguous ``table`` lie on and the fault-around window either side, within those
+    wholly inside its storage."""
     storage = _storage_pages(table)
     if storage is None:
         return None
     row = table[0].numel() * table.element_size() if table.dim() > 1 else table.element_size()
     start = table.data_ptr() + lo * row
-    first = max(start // _PAGE, storage[0])
-    last = min((start + (hi - lo + 1) * row - 1) // _PAGE, storage[0] + storage[1] - 1)
+    first = max(start // _PAGE - FAULT_AROUND_PAGES, storage[0])
+    last = min((start + (hi - lo + 1) * row - 1) // _PAGE + FAULT_AROUND_PAGES, storage[0] + storage[1] - 1)
     return (first, last - first + 1) if last >= first else None
 
 
@@ -148,8 +152,9 @@ def release_pages(tensors: Iterable[torch.Tensor | None]) -> int:
 
 def release_rows(table: torch.Tensor, lo: int, hi: int) -> int:
     """:func:`release_pages` for the pages that rows ``lo..hi`` (inclusive) of a
-    file-mapped contiguous ``table`` lie on (0 for any other table): what a gather of
-    rows in that range read, without looking at the rest of the table."""
+    file-mapped contiguous ``table`` lie on, and :data:`FAULT_AROUND_PAGES` either side
+    (0 for any other table): what a gather of rows in that range mapped, without looking
+    at the rest of the table."""
     if not file_mapped(table) or not table.is_contiguous() or hi < lo:
         return 0
     span = _row_span(table, lo, hi)

@@ -119,6 +119,10 @@ def test_an_epoch_of_sage_mean_trains_with_k_from_the_memory_model(tmp_path):
     assert record.k > 1  # the budget forced a split
     assert torch.isfinite(torch.tensor(record.loss))
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # the pages the sampler and the gathers read were handed back: the process holds none
+    from betty.pages import resident_bytes
+
+    assert resident_bytes([ds.feat, *ds.graph.in_csr[1:]]) == 0
 
 
 def test_bfloat16_features_are_written_block_by_block_and_mapped(tmp_path, monkeypatch):
