@@ -633,3 +633,28 @@ def test_feature_dtype_keys_bfloat16_runs_and_leaves_float32_hashes(tmp_path):
 
     entry = cache_path("synthetic", tmp_path, **bf16.dataset_options)
     assert ds.feat.dtype == torch.bfloat16 and _mapped_file(ds.feat) == str(entry / "feat.bin")
+
+
+def test_the_distributed_store_keys_are_checked_and_kept_out_of_the_dataset_options():
+    base = ["dataset.store=distributed", "dataset.store_ip_config=ip.txt"]
+    rspec = load_spec("tiny", base)
+    assert rspec.spec.dataset.store == "distributed"
+    assert rspec.data["dataset"]["store"] == "distributed"  # in the stage keys once set
+    assert not {"store", "store_ip_config"} & set(rspec.dataset_options)  # not a loader option
+    plain = load_spec("tiny", [])
+    assert "store" not in plain.data["dataset"]  # at its default: the hashes specs had before
+    assert load_spec("tiny", ["dataset.store=local"]).sha == plain.sha
+    cases = [
+        (["dataset.store=remote"], "dataset.store = 'remote': unknown store; allowed: 'local', 'distributed'"),
+        (["dataset.store=distributed"], "dataset.store_ip_config: is required with dataset.store distributed"),
+        (["dataset.store_folder=x"], "dataset.store_folder = 'x': applies to dataset.store distributed only"),
+        ([*base, "dataset.store_method=kway"], "unknown store method; allowed: 'metis', 'random'"),
+        ([*base, "model.backend=pyg"], "needs model.backend dgl or auto, not pyg"),
+        ([*base, "sampling.device=cpu"], "sampling.device = 'cpu': must be host with dataset.store distributed"),
+    ]
+    for overrides, words in cases:
+        with pytest.raises(SpecError) as err:
+            load_spec("tiny", overrides)
+        assert words in str(err.value), (overrides, str(err.value))
+    with pytest.raises(SpecError, match="model.arch revgnn trains on the whole graph"):
+        load_spec("synthetic_revgnn", base)
