@@ -21,6 +21,7 @@ from betty.models import build_model
 from betty.sampling import sample_full_batch
 from distributed_cases import CLASSES, FEATS, dataset
 from graphs import backend_params, power_law_graph
+from test_pipeline import trainer_case
 
 LAYER_TENSORS = ("src_nid", "edge_src", "edge_dst", "edge_id", "src_out_degree")
 
@@ -140,17 +141,7 @@ def test_store_bytes_count_the_csr_features_and_labels():
 
 def _trainer(backend: str, sample_device=None, prefetch: int = 0, meter: bool = False,
              batch_size=None):
-    torch.manual_seed(0)
-    model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2, aggregator="mean",
-                        dropout=0.5, backend=backend)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    m = None
-    if meter:
-        m = MemoryMeter("cpu")
-        m.track(model, opt)
-    trainer = Trainer(model, opt, dataset(), [4, 6], PartitionPlan("reg", 3, reuse=2), seed=1,
-                      batch_size=batch_size, prefetch=prefetch, meter=m, sample_device=sample_device)
-    return trainer, model
+    return trainer_case(prefetch, backend, batch_size=batch_size, meter=meter, sample_device=sample_device)
 
 
 @pytest.mark.parametrize("backend", backend_params())

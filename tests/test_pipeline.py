@@ -158,8 +158,10 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _trainer(prefetch: int, backend: str = "auto", batch_size=None, plan=None, meter=False,
-             arch: str = "sage", aggregator: str = "mean", gather_ahead=None):
+def trainer_case(prefetch: int, backend: str = "auto", batch_size=None, plan=None, meter=False,
+                 arch: str = "sage", aggregator: str = "mean", gather_ahead=None, sample_device=None):
+    """A seeded 2-layer model (dropout 0.5) and its Trainer on the test graph (``reg``
+    K = 3 reused for 2 epochs unless ``plan``), with the CPU meter when ``meter``."""
     torch.manual_seed(0)
     model = build_model(arch, FEATS, CLASSES, hidden=8, layers=2, aggregator=aggregator, heads=2,
                         dropout=0.5, backend=backend)
@@ -169,12 +171,13 @@ def _trainer(prefetch: int, backend: str = "auto", batch_size=None, plan=None, m
         m = MemoryMeter("cpu")
         m.track(model, opt)
     trainer = Trainer(model, opt, dataset(), [4, 6], plan or PartitionPlan("reg", 3, reuse=2), seed=1,
-                      batch_size=batch_size, prefetch=prefetch, meter=m, gather_ahead=gather_ahead)
+                      batch_size=batch_size, prefetch=prefetch, meter=m, gather_ahead=gather_ahead,
+                      sample_device=sample_device)
     return trainer, model
 
 
 def _run(prefetch: int, epochs: int = 4, **kwargs):
-    trainer, model = _trainer(prefetch, **kwargs)
+    trainer, model = trainer_case(prefetch, **kwargs)
     records = list(trainer.epochs(range(epochs)))
     return {n: p.detach().clone() for n, p in model.named_parameters()}, records
 
@@ -228,7 +231,7 @@ def test_sampling_on_the_cpu_device_path_trains_as_the_host_sampler_bit_for_bit(
         return sampler(*args, device=device, **kwargs)
 
     monkeypatch.setattr(betty.engine, "sample_full_batch", recording)
-    trainer, model = _trainer(0)
+    trainer, model = trainer_case(0)
     trainer.sample_device = torch.device("cpu")
     records = list(trainer.epochs(range(2)))
     assert devices and set(devices) == {torch.device("cpu")}
@@ -255,7 +258,7 @@ def test_pipelined_k_search_and_measured_peaks_equal_serial():
 
 
 def test_the_next_batch_is_prepared_while_the_step_runs():
-    trainer, _ = _trainer(1, batch_size=50)
+    trainer, _ = trainer_case(1, batch_size=50)
     overlapped = []
     real_prepare, real_step = trainer.prepare, trainer.train_prepared
     stepping = threading.Event()
@@ -283,7 +286,7 @@ def test_the_next_batch_is_prepared_while_the_step_runs():
 
 
 def test_a_failing_preparation_fails_the_run_and_leaves_no_thread():
-    trainer, _ = _trainer(1, batch_size=50)
+    trainer, _ = trainer_case(1, batch_size=50)
     real = trainer.sample
 
     def sample(epoch, batch_index=0, **kwargs):
@@ -301,7 +304,7 @@ def test_a_failing_preparation_fails_the_run_and_leaves_no_thread():
 
 
 def test_breaking_out_of_the_epochs_stops_the_preparation():
-    trainer, _ = _trainer(1, batch_size=50)
+    trainer, _ = trainer_case(1, batch_size=50)
     for record in trainer.epochs(range(50)):
         break
     assert record.epoch == 0
@@ -311,7 +314,7 @@ def test_breaking_out_of_the_epochs_stops_the_preparation():
 @pytest.mark.parametrize("prefetch", [-1, 1.0, True])
 def test_prefetch_must_be_a_non_negative_integer(prefetch):
     with pytest.raises(ValueError, match="prefetch"):
-        _trainer(prefetch)
+        trainer_case(prefetch)
 
 
 # -- RevGNN's cluster parts ------------------------------------------------------------
@@ -362,8 +365,8 @@ def test_a_batch_carved_ahead_estimates_from_its_pieces_not_the_membership(monke
     original = membership.piece_membership
     monkeypatch.setattr(membership, "piece_membership",
                         lambda *a, **kw: built.append(a[2]) or original(*a, **kw))
-    ahead, _ = _trainer(1)
-    behind, _ = _trainer(1)
+    ahead, _ = trainer_case(1)
+    behind, _ = trainer_case(1)
     for epoch in range(3):  # fresh, reused, reused (reuse=2: epoch 2 is fresh again)
         carved = ahead.prepare(epoch, 0, carve=True)
         assert built == []
@@ -383,7 +386,7 @@ def test_features_gathered_ahead_train_as_serial_bit_for_bit(backend):
     micro-batch carries ``feat[input_nid]``, the step copies those rows instead of
     gathering, releases them, and the updates are the serial run's, with dropout."""
     serial, serial_records = _run(0, backend=backend, batch_size=50)
-    trainer, model = _trainer(1, backend=backend, batch_size=50, gather_ahead=True)
+    trainer, model = trainer_case(1, backend=backend, batch_size=50, gather_ahead=True)
     assert trainer.gather_ahead
     prepared = trainer.prepare(0, 0, carve=True)
     feat = trainer.dataset.feat
@@ -391,12 +394,12 @@ def test_features_gathered_ahead_train_as_serial_bit_for_bit(backend):
     for _, mb, _ in prepared.micro_batches:
         assert torch.equal(mb.input_features, feat[mb.input_nid])
     mbs = [mb for _, mb, _ in prepared.micro_batches]
-    bare = _trainer(1, backend=backend, batch_size=50)[0].prepare(0, 0, carve=True).nbytes
+    bare = trainer_case(1, backend=backend, batch_size=50)[0].prepare(0, 0, carve=True).nbytes
     assert prepared.nbytes == bare + sum(mb.input_features.nbytes for mb in mbs)  # counted
     assert prepared.time_gather_s > 0
     trainer.train_prepared(prepared)
     assert all(mb.input_features is None for mb in mbs)  # released by the step
-    trainer, model = _trainer(1, backend=backend, batch_size=50, gather_ahead=True)
+    trainer, model = trainer_case(1, backend=backend, batch_size=50, gather_ahead=True)
     records = list(trainer.epochs(range(4)))
     for name, value in serial.items():
         assert torch.equal(value, model.state_dict()[name]), name
@@ -406,7 +409,7 @@ def test_features_gathered_ahead_train_as_serial_bit_for_bit(backend):
 
 
 def test_gather_ahead_is_the_default_only_for_an_accelerator_and_needs_prefetch():
-    assert not _trainer(1)[0].gather_ahead  # the CPU: the step gathers, the memory model counts it
-    assert not _trainer(0)[0].gather_ahead
+    assert not trainer_case(1)[0].gather_ahead  # the CPU: the step gathers, the memory model counts it
+    assert not trainer_case(0)[0].gather_ahead
     with pytest.raises(ValueError, match="gather_ahead=True .* prefetch >= 1"):
-        _trainer(0, gather_ahead=True)
+        trainer_case(0, gather_ahead=True)

@@ -141,3 +141,18 @@ def test_a_dead_graph_server_ends_the_runs_failed_naming_it(tracking, tmp_path):
     assert "graph server of machine 0 exited with code -9" in train.data.tags.get("error", "")
     main = [r for r in runs if r.data.tags.get("stage") == "main"][0]
     assert main.info.status == "FAILED"
+
+
+@pytest.mark.slow
+def test_a_failing_trainer_on_the_store_ends_the_runs_failed_naming_it(tracking, tmp_path, monkeypatch):
+    uri, exp = tracking
+    monkeypatch.setenv("BETTY_FAULT", "raise@1")
+    ip_config = _ip_config(tmp_path, 1)
+    res = invoke("run", "tiny", "--nproc", "2", *FAST, *_store(ip_config), catch_exceptions=True)
+    assert res.exit_code != 0
+    runs = runs_of(uri, exp)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    train = [r for r in runs if r.data.tags.get("stage") == "train"][0]
+    assert train.info.status == "FAILED"
+    assert "rank 1 failed: RuntimeError: injected" in train.data.tags.get("error", "")
+    assert not _server_processes(str(ip_config))

@@ -302,10 +302,13 @@ class RankFailed(RuntimeError):
 
 def describe_failures(exc) -> str:
     """``"rank 1 failed: RuntimeError: ..."`` / ``"rank 1 was killed by SIGKILL"`` for
-    every failed rank of a ``ChildFailedError`` (first failure first)."""
+    every failed rank of a ``ChildFailedError`` (first failure first). A rank that
+    recorded its error and then died of a signal on the way out (a DistDGL client left
+    without its exit aborts) is named by its error."""
     parts = []
     for rank, failure in sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp):
-        if failure.exitcode is not None and failure.exitcode < 0:
+        recorded = bool(failure.error_file) and os.path.isfile(failure.error_file)  # the rank wrote its error
+        if failure.exitcode is not None and failure.exitcode < 0 and not recorded:
             parts.append(f"rank {rank} was killed by {failure.signal_name()}")
         else:
             message = failure.message
