@@ -127,3 +127,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.workflow)
             if item.nodeid.split("/")[-1].split("[")[0] in STACK_DEPENDENT_WORKFLOW_TESTS:
                 item.add_marker(pytest.mark.pyg)
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: PyG's CPU scatter with several threads sums in an order that
+    differs from run to run (two serial runs differ by about 1e-8 then), which would
+    hide a bit-for-bit comparison; with one thread two runs of the same step agree bit
+    for bit. Modules comparing runs that way use it for every test
+    (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

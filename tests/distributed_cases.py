@@ -103,6 +103,23 @@ def rank_distdgl_cases(folder: str, cases, pipelined=()) -> dict[str, dict[str, 
     return out
 
 
+def graph_server_pids(marker: str) -> list[int]:
+    """PIDs of the live DistDGL graph server processes whose command line holds
+    ``marker`` (a test's own IP configuration path)."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "betty.backends.distdgl.server" in cmd and marker in cmd:
+            found.append(int(pid))
+    return found
+
+
 def rank_join_and_wait(folder: str, seconds: float) -> None:
     """Join the servers, then wait ``seconds`` before leaving: a trainer that waits for an
     answer that does not come (a server is killed meanwhile)."""

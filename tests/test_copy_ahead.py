@@ -22,17 +22,10 @@ from distributed_cases import CLASSES, FEATS, dataset
 from graphs import backend_params, power_law_graph
 from test_memory_accuracy import TOLERANCE
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+
 MODELS = [("sage", "mean"), ("gat", None)]
 MODEL_IDS = ["sage-mean", "gat"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: two runs of the same step agree bit for bit."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _trainer(backend: str, arch: str, copy_ahead: bool, *, prefetch: int = 0, gather_ahead=None,

@@ -23,16 +23,9 @@ from distributed_cases import CLASSES, FEATS, dataset
 from graphs import backend_params, power_law_graph
 from test_pipeline import trainer_case
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+
 LAYER_TENSORS = ("src_nid", "edge_src", "edge_dst", "edge_id", "src_out_degree")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: two runs of the same step agree bit for bit."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _batch(fanouts=(3, -1, 4), seed: int = 3, shuffle_edges: bool = False):

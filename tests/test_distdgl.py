@@ -20,10 +20,10 @@ pytestmark = pytest.mark.dgl
 
 from betty.backends.distdgl import (GraphServerError, connect, launch, read_ip_config,  # noqa: E402
                                     read_layout, write_partitions)
-from betty.distributed.launch import free_port  # noqa: E402
 from betty.backends.distdgl.cluster import READY  # noqa: E402
-from distributed_cases import (case_name, dataset, rank_distdgl_cases, rank_fail_on_one,  # noqa: E402
-                               rank_join_and_wait, train_case)
+from betty.distributed.launch import free_port  # noqa: E402
+from distributed_cases import (case_name, dataset, graph_server_pids, rank_distdgl_cases,  # noqa: E402
+                               rank_fail_on_one, rank_join_and_wait, train_case)
 
 CASES = [("sage", "mean", 3), ("sage", "lstm", 3), ("gat", None, 4)]
 PIPELINED = [("sage", "mean", 3)]  # sampling on the preparation thread while the step reads features
@@ -39,19 +39,6 @@ def _ip_config(tmp_path: Path, machines: int = 2) -> Path:
     path = tmp_path / "ip_config.txt"
     path.write_text("".join(f"127.0.0.1 {free_port()}\n" for _ in range(machines)))
     return path
-
-
-def _our_processes(marker: str) -> list[int]:
-    """PIDs of live processes whose command line holds ``marker``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd and "betty.backends.distdgl.server" in cmd:
-            found.append(int(pid))
-    return found
 
 
 def _our_shared_memory(before: set[str]) -> list[str]:
@@ -132,7 +119,7 @@ def test_two_servers_and_two_trainers_train_as_one_process(tmp_path, layout):
             for name, want in ref.items():
                 err = float((got[name] - want).norm() / want.norm().clamp_min(1e-300))
                 assert err <= RELATIVE_TOLERANCE, (run, rank, name, err)
-    assert not _our_processes(str(ip_config))
+    assert not graph_server_pids(str(ip_config))
     assert not _our_shared_memory(shm_before)
     for machine in (0, 1):
         assert "shutdown" in (tmp_path / "logs" / f"server{machine}.log").read_text()
@@ -151,7 +138,7 @@ def test_a_dead_server_ends_the_launch_naming_it(tmp_path, layout):
         while time.monotonic() < deadline and not (log.exists() and READY in log.read_text()):
             time.sleep(0.1)
         time.sleep(8)  # the trainers have joined by now
-        for pid in _our_processes(str(ip_config)):
+        for pid in graph_server_pids(str(ip_config)):
             if "--machine 1" in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode():
                 os.kill(pid, signal.SIGKILL)
 
@@ -163,7 +150,7 @@ def test_a_dead_server_ends_the_launch_naming_it(tmp_path, layout):
                nproc=2, machines=[0, 1], log_dir=tmp_path / "logs")
     killer.join()
     assert time.monotonic() - started < 60  # the trainers would have waited 120 s
-    assert not _our_processes(str(ip_config))
+    assert not graph_server_pids(str(ip_config))
     assert not _our_shared_memory(shm_before)
 
 
@@ -177,7 +164,7 @@ def test_a_failing_trainer_ends_the_launch_and_stops_the_servers(tmp_path, layou
         launch(rank_fail_on_one, (str(layout.folder),), layout=layout, ip_config=ip_config,
                nproc=2, machines=[0, 1], log_dir=tmp_path / "logs")
     assert "trainer 1 gave up" in str(err.value)
-    assert not _our_processes(str(ip_config))
+    assert not graph_server_pids(str(ip_config))
     assert not _our_shared_memory(shm_before)
 
 

@@ -16,6 +16,8 @@ from betty.pipeline import Inline, Prefetcher
 from distributed_cases import CLASSES, FEATS, dataset
 from graphs import backend_params
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons
+
 
 def _prepare_threads(within_s: float = 5.0) -> list[threading.Thread]:
     """The preparation threads still alive ``within_s`` seconds from now at the latest
@@ -146,16 +148,6 @@ def test_inline_prepares_in_the_callers_thread_and_times_it():
 
 
 # -- the pipelined trainer -----------------------------------------------------------
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: PyG's CPU scatter with several threads sums in an order that
-    differs from run to run (two serial runs differ by about 1e-8 then), which would
-    hide what these tests compare; with one thread two serial runs agree bit for bit."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def trainer_case(prefetch: int, backend: str = "auto", batch_size=None, plan=None, meter=False,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from distributed_cases import graph_server_pids
 from test_workflow_support import PROJECT, invoke, runs_of
 
 pytest.importorskip("dgl")
@@ -51,16 +52,17 @@ def _local_losses(uri: str, exp: str, *extra: str) -> list[float]:
     return _train_losses(uri, exp, None)
 
 
-def _server_processes(marker: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "betty.backends.distdgl.server" in cmd and marker in cmd:
-            found.append(int(pid))
-    return found
+def _assert_failed(res, uri: str, exp: str, words: str) -> None:
+    """The command failed, the train and parent runs ended FAILED, the train run's
+    ``error`` holds ``words``, and no run is left RUNNING."""
+    assert res.exit_code != 0
+    runs = runs_of(uri, exp)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    train = [r for r in runs if r.data.tags.get("stage") == "train"][0]
+    assert train.info.status == "FAILED"
+    assert words in train.data.tags.get("error", ""), train.data.tags.get("error")
+    main = [r for r in runs if r.data.tags.get("stage") == "main"][0]
+    assert main.info.status == "FAILED"
 
 
 def test_run_on_the_distributed_store_equals_the_run_on_the_whole_graph(tracking, tmp_path):
@@ -79,7 +81,7 @@ def test_run_on_the_distributed_store_equals_the_run_on_the_whole_graph(tracking
     store = _train_losses(uri, exp, "distributed")
     folders = list((tmp_path / "data" / "distdgl").iterdir())
     assert len(folders) == 1 and (folders[0] / "betty.json").is_file()
-    assert not _server_processes(str(ip_config))
+    assert not graph_server_pids(str(ip_config))
     assert store == pytest.approx(_local_losses(uri, exp, "--nproc", "2"), rel=1e-6, abs=0)
 
 
@@ -111,7 +113,7 @@ def test_two_launchers_on_one_host_train_as_one_machine(tracking, tmp_path, monk
     assert res.exit_code == 0, res.output
     runs = runs_of(uri, exp)
     assert runs and all(r.info.status == "FINISHED" for r in runs)
-    assert not _server_processes(str(ip_config))
+    assert not graph_server_pids(str(ip_config))
     assert _train_losses(uri, exp, "distributed") == pytest.approx(reference, rel=1e-6, abs=0)
 
 
@@ -122,10 +124,10 @@ def test_a_dead_graph_server_ends_the_runs_failed_naming_it(tracking, tmp_path):
 
     def kill_the_server():
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not _server_processes(str(ip_config)):
+        while time.monotonic() < deadline and not graph_server_pids(str(ip_config)):
             time.sleep(0.1)
         time.sleep(10)  # the trainers train by now
-        for pid in _server_processes(str(ip_config)):
+        for pid in graph_server_pids(str(ip_config)):
             os.kill(pid, signal.SIGKILL)
 
     killer = threading.Thread(target=kill_the_server)
@@ -133,14 +135,7 @@ def test_a_dead_graph_server_ends_the_runs_failed_naming_it(tracking, tmp_path):
     res = invoke("run", "tiny", "--nproc", "2", *FAST, *_store(ip_config),
                  "-s", "train.epochs=100000", "-s", "evaluate.every=0", catch_exceptions=True)
     killer.join()
-    assert res.exit_code != 0
-    runs = runs_of(uri, exp)
-    assert not [r for r in runs if r.info.status == "RUNNING"]
-    train = [r for r in runs if r.data.tags.get("stage") == "train"][0]
-    assert train.info.status == "FAILED"
-    assert "graph server of machine 0 exited with code -9" in train.data.tags.get("error", "")
-    main = [r for r in runs if r.data.tags.get("stage") == "main"][0]
-    assert main.info.status == "FAILED"
+    _assert_failed(res, uri, exp, "graph server of machine 0 exited with code -9")
 
 
 @pytest.mark.slow
@@ -149,10 +144,5 @@ def test_a_failing_trainer_on_the_store_ends_the_runs_failed_naming_it(tracking,
     monkeypatch.setenv("BETTY_FAULT", "raise@1")
     ip_config = _ip_config(tmp_path, 1)
     res = invoke("run", "tiny", "--nproc", "2", *FAST, *_store(ip_config), catch_exceptions=True)
-    assert res.exit_code != 0
-    runs = runs_of(uri, exp)
-    assert not [r for r in runs if r.info.status == "RUNNING"]
-    train = [r for r in runs if r.data.tags.get("stage") == "train"][0]
-    assert train.info.status == "FAILED"
-    assert "rank 1 failed: RuntimeError: injected" in train.data.tags.get("error", "")
-    assert not _server_processes(str(ip_config))
+    _assert_failed(res, uri, exp, "rank 1 failed: RuntimeError: injected")
+    assert not graph_server_pids(str(ip_config))
