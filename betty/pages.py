@@ -203,6 +203,39 @@ def file_mapped(t: torch.Tensor) -> bool:
     return known
 
 
+_RUN_CHUNK = 1 << 20  # IDs turned into page numbers at a time (bounds the temporaries)
+
+
+def _page_runs(table: torch.Tensor, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, last)`` absolute page numbers of each run of consecutive pages that rows
+    ``ids`` (any order, repeats allowed) of the contiguous ``table`` lie on.
+
+    Each row covers pages ``a..b``. Few rows of a large table: the distinct rows sorted,
+    a run starting where a row's ``a`` passes the row before's ``b + 1``; O(n log n).
+    Many rows: ``+1`` at ``a`` and ``-1`` at ``b + 1`` counted by ``bincount`` over the
+    table's pages (chunk by chunk, bounding the temporaries), whose running sum is
+    positive exactly on the covered pages; O(n + table pages), no sort."""
+    row = table[0].numel() * table.element_size() if table.dim() > 1 else table.element_size()
+    start = table.data_ptr()
+    base = start // _PAGE
+    pages = (start + table.shape[0] * row - 1) // _PAGE - base + 1
+    if ids.size * 32 < pages:
+        rows = np.unique(ids)
+        first = (start + rows * row) // _PAGE
+        last = (start + (rows + 1) * row - 1) // _PAGE
+        begins = np.flatnonzero(np.concatenate([[True], first[1:] > last[:-1] + 1]))
+        ends = np.concatenate([begins[1:] - 1, [rows.size - 1]])
+        return first[begins], last[ends]
+    edges = np.zeros(pages + 1, dtype=np.int64)
+    for lo in range(0, ids.size, _RUN_CHUNK):
+        offset = start + ids[lo:lo + _RUN_CHUNK] * row
+        edges += np.bincount(offset // _PAGE - base, minlength=pages + 1)
+        edges -= np.bincount((offset + row - 1) // _PAGE - base + 1, minlength=pages + 1)
+    covered = np.cumsum(edges[:-1]) > 0
+    change = np.flatnonzero(np.diff(covered.view(np.int8), prepend=0, append=0))
+    return change[0::2] + base, change[1::2] - 1 + base
+
+
 def prefetch_rows(table: torch.Tensor, ids: torch.Tensor) -> int:
     """Ask the kernel to read the pages that rows ``ids`` of a file-mapped ``table``
     lie on (see the module docstring); nothing for a table in ordinary memory.
@@ -216,15 +249,8 @@ def prefetch_rows(table: torch.Tensor, ids: torch.Tensor) -> int:
     """
     if not file_mapped(table) or ids.numel() == 0 or not table.is_contiguous():
         return 0
-    row = table[0].numel() * table.element_size() if table.dim() > 1 else table.element_size()
+    run_starts, run_ends = _page_runs(table, np.asarray(ids, dtype=np.int64))
     start = table.data_ptr()
-    rows = np.unique(np.asarray(ids, dtype=np.int64))
-    first = (start + rows * row) // _PAGE
-    last = (start + (rows + 1) * row - 1) // _PAGE
-    pages = np.unique(np.concatenate([first, last]))
-    breaks = np.flatnonzero(np.diff(pages) != 1)
-    run_starts = np.concatenate([pages[:1], pages[breaks + 1]])
-    run_ends = np.concatenate([pages[breaks], pages[-1:]])
     madvise = _madvise()
     if table.dim() > 1 and _RANDOM.get(start) != table.untyped_storage().nbytes():
         # a table read by rows: a page missing at a fault (one read ahead but evicted

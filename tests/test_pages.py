@@ -144,3 +144,25 @@ def test_prefetch_leaves_ordinary_memory_alone():
     assert prefetch_rows(table, torch.tensor([3, 1])) == 0
     assert release_rows(table, 0, 4095) == 0
     assert torch.equal(table, copy)
+
+
+@pytest.mark.parametrize("width,dtype", [(1, torch.int32), (128, torch.float32), (3, torch.float64),
+                                         (1500, torch.float32)], ids=["csr", "rows", "straddling", "multi-page"])
+@pytest.mark.parametrize("count", [5, 300, 60_000], ids=["sorted-path", "sorted-path-more", "counting-path"])
+def test_page_runs_are_the_runs_of_the_pages_the_rows_lie_on(width, dtype, count):
+    """Both ways of finding the runs (sorting few rows, counting many) give the runs of
+    the set of pages every row touches, rows of any size (straddling two pages or many)."""
+    from betty.pages import _page_runs
+
+    n = 40_000 if width < 100 else 3_000
+    table = torch.zeros((n, width) if width > 1 else (n,), dtype=dtype)
+    ids = np.random.default_rng(count).integers(0, n, count)
+    row = table[0].numel() * table.element_size() if width > 1 else table.element_size()
+    start = table.data_ptr()
+    pages = sorted({p for i in np.unique(ids).tolist()
+                    for p in range((start + i * row) // PAGE, (start + (i + 1) * row - 1) // PAGE + 1)})
+    pages = np.array(pages)
+    breaks = np.flatnonzero(np.diff(pages) != 1)
+    first, last = _page_runs(table, ids)
+    assert np.array_equal(first, np.concatenate([pages[:1], pages[breaks + 1]]))
+    assert np.array_equal(last, np.concatenate([pages[breaks], pages[-1:]]))
