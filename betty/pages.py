@@ -35,6 +35,13 @@ the file is larger than memory) is then read alone at its fault; without it each
 miss read the kernel's read-around window again, and a training step over 4
 micro-batches of about 0.9M rows each read 137 GiB of a 37 GB file.
 
+Both of these cost CPU time where the file fits in memory with room to spare (the
+asking, and the faults that map released pages again): they apply to tables
+:func:`out_of_core`, a file-mapped table larger than :data:`OUT_OF_CORE_FRACTION` of the
+machine's memory. A smaller one is read as any tensor (the page cache holds it after the
+first epoch). :func:`release_pages` itself (one call per batch, as the sampler makes) is
+cheap and applies to any mapped table.
+
 Linux only; elsewhere (or without ``/proc/self/pagemap``) nothing is released or read
 ahead.
 """
@@ -50,8 +57,12 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-__all__ = ["release_pages", "release_rows", "resident_bytes", "prefetch_rows", "file_mapped", "BLOCK_PAGES"]
+__all__ = ["release_pages", "release_rows", "resident_bytes", "prefetch_rows", "file_mapped", "out_of_core",
+           "BLOCK_PAGES", "OUT_OF_CORE_FRACTION"]
 
+#: a file-mapped table larger than this fraction of the machine's memory is read
+#: out of core (:func:`out_of_core`)
+OUT_OF_CORE_FRACTION = 0.25
 #: pages checked and advised together (32 MiB of address space at 4 KiB pages)
 BLOCK_PAGES = 1 << 13
 #: pages a fault maps beside the one it reads where they are cached (the kernel's
@@ -152,10 +163,10 @@ def release_pages(tensors: Iterable[torch.Tensor | None]) -> int:
 
 def release_rows(table: torch.Tensor, lo: int, hi: int) -> int:
     """:func:`release_pages` for the pages that rows ``lo..hi`` (inclusive) of a
-    file-mapped contiguous ``table`` lie on, and :data:`FAULT_AROUND_PAGES` either side
-    (0 for any other table): what a gather of rows in that range mapped, without looking
-    at the rest of the table."""
-    if not file_mapped(table) or not table.is_contiguous() or hi < lo:
+    contiguous ``table`` read out of core (:func:`out_of_core`) lie on, and
+    :data:`FAULT_AROUND_PAGES` either side (0 for any other table): what a gather of rows
+    in that range mapped, without looking at the rest of the table."""
+    if not out_of_core(table) or not table.is_contiguous() or hi < lo:
         return 0
     span = _row_span(table, lo, hi)
     return 0 if span is None else _release([span])
@@ -236,9 +247,30 @@ def _page_runs(table: torch.Tensor, ids: np.ndarray) -> tuple[np.ndarray, np.nda
     return change[0::2] + base, change[1::2] - 1 + base
 
 
+def _memory_bytes() -> int:
+    """The machine's memory (``MemTotal``), 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def out_of_core(t: torch.Tensor) -> bool:
+    """Whether ``t`` is read out of core: file-mapped (:func:`file_mapped`) and larger
+    than :data:`OUT_OF_CORE_FRACTION` of the machine's memory."""
+    if not file_mapped(t):
+        return False
+    return t.untyped_storage().nbytes() > OUT_OF_CORE_FRACTION * _memory_bytes()
+
+
 def prefetch_rows(table: torch.Tensor, ids: torch.Tensor) -> int:
-    """Ask the kernel to read the pages that rows ``ids`` of a file-mapped ``table``
-    lie on (see the module docstring); nothing for a table in ordinary memory.
+    """Ask the kernel to read the pages that rows ``ids`` of a ``table`` read out of
+    core (:func:`out_of_core`) lie on (see the module docstring); nothing for another
+    table.
 
     Args:
         table: ``(N, ...)`` contiguous CPU tensor (a 1-D table's rows are its entries).
@@ -247,7 +279,7 @@ def prefetch_rows(table: torch.Tensor, ids: torch.Tensor) -> int:
     Returns:
         Runs of consecutive pages advised (0 where nothing was).
     """
-    if not file_mapped(table) or ids.numel() == 0 or not table.is_contiguous():
+    if not out_of_core(table) or ids.numel() == 0 or not table.is_contiguous():
         return 0
     run_starts, run_ends = _page_runs(table, np.asarray(ids, dtype=np.int64))
     start = table.data_ptr()

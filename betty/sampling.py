@@ -277,7 +277,7 @@ class _LocalCSR:
     def sample_in_edges(self, nodes, fanout, generator):
         pick = sample_neighbors if self.host else sample_neighbors_torch
         row, pos = pick(self.graph, nodes, fanout, generator)
-        if self.host:  # a mapped CSR: read the entries' pages, not the kernel's guesses around them
+        if self.host:  # a CSR read out of core: the entries' pages, not the kernel's guesses around them
             prefetch_rows(self.indices, pos)
             if self.eid is not None:
                 prefetch_rows(self.eid, pos)

@@ -35,7 +35,7 @@ from betty import catalog
 from betty.batch import MicroBatch, SampledBatch
 from betty.data.store import gather_rows
 from betty.microbatch import Carver, validate_groups
-from betty.pages import file_mapped
+from betty.pages import out_of_core
 from betty.precision import LossScaler, Precision, input_dtype
 from betty.streams import CopyStream, Staged
 from betty.workers import parallel_map
@@ -407,15 +407,15 @@ def _input_features(feat: torch.Tensor, mb: MicroBatch, device, to: Callable | N
     ``non_blocking`` from pinned memory for CUDA). Where ``feat`` and ``mb``'s IDs are on
     ``device`` (the CPU, or features kept on the device for preparation there), the
     gathered rows are the device's own memory, which the memory model counts, so they
-    are gathered in one ``feat[ids]`` with no second copy (from a memory-mapped feature
-    file by :func:`betty.data.store.gather_rows`: one buffer, filled chunk by chunk,
-    each chunk's pages read ahead and handed back)."""
+    are gathered in one ``feat[ids]`` with no second copy (from a feature file read out
+    of core, :func:`betty.pages.out_of_core`, by :func:`betty.data.store.gather_rows`:
+    one buffer, filled chunk by chunk, each chunk's pages read ahead and handed back)."""
     gathered, mb.input_features = mb.input_features, None
     device = torch.device(device)
     to = to or Staged(device).to
     ids = mb.input_nid
     if gathered is None and feat.device == ids.device and same_device(feat.device, device):
-        return to(gather_rows(feat, ids) if file_mapped(feat) else feat[ids])
+        return to(gather_rows(feat, ids) if out_of_core(feat) else feat[ids])
     return to(host_rows(feat, ids, device) if gathered is None else gathered)
 
 

@@ -78,7 +78,12 @@ def test_the_sampler_hands_back_the_stored_csr_pages_it_read(tmp_path):
                 assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
-def test_a_trainer_step_hands_back_the_feature_pages_it_read(tmp_path):
+def test_a_trainer_step_hands_back_the_feature_pages_it_read(tmp_path, monkeypatch):
+    """A feature file read out of core (any mapped table, here) is gathered chunk by
+    chunk and its pages handed back."""
+    import betty.pages
+
+    monkeypatch.setattr(betty.pages, "OUT_OF_CORE_FRACTION", 0.0)
     load_dataset("synthetic", root=tmp_path, **OPTS)
     ds = load_dataset("synthetic", root=tmp_path, **OPTS)
     assert ds.feat.numel() * 4 > 64 * PAGE
@@ -102,13 +107,15 @@ def _cached_pages(t: torch.Tensor) -> np.ndarray:
     return (np.frombuffer(vec.raw, dtype=np.uint8) & 1).astype(bool)
 
 
-def test_prefetch_reads_the_pages_of_the_rows_asked_for(tmp_path):
+def test_prefetch_reads_the_pages_of_the_rows_asked_for(tmp_path, monkeypatch):
     """Rows of 1 KiB, every 37th asked for: the page cache then holds their pages and
-    not the ones between (the kernel's own read-ahead around a fault would)."""
+    not the ones between (the kernel's own read-ahead around a fault would). The table
+    is read out of core only when larger than the fraction of memory."""
     import os
 
+    import betty.pages
     from betty.data.store import gather_rows
-    from betty.pages import prefetch_rows
+    from betty.pages import out_of_core, prefetch_rows
 
     n_rows, width = 64 * 1024, 128  # int64 rows of 1 KiB: 4 rows a page, 64 MiB
     path = tmp_path / "rows.bin"
@@ -120,6 +127,9 @@ def test_prefetch_reads_the_pages_of_the_rows_asked_for(tmp_path):
     table = torch.from_file(str(path), shared=False, size=n_rows * width, dtype=torch.int64).view(n_rows, width)
     assert _cached_pages(table).sum() < 16
     ids = torch.arange(0, n_rows, 37)
+    assert not out_of_core(table) and prefetch_rows(table, ids) == 0  # 64 MiB: fits in memory
+    monkeypatch.setattr(betty.pages, "OUT_OF_CORE_FRACTION", 0.0)
+    assert out_of_core(table)
     assert prefetch_rows(table, ids) == ids.numel()  # each row on a page of its own
     wanted = np.zeros(n_rows * width * 8 // PAGE, dtype=bool)
     wanted[ids.numpy() * width * 8 // PAGE] = True

@@ -420,8 +420,9 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, chunk_rows: int = 1 << 1
     For a memory-mapped ``table`` (features on disk) an unsorted gather touches pages in
     random order; here the IDs are sorted once (``order = argsort(ids)``, stable) and
     row blocks ``table[ids[order[a:b]]]`` are read in that order and scattered to their
-    places, so the file is read front to back. For a memory-mapped ``table`` each
-    chunk's pages are asked for while the chunk before is gathered
+    places, so the file is read front to back. For a ``table`` read out of core
+    (:func:`betty.pages.out_of_core`) each chunk's pages are asked for while the chunk
+    before is gathered
     (:func:`betty.pages.prefetch_rows`) and handed back once it is
     (:func:`betty.pages.release_rows`): the process holds about two chunks of the file,
     whatever ``n``. The chunks are spread over the
