@@ -16,7 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from distributed_cases import graph_server_pids
-from test_workflow_support import PROJECT, invoke, runs_of
+from test_workflow_support import PROJECT, assert_runs_failed, invoke, runs_of
 
 pytest.importorskip("dgl")
 pytestmark = [pytest.mark.dgl, pytest.mark.workflow]
@@ -50,19 +50,6 @@ def _local_losses(uri: str, exp: str, *extra: str) -> list[float]:
     res = invoke("run", "tiny", "--no-reuse", *extra, *FAST)
     assert res.exit_code == 0, res.output
     return _train_losses(uri, exp, None)
-
-
-def _assert_failed(res, uri: str, exp: str, words: str) -> None:
-    """The command failed, the train and parent runs ended FAILED, the train run's
-    ``error`` holds ``words``, and no run is left RUNNING."""
-    assert res.exit_code != 0
-    runs = runs_of(uri, exp)
-    assert not [r for r in runs if r.info.status == "RUNNING"]
-    train = [r for r in runs if r.data.tags.get("stage") == "train"][0]
-    assert train.info.status == "FAILED"
-    assert words in train.data.tags.get("error", ""), train.data.tags.get("error")
-    main = [r for r in runs if r.data.tags.get("stage") == "main"][0]
-    assert main.info.status == "FAILED"
 
 
 def test_run_on_the_distributed_store_equals_the_run_on_the_whole_graph(tracking, tmp_path):
@@ -135,7 +122,7 @@ def test_a_dead_graph_server_ends_the_runs_failed_naming_it(tracking, tmp_path):
     res = invoke("run", "tiny", "--nproc", "2", *FAST, *_store(ip_config),
                  "-s", "train.epochs=100000", "-s", "evaluate.every=0", catch_exceptions=True)
     killer.join()
-    _assert_failed(res, uri, exp, "graph server of machine 0 exited with code -9")
+    assert_runs_failed(res, uri, exp, "graph server of machine 0 exited with code -9")
 
 
 @pytest.mark.slow
@@ -144,5 +131,5 @@ def test_a_failing_trainer_on_the_store_ends_the_runs_failed_naming_it(tracking,
     monkeypatch.setenv("BETTY_FAULT", "raise@1")
     ip_config = _ip_config(tmp_path, 1)
     res = invoke("run", "tiny", "--nproc", "2", *FAST, *_store(ip_config), catch_exceptions=True)
-    _assert_failed(res, uri, exp, "rank 1 failed: RuntimeError: injected")
+    assert_runs_failed(res, uri, exp, "rank 1 failed: RuntimeError: injected")
     assert not graph_server_pids(str(ip_config))

@@ -7,7 +7,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from test_workflow_support import invoke, runs_of
+from test_workflow_support import assert_runs_failed, invoke, runs_of
 
 EXPERIMENT = "dist-test"  # the conftest tracking fixture's experiment
 FAST = ["-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]"]
@@ -55,14 +55,7 @@ def test_failing_rank_ends_runs_failed_naming_the_rank(tracking, monkeypatch, fa
     uri, exp = tracking
     monkeypatch.setenv("BETTY_FAULT", fault)
     res = invoke("run", "tiny", "--nproc", "2", *FAST, catch_exceptions=True)
-    assert res.exit_code != 0
-    runs = runs_of(uri, exp)
-    assert not [r for r in runs if r.info.status == "RUNNING"]
-    train = [r for r in runs if r.data.tags.get("stage") == "train"][0]
-    assert train.info.status == "FAILED"
-    assert words in train.data.tags.get("error", ""), train.data.tags.get("error")
-    main = [r for r in runs if r.data.tags.get("stage") == "main"][0]
-    assert main.info.status == "FAILED"
+    assert_runs_failed(res, uri, exp, words)
 
 
 def test_verify_nproc_passes_and_fails_beyond_tolerance(tmp_path, monkeypatch):

@@ -73,6 +73,19 @@ def runs_of(uri: str, experiment_id: str, query: str = "") -> list:
                                          order_by=["attributes.start_time ASC"])
 
 
+def assert_runs_failed(res, uri: str, experiment_id: str, words: str) -> None:
+    """The command failed, the train and parent (``main``) runs ended FAILED, the train
+    run's ``error`` tag holds ``words``, and no run is left RUNNING."""
+    assert res.exit_code != 0
+    runs = runs_of(uri, experiment_id)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    train = [r for r in runs if r.data.tags.get("stage") == "train"][0]
+    assert train.info.status == "FAILED"
+    assert words in train.data.tags.get("error", ""), train.data.tags.get("error")
+    main = [r for r in runs if r.data.tags.get("stage") == "main"][0]
+    assert main.info.status == "FAILED"
+
+
 def metric_names(run) -> set[str]:
     return set(run.data.metrics)
 

@@ -13,7 +13,6 @@ import json
 import pickle
 import time
 
-import mlflow
 import torch
 from mlflow.tracking import MlflowClient
 

@@ -39,7 +39,7 @@ reason in the table, a note and the ``sweep_skipped`` tag.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import mlflow
