@@ -123,9 +123,9 @@ class PreparedBatch:
             K search).
         time_gather_s: wall of gathering the carved micro-batches' input features
             ahead (``MicroBatch.input_features``; 0 when the step gathers them).
-        device_batch: with preparation on a device (``Trainer(sample_device=)``) the
-            batch as sampled there, which carving reads; ``batch`` is its host copy
-            (the same object on the CPU). ``None``: the batch was sampled on the host.
+        carve_batch: the batch the step carves its micro-batches from: with preparation
+            on a device (``Trainer(sample_device=)``) the batch as sampled there, whose
+            host copy is ``batch``; else ``batch`` itself (``None`` once the step took it).
     """
 
     epoch: int
@@ -142,7 +142,7 @@ class PreparedBatch:
     time_estimate_s: float
     time_metrics_s: float
     time_gather_s: float = 0.0
-    device_batch: SampledBatch | None = None
+    carve_batch: SampledBatch | None = None
 
 
 def _tensor_bytes(obj) -> int:
@@ -479,10 +479,10 @@ class Trainer:
         return result, estimates, fresh
 
     def _partition_timed(self, batch: SampledBatch, epoch: int, batch_index: int, carve_ahead: bool = False,
-                         device_batch: SampledBatch | None = None):
+                         carve_batch: SampledBatch | None = None):
         """:meth:`partition` plus the wall of the estimates made outside the K search and,
         with ``carve_ahead``, every piece carved (``carve_all``'s list; ``None`` without),
-        from ``device_batch`` where the batch was prepared on a device.
+        from ``carve_batch`` (:attr:`PreparedBatch.carve_batch`; needed with ``carve_ahead``).
         Carved first, a split's estimate and redundancy read the carved pieces' sizes
         (:func:`betty.memory.sizes.carved_piece_sizes`) instead of building its piece
         membership; a K search still estimates from the membership of each K it tries."""
@@ -493,7 +493,7 @@ class Trainer:
         if not expired and self.estimator is not None:
             result = cached[0]
             if carve_ahead:
-                micro = self._carve_recorded(batch, result, device_batch)
+                micro = self._carve_recorded(batch, result, carve_batch)
             estimates, t_estimate = self._estimate(self.estimator, batch, result)
             budget = self._usable_budget()
             if budget is not None and max(estimates) > budget:
@@ -502,17 +502,17 @@ class Trainer:
             result, estimates = self._fresh_partition(batch, epoch, batch_index)
             self._partitions[batch_index] = (result, epoch)
             if carve_ahead:
-                micro = self._carve_recorded(batch, result, device_batch)
+                micro = self._carve_recorded(batch, result, carve_batch)
             return result, estimates, True, t_estimate, micro
         if carve_ahead and micro is None:
-            micro = self._carve_recorded(batch, cached[0], device_batch)
+            micro = self._carve_recorded(batch, cached[0], carve_batch)
         return cached[0], estimates, False, t_estimate, micro
 
     def _carve_recorded(self, batch: SampledBatch, result: PartitionResult,
-                        device_batch: SampledBatch | None = None) -> list:
-        """Every piece of ``result`` carved (one process; from ``device_batch`` where
-        given), its sizes recorded on ``batch`` as the split's piece sizes."""
-        micro = self._carve(device_batch if device_batch is not None else batch, result, None)
+                        carve_batch: SampledBatch) -> list:
+        """Every piece of ``result`` carved from ``carve_batch`` (one process), its sizes
+        recorded on ``batch`` (its host copy, or itself) as the split's piece sizes."""
+        micro = self._carve(carve_batch, result, None)
         carved_piece_sizes(batch, result.groups, result.k, [mb for _, mb, _ in micro])
         return micro
 
@@ -574,14 +574,12 @@ class Trainer:
                 past the memory budget (:func:`betty.memory.ksearch.check_fixed_k`).
         """
         t0 = time.perf_counter()
-        device_batch = self.sample(epoch, batch_index, on_host=False)
-        batch = device_batch.to("cpu")
-        if self.sample_device is None:
-            device_batch = None
+        carve_batch = self.sample(epoch, batch_index, on_host=False)
+        batch = carve_batch.to("cpu")  # itself when sampled on the host
         t1 = time.perf_counter()
         carve_ahead = carve and self.parallel is None  # under parallel the estimates pick the pieces
         result, estimates, fresh, t_estimate, micro = self._partition_timed(
-            batch, epoch, batch_index, carve_ahead, device_batch)
+            batch, epoch, batch_index, carve_ahead, carve_batch)
         t_block = sum(seconds for _, _, seconds in micro) if micro is not None else 0.0
         if estimates is None and self.estimator is not None:
             estimates, seconds = self._estimate(self.estimator, batch, result)
@@ -592,7 +590,7 @@ class Trainer:
         redundancy = split_metrics(batch, result.groups, result.k)["redundancy"]
         t3 = time.perf_counter()
         if carve and micro is None:
-            micro = self._carve(device_batch if device_batch is not None else batch, result, estimates)
+            micro = self._carve(carve_batch, result, estimates)
         t_gather = 0.0
         if micro is not None and self.gather_ahead:
             t4 = time.perf_counter()
@@ -603,7 +601,7 @@ class Trainer:
             fresh=fresh, redundancy=redundancy, micro_batches=micro, nbytes=0,
             time_sample_s=t1 - t0, time_partition_s=t2 - t1 - t_estimate - t_block,
             time_estimate_s=t_estimate, time_metrics_s=t3 - t2,
-            time_gather_s=t_gather, device_batch=device_batch)
+            time_gather_s=t_gather, carve_batch=carve_batch)
         prepared.nbytes = _tensor_bytes((batch, micro))
         return prepared
 
@@ -656,9 +654,8 @@ class Trainer:
             if micro is not None:
                 step_kwargs["micro_batches"] = micro
             feat, label = self._device_store()
-            carve_from = batch if prepared.device_batch is None else prepared.device_batch
-            prepared.device_batch = None
-            step = train_step(self.model, self.optimizer, carve_from, result.groups,
+            carve_batch, prepared.carve_batch = prepared.carve_batch, None
+            step = train_step(self.model, self.optimizer, carve_batch, result.groups,
                               feat, label, parallel=self.parallel, torch_ops=self._torch_ops,
                               costs=self._piece_costs(result, estimates), **step_kwargs)
         if logged:  # the pieces this process ran (all K unless data-parallel)
