@@ -128,12 +128,15 @@ class GraphServers:
     def log(self, machine: int) -> Path:
         return self.log_dir / f"server{machine}.log"
 
-    def _tail(self, machine: int, lines: int = 20) -> str:
+    def _exited(self, machine: int, when: str, lines: int = 20) -> str:
+        """What a server that exited ``when`` is reported with: its machine, exit code
+        and the last ``lines`` of its log."""
         try:
-            text = self.log(machine).read_text(errors="replace").splitlines()
+            tail = "\n".join(self.log(machine).read_text(errors="replace").splitlines()[-lines:])
         except OSError:
-            return ""
-        return "\n".join(text[-lines:])
+            tail = ""
+        return (f"the graph server of machine {machine} exited with code {self.procs[machine].returncode} "
+                f"{when}; its log ({self.log(machine)}) ends:\n{tail}")
 
     def __enter__(self) -> "GraphServers":
         self._shm_before = set(os.listdir(_SHM)) if _SHM.is_dir() else set()
@@ -165,9 +168,7 @@ class GraphServers:
                 if READY in self.log(m).read_text(errors="replace"):
                     waiting.discard(m)
                 elif self.procs[m].poll() is not None:
-                    raise GraphServerError(f"the graph server of machine {m} exited with code "
-                                           f"{self.procs[m].returncode} while starting; its log "
-                                           f"({self.log(m)}) ends:\n{self._tail(m)}")
+                    raise GraphServerError(self._exited(m, "while starting"))
             if waiting and time.monotonic() > deadline:
                 raise GraphServerError(f"the graph servers of machines {sorted(waiting)} did not listen "
                                        f"within {START_TIMEOUT_S:.0f} s (logs in {self.log_dir})")
@@ -178,8 +179,7 @@ class GraphServers:
             for m, proc in self.procs.items():
                 # 0: shut down on the trainers' request, which comes after all of them finished
                 if proc.poll() not in (None, 0) and not self._stopping.is_set():
-                    self.failure = (f"the graph server of machine {m} exited with code {proc.returncode} "
-                                    f"while the trainers ran; its log ({self.log(m)}) ends:\n{self._tail(m)}")
+                    self.failure = self._exited(m, "while the trainers ran")
                     self._on_exit()
                     return
             time.sleep(0.1)
