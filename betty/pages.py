@@ -49,6 +49,7 @@ ahead.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import sys
@@ -247,8 +248,9 @@ def _page_runs(table: torch.Tensor, ids: np.ndarray) -> tuple[np.ndarray, np.nda
     return change[0::2] + base, change[1::2] - 1 + base
 
 
+@functools.lru_cache(maxsize=1)
 def _memory_bytes() -> int:
-    """The machine's memory (``MemTotal``), 0 where unknown."""
+    """The machine's memory (``MemTotal``, read once), 0 where unknown."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
