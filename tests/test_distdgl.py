@@ -156,14 +156,14 @@ def test_a_dead_server_ends_the_launch_naming_it(tmp_path, layout):
 
 @pytest.mark.slow
 def test_a_failing_trainer_ends_the_launch_and_stops_the_servers(tmp_path, layout):
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from betty.distributed.launch import RankFailed
 
     shm_before = set(os.listdir("/dev/shm"))
     ip_config = _ip_config(tmp_path)
-    with pytest.raises(ChildFailedError) as err:
+    with pytest.raises(RankFailed) as err:
         launch(rank_fail_on_one, (str(layout.folder),), layout=layout, ip_config=ip_config,
                nproc=2, machines=[0, 1], log_dir=tmp_path / "logs")
-    assert "trainer 1 gave up" in str(err.value)
+    assert "rank 1 failed" in str(err.value) and "trainer 1 gave up" in str(err.value)
     assert not graph_server_pids(str(ip_config))
     assert not _our_shared_memory(shm_before)
 

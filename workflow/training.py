@@ -6,24 +6,13 @@ keeps the selected weights (``evaluate.select``; ``train.early_stopping``:
 :class:`betty.selection.BestValidation`). It works alike with ``sage``/``gat``/``gcn``
 and ``revgnn``: both trainers yield epoch records with ``metrics()`` and ``rows()``.
 
-``train.world_size: N > 1``: the process that holds the MLflow run (the train stage)
-launches N ranks with :func:`betty.distributed.launch.launch`
-(:func:`train_distributed`); each rank runs :func:`train_epochs` with a
-:class:`betty.distributed.DataParallel` (the same trainer, same seeds, its share of each
-step's pieces). After every epoch the ranks all-gather their figures
-(:func:`_gather_ranks`); rank 0 evaluates when due and returns the whole history and the
-selected weights (an early stop is rank 0's decision, broadcast so that every rank
-leaves after the same epoch), which the stage logs: the usual per-epoch contract
-(``loss``, ``train_acc`` are the full-batch ones; peak memory is the maximum over ranks,
-``time_compute_s`` the slowest rank's, ``time_idle_s`` the most idle rank's; the other
-timers are rank 0's) plus, per rank r, ``peak_mem_measured_bytes.rank<r>``,
-``peak_mem_estimated_bytes.rank<r>``, ``time_compute_s.rank<r>``, ``time_idle_s.rank<r>``,
-``allreduce_wait_s.rank<r>``, ``host_rss_peak_bytes.rank<r>`` (the rank's peak resident
-memory on the host), ``host_pss_bytes.rank<r>`` (its proportional set size at the end of
-the epoch: pages shared with the other ranks are divided among them), and
-``allreduce_bytes`` (gradient payload per rank per epoch) and ``world_size``. A failing
-rank raises ``ChildFailedError`` naming it, and the stage's run ends FAILED with that
-message.
+``train.world_size: N > 1`` (or ``dataset.store: distributed``): the train stage's
+process launches the ranks (:func:`train_distributed`); each runs :func:`train_epochs`
+with a :class:`betty.distributed.DataParallel`, the ranks' figures are gathered after
+every epoch (:func:`betty.distributed.gather.gather_epoch`: the metric names), rank 0
+evaluates and decides an early stop for all, and returns the history and the selected
+weights. A failing rank ends the launch with :class:`betty.distributed.launch.RankFailed`
+naming it. Metrics: docs/distributed.md.
 
 Host memory: the launching process loads the dataset once and shares its tensors with
 its ranks (:func:`betty.distributed.shared.share_dataset`: files in ``/dev/shm`` the
@@ -42,16 +31,11 @@ from typing import Any
 
 import torch
 
-from betty.records import estimate_error
 from workflow.components import make_selector, make_trainer
 from workflow.evaluation import evaluate_model, metric_suffix
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["PER_RANK_METRICS", "RankFailed", "train_epochs", "train_distributed", "rank_train",
-           "launch_options", "launched", "store_folder"]
-
-PER_RANK_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
-                    "time_idle_s", "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes")
+__all__ = ["train_epochs", "train_distributed", "rank_train", "launch_options", "launched", "store_folder"]
 
 
 def launch_options() -> dict[str, Any]:
@@ -102,6 +86,7 @@ def train_epochs(rspec: ResolvedSpec, dataset, device, repeat: int = 0, *, paral
         epoch record type (its ``ROWS_TABLE``, ``ROW_COLUMNS``, ``PIECE``) and the model
         holding the selected weights; ``None`` on the other ranks.
     """
+    from betty.distributed.gather import agree, gather_epoch
     from betty.memory.meter import MemoryMeter
 
     spec = rspec.spec
@@ -125,7 +110,7 @@ def train_epochs(rspec: ResolvedSpec, dataset, device, repeat: int = 0, *, paral
             record = next(epochs)
             metrics, pieces = record.metrics(), [{"repeat": repeat, **row} for row in record.rows()]
             if parallel is not None:
-                metrics, pieces = _gather_ranks(record, parallel, steps_before, metrics, pieces)
+                metrics, pieces = gather_epoch(record, parallel, steps_before, metrics, pieces)
             due = bool(every) and (epoch + 1) % every == 0
             if due and rank == 0:
                 metrics.update(evaluate_model(model, dataset, rspec, device, splits=("valid",),
@@ -134,7 +119,7 @@ def train_epochs(rspec: ResolvedSpec, dataset, device, repeat: int = 0, *, paral
                     selector.update(epoch, metrics[score_key], model)
             stop = due and selector.should_stop()
             if due and parallel is not None:
-                stop = _stop_together(stop)
+                stop = agree(stop)
             if rank == 0:
                 history.append({"epoch": epoch, **metrics})
                 rows.extend(pieces)
@@ -147,58 +132,6 @@ def train_epochs(rspec: ResolvedSpec, dataset, device, repeat: int = 0, *, paral
     selector.apply(model)
     return {"history": history, "rows": rows, "searches": searches, "selection": selector.metrics(score_key),
             "record": type(record), "model": model}
-
-
-def _gather_ranks(record, parallel, steps_before: int, metrics: dict,
-                  rows: list[dict]) -> tuple[dict | None, list[dict] | None]:
-    """Every rank's figures of this epoch, all-gathered (see the module docstring): on
-    rank 0 the epoch's ``metrics`` with the ranks' combined and per-rank figures, and
-    every rank's ``rows`` (each with its ``rank``); ``(None, None)`` on the others."""
-    import torch.distributed as dist
-
-    from betty.distributed.shared import memory_of_process
-
-    stats = parallel.history[steps_before:]
-    compute = sum(s.time_compute_s for s in stats)
-    host = memory_of_process()
-    mine = {"peak_mem_measured_bytes": record.peak_mem_measured_bytes,
-            "peak_mem_estimated_bytes": record.peak_mem_estimated_bytes,
-            "time_compute_s": compute, "time_idle_s": max(0.0, record.epoch_time_s - compute),
-            "allreduce_wait_s": sum(s.reduce.wait_s for s in stats),
-            "allreduce_bytes": float(sum(s.reduce.bytes for s in stats)),
-            "host_rss_peak_bytes": host["rss_peak_bytes"], "host_pss_bytes": host.get("pss_bytes")}
-    gathered: list = [None] * parallel.world_size
-    dist.all_gather_object(gathered, (mine, [{**row, "rank": parallel.rank} for row in rows]))
-    if parallel.rank != 0:
-        return None, None
-    figures = [fig for fig, _ in gathered]
-    rows = [row for _, rank_rows in gathered for row in rank_rows]
-    for key in ("peak_mem_measured_bytes", "peak_mem_estimated_bytes"):
-        values = [fig[key] for fig in figures if fig[key] is not None]
-        if values:
-            metrics[key] = float(max(values))
-    error = estimate_error((r.get("estimated_bytes"), r.get("peak_bytes")) for r in rows)
-    if error is not None:
-        metrics["mem_estimate_error"] = error
-    metrics["time_compute_s"] = max(fig["time_compute_s"] for fig in figures)
-    metrics["time_idle_s"] = max(fig["time_idle_s"] for fig in figures)  # the most idle rank
-    metrics["allreduce_bytes"] = figures[0]["allreduce_bytes"]
-    metrics["world_size"] = float(parallel.world_size)
-    for r, fig in enumerate(figures):
-        for key in PER_RANK_METRICS:
-            if fig[key] is not None:
-                metrics[f"{key}.rank{r}"] = float(fig[key])
-    return metrics, rows
-
-
-def _stop_together(stop: bool) -> bool:
-    """Rank 0's early-stopping decision, on every rank (so all ranks leave the loop
-    after the same epoch)."""
-    import torch.distributed as dist
-
-    decision = [stop]
-    dist.broadcast_object_list(decision, src=0)
-    return bool(decision[0])
 
 
 def launched(rspec: ResolvedSpec) -> bool:
@@ -280,86 +213,12 @@ def train_distributed(rspec: ResolvedSpec, repeat: int = 0, dataset=None) -> dic
     world = rspec.spec.train.world_size
     if world % nnodes:
         raise ValueError(f"train.world_size={world} is not a multiple of the {nnodes} nodes")
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     nproc = world // nnodes
-    try:
-        if rspec.spec.dataset.store == "distributed":
-            results = _launch_on_store(rspec, repeat, dataset, nproc, options)
-        else:
-            dataset = dataset if dataset is not None else load_data(rspec)
-            with share_dataset(dataset) as shared:
-                threads = spec_threads(rspec, dataset.num_edges, ranks=nproc) or 1
-                results = launch(rank_train, (rspec, repeat, shared), nproc=nproc, threads=threads, **options)
-    except ChildFailedError as exc:
-        raise RankFailed(describe_failures(exc)) from exc
+    if rspec.spec.dataset.store == "distributed":
+        results = _launch_on_store(rspec, repeat, dataset, nproc, options)
+    else:
+        dataset = dataset if dataset is not None else load_data(rspec)
+        with share_dataset(dataset) as shared:
+            threads = spec_threads(rspec, dataset.num_edges, ranks=nproc) or 1
+            results = launch(rank_train, (rspec, repeat, shared), nproc=nproc, threads=threads, **options)
     return results.get(0)
-
-
-class RankFailed(RuntimeError):
-    """A rank of a distributed training failed (the message names it and its error)."""
-
-
-def describe_failures(exc) -> str:
-    """``"rank 1 failed: RuntimeError: ..."`` / ``"rank 1 was killed by SIGKILL"`` for
-    every failed rank of a ``ChildFailedError`` (first failure first). A rank that
-    recorded its error and then died of a signal on the way out (a DistDGL client left
-    without its exit aborts) is named by its error."""
-    parts = []
-    for rank, failure in sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp):
-        recorded = bool(failure.error_file) and os.path.isfile(failure.error_file)  # the rank wrote its error
-        if failure.exitcode is not None and failure.exitcode < 0 and not recorded:
-            parts.append(f"rank {rank} was killed by {failure.signal_name()}")
-        else:
-            message = failure.message
-            if isinstance(message, dict):  # the error file's {"message": ..., "extraInfo": ...}
-                message = message.get("message", message)
-            message = str(message or f"exit code {failure.exitcode}").strip()
-            parts.append(f"rank {rank} failed: {message.splitlines()[0]}")
-    return "; ".join(parts) or str(exc)
-
-
-def _parameters(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
-
-
-def _one_step(rspec: ResolvedSpec, k: int, device, parallel=None) -> tuple[dict, dict]:
-    """(parameters before, after) epoch 0 of the spec with K = ``k`` pieces per batch
-    (``sage``/``gat``; same seeds, so the same batch, partition seed and dropout)."""
-    from workflow.components import load_data
-
-    trainer, model, _ = make_trainer(rspec, load_data(rspec), device, meter=None)
-    trainer.plan.k = k
-    trainer.parallel = parallel
-    before = _parameters(model)
-    trainer.train_epoch(0)
-    return before, _parameters(model)
-
-
-def rank_verify(rspec: ResolvedSpec, ks: list[int]) -> dict[int, dict] | None:
-    """On each rank: parameters after epoch 0 at every K (module-level for the launcher)."""
-    import torch.distributed as dist
-
-    from betty.distributed import DataParallel
-
-    out = {k: _one_step(rspec, k, torch.device("cpu"), DataParallel(check_every=1))[1] for k in ks}
-    return out if dist.get_rank() == 0 else None
-
-
-def verify_distributed(rspec: ResolvedSpec, ks: list[int], nproc: int, tol: float | None = None) -> dict:
-    """The N-rank update of epoch 0 at each K against the single-process full-batch
-    (K = 1) update: ``{"world_size", "dtype", "tolerance", "results": [{"k",
-    "max_rel_update_diff", "ok"}], "ok"}``."""
-    from betty.distributed.launch import launch
-    from betty.distributed.verify import update_difference, update_tolerance
-    from workflow.components import spec_precision, spec_threads, torch_dtype
-
-    before, reference = _one_step(rspec, 1, torch.device("cpu"))
-    ranks = launch(rank_verify, (rspec, ks), nproc=nproc, threads=spec_threads(rspec, ranks=nproc) or 1)[0]
-    tol = update_tolerance(torch_dtype(rspec), spec_precision(rspec)) if tol is None else tol
-    results = [{"k": k, "max_rel_update_diff": update_difference(before, reference, ranks[k])} for k in ks]
-    for row in results:
-        row["ok"] = row["max_rel_update_diff"] <= tol
-    return {"world_size": nproc, "dtype": rspec.spec.train.dtype,
-            "precision": rspec.spec.train.precision, "tolerance": tol,
-            "results": results, "ok": all(r["ok"] for r in results)}

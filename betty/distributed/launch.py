@@ -7,10 +7,10 @@ results by global rank. Several machines: every machine runs the same call with
 ``nnodes=M``, its own ``node_rank``, the same ``rdzv_endpoint`` and ``run_id``; the
 static rendezvous (a store hosted by ``node_rank`` 0 at the endpoint) gives machine
 ``i`` the global ranks ``i * nproc`` to ``i * nproc + nproc - 1``, so global rank 0,
-whose result the caller reports, is always on machine 0. A failing rank makes the launcher stop the others
-and raise :class:`torch.distributed.elastic.multiprocessing.errors.ChildFailedError`,
-whose message names the rank and carries its traceback. A rank whose launcher dies
-(even by ``SIGKILL``) ends within half a second.
+whose result the caller reports, is always on machine 0. A failing rank makes the launcher
+stop the others and raise :class:`RankFailed`, whose message names each failed rank and
+its error (the elastic launcher's ``ChildFailedError``, with the tracebacks, is its
+cause). A rank whose launcher dies (even by ``SIGKILL``) ends within half a second.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["launch", "free_port", "rank_device", "default_backend", "environ"]
+__all__ = ["launch", "RankFailed", "describe_failures", "free_port", "rank_device", "default_backend",
+           "environ"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -174,8 +175,9 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
 
     Raises:
         ValueError: bad counts, or several nodes without an endpoint or a run id.
-        ChildFailedError: a rank failed (message names the rank and its error).
+        RankFailed: a rank failed (the message names the rank and its error).
     """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if nproc < 1 or nnodes < 1:
@@ -208,10 +210,36 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
         held = stack.enter_context(_closing_notes_held())
         try:
             results = elastic_launch(config, _rank_main)(fn, backend, threads, os.getpid(), local_store, *args)
-        except BaseException:
+        except BaseException as exc:
             held.release()
+            if isinstance(exc, ChildFailedError):
+                raise RankFailed(describe_failures(exc)) from exc
             raise
     return {rank: pickle.loads(blob) for rank, blob in results.items()}
+
+
+class RankFailed(RuntimeError):
+    """A rank of :func:`launch` failed; the message names every failed rank and its
+    error (:func:`describe_failures`)."""
+
+
+def describe_failures(exc) -> str:
+    """``"rank 1 failed: RuntimeError: ..."`` / ``"rank 1 was killed by SIGKILL"`` for
+    every failed rank of a ``ChildFailedError`` (first failure first). A rank that
+    recorded its error and then died of a signal on the way out (a DistDGL client left
+    without its exit aborts) is named by its error."""
+    parts = []
+    for rank, failure in sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp):
+        recorded = bool(failure.error_file) and os.path.isfile(failure.error_file)  # the rank wrote its error
+        if failure.exitcode is not None and failure.exitcode < 0 and not recorded:
+            parts.append(f"rank {rank} was killed by {failure.signal_name()}")
+        else:
+            message = failure.message
+            if isinstance(message, dict):  # the error file's {"message": ..., "extraInfo": ...}
+                message = message.get("message", message)
+            message = str(message or f"exit code {failure.exitcode}").strip()
+            parts.append(f"rank {rank} failed: {message.splitlines()[0]}")
+    return "; ".join(parts) or str(exc)
 
 
 @contextmanager

@@ -89,10 +89,28 @@ def verify(spec: SpecArg,
                    f"{result['tol']:.1e} for K in {failed}", 1)
 
 
-def _verify_ranks(rspec, ks: list[int], nproc: int, json_: bool, tol: float | None) -> None:
-    from workflow.training import verify_distributed
+def fresh_trainer(rspec) -> tuple:
+    """``(trainer, model)`` of the spec on the CPU, the same seeds at every call (each
+    rank of :func:`betty.distributed.verify.verify_ranks` builds one)."""
+    import torch
 
-    result = verify_distributed(rspec, ks, nproc, tol=tol)
+    from workflow.components import load_data, make_trainer
+
+    trainer, model, _ = make_trainer(rspec, load_data(rspec), torch.device("cpu"))
+    return trainer, model
+
+
+def _verify_ranks(rspec, ks: list[int], nproc: int, json_: bool, tol: float | None) -> None:
+    from functools import partial
+
+    from betty.distributed.verify import update_tolerance, verify_ranks
+
+    from workflow.components import spec_precision, spec_threads, torch_dtype
+
+    tol = update_tolerance(torch_dtype(rspec), spec_precision(rspec)) if tol is None else tol
+    result = {"dtype": rspec.spec.train.dtype, "precision": rspec.spec.train.precision,
+              **verify_ranks(partial(fresh_trainer, rspec), ks, nproc, tol=tol,
+                             threads=spec_threads(rspec, ranks=nproc) or 1)}
     if json_:
         emit_json(result)
     else:

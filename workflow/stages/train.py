@@ -1,47 +1,12 @@
-"""Stage ``train``: epochs of exact micro-batch training (``betty.engine.Trainer``).
+"""Stage ``train``: epochs of exact micro-batch training (:mod:`workflow.training`), then
+the outputs: ``model.pt`` (the selected weights), the MLflow model ``model`` logged at the
+last epoch's step before that epoch's metrics (so MLflow links them, with the spec's
+dataset, to it), the memory table per micro-batch (``revgnn``: per part), the K
+searches, the figures and ``models.json`` (the runs holding the trained models, read by
+the ``evaluate`` stage). ``train.repeats: N > 1`` trains N times in nested runs and logs
+the mean and population std of every final metric.
 
-Each epoch re-samples the batch, re-uses or recomputes its partition
-(``partition.reuse``) and takes one optimizer step per batch, accumulating gradients
-over the K micro-batches. Logged per epoch (``step = epoch``): every metric of
-``EpochRecord.metrics()`` (``loss``, ``train_acc``, ``k``, ``redundancy``,
-``time_sample_s``, ``time_partition_s``, ``time_estimate_s``, ``time_block_s``,
-``time_metrics_s``, ``time_h2d_s``, ``time_compute_s``, ``time_idle_s`` (the timers of
-:class:`betty.engine.EpochRecord`), ``epoch_time_s``, ``peak_mem_measured_bytes``, and with a memory estimator
-``peak_mem_estimated_bytes``, ``mem_estimate_error``) and, every ``evaluate.every``
-epochs, ``valid_acc`` (``valid_rocauc`` for multi-label data).
-
-Model selection (:class:`betty.selection.BestValidation`): every scored epoch updates the
-tracker; with ``evaluate.select: best_valid`` the weights of the epoch with the best
-validation score are the ones logged (``model.pt``, ``model``) and so the ones the
-``evaluate`` stage scores; ``train.early_stopping: {patience: N}`` ends training after N
-evaluations in a row without improvement. Logged once per run: ``best_valid_acc``
-(``best_valid_rocauc``), ``best_epoch`` and, after an early stop, ``stopped_epoch``.
-
-Artifacts: ``model.pt`` (the ``state_dict``, CPU tensors; what ``evaluate`` reads), the
-MLflow model ``model`` (pytorch flavor with the ``betty`` code and ``spec.yaml``,
-:func:`workflow.tracking.log_pytorch_model`; ``mlflow.pytorch.load_model("runs:/<id>/model")``), ``memory_per_microbatch.csv``
-(one row per micro-batch per epoch: measured and estimated peak bytes, sizes, times),
-``plots/curves.png``, ``plots/memory_per_microbatch.png`` (last epoch), ``ksearch.json``
-(``k: auto`` only) and ``models.json`` (the runs holding the trained models, read by the
-``evaluate`` stage).
-
-``revgnn`` (:class:`betty.rev.engine.RevTrainer`): one optimizer step per epoch over
-the K cluster parts (random clusters re-drawn every epoch); per epoch ``loss``,
-``train_acc``, ``k``, ``edges_kept_fraction``, ``time_partition_s``,
-``time_compute_s``, ``epoch_time_s``, ``peak_mem_measured_bytes`` (one meter region per
-part), ``peak_mem_estimated_bytes``, ``mem_estimate_error`` (RevGNN's estimator; not
-for ``deq``); the memory table is ``memory_per_part.csv`` and its plot
-``plots/memory_per_part.png``.
-
-The spec's dataset is logged as the run's input (:func:`workflow.tracking.log_dataset_input`)
-and named by every epoch metric. The MLflow model is logged at the last epoch's step,
-before that epoch's metrics, which MLflow then links to it: its metrics
-(``MlflowClient().get_logged_model(id).metrics``) are the final epoch's and its
-"Datasets used" is the spec's dataset.
-
-``train.repeats: N > 1`` trains N times (seeds ``seed + r``) in nested runs tagged
-``run_kind=repeat``, ``repeat=r``; this run then logs, for each final metric ``m``,
-``m_mean``, ``m_std`` (population std over repeats) and ``m`` = the mean.
+Metrics and artifacts: docs/workflow.md, *Stages*, *Repeats* and *Model selection*.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ a dead server would leave its trainers waiting for ever. :class:`GraphServers` w
 its servers while the ranks run; one that exits stops the launch (the ranks are
 terminated) and :func:`launch` raises :class:`GraphServerError` with the server's
 machine, exit code and the end of its log. A failing rank ends the launch as with
-``--nproc`` (torch's ``ChildFailedError`` naming the rank); the servers are then
+``--nproc`` (:class:`betty.distributed.launch.RankFailed` naming the rank); the servers are then
 stopped (``SIGTERM``, on which DGL unlinks its shared memory; ``SIGKILL`` after
 :data:`STOP_GRACE_S`), and shared-memory objects a killed server left behind are
 removed. A server process dies with its launcher (``PR_SET_PDEATHSIG``).
@@ -253,7 +253,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, layout: PartitionLayout,
 
     Raises:
         GraphServerError: a server failed to start or exited while the ranks ran.
-        ChildFailedError: a rank failed.
+        RankFailed: a rank failed (:func:`betty.distributed.launch.launch`).
     """
     from betty.distributed.launch import environ, launch as launch_ranks
 
