@@ -1,7 +1,7 @@
 """Training memory of RevGNN versus depth: reversible, residual, residual + checkpointing.
 
 For each depth and mode, builds ``RevGNN(in, hidden, out, depth)`` on a random graph and
-measures one training step (:func:`betty.rev.training.train_step_partitions`:
+measures one training step (:func:`betty.rev.engine.train_step_parts`:
 ``zero_grad`` + forward + backward on each of ``--parts`` random parts + optimizer step,
 cross-entropy on random labels, every node training) with
 ``betty.memory.meter.MemoryMeter`` (tracking the model and optimizer; with Adam, one
@@ -31,7 +31,8 @@ import torch
 from betty.memory.meter import MemoryMeter
 from betty.rev.memory import estimate_rev_parts
 from betty.rev.model import RevGNN
-from betty.rev.training import cluster_partition, train_step_partitions
+from betty.rev.engine import train_step_parts
+from betty.rev.training import cluster_partition
 
 MODES = ("reversible", "residual", "checkpoint")
 
@@ -66,12 +67,12 @@ def measure(
     train_mask = torch.ones(graph.num_nodes(), dtype=torch.bool, device=device)
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
     if optimizer == "adam":  # the steady state: Adam's moments exist
-        train_step_partitions(model, split, feat, label, train_mask, opt, loss_fn)
+        train_step_parts(model, opt, split, feat, label, train_mask, loss_fn=loss_fn)
     meter = MemoryMeter(device)
     meter.track(model, opt)
     start = time.perf_counter()
     with meter.measure() as reading:
-        train_step_partitions(model, split, feat, label, train_mask, opt, loss_fn)
+        train_step_parts(model, opt, split, feat, label, train_mask, loss_fn=loss_fn)
     seconds = time.perf_counter() - start
     backend = "cuda" if device.type == "cuda" else "cpu"
     estimate = max(e.peak for e in estimate_rev_parts(split, model, train_mask=train_mask,

@@ -4,7 +4,7 @@ For GCN, SAGE-mean and GAT couplings, in the three modes (reversible, residual,
 residual + checkpointing), two configurations each (a 600-node graph with hidden 16 and
 a 1500-node graph with hidden 32 or 64; depths 2/8 for the residual modes, 8 and 32
 (GCN) or 16 (SAGE, GAT) for the reversible one; C = 2 groups, plus two C = 3 cases):
-train one step (so Adam's state exists), then measure one ``train_step_partitions`` step
+train one step (so Adam's state exists), then measure one ``train_step_parts`` step
 with K = 1 and with K = 2 random parts (``MemoryMeter`` tracking model and optimizer)
 and compare with the estimate (for K = 2 the largest part's): |estimated - measured| <=
 5% of measured (the errors measured are below 0.2%). These run on DGL; GAT on the PyG
@@ -35,7 +35,8 @@ from betty.rev.memory import (
     search_k_rev,
 )
 from betty.rev.model import RevGNN
-from betty.rev.training import cluster_partition, train_step_partitions
+from betty.rev.engine import train_step_parts
+from betty.rev.training import cluster_partition
 from graphs import power_law_graph
 
 TOLERANCE = 0.05
@@ -81,8 +82,7 @@ def _measured_step(model, opt, parts, feat, label, mask) -> int:
     meter = MemoryMeter("cpu")
     meter.track(model, opt)
     with meter.measure() as reading:
-        train_step_partitions(model, parts, feat, label, mask, opt,
-                              torch.nn.CrossEntropyLoss(reduction="sum"))
+        train_step_parts(model, opt, parts, feat, label, mask)
     return reading.peak_bytes
 
 
@@ -92,8 +92,7 @@ def _check_configuration(conv, mode, n, hidden, groups, depth, backend="dgl", to
     model = _model(conv, mode, hidden, groups, depth, backend=backend, **kw)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     whole = cluster_partition(g, 1)
-    train_step_partitions(model, whole, feat, label, mask, opt,
-                          torch.nn.CrossEntropyLoss(reduction="sum"))  # Adam state exists
+    train_step_parts(model, opt, whole, feat, label, mask)  # Adam state exists
     results = []
     for k in (1, 2):
         parts = whole if k == 1 else cluster_partition(g, 2, "random", seed=5)
@@ -208,8 +207,7 @@ def test_search_k_rev_fits_the_budget_when_trained():
     model = _model("gcn", "reversible", hidden, 2, depth)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     whole = cluster_partition(g, 1)
-    train_step_partitions(model, whole, feat, label, mask, opt,
-                          torch.nn.CrossEntropyLoss(reduction="sum"))
+    train_step_parts(model, opt, whole, feat, label, mask)
     full = _measured_step(model, opt, whole, feat, label, mask)
     budget = int(0.6 * full)
     result = search_k_rev(g, model, budget, train_mask=mask, optimizer=opt, seed=3)
@@ -232,8 +230,7 @@ def test_search_k_rev_gives_every_rank_a_part(world):
     model = _model("gcn", "reversible", 16, 2, 3)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     whole = cluster_partition(g, 1)
-    train_step_partitions(model, whole, feat, label, mask, opt,
-                          torch.nn.CrossEntropyLoss(reduction="sum"))
+    train_step_parts(model, opt, whole, feat, label, mask)
     roomy = 4 * _measured_step(model, opt, whole, feat, label, mask)
     assert search_k_rev(g, model, roomy, train_mask=mask, optimizer=opt, seed=3).k == 1
     result = search_k_rev(g, model, roomy, train_mask=mask, optimizer=opt, seed=3, min_k=world)

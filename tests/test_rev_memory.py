@@ -18,7 +18,8 @@ from graphs import backend_params, whole_graph
 from betty.backends import backend_of_graph
 from betty.memory.meter import MemoryMeter
 from betty.rev.model import RevGNN
-from betty.rev.training import cluster_partition, train_step_partitions
+from betty.rev.engine import train_step_parts
+from betty.rev.training import cluster_partition
 
 N, HIDDEN, IN, OUT = 4096, 8, 8, 4
 ACTIVATION_BYTES = N * HIDDEN * 4  # one (N, hidden) float32 tensor
@@ -102,8 +103,7 @@ def test_revgnn_deep_1001_layers_80_channels_trains_one_epoch(backend):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     parts = cluster_partition(g, 2, "random", seed=0)
     start = time.perf_counter()
-    loss = train_step_partitions(model, parts, feat, label, train_mask, opt,
-                                 torch.nn.CrossEntropyLoss(reduction="sum"), clip_grad_norm=1.0)
+    loss = train_step_parts(model, opt, parts, feat, label, train_mask, clip_grad_norm=1.0).loss
     elapsed = time.perf_counter() - start
     print(f"1001-layer x 80-channel epoch (2 parts of {n // 2} nodes): {elapsed:.1f} s, loss {loss:.4f}")
     assert torch.isfinite(torch.tensor(loss))

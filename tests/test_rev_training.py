@@ -9,13 +9,13 @@ from torch import nn
 
 from betty.backends import get_backend
 
+from betty.rev.engine import train_step_parts
 from betty.rev.model import RevGNN
 from betty.rev.training import (
     GraphPart,
     cluster_partition,
     full_graph_inference,
     multiview_inference,
-    train_step_partitions,
 )
 
 
@@ -109,11 +109,11 @@ def test_k_parts_without_cut_edges_equal_full_graph_training(backend):
     model = RevGNN(5, 8, 3, num_layers=4, dropout=0.3, mask_fn=_global_mask_fn, backend=backend).double()
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    total = train_step_partitions(model, parts, feat, label, train_mask, opt, loss_fn)
+    total = train_step_parts(model, opt, parts, feat, label, train_mask, loss_fn=loss_fn).loss
     part_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
 
     full = [GraphPart(g, torch.arange(g.num_nodes()))]
-    total_full = train_step_partitions(model, full, feat, label, train_mask, opt, loss_fn)
+    total_full = train_step_parts(model, opt, full, feat, label, train_mask, loss_fn=loss_fn).loss
     for n, p in model.named_parameters():
         torch.testing.assert_close(part_grads[n], p.grad, rtol=1e-10, atol=1e-12)
     assert total == pytest.approx(total_full, rel=1e-12)
@@ -133,9 +133,9 @@ def test_cut_edges_change_the_gradient(backend):
     model = RevGNN(5, 8, 3, num_layers=3, backend=backend).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    train_step_partitions(model, cluster_partition(g, 2, "metis"), feat, label, train_mask, opt, loss_fn)
+    train_step_parts(model, opt, cluster_partition(g, 2, "metis"), feat, label, train_mask, loss_fn=loss_fn)
     part = model.encoder.weight.grad.clone()
-    train_step_partitions(model, [GraphPart(g, torch.arange(n))], feat, label, train_mask, opt, loss_fn)
+    train_step_parts(model, opt, [GraphPart(g, torch.arange(n))], feat, label, train_mask, loss_fn=loss_fn)
     assert (part - model.encoder.weight.grad).norm() > 1e-6 * part.norm()
 
 
@@ -149,8 +149,8 @@ def test_partition_training_reduces_loss(backend):
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     losses = [
-        train_step_partitions(model, cluster_partition(g, 3, "random", seed=step), feat, label,
-                              train_mask, opt, loss_fn, clip_grad_norm=1.0)
+        train_step_parts(model, opt, cluster_partition(g, 3, "random", seed=step), feat, label,
+                         train_mask, loss_fn=loss_fn, clip_grad_norm=1.0).loss
         for step in range(12)
     ]
     assert losses[-1] < 0.8 * losses[0], losses
@@ -161,13 +161,13 @@ def test_train_step_argument_checks(backend):
     model = RevGNN(5, 8, 3, num_layers=2, backend=backend).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="reduction='sum'"):
-        train_step_partitions(model, parts, feat, label, train_mask, opt, nn.CrossEntropyLoss())
+        train_step_parts(model, opt, parts, feat, label, train_mask, loss_fn=nn.CrossEntropyLoss())
     with pytest.raises(ValueError, match="train_mask must be bool"):
-        train_step_partitions(model, parts, feat, label, train_mask.long(), opt,
-                              nn.CrossEntropyLoss(reduction="sum"))
+        train_step_parts(model, opt, parts, feat, label, train_mask.long(),
+                         loss_fn=nn.CrossEntropyLoss(reduction="sum"))
     with pytest.raises(ValueError, match="selects no training nodes"):
-        train_step_partitions(model, parts, feat, label, torch.zeros_like(train_mask), opt,
-                              nn.CrossEntropyLoss(reduction="sum"))
+        train_step_parts(model, opt, parts, feat, label, torch.zeros_like(train_mask),
+                         loss_fn=nn.CrossEntropyLoss(reduction="sum"))
 
 
 def test_multiview_inference_averages_partition_predictions(backend):
@@ -189,3 +189,18 @@ def test_multiview_inference_averages_partition_predictions(backend):
     got = multiview_inference(model, g, feat, k=2, num_views=3, seed=10, transform=torch.sigmoid)
     torch.testing.assert_close(got, expected)
     assert (got - torch.sigmoid(full)).abs().max() > 1e-6  # cut edges change predictions
+
+
+def test_clip_grad_norm_bounds_the_step(backend):
+    """SGD with lr 1: the update is the clipped accumulated gradient, so its global norm
+    is the clip (the unclipped gradient is larger)."""
+    g, feat, label, train_mask, parts = _components_setup(backend=backend)
+    model = RevGNN(5, 8, 3, num_layers=2, backend=backend).double()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    train_step_parts(model, opt, parts, feat, label, train_mask, clip_grad_norm=1e-3)
+    step = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach() - b)
+                                                 for p, b in zip(model.parameters(), before)]))
+    assert step.item() == pytest.approx(1e-3, rel=1e-6)
+    with pytest.raises(ValueError, match="clip_grad_norm is for one process"):
+        train_step_parts(model, opt, parts, feat, label, train_mask, clip_grad_norm=1.0, parallel=object())

@@ -267,6 +267,8 @@ def backward_parts(
     meter: Any = None,
     after_last: Optional[Callable[[], None]] = None,
     indices: Optional[Sequence[int]] = None,
+    loss_fn: Optional[Callable[[Tensor, Tensor], Tensor]] = None,
+    model_kwargs: Optional[dict[str, Any]] = None,
 ) -> tuple[list[PartRecord], float]:
     """Forward and backward of every part with training nodes, accumulating into
     ``.grad`` (no zeroing, no optimizer step): :func:`betty.train.accumulate_pieces`
@@ -287,11 +289,18 @@ def backward_parts(
             (the optimizer step, so its temporaries are measured).
         indices: the records' ``index`` of each part (default ``0..len(parts)-1``; a
             rank's share of a split keeps the split's numbering).
+        loss_fn: the summed loss over a part's training rows, ``loss_fn(out, target)``
+            (must sum: ``reduction='sum'``; default
+            :func:`betty.train.node_loss_sum`, cross-entropy or multi-label BCE).
+        model_kwargs: further keyword arguments of every model call.
 
     Returns:
         ``(records, correct)``: one :class:`PartRecord` per part (loss = ``loss_P``) and
         the summed correct count over training nodes (see :class:`RevStepResult`).
     """
+    if loss_fn is not None and getattr(loss_fn, "reduction", "sum") != "sum":
+        raise ValueError(f"loss_fn must sum over rows (reduction='sum'), got reduction="
+                         f"{loss_fn.reduction!r}: the step divides by the training nodes itself")
     n_train = count_train_nodes(train_mask)
     device = torch.device(device) if device is not None else feat.device
     indices = list(range(len(parts))) if indices is None else [int(i) for i in indices]
@@ -303,21 +312,28 @@ def backward_parts(
                for i, part, c in zip(indices, parts, counts)]
     running = [(pos, part) for pos, (part, c) in enumerate(zip(parts, counts)) if c > 0]
 
+    def correct_of(out: Tensor, ids: Tensor) -> float:
+        local_train = train_mask[ids].to(device)
+        return count_correct(out.detach()[local_train], label[ids].to(device)[local_train], multilabel)
+
     def forward(part: GraphPart) -> PieceForward:
         ids = part.node_ids.to(feat.device)
         local_train = train_mask[ids].to(device)
         x = feat[ids].to(device)
         if dtype is not None and x.dtype != dtype:
             x = x.to(dtype)
-        kwargs: dict[str, Any] = {"node_ids": ids.to(device)}
+        kwargs: dict[str, Any] = {**(model_kwargs or {}), "node_ids": ids.to(device)}
         mask_fn = mask_factory() if mask_factory is not None else None
         if mask_fn is not None:
             kwargs["mask_fn"] = mask_fn
         out = model(part.graph.to(device), x, **kwargs)
         target = label[ids].to(device)[local_train]
+        loss_sum = (loss_fn(out[local_train], target) if loss_fn is not None
+                    else node_loss_sum(out[local_train], target, multilabel))
+        del target, local_train  # not held through the backward: counted again after it
         return PieceForward(
-            loss_sum=node_loss_sum(out[local_train], target, multilabel),
-            count_correct=lambda: count_correct(out.detach()[local_train], target, multilabel),
+            loss_sum=loss_sum,
+            count_correct=lambda: correct_of(out, ids),
             keep=(ids, x, kwargs),
             release=mask_fn.clear if mask_fn is not None and hasattr(mask_fn, "clear") else None)
 
@@ -339,24 +355,44 @@ def train_step_parts(
     *,
     parallel: Any = None,
     costs: Optional[Sequence[float]] = None,
+    clip_grad_norm: Optional[float] = None,
     **kwargs: Any,
 ) -> RevStepResult:
-    """``zero_grad`` -> :func:`backward_parts` -> one ``optimizer.step()`` (inside the
-    last part's meter region): :func:`betty.train.step_over_pieces`.
+    """One optimizer step with the gradients accumulated over the parts: ``zero_grad``
+    -> :func:`backward_parts` -> one ``optimizer.step()`` (inside the last part's meter
+    region): :func:`betty.train.step_over_pieces`.
+
+    For part ``P`` with training nodes ``T_P`` (``T`` = all training nodes):
+
+        loss_P = sum_{v in T_P} loss(out_v, y_v) / |T|,    grad = sum_P d loss_P / d theta
+
+    so the step equals the step on one part holding the whole graph when no edge
+    crosses parts.
 
     ``parallel``: a :class:`betty.distributed.DataParallel`: this rank runs its share of
     the parts (assigned by ``costs`` (K,), default each part's nodes + edges), gradients
     are all-reduced before the step (outside the meter regions), and the loss and
-    accuracy are summed over the ranks (``parts`` lists this rank's). Other keyword
-    arguments: those of :func:`backward_parts` (``after_last``, ``indices`` excepted).
+    accuracy are summed over the ranks (``parts`` lists this rank's).
+    ``clip_grad_norm``: clip the accumulated gradient's norm before the step (one
+    process). Other keyword arguments: those of :func:`backward_parts` (``after_last``,
+    ``indices`` excepted).
     """
     if parallel is not None and costs is None:
         costs = [float(p.graph.num_nodes() + p.graph.num_edges()) for p in parts]
+    if parallel is not None and clip_grad_norm is not None:
+        raise ValueError("clip_grad_norm is for one process: the ranks' gradients are "
+                         "all-reduced after the parts")
 
     def run(mine, after_last):
         chosen = range(len(parts)) if mine is None else sorted(mine)
+
+        def clip_then_step() -> None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+            after_last()
+
+        step = clip_then_step if clip_grad_norm is not None and after_last is not None else after_last
         records, correct = backward_parts(model, [parts[i] for i in chosen], feat, label,
-                                          train_mask, after_last=after_last, indices=chosen,
+                                          train_mask, after_last=step, indices=chosen,
                                           **kwargs)
         return records, sum(r.loss for r in records), correct
 

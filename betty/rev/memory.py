@@ -1,7 +1,7 @@
 """Analytic training memory of reversible deep GNNs (:class:`betty.rev.model.RevGNN`).
 
 What is estimated is the peak :class:`~betty.memory.meter.MemoryMeter` reads around one
-:func:`betty.rev.training.train_step_partitions` step with the model and the
+:func:`betty.rev.engine.train_step_parts` step with the model and the
 optimizer tracked (optimizer state assumed to exist: the steady state after the first
 step): the maximum over the step of
 
@@ -256,7 +256,7 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
         backend: ``"cpu"``, ``"cuda"`` or ``"cuda-nocudnn"`` (allocation rounding; Adam
             variant: single-tensor on the host, foreach on CUDA).
         num_train: ``(P,)`` training nodes per part (default: every node); a part with
-            none is skipped by ``train_step_partitions`` (pass its sizes as 0).
+            none is skipped by ``train_step_parts`` (pass its sizes as 0).
         fresh_grads: ``(P,)`` bools: the part starts without ``.grad`` (the first part
             with training nodes of a step).
         label_columns: T for multi-label (BCE) targets of ``label_dtype``; 0 for class
@@ -359,8 +359,8 @@ def _part_sizes(parts: Sequence[Any], train_mask: Optional[torch.Tensor]):
 def estimate_rev_parts(parts: Sequence[Any], arch: Any, *,
                        train_mask: Optional[torch.Tensor] = None, zeroed_grads: bool = True,
                        **kwargs: Any) -> list[MemoryEstimate]:
-    """Estimate every part of a split as :func:`~betty.rev.training.
-    train_step_partitions` runs it; the step's peak is the largest.
+    """Estimate every part of a split as :func:`~betty.rev.engine.train_step_parts`
+    runs it; the step's peak is the largest.
 
     Args:
         parts: :class:`~betty.rev.training.GraphPart` list (from
@@ -370,7 +370,7 @@ def estimate_rev_parts(parts: Sequence[Any], arch: Any, *,
             Parts without training nodes are skipped by the step: their estimate is the
             persistent floor plus the optimizer step.
         zeroed_grads: the step starts with ``zero_grad(set_to_none=True)`` (as
-            ``train_step_partitions`` does): the first part with training nodes
+            ``train_step_parts`` does): the first part with training nodes
             creates the gradients, the others accumulate into them.
         Other keywords: see :func:`estimate_rev_sizes`.
     """

@@ -1,7 +1,7 @@
 """Symbolic replay of one RevGNN training step on one graph part: every tensor it
 allocates and frees, op by op.
 
-The replay walks what :func:`betty.rev.training.train_step_partitions` does for
+The replay walks what :func:`betty.rev.engine.train_step_parts` does for
 one part (``N`` nodes, ``E`` edges, ``T`` training nodes) of a
 :class:`~betty.rev.model.RevGNN` and records each tensor storage on a
 :class:`~betty.memory.timeline.Timeline` when it is created and when its last holder

@@ -7,11 +7,7 @@ or, as in the paper's ogbn-proteins runs, on K parts of a node partition per ste
 * :func:`cluster_partition` splits the nodes into K parts (uniformly random, or METIS
   clusters) and returns each part's *induced* subgraph; edges between parts are dropped,
   so this is a different (cheaper, lossy) computation than the full graph;
-* :func:`train_step_partitions` runs forward+backward on each part and accumulates the
-  gradients, with per-part loss ``sum of its training-node losses / total training
-  nodes``: the accumulated gradient is that of the mean training loss of the
-  partitioned model (K = 1: exactly the full-graph gradient), and one optimizer step is
-  taken per call;
+* the training step over the parts is :func:`betty.rev.engine.train_step_parts`;
 * :func:`full_graph_inference` and :func:`multiview_inference` (average of the
   predictions over several random partitions, RevGNN's "multi-view" evaluation).
 """
@@ -19,7 +15,7 @@ or, as in the paper's ogbn-proteins runs, on K parts of a node partition per ste
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 import scipy.sparse as sp
@@ -36,7 +32,6 @@ __all__ = [
     "count_train_nodes",
     "full_graph_inference",
     "multiview_inference",
-    "train_step_partitions",
 ]
 
 PARTITION_METHODS = CLUSTER_METHODS  # the catalog's list: what a spec may name
@@ -113,15 +108,6 @@ def cluster_partition(
     return [GraphPart(ops.node_subgraph(graph, ids.to(device)), ids.to(device)) for ids in parts]
 
 
-def _check_sum_reduction(loss_fn: Callable[..., Tensor]) -> None:
-    reduction = getattr(loss_fn, "reduction", "sum")
-    if reduction != "sum":
-        raise ValueError(
-            f"loss_fn must sum over rows (reduction='sum'), got reduction={reduction!r}: "
-            "train_step_partitions divides by the total number of training nodes itself"
-        )
-
-
 def count_train_nodes(train_mask: Tensor) -> int:
     """The number of training nodes of a bool ``(N,)`` mask; a non-bool or empty mask is
     an error (every part's loss is divided by this count)."""
@@ -131,67 +117,6 @@ def count_train_nodes(train_mask: Tensor) -> int:
     if n_train == 0:
         raise ValueError("train_mask selects no training nodes")
     return n_train
-
-
-def train_step_partitions(
-    model: nn.Module,
-    parts: Sequence[GraphPart],
-    feat: Tensor,
-    label: Tensor,
-    train_mask: Tensor,
-    optimizer: torch.optim.Optimizer,
-    loss_fn: Callable[[Tensor, Tensor], Tensor],
-    *,
-    device: Optional[torch.device] = None,
-    clip_grad_norm: Optional[float] = None,
-    model_kwargs: Optional[Mapping[str, Any]] = None,
-) -> float:
-    """One optimizer step with gradients accumulated over the parts.
-
-    For part ``P`` with training nodes ``T_P`` (``T`` = all training nodes):
-
-        loss_P = sum_{v in T_P} loss_fn(out_v, y_v) / |T|,    grad = sum_P d loss_P / d theta
-
-    Args:
-        model: called as ``model(part.graph, feat[ids], node_ids=ids, **model_kwargs)``,
-            returning ``(n_part, C)``; put in training mode.
-        parts: from :func:`cluster_partition` (or one part holding the full graph).
-        feat, label, train_mask: ``(N, F)``, ``(N, ...)``, ``(N,)`` bool, global order.
-        optimizer: stepped once, after all parts.
-        loss_fn: summed loss over rows, e.g. ``nn.CrossEntropyLoss(reduction="sum")``.
-        device: where the model runs (default: ``feat``'s device); parts and slices are
-            moved there.
-        clip_grad_norm: clip the accumulated gradient norm before the step.
-        model_kwargs: extra keyword arguments for the model (e.g. ``mask_fn``).
-
-    Returns:
-        The mean training loss over all training nodes (sum of the ``loss_P``).
-    """
-    from betty.train import PieceForward, accumulate_pieces, step_over_pieces
-
-    _check_sum_reduction(loss_fn)
-    n_train = count_train_nodes(train_mask)
-    device = torch.device(device) if device is not None else feat.device
-    kwargs = dict(model_kwargs or {})
-    # parts without a training node contribute nothing and are not run
-    pieces = [(i, part) for i, part in enumerate(parts)
-              if bool(train_mask[part.node_ids.to(train_mask.device)].any())]
-
-    def forward(part: GraphPart) -> PieceForward:
-        ids = part.node_ids.to(feat.device)
-        local_train = train_mask[ids].to(device)
-        out = model(part.graph.to(device), feat[ids].to(device), node_ids=ids.to(device), **kwargs)
-        loss_sum = loss_fn(out[local_train], label[ids].to(device)[local_train])
-        return PieceForward(loss_sum=loss_sum, count_correct=lambda: 0.0, keep=(out,))
-
-    def run(_mine, _after_last):
-        runs = accumulate_pieces(pieces, forward, n_train)
-        if clip_grad_norm is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-        return None, sum(r.loss for r in runs), 0.0
-
-    _, total, _ = step_over_pieces(model, optimizer, run)
-    return total
 
 
 @torch.no_grad()
