@@ -30,6 +30,7 @@ from torch_geometric.utils import scatter, softmax
 
 from betty.backends.base import Backend, _required_degrees, plain_to
 from betty.backends.lstm import AutocastLSTM
+from betty.models.gcn import GraphConvParameters
 
 __all__ = ["PygBlock", "PygGraph", "PygSAGEConv", "PygGraphConv", "PygGATConv", "lstm_aggregate",
            "PygBackend", "BACKEND"]
@@ -182,24 +183,18 @@ class PygSAGEConv(nn.Module):
         return self.fc_self(h_self) + neigh
 
 
-class PygGraphConv(nn.Module):
+class PygGraphConv(GraphConvParameters):
     """DGL ``GraphConv(norm='both')`` on a :class:`PygGraph`: ``(N, in)`` -> ``(N, out)``,
 
         out = D_in^{-1/2} A D_out^{-1/2} H W + b       (degrees clamped to >= 1),
 
     ``W`` applied before the aggregation when ``in > out``, after it otherwise (DGL's
-    order); a node without in-edges gets ``b``."""
+    order); a node without in-edges gets ``b``. Parameters and initialisation: DGL
+    ``GraphConv``'s (:class:`betty.models.gcn.GraphConvParameters`)."""
 
     def __init__(self, in_feats: int, out_feats: int) -> None:
-        super().__init__()
+        super().__init__(in_feats, out_feats)
         self._in_feats, self._out_feats = in_feats, out_feats
-        self.weight = nn.Parameter(torch.empty(in_feats, out_feats))
-        self.bias = nn.Parameter(torch.empty(out_feats))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.xavier_uniform_(self.weight)
-        nn.init.zeros_(self.bias)
 
     def forward(self, graph: PygGraph, h: torch.Tensor) -> torch.Tensor:
         src, dst, n = graph.src, graph.dst, graph.n_dst

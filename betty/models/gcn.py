@@ -34,7 +34,7 @@ from torch import nn
 
 from betty.models.base import BlockGNN
 
-__all__ = ["GCN", "GCNLayer", "gcn_forward"]
+__all__ = ["GCN", "GCNLayer", "GraphConvParameters", "gcn_forward"]
 
 
 def gcn_forward(ops, block, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -66,15 +66,13 @@ def gcn_forward(ops, block, h: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return agg * dst_norm[:, None] + bias
 
 
-class GCNLayer(nn.Module):
-    """One GCN layer with DGL ``GraphConv``'s parameters: ``weight`` ``(in, out)``
-    (Xavier uniform) and ``bias`` ``(out,)`` (zeros)."""
+class GraphConvParameters(nn.Module):
+    """DGL ``GraphConv``'s parameters and initialisation: ``weight`` ``(in, out)``
+    (Xavier uniform) and ``bias`` ``(out,)`` (zeros). The base of :class:`GCNLayer` and
+    of the PyG backend's whole-graph :class:`betty.backends.pyg_backend.PygGraphConv`."""
 
-    def __init__(self, in_feats: int, out_feats: int, backend: str = "auto") -> None:
+    def __init__(self, in_feats: int, out_feats: int) -> None:
         super().__init__()
-        from betty.backends import resolve_backend
-
-        self.backend_name = resolve_backend(backend)
         self.weight = nn.Parameter(torch.empty(in_feats, out_feats))
         self.bias = nn.Parameter(torch.empty(out_feats))
         self.reset_parameters()
@@ -82,6 +80,17 @@ class GCNLayer(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.xavier_uniform_(self.weight)
         nn.init.zeros_(self.bias)
+
+
+class GCNLayer(GraphConvParameters):
+    """One GCN layer with DGL ``GraphConv``'s parameters (:class:`GraphConvParameters`)."""
+
+    def __init__(self, in_feats: int, out_feats: int, backend: str = "auto") -> None:
+        from betty.backends import resolve_backend
+
+        backend_name = resolve_backend(backend)  # before the parameters draw their values
+        super().__init__(in_feats, out_feats)
+        self.backend_name = backend_name
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
         from betty.backends import get_backend
