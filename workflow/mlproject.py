@@ -18,7 +18,9 @@ so ``SIGINT``/``SIGTERM`` at any moment end this process's run (``MLFLOW_RUN_ID`
 ``KILLED``; so does the death of the parent process (``mlflow run`` killed), also when
 it died before this process could ask to be told (:func:`workflow.signals.launcher_gone`),
 and a run that ``mlflow run`` ended before this process started. Under ``main`` the
-stage in flight ends ``KILLED`` with it.
+stage in flight ends ``KILLED`` with it. After a Ctrl-C, ``mlflow run`` then ends its
+run ``FAILED`` (MLflow's status for an interrupted run it created); the ``error`` tag
+still says ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
@@ -82,16 +84,6 @@ def _fail(message: str, code: int, exc: BaseException | None = None) -> int:
     return code
 
 
-def _watch_parent() -> None:
-    """Under ``mlflow run``: start the :mod:`workflow.finalize` watcher for this run and
-    the ``mlflow run`` process."""
-    run_id = os.environ.get("MLFLOW_RUN_ID")
-    if run_id and os.getppid() > 1:
-        from workflow.finalize import spawn
-
-        spawn(run_id, os.getppid())
-
-
 def _check_launcher_run() -> None:
     """Raise :class:`KeyboardInterrupt` if ``mlflow run`` already ended this process's
     run (``MLFLOW_RUN_ID``): its launcher was interrupted while it started this process,
@@ -124,7 +116,6 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
     # torch, so the start-up outside this block must not be where a signal meets the
     # first import of MLflow's SQL layer.
     with _signals.shield():
-        _watch_parent()
         import mlflow.tracking  # noqa: F401
 
         import workflow.pipeline  # noqa: F401
