@@ -16,7 +16,7 @@ Interrupts: :mod:`workflow.signals` is installed on import, before anything heav
 imported, and everything :func:`main` does (imports included) runs inside one ``try``,
 so ``SIGINT``/``SIGTERM`` at any moment end this process's run (``MLFLOW_RUN_ID``)
 ``KILLED``; so does the death of the parent process (``mlflow run`` killed), also when
-it died before this process could ask to be told (:func:`workflow.signals.launcher_gone`),
+it died before this process could ask to be told,
 and a run that ``mlflow run`` ended before this process started. Under ``main`` the
 stage in flight ends ``KILLED`` with it. After a Ctrl-C, ``mlflow run`` then ends its
 run ``FAILED`` (MLflow's status for an interrupted run it created); the ``error`` tag
