@@ -12,15 +12,12 @@ to the spec's experiment (:func:`workflow.tracking.leave_default_experiment`). O
 Exit codes: 0 success, 2 invalid spec (no traceback), 1 any other failure (message on
 stderr, traceback in the run's ``error.txt``), 130 interrupted.
 
-Interrupts: :mod:`workflow.signals` is installed on import, before anything heavy is
-imported, and everything :func:`main` does (imports included) runs inside one ``try``,
-so ``SIGINT``/``SIGTERM`` at any moment end this process's run (``MLFLOW_RUN_ID``)
-``KILLED``; so does the death of the parent process (``mlflow run`` killed), also when
-it died before this process could ask to be told,
-and a run that ``mlflow run`` ended before this process started. Under ``main`` the
-stage in flight ends ``KILLED`` with it. After a Ctrl-C, ``mlflow run`` then ends its
-run ``FAILED`` (MLflow's status for an interrupted run it created); the ``error`` tag
-still says ``KeyboardInterrupt``.
+Interrupts (:mod:`workflow.signals`, installed before anything heavy is imported):
+``SIGINT``, ``SIGTERM`` or the death of ``mlflow run`` at any moment, imports included,
+end this process's run (``MLFLOW_RUN_ID``) and, under ``main``, the stage in flight
+``KILLED``, with an ``error`` tag that says ``KeyboardInterrupt``; if ``mlflow run``
+ended the run before this process started, no stage starts. After a Ctrl-C, ``mlflow
+run`` ends its run ``FAILED``, its own status for an interrupted run.
 """
 
 from __future__ import annotations
@@ -108,13 +105,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, overrides: list[str]) -> int:
-    # Signals during the imports and the spec load are recorded, not raised: a
-    # KeyboardInterrupt raised inside an import leaves that module half-initialised
-    # (seen: numpy, then MLflow's import in _fail died with a RecursionError and the run
-    # ended FAILED). check() raises it right after, before any work starts.
-    # MLflow and the pipeline are imported here too: loading a spec no longer imports
-    # torch, so the start-up outside this block must not be where a signal meets the
-    # first import of MLflow's SQL layer.
+    # Signals during the imports (MLflow and the pipeline's included) and the spec load
+    # are recorded, not raised: a KeyboardInterrupt inside an import leaves that module
+    # half-initialised, and _fail's own import of MLflow then fails. check() raises
+    # them right after, before any work starts.
     with _signals.shield():
         import mlflow.tracking  # noqa: F401
 
