@@ -211,6 +211,18 @@ def test_signal_handling_is_light_and_complete():
     finally:
         signals.restore(previous)
     signals.check()  # restored: the signals handled above are forgotten
+    previous = signals.install(hold=True)  # the betty command's start-up
+    try:
+        os.kill(os.getpid(), _signal.SIGINT)
+        for _ in range(1000):
+            pass
+        signals.check()  # held: recorded only
+        signals.release_hold()
+        signals.release_hold()  # a no-op without a hold
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            signals.check()
+    finally:
+        signals.restore(previous)
 
 
 def _gone_pid() -> str:

@@ -7,6 +7,11 @@ Moments: the ``main`` entry point still importing torch/DGL; a stage in flight u
 the middle of its epochs. Signals: ``SIGINT`` to the whole process group (Ctrl-C in a
 terminal) and ``SIGTERM`` to the ``mlflow run`` process alone (which then dies without
 cleanup; its children must notice).
+
+After a Ctrl-C, the run ``mlflow run`` created (``MLFLOW_RUN_ID``) ends with the status
+MLflow gives it on an interrupt, ``FAILED`` written over betty's ``KILLED``; betty's
+``error`` tag on it names the ``KeyboardInterrupt``. betty's own nested runs end
+``KILLED``.
 """
 
 from __future__ import annotations
@@ -87,17 +92,6 @@ class Launch:
                 return run
         return None
 
-    def _watchers(self) -> list[psutil.Process]:
-        """``workflow.finalize`` processes for this experiment's runs (detached, so not
-        descendants of ``mlflow run``)."""
-        ids = {r.info.run_id for r in runs_of(self.uri, self.exp)}
-        out = []
-        for proc in psutil.process_iter(["cmdline"]):
-            cmd = proc.info["cmdline"] or []
-            if "workflow.finalize" in cmd and ids & set(cmd):
-                out.append(proc)
-        return out
-
     def settle(self, timeout: float = 180.0, require_runs: bool = True,
                allow_unreached: bool = False) -> list:
         """Wait for ``mlflow run`` and every process it started to end (all within
@@ -115,7 +109,7 @@ class Launch:
         self.proc.wait(timeout=10)
         alive = []
         while time.monotonic() < deadline:
-            alive = [p for p in [*self.seen.values(), *self._watchers()]
+            alive = [p for p in self.seen.values()
                      if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
             if not alive:
                 break
@@ -145,6 +139,16 @@ def _by_stage(runs) -> dict[str, str]:
     return {r.data.tags.get("stage", r.data.tags.get("mlflow.project.entryPoint")): r.info.status for r in runs}
 
 
+def _interrupted_by_ctrl_c(runs, stage: str, output: str) -> dict[str, str]:
+    """Check the run of ``stage`` that ``mlflow run`` created, after a Ctrl-C: ended
+    (``FAILED``, MLflow's status on an interrupt, or ``KILLED``), its ``error`` tag
+    naming the ``KeyboardInterrupt``; return every other run's status by stage."""
+    (run,) = [r for r in runs if r.data.tags.get("mlflow.project.entryPoint") == stage]
+    assert run.info.status in ("FAILED", "KILLED"), (run.info.status, output[-3000:])
+    assert run.data.tags.get("error", "").startswith("KeyboardInterrupt"), (run.data.tags, output[-3000:])
+    return _by_stage(r for r in runs if r is not run)
+
+
 def test_sigint_to_group_while_main_imports(project):
     run = Launch(project, "int-imports", "main")
     run.wait_for("the main entry point", lambda: run.process_running("main"))
@@ -152,7 +156,7 @@ def test_sigint_to_group_while_main_imports(project):
     assert run.run_with("download") is None  # no stage started yet
     os.killpg(run.proc.pid, signal.SIGINT)
     runs = run.settle()
-    assert _by_stage(runs) == {"main": "KILLED"}, run.output[-3000:]
+    assert _interrupted_by_ctrl_c(runs, "main", run.output) == {}, run.output[-3000:]  # no stage run
 
 
 def test_sigint_to_group_while_a_stage_runs(project):
@@ -160,8 +164,8 @@ def test_sigint_to_group_while_a_stage_runs(project):
     run.wait_for("an epoch of the train stage", lambda: run.run_with("train", metric="loss") is not None)
     os.killpg(run.proc.pid, signal.SIGINT)
     runs = run.settle()
-    assert _by_stage(runs) == {"main": "KILLED", **dict.fromkeys(("download", "sample", "partition"), "FINISHED"),
-                              "train": "KILLED"}, run.output[-3000:]
+    assert _interrupted_by_ctrl_c(runs, "main", run.output) == {
+        **dict.fromkeys(("download", "sample", "partition"), "FINISHED"), "train": "KILLED"}, run.output[-3000:]
 
 
 def test_sigterm_to_mlflow_run_alone_while_a_stage_runs(project):

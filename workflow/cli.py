@@ -29,8 +29,7 @@ def _started_as_command() -> bool:
 # swallowed by some libraries, or prints a traceback); the command raises it first thing
 # (:func:`workflow.commands._common.cli_errors`): exit 130 with one line.
 if _started_as_command():
-    _signals.install()
-    _signals.hold()
+    _signals.install(hold=True)
 
 import typer  # noqa: E402
 

@@ -12,13 +12,12 @@ to the spec's experiment (:func:`workflow.tracking.leave_default_experiment`). O
 Exit codes: 0 success, 2 invalid spec (no traceback), 1 any other failure (message on
 stderr, traceback in the run's ``error.txt``), 130 interrupted.
 
-Interrupts: :mod:`workflow.signals` is installed on import, before anything heavy is
-imported, and everything :func:`main` does (imports included) runs inside one ``try``,
-so ``SIGINT``/``SIGTERM`` at any moment end this process's run (``MLFLOW_RUN_ID``)
-``KILLED``; so does the death of the parent process (``mlflow run`` killed), also when
-it died before this process could ask to be told (:func:`workflow.signals.launcher_gone`),
-and a run that ``mlflow run`` ended before this process started. Under ``main`` the
-stage in flight ends ``KILLED`` with it.
+Interrupts (:mod:`workflow.signals`, installed before anything heavy is imported):
+``SIGINT``, ``SIGTERM`` or the death of ``mlflow run`` at any moment, imports included,
+end this process's run (``MLFLOW_RUN_ID``) and, under ``main``, the stage in flight
+``KILLED``, with an ``error`` tag that says ``KeyboardInterrupt``; if ``mlflow run``
+ended the run before this process started, no stage starts. After a Ctrl-C, ``mlflow
+run`` ends its run ``FAILED``, its own status for an interrupted run.
 """
 
 from __future__ import annotations
@@ -82,16 +81,6 @@ def _fail(message: str, code: int, exc: BaseException | None = None) -> int:
     return code
 
 
-def _watch_parent() -> None:
-    """Under ``mlflow run``: start the :mod:`workflow.finalize` watcher for this run and
-    the ``mlflow run`` process."""
-    run_id = os.environ.get("MLFLOW_RUN_ID")
-    if run_id and os.getppid() > 1:
-        from workflow.finalize import spawn
-
-        spawn(run_id, os.getppid())
-
-
 def _check_launcher_run() -> None:
     """Raise :class:`KeyboardInterrupt` if ``mlflow run`` already ended this process's
     run (``MLFLOW_RUN_ID``): its launcher was interrupted while it started this process,
@@ -116,15 +105,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, overrides: list[str]) -> int:
-    # Signals during the imports and the spec load are recorded, not raised: a
-    # KeyboardInterrupt raised inside an import leaves that module half-initialised
-    # (seen: numpy, then MLflow's import in _fail died with a RecursionError and the run
-    # ended FAILED). check() raises it right after, before any work starts.
-    # MLflow and the pipeline are imported here too: loading a spec no longer imports
-    # torch, so the start-up outside this block must not be where a signal meets the
-    # first import of MLflow's SQL layer.
+    # Signals during the imports (MLflow and the pipeline's included) and the spec load
+    # are recorded, not raised: a KeyboardInterrupt inside an import leaves that module
+    # half-initialised, and _fail's own import of MLflow then fails. check() raises
+    # them right after, before any work starts.
     with _signals.shield():
-        _watch_parent()
         import mlflow.tracking  # noqa: F401
 
         import workflow.pipeline  # noqa: F401

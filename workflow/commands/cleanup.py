@@ -30,11 +30,21 @@ from typing import Annotated
 
 import typer
 
-from workflow.finalize import process_alive
 from workflow.commands._common import ExperimentOpt, JsonOpt, cli_errors, emit_json, experiment_id
 
 REASON = ("never started: the project environment could not be created (no conda?); "
           "run the project with --env-manager local")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0; a process of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _conda_missing() -> bool:
