@@ -251,10 +251,9 @@ def run(ctx: StageContext) -> dict[str, float]:
 
 
 def _log_sweep(ctx: StageContext, kind: _SweepLog, table: list[dict], skipped: dict[str, str]) -> None:
-    """The sweep's per-method metrics (step K); ``partition_sweep.csv`` (``kind``'s
-    columns), ``partition_sweep.json`` (``{"rows", "skipped"}``) and, when a method was
-    cut short, the ``sweep_skipped`` tag (``method: reason; ...``, at most 500
-    characters); the figure, when a row has figures."""
+    """The sweep's per-method metrics (step K), ``partition_sweep.csv`` (``kind``'s
+    columns) and ``.json``, the ``sweep_skipped`` tag and, when a row has figures, the
+    figure (docs/workflow.md, *Stages*)."""
     for row in table:
         log_metrics({f"{prefix}.{row['method']}": row.get(key) for key, prefix in kind.metrics.items()},
                     step=row["k"])
