@@ -128,14 +128,10 @@ def leave_default_experiment(rspec: ResolvedSpec) -> str | None:
     """Under ``mlflow run`` without ``--experiment-name``/``--experiment-id``, MLflow has
     created this process's run (``MLFLOW_RUN_ID``) in "Default". Make the spec's
     experiment (:func:`spec_experiment_name`) this process's experiment instead, with no
-    run to resume, so that the entry point's runs (the pipeline's parent and stage
-    runs, or the one stage's) are created there.
-
-    MLflow can neither move a run to another experiment nor let it be deleted while
-    ``mlflow run`` still has to end it, so the launcher's run stays in "Default", empty,
-    tagged ``betty.pipeline_experiment`` and with a note naming the experiment; ``mlflow
-    run`` ends it when this process exits. Returns the launcher's run ID, or ``None``
-    when nothing was changed (not under ``mlflow run``, or an experiment was chosen)."""
+    run to resume, so that the entry point's runs are created there. MLflow can neither
+    move the launcher's run nor let it be deleted while ``mlflow run`` still has to end
+    it, so it stays in "Default", empty, tagged and noted (docs/workflow.md, *One
+    experiment per spec*). Returns its ID, or ``None`` when nothing was changed."""
     launcher_run = os.environ.get("MLFLOW_RUN_ID")
     if (not launcher_run or os.environ.get("MLFLOW_EXPERIMENT_NAME")
             or os.environ.get("MLFLOW_EXPERIMENT_ID", DEFAULT_EXPERIMENT_ID) != DEFAULT_EXPERIMENT_ID):
@@ -270,9 +266,6 @@ def log_pytorch_model(model, rspec: ResolvedSpec, step: int = 0) -> str:
     ``step``: the epoch the model is from (the last one). Metrics logged at that step
     afterwards are linked to the logged model (and those already logged at that step are
     copied onto it, without their dataset).
-
-    ``mlflow.pytorch.load_model(f"runs:/{run_id}/model")`` returns a module whose
-    outputs equal the trained one's (checked in ``tests/test_workflow_tracking.py``).
     """
     import copy
 
