@@ -1,12 +1,8 @@
-"""Artifacts with checksums: logged with their SHA-256, checked when read back.
+"""Artifacts with checksums: :func:`log_artifact` logs a file with the tag
+``artifact_sha256.<file name>``; :func:`fetch` and :func:`damaged_artifacts` check what
+is read back and name the run and file when it is missing or damaged.
 
-:func:`log_artifact` logs a file on the active run and sets the tag
-``artifact_sha256.<file name>`` to the SHA-256 (hex) of its bytes. :func:`fetch`
-downloads an artifact of a run and raises :class:`ArtifactDamaged` (naming the run and
-the file) when it is missing or its bytes do not hash to the recorded value.
-:func:`damaged_artifacts` checks every checksummed artifact of a run; the pipeline
-calls it before reusing a stage run and runs the stage again (with a warning) when it
-finds one (:func:`workflow.pipeline.run_pipeline`).
+How reuse and the stages use them: docs/workflow.md, *Reuse*.
 """
 
 from __future__ import annotations

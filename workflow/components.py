@@ -1,15 +1,9 @@
 """Library objects built from a resolved spec: device, dataset, model, plan, trainer.
 
-Seeds (so each stage reproduces what the others see):
-
-* ``sampling.seed`` (+ repeat index) seeds the fixed batches, each epoch's sampling
-  and the partitioner (``betty.engine.Trainer``'s ``seed``);
-* ``train.seed`` (+ repeat index) seeds the weight initialisation and dropout.
-
 Every stage goes through :func:`make_trainer`, so the ``sample`` and ``partition``
-stages see exactly the batch and the partition the trainer's first epoch uses
-(``Trainer.sample(0, 0)``, ``Trainer.partition(batch, 0, 0)``; for ``revgnn``,
-``RevTrainer.split(0)``: ``sampling.seed`` seeds the cluster splits).
+stages see exactly the batch and split the trainer's first epoch uses; ``sampling.seed``
+(+ repeat) seeds batches, sampling and partitioning, ``train.seed`` (+ repeat) weights
+and dropout.
 """
 
 from __future__ import annotations
@@ -56,7 +50,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def torch_dtype(rspec: ResolvedSpec) -> torch.dtype:
-    """The parameters' dtype: float64 for ``train.precision: 64``, else float32."""
+    """The parameters' dtype: ``train.dtype`` (float64 for ``train.precision: 64``, else float32)."""
     return {"float32": torch.float32, "float64": torch.float64}[rspec.spec.train.dtype]
 
 

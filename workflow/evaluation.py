@@ -1,20 +1,8 @@
-"""Score a trained model on the validation and test splits.
+"""Score a trained model on the validation and test splits: accuracy, or for multi-label
+data the mean ROC-AUC over tasks (OGB's ``Evaluator`` for OGB datasets), after ``full``,
+``sampled`` or, for ``revgnn``, ``multiview`` inference (:func:`rev_predictions`).
 
-The metric is accuracy for single-label datasets and mean ROC-AUC over tasks for
-multi-label ones (ogbn-proteins); OGB datasets are scored by OGB's own ``Evaluator``
-(``betty.inference.evaluate_predictions(ogb_name=...)``). Metric names:
-``valid_acc``/``test_acc`` or ``valid_rocauc``/``test_rocauc``.
-
-``evaluate.inference: full`` (default) runs layer-wise full-neighbour inference over the
-whole graph once and reads every split from it; ``sampled`` samples each split's
-neighbourhoods with ``evaluate.fanouts`` (default: the training fanouts).
-
-``revgnn`` (:func:`rev_predictions`): ``full`` runs the model on the whole graph at once
-(``betty.rev.training.full_graph_inference``; reversible blocks need every node
-of the set they map); ``multiview`` averages the predicted probabilities (softmax, or
-sigmoid for multi-label data) over ``evaluate.views`` random splits into
-``evaluate.parts`` induced subgraphs (default: the training K), seeded by
-``sampling.seed + view`` (``multiview_inference``; RevGNN's multi-view inference).
+``evaluate.*`` keys: docs/workflow.md, *Specs* and *Reversible deep GNNs*.
 """
 
 from __future__ import annotations

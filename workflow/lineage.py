@@ -1,21 +1,5 @@
-"""Checks on ``--upstream`` runs before a stage uses them.
-
-A stage given ``upstream = {stage: run_id}`` reads that run's artifacts as if they were
-computed from the current spec. :func:`check_upstream` refuses the lineage unless, for
-every entry,
-
-* the run exists in the tracking store;
-* it is a stage run (``run_kind = stage``) of that stage (tag ``stage``);
-* its status is ``FINISHED``;
-* its spec params (``spec.<key.path>``) equal the current spec's on every key of the
-  sections that stage depends on (:data:`workflow.specfile.STAGE_SECTIONS`), except
-  the section of the stage being run (an ``evaluate`` stage with other ``evaluate``
-  settings may score a train run) and ``partition.sweep`` (a report only). So a
-  ``sample`` run of spec ``tiny`` cannot feed a ``partition`` stage of spec
-  ``synthetic``.
-
-The error names both sides: the given run (its ID, spec name and source) and the
-current spec.
+"""Checks on ``--upstream`` runs before a stage uses them (:func:`check_upstream`); the
+error names both sides. Rules: docs/workflow.md, *Upstream runs (--upstream)*.
 """
 
 from __future__ import annotations
@@ -47,8 +31,11 @@ def _settings(params: Mapping[str, str], sections: list[str]) -> dict[str, str]:
 
 def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str]) -> None:
     """Raise :class:`UpstreamMismatch` unless every ``upstream`` run can feed ``stage``
-    of ``rspec`` (see the module docstring). The device is not compared: a model
-    trained on one device may be scored on another."""
+    of ``rspec``: it exists, is a ``FINISHED`` stage run of an earlier stage, and its
+    spec params equal ``rspec``'s on the sections that stage depends on
+    (:data:`STAGE_SECTIONS`), less the section of ``stage`` itself and
+    ``partition.sweep`` (a report). The device is not compared: a model trained on one
+    device may be scored on another."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 

@@ -1,17 +1,9 @@
-"""Run stages: one alone, or all of them as child runs of one parent.
+"""Run stages: one alone (:func:`run_stage`), or all of them as child runs of one parent
+(:func:`run_pipeline`), each reused (:mod:`workflow.reuse`) or run in this process with
+the loaded dataset shared from stage to stage. ``betty run`` and ``mlflow run -e main``
+run the pipeline; ``betty stage`` and the per-stage entry points run one stage.
 
-:func:`run_pipeline` opens the parent run (``run_kind=main``, ``stage=main``) and, for
-each stage in order, either reuses a finished run with the same key
-(:mod:`workflow.reuse`) or runs it (:func:`run_stage`) as a nested run in this process,
-sharing the loaded dataset with the stages after it. ``betty run`` and the MLproject
-``main`` entry point (``mlflow run . -e main``) both run the pipeline this way; the
-per-stage entry points run one stage each.
-
-Artifacts pass between stages by run ID: each stage gets ``upstream = {stage: run_id}``
-of the stages before it. The parent records ``stage_run.<stage>`` tags (the run used
-for each stage), ``reused.<stage>`` for reused ones and ``reused_stages``, and copies the
-headline metrics of the train and evaluate runs (:func:`collect_summary`), so one row
-per experiment in ``betty compare`` has everything.
+Parent run, reuse: docs/workflow.md, *The parent run* and *Reuse*.
 """
 
 from __future__ import annotations
@@ -113,12 +105,9 @@ def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
 
 def run_pipeline(rspec: ResolvedSpec, *, reuse: bool = True, reporter: Reporter | None = None,
                  stages: tuple[str, ...] = STAGES, run_name: str | None = None) -> dict[str, dict]:
-    """All ``stages`` as children of one parent run (see the module docstring).
-
-    A reusable run whose checksummed artifacts are missing or damaged (or a train run
-    whose logged MLflow model is gone) is not reused:
-    the stage runs again, with a warning naming the run and the file
-    (:mod:`workflow.checksums`).
+    """All ``stages`` as children of one parent run, each reused when a run with its key
+    is found intact (:func:`_intact`), else run; the parent gets the ``stage_run.*`` and
+    ``reused*`` tags and :func:`collect_summary`.
 
     Returns:
         ``{stage: {"run_id": ..., "reused": bool}}`` plus ``"main": {"run_id": ...}``.

@@ -12,7 +12,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 __all__ = ["curves_figure", "memory_figure", "sweep_figure"]
 
 
-
 def _unit(largest: float) -> tuple[str, float]:
     """The binary unit that shows ``largest`` bytes as a number below 1024."""
     for unit, scale in (("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):

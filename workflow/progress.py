@@ -1,15 +1,8 @@
-"""Progress reporting for stages: silent, plain log lines, or a live rich display.
+"""Progress reporting for stages, which talk to a :class:`Reporter` and never print:
+silent, plain flushed log lines (:class:`LogReporter`) or a live rich display
+(:class:`RichReporter`), chosen by :func:`make_reporter`; numbers by :func:`format_number`.
 
-Stages talk to a :class:`Reporter`; they never print. ``betty run`` and ``betty stage``
-use :func:`make_reporter`: :class:`RichReporter` (one line per stage, a bar per epoch
-loop) when stderr is a terminal, else :class:`LogReporter`, as the MLproject entry points
-do: flushed plain lines on stderr, one per stage start and end (with its duration) and
-one per step of a loop (each epoch: ``train 3/10 elapsed 1.2s eta 2.8s loss=0.41``), so
-CI logs, ``nohup`` and log files show progress as it happens.
-
-Numbers are written by :func:`format_number`: integers (and integral floats) with
-thousands separators (``10,000``, never ``1e+04``), other values to 4 significant
-digits without an exponent unless they are tiny.
+What is shown: docs/workflow.md, *Progress and numbers*.
 """
 
 from __future__ import annotations

@@ -154,9 +154,8 @@ def to_csv(rows: list[dict], summaries: list[dict]) -> str:
 
 def to_markdown(rows: list[dict], summaries: list[dict]) -> str:
     """A GitHub-flavoured Markdown table of :func:`formatted` (``|`` escaped)."""
-    right = {h for h in NUMERIC}
     lines = ["| " + " | ".join(HEADERS) + " |",
-             "|" + "|".join("---:" if h in right else "---" for h in HEADERS) + "|"]
+             "|" + "|".join("---:" if h in NUMERIC else "---" for h in HEADERS) + "|"]
     for cells in formatted(rows, summaries):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"

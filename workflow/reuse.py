@@ -1,22 +1,9 @@
-"""When may a finished stage run stand in for running the stage again?
+"""When a finished stage run may stand in for running the stage again: the newest
+``FINISHED`` stage run whose ``stage``, ``stage_sha``, ``upstream_run_id`` and
+``code_version`` tags match (:func:`stage_key`). The pipeline then checks its artifacts
+(:func:`workflow.pipeline.run_pipeline`).
 
-Only when all of these match (the run's tags):
-
-* ``stage`` (the entry point) and ``run_kind = stage``;
-* ``stage_sha``: the content hash of the spec sections the stage depends on, plus
-  runtime facts that change its result (the resolved device for ``train``/``evaluate``),
-  see :meth:`workflow.specfile.ResolvedSpec.stage_sha`. It is a hash of the *resolved
-  content*, never of the spec's path or name, so an edited spec file misses and a
-  renamed copy hits;
-* ``upstream_run_id``: the run of the stage before it (``none`` for ``download``), so a
-  re-run upstream stage invalidates everything below it;
-* ``code_version``: git commit plus a hash of the ``betty/`` and ``workflow/`` sources
-  on disk (:mod:`workflow.provenance`), so uncommitted edits count;
-* status ``FINISHED`` (failed, killed or running runs are never reused).
-
-A run found this way is then checked by :func:`workflow.pipeline.run_pipeline`: its
-checksummed artifacts must be intact and a train run's logged MLflow model present,
-otherwise the stage runs again with a warning.
+Rules: docs/workflow.md, *Reuse* and *Content hashes*.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""MLflow runs: the logging contract and failure handling.
+"""MLflow runs: every run betty creates is opened by :func:`tracked_run`, which tags
+it, logs the resolved spec and ends it ``FINISHED``, ``FAILED`` or ``KILLED`` (never
+left ``RUNNING``), with the ``error`` tag and ``error.txt`` on failure.
 
-Every run this package creates is opened with :func:`tracked_run`, which
-
-* tags it: ``run_kind`` (``main`` | ``stage`` | ``repeat``), ``stage``, ``spec_sha``,
-  ``spec_name``, ``dataset``, ``device``, ``code_version`` (the reuse key's code part),
-  MLflow's own ``mlflow.source.git.commit`` (the UI shows it as the run's source), the process
-  doing the work (``betty.host``, ``betty.pid``: ``betty cleanup`` finds runs whose
-  process is gone), and for stages ``stage_sha`` and ``upstream_run_id`` (the reuse
-  key, see :mod:`workflow.reuse`);
-* marks its experiment as model training (:func:`workflow.tracking.mark_model_training`);
-* logs the flattened resolved spec as params (``spec.<key.path>``) and the resolved spec
-  as the ``spec.yaml`` artifact;
-* ends it ``FINISHED``; ``FAILED`` when the body raises (``KILLED`` on
-  ``KeyboardInterrupt``), after setting the ``error`` tag (exception type and message,
-  truncated) and logging the traceback as ``error.txt``. Nothing is left ``RUNNING``.
-
-Tracking URI: MLflow's default (``sqlite:///mlflow.db`` in the working directory)
-unless ``MLFLOW_TRACKING_URI`` is set. Under ``mlflow run`` the process's run
-(``MLFLOW_RUN_ID``) is resumed rather than a new one created.
+Tags, params and endings: docs/workflow.md, *What every run records* and *Failures*.
 """
 
 from __future__ import annotations
@@ -191,8 +176,10 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
                 run_name: str | None = None, device: str | None = None,
                 tags: Mapping[str, str] | None = None,
                 log_spec: bool = True) -> Iterator[mlflow.ActiveRun]:
-    """Open (or resume, under ``mlflow run``) a run with the logging contract of the
-    module docstring; see there for how it ends."""
+    """Open (or resume, under ``mlflow run``) a run: tags (:func:`_run_tags` plus
+    ``tags``), the experiment marked as model training, with ``log_spec`` the spec as
+    ``spec.<key.path>`` params and ``spec.yaml``. Ends ``FINISHED``, or through
+    :func:`mark_failed` when the body raises."""
     # the tags are written with the run (one insert): a run killed right after its
     # creation still has betty.host/betty.pid, so 'betty cleanup' can end it
     run = mlflow.start_run(nested=nested, run_name=run_name, tags=_run_tags(kind, stage, rspec, device, tags))

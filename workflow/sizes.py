@@ -1,9 +1,5 @@
-"""Byte sizes written by people: ``512MiB``, ``24GiB``, ``1.5GB``, ``1048576``.
-
-Units: ``B``; decimal ``KB MB GB TB`` (powers of 1000); binary ``KiB MiB GiB TiB``
-(powers of 1024). Unit letters are case-insensitive (``24gib`` is ``24GiB``); a space
-between number and unit is allowed. The result is a whole number of bytes (rounded
-down), so ``1.5GB`` is ``1_500_000_000``.
+"""Byte sizes written by people: ``512MiB``, ``24GiB``, ``1.5GB``, ``1048576``
+(:data:`UNITS`; decimal and binary, any case, rounded down to whole bytes).
 """
 
 from __future__ import annotations

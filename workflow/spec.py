@@ -1,33 +1,12 @@
-"""The experiment spec schema (pydantic v2, unknown keys refused).
+"""The experiment spec schema (pydantic v2, strict, unknown keys refused).
 
-A spec is one YAML mapping with the sections ``dataset``, ``sampling``, ``model``,
-``partition``, ``train`` and ``evaluate``::
+Field types, ranges and choices live in the section models (:class:`Spec`), rules
+spanning several keys and the dataset's own options in :func:`check_spec`, arch-dependent
+defaults in :func:`with_arch_defaults`. Every problem is a :class:`Problem` naming the key
+path, the value and what is allowed. Choices owned by the library (datasets, partition
+methods, aggregators, optimizers) are read from it, so the schema grows with it.
 
-    name: products_lstm
-    description: Betty's ogbn-products LSTM experiment
-    experiment: products      # MLflow experiment (optional; default: the spec name)
-    dataset: {name: ogbn-products, root: data}
-    sampling: {fanouts: [10, 25], batch_size: full, seed: 0}
-    model: {arch: sage, aggregator: lstm, hidden: 256, layers: 2, dropout: 0.5}
-    partition: {method: reg, k: auto, memory_budget: 24GiB, safety_margin: 0.05}
-    train: {epochs: 10, lr: 0.01, optimizer: adam, device: auto, seed: 0}
-    evaluate: {every: 1, inference: full}
-
-Validation happens in two passes, both before any work starts:
-
-1. field types, ranges and choices (:class:`Spec`; pydantic in strict mode, so ``"3"``
-   is not an integer and ``true`` is not a number);
-2. cross-field rules and the dataset's own options (:func:`check_spec`): one fanout per
-   layer, arch-specific keys only with their arch, ``memory_budget`` with ``k: auto``,
-   options the dataset accepts; ``revgnn`` (whole graph or K cluster parts, no
-   sampled blocks) refuses the keys of sampled training it would otherwise ignore.
-
-Arch-dependent defaults are filled in afterwards (:func:`with_arch_defaults`).
-
-Every problem becomes a :class:`Problem` naming the key path, the value and what is
-allowed; :func:`workflow.specfile.load_spec` raises them together as a
-:class:`SpecError`. Choices owned by the library (dataset names, partition methods,
-aggregators, optimizers) are read from it, so the schema grows with it.
+Keys, defaults and allowed values: docs/workflow.md, *Specs* (``revgnn``: *Reversible deep GNNs*).
 """
 
 from __future__ import annotations
@@ -221,7 +200,6 @@ Threads = Annotated[int | str | None, PlainValidator(_check_threads)]
 PrepWorkers = Annotated[int | str, PlainValidator(_check_prep_workers)]
 
 
-
 _DTYPE_PRECISION = {"float32": "32", "float64": "64"}
 
 
@@ -239,20 +217,9 @@ STORE_KEYS = ("store", "store_folder", "store_ip_config", "store_method")
 
 
 class DatasetSection(BaseModel):
-    """``name`` (see ``betty.data.dataset_names()``), ``root`` (data folder, relative
-    to the working directory) and the dataset's own options as further keys (e.g. the
-    synthetic generator's ``num_nodes``, ``scale``, ``seed``; checked against the
-    dataset's option list by :func:`check_spec`).
-
-    Where the graph is held: ``store`` ``local`` (default: every training process
-    holds the whole graph) or ``distributed`` (DistDGL: one graph server per machine
-    holds its partition, the trainers fetch what each batch needs;
-    :mod:`betty.backends.distdgl`); with ``distributed``, ``store_ip_config`` (required:
-    a file with one line ``HOST PORT`` per machine, line ``m`` the graph server of
-    partition ``m``), ``store_folder`` (the partitioning, written by node 0 where it is
-    missing; default ``<root>/distdgl/<dataset>-<options hash>-<machines>``) and
-    ``store_method`` (how the graph is split across the machines: ``metis`` or
-    ``random``). The store changes where the graph is read, not what is learnt."""
+    """``dataset``: ``name``, ``root``, ``feature_dtype``, where the graph is held
+    (``store*``, :mod:`betty.backends.distdgl`) and the dataset's own options as further
+    keys (checked by :func:`check_spec`)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -296,22 +263,9 @@ class DatasetSection(BaseModel):
 
 
 class SamplingSection(_Section):
-    """``fanouts``: one per layer, input layer first (DGL's order), ``-1`` = all
-    neighbours; required for ``sage``/``gat``; ``revgnn`` samples nothing (it trains
-    on the whole graph or its cluster parts): it may omit the section, and fanouts given
-    anyway are ignored with a note (:func:`spec_notes`). ``batch_size``: output nodes per
-    batch, ``'full'`` = the whole training set (Betty's setting). ``seed``: seeds
-    batches, sampling and partitioning (epoch ``e`` re-samples, and ``revgnn``
-    re-draws random clusters, with a seed derived from ``(seed, e)``). ``device``:
-    where batches are prepared: ``host`` (default, NumPy) or a torch device (``cuda``,
-    ``cuda:<index>``; ``cpu`` runs the torch-op path on the CPU, the host's batches and
-    updates bit for bit): the sampler, carving and the feature gather as torch ops
-    there, the graph's CSR, the features and the labels copied to it once, a host copy
-    of each batch for the cut, the estimate and the redundancy metric
-    (``betty.engine.Trainer``'s ``sample_device``). A CUDA device is the training
-    device (``train.device``) with ``train.pipeline: false``, and the memory model
-    counts what preparation keeps there. On CUDA the same seed draws other numbers than
-    on the CPU."""
+    """``sampling``: ``fanouts`` (input layer first), ``batch_size``, ``seed`` and
+    ``device`` (``betty.engine.Trainer``'s ``sample_device``); ``revgnn`` may leave it
+    out."""
 
     fanouts: list[Fanout] | None = Field(None, min_length=1)
     batch_size: BatchSize = "full"
@@ -320,23 +274,8 @@ class SamplingSection(_Section):
 
 
 class ModelSection(_Section):
-    """The GNN. ``aggregator`` is for ``sage``; ``heads``/``attn_dropout`` for ``gat``;
-    ``output_heads`` for ``gat``: the last layer's heads (default ``heads``; 1 as in the
-    GAT paper); ``gcn`` is Kipf & Welling's symmetric GCN (:mod:`betty.models.gcn`: it
-    adds each node's self term itself, so ``dataset.self_loops`` is refused with it);
-    ``groups``/``conv``/``norm``/``reversible``/``checkpoint``/``weight_tied``/``deq``
-    for ``revgnn`` (and ``heads`` with ``conv: gat``; ``revgnn``'s ``heads`` defaults
-    to 1). ``reversible: false`` runs the same blocks as a residual network
-    (``checkpoint: true`` adds gradient checkpointing to it); ``weight_tied`` shares
-    one block's weights across the depth; ``deq`` is the deep-equilibrium variant (one
-    weight-tied cell solved to a fixed point: ``layers`` and ``groups`` are ignored
-    with a note, ``reversible: false``, ``checkpoint``, ``weight_tied`` refused).
-    ``backend``: ``auto`` (DGL where it imports, else PyG), ``dgl`` or ``pyg``
-    (:mod:`betty.backends`); a backend that does not import here is refused with the
-    command that installs it; every arch runs on both. ``activation`` (``sage``/``gat``/``gcn``):
-    the non-linearity between layers, ``relu``, ``elu``, ``leaky_relu`` or ``gelu``
-    (``null``: the arch's own, ReLU for ``sage``, ELU for ``gat`` as in the GAT paper);
-    the memory model follows each."""
+    """``model``: the GNN (:func:`betty.models.build_model`); which keys apply to
+    which arch: :data:`_ARCH_ONLY` and :func:`check_spec`."""
 
     arch: str = "sage"
     hidden: int = Field(256, ge=1, le=MAX_WIDTH)
@@ -389,13 +328,9 @@ class ModelSection(_Section):
 
 
 class SweepSection(_Section):
-    """The partition stage's comparison table: every method in ``methods`` (``null``:
-    all registered) at every K in ``k`` no larger than the batch's output count.
-    ``max_k`` (``{method: K}``) bounds a method's Ks the same way on every machine;
-    ``time_limit_s`` stops a method's larger Ks once one K took longer (``null``: no
-    limit; depends on the machine and its load, so prefer ``max_k``). Skipped Ks and
-    why are logged in the ``sweep_skipped`` tag. An empty ``k`` list turns the sweep
-    off."""
+    """``partition.sweep``: the partition stage's comparison of ``methods`` at
+    every K in ``k`` (an empty list turns it off), bounded by ``max_k`` and
+    ``time_limit_s``."""
 
     k: list[Annotated[int, Field(ge=2)]] = Field(default_factory=lambda: list(DEFAULT_SWEEP_K))
     methods: list[str] | None = None
@@ -419,17 +354,8 @@ class SweepSection(_Section):
 
 
 class PartitionSection(_Section):
-    """How each batch is split: ``method`` (see ``betty.partition.PARTITIONERS``),
-    ``k`` (an integer or ``'auto'``: the smallest K whose largest micro-batch fits
-    ``memory_budget * (1 - safety_margin)``), ``balance`` (equal output nodes or equal
-    estimated memory per piece), ``reuse`` (keep a partition for this many epochs;
-    ``null``: for the whole run). ``time_limit_s`` bounds each ``hypergraph`` split
-    (seconds; when hit, that split falls back to ``reg`` with a warning; ``null``: no
-    limit) and ``deterministic`` selects Mt-KaHyPar's reproducible (slower) preset;
-    its threads are ``train.threads`` (``null``: PyTorch's thread count).
-    ``partitioner`` cuts the REG of the ``reg*`` methods: ``metis`` (pymetis, one
-    thread) or ``kaminpar`` (on the cores ``train.threads`` leaves, at least 1; one
-    thread with ``deterministic``, the only count on which its split is reproducible)."""
+    """``partition``: how each batch is split (``betty.engine.PartitionPlan``;
+    ``revgnn``: ``betty.rev.engine.RevPlan``)."""
 
     method: str = "reg"
     k: KValue = 4
@@ -461,30 +387,8 @@ class EarlyStoppingSection(_Section):
 
 
 class TrainSection(_Section):
-    """Optimisation. ``seed`` seeds the weights and dropout; ``repeats: N`` trains N
-    times with seeds ``seed, seed+1, ...`` (sampling seeds shift the same way) and
-    reports mean ± std. ``device: auto`` is cuda when available, else cpu. ``threads``:
-    CPU threads for PyTorch and DGL per process: ``auto`` (default) takes the cores this
-    process may use (affinity mask, cgroup CPU quota) that other work leaves idle (load
-    average), shared among the ranks of a
-    ``--nproc`` job, and one thread per 2M edges of the graph at most
-    (:mod:`betty.threads`); an int as given; ``null`` the libraries' own default (one
-    per host core). ``prep_workers``: threads for the host preparation steps whose
-    parts are independent (the piece-membership product, carving a prepared batch's
-    micro-batches; ``betty.workers``): ``auto`` (default) the cores ``threads`` leaves,
-    at least 1, shared among the ranks; an int as given; the count never changes what
-    is computed. ``world_size: N > 1`` spreads each
-    step's micro-batches over N ranks (``torch.distributed``, one device each; the
-    update is the single-process one: docs/distributed.md). ``early_stopping:
-    {patience: N}`` stops once N validation evaluations in a row did not improve
-    (``null``: train every epoch; needs ``evaluate.every >= 1``).
-    ``weight_decay_first_layer_only``: decay only the first layer's parameters (Kipf
-    and Welling's GCN; ``betty.train.parameter_groups``). ``pipeline`` (default on):
-    a preparation thread samples, partitions, estimates and carves up to ``prefetch``
-    batches ahead of the step, so that preparation runs while the previous batch
-    trains (the updates are the serial loop's, bit for bit; ``betty.engine.Trainer``'s
-    ``prefetch``); ``false`` prepares each batch when its step starts. ``revgnn``: the
-    next epochs' cluster parts are split ahead (``betty.rev.engine.RevTrainer``)."""
+    """``train``: optimisation, seeds, repeats, threads, ranks, early stopping and
+    the preparation pipeline (``betty.engine.Trainer``'s ``prefetch``)."""
 
     epochs: int = Field(10, ge=1)
     lr: float = Field(0.01, gt=0.0, allow_inf_nan=False)
@@ -536,15 +440,9 @@ class TrainSection(_Section):
 
 
 class EvaluateSection(_Section):
-    """``every``: validation every N epochs during training (0: only in the evaluate
-    stage). ``inference``: ``full`` (all neighbours: layer-wise for ``sage``/``gat``,
-    the whole graph at once for ``revgnn``), ``sampled`` (``sage``/``gat``, with
-    ``fanouts``, default the training fanouts) or ``multiview`` (``revgnn``: the
-    average of the predictions over ``views`` random splits into ``parts`` parts;
-    ``parts: null`` = the training K). ``chunk_size``: nodes per inference chunk
-    (``sage``/``gat``). ``select``: the weights the run keeps, logs as its model and
-    scores on test: ``last`` (the final epoch's) or ``best_valid`` (those of the epoch
-    with the best validation score, scored every ``every`` epochs, which must be >= 1)."""
+    """``evaluate``: validation during training, the weights kept (``select``)
+    and how the evaluate stage infers (``inference``, ``fanouts``, ``chunk_size``,
+    ``views``, ``parts``)."""
 
     every: int = Field(1, ge=0)
     select: Literal["last", "best_valid"] = "last"

@@ -1,20 +1,12 @@
-"""Find, read, override, validate and hash a spec.
+"""Find, read, override, validate and hash a spec (:func:`load_spec`).
 
-A spec reference is a path (``runs/my.yaml``), a file name in the shipped ``specs/``
-folder (``synthetic.yaml``) or its stem (``synthetic``); a path is tried first, then
-``./specs``, then the shipped folder (``$BETTY_SPECS_DIR`` overrides its location).
+Overrides are applied to the raw YAML mapping before validation, so an override is
+checked exactly like a key written in the file. Hashes are taken over the *resolved*
+spec (:attr:`ResolvedSpec.sha`; :meth:`ResolvedSpec.stage_sha` over only the sections a
+stage depends on, so editing ``train.epochs`` does not invalidate the sampled batch).
 
-Overrides ``key.path=value`` are applied to the raw YAML mapping before validation;
-``value`` is parsed as YAML (``train.epochs=3`` is an int, ``sampling.fanouts=[5, 10]``
-a list, ``partition.reuse=null`` null), and missing intermediate mappings are created,
-so an override is checked exactly like a key written in the file.
-
-Hashes (SHA-256 of sorted-key JSON, first 16 hex digits) are taken over the *resolved*
-spec: every default filled in, dataset options resolved by the data layer, byte sizes
-in bytes; ``dataset.feature_dtype`` is among them when it is not float32 (so a bfloat16
-run never reuses a float32 run's outputs, and float32 specs keep their hashes). ``name`` and ``description`` are left out, so a renamed copy of a spec has the
-same content hash. :meth:`ResolvedSpec.stage_sha` hashes only the sections a stage
-depends on, so editing ``train.epochs`` does not invalidate the sampled batch.
+Rules: docs/workflow.md, *Specs* (references, overrides, content hashes) and
+*Validation beyond the schema*.
 """
 
 from __future__ import annotations
@@ -144,8 +136,9 @@ def shipped_specs() -> list[Path]:
 
 
 def find_spec(ref: str | os.PathLike) -> Path:
-    """The spec file ``ref`` names (see the module docstring). Only ``.yaml``/``.yml``
-    files are specs: any other file is refused without being read."""
+    """The spec file ``ref`` names: a path, else a file name or stem in ``./specs``, else
+    in :func:`specs_dir`. Only ``.yaml``/``.yml`` files are specs: any other file is
+    refused without being read."""
     ref = str(ref)
     if not ref.strip():
         raise SpecError([Problem("spec", ref, "empty spec reference; give a path or a shipped spec name")])
@@ -430,7 +423,7 @@ def resolve_spec(raw: dict, *, source: str | None = None, overrides: Sequence[st
 
 
 def load_spec(ref: str | os.PathLike, overrides: Sequence[str] = ()) -> ResolvedSpec:
-    """Find, read, override and validate a spec (see the module docstring).
+    """Find (:func:`find_spec`), read, override and validate a spec.
 
     Raises:
         SpecError: unknown file, invalid YAML, bad override or invalid content.

@@ -1,32 +1,9 @@
-"""MLflow-native records: the experiment, its kind, the dataset input, the logged model.
+"""MLflow-native records: the experiment (:func:`use_spec_experiment`), its kind
+(:func:`mark_model_training`), the dataset input (:func:`dataset_input`) and the logged
+model (:func:`log_pytorch_model`). On import it also guards MLflow's SQL store
+(:func:`guard_store_sessions`, :func:`serialize_store_creation`).
 
-* **Store.** Applied on import: :func:`guard_store_sessions` holds signals back while
-  MLflow's SQL store is inside a database session; :func:`serialize_store_creation`
-  lets one process at a time create a sqlite store (the first creates its schema).
-* **Experiment.** :func:`experiment_name` picks where ``betty run`` / ``betty stage``
-  write: ``--experiment`` > ``$MLFLOW_EXPERIMENT_NAME`` > ``$MLFLOW_EXPERIMENT_ID`` (kept
-  as is) > the spec's ``experiment`` key > the spec's ``name``. Under ``mlflow run`` the
-  launcher has already fixed the experiment (``mlflow run --experiment-name``; the
-  Makefile passes the spec name) and nothing is changed, except that the entry points
-  do not write into "Default" (where ``mlflow run`` puts its run when no experiment is
-  given): :func:`leave_default_experiment`.
-* **Kind.** :func:`mark_model_training` sets the experiment tag
-  ``mlflow.experimentKind`` to ``custom_model_development`` (MLflow's value for model
-  training) unless the experiment already has one. MLflow 3.17's UI takes its layout
-  from the ``workflowType`` URL parameter (``?workflowType=machine_learning``) or the
-  browser's stored choice instead, so the docs give that address.
-* **Dataset.** :func:`dataset_input` describes the spec's dataset as an MLflow
-  ``MetaDataset``: name = the dataset name, digest = :func:`betty.data.dataset_digest`
-  (16 hex digits over name, resolved options and the source files' fingerprint, the
-  same key as betty's processed-data cache), source = the dataset folder for files read
-  from disk, or the generator and its options for synthetic data.
-* **Model.** :func:`log_pytorch_model` logs the trained ``torch.nn.Module`` with the
-  pytorch flavor (pickled, as ``mlflow.pytorch.load_model`` expects), the ``betty``
-  package as ``code_paths`` (the model classes), the resolved ``spec.yaml`` as an extra
-  file, and the pip requirements of this environment (given, not inferred: inference
-  loads the model in a subprocess and takes many seconds), at the last epoch's step so
-  that the last epoch's metrics, logged after it, are the logged model's. MLflow's warning about pickle is
-  dropped (see :func:`_quiet_pickle_warning`).
+What MLflow shows: docs/workflow.md, *Experiments, models and datasets as MLflow shows them*.
 """
 
 from __future__ import annotations
@@ -124,8 +101,10 @@ serialize_store_creation()
 
 
 def experiment_name(rspec: ResolvedSpec, cli_name: str | None = None) -> str | None:
-    """The experiment to use (see the module docstring); ``None`` when the environment
-    fixes it by ID (``MLFLOW_EXPERIMENT_ID``) or ``mlflow run`` launched this process."""
+    """The experiment to use: ``cli_name`` (``--experiment``), else
+    ``$MLFLOW_EXPERIMENT_NAME``, else :func:`spec_experiment_name`; ``None`` when the
+    environment fixes it by ID (``MLFLOW_EXPERIMENT_ID``) or ``mlflow run`` launched this
+    process (``MLFLOW_RUN_ID``)."""
     if cli_name:
         return cli_name
     if os.environ.get("MLFLOW_EXPERIMENT_NAME"):
@@ -149,14 +128,10 @@ def leave_default_experiment(rspec: ResolvedSpec) -> str | None:
     """Under ``mlflow run`` without ``--experiment-name``/``--experiment-id``, MLflow has
     created this process's run (``MLFLOW_RUN_ID``) in "Default". Make the spec's
     experiment (:func:`spec_experiment_name`) this process's experiment instead, with no
-    run to resume, so that the entry point's runs (the pipeline's parent and stage
-    runs, or the one stage's) are created there.
-
-    MLflow can neither move a run to another experiment nor let it be deleted while
-    ``mlflow run`` still has to end it, so the launcher's run stays in "Default", empty,
-    tagged ``betty.pipeline_experiment`` and with a note naming the experiment; ``mlflow
-    run`` ends it when this process exits. Returns the launcher's run ID, or ``None``
-    when nothing was changed (not under ``mlflow run``, or an experiment was chosen)."""
+    run to resume, so that the entry point's runs are created there. MLflow can neither
+    move the launcher's run nor let it be deleted while ``mlflow run`` still has to end
+    it, so it stays in "Default", empty, tagged and noted (docs/workflow.md, *One
+    experiment per spec*). Returns its ID, or ``None`` when nothing was changed."""
     launcher_run = os.environ.get("MLFLOW_RUN_ID")
     if (not launcher_run or os.environ.get("MLFLOW_EXPERIMENT_NAME")
             or os.environ.get("MLFLOW_EXPERIMENT_ID", DEFAULT_EXPERIMENT_ID) != DEFAULT_EXPERIMENT_ID):
@@ -216,7 +191,9 @@ def mark_model_training(experiment_id: str) -> None:
 
 
 def dataset_input(rspec: ResolvedSpec):
-    """The spec's dataset as an ``mlflow.data.meta_dataset.MetaDataset`` (no data read)."""
+    """The spec's dataset as an ``mlflow.data.meta_dataset.MetaDataset`` (no data read):
+    digest :func:`betty.data.dataset_digest`, source the data folder or, for a generated
+    dataset, the generator and its options."""
     from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.data.sources import LocalArtifactDatasetSource
@@ -283,13 +260,12 @@ def logged_model_problem(run_id: str) -> str | None:
 def log_pytorch_model(model, rspec: ResolvedSpec, step: int = 0) -> str:
     """Log ``model`` (on the CPU, in eval mode) with the pytorch flavor as ``model`` of
     the active run, with the ``betty`` package and ``spec.yaml``; returns the model URI.
+    The pip requirements are given (:func:`_pip_requirements`): inferring them loads the
+    model in a subprocess and takes many seconds.
 
     ``step``: the epoch the model is from (the last one). Metrics logged at that step
     afterwards are linked to the logged model (and those already logged at that step are
     copied onto it, without their dataset).
-
-    ``mlflow.pytorch.load_model(f"runs:/{run_id}/model")`` returns a module whose
-    outputs equal the trained one's (checked in ``tests/test_workflow_tracking.py``).
     """
     import copy
 

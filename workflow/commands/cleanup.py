@@ -1,23 +1,6 @@
-"""``betty cleanup``: find (and with ``--fail`` end) runs stuck in ``RUNNING``.
-
-It looks at ``--experiment``, or at every active experiment without it, and ends only
-runs whose process is provably gone:
-
-* ``never started``: a project run without betty's tags, older than ``--min-age``, whose
-  environment is conda while this machine has no conda (``mlflow run .`` without
-  ``--env-manager local`` creates the run, fails to build the conda environment, exits,
-  and leaves it ``RUNNING``, MLflow 3.17). Ended ``FAILED``. Any other run without
-  betty's tags (e.g. another project's live ``mlflow run``) is left alone unless its
-  parent run ended;
-* ``parent ended``: a run whose parent run (``mlflow.parentRunId``) is no longer
-  running, or is ended in the same pass, e.g. a stage whose process was killed before it
-  could end its run. Ended ``KILLED``;
-* ``process gone``: a betty run whose process (tags ``betty.host``, ``betty.pid``) ran
-  on this machine and no longer exists. Ended ``KILLED``.
-
-Each ended run gets an ``error`` tag saying which of these applied. One pass is enough
-after ``kill -KILL`` of a whole ``mlflow run`` group: a stage whose parent is found
-stuck in the same pass is stuck too.
+"""``betty cleanup``: find (and with ``--fail`` end) runs stuck in ``RUNNING``, only those
+whose process is provably gone (:func:`stuck_reason`), each with an ``error`` tag saying
+why. Which runs: docs/workflow.md, *Interrupts and kills*.
 """
 
 from __future__ import annotations
@@ -55,7 +38,10 @@ def _conda_missing() -> bool:
 def stuck_reason(run, client, min_age_s: float, host: str | None = None,
                  ending: dict[str, str] | None = None) -> tuple[str, str] | None:
     """``(status to end it with, reason)`` if ``run`` (RUNNING) is provably stuck, else
-    ``None``. ``ending``: runs already found stuck in this pass (ID -> status)."""
+    ``None``: its parent ended (``KILLED``); a project run without betty's tags, a conda
+    environment and no conda here, started ``min_age_s`` ago (``FAILED``); a betty run
+    whose process on this host is gone (``KILLED``). ``ending``: runs already found
+    stuck in this pass (ID -> status)."""
     tags = run.data.tags
     parent_id = tags.get("mlflow.parentRunId")
     if parent_id:
@@ -82,7 +68,8 @@ def stuck_reason(run, client, min_age_s: float, host: str | None = None,
 
 def stale_runs(exp: str | None, min_age_s: float) -> list[tuple]:
     """``(run, status, reason)`` for every stuck RUNNING run of ``exp`` (``None``: of every
-    active experiment), see the module docstring."""
+    active experiment), in passes until one finds no more (a stage whose parent is found
+    stuck is stuck too)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()

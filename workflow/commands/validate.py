@@ -1,9 +1,5 @@
-"""``betty validate SPEC...``: check specs without running anything.
-
-Beyond the schema it asks whether the spec can run *here*: are the dataset's files
-under ``dataset.root`` (the loader's own check, nothing loaded), and does this machine
-have ``train.device`` (``cuda`` without CUDA)? Those are warnings (exit 0), or errors
-with ``--strict`` (exit 2).
+"""``betty validate SPEC...``: check specs without running anything, and warn (with
+``--strict``: fail) when one cannot run here (:func:`environment_problems`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Stage ``download``: load (or generate) the dataset and cache it under ``root``.
+"""Stage ``download``: load (or generate) the dataset offline and cache it under ``root``.
 
-Nothing is downloaded from the network: real datasets are read offline from
-``dataset.root`` and a missing one fails at once with the data layer's message saying
-where to put the files. Logs the dataset's ``stats()`` as metrics (``num_nodes``,
-``num_edges``, ``num_features``, ``num_classes``, ``num_train`` ...), ``time_load_s``, and
-``dataset.json`` (name, root, resolved options, cache file, stats).
+Metrics and ``dataset.json``: docs/workflow.md, *Stages*.
 """
 
 from __future__ import annotations

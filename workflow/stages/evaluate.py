@@ -1,10 +1,7 @@
-"""Stage ``evaluate``: score the trained model(s) on the validation and test splits.
+"""Stage ``evaluate``: rebuild each model the ``train`` run lists in ``models.json`` and
+score it on the validation and test splits (:func:`workflow.evaluation.evaluate_model`).
 
-Reads ``models.json`` and each ``model.pt`` from the ``train`` run, rebuilds the model
-from the spec, and logs ``valid_acc``/``test_acc`` (``valid_rocauc``/``test_rocauc`` for
-multi-label data; OGB datasets through OGB's evaluator) and ``time_inference_s``, plus
-``evaluation.json``. With several repeats every repeat's run also gets its scores, and
-this run logs ``m`` (= mean), ``m_mean`` and ``m_std`` (the OGB reporting convention).
+Metrics and repeats: docs/workflow.md, *Stages* and *Repeats*.
 """
 
 from __future__ import annotations

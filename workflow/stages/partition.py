@@ -1,39 +1,8 @@
-"""Stage ``partition``: split the first epoch's work exactly as training will, and
-compare partitioners.
+"""Stage ``partition``: split the first epoch's work exactly as training will
+(:func:`batch_split` for sampled batches, :func:`cluster_split` for ``revgnn``) and
+compare partitioners over ``partition.sweep``.
 
-``sage``/``gat``/``gcn`` (:func:`batch_split`): the batch comes from the ``sample``
-run's ``batch.npz`` (sampled afresh from the spec when the stage runs alone). It is split
-by ``betty.engine.Trainer.partition`` exactly as the first epoch will be (same method, K
-or K search, balance, seed), and measured:
-
-* metrics ``k``, ``redundancy`` (layer-0 input loads / distinct inputs),
-  ``redundancy_layer{l}``, ``imbalance`` (max / mean inputs per piece),
-  ``time_build_s``, ``time_partition_s``, ``time_block_s`` (carving the micro-batch
-  blocks with ``betty.microbatch.split``), ``peak_mem_estimated_bytes`` (the memory
-  model's largest piece) and, for ``k: auto``, ``time_ksearch_s``; per micro-batch ``i``
-  (as the metric step): ``micro_outputs``, ``micro_inputs``, ``micro_edges``,
-  ``micro_estimated_bytes``;
-* artifacts ``partition.npz`` (``outputs``, ``groups``), ``microbatches.csv``.
-
-``revgnn`` (:func:`cluster_split`) trains on the whole graph (K = 1) or on K induced
-subgraphs, so the stage splits the graph exactly as the first epoch will
-(``RevTrainer.split(0)``: method, K or K search, seed): metrics ``k``, ``imbalance``
-(max / mean nodes per part), ``edges_kept_fraction`` and ``edges_dropped_fraction``
-(edges inside parts / between parts, over all edges), ``time_partition_s``,
-``time_estimate_s``, ``time_ksearch_s`` (auto), ``peak_mem_estimated_bytes`` (largest
-part); per part ``i``: ``part_nodes``, ``part_edges``, ``part_train``,
-``part_estimated_bytes``; artifacts ``parts.csv``, ``partition.npz`` (``part`` of every
-node).
-
-Both log ``ksearch.json`` for ``k: auto`` (every K tried with its largest estimated
-piece). The sweep then splits with every method (``partition.sweep.methods``; default:
-every registered partitioner, for ``revgnn`` ``random`` and ``metis``) at every K of
-``partition.sweep.k`` no larger than what is split, and logs ``partition_sweep.csv`` /
-``.json`` and a figure: ``sweep_redundancy.<method>`` (step K) and
-``plots/redundancy_vs_k.png``, for ``revgnn`` ``sweep_edges_kept.<method>``,
-``sweep_peak_estimated_bytes.<method>`` and ``plots/cluster_sweep.png``. A method that
-raises (e.g. METIS on a graph it cannot cut) is skipped for the remaining Ks with the
-reason in the table, a note and the ``sweep_skipped`` tag.
+Metrics and artifacts: docs/workflow.md, *Stages* (``revgnn``: *Reversible deep GNNs*).
 """
 
 from __future__ import annotations
@@ -282,10 +251,9 @@ def run(ctx: StageContext) -> dict[str, float]:
 
 
 def _log_sweep(ctx: StageContext, kind: _SweepLog, table: list[dict], skipped: dict[str, str]) -> None:
-    """The sweep's per-method metrics (step K); ``partition_sweep.csv`` (``kind``'s
-    columns), ``partition_sweep.json`` (``{"rows", "skipped"}``) and, when a method was
-    cut short, the ``sweep_skipped`` tag (``method: reason; ...``, at most 500
-    characters); the figure, when a row has figures."""
+    """The sweep's per-method metrics (step K), ``partition_sweep.csv`` (``kind``'s
+    columns) and ``.json``, the ``sweep_skipped`` tag and, when a row has figures, the
+    figure (docs/workflow.md, *Stages*)."""
     for row in table:
         log_metrics({f"{prefix}.{row['method']}": row.get(key) for key, prefix in kind.metrics.items()},
                     step=row["k"])

@@ -1,13 +1,7 @@
-"""Stage ``sample``: the first epoch's full batch, as the trainer will sample it.
+"""Stage ``sample``: the first epoch's full batch, as the trainer will sample it
+(``revgnn`` samples nothing and logs the graph every step covers).
 
-Logs ``time_sample_s``, ``num_outputs``, ``num_inputs`` and per layer ``l`` (0 = input
-layer) ``block{l}_num_src``, ``block{l}_num_dst``, ``block{l}_num_edges``; saves the batch
-as ``batch.npz`` (format: :mod:`workflow.artifacts`).
-
-``revgnn`` samples nothing (every step runs on the whole graph or on K cluster parts):
-it logs the "batch" every step covers (``num_outputs`` = training nodes, ``num_inputs``
-= every node), the tag ``sampling = none (revgnn)`` and a note; ignored
-``sampling.fanouts`` are noted and tagged (``spec_notes``).
+Metrics and ``batch.npz``: docs/workflow.md, *Stages* (``revgnn``: *Reversible deep GNNs*).
 """
 
 from __future__ import annotations
@@ -36,7 +30,7 @@ def block_sizes(batch) -> dict[str, int]:
 
 
 def _nothing_to_sample(ctx: StageContext) -> dict[str, float]:
-    """The ``sample`` stage for ``revgnn`` (see the module docstring)."""
+    """The ``sample`` stage for ``revgnn``: training and total node counts, a tag and notes."""
     from workflow.spec import spec_notes
 
     ds = ctx.dataset()
