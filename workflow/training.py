@@ -1,18 +1,12 @@
-"""The train stage's epochs: one loop for one process and for each of N ranks.
+"""The train stage's epochs, on one process or N launched ranks.
 
-:func:`train_epochs` builds the trainer (:func:`workflow.components.make_trainer`),
-trains ``train.epochs`` epochs, scores validation every ``evaluate.every`` epochs and
-keeps the selected weights (``evaluate.select``; ``train.early_stopping``:
-:class:`betty.selection.BestValidation`). It works alike with ``sage``/``gat``/``gcn``
-and ``revgnn``: both trainers yield epoch records with ``metrics()`` and ``rows()``.
-
+:func:`train_epochs` builds the spec's trainer (:func:`workflow.components.make_trainer`)
+and runs :func:`betty.fit.fit` with the spec's validation, selection and early stopping.
 ``train.world_size: N > 1`` (or ``dataset.store: distributed``): the train stage's
-process launches the ranks (:func:`train_distributed`); each runs :func:`train_epochs`
-with a :class:`betty.distributed.DataParallel`, the ranks' figures are gathered after
-every epoch (:func:`betty.distributed.gather.gather_epoch`: the metric names), rank 0
-evaluates and decides an early stop for all, and returns the history and the selected
-weights. A failing rank ends the launch with :class:`betty.distributed.launch.RankFailed`
-naming it. Metrics: docs/distributed.md.
+process launches the ranks (:func:`train_distributed`), each runs :func:`train_epochs`
+with a :class:`betty.distributed.DataParallel`, and rank 0's result comes back; a
+failing rank ends the launch with :class:`betty.distributed.launch.RankFailed` naming
+it. Per-rank metrics: docs/distributed.md.
 
 Host memory: the launching process loads the dataset once and shares its tensors with
 its ranks (:func:`betty.distributed.shared.share_dataset`: files in ``/dev/shm`` the
@@ -25,7 +19,6 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -70,23 +63,22 @@ def _inject_fault(rank: int, epoch: int) -> None:
 
 def train_epochs(rspec: ResolvedSpec, dataset, device, repeat: int = 0, *, parallel=None,
                  on_epoch: Callable[[dict, bool], None] | None = None) -> dict | None:
-    """Train repeat ``repeat``'s model (see the module docstring): the one epoch loop.
+    """Train repeat ``repeat``'s model with :func:`betty.fit.fit` (validation every
+    ``evaluate.every`` epochs, ``evaluate.select``, ``train.early_stopping``).
 
     Args:
         parallel: this rank's :class:`betty.distributed.DataParallel` (``None``: one
             process).
         on_epoch: called on rank 0 with each epoch's ``{"epoch", **metrics}`` and whether
-            it is the last one (the last of ``train.epochs``, or an early stop).
+            it is the last one.
 
     Returns:
         on rank 0 (in one process: always) ``{"history", "rows", "searches",
-        "selection", "record", "model"}``: the per-epoch entries, the memory table's rows
-        (``repeat`` first; ``rank`` last on N ranks), every K-search result, the
-        selection metrics (``best_valid_acc``, ``best_epoch``, ``stopped_epoch``), the
-        epoch record type (its ``ROWS_TABLE``, ``ROW_COLUMNS``, ``PIECE``) and the model
-        holding the selected weights; ``None`` on the other ranks.
+        "selection", "record", "model"}``: :class:`betty.fit.FitResult`'s fields (rows
+        labelled with ``repeat``), every K-search result and the model holding the
+        selected weights; ``None`` on the other ranks.
     """
-    from betty.distributed.gather import agree, gather_epoch
+    from betty.fit import fit
     from betty.memory.meter import MemoryMeter
 
     spec = rspec.spec
@@ -97,41 +89,18 @@ def train_epochs(rspec: ResolvedSpec, dataset, device, repeat: int = 0, *, paral
     trainer.parallel = parallel
     if meter is not None:
         meter.track(model, optimizer)
-    rank = 0 if parallel is None else parallel.rank
-    every, selector = spec.evaluate.every, make_selector(rspec)
-    score_key = f"valid_{metric_suffix(dataset)}"
-    history, rows, record = [], [], None
-    with closing(trainer.epochs(range(spec.train.epochs))) as epochs:
-        for epoch in range(spec.train.epochs):
-            steps_before = 0
-            if parallel is not None:
-                steps_before = len(parallel.history)
-                _inject_fault(rank, epoch)
-            record = next(epochs)
-            metrics, pieces = record.metrics(), [{"repeat": repeat, **row} for row in record.rows()]
-            if parallel is not None:
-                metrics, pieces = gather_epoch(record, parallel, steps_before, metrics, pieces)
-            due = bool(every) and (epoch + 1) % every == 0
-            if due and rank == 0:
-                metrics.update(evaluate_model(model, dataset, rspec, device, splits=("valid",),
-                                              train_k=record.k))
-                if score_key in metrics:
-                    selector.update(epoch, metrics[score_key], model)
-            stop = due and selector.should_stop()
-            if due and parallel is not None:
-                stop = agree(stop)
-            if rank == 0:
-                history.append({"epoch": epoch, **metrics})
-                rows.extend(pieces)
-                if on_epoch is not None:
-                    on_epoch(history[-1], stop or epoch + 1 == spec.train.epochs)
-            if stop:
-                break
-    if rank != 0:
+
+    def validate(epoch: int, k: int) -> dict[str, float]:
+        return evaluate_model(model, dataset, rspec, device, splits=("valid",), train_k=k)
+
+    faults = None if parallel is None else (lambda epoch: _inject_fault(parallel.rank, epoch))
+    result = fit(trainer, spec.train.epochs, validate=validate, every=spec.evaluate.every,
+                 selector=make_selector(rspec), score_key=f"valid_{metric_suffix(dataset)}",
+                 on_epoch=on_epoch, before_epoch=faults, row_labels={"repeat": repeat})
+    if result is None:
         return None
-    selector.apply(model)
-    return {"history": history, "rows": rows, "searches": searches, "selection": selector.metrics(score_key),
-            "record": type(record), "model": model}
+    return {"history": result.history, "rows": result.rows, "searches": searches,
+            "selection": result.selection, "record": result.record, "model": model}
 
 
 def launched(rspec: ResolvedSpec) -> bool:

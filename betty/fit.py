@@ -1,0 +1,119 @@
+"""Epochs with validation, model selection and early stopping, on one process or N ranks.
+
+:func:`fit` drives either trainer (:class:`betty.engine.Trainer` for sampled blocks,
+:class:`betty.rev.engine.RevTrainer` for RevGNN): both yield epoch records with
+``metrics()`` and ``rows()`` from ``trainer.epochs(...)``. Every ``every`` epochs rank 0
+scores validation (``validate``), a :class:`betty.selection.BestValidation` keeps the
+best weights and decides an early stop. On N ranks (``trainer.parallel``, a
+:class:`betty.distributed.DataParallel`) every rank calls :func:`fit` with the same
+trainer; after each epoch the ranks' figures are gathered on rank 0
+(:func:`betty.distributed.gather.gather_epoch`) and rank 0's stop decision is shared, so
+all ranks leave after the same epoch.
+
+Example (one process)::
+
+    result = fit(trainer, 20, validate=lambda epoch, k: {"valid_acc": score(trainer.model)},
+                 selector=BestValidation("best_valid", patience=3))
+    result.history[-1]["loss"], result.selection.get("best_epoch")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FitResult", "fit"]
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns on rank 0.
+
+    Attributes:
+        history: one entry per epoch trained, ``{"epoch": e, **metrics}`` (the record's
+            metrics, the gathered ranks' figures and, when scored, ``validate``'s).
+        rows: every micro-batch (RevGNN: part) row of every epoch, ``row_labels`` first
+            (on N ranks each with its ``rank``).
+        record: the epoch record type (its ``ROWS_TABLE``, ``ROW_COLUMNS``, ``PIECE``).
+        selection: the selector's metrics (``best_<score_key>``, ``best_epoch``,
+            ``stopped_epoch``).
+    """
+
+    history: list[dict] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    record: type | None = None
+    selection: dict[str, float] = field(default_factory=dict)
+
+
+def fit(trainer: Any, epochs: int, *, validate: Callable[[int, int], Mapping[str, float]] | None = None,
+        every: int = 1, selector: Any = None, score_key: str = "valid_acc",
+        on_epoch: Callable[[dict, bool], None] | None = None,
+        before_epoch: Callable[[int], None] | None = None,
+        row_labels: Mapping[str, Any] | None = None) -> FitResult | None:
+    """Train ``epochs`` epochs of ``trainer`` (see the module docstring).
+
+    Args:
+        trainer: a ``Trainer`` or ``RevTrainer``; its ``parallel`` (or ``None``) says
+            whether this is one rank of several.
+        epochs: the most epochs to train (an early stop ends sooner).
+        validate: ``validate(epoch, k) -> {name: score}`` on rank 0 every ``every``
+            epochs, after the epoch's step (``k``: the epoch's micro-batches or parts);
+            ``None`` or ``every = 0``: no scoring.
+        selector: a :class:`betty.selection.BestValidation` fed ``score_key`` of each
+            scored epoch (default: one with ``select="last"``, no early stop); its weights
+            are loaded into ``trainer.model`` at the end.
+        on_epoch: called on rank 0 with each history entry and whether it is the last
+            one (the last of ``epochs``, or an early stop).
+        before_epoch: called on every rank with the epoch number before it trains.
+        row_labels: keys put before each micro-batch row (e.g. ``{"repeat": r}``).
+
+    Returns:
+        a :class:`FitResult` on rank 0 (in one process: always); ``None`` on the others.
+    """
+    from betty.selection import BestValidation
+
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"every must be an integer >= 0 (0: never score), got {every!r}")
+    selector = selector if selector is not None else BestValidation("last")
+    parallel = trainer.parallel
+    rank = 0 if parallel is None else parallel.rank
+    labels = dict(row_labels or {})
+    result = FitResult()
+    with closing(trainer.epochs(range(epochs))) as records:
+        for epoch in range(epochs):
+            steps_before = 0 if parallel is None else len(parallel.history)
+            if before_epoch is not None:
+                before_epoch(epoch)
+            record = next(records)
+            result.record = type(record)
+            metrics, rows = record.metrics(), [{**labels, **row} for row in record.rows()]
+            if parallel is not None:
+                from betty.distributed.gather import gather_epoch
+
+                metrics, rows = gather_epoch(record, parallel, steps_before, metrics, rows)
+            due = validate is not None and bool(every) and (epoch + 1) % every == 0
+            if due and rank == 0:
+                metrics.update(validate(epoch, record.k))
+                if score_key in metrics:
+                    selector.update(epoch, metrics[score_key], trainer.model)
+            stop = due and selector.should_stop()
+            if due and parallel is not None:
+                from betty.distributed.gather import agree
+
+                stop = agree(stop)
+            if rank == 0:
+                result.history.append({"epoch": epoch, **metrics})
+                result.rows.extend(rows)
+                if on_epoch is not None:
+                    on_epoch(result.history[-1], stop or epoch + 1 == epochs)
+            if stop:
+                break
+    if rank != 0:
+        return None
+    selector.apply(trainer.model)
+    result.selection = selector.metrics(score_key)
+    return result

@@ -1,0 +1,81 @@
+"""betty.fit.fit: the epoch loop with validation, selection and early stopping, for both
+trainers, against the same trainer driven epoch by epoch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from betty.engine import PartitionPlan, Trainer
+from betty.fit import FitResult, fit
+from betty.models import build_model
+from betty.selection import BestValidation
+from distributed_cases import CLASSES, FEATS, dataset
+
+# validation scores by epoch: best at epoch 2, then no improvement
+CURVE = [0.5, 0.6, 0.9, 0.7, 0.9, 0.8, 0.85, 0.6]
+
+
+def _trainer(arch: str = "sage"):
+    torch.manual_seed(0)
+    model = build_model(arch, FEATS, CLASSES, hidden=8, layers=2, dropout=0.5)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    if arch == "revgnn":
+        from betty.rev.engine import RevPlan, RevTrainer
+
+        return RevTrainer(model, opt, dataset(), RevPlan("random", 2), seed=1)
+    return Trainer(model, opt, dataset(), [4, 6], PartitionPlan("reg", 3), seed=1)
+
+
+def _state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("arch", ["sage", "revgnn"])
+def test_fit_trains_as_the_epoch_loop_and_keeps_the_best_weights(arch):
+    reference = _trainer(arch)
+    losses, states = [], []
+    for epoch in range(5):
+        losses.append(reference.train_epoch(epoch).metrics()["loss"])
+        states.append(_state(reference.model))
+
+    trainer = _trainer(arch)
+    seen = []
+    result = fit(trainer, 5, validate=lambda epoch, k: {"valid_acc": CURVE[epoch], "k_seen": k},
+                 selector=BestValidation("best_valid"), on_epoch=lambda entry, last: seen.append(last),
+                 row_labels={"repeat": 7})
+    assert isinstance(result, FitResult)
+    assert [h["loss"] for h in result.history] == losses  # bit for bit the plain loop
+    assert [h["epoch"] for h in result.history] == list(range(5))
+    assert all(h["k_seen"] == h["k"] for h in result.history)
+    assert seen == [False] * 4 + [True]
+    assert result.selection == {"best_valid_acc": 0.9, "best_epoch": 2.0}
+    best = _state(trainer.model)  # the best epoch's weights were loaded back
+    assert all(torch.equal(best[k], states[2][k]) for k in best)
+    assert result.rows and all(next(iter(row)) == "repeat" and row["repeat"] == 7 for row in result.rows)
+    assert result.record is type(reference.train_epoch(5))
+
+
+def test_fit_stops_early_and_scores_every_n_epochs():
+    scored = []
+
+    def validate(epoch, k):
+        scored.append(epoch)
+        return {"valid_acc": CURVE[epoch]}
+
+    result = fit(_trainer(), 8, validate=validate, every=1, selector=BestValidation("last", patience=2))
+    # best 0.9 at epoch 2; epochs 3 and 4 (a tie) do not improve: stop after epoch 4
+    assert scored == [0, 1, 2, 3, 4] and len(result.history) == 5
+    assert result.selection == {"best_valid_acc": 0.9, "best_epoch": 2.0, "stopped_epoch": 4.0}
+
+    scored.clear()
+    result = fit(_trainer(), 6, validate=validate, every=3)
+    assert scored == [2, 5] and len(result.history) == 6
+    assert ["valid_acc" in h for h in result.history] == [False, False, True, False, False, True]
+
+
+@pytest.mark.parametrize("kwargs, words", [({"epochs": 0}, "epochs"), ({"epochs": 2, "every": -1}, "every"),
+                                           ({"epochs": True}, "epochs")])
+def test_fit_refuses_bad_arguments(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        fit(_trainer(), **kwargs)
