@@ -49,7 +49,6 @@ ahead.
 from __future__ import annotations
 
 import ctypes
-import functools
 import mmap
 import os
 import sys
@@ -57,6 +56,8 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
+
+from betty.data.options import machine_memory
 
 __all__ = ["release_pages", "release_rows", "resident_bytes", "prefetch_rows", "file_mapped", "out_of_core",
            "BLOCK_PAGES", "OUT_OF_CORE_FRACTION"]
@@ -248,25 +249,12 @@ def _page_runs(table: torch.Tensor, ids: np.ndarray) -> tuple[np.ndarray, np.nda
     return change[0::2] + base, change[1::2] - 1 + base
 
 
-@functools.lru_cache(maxsize=1)
-def _memory_bytes() -> int:
-    """The machine's memory (``MemTotal``, read once), 0 where unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def out_of_core(t: torch.Tensor) -> bool:
     """Whether ``t`` is read out of core: file-mapped (:func:`file_mapped`) and larger
     than :data:`OUT_OF_CORE_FRACTION` of the machine's memory."""
     if not file_mapped(t):
         return False
-    return t.untyped_storage().nbytes() > OUT_OF_CORE_FRACTION * _memory_bytes()
+    return t.untyped_storage().nbytes() > OUT_OF_CORE_FRACTION * (machine_memory() or 0)
 
 
 def prefetch_rows(table: torch.Tensor, ids: torch.Tensor) -> int:

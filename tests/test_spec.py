@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from workflow.sizes import format_bytes, parse_bytes
+from betty.sizes import format_bytes, parse_bytes
 from workflow.spec import SpecError
 from workflow.specfile import (
     apply_overrides,

@@ -100,7 +100,7 @@ def repeat_summaries(rows: list[dict]) -> list[dict]:
 
 
 def _fmt(header: str, value) -> str:
-    from workflow.sizes import format_bytes
+    from betty.sizes import format_bytes
 
     if value is None:
         return "-"

@@ -11,7 +11,6 @@ Keys, defaults and allowed values: docs/workflow.md, *Specs* (``revgnn``: *Rever
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -19,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validat
 
 from betty import catalog  # read when a spec is checked: the schema grows with the library
 from betty.data.registry import FEATURE_DTYPES  # the accepted dataset.feature_dtype names
-from workflow.sizes import BYTE_SIZE_HELP, format_bytes, parse_bytes
+from betty.data.options import MAX_SEED  # sampling.seed and train.seed too
+from betty.sizes import BYTE_SIZE_HELP, parse_bytes
 from betty.precision import PRECISIONS
 
 __all__ = [
@@ -42,9 +42,6 @@ __all__ = [
 ]
 
 DEFAULT_SWEEP_K = (2, 4, 8, 16, 32)
-MAX_SEED = 2**32 - 1
-"""Largest seed (``sampling.seed``, ``train.seed``, a dataset's ``seed``): seeds derived
-from it (``seed * 7919 + epoch``, ``seed + repeat``) stay inside torch's 64-bit range."""
 MAX_WIDTH = 16384
 """Largest ``model.hidden`` (and, for ``gat``, ``hidden * heads``): one 16384 x 16384
 float32 weight is 1 GiB, so a typo cannot allocate terabytes before any check."""
@@ -494,103 +491,23 @@ _ARCH_ONLY = {
 }
 
 
-def _option_error(name: str, options: dict) -> str | None:
-    """Why the data layer refuses ``options`` for dataset ``name``, or ``None``."""
-    from betty.data import resolve_options
-
-    try:
-        resolve_options(name, options)
-    except (ValueError, ArithmeticError, TypeError) as err:
-        return str(err)
-    return None
-
-
-def _option_value_problem(key: str, value: Any) -> Problem | None:
-    """Bounds every dataset option shares: finite numbers, seeds up to :data:`MAX_SEED`."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return Problem(f"dataset.{key}", value, "must be a finite number")
-    if key == "seed" and _int(value) and value > MAX_SEED:
-        return Problem(f"dataset.{key}", value, f"allowed: an integer from 0 to {MAX_SEED}")
-    return None
-
-
 def _dataset_problems(ds: DatasetSection) -> list[Problem]:
-    """Option names, then each option's value on its own (an error the defaults alone
-    give, such as dgl-file's missing ``path``, is not blamed on another option), then the
-    options together, then the size of what they would generate."""
-    from betty.data.registry import allowed_options
+    """The dataset's options as the data layer checks them
+    (:func:`betty.data.options.option_problems`), each at its key path."""
+    from betty.data.options import option_problems
 
-    allowed = allowed_options(ds.name)
-    out = []
-    options = ds.options
-    for key in options:
-        if key not in allowed:
-            hint = ", ".join(allowed) if allowed else "none"
-            out.append(Problem(f"dataset.{short_text(str(key))}", options[key],
-                               f"unknown option for dataset {ds.name!r}; allowed options: {hint}",
-                               hide_value=True))
-    if out:
-        return out
-    out = [p for key, value in options.items() if (p := _option_value_problem(key, value))]
-    if out:
-        return out
-    baseline = _option_error(ds.name, {})
-    for key, value in options.items():
-        error = _option_error(ds.name, {key: value})
-        if error is not None and error != baseline:
-            out.append(Problem(f"dataset.{key}", value, error))
-    if not out:
-        error = _option_error(ds.name, options)
-        if error is not None:
-            out.append(Problem("dataset", options, error))
-    return out or _generated_size_problems(ds)
-
-
-def machine_memory() -> int | None:
-    """This machine's physical memory in bytes (``None`` where the OS does not say)."""
-    import os
-
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # pragma: no cover
-        return None
-
-
-def _synthetic_config(ds: DatasetSection):
-    """The generator configuration of a generated dataset (``None`` for any other), from
-    its resolved options less the options every dataset takes (``self_loops``)."""
-    from betty.data import resolve_options
-    from betty.data.registry import COMMON_OPTIONS
-    from betty.data.synthetic_config import SYNTHETIC_PRESETS, SyntheticConfig
-
-    if ds.name not in SYNTHETIC_PRESETS:
-        return None
-    options = resolve_options(ds.name, ds.options)
-    return SyntheticConfig(**{k: v for k, v in options.items() if k not in COMMON_OPTIONS})
-
-
-def _generated_size_problems(ds: DatasetSection) -> list[Problem]:
-    """A generated dataset whose features and edges alone (float32 features, int64
-    edge ends in both directions) would not fit this machine's memory."""
-    config = _synthetic_config(ds)
-    if config is None:
-        return []
-    n, edges = config.scaled_num_nodes, config.target_num_undirected_edges
-    need = 4 * n * config.num_features + 2 * 2 * 8 * edges
-    have = machine_memory()
-    if have is None or need <= have:
-        return []
-    return [Problem("dataset", ds.options, f"generates {n:,} nodes with {config.num_features:,} features "
-                    f"and {edges:,} edges: at least {format_bytes(need)}, more than this machine's "
-                    f"memory ({format_bytes(have)}); lower num_nodes, scale or num_features")]
+    return [Problem("dataset" if p.key is None else f"dataset.{short_text(p.key)}", p.value, p.message,
+                    hide_value=p.unknown) for p in option_problems(ds.name, ds.options)]
 
 
 def _k_size_problems(spec: Spec) -> list[Problem]:
     """A fixed ``partition.k`` larger than what it splits, where the dataset's size is
     known without loading it (generated datasets): a sage/gat batch's output nodes, or
     revgnn's graph nodes."""
+    from betty.data.options import generated_config
+
     k, ds = spec.partition.k, spec.dataset
-    config = _synthetic_config(ds) if _int(k) else None
+    config = generated_config(ds.name, ds.options) if _int(k) else None
     if config is None:
         return []
     if spec.model.arch == "revgnn":

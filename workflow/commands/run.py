@@ -51,7 +51,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     from rich.table import Table
 
     from workflow.progress import format_number
-    from workflow.sizes import format_bytes
+    from betty.sizes import format_bytes
 
     table = Table(title=f"{rspec.name} (run {parent.info.run_id})")
     table.add_column("metric")

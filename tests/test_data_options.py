@@ -1,0 +1,41 @@
+"""betty.data.options: a dataset's options checked without loading anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from betty.data.options import MAX_SEED, OptionProblem, generated_config, machine_memory, option_problems
+
+
+def test_valid_options_have_no_problem_and_import_no_numpy_or_torch():
+    assert option_problems("synthetic", {"num_nodes": 500, "seed": 3}) == []
+    code = ("import sys; from betty.data.options import option_problems; "
+            "option_problems('synthetic-products', {'scale': 0.5}); "
+            "print(sorted({'numpy', 'torch'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("options, key, words", [
+    ({"num_nodez": 5}, "num_nodez", "unknown option for dataset 'synthetic'"),
+    ({"avg_degree": float("inf")}, "avg_degree", "finite"),
+    ({"seed": MAX_SEED + 1}, "seed", f"from 0 to {MAX_SEED}"),
+    ({"num_nodes": -4, "seed": 1}, "num_nodes", ""),
+])
+def test_each_problem_names_its_option(options, key, words):
+    problems = option_problems("synthetic", options)
+    assert [p.key for p in problems] == [key]
+    assert words in problems[0].message
+    assert problems[0].unknown == (key == "num_nodez")
+
+
+def test_a_generated_graph_larger_than_memory_is_refused_before_generating():
+    (problem,) = option_problems("synthetic", {"num_nodes": 10**12})
+    assert problem.key is None and "more than this machine's memory" in problem.message
+    assert generated_config("synthetic", {"num_nodes": 10**12}).scaled_num_nodes == 10**12
+    assert generated_config("cora", {}) is None
+    assert machine_memory() > 0
+    assert isinstance(problem, OptionProblem)
