@@ -30,7 +30,8 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["EDGES_PER_THREAD", "auto_threads", "available_cores", "cgroup_cpu_limit", "idle_cores"]
+__all__ = ["EDGES_PER_THREAD", "auto_threads", "available_cores", "cgroup_cpu_limit", "idle_cores",
+           "resolve_threads", "local_ranks"]
 
 #: Edges of work that justify one more thread (see the module docstring; measured with
 #: ``benchmarks/threads.py``: docs/benchmarks.md).
@@ -99,3 +100,20 @@ def auto_threads(work_edges: int | None = None, *, ranks: int = 1, cores: int | 
     if work_edges is None:
         return share
     return max(1, min(share, math.ceil(work_edges / EDGES_PER_THREAD)))
+
+
+def local_ranks() -> int:
+    """The ranks on this machine: ``LOCAL_WORLD_SIZE`` (set in each rank by the
+    launcher), else 1."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def resolve_threads(threads: int | str | None, work_edges: int | None = None, *,
+                    ranks: int | None = None) -> int | None:
+    """A thread setting as a count: an int as given, ``"auto"`` through
+    :func:`auto_threads` for ``work_edges`` edges and ``ranks`` processes on this machine
+    (default: this machine's ranks), ``None`` as ``None`` (the libraries' own default)."""
+    if threads != "auto":
+        return threads
+    return auto_threads(work_edges, ranks=local_ranks() if ranks is None else ranks)
+

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["prep_workers", "set_prep_workers", "spare_cores", "parallel_map"]
+__all__ = ["prep_workers", "set_prep_workers", "spare_cores", "parallel_map", "configure_threads"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -92,3 +92,30 @@ def parallel_map(fn: Callable[[T], R], parts: Sequence[T], workers: int | None =
         if error is not None:
             raise error
     return [f.result() for f in futures]
+
+
+def configure_threads(threads: int | str | None = "auto", prep_workers: int | str = "auto", *,
+                      work_edges: int | None = None) -> int | None:
+    """Size this process's thread pools: PyTorch's and, where DGL is installed, DGL's
+    OpenMP pool to :func:`betty.threads.resolve_threads` of ``threads`` (left alone for
+    ``None``), and the preparation threads (:func:`set_prep_workers`) to
+    ``prep_workers``, where ``"auto"`` is the cores the trainers' threads leave, shared
+    among this machine's ranks. Returns the thread count set (``None``: left alone)."""
+    import torch
+
+    from betty.threads import local_ranks, resolve_threads
+
+    count = resolve_threads(threads, work_edges)
+    if prep_workers == "auto":
+        ranks = local_ranks()
+        trainer = torch.get_num_threads() if count is None else count
+        prep_workers = max(1, spare_cores(trainer * ranks) // ranks)
+    set_prep_workers(prep_workers)
+    if count is not None:
+        torch.set_num_threads(count)
+        try:
+            from dgl.utils import set_num_threads
+        except ImportError:  # the PyG stack: no DGL pool to size
+            return count
+        set_num_threads(count)
+    return count

@@ -106,3 +106,24 @@ def test_carving_on_several_threads_is_the_serial_carve(restore_workers):
         assert [p for p, _, _ in threaded] == [p for p, _, _ in serial] == [0, 2, 3, 5]
         for (_, a, _), (_, b, _) in zip(serial, threaded):
             _same_layers(a, b)
+
+
+def test_configure_threads_sizes_torch_and_the_preparation_threads(monkeypatch):
+    import torch
+
+    from betty import workers
+
+    before_threads, before_count = torch.get_num_threads(), workers._count
+    monkeypatch.setattr("betty.threads.available_cores", lambda *a: 6)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    try:
+        assert workers.configure_threads(2, 3) == 2
+        assert torch.get_num_threads() == 2 and workers.prep_workers() == 3
+        assert workers.configure_threads(None, "auto") is None  # torch's pool left alone
+        assert torch.get_num_threads() == 2 and workers.prep_workers() == 4  # 6 cores - 2 threads
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        workers.configure_threads(1, "auto")  # two ranks of 1 thread on 6 cores: 2 each
+        assert workers.prep_workers() == 2
+    finally:
+        torch.set_num_threads(before_threads)
+        workers.set_prep_workers(before_count)

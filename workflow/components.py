@@ -8,8 +8,6 @@ and dropout.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from betty.precision import Precision
@@ -65,45 +63,18 @@ def feature_dtype(rspec: ResolvedSpec) -> torch.dtype:
 
 
 def spec_threads(rspec: ResolvedSpec, work_edges: int | None = None, *, ranks: int | None = None) -> int | None:
-    """``train.threads`` as a count: an int as given, ``auto`` through
-    :func:`betty.threads.auto_threads` for ``work_edges`` edges and ``ranks`` processes
-    on this machine (default: ``LOCAL_WORLD_SIZE``, set in each rank by the launcher,
-    else 1), ``None`` as ``None`` (the libraries' own default)."""
-    threads = rspec.spec.train.threads
-    if threads != "auto":
-        return threads
-    from betty.threads import auto_threads
+    """``train.threads`` as a count (:func:`betty.threads.resolve_threads`)."""
+    from betty.threads import resolve_threads
 
-    if ranks is None:
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return auto_threads(work_edges, ranks=ranks)
+    return resolve_threads(rspec.spec.train.threads, work_edges, ranks=ranks)
 
 
 def configure_threads(rspec: ResolvedSpec, work_edges: int | None = None) -> None:
-    """Apply ``train.threads`` (PyTorch's and, where DGL is installed, DGL's OpenMP
-    pools) when it is set; ``auto`` is resolved for ``work_edges`` (:func:`spec_threads`)."""
-    threads = spec_threads(rspec, work_edges)
-    _configure_prep_workers(rspec, threads)
-    if threads is not None:
-        torch.set_num_threads(threads)
-        try:
-            from dgl.utils import set_num_threads
-        except ImportError:  # the PyG stack: no DGL pool to size
-            return
-        set_num_threads(threads)
+    """Apply ``train.threads`` and ``train.prep_workers`` (:func:`betty.workers.configure_threads`;
+    ``auto`` sized for ``work_edges``)."""
+    from betty.workers import configure_threads as configure
 
-
-def _configure_prep_workers(rspec: ResolvedSpec, trainer_threads: int | None) -> None:
-    """Apply ``train.prep_workers``: ``auto`` is :func:`betty.workers.spare_cores` of the
-    trainer's threads, shared among this machine's ``LOCAL_WORLD_SIZE`` ranks."""
-    from betty.workers import set_prep_workers, spare_cores
-
-    workers = rspec.spec.train.prep_workers
-    if workers == "auto":
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        threads = torch.get_num_threads() if trainer_threads is None else trainer_threads
-        workers = max(1, spare_cores(threads * ranks) // ranks)
-    set_prep_workers(workers)
+    configure(rspec.spec.train.threads, rspec.spec.train.prep_workers, work_edges=work_edges)
 
 
 def load_data(rspec: ResolvedSpec):
