@@ -19,14 +19,16 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from betty.batch import SampledBatch
-from betty.memory import (DEFAULT_SAFETY_MARGIN, OptimizerSpec, apply_budget, default_backend, make_estimator,
-                          make_k_chooser, memory_balance_weights, oom_guard)
+from betty.memory import (DEFAULT_SAFETY_MARGIN, MemoryMeter, OptimizerSpec, apply_budget, default_backend,
+                          estimate_pieces, make_estimator, make_k_chooser, memory_balance_weights, oom_guard,
+                          split_report)
 from betty.memory.ksearch import check_fixed_k
 from betty.memory.replay import replays_mixed_precision
 from betty.memory.spec import ModelSpec
@@ -38,7 +40,8 @@ from betty.pipeline import check_prefetch, preparation
 from betty.precision import LossScaler, Precision
 from betty.records import epoch_metrics, estimate_error
 from betty.sampling import sample_full_batch
-from betty.train import MicroBatchRecord, host_rows, locate_non_finite, same_device, train_step
+from betty.train import (MicroBatchRecord, accumulate_gradients, host_rows, locate_non_finite, same_device,
+                         train_step)
 
 __all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "PreparedBatch", "Trainer", "fixed_batches",
            "PREPARATION_TIMERS"]
@@ -298,7 +301,8 @@ class Trainer:
             decide when a reused partition must be recomputed; default:
             :func:`betty.memory.make_estimator` when ``estimate_memory`` is set.
         estimate_memory: build the default estimator (the analytic memory model).
-        on_search: called with every :class:`betty.memory.KSearchResult` (logging).
+        on_search: called with every :class:`betty.memory.KSearchResult` (logging); the
+            default K chooser's latest is kept as ``search_result``.
         parallel: a :class:`betty.distributed.DataParallel`: spread each batch's pieces
             over its ranks (longest estimated first) and all-reduce the gradients;
             every rank must build the Trainer identically (same seed).
@@ -359,9 +363,10 @@ class Trainer:
             raise ValueError(f"precision {self.precision} keeps parameters in "
                              f"{self.precision.param_dtype}, but dtype is {dtype}")
         self.memory_kwargs = memory_kwargs = self._memory_kwargs(model, dataset, device, dtype)
+        self.search_result = None  # the default K chooser's latest KSearchResult
         if k_chooser is None and plan.k == "auto":
             k_chooser = make_k_chooser(model, optimizer, graph=dataset.graph,
-                                       on_search=on_search, **memory_kwargs)
+                                       on_search=self._recording(on_search), **memory_kwargs)
         # Estimates drive K and re-partitioning with the optimizer's steady state (its
         # state tensors exist); before the first step they do not, so the estimate
         # logged next to the measurement then uses a state-free optimizer.
@@ -387,6 +392,20 @@ class Trainer:
         elif gather_ahead and not self.prefetch:
             raise ValueError("gather_ahead=True gathers for batches prepared ahead: it needs prefetch >= 1")
         self.gather_ahead = bool(gather_ahead)
+
+    def _recording(self, on_search):
+        """``on_search`` that first keeps the result as :attr:`search_result` (through a
+        weak reference: the K chooser the trainer holds does not hold the trainer)."""
+        ref = weakref.ref(self)
+
+        def record(result) -> None:
+            trainer = ref()
+            if trainer is not None:
+                trainer.search_result = result
+            if on_search is not None:
+                on_search(result)
+
+        return record
 
     @staticmethod
     def _preparation_device(sample_device, device, prefetch: int) -> torch.device | None:
@@ -527,6 +546,60 @@ class Trainer:
         if self.plan.memory_budget is None:
             return None
         return self.plan.memory_budget * (1.0 - self.plan.safety_margin)
+
+    # -- memory report --------------------------------------------------------------
+    def memory_report(self, measure: bool = False) -> dict:
+        """The memory model's view of the first epoch's first batch: batch 0 sampled and
+        split as epoch 0 splits it (:meth:`sample`, :meth:`partition`: the K search runs
+        here with ``k="auto"``, and the split is kept for the epoch as any other), every
+        micro-batch estimated by component (:func:`betty.memory.estimate_pieces` with
+        :attr:`memory_kwargs`; the optimizer's steady state, its state tensors counted)
+        and, with ``measure``, measured once on ``device``.
+
+        Measuring trains the model: one real optimizer step over the batch (so that the
+        optimizer state exists, as in every step after the first), then forward and
+        backward of every micro-batch, each in its own :class:`betty.memory.MemoryMeter`
+        region (the gradients accumulated, no optimizer step), and the gradients are
+        cleared. The parameters and the optimizer state are left one step on, not
+        restored. It runs in this process (no ``parallel``), reading the dataset's host
+        features, with dropout key ``dropout_key(dropout_seed, 0)``.
+
+        Returns:
+            :func:`betty.memory.report.split_report`'s dict (bytes as ints, errors as
+            fractions): ``method``, ``k``, ``backend``, ``num_outputs`` (the batch's
+            output nodes), ``memory_budget_bytes``, ``safety_margin``,
+            ``max_estimated_peak_bytes``, ``micro_batches`` (per micro-batch ``index``,
+            ``estimated_peak_bytes``, ``components``; with ``measure``
+            ``measured_peak_bytes`` and ``relative_error``), with ``measure``
+            ``max_measured_peak_bytes`` and ``max_abs_relative_error``, and ``k_tried``
+            when this call ran the K search (``KSearchResult.to_dict()["tried"]``).
+        """
+        searched = self.search_result
+        batch = self.sample(0, 0)
+        result, _, _ = self.partition(batch, 0, 0)
+        estimates = estimate_pieces(batch, result.groups, result.k, self.model, self.optimizer,
+                                    **self.memory_kwargs)
+        measured = None
+        if measure:
+            meter = MemoryMeter(self.device)
+            meter.track(self.model, self.optimizer)
+            measured = self._measure_pieces(batch, result, meter)
+        return split_report(estimates, method=result.method, k=result.k, backend=self.memory_kwargs["backend"],
+                            memory_budget=self.plan.memory_budget, safety_margin=self.plan.safety_margin,
+                            sizes={"num_outputs": batch.num_outputs}, measured=measured,
+                            search=self.search_result if self.search_result is not searched else None)
+
+    def _measure_pieces(self, batch: SampledBatch, result: PartitionResult, meter) -> list[int | None]:
+        """:meth:`memory_report`'s measurement: one optimizer step, then every piece's
+        forward and backward in a ``meter`` region; its measured peak bytes."""
+        feat, label = self.dataset.feat, self.dataset.label
+        common = dict(k=result.k, device=self.device, dropout_key=dropout_key(self.dropout_seed, 0),
+                      multilabel=self.dataset.multilabel, dtype=self.dtype, precision=self.precision)
+        train_step(self.model, self.optimizer, batch, result.groups, feat, label, **common)  # the state
+        self.optimizer.zero_grad(set_to_none=True)
+        step = accumulate_gradients(self.model, batch, result.groups, feat, label, meter=meter, **common)
+        self.model.zero_grad(set_to_none=True)
+        return [r.peak_bytes for r in step.micro]
 
     # -- epochs ---------------------------------------------------------------------
     def _memory_kwargs(self, model, dataset, device, dtype: torch.dtype) -> dict:

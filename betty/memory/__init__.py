@@ -22,7 +22,7 @@ from betty.memory.ksearch import (
 )
 from betty.memory.calibrate import calibrate
 from betty.memory.cuda import EstimatedOOMError, apply_budget, oom_guard
-from betty.memory.report import estimate_report
+from betty.memory.report import estimate_report, split_report
 from betty.memory.trace import AllocationTrace, TraceEvent
 
 __all__ = [
@@ -32,6 +32,6 @@ __all__ = [
     "MemoryEstimate", "estimate_micro_batch", "estimate_pieces", "estimate_sizes",
     "DEFAULT_SAFETY_MARGIN", "KSearchError", "KSearchResult", "make_estimator", "make_k_chooser",
     "memory_balance_weights", "search_k", "calibrate",
-    "EstimatedOOMError", "apply_budget", "oom_guard", "estimate_report",
+    "EstimatedOOMError", "apply_budget", "oom_guard", "estimate_report", "split_report",
     "AllocationTrace", "TraceEvent",
 ]

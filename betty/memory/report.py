@@ -1,6 +1,12 @@
-"""JSON-ready summaries for the ``betty estimate`` command."""
+"""JSON-ready memory reports: of a batch split K ways (:func:`estimate_report`) and of
+a trainer's first split, estimated and measured piece by piece (:func:`split_report`,
+what ``Trainer.memory_report`` and ``RevTrainer.memory_report`` return and
+``betty estimate`` prints)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -8,7 +14,7 @@ from betty.batch import SampledBatch
 from betty.memory.estimator import estimate_pieces
 from betty.memory.ksearch import DEFAULT_SAFETY_MARGIN, search_k
 
-__all__ = ["estimate_report"]
+__all__ = ["estimate_report", "split_report"]
 
 
 def estimate_report(batch: SampledBatch, model, optimizer="adam", *, k: int | str = 1,
@@ -40,4 +46,49 @@ def estimate_report(batch: SampledBatch, model, optimizer="adam", *, k: int | st
     if memory_budget is not None:
         out["memory_budget_bytes"] = int(memory_budget)
         out["fits"] = worst.peak <= memory_budget * (1 - safety_margin)
+    return out
+
+
+def split_report(estimates: Sequence[Any], *, method: str, k: int, backend: str,
+                 memory_budget: int | None, safety_margin: float, sizes: dict | None = None,
+                 measured: Sequence[int | None] | None = None, search: Any = None) -> dict:
+    """One split's memory report, JSON-ready (bytes as ints, errors as fractions).
+
+    Args:
+        estimates: every piece's estimate, in piece order (``peak`` and ``breakdown``:
+            a :class:`~betty.memory.MemoryEstimate` or a RevGNN part's estimate).
+        method, k, backend: the split's partitioner, its number of pieces and the
+            memory model's constants.
+        memory_budget, safety_margin: the plan's (``None``: no budget).
+        sizes: further figures of the split, placed after ``backend`` (e.g.
+            ``num_outputs``).
+        measured: every piece's measured peak bytes (``None`` for a piece that did not
+            run); ``None``: not measured.
+        search: the K search that chose the split (its ``to_dict()["tried"]``), if any.
+
+    Returns:
+        ``method``, ``k``, ``backend``, the ``sizes``, ``memory_budget_bytes``,
+        ``safety_margin``, ``max_estimated_peak_bytes`` and ``micro_batches``: one row
+        per piece with ``index``, ``estimated_peak_bytes`` and ``components``
+        (``{component: bytes}``, summing to the estimate). With ``measured`` each row
+        adds ``measured_peak_bytes`` and ``relative_error`` ((estimated - measured) /
+        measured; ``None`` where nothing was measured), and the report
+        ``max_measured_peak_bytes`` and ``max_abs_relative_error`` (``None`` when no
+        piece was measured). With ``search``, ``k_tried``: every K tried with its
+        largest estimated piece (as the search's ``to_dict`` gives it).
+    """
+    rows = [{"index": i, "estimated_peak_bytes": int(e.peak),
+             "components": {c: int(b) for c, b in e.breakdown.items()}} for i, e in enumerate(estimates)]
+    out = {"method": method, "k": k, "backend": backend, **(sizes or {}),
+           "memory_budget_bytes": memory_budget, "safety_margin": safety_margin,
+           "max_estimated_peak_bytes": max(row["estimated_peak_bytes"] for row in rows), "micro_batches": rows}
+    if measured is not None:
+        for row, peak in zip(rows, measured):
+            row["measured_peak_bytes"] = peak
+            row["relative_error"] = None if not peak else (row["estimated_peak_bytes"] - peak) / peak
+        errors = [abs(r["relative_error"]) for r in rows if r["relative_error"] is not None]
+        out["max_measured_peak_bytes"] = max((p for p in measured if p), default=None)
+        out["max_abs_relative_error"] = max(errors, default=None)
+    if search is not None:
+        out["k_tried"] = search.to_dict()["tried"]
     return out

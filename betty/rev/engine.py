@@ -569,6 +569,59 @@ class RevTrainer:
             return None
         return estimate_parts(self.model, self.optimizer, parts, self.train_mask, **self.memory_kwargs)
 
+    def memory_report(self, measure: bool = False) -> dict:
+        """The memory model's view of the first epoch's split, as
+        :meth:`betty.engine.Trainer.memory_report`: epoch 0's K parts (:meth:`split`: the
+        K search runs here with ``k="auto"``), each part estimated by component
+        (:func:`betty.rev.memory.estimate_rev_parts` with :attr:`memory_kwargs`; the
+        optimizer's steady state) and, with ``measure``, measured once on ``device``.
+
+        Measuring trains the model: two real optimizer steps over the parts
+        (:func:`train_step_parts` with epoch 0's dropout masks), the first so that the
+        optimizer state exists, the second measured, one
+        :class:`betty.memory.MemoryMeter` region per part (the last one holds the
+        optimizer step, as in training). The parameters and the optimizer state are
+        left two steps on, not restored. It runs in this process (no ``parallel``).
+
+        Returns:
+            :func:`betty.memory.report.split_report`'s dict (bytes as ints, errors as
+            fractions): ``method``, ``k`` (parts), ``backend``, ``num_nodes_per_part``,
+            ``memory_budget_bytes``, ``safety_margin``, ``max_estimated_peak_bytes``,
+            ``micro_batches`` (per part ``index``, ``estimated_peak_bytes``,
+            ``components``; with ``measure`` ``measured_peak_bytes`` and
+            ``relative_error``, ``None`` for a part without training nodes), with
+            ``measure`` ``max_measured_peak_bytes`` and ``max_abs_relative_error``, and
+            ``k_tried`` when this call ran the K search
+            (``RevKSearchResult.to_dict()["tried"]``).
+
+        Raises:
+            ValueError: the model has no estimator (the DEQ variant).
+        """
+        from betty.memory import MemoryMeter, split_report
+        from betty.rev.memory import estimate_rev_parts
+
+        if not supports_estimate(self.model):
+            raise ValueError("the memory model does not cover this reversible variant "
+                             "(model.deq: true has no estimator)")
+        searched = self.search_result
+        parts, _, _ = self.split(0)
+        estimates = estimate_rev_parts(parts, self.model, train_mask=self.train_mask,
+                                       optimizer=self.optimizer, **self.memory_kwargs)
+        measured = None
+        if measure:
+            meter = MemoryMeter(self.device)
+            meter.track(self.model, self.optimizer)
+            common = dict(multilabel=self.dataset.multilabel, device=self.device, dtype=self.dtype,
+                          mask_factory=self.mask_factory(0))
+            args = (self.model, self.optimizer, parts, self.dataset.feat, self.dataset.label, self.train_mask)
+            train_step_parts(*args, **common)  # the optimizer state
+            measured = [r.peak_bytes for r in train_step_parts(*args, meter=meter, **common).parts]
+        return split_report(estimates, method=self.plan.method, k=len(parts), backend=self.memory_kwargs["backend"],
+                            memory_budget=self.plan.memory_budget, safety_margin=self.plan.safety_margin,
+                            sizes={"num_nodes_per_part": [int(p.node_ids.numel()) for p in parts]},
+                            measured=measured,
+                            search=self.search_result if self.search_result is not searched else None)
+
     def mask_factory(self, epoch: int) -> Optional[Callable[[], SharedHashMasks]]:
         """A fresh :class:`SharedHashMasks` per part (deterministic dropout with p > 0)."""
         p = float(self.model.dropout)

@@ -1,0 +1,108 @@
+"""``memory_report``: one method on both trainers (``betty estimate``'s library side),
+the estimate of every piece of the first epoch's split by component and, with
+``measure``, its measured peak."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from betty.engine import PartitionPlan, Trainer
+from betty.memory import estimate_pieces
+from betty.models import build_model
+from distributed_cases import CLASSES, FEATS, dataset
+from graphs import backend_params
+
+KEYS = ["method", "k", "backend", "memory_budget_bytes", "safety_margin", "max_estimated_peak_bytes",
+        "micro_batches"]
+MEASURED = ["max_measured_peak_bytes", "max_abs_relative_error"]
+
+
+def sampled(backend, plan):
+    torch.manual_seed(0)
+    model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2, aggregator="mean", backend=backend)
+    return Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), dataset(), [4, 6], plan, seed=1)
+
+
+def reversible(backend, plan):
+    from betty.rev.engine import RevTrainer
+
+    torch.manual_seed(0)
+    model = build_model("revgnn", FEATS, CLASSES, hidden=8, layers=3, dropout=0.3, backend=backend)
+    return RevTrainer(model, torch.optim.Adam(model.parameters(), lr=0.01), dataset(), plan, seed=1)
+
+
+def expected_estimates(trainer):
+    """The first epoch's split estimated directly (the trainer keeps that split, so
+    these are the estimates of the pieces its report describes)."""
+    if isinstance(trainer, Trainer):
+        batch = trainer.sample(0, 0)
+        result, _, _ = trainer.partition(batch, 0, 0)
+        return estimate_pieces(batch, result.groups, result.k, trainer.model, trainer.optimizer,
+                               **trainer.memory_kwargs)
+    from betty.rev.memory import estimate_rev_parts
+
+    parts, _, _ = trainer.split(0)
+    return estimate_rev_parts(parts, trainer.model, train_mask=trainer.train_mask,
+                              optimizer=trainer.optimizer, **trainer.memory_kwargs)
+
+
+def plans(make):
+    from betty.rev.engine import RevPlan
+
+    plan = PartitionPlan if make is sampled else RevPlan
+    return plan("random", 3), plan("random", "auto", memory_budget=10**9)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("make,size", [(sampled, "num_outputs"), (reversible, "num_nodes_per_part")])
+def test_memory_report_rows_are_the_estimates_of_the_first_split(make, size, backend):
+    fixed, _ = plans(make)
+    trainer = make(backend, fixed)
+    report = trainer.memory_report()
+    assert list(report) == KEYS[:3] + [size] + KEYS[3:]
+    estimates = expected_estimates(trainer)
+    assert report["k"] == 3 and len(report["micro_batches"]) == 3
+    assert [row["index"] for row in report["micro_batches"]] == [0, 1, 2]
+    assert [row["estimated_peak_bytes"] for row in report["micro_batches"]] == [e.peak for e in estimates]
+    assert [row["components"] for row in report["micro_batches"]] == [e.breakdown for e in estimates]
+    assert report["max_estimated_peak_bytes"] == max(e.peak for e in estimates)
+    assert (report["method"], report["memory_budget_bytes"], report["safety_margin"]) == ("random", None, 0.05)
+    assert not any("measured_peak_bytes" in row for row in report["micro_batches"])
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("make", [sampled, reversible])
+def test_memory_report_measures_every_piece_after_a_real_step(make, backend):
+    fixed, _ = plans(make)
+    trainer = make(backend, fixed)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    report = trainer.memory_report(measure=True)
+    assert list(report)[-2:] == MEASURED
+    assert [row["estimated_peak_bytes"] for row in report["micro_batches"]] == [
+        e.peak for e in expected_estimates(make(backend, fixed))]
+    peaks = [row["measured_peak_bytes"] for row in report["micro_batches"]]
+    assert all(isinstance(p, int) and p > 0 for p in peaks)
+    assert report["max_measured_peak_bytes"] == max(peaks)
+    errors = [(row["estimated_peak_bytes"] - row["measured_peak_bytes"]) / row["measured_peak_bytes"]
+              for row in report["micro_batches"]]
+    assert [row["relative_error"] for row in report["micro_batches"]] == errors
+    assert report["max_abs_relative_error"] == max(map(abs, errors)) <= 0.05
+    assert trainer.optimizer.state  # steady state reached by a real step: the model trained
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    if make is sampled:  # its measured pieces accumulate gradients, cleared after them
+        assert all(p.grad is None for p in trainer.model.parameters())
+
+
+@pytest.mark.parametrize("make", [sampled, reversible])
+def test_memory_report_gives_the_ks_its_search_tried(make):
+    _, auto = plans(make)
+    report = make("auto", auto).memory_report()
+    assert list(report)[-1] == "k_tried"
+    tried = report["k_tried"]
+    pairs = ([(int(k), v) for k, v in tried.items()] if isinstance(tried, dict)
+             else [(row["k"], row["max_estimated_peak_bytes"]) for row in tried])
+    assert pairs and pairs[-1][0] == report["k"]
+    assert report["k"] == 1 and pairs[-1][1] == report["max_estimated_peak_bytes"]
+    fixed, _ = plans(make)
+    assert "k_tried" not in make("auto", fixed).memory_report()
