@@ -7,8 +7,45 @@ from __future__ import annotations
 import pytest
 import torch
 
-from betty.partition import Split, measure_batch_split, sweep_grid
-from betty.partition.sweep import sweep_plan
+from betty.partition import PARTITIONERS, Split, measure_batch_split, sweep_batch, sweep_grid
+from betty.partition.planted import planted_community_graph
+from betty.partition.sweep import SWEEP_COLUMNS, sweep_plan
+from betty.sampling import sample_full_batch
+
+
+@pytest.fixture(scope="module")
+def batch_and_graph():
+    """A 40-output batch (K up to 40; 64 is above it), fanouts (3, 3)."""
+    graph, _ = planted_community_graph(300, 4, avg_degree=6.0, seed=0)
+    outputs = torch.arange(0, 300, 300 // 40)[:40]
+    return sample_full_batch(graph, outputs, [3, 3], seed=0), graph
+
+
+def test_sweep_skips_failing_and_slow_methods(batch_and_graph, monkeypatch):
+    batch, graph = batch_and_graph
+
+    def broken(batch, k, **kw):
+        raise RuntimeError("cannot cut this graph")
+
+    monkeypatch.setitem(PARTITIONERS, "broken", broken)
+    rows, skipped = sweep_batch(batch, [2, 4, 8, 64], ["range", "broken"], seed=0, graph=graph)
+    assert [(r["method"], r["k"]) for r in rows] == [("range", 2), ("range", 4), ("range", 8), ("broken", 2)]
+    assert "cannot cut this graph" in rows[-1]["error"] and "K=2" in skipped["broken"]
+    assert all(r["redundancy"] >= 1.0 for r in rows[:3])
+    assert all(set(r) <= set(SWEEP_COLUMNS) for r in rows)
+    rows, skipped = sweep_batch(batch, [2, 4], ["range"], seed=0, graph=graph, time_limit_s=1e-9)
+    assert len(rows) == 1 and "time_limit_s" in skipped["range"]
+
+
+def test_sweep_bounded_by_max_k_the_same_everywhere(batch_and_graph):
+    batch, graph = batch_and_graph
+    rows, skipped = sweep_batch(batch, [2, 4, 8, 16], ["range", "random"], seed=0, graph=graph,
+                                max_k={"range": 4})
+    assert [(r["method"], r["k"]) for r in rows] == [("range", 2), ("range", 4), ("random", 2), ("random", 4),
+                                                     ("random", 8), ("random", 16)]
+    assert skipped == {"range": "K=8,16 skipped: above sweep.max_k.range=4"}
+    rows, skipped = sweep_batch(batch, [2, 4, 8], ["random"], seed=0, graph=graph, time_limit_s=1e-9)
+    assert "K=4,8 skipped" in skipped["random"] and "machine-dependent" in skipped["random"]
 
 
 def test_sweep_grid_skip_rules_reasons_and_progress():
