@@ -17,7 +17,6 @@ from workflow.provenance import git_commit
 from workflow.pipeline import run_pipeline, run_stage
 from workflow.runs import decode_upstream, encode_upstream
 from workflow.specfile import STAGES, load_spec
-from workflow.stages.partition import sweep
 
 EPOCH_METRICS = {"loss", "train_acc", "k", "redundancy", "time_sample_s", "time_partition_s",
                  "time_block_s", "time_compute_s", "epoch_time_s", "peak_mem_measured_bytes",
@@ -214,25 +213,6 @@ def test_evaluate_needs_a_train_run(tracking):
 
 
 # ------------------------------------------------------------------- pure helpers
-
-
-def test_sweep_skips_failing_and_slow_methods(tmp_path, monkeypatch):
-    from betty.partition import PARTITIONERS
-
-    def broken(batch, k, **kw):
-        raise RuntimeError("cannot cut this graph")
-
-    monkeypatch.setitem(PARTITIONERS, "broken", broken)
-    monkeypatch.chdir(tmp_path)
-    rspec = load_spec("tiny")
-    ds = load_data(rspec)
-    batch = first_batch(rspec, ds)
-    rows, skipped = sweep(batch, [2, 4, 8, 64], ["range", "broken"], seed=0, graph=ds.graph)
-    assert [(r["method"], r["k"]) for r in rows] == [("range", 2), ("range", 4), ("range", 8), ("broken", 2)]
-    assert "cannot cut this graph" in rows[-1]["error"] and "K=2" in skipped["broken"]
-    assert all(r["redundancy"] >= 1.0 for r in rows[:3])
-    rows, skipped = sweep(batch, [2, 4], ["range"], seed=0, graph=ds.graph, time_limit_s=1e-9)
-    assert len(rows) == 1 and "time_limit_s" in skipped["range"]
 
 
 def test_mlproject_arguments():

@@ -138,26 +138,38 @@ def test_validate_warns_about_what_this_machine_lacks(tmp_path, monkeypatch):
     assert invoke("validate", "tiny", "-s", "train.device=cuda", "--strict").exit_code == 2
 
 
-def test_sweep_bounded_by_max_k_the_same_everywhere(tmp_path, monkeypatch):
-    from workflow.components import first_batch, load_data
+def test_sweep_max_k_is_checked_in_the_spec():
+    """The spec's ``partition.sweep.max_k`` (the sweep's skip rules themselves:
+    tests/test_partition_sweep.py)."""
     from workflow.spec import SpecError
     from workflow.specfile import load_spec
-    from workflow.stages.partition import sweep
 
-    monkeypatch.chdir(tmp_path)
     rspec = load_spec("tiny", ["partition.sweep.max_k={range: 4}"])
     assert rspec.spec.partition.sweep.max_k == {"range": 4}
-    ds = load_data(rspec)
-    batch = first_batch(rspec, ds)
-    rows, skipped = sweep(batch, [2, 4, 8, 16], ["range", "random"], seed=0, graph=ds.graph,
-                          max_k=rspec.spec.partition.sweep.max_k)
-    assert [(r["method"], r["k"]) for r in rows] == [("range", 2), ("range", 4), ("random", 2), ("random", 4),
-                                                     ("random", 8), ("random", 16)]
-    assert skipped == {"range": "K=8,16 skipped: above sweep.max_k.range=4"}
-    rows, skipped = sweep(batch, [2, 4, 8], ["random"], seed=0, graph=ds.graph, time_limit_s=1e-9)
-    assert "K=4,8 skipped" in skipped["random"] and "machine-dependent" in skipped["random"]
     with pytest.raises(SpecError, match="max_k"):
         load_spec("tiny", ["partition.sweep.max_k={nope: 4}"])
+
+
+def test_partition_stage_logs_and_prints_the_sweep_skips(tracking):
+    """The stage hands ``partition.sweep`` to the library's sweep and shows what it
+    skipped: the ``sweep_skipped`` tag, a note, one progress line per step."""
+    import io
+
+    from workflow.pipeline import run_stage
+    from workflow.progress import LogReporter
+    from workflow.specfile import load_spec
+
+    rspec = load_spec("tiny", ["partition.sweep.k=[2, 4, 8, 16]", "partition.sweep.methods=[range]",
+                               "partition.sweep.max_k={range: 4}"])
+    out = io.StringIO()
+    run_id, _ = run_stage("partition", rspec, reporter=LogReporter(out))
+    run = MlflowClient(tracking[0]).get_run(run_id)
+    assert run.data.tags["sweep_skipped"] == "range: K=8,16 skipped: above sweep.max_k.range=4"
+    assert [m.step for m in MlflowClient(tracking[0]).get_metric_history(run_id, "sweep_redundancy.range")] == [2, 4]
+    lines = out.getvalue().splitlines()
+    assert "[betty] sweep: range K=8,16 skipped: above sweep.max_k.range=4" in lines
+    assert [line.split(" elapsed")[0] for line in lines if "partition sweep" in line] == [
+        "[betty] partition sweep 1/4", "[betty] partition sweep 2/4", "[betty] partition sweep 4/4"]
 
 
 def test_cleanup_finds_stuck_betty_runs(tracking):

@@ -7,7 +7,9 @@ single entry point (it validates the result).
 Methods: ``range`` and ``random`` (baselines), ``metis`` (METIS on the original graph
 induced by the outputs), ``reg`` / ``reg-unweighted`` / ``reg-all`` (Betty's
 redundancy-embedded graph cut by METIS or KaMinPar, ``partitioner``) and ``hypergraph`` (Mt-KaHyPar minimising the
-exact number of redundant input loads). :func:`split_metrics` measures a split.
+exact number of redundant input loads). :func:`split_metrics` measures a split;
+:mod:`betty.partition.sweep` measures a trainer's first split
+(:func:`measure_batch_split`) and compares methods over K (:func:`sweep_batch`).
 """
 
 from betty.partition.base import (
@@ -24,6 +26,7 @@ from betty.partition import hypergraph as _hypergraph  # noqa: F401  (registers 
 from betty.partition import reg as _reg  # noqa: F401  (registers reg, reg-unweighted, reg-all)
 from betty.partition.incidence import multi_hop_incidence
 from betty.partition.metrics import split_metrics
+from betty.partition.sweep import Split, measure_batch_split, sweep_batch, sweep_grid
 
 __all__ = [
     "EXPENSIVE_METHODS",
@@ -34,4 +37,8 @@ __all__ = [
     "register",
     "multi_hop_incidence",
     "split_metrics",
+    "Split",
+    "measure_batch_split",
+    "sweep_batch",
+    "sweep_grid",
 ]

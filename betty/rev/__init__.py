@@ -12,6 +12,8 @@ ICML 2021) in one place: activation memory independent of depth.
   skeleton (:mod:`betty.train`);
 * :mod:`betty.rev.memory`, :mod:`betty.rev.replay` — the op-level memory replay and the
   K search over parts (the one loop in :mod:`betty.memory.ksearch`).
+* :mod:`betty.rev.sweep` — the first epoch's split, measured, and cluster methods
+  compared over K.
 
 Submodules are imported on use (no heavy imports here).
 """

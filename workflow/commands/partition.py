@@ -25,8 +25,9 @@ def partition(spec: SpecArg,
     import numpy as np
 
     from betty.batchfile import save_batch
+    from betty.partition import measure_batch_split
+    from betty.rev.sweep import measure_cluster_split
     from workflow.components import load_data, make_trainer, resolve_device, uses_revgnn
-    from workflow.stages.partition import batch_split, cluster_split
 
     overrides = list(set_ or [])
     if method:
@@ -36,7 +37,7 @@ def partition(spec: SpecArg,
     rspec = load(spec, overrides)
     trainer, _, _ = make_trainer(rspec, load_data(rspec), resolve_device(rspec.spec.train.device))
     batch = None if uses_revgnn(rspec) else trainer.sample(0, 0)
-    split = cluster_split(trainer) if batch is None else batch_split(trainer, batch)
+    split = measure_cluster_split(trainer) if batch is None else measure_batch_split(trainer, batch)
     out = dict(split.report)
     if save is not None and batch is not None:
         out["saved"] = str(save_batch(Path(save) / "batch.npz", batch, split.arrays["groups"]))
