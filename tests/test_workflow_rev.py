@@ -10,6 +10,7 @@ import sys
 
 import mlflow
 import pytest
+import torch
 
 
 from mlflow.tracking import MlflowClient
@@ -80,6 +81,33 @@ def test_revgnn_spec_shape_defaults_and_notes():
         resolve_spec(apply_overrides(raw, ["model.arch=sage", "model.conv=gcn"]))
     with pytest.raises(SpecError, match="sampling.fanouts: required key is missing"):
         resolve_spec(apply_overrides(raw, ["model.arch=sage", "model.conv=gcn", "sampling.seed=0"]))
+
+
+def test_evaluate_keys_map_to_the_library_arguments():
+    """The spec's evaluate section as betty.evaluation.evaluate_model's arguments: multi-view
+    parts from evaluate.parts, else the training K, else an integer partition.k."""
+    from workflow.evaluation import evaluation_options
+
+    seeds = ["train.seed=5", "sampling.seed=9"]
+    multi = load_spec(REV, TINY + seeds + ["evaluate.inference=multiview", "evaluate.views=3"])
+    assert evaluation_options(multi, train_k=4) == {
+        "inference": "multiview", "chunk_size": 16384, "dtype": torch.float32, "seed": 9, "views": 3,
+        "parts": None, "train_k": 4}
+    assert evaluation_options(multi)["train_k"] == 2  # partition.k
+    parts = load_spec(REV, TINY + ["evaluate.inference=multiview", "evaluate.parts=5"])
+    assert (evaluation_options(parts, train_k=4)["parts"], evaluation_options(parts)["train_k"]) == (5, None)
+    auto = load_spec(REV, TINY + ["evaluate.inference=multiview", "partition.k=auto",
+                                  "partition.memory_budget=1GB", "partition.sweep.k=[]"])
+    with pytest.raises(ValueError, match="partition.k auto needs evaluate.parts"):
+        evaluation_options(auto)
+    assert evaluation_options(auto, train_k=3)["train_k"] == 3
+    assert evaluation_options(load_spec(REV, TINY + seeds)) == {
+        "inference": "full", "chunk_size": 16384, "dtype": torch.float32, "seed": 5}
+    sampled = load_spec("tiny", seeds + ["evaluate.inference=sampled", "train.precision=64"])
+    assert evaluation_options(sampled) == {"inference": "sampled", "chunk_size": 16384, "dtype": torch.float64,
+                                           "seed": 5, "fanouts": sampled.spec.sampling.fanouts}
+    fanouts = load_spec("tiny", ["evaluate.inference=sampled", "evaluate.fanouts=[3, 2]"])
+    assert evaluation_options(fanouts)["fanouts"] == [3, 2]
 
 
 def test_real_reversible_specs_validate():

@@ -1,6 +1,6 @@
-"""Score a trained model on the validation and test splits: accuracy, or for multi-label
-data the mean ROC-AUC over tasks (OGB's ``Evaluator`` for OGB datasets), after ``full``,
-``sampled`` or, for ``revgnn``, ``multiview`` inference (:func:`rev_predictions`).
+"""The spec's ``evaluate`` section as the arguments of :func:`betty.evaluation.evaluate_model`,
+which scores a model on the validation and test splits (``full``, ``sampled`` or, for
+``revgnn``, ``multiview`` inference; accuracy or the mean ROC-AUC).
 
 ``evaluate.*`` keys: docs/workflow.md, *Specs* and *Reversible deep GNNs*.
 """
@@ -8,79 +8,44 @@ data the mean ROC-AUC over tasks (OGB's ``Evaluator`` for OGB datasets), after `
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
-import torch
+from betty import evaluation
 
 from workflow.components import torch_dtype
 from workflow.specfile import ResolvedSpec
 
-__all__ = ["metric_suffix", "split_nodes", "rev_predictions", "evaluate_model"]
+__all__ = ["evaluation_options", "evaluate_model"]
 
 
-def metric_suffix(dataset) -> str:
-    """``"rocauc"`` for multi-label datasets, else ``"acc"``."""
-    return "rocauc" if dataset.multilabel else "acc"
-
-
-def split_nodes(dataset, split: str) -> torch.Tensor:
-    return {"train": dataset.train_idx, "valid": dataset.valid_idx, "test": dataset.test_idx}[split]
-
-
-def rev_predictions(model, dataset, rspec: ResolvedSpec, device, *, train_k: int | None = None) -> torch.Tensor:
-    """``(N, C)`` host scores of a RevGNN for every node: logits (``full``) or averaged
-    probabilities (``multiview``, ``evaluate.parts`` or else ``train_k`` parts)."""
-    from betty.rev.training import backend_graph, full_graph_inference, multiview_inference
-
-    ev = rspec.spec.evaluate
-    feat = dataset.feat.to(torch_dtype(rspec))
-    if ev.inference == "full":
-        return full_graph_inference(model, backend_graph(model, dataset.graph), feat, device=device).cpu()
-    k = ev.parts or train_k
-    if k is None:
-        p = rspec.spec.partition
-        if p.k == "auto":
-            raise ValueError("evaluate.inference multiview with partition.k auto needs evaluate.parts "
-                             "(or the K the training run chose)")
-        k = int(p.k)
-    k = min(int(k), dataset.num_nodes)
-    transform = torch.sigmoid if dataset.multilabel else (lambda out: torch.softmax(out, dim=1))
-    return multiview_inference(model, backend_graph(model, dataset.graph), feat, k, ev.views, method="random",
-                               seed=rspec.spec.sampling.seed, device=device, transform=transform).cpu()
+def evaluation_options(rspec: ResolvedSpec, *, train_k: int | None = None) -> dict[str, Any]:
+    """The keyword arguments of :func:`betty.evaluation.evaluate_model` the spec gives:
+    ``evaluate.inference`` and ``evaluate.chunk_size``, ``train.dtype``; for ``sampled``
+    the fanouts (``evaluate.fanouts``, else the training fanouts) seeded by ``train.seed``;
+    for ``multiview`` ``evaluate.views`` and ``evaluate.parts``, else ``train_k`` (the K of
+    the training run), else an integer ``partition.k``, seeded by ``sampling.seed``."""
+    spec = rspec.spec
+    ev = spec.evaluate
+    options: dict[str, Any] = {"inference": ev.inference, "chunk_size": ev.chunk_size,
+                               "dtype": torch_dtype(rspec), "seed": spec.train.seed}
+    if ev.inference == "sampled":
+        options["fanouts"] = ev.fanouts or spec.sampling.fanouts
+    elif ev.inference == "multiview":
+        if ev.parts is None and train_k is None:
+            if spec.partition.k == "auto":
+                raise ValueError("evaluate.inference multiview with partition.k auto needs evaluate.parts "
+                                 "(or the K the training run chose)")
+            train_k = int(spec.partition.k)
+        options.update(views=ev.views, parts=ev.parts, train_k=train_k, seed=spec.sampling.seed)
+    return options
 
 
 def evaluate_model(model, dataset, rspec: ResolvedSpec, device, *,
                    splits: Sequence[str] = ("valid", "test"),
                    progress: Callable[[int, int, int], None] | None = None,
                    train_k: int | None = None) -> dict[str, float]:
-    """``{"valid_acc": ..., "test_acc": ...}`` (splits without nodes are left out).
-    ``train_k``: the number of parts training used (``revgnn`` multi-view default)."""
-    from betty.inference import evaluate_predictions, layerwise_inference, sampled_inference
-
-    from workflow.components import uses_revgnn
-
-    ev = rspec.spec.evaluate
-    dtype = torch_dtype(rspec)
-    ogb_name = dataset.ogb_name if dataset.is_ogb else None
-    suffix = metric_suffix(dataset)
-    wanted = {s: split_nodes(dataset, s) for s in splits}
-    wanted = {s: idx for s, idx in wanted.items() if idx.numel() > 0}
-    if not wanted:
-        return {}
-    logits_all = None
-    if uses_revgnn(rspec):
-        logits_all = rev_predictions(model, dataset, rspec, device, train_k=train_k)
-    elif ev.inference == "full":
-        logits_all = layerwise_inference(model, dataset.graph, dataset.feat, device=device,
-                                         chunk_size=ev.chunk_size, dtype=dtype, progress=progress)
-    out = {}
-    for split, idx in wanted.items():
-        if logits_all is not None:
-            logits = logits_all[idx]
-        else:
-            fanouts = ev.fanouts or rspec.spec.sampling.fanouts
-            logits = sampled_inference(model, dataset.graph, dataset.feat, idx, fanouts, device=device,
-                                       chunk_size=ev.chunk_size, seed=rspec.spec.train.seed, dtype=dtype)
-        scores = evaluate_predictions(logits, dataset.label[idx], multilabel=dataset.multilabel,
-                                      ogb_name=ogb_name)
-        out[f"{split}_{suffix}"] = scores[suffix]
-    return out
+    """``{"valid_acc": ..., "test_acc": ...}`` (splits without nodes are left out) with the
+    spec's options (:func:`evaluation_options`). ``train_k``: the number of parts training
+    used (``revgnn`` multi-view default)."""
+    return evaluation.evaluate_model(model, dataset, splits=splits, device=device, progress=progress,
+                                     **evaluation_options(rspec, train_k=train_k))

@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
+from betty.evaluation import metric_suffix
+
 from workflow.components import make_selector, make_trainer
-from workflow.evaluation import evaluate_model, metric_suffix
+from workflow.evaluation import evaluate_model
 from workflow.specfile import ResolvedSpec
 
 __all__ = ["train_epochs", "train_distributed", "rank_train", "launch_options", "launched", "store_folder"]

@@ -1,5 +1,6 @@
 """Stage ``evaluate``: rebuild each model the ``train`` run lists in ``models.json`` and
-score it on the validation and test splits (:func:`workflow.evaluation.evaluate_model`).
+score it on the validation and test splits (:func:`workflow.evaluation.evaluate_model`: the
+spec's options to :func:`betty.evaluation.evaluate_model`).
 
 Metrics and repeats: docs/workflow.md, *Stages* and *Repeats*.
 """
