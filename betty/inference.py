@@ -5,7 +5,9 @@ to layer l+1, in chunks of destination nodes, so each node's representation is c
 once per layer (no L-hop neighbourhood explosion) and memory stays bounded by one chunk's
 in-edges. This is the standard way to evaluate sampled GNNs (DGL's and OGB's examples).
 
-Neighbours are listed in canonical order (ascending global ID), as in training.
+Neighbours are listed in canonical order (ascending global ID), as in training. A model
+scored on a dataset's splits in one call (the inference chosen from the model and
+options): :func:`betty.evaluation.evaluate_model`.
 """
 
 from __future__ import annotations

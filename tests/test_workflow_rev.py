@@ -86,8 +86,13 @@ def test_revgnn_spec_shape_defaults_and_notes():
 def test_evaluate_keys_map_to_the_library_arguments():
     """The spec's evaluate section as betty.evaluation.evaluate_model's arguments: multi-view
     parts from evaluate.parts, else the training K, else an integer partition.k."""
-    from workflow.evaluation import evaluation_options
+    from typing import get_args
 
+    from betty.evaluation import INFERENCE_MODES
+    from workflow.evaluation import evaluation_options
+    from workflow.spec import EvaluateSection
+
+    assert get_args(EvaluateSection.model_fields["inference"].annotation) == INFERENCE_MODES
     seeds = ["train.seed=5", "sampling.seed=9"]
     multi = load_spec(REV, TINY + seeds + ["evaluate.inference=multiview", "evaluate.views=3"])
     assert evaluation_options(multi, train_k=4) == {
