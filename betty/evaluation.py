@@ -83,7 +83,7 @@ def _check_arguments(model, splits, inference, fanouts, chunk_size, seed, dtype,
                      train_k, progress) -> None:
     """Refuse what :func:`evaluate_model` cannot run, naming the argument and what is allowed."""
     if isinstance(splits, str):
-        raise TypeError(f"splits must be a sequence of split names (e.g. ('valid',)), got the string {splits!r}")
+        raise ValueError(f"splits must be a sequence of split names (e.g. ('valid',)), got the string {splits!r}")
     for split in splits:
         if split not in SPLITS:
             raise ValueError(f"splits: {split!r} is not a split; allowed: {', '.join(SPLITS)}")
