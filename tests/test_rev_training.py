@@ -192,15 +192,24 @@ def test_multiview_inference_averages_partition_predictions(backend):
 
 
 def test_clip_grad_norm_bounds_the_step(backend):
-    """SGD with lr 1: the update is the clipped accumulated gradient, so its global norm
-    is the clip (the unclipped gradient is larger)."""
+    """SGD with lr 1: the update is the accumulated gradient scaled as
+    ``torch.nn.utils.clip_grad_norm_`` scales it, ``clip / (norm + 1e-6)``, where
+    ``norm`` is the unclipped gradient's global norm (taken from the same step without
+    clipping)."""
     g, feat, label, train_mask, parts = _components_setup(backend=backend)
-    model = RevGNN(5, 8, 3, num_layers=2, backend=backend).double()
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    before = [p.detach().clone() for p in model.parameters()]
-    train_step_parts(model, opt, parts, feat, label, train_mask, clip_grad_norm=1e-3)
-    step = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach() - b)
-                                                 for p, b in zip(model.parameters(), before)]))
-    assert step.item() == pytest.approx(1e-3, rel=1e-6)
+
+    def step_norm(clip):
+        torch.manual_seed(0)
+        model = RevGNN(5, 8, 3, num_layers=2, backend=backend).double()
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        before = [p.detach().clone() for p in model.parameters()]
+        train_step_parts(model, opt, parts, feat, label, train_mask, clip_grad_norm=clip)
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach() - b)
+                                                     for p, b in zip(model.parameters(), before)])).item()
+
+    norm = step_norm(None)
+    assert norm > 1e-2
+    assert step_norm(1e-3) == pytest.approx(norm * 1e-3 / (norm + 1e-6), rel=1e-9)
     with pytest.raises(ValueError, match="clip_grad_norm is for one process"):
-        train_step_parts(model, opt, parts, feat, label, train_mask, clip_grad_norm=1.0, parallel=object())
+        train_step_parts(RevGNN(5, 8, 3, num_layers=2, backend=backend).double(), None, parts, feat, label,
+                         train_mask, clip_grad_norm=1.0, parallel=object())
