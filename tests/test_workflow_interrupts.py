@@ -203,9 +203,11 @@ def cpu_burner():
         proc.wait()
 
 
-@pytest.mark.parametrize("delay_s", [0.5, 2.0, 5.0])
+@pytest.mark.parametrize("delay_s", [0.5, 2.0, 3.5])
 def test_sigint_to_group_during_startup_under_load(project, cpu_burner, delay_s):
-    """Ctrl-C (SIGINT to the group) ``delay_s`` after ``mlflow run -e main`` starts,
+    """Ctrl-C (SIGINT to the group) ``delay_s`` after ``mlflow run -e main`` starts (its
+    start-up takes about 4.5-5 s beside the burners on the 2-core development machine, so
+    every delay falls inside it),
     while two CPU burners load the machine: everything ends within the bound, no run that
     betty saw is left RUNNING, none of the stages ran. (When the signal reaches MLflow's
     CLI after it created its run and before it started betty, that run stays RUNNING
