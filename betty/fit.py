@@ -24,6 +24,8 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
+from betty.records import TrainerProtocol
+
 __all__ = ["FitResult", "fit"]
 
 
@@ -47,7 +49,7 @@ class FitResult:
     selection: dict[str, float] = field(default_factory=dict)
 
 
-def fit(trainer: Any, epochs: int, *, validate: Callable[[int, int], Mapping[str, float]] | None = None,
+def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int], Mapping[str, float]] | None = None,
         every: int = 1, selector: Any = None, score_key: str = "valid_acc",
         on_epoch: Callable[[dict, bool], None] | None = None,
         before_epoch: Callable[[int], None] | None = None,
@@ -55,8 +57,8 @@ def fit(trainer: Any, epochs: int, *, validate: Callable[[int, int], Mapping[str
     """Train ``epochs`` epochs of ``trainer`` (see the module docstring).
 
     Args:
-        trainer: a ``Trainer`` or ``RevTrainer``; its ``parallel`` (or ``None``) says
-            whether this is one rank of several.
+        trainer: a ``Trainer`` or ``RevTrainer`` (:class:`betty.records.TrainerProtocol`);
+            its ``parallel`` (or ``None``) says whether this is one rank of several.
         epochs: the most epochs to train (an early stop ends sooner).
         validate: ``validate(epoch, k) -> {name: score}`` on rank 0 every ``every``
             epochs, after the epoch's step (``k``: the epoch's micro-batches or parts);

@@ -1,12 +1,57 @@
-"""The records both training engines keep: how an epoch's figures are named and how an
-estimate's error is measured (:class:`betty.engine.EpochRecord`,
-:class:`betty.rev.engine.RevEpochRecord`)."""
+"""The interface both training engines share, and the records they keep: how an epoch's
+figures are named and how an estimate's error is measured (:class:`betty.engine.Trainer`
+and :class:`betty.engine.EpochRecord` for sampled blocks,
+:class:`betty.rev.engine.RevTrainer` and :class:`betty.rev.engine.RevEpochRecord` for
+RevGNN's cluster parts: :class:`TrainerProtocol`, :class:`EpochRecordProtocol`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["SHARED_EPOCH_METRICS", "MEMORY_METRICS", "epoch_metrics", "estimate_error"]
+__all__ = ["SHARED_EPOCH_METRICS", "MEMORY_METRICS", "EpochRecordProtocol", "TrainerProtocol", "epoch_metrics",
+           "estimate_error"]
+
+
+@runtime_checkable
+class EpochRecordProtocol(Protocol):
+    """One epoch of either engine. ``metrics()``: ``{name: float}`` with the names of
+    :func:`epoch_metrics`; ``rows()``: one dict per micro-batch (RevGNN: cluster part)
+    with the keys :attr:`ROW_COLUMNS`; :attr:`PIECE` names what a row describes
+    (``"micro-batch"`` or ``"part"``), :attr:`PIECE_KEY` its key in a row,
+    :attr:`ROWS_TABLE` the memory table's name."""
+
+    epoch: int
+    loss: float
+    k: int
+    PIECE: str
+    PIECE_KEY: str
+    ROWS_TABLE: str
+    ROW_COLUMNS: tuple[str, ...]
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def rows(self) -> list[dict]: ...
+
+
+@runtime_checkable
+class TrainerProtocol(Protocol):
+    """Either engine: ``train_epoch(e)`` trains epoch ``e`` (one step per batch;
+    RevGNN: one step over the cluster parts), ``epochs(range)`` yields the same records
+    with the next epochs' preparation overlapped, ``memory_report()`` estimates (and
+    measures) the first epoch's micro-batches or parts; ``parallel`` is the
+    :class:`betty.distributed.DataParallel` of a rank (or ``None``)."""
+
+    model: Any
+    optimizer: Any
+    dataset: Any
+    parallel: Any
+
+    def train_epoch(self, epoch: int) -> EpochRecordProtocol: ...
+
+    def epochs(self, epochs: Iterable[int]) -> Iterator[EpochRecordProtocol]: ...
+
+    def memory_report(self, measure: bool = False) -> dict: ...
 
 
 def estimate_error(pairs: Iterable[tuple[int | None, int | None]]) -> float | None:

@@ -79,3 +79,16 @@ def test_fit_stops_early_and_scores_every_n_epochs():
 def test_fit_refuses_bad_arguments(kwargs, words):
     with pytest.raises(ValueError, match=words):
         fit(_trainer(), **kwargs)
+
+
+@pytest.mark.parametrize("arch", ["sage", "revgnn"])
+def test_both_trainers_and_their_records_share_one_interface(arch):
+    from betty.records import EpochRecordProtocol, TrainerProtocol
+
+    trainer = _trainer(arch)
+    record = trainer.train_epoch(0)
+    assert isinstance(trainer, TrainerProtocol) and isinstance(record, EpochRecordProtocol)
+    assert set(record.rows()[0]) == set(record.ROW_COLUMNS)
+    assert record.PIECE_KEY in record.ROW_COLUMNS
+    assert {"loss", "k", "epoch_time_s"} <= set(record.metrics())
+    assert not isinstance(object(), TrainerProtocol)
