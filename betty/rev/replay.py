@@ -213,7 +213,7 @@ class _RevReplayer:
 
         ``stop_early``: a checkpoint recomputation that ends once the group's last saved
         tensor exists (PyTorch's non-reentrant checkpoint stops there); no output."""
-        cfg, n, el = self.cfg, self.n, self.el
+        cfg, n = self.cfg, self.n
         nw = self.node_bytes()
         stats: list[Buffer] = []
         if cfg.norm in ("layer", "batch"):
