@@ -562,7 +562,7 @@ class Trainer:
         region (the gradients accumulated, no optimizer step), and the gradients are
         cleared. The parameters and the optimizer state are left one step on, not
         restored. It runs in this process (no ``parallel``), reading the dataset's host
-        features, with dropout key ``dropout_key(dropout_seed, 0)``.
+        features, with epoch 0 batch 0's dropout key (the masks of the step it measures).
 
         Returns:
             :func:`betty.memory.report.split_report`'s dict (bytes as ints, errors as
@@ -593,7 +593,7 @@ class Trainer:
         """:meth:`memory_report`'s measurement: one optimizer step, then every piece's
         forward and backward in a ``meter`` region; its measured peak bytes."""
         feat, label = self.dataset.feat, self.dataset.label
-        common = dict(k=result.k, device=self.device, dropout_key=dropout_key(self.dropout_seed, 0),
+        common = dict(k=result.k, device=self.device, dropout_key=dropout_key(self.dropout_seed, 0, 0),
                       multilabel=self.dataset.multilabel, dtype=self.dtype, precision=self.precision)
         train_step(self.model, self.optimizer, batch, result.groups, feat, label, **common)  # the state
         self.optimizer.zero_grad(set_to_none=True)
