@@ -38,7 +38,7 @@ from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
 from betty.pipeline import check_prefetch, preparation
 from betty.precision import LossScaler, Precision
-from betty.records import epoch_metrics, estimate_error
+from betty.records import IdleTime, epoch_metrics, estimate_error
 from betty.sampling import sample_full_batch
 from betty.train import (MicroBatchRecord, accumulate_gradients, host_rows, locate_non_finite, same_device,
                          train_step)
@@ -171,7 +171,7 @@ def _tensor_bytes(obj) -> int:
 
 
 @dataclass
-class EpochRecord:
+class EpochRecord(IdleTime):
     """Everything measured in one epoch (sums/maxima over its batches).
 
     Wall-clock timers (seconds, summed over the epoch's batches), each step once:
@@ -234,11 +234,6 @@ class EpochRecord:
                             "time_block_s": m.time_block_s, "time_compute_s": m.time_compute_s,
                             "loss": m.loss})
         return out
-
-    @property
-    def time_idle_s(self) -> float:
-        """Wall of the epoch not covered by compute (seconds, >= 0)."""
-        return max(0.0, self.epoch_time_s - self.time_compute_s)
 
     @property
     def mem_estimate_error(self) -> float | None:

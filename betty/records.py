@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["SHARED_EPOCH_METRICS", "MEMORY_METRICS", "EpochRecordProtocol", "TrainerProtocol", "epoch_metrics",
-           "estimate_error"]
+__all__ = ["SHARED_EPOCH_METRICS", "MEMORY_METRICS", "EpochRecordProtocol", "TrainerProtocol", "IdleTime",
+           "epoch_metrics", "estimate_error"]
 
 
 @runtime_checkable
@@ -52,6 +52,18 @@ class TrainerProtocol(Protocol):
     def epochs(self, epochs: Iterable[int]) -> Iterator[EpochRecordProtocol]: ...
 
     def memory_report(self, measure: bool = False) -> dict: ...
+
+
+class IdleTime:
+    """``time_idle_s`` of an epoch record with ``epoch_time_s`` and ``time_compute_s``:
+    the epoch's wall not covered by compute (seconds, >= 0; the device waiting)."""
+
+    epoch_time_s: float
+    time_compute_s: float
+
+    @property
+    def time_idle_s(self) -> float:
+        return max(0.0, self.epoch_time_s - self.time_compute_s)
 
 
 def estimate_error(pairs: Iterable[tuple[int | None, int | None]]) -> float | None:

@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from betty.catalog import CLUSTER_METHODS
 from betty.models.dropout import dropout_key, hash_keep_mask
-from betty.records import epoch_metrics, estimate_error
+from betty.records import IdleTime, epoch_metrics, estimate_error
 from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes
 from betty.train import (PieceForward, accumulate_pieces, count_correct, largest_peak,
                          locate_non_finite, node_loss_sum, step_over_pieces)
@@ -160,7 +160,7 @@ class RevStepResult:
 
 
 @dataclass
-class RevEpochRecord:
+class RevEpochRecord(IdleTime):
     """Everything measured in one epoch (one step over K parts)."""
 
     epoch: int
@@ -191,11 +191,6 @@ class RevEpochRecord:
                  "num_edges": p.num_edges, "num_train": p.num_train, "skipped": p.skipped,
                  "peak_bytes": p.peak_bytes, "estimated_bytes": p.estimated_bytes,
                  "time_compute_s": p.time_compute_s, "loss": p.loss} for p in self.parts]
-
-    @property
-    def time_idle_s(self) -> float:
-        """Wall of the epoch not covered by compute (seconds, >= 0)."""
-        return max(0.0, self.epoch_time_s - self.time_compute_s)
 
     @property
     def mem_estimate_error(self) -> float | None:
