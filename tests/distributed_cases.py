@@ -199,3 +199,18 @@ def rank_found_inf() -> bool:
     if dist.get_rank() == 1:
         p.grad[1] = float("inf")  # only rank 1 overflowed
     return LossScaler(init_scale=4.0).unscale([p], all_ranks=True)
+
+
+def assert_same_training(reference: dict[str, torch.Tensor], ref_records, params: dict[str, torch.Tensor],
+                         records) -> None:
+    """Two runs of a sampled-block Trainer trained bit for bit alike: the same parameters
+    (``name -> tensor``), and epoch by epoch the same loss, accuracy, K and every
+    micro-batch's input count."""
+    assert reference.keys() == params.keys()
+    for name, value in reference.items():
+        assert torch.equal(value, params[name]), name
+    assert len(ref_records) == len(records)
+    for a, b in zip(ref_records, records):
+        assert a.loss == b.loss and a.train_acc == b.train_acc and a.k == b.k
+        assert [m.num_inputs for x in a.batches for m in x.micro] == \
+               [m.num_inputs for x in b.batches for m in x.micro]

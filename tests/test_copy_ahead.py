@@ -18,7 +18,7 @@ from betty.partition import partition_batch
 from betty.sampling import sample_full_batch
 from betty.streams import CopyStream
 from betty.train import accumulate_gradients, build_optimizer, train_step
-from distributed_cases import CLASSES, FEATS, dataset
+from distributed_cases import CLASSES, FEATS, assert_same_training, dataset
 from graphs import backend_params, power_law_graph
 from test_memory_accuracy import TOLERANCE
 
@@ -78,12 +78,7 @@ def test_copy_ahead_trains_as_without_it_bit_for_bit(backend, arch, agg, prefetc
     the serial run without copy-ahead."""
     reference, ref_records = _run(backend, arch, False)
     params, records = _run(backend, arch, True, prefetch=prefetch, gather_ahead=gather_ahead)
-    for name, value in reference.items():
-        assert torch.equal(value, params[name]), name
-    for a, b in zip(ref_records, records):
-        assert a.loss == b.loss and a.train_acc == b.train_acc and a.k == b.k
-        assert [m.num_inputs for x in a.batches for m in x.micro] == \
-               [m.num_inputs for x in b.batches for m in x.micro]
+    assert_same_training(reference, ref_records, params, records)
 
 
 def test_the_next_pieces_copy_is_issued_before_this_pieces_forward(monkeypatch):
