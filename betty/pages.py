@@ -57,7 +57,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from betty.data.options import machine_memory
+from betty.machine import machine_memory
 
 __all__ = ["release_pages", "release_rows", "resident_bytes", "prefetch_rows", "file_mapped", "out_of_core",
            "BLOCK_PAGES", "OUT_OF_CORE_FRACTION"]

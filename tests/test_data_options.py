@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from betty.data.options import MAX_SEED, OptionProblem, generated_config, machine_memory, option_problems
+from betty.data.options import MAX_SEED, OptionProblem, generated_config, option_problems
+from betty.machine import machine_memory
 
 
 def test_valid_options_have_no_problem_and_import_no_numpy_or_torch():

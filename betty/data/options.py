@@ -9,13 +9,11 @@ option.
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_SEED", "OptionProblem", "option_problems", "generated_config", "machine_memory"]
+__all__ = ["MAX_SEED", "OptionProblem", "option_problems", "generated_config"]
 
 MAX_SEED = 2**32 - 1
 """Largest seed an option (or a spec) may give: seeds derived from it (``seed * 7919 +
@@ -37,23 +35,6 @@ class OptionProblem:
     value: Any
     message: str
     unknown: bool = False
-
-
-@functools.lru_cache(maxsize=1)
-def machine_memory() -> int | None:
-    """This machine's memory in bytes (``MemTotal``, else the OS's physical pages), read
-    once; ``None`` where the OS does not say."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # pragma: no cover
-        return None
 
 
 def _refusal(name: str, options: dict) -> str | None:
@@ -92,6 +73,7 @@ def generated_config(name: str, options: dict):
 def _size_problem(name: str, options: dict) -> OptionProblem | None:
     """A generated dataset whose features and edges alone (float32 features, int64 edge
     ends in both directions) would not fit this machine's memory."""
+    from betty.machine import machine_memory
     from betty.sizes import format_bytes
 
     config = generated_config(name, options)
