@@ -145,6 +145,15 @@ def rank_fail_on_one(folder: str) -> None:
     ds.close()
 
 
+def rank_raise_on(failing: int) -> int:
+    """This rank's number; rank ``failing`` raises instead (-1: none does)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == failing:
+        raise RuntimeError(f"rank {failing} gave up on purpose")
+    return dist.get_rank()
+
+
 def rank_collective_checks() -> dict:
     """On one rank: gradient sum with presence flags, then a forced divergence."""
     import torch.distributed as dist

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import subprocess
+import tempfile
 import sys
 import time
 import uuid
@@ -16,7 +17,8 @@ import torch
 from betty.distributed import lpt_assign, parameter_checksum, pieces_of_rank
 from betty.distributed.launch import free_port, launch
 from betty.train import max_relative_difference
-from distributed_cases import case_name, dataset, rank_collective_checks, train_case
+from betty.distributed.launch import RankFailed
+from distributed_cases import case_name, dataset, rank_collective_checks, rank_raise_on, train_case
 
 TESTS = Path(__file__).resolve().parent
 
@@ -55,6 +57,22 @@ def test_allreduce_sums_keeps_absent_gradients_and_names_diverged_rank():
         assert got["unused"] is None  # no rank produced one: the optimizer must skip it
         assert got["buckets"] == 2 and got["bytes"] == (6 + 1 + 6 + 2) * 8
         assert "rank(s) [1] differ from rank 0" in got["divergence"]
+
+
+@pytest.mark.parametrize("failing", [-1, 1])
+def test_launch_leaves_no_files_behind(tmp_path, monkeypatch, failing):
+    """The launcher's per-rank files go to a folder that launch removes, whether the
+    ranks succeed or one fails (its error still reaches the caller)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    if failing < 0:
+        assert launch(rank_raise_on, (failing,), nproc=2) == {0: 0, 1: 1}
+    else:
+        with pytest.raises(RankFailed, match="rank 1 failed: RuntimeError: rank 1 gave up on purpose"):
+            launch(rank_raise_on, (failing,), nproc=2)
+    left = {p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")}  # torch's compile cache
+    if failing >= 0:  # newer torch.multiprocessing keeps a failed process's pickled error, a file of its own
+        left = {name for name in left if not name.startswith("pytorch-errorfile-")}
+    assert left == set()
 
 
 def test_two_machines_on_localhost_equal_single_process(tmp_path):

@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -144,7 +145,7 @@ def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, launch
     _join_group(backend, local_store)
     try:
         result = record(_defer_peer_loss(fn))(*args)
-        _quiesce()
+        _defer_peer_loss(_quiesce)()  # a rank done with fn may be the bystander of a peer's error
     finally:
         dist.destroy_process_group()
     # Plain bytes back to the launcher: a tensor in the return value would otherwise go
@@ -206,7 +207,8 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
         config = LaunchConfig(
             min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc, run_id=run_id,
             rdzv_endpoint=rdzv_endpoint, rdzv_backend=backend_name, rdzv_configs=rdzv_configs,
-            max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn")
+            max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn",
+            **_log_folder(stack.enter_context(tempfile.TemporaryDirectory(prefix="betty-ranks-"))))
         held = stack.enter_context(_closing_notes_held())
         try:
             results = elastic_launch(config, _rank_main)(fn, backend, threads, os.getpid(), local_store, *args)
@@ -216,6 +218,20 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
                 raise RankFailed(describe_failures(exc)) from exc
             raise
     return {rank: pickle.loads(blob) for rank, blob in results.items()}
+
+
+def _log_folder(folder: str) -> dict[str, Any]:
+    """The ``LaunchConfig`` keyword that puts the launcher's per-rank files (error
+    records) in ``folder``, which :func:`launch` removes when it returns; by default
+    the launcher makes a ``torchelastic_*`` folder in the temporary directory and
+    leaves it there. torch 2.2 takes ``log_dir``, later versions ``logs_specs``."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    if "logs_specs" not in LaunchConfig.__dataclass_fields__:
+        return {"log_dir": folder}
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    return {"logs_specs": DefaultLogsSpecs(log_dir=folder)}
 
 
 class RankFailed(RuntimeError):
