@@ -24,6 +24,7 @@ from __future__ import annotations
 import _thread
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -102,7 +103,8 @@ class GraphServers:
         ip_config: the IP configuration file.
         clients: trainers over all machines.
         log_dir: where each server's output goes (``server<m>.log``; default: a new
-            temporary folder).
+            temporary folder, removed when the servers end cleanly and kept when one
+            failed, for its log).
         on_exit: called (from a watch thread) when a server fails (exits with a code
             other than 0, that of a shutdown the trainers asked for) while the servers
             are entered; default: interrupt the main thread, which stops a launch in
@@ -118,6 +120,7 @@ class GraphServers:
         bad = [m for m in self.machines if not 0 <= m < layout.num_parts]
         if bad or not self.machines:
             raise ValueError(f"machines must be partitions in [0, {layout.num_parts}), got {list(machines)}")
+        self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="betty-servers-"))
         self._on_exit = on_exit or _thread.interrupt_main
         self.procs: dict[int, subprocess.Popen] = {}
@@ -232,6 +235,8 @@ class GraphServers:
         if kind is None:
             self.wait_shutdown()
         self.stop()
+        if kind is None and self.failure is None and self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def launch(fn: Callable[..., Any], args: tuple = (), *, layout: PartitionLayout, ip_config: str | Path,
