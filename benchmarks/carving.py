@@ -1,15 +1,15 @@
-"""Carving cost before and after the O(piece size) Carver, side by side in one run.
+"""Carving cost before and after the O(micro-batch size) Carver, side by side in one run.
 
     python benchmarks/carving.py [--spec specs/synthetic_products.yaml] [--k 8 32]
         [--method reg] [--baseline-ref main] [--repeats 3] [--singles 200]
 
 Samples the spec's full batch (outputs = the training nodes, the spec's fanouts and
 sampling seed), partitions it with ``--method`` at each K, and times carving every
-piece with this tree's :class:`betty.microbatch.Carver` and with the Carver of git
+micro-batch with this tree's :class:`betty.microbatch.Carver` and with the Carver of git
 revision ``--baseline-ref`` (loaded from ``git show REF:betty/microbatch.py``),
 alternating the two ``--repeats`` times, each going first in every other round
 (median reported). Also times carving
-``--singles`` one-output pieces (the per-piece overhead). Every piece both carvers
+``--singles`` one-output micro-batches (the per-micro-batch overhead). Every micro-batch both carvers
 produce is checked to be identical (sources, edges, edge IDs, index maps).
 ``--set KEY=VALUE`` overrides spec keys (e.g. ``dataset.root=/path``).
 """
@@ -53,7 +53,7 @@ def baseline_carver(ref: str):
     return mod.Carver
 
 
-def same_piece(a, b) -> bool:
+def same_micro_batch(a, b) -> bool:
     for la, lb, ia, ib in zip(a.layers, b.layers, a.full_src_index, b.full_src_index):
         if not (torch.equal(la.src_nid, lb.src_nid) and la.num_dst == lb.num_dst
                 and torch.equal(la.edge_src, lb.edge_src) and torch.equal(la.edge_dst, lb.edge_dst)
@@ -62,12 +62,12 @@ def same_piece(a, b) -> bool:
     return torch.equal(a.output_index, b.output_index)
 
 
-def time_carving(carver_cls, full, pieces) -> tuple[float, float, list]:
-    """``(seconds to build the carver, seconds to carve every piece, the pieces)``."""
+def time_carving(carver_cls, full, micro_batches) -> tuple[float, float, list]:
+    """``(seconds to build the carver, seconds to carve every micro-batch, the micro-batches)``."""
     t0 = time.perf_counter()
     carver = carver_cls(full)
     t1 = time.perf_counter()
-    out = [carver.carve(idx) for idx in pieces]
+    out = [carver.carve(idx) for idx in micro_batches]
     return t1 - t0, time.perf_counter() - t1, out
 
 
@@ -102,7 +102,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     singles = [torch.tensor([int(i)]) for i in
                torch.randperm(full.num_outputs, generator=gen)[: args.singles]]
-    cases = [(f"{args.singles} single-output pieces", singles)]
+    cases = [(f"{args.singles} single-output micro-batches", singles)]
     for k in args.k:
         t = time.perf_counter()
         groups = partition_batch(full, k, args.method, seed=0, graph=ds.graph).groups
@@ -111,25 +111,25 @@ def main() -> None:
         log(f"# {args.method} K={k} partitioned in {time.perf_counter() - t:.1f}s")
         cases.append((f"K={k} ({args.method})", list(torch.split(order, sizes))))
 
-    log("| case | carver | build s | carve s (median of %d) | per piece ms |" % args.repeats)
+    log("| case | carver | build s | carve s (median of %d) | per micro-batch ms |" % args.repeats)
     log("|---|---|---|---|---|")
-    for name, pieces in cases:
+    for name, micro_batches in cases:
         times = {"before": [], "after": []}
         builds = {"before": [], "after": []}
         runs = (("before", old_cls), ("after", Carver))
         for r in range(args.repeats):  # alternate the two carvers, and which goes first
             outs = {}
             for label, cls in (runs if r % 2 == 0 else runs[::-1]):
-                b, c, outs[label] = time_carving(cls, full, pieces)
+                b, c, outs[label] = time_carving(cls, full, micro_batches)
                 builds[label].append(b)
                 times[label].append(c)
-            assert all(same_piece(x, y) for x, y in zip(outs["before"], outs["after"])), \
+            assert all(same_micro_batch(x, y) for x, y in zip(outs["before"], outs["after"])), \
                 "carvers disagree"
             del outs
         for label in ("before", "after"):
             c = statistics.median(times[label])
             log(f"| {name} | {label} | {statistics.median(builds[label]):.3f} | {c:.3f} | "
-                f"{1000 * c / len(pieces):.2f} |")
+                f"{1000 * c / len(micro_batches):.2f} |")
         ratio = statistics.median(times["before"]) / statistics.median(times["after"])
         log(f"| {name} | before/after | | {ratio:.1f}x | |")
 

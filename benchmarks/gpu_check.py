@@ -14,10 +14,10 @@ Sections, in order:
    every micro-batch's (part's) peak is measured with :class:`betty.memory.MemoryMeter`
    (``torch.cuda.max_memory_allocated`` on CUDA) after one warm-up step (Adam state
    exists) and estimated with the calibrated and with the shipped constants. Per model:
-   ``max |estimated − measured| / measured`` over sizes, K and pieces.
+   ``max |estimated − measured| / measured`` over sizes, K and micro-batches.
 3. **Budget.** On the larger graph, budget ``B = 0.4 · P₁`` (``P₁`` = measured K = 1
    peak); the K search picks K; on CUDA the allocator is capped at B
-   (:func:`betty.memory.apply_budget`); two training steps run and every measured piece
+   (:func:`betty.memory.apply_budget`); two training steps run and every measured micro-batch
    peak above B counts as an overrun (an out-of-memory error counts as one). Then a
    budget below the fixed costs must raise the K search's error (message recorded).
 4. **Timing.** One epoch (one full batch over every training node) of GraphSAGE-mean on
@@ -83,7 +83,7 @@ SAFETY_MARGIN = 0.05
 PIPELINE_EPOCHS = 3
 PIPELINE_MODES = ("serial", "pipelined", "gathered_ahead", "device_preparation", "copy_ahead")
 #: partitioner of the estimate and budget sections: which split is used does not change
-#: what they check (every piece of the split actually used is estimated and measured),
+#: what they check (every micro-batch of the split actually used is estimated and measured),
 #: and ``random`` keeps them fast; ``--partition`` applies to the timed epoch.
 CHECK_PARTITION = "random"
 
@@ -276,8 +276,8 @@ def _block_setup(be, kind: str, sizes: Sizes, device, seed: int):
 
 
 def block_rows(be, kind, graph, feat, label, mask, sizes, device, backend, consts, method):
-    """Estimate vs measure every piece of K in :data:`KS` for one block model."""
-    from betty.memory import MemoryMeter, estimate_pieces
+    """Estimate vs measure every micro-batch of K in :data:`KS` for one block model."""
+    from betty.memory import MemoryMeter, estimate_micro_batches
     from betty.partition import partition_batch
     from betty.train import accumulate_gradients, train_step
 
@@ -295,10 +295,10 @@ def block_rows(be, kind, graph, feat, label, mask, sizes, device, backend, const
         opt.zero_grad(set_to_none=True)
         res = accumulate_gradients(model, batch, groups, feat, label, k=k, device=device,
                                    meter=meter, dropout_key=2)
-        est = {name: estimate_pieces(batch, groups, k, model, opt, backend=backend, constants=c)
+        est = {name: estimate_micro_batches(batch, groups, k, model, opt, backend=backend, constants=c)
                for name, c in consts.items()}
         for i, rec in enumerate(res.micro):
-            rows.append({"model": kind, "nodes": graph.num_nodes(), "k": k, "piece": i,
+            rows.append({"model": kind, "nodes": graph.num_nodes(), "k": k, "micro-batch": i,
                          "measured": int(rec.peak_bytes),
                          **{f"estimated_{n}": int(e[i].peak) for n, e in est.items()},
                          "peak_at": est["calibrated"][i].peak_at,
@@ -329,7 +329,7 @@ def rev_rows(be, graph, feat, label, mask, sizes, device, backend, consts):
         for i, rec in enumerate(step.parts):
             if rec.skipped:
                 continue
-            rows.append({"model": "revgnn", "nodes": graph.num_nodes(), "k": k, "piece": i,
+            rows.append({"model": "revgnn", "nodes": graph.num_nodes(), "k": k, "micro-batch": i,
                          "measured": int(rec.peak_bytes),
                          **{f"estimated_{n}": int(e[i]) for n, e in est.items()},
                          "device_bytes_before": before})
@@ -337,11 +337,11 @@ def rev_rows(be, graph, feat, label, mask, sizes, device, backend, consts):
 
 
 def measured_peaks_step(step) -> list[int]:
-    """Measured peak of every piece (block step) or running part (reversible step)."""
-    pieces = getattr(step, "micro", None)
-    if pieces is None:
-        pieces = [p for p in step.parts if not p.skipped]
-    return [int(p.peak_bytes) for p in pieces]
+    """Measured peak of every micro-batch (block step) or running part (reversible step)."""
+    micro_batches = getattr(step, "micro", None)
+    if micro_batches is None:
+        micro_batches = [p for p in step.parts if not p.skipped]
+    return [int(p.peak_bytes) for p in micro_batches]
 
 
 def budget_block(be, kind, graph, feat, label, mask, sizes, device, backend, consts, method,
@@ -410,7 +410,7 @@ def budget_rev(be, graph, feat, label, mask, sizes, device, backend, consts,
 def _capped_steps(device, budget: int, estimates, run_step: Callable, tracked,
                   steps: int = 2) -> dict:
     """Cap the allocator at ``budget`` (CUDA), run ``steps`` metered steps
-    (``run_step(meter, step)``), lift the cap; every piece peak over ``budget`` and every
+    (``run_step(meter, step)``), lift the cap; every micro-batch peak over ``budget`` and every
     error (out of memory included) is an overrun."""
     from betty.memory import MemoryMeter, apply_budget, oom_guard
 
@@ -492,7 +492,7 @@ def timed_epoch(be, model, opt, graph, feat, label, outputs, fanouts, k, method,
 
 def timing_section(be, sizes: Sizes, device, backend, consts, method) -> dict:
     """Epoch split at K = 1 and at the K for 25% of the estimated K = 1 peak."""
-    from betty.memory import estimate_pieces, search_k
+    from betty.memory import estimate_micro_batches, search_k
 
     start = time.perf_counter()
     graph, feat, label, train_idx = be.products(sizes.products_scale)
@@ -508,7 +508,7 @@ def timing_section(be, sizes: Sizes, device, backend, consts, method) -> dict:
     k1, batch = timed_epoch(be, model, opt, graph, feat, label, outputs, sizes.products_fanouts,
                             1, method, device)
     zeros = torch.zeros(batch.num_outputs, dtype=torch.int64)
-    k1_est = estimate_pieces(batch, zeros, 1, model, opt, backend=backend, constants=consts)[0].peak
+    k1_est = estimate_micro_batches(batch, zeros, 1, model, opt, backend=backend, constants=consts)[0].peak
     budget = int(TIMING_BUDGET_FRACTION * k1_est)
     start = time.perf_counter()
     found = search_k(batch, model, opt, memory_budget=budget, safety_margin=SAFETY_MARGIN,

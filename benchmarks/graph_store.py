@@ -11,7 +11,7 @@ build the dataset cache, then again to measure a load from the cache::
     PYTHONPATH=$PWD python benchmarks/graph_store.py --scale 0.25 --root /tmp/gs --k 8
 
 The partition phase uses ``--method`` (default ``reg``, the workflow's default, at
-``--k`` pieces): its working set on the sampled batch is part of the peak.
+``--k`` micro-batches): its working set on the sampled batch is part of the peak.
 """
 
 from __future__ import annotations

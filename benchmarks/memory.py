@@ -2,8 +2,8 @@
 
 For each model (GraphSAGE mean/gcn/pool/lstm, GAT), depth, hidden width, graph size and
 K, trains one step with :class:`betty.memory.MemoryMeter` tracking model and optimizer
-(after one optimizer step, so Adam state exists), estimates every piece with
-:func:`betty.memory.estimate_pieces` and prints, per configuration, the worst piece's
+(after one optimizer step, so Adam state exists), estimates every micro-batch with
+:func:`betty.memory.estimate_micro_batches` and prints, per configuration, the worst micro-batch's
 estimated and measured peak and the relative error, then the overall maximum.
 
     .venv/bin/python benchmarks/memory.py                 # default sweep
@@ -13,7 +13,7 @@ estimated and measured peak and the relative error, then the overall maximum.
 
 With ``--precision bf16-mixed`` each micro-batch's forward pass and loss run under
 ``torch.autocast(cpu, bfloat16)`` (float32 parameters, gradients, Adam state and
-features) and the estimate is :func:`betty.memory.estimate_pieces` with that precision.
+features) and the estimate is :func:`betty.memory.estimate_micro_batches` with that precision.
 With ``--multilabel T`` the targets are ``(N, T)`` float32 0/1 (the models have T
 outputs, the loss is the mean over tasks of BCE with logits):
 
@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 from autocast_step import autocast_step  # noqa: E402
-from betty.memory import MemoryMeter, estimate_pieces  # noqa: E402
+from betty.memory import MemoryMeter, estimate_micro_batches  # noqa: E402
 from betty.precision import PRECISIONS  # noqa: E402
 from betty.models import build_model  # noqa: E402
 from betty.partition import partition_batch  # noqa: E402
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
                             res = accumulate_gradients(stepped, batch, groups, feat, label, k=k,
                                                        meter=meter, dropout_key=2,
                                                        multilabel=multilabel)
-                        ests = estimate_pieces(batch, groups, k, model, opt,
+                        ests = estimate_micro_batches(batch, groups, k, model, opt,
                                                precision=args.precision,
                                                label_columns=args.multilabel)
                         errs = [(e.peak - m.peak_bytes) / m.peak_bytes for e, m in zip(ests, res.micro)]

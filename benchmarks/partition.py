@@ -143,7 +143,7 @@ def compare_partitioners(batch, ks: list[int], threads: list[int], seed: int,
     imbalance of the outputs. ``repeats`` rounds of every (K, cut), so that each cut's
     time is seen after the others' (a round's order decides which memory comes back
     fresh)."""
-    from betty.partition.balance import fill_empty_pieces, integer_vertex_weights
+    from betty.partition.balance import fill_empty_micro_batches, integer_vertex_weights
     from betty.partition.incidence import output_layer_incidence
     from betty.partition.kaminpar_cut import kaminpar_available, kaminpar_cut
     from betty.partition.metis_cut import metis_cut, metis_index_dtype
@@ -170,7 +170,7 @@ def compare_partitioners(batch, ks: list[int], threads: list[int], seed: int,
             groups, edge_cut = metis_cut(regs[metis_index_dtype()], k, vweights=vweights,
                                          use_edge_weights=True, seed=seed,
                                          recursive=True if name == "metis-bisection" else None)
-        return fill_empty_pieces(groups, k)[0], edge_cut
+        return fill_empty_micro_batches(groups, k)[0], edge_cut
 
     rows = []
     log(f"\n## reg cut: METIS against KaMinPar (load {os.getloadavg()[0]:.2f})")

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from betty.data import load_dataset
 from betty.models import build_model
 from betty.sampling import sample_full_batch
-from betty.memory import search_k, estimate_pieces
+from betty.memory import search_k, estimate_micro_batches
 torch.set_num_threads(1)
 scale = float(sys.argv[1])
 ds = load_dataset("synthetic-products", "data", cache=False, scale=scale)
@@ -22,14 +22,14 @@ print("nodes", ds.graph.num_nodes(), "feats", tuple(ds.feat.shape), "train", len
 batch = sample_full_batch(ds.graph, train, [10, 25], seed=0)
 model = build_model("sage", ds.feat.shape[1], ds.num_classes, hidden=256, layers=2, aggregator="mean")
 zeros = torch.zeros(batch.num_outputs, dtype=torch.int64)
-p32 = estimate_pieces(batch, zeros, 1, model, "adam")[0].peak
-pbf = estimate_pieces(batch, zeros, 1, model, "adam", precision="bf16-mixed")[0].peak
+p32 = estimate_micro_batches(batch, zeros, 1, model, "adam")[0].peak
+pbf = estimate_micro_batches(batch, zeros, 1, model, "adam", precision="bf16-mixed")[0].peak
 print(f"K=1 estimated peak: 32 {p32/2**20:.1f} MiB, bf16-mixed {pbf/2**20:.1f} MiB, ratio {pbf/p32:.3f}")
 budget = p32 / 4
 for prec in ("32", "bf16-mixed"):
     r = search_k(batch, model, "adam", memory_budget=budget, method="random", precision=prec)
     mx = max(e.peak for e in r.estimates)
-    print(f"budget {budget/2**20:.1f} MiB precision {prec}: K={r.k}, largest piece {mx/2**20:.1f} MiB")
+    print(f"budget {budget/2**20:.1f} MiB precision {prec}: K={r.k}, largest micro-batch {mx/2**20:.1f} MiB")
 from autocast_step import autocast_step
 from betty.memory import MemoryMeter
 from betty.partition import partition_batch
@@ -45,9 +45,9 @@ for prec in ("32", "bf16-mixed"):
     opt.zero_grad(set_to_none=True)
     with autocast_step(model, prec) as m:
         res = accumulate_gradients(m, batch, groups, ds.feat, label, k=k, meter=meter, dropout_key=2)
-    est = estimate_pieces(batch, groups, k, model, opt, precision=prec)
+    est = estimate_micro_batches(batch, groups, k, model, opt, precision=prec)
     meas = [r.peak_bytes for r in res.micro]
     err = max(abs(e.peak - r) / r for e, r in zip(est, meas))
     peaks[prec] = max(meas)
-    print(f"K={k} {prec}: largest measured piece {max(meas)/2**20:.2f} MiB, worst estimate error {err:.3%}")
+    print(f"K={k} {prec}: largest measured micro-batch {max(meas)/2**20:.2f} MiB, worst estimate error {err:.3%}")
 print(f"measured peak ratio bf16-mixed / 32 at K={k}: {peaks['bf16-mixed']/peaks['32']:.3f}")

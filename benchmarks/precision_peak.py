@@ -2,7 +2,7 @@
 
 Loads ``synthetic-products`` at ``--scale``, builds GraphSAGE (``--aggregator``, default
 lstm) and trains one step per precision with the same batch, the same partition (K
-pieces, ``--method``) and a :class:`betty.memory.meter.MemoryMeter` (one region per
+micro-batches, ``--method``) and a :class:`betty.memory.meter.MemoryMeter` (one region per
 micro-batch: features, blocks, activations, gradients, the autocast weight cache;
 parameters and optimizer state as its baseline). ``32`` uses float32 features;
 ``bf16-mixed`` stores the features in ``--feature-dtype`` (default bfloat16) on the host.

@@ -9,10 +9,10 @@ tables, ``time.process_time`` on one torch thread and one preparation worker, wi
 machine's load beside each row:
 
 1. **Per step**, each ``--repeats`` times with the batch's caches cleared, on one split
-   (``--method`` at ``--k`` pieces): sampling, the piece sizes from the split's piece
-   membership (:func:`betty.memory.sizes.piece_sizes`, what a K search estimates from),
-   carving every piece (:class:`betty.microbatch.Carver`), the sizes read off the carved
-   pieces, and the sorted feature gather of every piece's inputs
+   (``--method`` at ``--k`` micro-batches): sampling, the micro-batch sizes from the split's micro-batch
+   membership (:func:`betty.memory.sizes.split_sizes`, what a K search estimates from),
+   carving every micro-batch (:class:`betty.microbatch.Carver`), the sizes read off the carved
+   micro-batches, and the sorted feature gather of every micro-batch's inputs
    (:func:`betty.data.store.gather_rows`, the host side of a device's copy), into new
    buffers and into buffers kept from the repeat before (``out=``).
 2. **Per batch**, fresh (sample and partition) and reused (sample, the partition kept),
@@ -75,7 +75,7 @@ def main() -> None:
         def gather_rows(table, ids):  # and a pageable copy to the device: new buffers each time
             return table[ids]
     reusable = "out" in inspect.signature(gather_rows).parameters
-    carved_sizes = getattr(sizes, "carved_piece_sizes", None)
+    carved_sizes = getattr(sizes, "carved_split_sizes", None)
 
     rspec = load_spec(os.path.join(checkout, "specs", "synthetic_products.yaml"),
                       [f"dataset.scale={args.scale}", f"dataset.root={args.root}", "train.device=cpu"])
@@ -105,10 +105,10 @@ def main() -> None:
             print(f"{step:<30s} rep {rep}: {time.process_time() - start:6.2f} CPU-s  "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
 
-    pieces = []
+    micro_batches = []
 
     def gather_kept(micro, buffers: list) -> None:
-        """Each piece's rows into ``buffers[i]`` (kept from the batch before; a new
+        """Each micro-batch's rows into ``buffers[i]`` (kept from the batch before; a new
         buffer where there is none or it is too small), ``buffers`` updated."""
         for i, mb in enumerate(micro):
             held = buffers[i] if i < len(buffers) else None
@@ -117,18 +117,18 @@ def main() -> None:
 
     def carve_all() -> None:
         carver = Carver(batch)
-        pieces[:] = [carver.carve(idx) for idx in outputs]
+        micro_batches[:] = [carver.carve(idx) for idx in outputs]
 
     timed("sample", lambda: sample_full_batch(ds.graph, ds.train_idx, fanouts, seed=1))
-    timed("piece sizes (membership)", lambda: sizes.piece_sizes(batch, groups, k))
-    timed(f"carve {k} pieces", carve_all)
+    timed("micro-batch sizes (membership)", lambda: sizes.split_sizes(batch, groups, k))
+    timed(f"carve {k} micro-batches", carve_all)
     if carved_sizes is not None:
-        timed("piece sizes (carved pieces)", lambda: carved_sizes(batch, groups, k, pieces))
-    timed("gather every piece's inputs", lambda: [gather_rows(ds.feat, mb.input_nid) for mb in pieces])
+        timed("micro-batch sizes (carved micro-batches)", lambda: carved_sizes(batch, groups, k, micro_batches))
+    timed("gather every micro-batch's inputs", lambda: [gather_rows(ds.feat, mb.input_nid) for mb in micro_batches])
     if reusable:
-        kept_buffers = [gather_rows(ds.feat, mb.input_nid) for mb in pieces]
-        timed("gather, into kept buffers", lambda: gather_kept(pieces, kept_buffers))
-    del pieces[:]
+        kept_buffers = [gather_rows(ds.feat, mb.input_nid) for mb in micro_batches]
+        timed("gather, into kept buffers", lambda: gather_kept(micro_batches, kept_buffers))
+    del micro_batches[:]
 
     print("\nper batch, in the engine's order (carved ahead where this checkout can):", flush=True)
     kept, kept_buffers = groups, []  # the first batch's gather allocates its buffers

@@ -8,7 +8,7 @@ Loads the spec's dataset once, samples its full batch, partitions it with the sp
 method at ``--k`` and then, for each thread setting in turn (the settings alternate and
 each goes first in another round, ``--repeats`` rounds, median reported):
 
-* carves every piece (``betty.microbatch.Carver``), wall and CPU seconds;
+* carves every micro-batch (``betty.microbatch.Carver``), wall and CPU seconds;
 * trains one epoch with the spec's model and a fixed K (``Trainer.train_epoch``), and
   reports its ``time_compute_s`` (forward + backward + step of every micro-batch).
 
@@ -64,7 +64,7 @@ def main() -> None:
     full = sample_full_batch(ds.graph, ds.train_idx, list(base.spec.sampling.fanouts), seed=base.spec.sampling.seed)
     groups = partition_batch(full, args.k, base.spec.partition.method, seed=0, graph=ds.graph).groups
     order = torch.argsort(groups, stable=True)
-    pieces = list(torch.split(order, torch.bincount(groups, minlength=args.k).tolist()))
+    micro_batches = list(torch.split(order, torch.bincount(groups, minlength=args.k).tolist()))
     log(f"# {full.num_outputs} outputs, {base.spec.partition.method} K={args.k}")
 
     rows: dict[str, dict[str, list[float]]] = {t: {"carve wall": [], "carve cpu": [], "compute": []}
@@ -74,7 +74,7 @@ def main() -> None:
             rspec = load(args.spec, [*args.overrides, f"partition.k={args.k}",
                                      "train.measure_memory=false", f"train.threads={setting}"])
             configure_threads(rspec, ds.num_edges)
-            wall, cpu, _ = timed(lambda: [Carver(full).carve(p) for p in pieces])
+            wall, cpu, _ = timed(lambda: [Carver(full).carve(p) for p in micro_batches])
             rows[setting]["carve wall"].append(wall)
             rows[setting]["carve cpu"].append(cpu)
             trainer, _, _ = make_trainer(rspec, ds, torch.device("cpu"))

@@ -149,7 +149,7 @@ class SampledBatch(_BlockChain):
     def derived(self, key: tuple, compute: Callable[[], Any], *, slot: str | None = None) -> Any:
         """``compute()``, computed once per ``key`` for this batch and kept while the
         batch lives, so that what partitioning, the memory estimate and the split
-        metrics derive from one batch (layer incidences, the REG, a split's piece
+        metrics derive from one batch (layer incidences, the REG, a split's micro-batch
         membership) is built once, not once per caller or per K tried. ``slot``: keep
         only the latest key of that slot (values that depend on a split, or are large).
         A batch's layers never change after sampling; ``key`` must name everything else
@@ -164,12 +164,12 @@ class SampledBatch(_BlockChain):
 
 @dataclass
 class MicroBatch(_BlockChain):
-    """One piece of a split batch, carved from the full batch (no re-sampling).
+    """One micro-batch of a split batch, carved from the full batch (no re-sampling).
 
     Attributes:
         layers: the micro-batch's own L blocks (local indices, same conventions as
             :class:`SampledBatch`). ``layers[l].src_nid`` holds global IDs.
-        output_index: ``(n_out_k,)`` positions of this piece's outputs in the full
+        output_index: ``(n_out_k,)`` positions of this micro-batch's outputs in the full
             batch's ``output_nid`` (so labels and predictions can be scattered back).
         full_src_index: per layer, ``(n_src,)`` positions of this block's source nodes
             among the full batch's layer-l source nodes: the explicit micro-batch-local

@@ -27,12 +27,12 @@ import torch
 
 from betty.batch import SampledBatch
 from betty.memory import (DEFAULT_SAFETY_MARGIN, MemoryMeter, OptimizerSpec, apply_budget, default_backend,
-                          estimate_pieces, make_estimator, make_k_chooser, memory_balance_weights, oom_guard,
+                          estimate_micro_batches, make_estimator, make_k_chooser, memory_balance_weights, oom_guard,
                           split_report)
 from betty.memory.ksearch import check_fixed_k
 from betty.memory.replay import replays_mixed_precision
 from betty.memory.spec import ModelSpec
-from betty.memory.sizes import carved_piece_sizes
+from betty.memory.sizes import carved_split_sizes
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
@@ -59,10 +59,10 @@ class PartitionPlan:
     Attributes:
         method: a registered partitioner name.
         k: number of micro-batches, or ``"auto"`` (search K with the memory model so the
-            largest piece fits ``memory_budget * (1 - safety_margin)``).
+            largest micro-batch fits ``memory_budget * (1 - safety_margin)``).
         reuse: keep a batch's partition for this many epochs (``None``: for the run).
-        balance: ``"nodes"`` (equal output nodes per piece) or ``"memory"`` (equal
-            estimated memory per piece).
+        balance: ``"nodes"`` (equal output nodes per micro-batch) or ``"memory"`` (equal
+            estimated memory per micro-batch).
         memory_budget: bytes available on the device (needed for ``k="auto"``).
         safety_margin: fraction of the budget kept free.
         options: method options for :func:`betty.partition.partition_batch` (e.g.
@@ -114,11 +114,11 @@ class PreparedBatch:
     Attributes:
         epoch, index: which batch of which epoch.
         batch: the sampled full batch.
-        partition: its split into ``partition.k`` pieces.
-        estimates: per-piece estimated peak bytes (K,), or ``None`` without an estimator.
+        partition: its split into ``partition.k`` micro-batches.
+        estimates: per-micro-batch estimated peak bytes (K,), or ``None`` without an estimator.
         fresh: whether the partition was (re)computed for this batch.
         redundancy: :func:`betty.partition.metrics.split_metrics`'s ``redundancy``.
-        micro_batches: ``(piece, micro-batch, seconds to carve it)`` of the pieces this
+        micro_batches: ``(index, micro-batch, seconds to carve it)`` of the micro-batches this
             process runs, carved ahead; ``None``: carved one at a time during the step.
         nbytes: host bytes of the batch's tensors and of its carved micro-batches.
         time_sample_s, time_partition_s, time_estimate_s, time_metrics_s: wall of each
@@ -178,7 +178,7 @@ class EpochRecord(IdleTime):
     ``time_sample_s`` (neighbour sampling), ``time_partition_s`` (the cut, or the K
     search with its estimates; ~0 when a partition is reused), ``time_estimate_s``
     (the memory estimates made outside the K search: the check of a reused partition,
-    the per-piece estimate logged next to the measurement), ``time_block_s`` (carving
+    the per-micro-batch estimate logged next to the measurement), ``time_block_s`` (carving
     the K micro-batches and building their backend blocks on the device),
     ``time_metrics_s`` (the redundancy metric, :func:`betty.partition.metrics.split_metrics`),
     ``time_h2d_s`` (gathering each micro-batch's features and labels and copying them
@@ -215,8 +215,8 @@ class EpochRecord(IdleTime):
 
     #: What one of :meth:`rows` describes, the key naming it in a row, the memory
     #: table's name, and a row's columns.
-    PIECE = "micro-batch"
-    PIECE_KEY = "micro"
+    MICRO_BATCH_NAME = "micro-batch"
+    MICRO_BATCH_KEY = "micro"
     ROWS_TABLE = "memory_per_microbatch"
     ROW_COLUMNS = ("epoch", "batch", "micro", "num_outputs", "num_inputs", "num_edges",
                    "peak_bytes", "estimated_bytes", "time_block_s", "time_compute_s", "loss")
@@ -265,10 +265,10 @@ def fixed_batches(train_idx: torch.Tensor, batch_size: int | None, seed: int) ->
 
 
 KChooser = Callable[[SampledBatch, PartitionPlan, int], tuple[PartitionResult, list[int] | None]]
-"""``(batch, plan, seed) -> (partition, per-piece estimated bytes or None)``."""
+"""``(batch, plan, seed) -> (partition, per-micro-batch estimated bytes or None)``."""
 
 Estimator = Callable[[SampledBatch, torch.Tensor, int], list[int]]
-"""``(batch, groups, k) -> estimated peak bytes of every piece``."""
+"""``(batch, groups, k) -> estimated peak bytes of every micro-batch``."""
 
 
 class Trainer:
@@ -292,13 +292,13 @@ class Trainer:
         meter: optional memory meter (one region per micro-batch).
         k_chooser: picks K (and the partition) for a batch when ``plan.k == "auto"``;
             default: :func:`betty.memory.make_k_chooser` for this model and device.
-        estimator: per-piece memory estimate, logged next to the measurement and used to
+        estimator: per-micro-batch memory estimate, logged next to the measurement and used to
             decide when a reused partition must be recomputed; default:
             :func:`betty.memory.make_estimator` when ``estimate_memory`` is set.
         estimate_memory: build the default estimator (the analytic memory model).
         on_search: called with every :class:`betty.memory.KSearchResult` (logging); the
             default K chooser's latest is kept as ``search_result``.
-        parallel: a :class:`betty.distributed.DataParallel`: spread each batch's pieces
+        parallel: a :class:`betty.distributed.DataParallel`: spread each batch's micro-batches
             over its ranks (longest estimated first) and all-reduce the gradients;
             every rank must build the Trainer identically (same seed).
         prefetch: ``0`` (default): each batch is prepared (sampled, partitioned,
@@ -318,7 +318,7 @@ class Trainer:
             feature gather run as torch ops there (preparation on the device), the
             graph's CSR, the features and the labels copied there once, and a host copy
             of each batch is what the cut, the estimate and the redundancy metric read.
-            ``"cpu"`` runs the torch-op path on the host: the same batches, pieces and
+            ``"cpu"`` runs the torch-op path on the host: the same batches, micro-batches and
             updates as ``None``, bit for bit. A CUDA device must be ``device`` itself,
             with ``prefetch=0`` (a batch prepared ahead would hold device memory beside
             the step's); the memory model then counts what preparation keeps there
@@ -330,7 +330,7 @@ class Trainer:
             the same; it costs memory: each micro-batch but a step's last holds the next
             one's inputs beside its own, which the memory model counts (its
             ``next_inputs`` component) and the K search fits. Default off. Not with
-            ``parallel`` (the estimate follows the single-process order of the pieces)
+            ``parallel`` (the estimate follows the single-process order of the micro-batches)
             or a CUDA ``sample_device`` (a batch prepared there is not copied from the host).
     """
 
@@ -426,8 +426,8 @@ class Trainer:
         if not copy_ahead:
             return False
         if parallel is not None:
-            raise ValueError("copy_ahead counts each piece's successor in the single-process "
-                             "order of the pieces; it does not run with parallel=")
+            raise ValueError("copy_ahead counts each micro-batch's successor in the single-process "
+                             "order of the micro-batches; it does not run with parallel=")
         if sample_device is not None and sample_device.type == "cuda":
             raise ValueError(f"copy_ahead overlaps the copy of each next micro-batch from the "
                              f"host; with sample_device {str(sample_device)!r} the batch is "
@@ -445,7 +445,7 @@ class Trainer:
             store = self._store_on_device = (feat.to(self.sample_device), label.to(self.sample_device))
         return store
 
-    # -- pieces ---------------------------------------------------------------------
+    # -- micro-batches ---------------------------------------------------------------------
     def sample(self, epoch: int, batch_index: int = 0, *, on_host: bool = True) -> SampledBatch:
         """The sampled neighbourhood of batch ``batch_index`` at ``epoch``. With
         ``sample_device`` the sampler runs as torch ops on that device
@@ -488,17 +488,17 @@ class Trainer:
         self._partitions[batch_index] = (result, epoch)
 
     def partition(self, batch: SampledBatch, epoch: int, batch_index: int):
-        """(partition, per-piece estimates or None, whether it was recomputed)."""
+        """(partition, per-micro-batch estimates or None, whether it was recomputed)."""
         result, estimates, fresh, _, _ = self._partition_timed(batch, epoch, batch_index)
         return result, estimates, fresh
 
     def _partition_timed(self, batch: SampledBatch, epoch: int, batch_index: int, carve_ahead: bool = False,
                          carve_batch: SampledBatch | None = None):
         """:meth:`partition` plus the wall of the estimates made outside the K search and,
-        with ``carve_ahead``, every piece carved (``carve_all``'s list; ``None`` without),
+        with ``carve_ahead``, every micro-batch carved (``carve_all``'s list; ``None`` without),
         from ``carve_batch`` (:attr:`PreparedBatch.carve_batch`; needed with ``carve_ahead``).
-        Carved first, a split's estimate and redundancy read the carved pieces' sizes
-        (:func:`betty.memory.sizes.carved_piece_sizes`) instead of building its piece
+        Carved first, a split's estimate and redundancy read the carved micro-batches' sizes
+        (:func:`betty.memory.sizes.carved_split_sizes`) instead of building its micro-batch
         membership; a K search still estimates from the membership of each K it tries."""
         cached = self._partitions.get(batch_index)
         expired = cached is None or (
@@ -524,15 +524,15 @@ class Trainer:
 
     def _carve_recorded(self, batch: SampledBatch, result: PartitionResult,
                         carve_batch: SampledBatch) -> list:
-        """Every piece of ``result`` carved from ``carve_batch`` (one process), its sizes
-        recorded on ``batch`` (its host copy, or itself) as the split's piece sizes."""
+        """Every micro-batch of ``result`` carved from ``carve_batch`` (one process), its sizes
+        recorded on ``batch`` (its host copy, or itself) as the split's micro-batch sizes."""
         micro = self._carve(carve_batch, result, None)
-        carved_piece_sizes(batch, result.groups, result.k, [mb for _, mb, _ in micro])
+        carved_split_sizes(batch, result.groups, result.k, [mb for _, mb, _ in micro])
         return micro
 
     @staticmethod
     def _estimate(estimator: Estimator, batch: SampledBatch, result: PartitionResult) -> tuple[list[int], float]:
-        """``estimator``'s per-piece bytes and the seconds it took."""
+        """``estimator``'s per-micro-batch bytes and the seconds it took."""
         start = time.perf_counter()
         estimates = estimator(batch, result.groups, result.k)
         return estimates, time.perf_counter() - start
@@ -547,7 +547,7 @@ class Trainer:
         """The memory model's view of the first epoch's first batch: batch 0 sampled and
         split as epoch 0 splits it (:meth:`sample`, :meth:`partition`: the K search runs
         here with ``k="auto"``, and the split is kept for the epoch as any other), every
-        micro-batch estimated by component (:func:`betty.memory.estimate_pieces` with
+        micro-batch estimated by component (:func:`betty.memory.estimate_micro_batches` with
         :attr:`memory_kwargs`; the optimizer's steady state, its state tensors counted)
         and, with ``measure``, measured once on ``device``.
 
@@ -572,20 +572,20 @@ class Trainer:
         searched = self.search_result
         batch = self.sample(0, 0)
         result, _, _ = self.partition(batch, 0, 0)
-        estimates = estimate_pieces(batch, result.groups, result.k, self.model, self.optimizer,
+        estimates = estimate_micro_batches(batch, result.groups, result.k, self.model, self.optimizer,
                                     **self.memory_kwargs)
         measured = None
         if measure:
             meter = MemoryMeter(self.device)
             meter.track(self.model, self.optimizer)
-            measured = self._measure_pieces(batch, result, meter)
+            measured = self._measure_micro_batches(batch, result, meter)
         return split_report(estimates, method=result.method, k=result.k, backend=self.memory_kwargs["backend"],
                             memory_budget=self.plan.memory_budget, safety_margin=self.plan.safety_margin,
                             sizes={"num_outputs": batch.num_outputs}, measured=measured,
                             search=self.search_result if self.search_result is not searched else None)
 
-    def _measure_pieces(self, batch: SampledBatch, result: PartitionResult, meter) -> list[int | None]:
-        """:meth:`memory_report`'s measurement: one optimizer step, then every piece's
+    def _measure_micro_batches(self, batch: SampledBatch, result: PartitionResult, meter) -> list[int | None]:
+        """:meth:`memory_report`'s measurement: one optimizer step, then every micro-batch's
         forward and backward in a ``meter`` region; its measured peak bytes."""
         feat, label = self.dataset.feat, self.dataset.label
         common = dict(k=result.k, device=self.device, dropout_key=dropout_key(self.dropout_seed, 0, 0),
@@ -632,20 +632,20 @@ class Trainer:
 
     def prepare(self, epoch: int, batch_index: int, carve: bool = False) -> PreparedBatch:
         """Sample batch ``batch_index`` of ``epoch``, partition it (or reuse its
-        partition), estimate its pieces and measure its redundancy; with ``carve``, also
+        partition), estimate its micro-batches and measure its redundancy; with ``carve``, also
         carve the micro-batches this process will run. Reads the dataset and this
         trainer's partitions, never the model's parameters: run in epoch order (a reused
         partition's age counts in epochs), it gives the same result at any time.
 
         Raises:
-            betty.memory.ksearch.BudgetExceeded: a fixed K whose largest piece is estimated
+            betty.memory.ksearch.BudgetExceeded: a fixed K whose largest micro-batch is estimated
                 past the memory budget (:func:`betty.memory.ksearch.check_fixed_k`).
         """
         t0 = time.perf_counter()
         carve_batch = self.sample(epoch, batch_index, on_host=False)
         batch = carve_batch.to("cpu")  # itself when sampled on the host
         t1 = time.perf_counter()
-        carve_ahead = carve and self.parallel is None  # under parallel the estimates pick the pieces
+        carve_ahead = carve and self.parallel is None  # under parallel the estimates pick the micro-batches
         result, estimates, fresh, t_estimate, micro = self._partition_timed(
             batch, epoch, batch_index, carve_ahead, carve_batch)
         t_block = sum(seconds for _, _, seconds in micro) if micro is not None else 0.0
@@ -673,26 +673,26 @@ class Trainer:
         prepared.nbytes = _tensor_bytes((batch, micro))
         return prepared
 
-    def _piece_costs(self, result: PartitionResult, estimates: list[int] | None) -> list[float] | None:
-        """What ``parallel`` assigns the pieces by (``None`` in one process): the
-        estimates, else each piece's output count. Both the carving ahead and the step
-        use this one list, so they agree on this rank's pieces."""
+    def _micro_batch_costs(self, result: PartitionResult, estimates: list[int] | None) -> list[float] | None:
+        """What ``parallel`` assigns the micro-batches by (``None`` in one process): the
+        estimates, else each micro-batch's output count. Both the carving ahead and the step
+        use this one list, so they agree on this rank's micro-batches."""
         if self.parallel is None:
             return None
         if estimates is not None:
             return estimates
-        from betty.distributed.assign import piece_output_costs
+        from betty.distributed.assign import micro_batch_output_costs
 
-        return piece_output_costs(result.groups, result.k)
+        return micro_batch_output_costs(result.groups, result.k)
 
     def _carve(self, batch: SampledBatch, result: PartitionResult, estimates: list[int] | None) -> list:
-        """``(piece, micro-batch, seconds)`` of every piece this process runs: all K, or
+        """``(index, micro-batch, seconds)`` of every micro-batch this process runs: all K, or
         under ``parallel`` this rank's share of the assignment its step will make."""
         from betty.train import carve_all
 
-        costs = self._piece_costs(result, estimates)
-        pieces = None if costs is None else self.parallel.assign(costs)
-        return carve_all(batch, result.groups, result.k, pieces, torch_ops=self._torch_ops)
+        costs = self._micro_batch_costs(result, estimates)
+        indices = None if costs is None else self.parallel.assign(costs)
+        return carve_all(batch, result.groups, result.k, indices, torch_ops=self._torch_ops)
 
     @property
     def _torch_ops(self) -> bool:
@@ -712,7 +712,7 @@ class Trainer:
         logged, t_logged = estimates, 0.0
         if self._stateless_estimator is not None and not self.optimizer.state:
             logged, t_logged = self._estimate(self._stateless_estimator, batch, result)
-        micro, prepared.micro_batches = prepared.micro_batches, None  # freed piece by piece
+        micro, prepared.micro_batches = prepared.micro_batches, None  # freed micro-batch by micro-batch
         with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, b):
             step_kwargs = dict(k=result.k, device=self.device,
                                dropout_key=dropout_key(self.dropout_seed, epoch, b),
@@ -725,8 +725,8 @@ class Trainer:
             carve_batch, prepared.carve_batch = prepared.carve_batch, None
             step = train_step(self.model, self.optimizer, carve_batch, result.groups,
                               feat, label, parallel=self.parallel, torch_ops=self._torch_ops,
-                              costs=self._piece_costs(result, estimates), **step_kwargs)
-        if logged:  # the pieces this process ran (all K unless data-parallel)
+                              costs=self._micro_batch_costs(result, estimates), **step_kwargs)
+        if logged:  # the micro-batches this process ran (all K unless data-parallel)
             logged = [logged[m.index] for m in step.micro]
         return BatchRecord(
             index=b, k=result.k, loss=step.loss, train_acc=step.train_acc,

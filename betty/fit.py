@@ -38,7 +38,7 @@ class FitResult:
             metrics, the gathered ranks' figures and, when scored, ``validate``'s).
         rows: every micro-batch (RevGNN: part) row of every epoch, ``row_labels`` first
             (on N ranks each with its ``rank``).
-        record: the epoch record type (its ``ROWS_TABLE``, ``ROW_COLUMNS``, ``PIECE``).
+        record: the epoch record type (its ``ROWS_TABLE``, ``ROW_COLUMNS``, ``MICRO_BATCH_NAME``).
         selection: the selector's metrics (``best_<score_key>``, ``best_epoch``,
             ``stopped_epoch``).
     """

@@ -22,9 +22,9 @@ from betty.indexing import argsort_runs, put, take
 
 __all__ = ["Carver", "carve", "split", "validate_groups", "SCAN_RATIO"]
 
-#: A piece whose layer has at most this many sources per piece edge finds its distinct
-#: sources by scanning the layer's sources (cheaper than sorting when the piece touches
-#: a large share of them); smaller pieces sort only their own sources.
+#: A micro-batch whose layer has at most this many sources per micro-batch edge finds its distinct
+#: sources by scanning the layer's sources (cheaper than sorting when the micro-batch touches
+#: a large share of them); smaller micro-batches sort only their own sources.
 SCAN_RATIO = 8
 
 
@@ -33,15 +33,15 @@ class Carver:
 
     Built once per full batch (O(full batch)): per layer, a CSR pointer over the
     destination-sorted edges, each source's rank in ascending global-ID order, a
-    reusable ``-1``-filled position buffer and scratch buffers. Carving a piece with
+    reusable ``-1``-filled position buffer and scratch buffers. Carving a micro-batch with
     ``m_l`` edges and ``u_l <= m_l`` distinct sources at layer ``l`` (``n_l`` sources in
-    the full layer) costs O(m_l + min(n_l, u_l log u_l)): a small piece
+    the full layer) costs O(m_l + min(n_l, u_l log u_l)): a small micro-batch
     (``n_l > SCAN_RATIO · m_l``) de-duplicates its sources through a scratch buffer and
     sorts only those (never touching the other sources); a large one marks its sources
     and scans the layer's sources in global-ID order, which then costs at most
-    ``SCAN_RATIO · m_l``. So K pieces cost O(full batch) once plus O(Σ pieces · log).
+    ``SCAN_RATIO · m_l``. So K micro-batches cost O(full batch) once plus O(Σ micro-batches · log).
 
-    Edges of a carved block are grouped by destination (in the piece's destination
+    Edges of a carved block are grouped by destination (in the micro-batch's destination
     order) and, within a destination, keep the full batch's canonical order (ascending
     source global ID).
     """
@@ -50,7 +50,7 @@ class Carver:
         self.full = full
         self.device = full.layers[0].src_nid.device
         #: torch ops for the index work (``None``: off the CPU); on the CPU the same
-        #: pieces as NumPy's, bit for bit
+        #: micro-batches as NumPy's, bit for bit
         self.torch_ops = self.device.type != "cpu" if torch_ops is None else bool(torch_ops)
         self._edge_order: list[torch.Tensor | None] = []
         self._indptr: list[torch.Tensor] = []
@@ -105,7 +105,7 @@ class Carver:
 
     def _scratch(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """This thread's per-layer scratch ``(pos, last, seen)``: ``pos`` all -1, ``seen``
-        all False between carves; made on a thread's first carve, so that pieces can be
+        all False between carves; made on a thread's first carve, so that micro-batches can be
         carved on several threads at once (:func:`betty.train.carve_all`)."""
         local = self._local
         if not hasattr(local, "pos"):
@@ -150,7 +150,7 @@ class Carver:
             put(pos, extra, torch.arange(n_dst, n_dst + extra.numel(), dtype=torch.int64, device=on), **ops)
             src_full = torch.cat([dst_full, extra])
             e_src_local = take(pos, e_src, **ops)
-            put(pos, src_full, -1, **ops)  # leave the buffer clean for the next piece
+            put(pos, src_full, -1, **ops)  # leave the buffer clean for the next micro-batch
 
             layers[l] = LayerEdges(
                 src_nid=take(fl.src_nid, src_full, **ops),
@@ -172,15 +172,15 @@ class Carver:
         by_gid, m = self._by_gid[l], e_src.numel()
         ops = {"torch_ops": self.torch_ops}
         _, lasts, seens = self._scratch()
-        if by_gid.numel() <= SCAN_RATIO * m:  # large piece: a scan costs <= SCAN_RATIO * m
+        if by_gid.numel() <= SCAN_RATIO * m:  # large micro-batch: a scan costs <= SCAN_RATIO * m
             seen = seens[l]
             put(seen, e_src, True, **ops)
             touched = by_gid[take(seen, by_gid, **ops)]
-            put(seen, touched, False, **ops)  # leave the buffer clean for the next piece
+            put(seen, touched, False, **ops)  # leave the buffer clean for the next micro-batch
             return touched
-        # small piece: write each edge's position at its source (one write per source
+        # small micro-batch: write each edge's position at its source (one write per source
         # survives, whichever); the edges reading back their own position are one per
-        # distinct source. Stale entries of earlier pieces are never read (every source
+        # distinct source. Stale entries of earlier micro-batches are never read (every source
         # read here was just written). Then sort only the distinct sources' ranks.
         last, span = lasts[l], torch.arange(m, dtype=torch.int64, device=self.device)
         put(last, e_src, span, **ops)
@@ -196,40 +196,40 @@ def carve(full: SampledBatch, output_index: torch.Tensor) -> MicroBatch:
         output_index: ``(m,)`` positions into ``full.output_nid`` (distinct).
 
     Returns:
-        A :class:`MicroBatch` with its own L blocks. To carve several pieces of the same
+        A :class:`MicroBatch` with its own L blocks. To carve several micro-batches of the same
         batch, build one :class:`Carver` and reuse it.
     """
     return Carver(full).carve(output_index)
 
 
 def validate_groups(groups: torch.Tensor, num_outputs: int, k: int) -> torch.Tensor:
-    """Check a partition vector: ``(num_outputs,)`` ints in ``[0, k)``, no empty piece."""
+    """Check a partition vector: ``(num_outputs,)`` ints in ``[0, k)``, no empty micro-batch."""
     groups = torch.as_tensor(groups, dtype=torch.int64)
     if groups.shape != (num_outputs,):
         raise ValueError(
-            f"partition must assign each of the {num_outputs} output nodes a piece, "
+            f"partition must assign each of the {num_outputs} output nodes a micro-batch, "
             f"got shape {tuple(groups.shape)}"
         )
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if groups.numel() and (groups.min() < 0 or groups.max() >= k):
-        raise ValueError(f"piece indices must lie in [0, {k}), got "
+        raise ValueError(f"micro-batch indices must lie in [0, {k}), got "
                          f"[{int(groups.min())}, {int(groups.max())}]")
     sizes = torch.bincount(groups, minlength=k)
     if (sizes == 0).any():
         empty = torch.nonzero(sizes == 0).flatten().tolist()
-        raise ValueError(f"pieces {empty} of {k} are empty")
+        raise ValueError(f"micro-batches {empty} of {k} are empty")
     return groups
 
 
 def split(full: SampledBatch, groups: torch.Tensor, k: int | None = None) -> list[MicroBatch]:
-    """Carve one micro-batch per piece of ``groups``.
+    """Carve one micro-batch per micro-batch of ``groups``.
 
     Args:
         full: the full sampled batch.
-        groups: ``(n_out,)`` piece index of each output node (in ``full.output_nid``
+        groups: ``(n_out,)`` micro-batch index of each output node (in ``full.output_nid``
             order).
-        k: number of pieces (default: ``groups.max() + 1``).
+        k: number of micro-batches (default: ``groups.max() + 1``).
     """
     groups = torch.as_tensor(groups, dtype=torch.int64)
     if k is None:

@@ -17,15 +17,15 @@ __all__ = ["SHARED_EPOCH_METRICS", "MEMORY_METRICS", "EpochRecordProtocol", "Tra
 class EpochRecordProtocol(Protocol):
     """One epoch of either engine. ``metrics()``: ``{name: float}`` with the names of
     :func:`epoch_metrics`; ``rows()``: one dict per micro-batch (RevGNN: cluster part)
-    with the keys :attr:`ROW_COLUMNS`; :attr:`PIECE` names what a row describes
-    (``"micro-batch"`` or ``"part"``), :attr:`PIECE_KEY` its key in a row,
+    with the keys :attr:`ROW_COLUMNS`; :attr:`MICRO_BATCH_NAME` names what a row describes
+    (``"micro-batch"`` or ``"part"``), :attr:`MICRO_BATCH_KEY` its key in a row,
     :attr:`ROWS_TABLE` the memory table's name."""
 
     epoch: int
     loss: float
     k: int
-    PIECE: str
-    PIECE_KEY: str
+    MICRO_BATCH_NAME: str
+    MICRO_BATCH_KEY: str
     ROWS_TABLE: str
     ROW_COLUMNS: tuple[str, ...]
 

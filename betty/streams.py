@@ -9,7 +9,7 @@ them, :meth:`CopyStream.use` orders it after their copies. What differs per devi
 
 * **CUDA with a side stream** (``side=True``): the staging runs on its own
   ``torch.cuda.Stream``, which first waits for everything the compute stream has been
-  given so far (``wait_stream``: an input the compute stream made, such as a piece
+  given so far (``wait_stream``: an input the compute stream made, such as a micro-batch
   carved on the device, is complete before it is copied). Host tensors are copied from
   pinned memory (pinned on the way where they are not; torch's caching host allocator
   keeps a pinned buffer until the copy that reads it is done), ``non_blocking``, so the

@@ -1,6 +1,6 @@
 """Exact gradient accumulation over the micro-batches of one sampled batch.
 
-For a full batch with output nodes V (|V| = N) split into pieces V_1..V_K, the
+For a full batch with output nodes V (|V| = N) split into micro-batches V_1..V_K, the
 full-batch loss is ``L = (1/N) Σ_{v in V} ℓ(v)``. Micro-batch k contributes
 
     L_k = (1/N) Σ_{v in V_k} ℓ(v),        Σ_k L_k = L,
@@ -45,17 +45,17 @@ __all__ = [
     "locate_non_finite",
     "host_rows",
     "same_device",
-    "PieceForward",
-    "PieceRun",
-    "accumulate_pieces",
-    "step_over_pieces",
+    "MicroBatchForward",
+    "MicroBatchRun",
+    "accumulate_micro_batches",
+    "step_over_micro_batches",
     "count_correct",
     "largest_peak",
     "MicroBatchRecord",
     "StepResult",
     "train_step",
     "accumulate_gradients",
-    "carve_pieces",
+    "carve_micro_batches",
     "carve_all",
     "node_loss_sum",
     "build_optimizer",
@@ -128,56 +128,56 @@ def count_correct(logits: torch.Tensor, target: torch.Tensor, multilabel: bool =
 
 # ---------------------------------------------------------------------------------------
 # The training-step skeleton shared by both engines (sampled blocks here, RevGNN parts in
-# betty.rev.engine): pieces -> loss sum / N_global -> backward -> (all-reduce) -> step.
+# betty.rev.engine): micro-batches -> loss sum / N_global -> backward -> (all-reduce) -> step.
 
 P = TypeVar("P")
 T = TypeVar("T")
 
 
 class NonFiniteLoss(FloatingPointError):
-    """A piece's loss came out NaN or infinite: training cannot go on (the gradients
+    """A micro-batch's loss came out NaN or infinite: training cannot go on (the gradients
     would poison every parameter; the learning rate is too large, or an input holds
-    NaN/inf). Raised by :func:`accumulate_pieces` before that piece's backward, naming
-    the piece (micro-batch or part) and, through :func:`locate_non_finite`, the epoch
+    NaN/inf). Raised by :func:`accumulate_micro_batches` before that micro-batch's backward, naming
+    the micro-batch (a sampled micro-batch or a RevGNN cluster part) and, through :func:`locate_non_finite`, the epoch
     and batch."""
 
-    def __init__(self, value: float, piece: int, epoch: int | None = None, batch: int | None = None,
-                 piece_name: str = "micro-batch") -> None:
-        super().__init__(value, piece, epoch, batch)
-        self.value, self.piece, self.epoch, self.batch = value, piece, epoch, batch
-        self.piece_name = piece_name
+    def __init__(self, value: float, micro_batch: int, epoch: int | None = None, batch: int | None = None,
+                 micro_batch_name: str = "micro-batch") -> None:
+        super().__init__(value, micro_batch, epoch, batch)
+        self.value, self.micro_batch, self.epoch, self.batch = value, micro_batch, epoch, batch
+        self.micro_batch_name = micro_batch_name
 
     def __str__(self) -> str:
         where = [f"epoch {self.epoch}"] if self.epoch is not None else []
         where += [f"batch {self.batch}"] if self.batch is not None else []
-        where.append(f"{self.piece_name} {self.piece}")
+        where.append(f"{self.micro_batch_name} {self.micro_batch}")
         return (f"non-finite training loss ({self.value}) at {', '.join(where)}: stopping; "
                 "lower train.lr or check the dataset's features for NaN/inf")
 
 
 @contextmanager
-def locate_non_finite(epoch: int, batch: int | None = None, piece_name: str = "micro-batch") -> Iterator[None]:
-    """Add ``epoch`` (and ``batch``, and what a piece is called) to a
+def locate_non_finite(epoch: int, batch: int | None = None, micro_batch_name: str = "micro-batch") -> Iterator[None]:
+    """Add ``epoch`` (and ``batch``, and what a micro-batch is called) to a
     :class:`NonFiniteLoss` raised inside."""
     try:
         yield
     except NonFiniteLoss as err:
-        err.epoch, err.batch, err.piece_name = epoch, batch, piece_name
+        err.epoch, err.batch, err.micro_batch_name = epoch, batch, micro_batch_name
         raise
 
 
 @dataclass
-class PieceForward:
-    """What an engine's forward of one piece hands to :func:`accumulate_pieces`.
+class MicroBatchForward:
+    """What an engine's forward of one micro-batch hands to :func:`accumulate_micro_batches`.
 
     Attributes:
-        loss_sum: 0-dim tensor ``Σ_{v in piece} ℓ(v)`` (not yet divided by ``N``).
-        count_correct: called after the backward: correct predictions of the piece
+        loss_sum: 0-dim tensor ``Σ_{v in micro_batch} ℓ(v)`` (not yet divided by ``N``).
+        count_correct: called after the backward: correct predictions of the micro-batch
             (:func:`count_correct`).
-        keep: tensors to keep alive until the piece ends (the memory model replays
+        keep: tensors to keep alive until the micro-batch ends (the memory model replays
             them as live through the backward: blocks, features, IDs).
         release: called after ``count_correct`` (e.g. to drop cached dropout masks).
-        info: engine data passed through to :attr:`PieceRun.info`.
+        info: engine data passed through to :attr:`MicroBatchRun.info`.
     """
 
     loss_sum: torch.Tensor | None
@@ -188,8 +188,8 @@ class PieceForward:
 
 
 @dataclass
-class PieceRun:
-    """One piece that ran: ``loss`` = ``loss_sum / N``, ``correct``, wall ``seconds`` of
+class MicroBatchRun:
+    """One micro-batch that ran: ``loss`` = ``loss_sum / N``, ``correct``, wall ``seconds`` of
     its meter region (forward, backward and ``after_last``), measured ``peak_bytes``
     (``None`` without a meter) and the forward's ``info``."""
 
@@ -201,48 +201,48 @@ class PieceRun:
     info: dict
 
 
-def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], PieceForward],
+def accumulate_micro_batches(micro_batches: Iterable[tuple[int, P]], forward: Callable[[P], MicroBatchForward],
                       n_global: int, *, meter=None, last_index: int | None = None,
                       after_last: Callable[[], None] | None = None,
                       precision: Precision | str | None = None, device_type: str = "cpu",
                       scaler: LossScaler | None = None,
-                      carried: Callable[[P], Iterable[torch.Tensor]] | None = None) -> list[PieceRun]:
-    """Forward and backward each piece, accumulating ``∇ (loss_sum_k / N)`` into ``.grad``.
+                      carried: Callable[[P], Iterable[torch.Tensor]] | None = None) -> list[MicroBatchRun]:
+    """Forward and backward each micro-batch, accumulating ``∇ (loss_sum_k / N)`` into ``.grad``.
 
-    With ``N = n_global`` the number of loss terms of the whole step (all pieces, all
+    With ``N = n_global`` the number of loss terms of the whole step (all micro-batches, all
     ranks), ``Σ_k loss_sum_k / N`` is the full step's mean loss, and the gradients left
     in ``.grad`` are its gradient (no zeroing, no optimizer step here). A NaN or
-    infinite piece loss raises :class:`NonFiniteLoss` before its backward.
+    infinite micro-batch loss raises :class:`NonFiniteLoss` before its backward.
 
     Args:
-        pieces: ``(index, piece)`` pairs; whatever producing a piece costs (carving a
-            micro-batch) happens outside the piece's meter region.
-        forward: the engine's forward of one piece (inside the region).
+        micro_batches: ``(index, micro_batch)`` pairs; whatever producing one costs (carving
+            it) happens outside the micro-batch's meter region.
+        forward: the engine's forward of one micro-batch (inside the region).
         n_global: ``N``.
-        meter: a :class:`betty.memory.MemoryMeter`: one region per piece.
-        last_index, after_last: ``after_last()`` runs inside piece ``last_index``'s
-            region, after everything the piece allocated is released (the optimizer
-            step, so its temporaries are measured with the last piece).
+        meter: a :class:`betty.memory.MemoryMeter`: one region per micro-batch.
+        last_index, after_last: ``after_last()`` runs inside micro-batch ``last_index``'s
+            region, after everything the micro-batch allocated is released (the optimizer
+            step, so its temporaries are measured with the last micro-batch).
         precision: a :class:`betty.precision.Precision` (default ``32``): under a mixed
-            one, each piece's forward and loss run in ``autocast(device_type)`` and the
+            one, each micro-batch's forward and loss run in ``autocast(device_type)`` and the
             loss is taken in float32; the backward runs outside autocast and accumulates
             float32 gradients.
-        scaler: a :class:`betty.precision.LossScaler` (``16-mixed``): every piece's
+        scaler: a :class:`betty.precision.LossScaler` (``16-mixed``): every micro-batch's
             backward starts from ``scaler.scale · loss_k`` (one scale for the step; the
             step's owner unscales once).
-        carried: ``carried(piece)``: the device tensors a piece brings into its region,
-            made before it (its inputs copied ahead during the piece before): the meter
+        carried: ``carried(micro_batch)``: the device tensors a micro-batch brings into its region,
+            made before it (its inputs copied ahead during the micro-batch before): the meter
             counts them from the region's start (:meth:`betty.memory.MemoryMeter.count`).
     """
     prec = Precision.parse(precision if precision is not None else "32")
-    runs: list[PieceRun] = []
-    for index, piece in pieces:
+    runs: list[MicroBatchRun] = []
+    for index, micro_batch in micro_batches:
         start = time.perf_counter()
         with (meter.measure() if meter is not None else nullcontext()) as reading:
             if meter is not None and carried is not None:
-                meter.count(carried(piece))
+                meter.count(carried(micro_batch))
             with prec.autocast(device_type):
-                fwd = forward(piece)
+                fwd = forward(micro_batch)
                 loss_sum = fwd.loss_sum.float() if prec.mixed else fwd.loss_sum
                 loss = loss_sum / n_global
             fwd.loss_sum = loss_sum = None
@@ -256,31 +256,31 @@ def accumulate_pieces(pieces: Iterable[tuple[int, P]], forward: Callable[[P], Pi
             del fwd, loss
             if after_last is not None and index == last_index:
                 after_last()
-        del piece  # freed before the next piece is carved
-        runs.append(PieceRun(index=index, loss=value, correct=correct,
+        del micro_batch  # freed before the next micro-batch is carved
+        runs.append(MicroBatchRun(index=index, loss=value, correct=correct,
                              seconds=time.perf_counter() - start,
                              peak_bytes=None if reading is None else int(reading.peak_bytes),
                              info=info))
     return runs
 
 
-def step_over_pieces(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def step_over_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      run: Callable[[frozenset[int] | None, Callable[[], None] | None],
                                    tuple[T, float, float]],
                      *, parallel=None, costs: Sequence[float] | None = None,
                      step_in_last_region: bool = False,
                      scaler: LossScaler | None = None) -> tuple[T, float, float]:
-    """One optimizer step: ``zero_grad`` -> ``run(pieces, after_last)`` -> (gradient
+    """One optimizer step: ``zero_grad`` -> ``run(micro_batches, after_last)`` -> (gradient
     all-reduce) -> ``optimizer.step()``.
 
-    ``run(None, after_last)`` runs every piece (``pieces``: a set of piece indices, this
+    ``run(None, after_last)`` runs every micro-batch (``micro_batches``: a set of micro-batch indices, this
     rank's under ``parallel``) and returns ``(result, loss, correct)``; ``after_last``
     (only with ``step_in_last_region``, single process) is the optimizer step, to be
-    run inside the last piece's meter region (stepped here if ``run`` did not).
-    ``parallel``: a :class:`betty.distributed.DataParallel` that assigns the pieces by
+    run inside the last micro-batch's meter region (stepped here if ``run`` did not).
+    ``parallel``: a :class:`betty.distributed.DataParallel` that assigns the micro-batches by
     ``costs`` (K,), all-reduces the gradients and steps; ``loss`` and ``correct`` are
     then summed over the ranks. ``scaler`` (``16-mixed``, the same one ``run`` scales the
-    losses with): the gradients are unscaled once after every piece (after the
+    losses with): the gradients are unscaled once after every micro-batch (after the
     all-reduce), and an inf or NaN anywhere skips the optimizer step on every rank
     (:meth:`betty.precision.LossScaler.step`). Returns ``(result, loss, correct)``.
     """
@@ -466,107 +466,108 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     return (current if a.index is None else a.index) == (current if b.index is None else b.index)
 
 
-def _piece_outputs(groups: torch.Tensor, k: int,
-                   pieces: Collection[int] | None) -> list[tuple[int, torch.Tensor]]:
-    """``(piece, output positions)`` of each piece in ``pieces`` (default all ``k``), in
-    piece order; each piece's outputs in ascending position."""
+def _micro_batch_outputs(groups: torch.Tensor, k: int,
+                   indices: Collection[int] | None) -> list[tuple[int, torch.Tensor]]:
+    """``(index, output positions)`` of each micro-batch in ``micro_batches`` (default all ``k``), in
+    micro-batch order; each micro-batch's outputs in ascending position."""
     order = torch.argsort(groups, stable=True)
     sizes = torch.bincount(groups, minlength=k).tolist()
-    return [(piece, idx) for piece, idx in enumerate(torch.split(order, sizes))
-            if pieces is None or piece in pieces]
+    return [(micro_batch, idx) for micro_batch, idx in enumerate(torch.split(order, sizes))
+            if indices is None or micro_batch in indices]
 
 
 def _carve_timed(carver: Carver, entry: tuple[int, torch.Tensor]) -> tuple[int, MicroBatch, float]:
-    """``(piece, micro-batch, seconds to carve it)`` for ``entry = (piece, outputs)``."""
+    """``(index, micro-batch, seconds to carve it)`` for ``entry = (index, outputs)``."""
     start = time.perf_counter()
     mb = carver.carve(entry[1])
     return entry[0], mb, time.perf_counter() - start
 
 
-def carve_pieces(batch: SampledBatch, groups: torch.Tensor, k: int,
-                 pieces: Collection[int] | None = None, *,
+def carve_micro_batches(batch: SampledBatch, groups: torch.Tensor, k: int,
+                 indices: Collection[int] | None = None, *,
                  torch_ops: bool | None = None) -> Iterator[tuple[int, MicroBatch, float]]:
-    """Yield (piece index, micro-batch, seconds to carve it) lazily, one piece at a
-    time, for the pieces in ``pieces`` (default: all K), in piece order; ``groups``
-    ``(n_out,)`` is the piece of each output node. The first piece's seconds include
+    """Yield (micro-batch index, micro-batch, seconds to carve it) lazily, one micro-batch at a
+    time, for the micro-batches in ``micro_batches`` (default: all K), in micro-batch order; ``groups``
+    ``(n_out,)`` is the micro-batch of each output node. The first micro-batch's seconds include
     building the :class:`betty.microbatch.Carver` (``torch_ops``: its index work in
-    torch ops; ``None``: where ``batch`` is off the CPU). Pieces are carved on
+    torch ops; ``None``: where ``batch`` is off the CPU). Micro-batches are carved on
     ``batch``'s device."""
     start = time.perf_counter()
     carver = Carver(batch, torch_ops=torch_ops)
-    wanted = _piece_outputs(groups, k, pieces)
+    wanted = _micro_batch_outputs(groups, k, indices)
     setup = time.perf_counter() - start
     for entry in wanted:
-        piece, mb, seconds = _carve_timed(carver, entry)
-        yield piece, mb, seconds + setup
+        micro_batch, mb, seconds = _carve_timed(carver, entry)
+        yield micro_batch, mb, seconds + setup
         setup = 0.0
-        del mb  # the caller's reference is the only one while the next piece is carved
+        del mb  # the caller's reference is the only one while the next micro-batch is carved
 
 
 def carve_all(batch: SampledBatch, groups: torch.Tensor, k: int,
-              pieces: Collection[int] | None = None, *,
+              indices: Collection[int] | None = None, *,
               torch_ops: bool | None = None) -> list[tuple[int, MicroBatch, float]]:
-    """:func:`carve_pieces` all at once: the same ``(piece, micro-batch, seconds)`` list,
-    the pieces carved on the preparation threads (:func:`betty.workers.parallel_map`;
-    each thread with its own scratch, the carved pieces identical to a serial carve).
-    For preparation that holds every piece anyway (a prepared batch)."""
+    """:func:`carve_micro_batches` all at once: the same ``(index, micro-batch, seconds)`` list,
+    the micro-batches carved on the preparation threads (:func:`betty.workers.parallel_map`;
+    each thread with its own scratch, the carved micro-batches identical to a serial carve).
+    For preparation that holds every micro-batch anyway (a prepared batch)."""
     start = time.perf_counter()
     carver = Carver(batch, torch_ops=torch_ops)
-    wanted = _piece_outputs(groups, k, pieces)
+    wanted = _micro_batch_outputs(groups, k, indices)
     setup = time.perf_counter() - start
     carved = parallel_map(lambda entry: _carve_timed(carver, entry), wanted)
     if carved:
-        piece, mb, seconds = carved[0]
-        carved[0] = (piece, mb, seconds + setup)
+        micro_batch, mb, seconds = carved[0]
+        carved[0] = (micro_batch, mb, seconds + setup)
     return carved
 
 
 @dataclass
-class _Piece:
+class _CarvedMicroBatch:
     """One carved micro-batch on its way through the step: ``mb``, the seconds it took
     to carve (``t_carve``), its device ``inputs`` once copied ahead (``None`` until
-    then), and with copy-ahead the piece that runs after it (``next``, ``None`` for the
+    then), and with copy-ahead the micro-batch that runs after it (``next``, ``None`` for the
     last), whose inputs it copies."""
 
     mb: MicroBatch
     t_carve: float
     inputs: _DeviceInputs | None = None
-    next: _Piece | None = None
+    next: _CarvedMicroBatch | None = None
 
 
-def _pieces(carved: Iterable[tuple[int, MicroBatch, float]], ahead: bool) -> Iterator[tuple[int, _Piece]]:
-    """``(index, piece)`` of each carved piece in order. Without ``ahead`` each is
-    carved when asked for, none held while the next is carved; with ``ahead`` piece
-    k + 1 is carved before piece k is handed out (outside piece k's meter region) and
+def _micro_batches(carved: Iterable[tuple[int, MicroBatch, float]],
+                   ahead: bool) -> Iterator[tuple[int, _CarvedMicroBatch]]:
+    """``(index, micro_batch)`` of each carved micro-batch in order. Without ``ahead`` each is
+    carved when asked for, none held while the next is carved; with ``ahead`` micro-batch
+    k + 1 is carved before micro-batch k is handed out (outside micro-batch k's meter region) and
     linked as its ``next``."""
     if not ahead:
         for index, mb, seconds in carved:
-            yield index, _Piece(mb, seconds)
+            yield index, _CarvedMicroBatch(mb, seconds)
             del mb
         return
-    pending: tuple[int, _Piece] | None = None
+    pending: tuple[int, _CarvedMicroBatch] | None = None
     for index, mb, seconds in carved:
-        piece = _Piece(mb, seconds)
+        micro_batch = _CarvedMicroBatch(mb, seconds)
         del mb
         if pending is not None:
-            pending[1].next = piece
+            pending[1].next = micro_batch
             yield pending
-        pending = (index, piece)
-        del piece
+        pending = (index, micro_batch)
+        del micro_batch
     if pending is not None:
         yield pending
 
 
 def _take_carved(micro_batches: Sequence[tuple[int, MicroBatch, float]],
                  wanted: frozenset[int]) -> Iterator[tuple[int, MicroBatch, float]]:
-    """Yield the carved pieces in order, dropping this function's reference to each
+    """Yield the carved micro-batches in order, dropping this function's reference to each
     once the next is asked for. Raises ValueError unless they are exactly ``wanted``."""
     have = [int(i) for i, _, _ in micro_batches]
-    if sorted(have) != sorted(wanted):  # also catches a piece given twice
-        raise ValueError(f"micro_batches carry pieces {sorted(have)}, but the step runs {sorted(wanted)}")
+    if sorted(have) != sorted(wanted):  # also catches a micro-batch given twice
+        raise ValueError(f"micro_batches carry micro-batches {sorted(have)}, but the step runs {sorted(wanted)}")
     pending = sorted(micro_batches, key=lambda entry: entry[0], reverse=True)
     if isinstance(micro_batches, list):
-        micro_batches.clear()  # the caller's list held every piece: now only ``pending`` does
+        micro_batches.clear()  # the caller's list held every micro-batch: now only ``pending`` does
     while pending:
         yield pending.pop()
 
@@ -584,7 +585,7 @@ def accumulate_gradients(
     multilabel: bool = False,
     meter=None,
     dtype: torch.dtype | None = None,
-    pieces: Collection[int] | None = None,
+    indices: Collection[int] | None = None,
     precision: Precision | str | None = None,
     scaler: LossScaler | None = None,
     micro_batches: Sequence[tuple[int, MicroBatch, float]] | None = None,
@@ -598,10 +599,10 @@ def accumulate_gradients(
     Args:
         model: a :class:`betty.models.BlockGNN` (already on ``device``).
         batch: the full sampled batch.
-        groups: ``(n_out,)`` piece of each output node (``batch.output_nid`` order).
+        groups: ``(n_out,)`` micro-batch of each output node (``batch.output_nid`` order).
         feat: ``(N, F)`` host feature matrix of the whole graph.
         label: ``(N,)`` int64 labels or ``(N, T)`` multi-label targets.
-        k: number of pieces (default ``groups.max() + 1``).
+        k: number of micro-batches (default ``groups.max() + 1``).
         device: where micro-batches run.
         dropout_key: key for deterministic dropout masks.
         multilabel: use the multi-label loss.
@@ -611,17 +612,17 @@ def accumulate_gradients(
             mixed ``precision`` features already in its compute dtype are kept
             (:func:`betty.precision.input_dtype`).
         precision: ``32`` (default), ``64``, ``bf16-mixed`` or ``16-mixed``: forward and
-            loss under autocast when mixed (:func:`accumulate_pieces`).
+            loss under autocast when mixed (:func:`accumulate_micro_batches`).
         scaler: the step's :class:`betty.precision.LossScaler` (``16-mixed``).
-        pieces: run only these piece indices (default: all K); the normalisation stays
+        indices: run only these micro-batch indices (default: all K); the normalisation stays
             the global ``1/|outputs|``, so the loss, accuracy and gradients returned are
-            those pieces' shares of the full-batch ones (data parallelism,
+            those micro-batches' shares of the full-batch ones (data parallelism,
             :mod:`betty.distributed`).
-        micro_batches: the pieces carved ahead, ``(piece, micro-batch, seconds to carve
-            it)`` as :func:`carve_pieces` yields them; they must be exactly the pieces to
-            run (all K, or ``pieces``). A list is emptied, so that each piece is freed
+        micro_batches: the micro-batches carved ahead, ``(index, micro-batch, seconds to carve
+            it)`` as :func:`carve_micro_batches` yields them; they must be exactly the micro-batches to
+            run (all K, or ``micro_batches``). A list is emptied, so that each micro-batch is freed
             once it has run. Default: carve them here, one at a time, on ``batch``'s
-            device (``torch_ops``: that of :func:`carve_pieces`). With ``batch``,
+            device (``torch_ops``: that of :func:`carve_micro_batches`). With ``batch``,
             ``feat`` and ``label`` on ``device``, carving and the feature gather run
             there (preparation on the device).
         copy_ahead: copy micro-batch k+1's inputs (blocks, IDs, features, labels) to
@@ -629,9 +630,9 @@ def accumulate_gradients(
             before its forward, k+1's copy is issued (:mod:`betty.streams`: on CUDA on a
             side stream, from pinned memory, ``non_blocking``, the compute stream waiting
             for it before k+1 reads them; elsewhere synchronously, at the same point).
-            Piece k+1 is carved before piece k runs. The updates are the same; each piece
+            Micro-batch k+1 is carved before micro-batch k runs. The updates are the same; each micro-batch
             but the last holds the next one's inputs beside its own (the memory model's
-            ``copy_ahead``), and a meter counts a piece's inputs copied ahead from its
+            ``copy_ahead``), and a meter counts a micro-batch's inputs copied ahead from its
             region's start.
     """
     groups = torch.as_tensor(groups, dtype=torch.int64)
@@ -639,27 +640,27 @@ def accumulate_gradients(
         k = int(groups.max()) + 1
     groups = validate_groups(groups, batch.num_outputs, k)
     n_total = batch.num_outputs
-    if pieces is not None:
-        pieces = frozenset(int(p) for p in pieces)
+    if indices is not None:
+        indices = frozenset(int(p) for p in indices)
     if micro_batches is None:
-        carved: Iterable[tuple[int, MicroBatch, float]] = carve_pieces(batch, groups, k, pieces,
+        carved: Iterable[tuple[int, MicroBatch, float]] = carve_micro_batches(batch, groups, k, indices,
                                                                        torch_ops=torch_ops)
     else:
-        carved = _take_carved(micro_batches, frozenset(range(k)) if pieces is None else pieces)
+        carved = _take_carved(micro_batches, frozenset(range(k)) if indices is None else indices)
     stream = CopyStream(device, side=copy_ahead)
 
-    def stage(piece: _Piece) -> _DeviceInputs:
-        return _stage_inputs(stream, model, piece.mb, feat, label, device)
+    def stage(micro_batch: _CarvedMicroBatch) -> _DeviceInputs:
+        return _stage_inputs(stream, model, micro_batch.mb, feat, label, device)
 
-    def forward(piece: _Piece) -> PieceForward:
-        inputs, piece.inputs = piece.inputs, None
-        t_copies = 0.0  # seconds of copies made in this piece's region, its own or the next's
+    def forward(micro_batch: _CarvedMicroBatch) -> MicroBatchForward:
+        inputs, micro_batch.inputs = micro_batch.inputs, None
+        t_copies = 0.0  # seconds of copies made in this micro-batch's region, its own or the next's
         if inputs is None:
-            inputs = stage(piece)
+            inputs = stage(micro_batch)
             t_copies += inputs.t_block + inputs.t_h2d
         stream.use(inputs.staged)
-        if piece.next is not None:  # copy-ahead: issued now, runs while this piece computes
-            ahead = piece.next.inputs = stage(piece.next)
+        if micro_batch.next is not None:  # copy-ahead: issued now, runs while this micro-batch computes
+            ahead = micro_batch.next.inputs = stage(micro_batch.next)
             t_copies += ahead.t_block + ahead.t_h2d
             del ahead
         start = time.perf_counter()
@@ -668,23 +669,23 @@ def accumulate_gradients(
         if cast is not None:
             x = x.to(cast)
         t_cast = time.perf_counter() - start
-        mb = piece.mb
+        mb = micro_batch.mb
         logits = model(inputs.blocks, x, src_nids=inputs.src_nids, edge_ids=inputs.edge_ids,
                        dropout_key=dropout_key)
         y = inputs.y
-        return PieceForward(
+        return MicroBatchForward(
             loss_sum=node_loss_sum(logits, y, multilabel),
             count_correct=lambda: count_correct(logits.detach(), y, multilabel),
             keep=(inputs, x),
             info={"num_outputs": mb.num_outputs, "num_inputs": mb.layers[0].num_src,
                   "num_edges": sum(layer.num_edges for layer in mb.layers),
-                  "t_carve": piece.t_carve, "t_block": inputs.t_block,
+                  "t_carve": micro_batch.t_carve, "t_block": inputs.t_block,
                   "t_h2d": inputs.t_h2d + t_cast, "t_copies": t_copies + t_cast})
 
-    def carried(piece: _Piece) -> list[torch.Tensor]:
-        return [] if piece.inputs is None else piece.inputs.staged.tensors
+    def carried(micro_batch: _CarvedMicroBatch) -> list[torch.Tensor]:
+        return [] if micro_batch.inputs is None else micro_batch.inputs.staged.tensors
 
-    runs = accumulate_pieces(_pieces(carved, ahead=copy_ahead), forward, n_total, meter=meter,
+    runs = accumulate_micro_batches(_micro_batches(carved, ahead=copy_ahead), forward, n_total, meter=meter,
                              precision=precision, device_type=torch.device(device).type,
                              scaler=scaler, carried=carried)
     records = [
@@ -718,35 +719,35 @@ def train_step(
     **kwargs,
 ) -> StepResult:
     """Zero gradients, accumulate over all micro-batches, take one optimizer step
-    (:func:`step_over_pieces`).
+    (:func:`step_over_micro_batches`).
 
     ``parallel``: a :class:`betty.distributed.DataParallel`: this rank runs its share of
-    the pieces (assigned by ``costs`` (K,), default
-    :func:`betty.distributed.assign.piece_output_costs`), gradients are all-reduced before
+    the micro-batches (assigned by ``costs`` (K,), default
+    :func:`betty.distributed.assign.micro_batch_output_costs`), gradients are all-reduced before
     the step, and the loss and accuracy returned are summed over the ranks (``micro``
-    lists this rank's pieces). ``scaler``: the :class:`betty.precision.LossScaler` of a
+    lists this rank's micro-batches). ``scaler``: the :class:`betty.precision.LossScaler` of a
     ``16-mixed`` run (made once per training run; its scale carries across steps).
     ``copy_ahead``: copy each next micro-batch's inputs to the device while the one
     before computes (a side CUDA stream; the same update, the next inputs counted in each
-    piece's peak: :func:`accumulate_gradients`). Other keyword arguments: those of
-    :func:`accumulate_gradients` (``pieces`` excepted).
+    micro-batch's peak: :func:`accumulate_gradients`). Other keyword arguments: those of
+    :func:`accumulate_gradients` (``micro_batches`` excepted).
     """
-    if "pieces" in kwargs:
-        raise TypeError("train_step runs every piece (or this rank's share with parallel=); "
-                        "use accumulate_gradients(pieces=...) for a subset")
+    if "indices" in kwargs:
+        raise TypeError("train_step runs every micro-batch (or this rank's share with parallel=); "
+                        "use accumulate_gradients(indices=...) for a subset")
     if parallel is not None and costs is None:
-        from betty.distributed.assign import piece_output_costs
+        from betty.distributed.assign import micro_batch_output_costs
 
         k = kwargs.get("k")
-        costs = piece_output_costs(groups, int(torch.as_tensor(groups).max()) + 1 if k is None else k)
+        costs = micro_batch_output_costs(groups, int(torch.as_tensor(groups).max()) + 1 if k is None else k)
 
     scaler = kwargs.get("scaler")
 
     def run(mine, _after_last):
-        res = accumulate_gradients(model, batch, groups, feat, label, pieces=mine, **kwargs)
+        res = accumulate_gradients(model, batch, groups, feat, label, indices=mine, **kwargs)
         return res.micro, res.loss, res.train_acc
 
-    micro, loss, acc = step_over_pieces(model, optimizer, run, parallel=parallel, costs=costs,
+    micro, loss, acc = step_over_micro_batches(model, optimizer, run, parallel=parallel, costs=costs,
                                         scaler=scaler)
     return StepResult(loss=loss, train_acc=acc, micro=micro)
 

@@ -1,8 +1,8 @@
 """Threads for host preparation (``train.prep_workers``), and the map that uses them.
 
 Preparation steps whose parts are independent run their parts on a shared pool of
-:func:`prep_workers` threads: the piece-membership product one block of pieces per part
-(:func:`betty.partition.membership.piece_membership`), carving one micro-batch per part
+:func:`prep_workers` threads: the micro-batch-membership product one block of micro-batches per part
+(:func:`betty.partition.membership.micro_batch_membership`), carving one micro-batch per part
 (:func:`betty.train.carve_all`), the sorted feature gather for a device one chunk of
 rows per part (:func:`betty.data.store.gather_rows`). Their heavy
 calls (scipy's sparse products, torch and NumPy array ops) release the GIL, so the

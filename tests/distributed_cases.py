@@ -69,7 +69,7 @@ def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "auto", pa
 
 def rank_all_cases(cases=None, shared=None, prefetch: int = 0) -> dict[str, dict[str, torch.Tensor]]:
     """On one rank: every case with a :class:`betty.distributed.DataParallel` (checksum
-    every step), plus the pieces this rank ran in its last step. ``shared``: a
+    every step), plus the micro-batches this rank ran in its last step. ``shared``: a
     :class:`betty.distributed.shared.SharedDataset` to map instead of building the
     dataset (the shared files this process maps come back under ``"_files"``);
     ``prefetch``: :func:`train_case`'s."""
@@ -83,7 +83,7 @@ def rank_all_cases(cases=None, shared=None, prefetch: int = 0) -> dict[str, dict
     for case in cases or CASES:
         dp = DataParallel(check_every=1)
         out[case_name(*case)] = train_case(ds, *case, parallel=dp, prefetch=prefetch)
-        out[case_name(*case)]["_pieces"] = torch.tensor(dp.history[-1].pieces)
+        out[case_name(*case)]["_micro_batches"] = torch.tensor(dp.history[-1].micro_batches)
     return out
 
 

@@ -1,5 +1,5 @@
 """What is derived from one sampled batch is built once and shared: layer incidences,
-the REG of a K search, the piece membership of the latest split."""
+the REG of a K search, the micro-batch membership of the latest split."""
 
 import copy
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from betty.batch import SampledBatch
-from betty.memory.sizes import piece_sizes
+from betty.memory.sizes import split_sizes
 from betty.partition import incidence, partition_batch, reg, split_metrics
-from betty.partition.membership import piece_membership
+from betty.partition.membership import micro_batch_membership
 from betty.partition.planted import planted_community_graph
 from betty.sampling import sample_full_batch
 
@@ -54,13 +54,13 @@ def test_estimate_and_split_metrics_of_one_split_build_the_membership_once(monke
     k = 4
     groups = torch.arange(batch.num_outputs) % k
     layer_calls = _counting(monkeypatch, incidence, "needed_sources")
-    sizes = piece_sizes(batch, groups, k)
+    sizes = split_sizes(batch, groups, k)
     metrics = split_metrics(batch, groups, k)
     assert len(layer_calls) == batch.num_layers  # each layer's incidence built once
-    assert piece_membership(batch, groups, k) is piece_membership(batch, groups, k)
+    assert micro_batch_membership(batch, groups, k) is micro_batch_membership(batch, groups, k)
     fresh = _fresh(batch)
     assert split_metrics(fresh, groups, k) == metrics
-    assert [x.tolist() for x in piece_sizes(fresh, groups, k).n_src] == [x.tolist() for x in sizes.n_src]
+    assert [x.tolist() for x in split_sizes(fresh, groups, k).n_src] == [x.tolist() for x in sizes.n_src]
 
 
 def test_another_split_gets_its_own_membership():
@@ -83,4 +83,4 @@ def test_a_k_search_builds_the_reg_once_and_splits_as_a_fresh_batch_would(monkey
     reg.reg_partition(batch, 4, seed=0, max_hub_degree=3)  # another REG: rebuilt
     assert len(built) == 1 + 3 + 1
     with pytest.raises(ValueError):
-        piece_membership(batch, torch.zeros(batch.num_outputs + 1, dtype=torch.int64), 2)
+        micro_batch_membership(batch, torch.zeros(batch.num_outputs + 1, dtype=torch.int64), 2)

@@ -33,7 +33,7 @@ def test_estimate_auto_searches_k_for_the_budget():
     assert all(peak > budget for k, peak in tried.items() if k < out["k"])
 
 
-def test_estimate_prints_a_summary_and_pieces_only_on_request():
+def test_estimate_prints_a_summary_and_micro_batches_only_on_request():
     full = json.loads(invoke("estimate", "tiny", "--k", "1", "--json", *LSTM).stdout)
     budget = full["max_estimated_peak_bytes"] // 4
     args = ["estimate", "tiny", "--k", "auto", *LSTM, "--set", f"partition.memory_budget={budget}",
@@ -42,7 +42,7 @@ def test_estimate_prints_a_summary_and_pieces_only_on_request():
     res = invoke(*args)
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
-    assert len(lines) <= 6 and not any(line.lstrip().startswith("piece ") for line in lines)
+    assert len(lines) <= 6 and not any(line.lstrip().startswith("micro-batch ") for line in lines)
     text = res.stdout
     assert f"K={out['k']}" in lines[0] and f"budget {budget / 2**20:.2f} MiB" in text
     tried = [row["k"] for row in out["k_tried"]]
@@ -50,9 +50,9 @@ def test_estimate_prints_a_summary_and_pieces_only_on_request():
     for k in tried:
         assert f" {k} (" in text.split("K tried:")[1], k
     worst = max(out["micro_batches"], key=lambda r: r["estimated_peak_bytes"])
-    assert f"largest piece: {worst['index']} of {out['k']}" in text
-    listed = invoke(*args, "--pieces").stdout.splitlines()
-    assert [line.split()[1] for line in listed if line.lstrip().startswith("piece ")] == [
+    assert f"largest micro-batch: {worst['index']} of {out['k']}" in text
+    listed = invoke(*args, "--micro-batches").stdout.splitlines()
+    assert [line.split()[1] for line in listed if line.lstrip().startswith("micro-batch ")] == [
         str(i) for i in range(out["k"])]
 
 

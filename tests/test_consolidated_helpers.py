@@ -41,7 +41,7 @@ def test_both_epoch_records_name_their_shared_metrics_alike():
     assert epoch_metrics(measured)["peak_mem_measured_bytes"] == 1100.0
 
 
-def test_both_epoch_records_give_one_row_per_piece_with_their_columns():
+def test_both_epoch_records_give_one_row_per_micro_batch_with_their_columns():
     import torch
 
     from betty.engine import PartitionPlan, Trainer
@@ -56,11 +56,11 @@ def test_both_epoch_records_give_one_row_per_piece_with_their_columns():
                       batch_size=50).train_epoch(0)
     model = build_model("revgnn", FEATS, CLASSES, hidden=8, layers=3)
     rev = RevTrainer(model, torch.optim.Adam(model.parameters()), ds, RevPlan("random", 2)).train_epoch(0)
-    for record, pieces in ((sampled, 3 * len(sampled.batches)), (rev, 2)):
+    for record, micro_batches in ((sampled, 3 * len(sampled.batches)), (rev, 2)):
         rows = record.rows()
-        assert len(rows) == pieces
+        assert len(rows) == micro_batches
         assert all(tuple(row) == type(record).ROW_COLUMNS for row in rows)
-        assert [row[type(record).PIECE_KEY] for row in rows[:2]] == [0, 1]
+        assert [row[type(record).MICRO_BATCH_KEY] for row in rows[:2]] == [0, 1]
         assert all(row["epoch"] == 0 and row["loss"] > 0 for row in rows)
     assert (EpochRecord.ROWS_TABLE, RevEpochRecord.ROWS_TABLE) == ("memory_per_microbatch", "memory_per_part")
 

@@ -11,7 +11,7 @@ import torch
 
 import betty.train
 from betty.engine import PartitionPlan, Trainer
-from betty.memory import estimate_pieces, search_k
+from betty.memory import estimate_micro_batches, search_k
 from betty.memory.meter import MemoryMeter
 from betty.models import build_model
 from betty.partition import partition_batch
@@ -74,17 +74,17 @@ def test_off_cuda_a_staging_runs_where_it_is_called_and_hands_its_tensors_over()
                          ids=["serial", "pipelined", "gathered-ahead"])
 def test_copy_ahead_trains_as_without_it_bit_for_bit(backend, arch, agg, prefetch, gather_ahead):
     """Dropout on, several batches an epoch (K = 3 each), serial and pipelined, the
-    features gathered in the step or ahead: the same parameters, losses and pieces as
+    features gathered in the step or ahead: the same parameters, losses and micro-batches as
     the serial run without copy-ahead."""
     reference, ref_records = _run(backend, arch, False)
     params, records = _run(backend, arch, True, prefetch=prefetch, gather_ahead=gather_ahead)
     assert_same_training(reference, ref_records, params, records)
 
 
-def test_the_next_pieces_copy_is_issued_before_this_pieces_forward(monkeypatch):
-    """The order of carving, staging (the inputs' copy) and forward over K = 4 pieces:
-    with copy-ahead piece k+1 is carved before piece k runs and staged after piece k's
-    inputs, before piece k's forward; without it each piece is carved, staged and run
+def test_the_next_micro_batches_copy_is_issued_before_this_micro_batches_forward(monkeypatch):
+    """The order of carving, staging (the inputs' copy) and forward over K = 4 micro-batches:
+    with copy-ahead micro-batch k+1 is carved before micro-batch k runs and staged after micro-batch k's
+    inputs, before micro-batch k's forward; without it each micro-batch is carved, staged and run
     in turn."""
     g, feat, label, train = power_law_graph(num_nodes=300, avg_degree=6, seed=2)
     batch = sample_full_batch(g, train, [4, 6], seed=1)
@@ -93,7 +93,7 @@ def test_the_next_pieces_copy_is_issued_before_this_pieces_forward(monkeypatch):
     torch.manual_seed(0)
     model = build_model("sage", 12, 5, hidden=8, layers=2, aggregator="mean", dropout=0.5)
     events: list[tuple[str, int]] = []
-    staged_x: list[int] = []  # data pointer of each piece's staged features, in piece order
+    staged_x: list[int] = []  # data pointer of each micro-batch's staged features, in micro-batch order
     carve, stage, forward = betty.train._carve_timed, betty.train._stage_inputs, model.forward
 
     def carving(carver, entry):
@@ -107,9 +107,9 @@ def test_the_next_pieces_copy_is_issued_before_this_pieces_forward(monkeypatch):
         return inputs
 
     def forwarding(blocks, x, **kwargs):
-        # the piece whose features these are: the latest staged with this data pointer
-        piece = len(staged_x) - 1 - staged_x[::-1].index(x.data_ptr())
-        events.append(("forward", piece))
+        # the micro-batch whose features these are: the latest staged with this data pointer
+        micro_batch = len(staged_x) - 1 - staged_x[::-1].index(x.data_ptr())
+        events.append(("forward", micro_batch))
         return forward(blocks, x, **kwargs)
 
     monkeypatch.setattr(betty.train, "_carve_timed", carving)
@@ -133,7 +133,7 @@ def test_the_next_pieces_copy_is_issued_before_this_pieces_forward(monkeypatch):
 # -- counted ----------------------------------------------------------------------------
 
 def _staged_bytes(trainer: Trainer, epochs: int) -> dict[tuple[int, int], list[int]]:
-    """``{(epoch, batch): bytes}``: what the step copies to the device for each piece
+    """``{(epoch, batch): bytes}``: what the step copies to the device for each micro-batch
     of each batch (everything ``_stage_inputs`` allocates, as the CPU meter counts it),
     for a fresh ``trainer`` preparing its batches in training order (so its partitions
     are those of a run)."""
@@ -155,12 +155,12 @@ def _staged_bytes(trainer: Trainer, epochs: int) -> dict[tuple[int, int], list[i
 @pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("arch,agg", MODELS, ids=MODEL_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_each_piece_counts_the_next_pieces_inputs_and_the_meter_agrees(backend, arch, agg, dtype):
-    """A Trainer with copy-ahead and the CPU meter: each piece's estimate is the one
-    without copy-ahead plus exactly the bytes the step copies for the next piece (none
-    for a batch's last piece); what copy-ahead adds to a measured peak is at most what
+def test_each_micro_batch_counts_the_next_micro_batches_inputs_and_the_meter_agrees(backend, arch, agg, dtype):
+    """A Trainer with copy-ahead and the CPU meter: each micro-batch's estimate is the one
+    without copy-ahead plus exactly the bytes the step copies for the next micro-batch (none
+    for a batch's last micro-batch); what copy-ahead adds to a measured peak is at most what
     it adds to the estimate, and every measured peak is within the memory model's
-    tolerance (tests/test_memory_accuracy.py) of its estimate (the meter counts a piece's
+    tolerance (tests/test_memory_accuracy.py) of its estimate (the meter counts a micro-batch's
     inputs copied ahead from its region's start). The measured peak is not asserted
     below the estimate outright: without copy-ahead the replay already leaves out a few
     bytes (the loss's 0-d tensors; 0.15% on DGL's float64 GAT here), which copy-ahead
@@ -194,9 +194,9 @@ def test_each_piece_counts_the_next_pieces_inputs_and_the_meter_agrees(backend, 
 
 
 @pytest.mark.parametrize("backend", backend_params())
-def test_the_k_search_fits_the_pieces_with_the_next_inputs(backend):
-    """``k: auto``: the search estimates with the next piece's inputs, so a budget the
-    plain pieces just fit needs more pieces with copy-ahead; trained with the K it picks,
+def test_the_k_search_fits_the_micro_batches_with_the_next_inputs(backend):
+    """``k: auto``: the search estimates with the next micro-batch's inputs, so a budget the
+    plain micro-batches just fit needs more micro-batches with copy-ahead; trained with the K it picks,
     every measured peak is within the budget."""
     g, feat, label, train = power_law_graph(num_nodes=800, avg_degree=8, num_feats=40,
                                             num_classes=5, seed=800)
@@ -208,7 +208,7 @@ def test_the_k_search_fits_the_pieces_with_the_next_inputs(backend):
     train_step(model, opt, batch, torch.zeros(batch.num_outputs, dtype=torch.int64), feat, label,
                dropout_key=7)  # Adam's state exists
     kwargs = dict(method="random", seed=5, safety_margin=0.0)
-    plain = search_k(batch, model, opt, memory_budget=int(0.5 * estimate_pieces(
+    plain = search_k(batch, model, opt, memory_budget=int(0.5 * estimate_micro_batches(
         batch, torch.zeros(batch.num_outputs, dtype=torch.int64), 1, model, opt)[0].peak), **kwargs)
     budget = plain.max_peak  # the plain split at its K just fits
     assert search_k(batch, model, opt, memory_budget=budget, **kwargs).k == plain.k
@@ -228,7 +228,7 @@ def test_the_estimate_refuses_copy_ahead_beside_a_device_store():
     batch = sample_full_batch(g, train, [4, 6], seed=1)
     model = build_model("sage", 12, 5, hidden=8, layers=2, aggregator="mean")
     with pytest.raises(ValueError, match="copy_ahead"):
-        estimate_pieces(batch, torch.zeros(batch.num_outputs, dtype=torch.int64), 1, model,
+        estimate_micro_batches(batch, torch.zeros(batch.num_outputs, dtype=torch.int64), 1, model,
                         device_store_bytes=1000, copy_ahead=True)
 
 
@@ -250,7 +250,7 @@ def test_copy_ahead_is_off_by_default_and_refused_where_it_cannot_be_counted():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_copy_ahead_trains_as_without_it_within_its_estimate():
     """On CUDA (a side stream, pinned non_blocking copies): the parameters of a run
-    without copy-ahead to GPU rounding, and every measured piece peak (the device's whole
+    without copy-ahead to GPU rounding, and every measured micro-batch peak (the device's whole
     allocation) at most its estimate with the next inputs."""
     results = {}
     for copy_ahead in (False, True):

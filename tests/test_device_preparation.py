@@ -1,5 +1,5 @@
 """Preparation on the device (``Trainer(sample_device=)``): carving in torch ops gives
-the NumPy path's pieces bit for bit, a Trainer preparing on the CPU's torch-op path
+the NumPy path's micro-batches bit for bit, a Trainer preparing on the CPU's torch-op path
 trains as the host path bit for bit (both backends, dropout, pipelined), and the memory
 model counts what preparation keeps on a device, tensor by tensor."""
 
@@ -12,10 +12,10 @@ import torch
 import betty.train
 from betty.engine import PartitionPlan, Trainer
 from betty.memory import device_preparation as prep
-from betty.memory.estimator import estimate_pieces
+from betty.memory.estimator import estimate_micro_batches
 from betty.memory.ksearch import KSearchError, search_k
 from betty.memory.meter import MemoryMeter
-from betty.memory.sizes import piece_sizes
+from betty.memory.sizes import split_sizes
 from betty.microbatch import Carver
 from betty.models import build_model
 from betty.sampling import sample_full_batch
@@ -41,7 +41,7 @@ def _batch(fanouts=(3, -1, 4), seed: int = 3, shuffle_edges: bool = False):
     return batch
 
 
-def _assert_same_piece(a, b) -> None:
+def _assert_same_micro_batch(a, b) -> None:
     assert torch.equal(a.output_index, b.output_index)
     for x, y in zip(a.full_src_index, b.full_src_index):
         assert torch.equal(x, y)
@@ -55,22 +55,22 @@ def _assert_same_piece(a, b) -> None:
 
 
 @pytest.mark.parametrize("shuffle_edges", [False, True], ids=["sorted", "shuffled"])
-@pytest.mark.parametrize("k", [1, 3, 40])  # 40: small pieces (sort branch); 1-3: scan branch
-def test_torch_op_carving_gives_the_numpy_pieces(k, shuffle_edges):
+@pytest.mark.parametrize("k", [1, 3, 40])  # 40: small micro-batches (sort branch); 1-3: scan branch
+def test_torch_op_carving_gives_the_numpy_micro_batches(k, shuffle_edges):
     batch = _batch(shuffle_edges=shuffle_edges)
     groups = torch.randint(0, k, (batch.num_outputs,), generator=torch.Generator().manual_seed(2))
     numpy_carver, torch_carver = Carver(batch), Carver(batch, torch_ops=True)
     assert not numpy_carver.torch_ops and torch_carver.torch_ops
-    for piece in range(k):
-        index = torch.nonzero(groups == piece).view(-1)
-        _assert_same_piece(numpy_carver.carve(index), torch_carver.carve(index))
+    for micro_batch in range(k):
+        index = torch.nonzero(groups == micro_batch).view(-1)
+        _assert_same_micro_batch(numpy_carver.carve(index), torch_carver.carve(index))
 
 
 @pytest.mark.parametrize("shuffle_edges", [False, True], ids=["sorted", "shuffled"])
 @pytest.mark.parametrize("granule", [1, 512])
 def test_the_modelled_bytes_are_those_of_the_tensors(granule, shuffle_edges):
     """``Carver.state_bytes``, ``batch_bytes`` and ``carved_bytes`` against the tensors a
-    Carver and its pieces actually hold."""
+    Carver and its micro-batches actually hold."""
     batch = _batch(shuffle_edges=shuffle_edges)
     carver = Carver(batch, torch_ops=True)
     assert Carver.state_bytes(batch, granule) == carver.nbytes(granule)
@@ -78,24 +78,24 @@ def test_the_modelled_bytes_are_those_of_the_tensors(granule, shuffle_edges):
     assert prep.batch_bytes(batch, granule) == prep.tensor_bytes(blocks, granule) + carver.nbytes(granule)
     k = 5
     groups = torch.randint(0, k, (batch.num_outputs,), generator=torch.Generator().manual_seed(4))
-    modelled = prep.carved_bytes(piece_sizes(batch, groups, k), out_degrees=True, granule=granule)
-    for piece in range(k):
+    modelled = prep.carved_bytes(split_sizes(batch, groups, k), out_degrees=True, granule=granule)
+    for micro_batch in range(k):
         # a device copy of the outputs, as carving on a device makes (on the CPU a view)
-        mb = carver.carve(torch.nonzero(groups == piece).view(-1).clone())
+        mb = carver.carve(torch.nonzero(groups == micro_batch).view(-1).clone())
         tensors = [mb.output_index, *mb.full_src_index,
                    *(getattr(layer, name) for layer in mb.layers for name in LAYER_TENSORS)]
-        assert modelled[piece] == prep.tensor_bytes(tensors, granule), piece
+        assert modelled[micro_batch] == prep.tensor_bytes(tensors, granule), micro_batch
 
 
-def test_the_estimate_adds_the_store_the_batch_and_each_carved_piece():
+def test_the_estimate_adds_the_store_the_batch_and_each_carved_micro_batch():
     batch = _batch()
     k = 4
     groups = torch.randint(0, k, (batch.num_outputs,), generator=torch.Generator().manual_seed(5))
     model = build_model("sage", 8, 5, hidden=16, layers=3, aggregator="mean")
-    host = estimate_pieces(batch, groups, k, model, "adam", backend="cuda")
+    host = estimate_micro_batches(batch, groups, k, model, "adam", backend="cuda")
     store = 10 * 2**20
-    device = estimate_pieces(batch, groups, k, model, "adam", backend="cuda", device_store_bytes=store)
-    carved = prep.carved_bytes(piece_sizes(batch, groups, k), out_degrees=True, granule=512)
+    device = estimate_micro_batches(batch, groups, k, model, "adam", backend="cuda", device_store_bytes=store)
+    carved = prep.carved_bytes(split_sizes(batch, groups, k), out_degrees=True, granule=512)
     fixed = store + prep.batch_bytes(batch, 512)
     for i, (a, b) in enumerate(zip(host, device)):
         assert b.peak - a.peak == fixed + int(carved[i])
@@ -104,11 +104,11 @@ def test_the_estimate_adds_the_store_the_batch_and_each_carved_piece():
         assert "device_store" not in a.breakdown
 
 
-def test_the_k_search_fits_the_pieces_beside_the_device_store():
+def test_the_k_search_fits_the_micro_batches_beside_the_device_store():
     batch = _batch()
     model = build_model("sage", 8, 5, hidden=16, layers=3, aggregator="mean")
     kwargs = dict(method="random", backend="cuda", safety_margin=0.0)
-    budget = int(estimate_pieces(batch, torch.zeros(batch.num_outputs, dtype=torch.int64), 1,
+    budget = int(estimate_micro_batches(batch, torch.zeros(batch.num_outputs, dtype=torch.int64), 1,
                                  model, "adam", backend="cuda")[0].peak * 1.01)
     assert search_k(batch, model, "adam", memory_budget=budget, **kwargs).k == 1
     fixed = prep.batch_bytes(batch, 512)
@@ -142,7 +142,7 @@ def _trainer(backend: str, sample_device=None, prefetch: int = 0, meter: bool = 
 def test_preparing_on_the_cpu_device_path_trains_as_the_host_bit_for_bit(monkeypatch, backend,
                                                                           prefetch, batch_size):
     """The sampler, carving and the gather in torch ops (``sample_device="cpu"``): the same
-    parameters, losses, pieces and measured peaks as the host path."""
+    parameters, losses, micro-batches and measured peaks as the host path."""
     host, host_model = _trainer(backend, prefetch=prefetch, meter=True, batch_size=batch_size)
     host_records = list(host.epochs(range(3)))
     made = []
@@ -185,8 +185,8 @@ def test_the_cpu_path_counts_no_device_store():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cuda_trainer_prepares_on_the_device_within_the_estimate():
-    """On CUDA: every measured piece peak (the device's whole allocation) is at most the
-    estimate, which counts the store, the batch and the carved piece."""
+    """On CUDA: every measured micro-batch peak (the device's whole allocation) is at most the
+    estimate, which counts the store, the batch and the carved micro-batch."""
     torch.manual_seed(0)
     model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2, aggregator="mean").cuda()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)

@@ -101,7 +101,7 @@ def test_connect_outside_a_distdgl_trainer_says_how_to_start_one(layout, monkeyp
 def test_two_servers_and_two_trainers_train_as_one_process(tmp_path, layout):
     """The update of each data-parallel trainer on the partitioned graph equals the
     update of one process with the whole graph (3 steps, float64, dropout 0.5): the same
-    samples, pieces and gradients; pipelined too (the preparation thread and the step
+    samples, micro-batches and gradients; pipelined too (the preparation thread and the step
     both ask the servers)."""
     shm_before = set(os.listdir("/dev/shm"))
     ip_config = _ip_config(tmp_path)

@@ -57,12 +57,12 @@ def test_ranks_equal_single_process(backend, nproc):
         covered = []
         for rank in range(nproc):
             got = results[rank][name]
-            covered += got["_pieces"].tolist()
+            covered += got["_micro_batches"].tolist()
             err = max_relative_difference({n: got[n] for n in ref_params}, ref_params)
             assert err < TOL, f"{name} rank {rank}/{nproc}: relative parameter error {err:.3e}"
             assert torch.allclose(got["_losses"], ref["_losses"], rtol=TOL, atol=0), name
         k = _parse(name)[2]
-        assert sorted(covered) == list(range(k)), f"{name}: pieces {covered} do not cover K={k} once"
+        assert sorted(covered) == list(range(k)), f"{name}: micro-batches {covered} do not cover K={k} once"
         # the parameters moved: the comparison is not between two untouched models
         assert any(float((ref_params[n] - t).abs().max()) > 0 for n, t in
                    train_case(dataset(), *_parse(name), steps=0).items() if not n.startswith("_"))

@@ -1,4 +1,4 @@
-"""Pieces of betty.distributed: LPT assignment, gradient all-reduce with presence
+"""Micro-batches of betty.distributed: LPT assignment, gradient all-reduce with presence
 flags, parameter checksums, several-machine launch (two launchers on 127.0.0.1)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from betty.distributed import lpt_assign, parameter_checksum, pieces_of_rank
+from betty.distributed import lpt_assign, parameter_checksum, micro_batches_of_rank
 from betty.distributed.launch import free_port, launch
 from betty.train import max_relative_difference
 from betty.distributed.launch import RankFailed
@@ -27,7 +27,7 @@ def test_lpt_longest_first_to_least_loaded():
     assert lpt_assign([5, 4, 3, 3, 3], 2) == [[0, 3], [1, 2, 4]]
     assert lpt_assign([1, 1, 1], 3) == [[0], [1], [2]]
     assert lpt_assign([2.0], 3) == [[0], [], []]
-    assert pieces_of_rank([5, 4, 3, 3, 3], 2, 1) == [1, 2, 4]
+    assert micro_batches_of_rank([5, 4, 3, 3, 3], 2, 1) == [1, 2, 4]
     gen = torch.Generator().manual_seed(0)
     costs = torch.rand(50, generator=gen).tolist()
     owned = lpt_assign(costs, 4)
@@ -37,7 +37,7 @@ def test_lpt_longest_first_to_least_loaded():
     with pytest.raises(ValueError, match="world_size"):
         lpt_assign([1.0], 0)
     with pytest.raises(ValueError, match="rank must be in"):
-        pieces_of_rank([1.0], 2, 2)
+        micro_batches_of_rank([1.0], 2, 2)
 
 
 def test_checksum_sees_one_ulp():
@@ -111,7 +111,7 @@ def test_two_machines_on_localhost_equal_single_process(tmp_path):
         got = results[rank][name]
         params = {n: t for n, t in ref.items() if not n.startswith("_")}
         assert max_relative_difference({n: got[n] for n in params}, params) < 1e-10
-    assert sorted(results[0][name]["_pieces"].tolist() + results[1][name]["_pieces"].tolist()) == [0, 1, 2, 3]
+    assert sorted(results[0][name]["_micro_batches"].tolist() + results[1][name]["_micro_batches"].tolist()) == [0, 1, 2, 3]
 
 
 def _listening_addresses(process) -> set[str]:

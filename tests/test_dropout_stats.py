@@ -1,6 +1,6 @@
 """Statistics of the hash dropout (betty.models.dropout): the keep rate is 1 − p and
 mask entries are uncorrelated (between columns, neighbouring rows, keys and layers) to
-the sampling noise floor, and a node's mask does not depend on which piece it is in.
+the sampling noise floor, and a node's mask does not depend on which micro-batch it is in.
 
 Noise floor: for m independent Bernoulli pairs the sample correlation has standard
 deviation about ``1/sqrt(m)``, and the keep-rate estimate ``sqrt(p(1 − p)/m)``; every
@@ -65,18 +65,18 @@ def test_rows_keys_and_layers_are_uncorrelated():
     assert not torch.equal(mask, hash_keep_mask(ids, WIDTH, 0.5, dropout_key(1, 0), 0))
 
 
-def test_masks_are_identical_across_pieces():
-    """Rows carry the same mask whatever piece (subset, order) they are computed in."""
+def test_masks_are_identical_across_micro_batches():
+    """Rows carry the same mask whatever micro-batch (subset, order) they are computed in."""
     ids = _ids(1)
     key = dropout_key(5, 2)
     full = hash_keep_mask(ids, WIDTH, 0.5, key, 3)
     x = torch.randn(ids.numel(), WIDTH, dtype=torch.float64)
     full_out = hash_dropout(x, ids, 0.5, key, 3)
     gen = torch.Generator().manual_seed(0)
-    pieces = torch.randint(0, 7, (ids.numel(),), generator=gen)
+    micro_batches = torch.randint(0, 7, (ids.numel(),), generator=gen)
     for k in range(7):
-        rows = torch.nonzero(pieces == k).flatten()
-        rows = rows[torch.randperm(rows.numel(), generator=gen)]  # any order inside a piece
+        rows = torch.nonzero(micro_batches == k).flatten()
+        rows = rows[torch.randperm(rows.numel(), generator=gen)]  # any order inside a micro-batch
         assert torch.equal(hash_keep_mask(ids[rows], WIDTH, 0.5, key, 3), full[rows])
         assert torch.equal(hash_dropout(x[rows], ids[rows], 0.5, key, 3), full_out[rows])
     # and a row's mask is its keep-mask, scaled by 1 / (1 - p)

@@ -89,6 +89,6 @@ def test_both_trainers_and_their_records_share_one_interface(arch):
     record = trainer.train_epoch(0)
     assert isinstance(trainer, TrainerProtocol) and isinstance(record, EpochRecordProtocol)
     assert set(record.rows()[0]) == set(record.ROW_COLUMNS)
-    assert record.PIECE_KEY in record.ROW_COLUMNS
+    assert record.MICRO_BATCH_KEY in record.ROW_COLUMNS
     assert {"loss", "k", "epoch_time_s"} <= set(record.metrics())
     assert not isinstance(object(), TrainerProtocol)

@@ -72,7 +72,7 @@ def test_estimate_error_per_model(report):
         assert report["estimate_error_shipped"][model] >= 0.0
 
 
-def test_estimate_rows_cover_sizes_k_and_pieces(report):
+def test_estimate_rows_cover_sizes_k_and_micro_batches(report):
     rows = report["estimates"]
     sizes = sorted({r["nodes"] for r in rows})
     assert len(sizes) == 2
@@ -80,7 +80,7 @@ def test_estimate_rows_cover_sizes_k_and_pieces(report):
         for n in sizes:
             for k in (1, 4):
                 got = [r for r in rows if r["model"] == model and r["nodes"] == n and r["k"] == k]
-                assert sorted(r["piece"] for r in got) == list(range(k)), (model, n, k)
+                assert sorted(r["micro-batch"] for r in got) == list(range(k)), (model, n, k)
     for model in MODELS:  # the top-level figure is the worst row, recomputed
         errs = [abs(r["estimated_calibrated"] - r["measured"]) / r["measured"]
                 for r in rows if r["model"] == model]
@@ -98,7 +98,7 @@ def test_budget_runs_fit_and_impossible_budget_raises(report):
         assert b["budget"] == int(0.4 * b["k1_peak"])
         assert b["k"] > 1, model  # 40% of the K = 1 peak cannot fit K = 1
         assert b["measured"] and max(b["measured"]) == b["max_measured"] <= b["budget"], model
-        assert len(b["measured"]) == 2 * b["k"], model  # two steps, every piece measured
+        assert len(b["measured"]) == 2 * b["k"], model  # two steps, every micro-batch measured
         imp = b["impossible_budget"]
         assert imp["raised"] and "budget" in imp["error"], (model, imp)
 

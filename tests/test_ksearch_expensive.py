@@ -23,7 +23,7 @@ def setup():
 
 def _spy(calls, skew_at=None):
     """A partition_fn recording (method, K); with ``skew_at = (method, K)`` that split
-    puts all but K - 1 outputs into piece 0 (so it cannot fit)."""
+    puts all but K - 1 outputs into micro-batch 0 (so it cannot fit)."""
 
     def fn(batch, k, method, *, seed, weights, graph):
         calls.append((method, k))

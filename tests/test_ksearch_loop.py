@@ -14,14 +14,14 @@ FIXED = 1_000
 
 
 def _model(activation: int, *, bumps: dict[int, int] | None = None, calls: list | None = None):
-    """Pieces whose peak is ``FIXED + ceil(activation / k)`` (+ ``bumps[k]``)."""
+    """Micro-batches whose peak is ``FIXED + ceil(activation / k)`` (+ ``bumps[k]``)."""
 
     def split_and_estimate(k: int):
         if calls is not None:
             calls.append(k)
         peak = FIXED + math.ceil(activation / k) + (bumps or {}).get(k, 0)
         est = MemoryEstimate(peak=peak, breakdown={"parameters": FIXED, "activations": peak - FIXED})
-        return [f"piece{i}" for i in range(k)], [est] * k
+        return [f"micro-batch{i}" for i in range(k)], [est] * k
 
     return split_and_estimate
 
@@ -33,7 +33,7 @@ def test_returns_the_smallest_fitting_k_of_a_monotone_model(activation, budget):
     found = smallest_fitting_k(_model(activation, calls=calls), memory_budget=budget,
                                safety_margin=0.0, fixed=FIXED, k_max=10_000)
     expected = next(k for k in range(1, 10_001) if FIXED + math.ceil(activation / k) <= budget)
-    assert found.k == expected and len(found.pieces) == expected
+    assert found.k == expected and len(found.micro_batches) == expected
     assert max(e.peak for e in found.estimates) <= budget
     assert [k for k, _ in found.tried] == calls and calls[0] == 1
     assert len(set(calls)) == len(calls), "each K is split and estimated once"
@@ -66,7 +66,7 @@ def test_errors_name_the_cause_and_a_budget_that_works():
         smallest_fitting_k(_model(10), memory_budget=900, safety_margin=0.0, fixed=FIXED, k_max=5)
     assert err.value.smallest_budget == FIXED and err.value.tried == [(1, FIXED + 10)]
 
-    with pytest.raises(KSearchError, match="one output node per piece") as err:
+    with pytest.raises(KSearchError, match="one output node per micro-batch") as err:
         smallest_fitting_k(_model(100_000), memory_budget=5_000, safety_margin=0.5, fixed=FIXED,
                            k_max=8)
     worst = FIXED + 12_500

@@ -1,4 +1,4 @@
-"""The K search knows the world size: on N ranks, K >= N and every rank's largest piece fits.
+"""The K search knows the world size: on N ranks, K >= N and every rank's largest micro-batch fits.
 
 ``search_k(..., min_k=N)`` starts at K = N (never tries a smaller K); a data-parallel
 :class:`betty.engine.Trainer` passes its world size as ``min_k``; a spec with a fixed
@@ -32,14 +32,14 @@ def _search(setup, budget, min_k=1):
 
 
 @pytest.mark.parametrize("world", [2, 3, 5])
-def test_budget_that_fits_one_piece_still_gives_every_rank_one(setup, world):
+def test_budget_that_fits_one_micro_batch_still_gives_every_rank_one(setup, world):
     big = 4 * setup[2]
     assert _search(setup, big).k == 1  # one process: K = 1 fits
     res = _search(setup, big, min_k=world)
     assert res.k == world
     assert min(k for k, _ in res.tried) == world  # no K < N was even tried
     owned = lpt_assign([e.peak for e in res.estimates], world)
-    assert all(owned), f"a rank got no piece: {owned}"
+    assert all(owned), f"a rank got no micro-batch: {owned}"
 
 
 @pytest.mark.parametrize("world", [2, 3, 6])
@@ -53,8 +53,8 @@ def test_tight_budget_k_at_least_world_and_each_rank_fits(setup, world):
         assert res.k == single.k  # N does not change a search that already ends above N
     peaks = [e.peak for e in res.estimates]
     for r, mine in enumerate(lpt_assign(peaks, world)):
-        assert mine, f"rank {r} got no piece"
-        # a rank runs its pieces one after the other: its peak is its largest piece's
+        assert mine, f"rank {r} got no micro-batch"
+        # a rank runs its micro-batches one after the other: its peak is its largest micro-batch's
         assert max(peaks[k] for k in mine) <= res.usable_budget
 
 

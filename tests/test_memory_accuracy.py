@@ -6,7 +6,7 @@ the symmetric GCN) and depth 1-3, three
 features of width 40, so layer 0 runs both with and without DGL's lin_before_mp).
 Each configuration trains K = 1 and K = 4 with the meter tracking model and optimizer
 (one optimizer step first, so Adam's state exists) and compares every micro-batch's
-measured peak with :func:`betty.memory.estimate_pieces` (piece 0 starts without
+measured peak with :func:`betty.memory.estimate_micro_batches` (micro-batch 0 starts without
 gradients, as in train_step): the relative error must stay within the model's
 tolerance, set just above the worst error measured over this grid (every micro-batch of
 the 7 models x 3 depths x 3 sizes x K in {1, 4}; torch 2.2.1, CPU), on each backend
@@ -53,7 +53,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from betty.memory import MemoryMeter, estimate_pieces, search_k
+from betty.memory import MemoryMeter, estimate_micro_batches, search_k
 from betty.models import ACTIVATIONS, build_model
 from betty.partition import partition_batch
 from betty.sampling import sample_full_batch
@@ -118,16 +118,16 @@ def _measure(model, opt, meter, batch, groups, k, feat, label):
 
 
 def _failures(model, opt, meter, batch, feat, label, k: int, tol: float, where: str):
-    """``(measured peaks, messages of the pieces whose |estimate - meter| / meter >
+    """``(measured peaks, messages of the micro_batches whose |estimate - meter| / meter >
     tol)`` for a K-way random split."""
     groups = partition_batch(batch, k, "random", seed=3).groups
     measured = _measure(model, opt, meter, batch, groups, k, feat, label)
-    estimated = [e.peak for e in estimate_pieces(batch, groups, k, model, opt)]
+    estimated = [e.peak for e in estimate_micro_batches(batch, groups, k, model, opt)]
     bad = []
     for i, (est, meas) in enumerate(zip(estimated, measured)):
         err = abs(est - meas) / meas
         if err > tol:
-            bad.append(f"{where} K={k} piece {i}: estimated {est}, measured {meas}, error {err:.3%}")
+            bad.append(f"{where} K={k} micro-batch {i}: estimated {est}, measured {meas}, error {err:.3%}")
     return measured, bad
 
 
@@ -244,16 +244,16 @@ def test_omitted_buffer_fails_the_check(monkeypatch, backend, what, omit, model,
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_lstm_pieces_without_some_degree_bucket(backend):
-    """K = 16 pieces of one batch hold different in-degree buckets: a piece runs LSTM
+def test_lstm_micro_batches_without_some_degree_bucket(backend):
+    """K = 16 micro-batches of one batch hold different in-degree buckets: a micro-batch runs LSTM
     calls, and sums their weight and input gradients, only for the degrees it has (the
     replay must not charge it for the others)."""
-    from betty.memory.sizes import piece_sizes
+    from betty.memory.sizes import split_sizes
 
     batch, feat, label, model, opt, meter = _setup("sage", "lstm", 2, 300, 64, backend)
     k = 16
     groups = partition_batch(batch, k, "random", seed=3).groups
-    counts = piece_sizes(batch, groups, k).degree_counts  # per layer (pieces, degrees)
+    counts = split_sizes(batch, groups, k).degree_counts  # per layer (micro-batches, degrees)
     assert any(((c == 0) & (c.sum(0) > 0)).any() for c in counts), "tests nothing"
     tol = TOLERANCE[backend]["sage-lstm"]
     _, bad = _failures(model, opt, meter, batch, feat, label, k, tol, "L=2 n=300 h=64")

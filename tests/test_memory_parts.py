@@ -16,7 +16,7 @@ from betty.memory import (
     ModelSpec,
     apply_budget,
     estimate_micro_batch,
-    estimate_pieces,
+    estimate_micro_batches,
     load_constants,
     make_estimator,
     make_k_chooser,
@@ -29,7 +29,7 @@ from betty.memory import (
 from betty.memory.calibrate import calibrate, measure_lstm_state
 from betty.memory.estimator import persistent_bytes
 from betty.memory.constants import onednn_lstm_state_arrays, onednn_lstm_workspace_bytes
-from betty.memory.sizes import carved_piece_sizes, micro_batch_sizes, piece_sizes
+from betty.memory.sizes import carved_split_sizes, micro_batch_sizes, split_sizes
 from betty.memory.spec import parameter_shapes
 from betty.memory.timeline import Timeline
 from betty.microbatch import split
@@ -46,10 +46,10 @@ def batch3():
     return sample_full_batch(g, train, [4, 6, 8], seed=0), feat, label
 
 
-def test_piece_sizes_equal_carved_micro_batches(batch3):
+def test_micro_batch_sizes_equal_carved_micro_batches(batch3):
     batch, _, _ = batch3
     groups = partition_batch(batch, 5, "random", seed=1).groups
-    sizes = piece_sizes(batch, groups, 5)
+    sizes = split_sizes(batch, groups, 5)
     for p, mb in enumerate(split(batch, groups, 5)):
         ref = micro_batch_sizes(mb)
         for l in range(3):
@@ -63,30 +63,30 @@ def test_piece_sizes_equal_carved_micro_batches(batch3):
 
 
 @pytest.mark.parametrize("method,k", [("random", 5), ("reg", 3), ("random", 1), ("random", 60)])
-def test_sizes_read_off_the_carved_pieces_equal_the_membership_sizes(batch3, method, k):
-    """:func:`carved_piece_sizes` stacks the pieces' own sizes: the same arrays as
-    :func:`piece_sizes` from the membership (the distinct degrees their union), and it
-    becomes the batch's piece sizes for that split."""
+def test_sizes_read_off_the_carved_micro_batches_equal_the_membership_sizes(batch3, method, k):
+    """:func:`carved_split_sizes` stacks the micro-batches' own sizes: the same arrays as
+    :func:`split_sizes` from the membership (the distinct degrees their union), and it
+    becomes the batch's micro-batch sizes for that split."""
     batch, _, _ = batch3
     groups = partition_batch(batch, k, method, seed=1).groups
-    want = piece_sizes(batch, groups, k)
+    want = split_sizes(batch, groups, k)
     batch._derived.clear()
-    got = carved_piece_sizes(batch, groups, k, split(batch, groups, k))
+    got = carved_split_sizes(batch, groups, k, split(batch, groups, k))
     for name in ("n_src", "n_dst", "num_edges", "degrees", "degree_counts"):
         for l in range(batch.num_layers):
             a, b = getattr(got, name)[l], getattr(want, name)[l]
             assert a.dtype == b.dtype and np.array_equal(a, b), (name, l)
-    assert piece_sizes(batch, groups, k) is got
+    assert split_sizes(batch, groups, k) is got
 
 
-def test_carved_piece_sizes_refuses_pieces_out_of_order(batch3):
+def test_carved_micro_batch_sizes_refuses_micro_batches_out_of_order(batch3):
     batch, _, _ = batch3
     groups = partition_batch(batch, 4, "random", seed=1).groups
-    pieces = split(batch, groups, 4)
-    with pytest.raises(ValueError, match="micro-batch 0 does not hold the outputs of piece 0"):
-        carved_piece_sizes(batch, groups, 4, pieces[::-1])
-    with pytest.raises(ValueError, match="needs all 4 pieces, got 3"):
-        carved_piece_sizes(batch, groups, 4, pieces[:3])
+    micro_batches = split(batch, groups, 4)
+    with pytest.raises(ValueError, match="micro-batch 0 does not hold the outputs of micro-batch 0"):
+        carved_split_sizes(batch, groups, 4, micro_batches[::-1])
+    with pytest.raises(ValueError, match="needs all 4 micro-batches, got 3"):
+        carved_split_sizes(batch, groups, 4, micro_batches[:3])
 
 def test_timeline_refcounts_peak_and_breakdown():
     tl = Timeline(2)
@@ -181,7 +181,7 @@ def test_search_uses_no_model_and_returns_a_fitting_k(batch3):
     res = search_k(batch, spec, "adam", memory_budget=full.peak // 3, safety_margin=0.1)
     assert res.max_peak <= full.peak // 3 * 0.9
     assert res.k >= 3 and [k for k, _ in res.tried][0] == 1
-    # every K tried is recorded with its max piece; the chosen one is the smallest that fit
+    # every K tried is recorded with its max micro-batch; the chosen one is the smallest that fit
     fitting = [k for k, m in res.tried if m <= res.usable_budget]
     assert res.k == min(fitting)
     assert json.dumps(res.to_dict())
@@ -203,7 +203,7 @@ def test_search_errors_name_the_cause_and_the_budget_that_works(batch3):
         search_k(batch, spec, "adam", memory_budget=fixed, safety_margin=0.0)
     assert err.value.smallest_budget >= fixed
     # a budget above the fixed costs but below one output's neighbourhood
-    single = estimate_pieces(batch, torch.arange(batch.num_outputs), batch.num_outputs, spec)
+    single = estimate_micro_batches(batch, torch.arange(batch.num_outputs), batch.num_outputs, spec)
     worst = max(e.peak for e in single)
     with pytest.raises(KSearchError, match="one output") as err:
         search_k(batch, spec, "adam", memory_budget=(fixed + worst) // 2, safety_margin=0.0,
@@ -220,12 +220,12 @@ def test_dropout_scratch_is_bounded_and_unsplittable_budgets_raise(batch3):
     spec = ModelSpec.from_config("sage", 12, 5, hidden=16, layers=3, dropout=0.5)
     nodrop = ModelSpec.from_config("sage", 12, 5, hidden=16, layers=3, dropout=0.0)
     groups = torch.arange(batch.num_outputs) % 4
-    with_drop = estimate_pieces(batch, groups, 4, spec)
-    without = estimate_pieces(batch, groups, 4, nodrop)
+    with_drop = estimate_micro_batches(batch, groups, 4, spec)
+    without = estimate_micro_batches(batch, groups, 4, nodrop)
     for a, b in zip(with_drop, without):
         assert 0 < a.breakdown.get("dropout", 0) <= 3 * (1 << 15) * 9
         assert a.peak > b.peak
-    singletons = estimate_pieces(batch, torch.arange(batch.num_outputs), batch.num_outputs, spec)
+    singletons = estimate_micro_batches(batch, torch.arange(batch.num_outputs), batch.num_outputs, spec)
     floor = min(e.peak for e in singletons)
     with pytest.raises(KSearchError):
         search_k(batch, spec, memory_budget=floor // 2, safety_margin=0.0)
@@ -271,10 +271,10 @@ def test_cuda_helpers_off_cuda():
 
 
 def _tiny_sizes():
-    from betty.memory.sizes import PieceSizes
+    from betty.memory.sizes import MicroBatchSizes
 
     one = np.array([3.0])
-    return PieceSizes([one], [np.array([2.0])], [np.array([4.0])], [np.array([2])],
+    return MicroBatchSizes([one], [np.array([2.0])], [np.array([4.0])], [np.array([2])],
                       [np.array([[2.0]])])
 
 
@@ -297,7 +297,7 @@ def test_standard_dropout_and_float64_against_the_meter(arch, batch3):
         model.zero_grad(set_to_none=True)
         res = accumulate_gradients(model, batch, groups, feat, label, k=3, meter=meter,
                                    dropout_key=3, dtype=dtype)
-        ests = estimate_pieces(batch, groups, 3, model, opt, dtype=dtype)
+        ests = estimate_micro_batches(batch, groups, 3, model, opt, dtype=dtype)
         for e, m in zip(ests, res.micro):
             assert abs(e.peak - m.peak_bytes) / m.peak_bytes <= 0.05, (mode, dtype, e.peak, m.peak_bytes)
 

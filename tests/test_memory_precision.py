@@ -3,7 +3,7 @@
 Each micro-batch's forward pass and loss run under ``torch.autocast(cpu, bfloat16)``
 (:func:`autocast_step.autocast_step`), its backward outside; parameters, gradients and
 Adam state are float32, the features float32. The replay
-(:func:`betty.memory.estimate_pieces` with ``precision="bf16-mixed"``) follows
+(:func:`betty.memory.estimate_micro_batches` with ``precision="bf16-mixed"``) follows
 autocast's parameter and input copies, the ops that run in bfloat16 and those that
 promote back to float32, the float32 loss and the float32 gradients. Grid, for every
 model the replay covers under autocast (:data:`MODELS`): depth 1-2, (300 nodes,
@@ -41,7 +41,7 @@ import pytest
 import torch
 
 from autocast_step import autocast_step
-from betty.memory import MemoryMeter, estimate_pieces
+from betty.memory import MemoryMeter, estimate_micro_batches
 from betty.memory.replay import replays_mixed_precision
 from betty.memory.spec import ModelSpec
 from betty.models import build_model
@@ -61,7 +61,7 @@ SIZES = [(300, 16), (800, 64)]
 # 112 tasks (ogbn-proteins') make the loss's (n_out, T) tensors a large part of the peak
 MULTILABEL_MODELS = [("sage", "mean"), ("gat", "mean")]
 LABEL_COLUMNS = 112
-# K = 16: pieces small enough that the loss's forward, next to autocast's cached weight
+# K = 16: micro-batches small enough that the loss's forward, next to autocast's cached weight
 # copies, holds the peak rather than its backward
 MULTILABEL_KS = (1, 4, 16)
 
@@ -108,11 +108,11 @@ def _errors(arch: str, agg: str, precision_estimated: str,
                     res = accumulate_gradients(stepped, batch, groups, feat, label, k=k,
                                                meter=meter, dropout_key=11,
                                                multilabel=label_columns > 0)
-                ests = estimate_pieces(batch, groups, k, model, opt, precision=precision_estimated,
+                ests = estimate_micro_batches(batch, groups, k, model, opt, precision=precision_estimated,
                                        label_columns=label_columns)
                 for i, (e, m) in enumerate(zip(ests, res.micro)):
                     out.append((abs(e.peak - m.peak_bytes) / m.peak_bytes,
-                                f"L={layers} n={n} h={hidden} K={k} piece {i}: estimated "
+                                f"L={layers} n={n} h={hidden} K={k} micro-batch {i}: estimated "
                                 f"{e.peak}, measured {m.peak_bytes}"))
     return out
 
@@ -165,9 +165,9 @@ def test_unsupported_model_under_mixed_precision_names_it():
     batch = sample_full_batch(*_graph_for_sizes(), [4], seed=1)
     zeros = torch.zeros(batch.num_outputs, dtype=torch.int64)
     with pytest.raises(NotImplementedError, match="aggregator 'lstm' on CUDA"):
-        estimate_pieces(batch, zeros, 1, spec, "adam", backend="cuda", precision="bf16-mixed")
+        estimate_micro_batches(batch, zeros, 1, spec, "adam", backend="cuda", precision="bf16-mixed")
     with pytest.raises(ValueError, match="train.precision must be one of"):
-        estimate_pieces(batch, zeros, 1, spec, "adam", precision="bf15")
+        estimate_micro_batches(batch, zeros, 1, spec, "adam", precision="bf15")
 
 
 def _graph_for_sizes():

@@ -1,5 +1,5 @@
 """``memory_report``: one method on both trainers (``betty estimate``'s library side),
-the estimate of every piece of the first epoch's split by component and, with
+the estimate of every micro-batch of the first epoch's split by component and, with
 ``measure``, its measured peak."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from betty.engine import PartitionPlan, Trainer
-from betty.memory import estimate_pieces
+from betty.memory import estimate_micro_batches
 from betty.models import build_model
 from distributed_cases import CLASSES, FEATS, dataset
 from graphs import backend_params
@@ -34,11 +34,11 @@ def reversible(backend, plan):
 
 def expected_estimates(trainer):
     """The first epoch's split estimated directly (the trainer keeps that split, so
-    these are the estimates of the pieces its report describes)."""
+    these are the estimates of the micro-batches its report describes)."""
     if isinstance(trainer, Trainer):
         batch = trainer.sample(0, 0)
         result, _, _ = trainer.partition(batch, 0, 0)
-        return estimate_pieces(batch, result.groups, result.k, trainer.model, trainer.optimizer,
+        return estimate_micro_batches(batch, result.groups, result.k, trainer.model, trainer.optimizer,
                                **trainer.memory_kwargs)
     from betty.rev.memory import estimate_rev_parts
 
@@ -73,7 +73,7 @@ def test_memory_report_rows_are_the_estimates_of_the_first_split(make, size, bac
 
 @pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("make", [sampled, reversible])
-def test_memory_report_measures_every_piece_after_a_real_step(make, backend):
+def test_memory_report_measures_every_micro_batch_after_a_real_step(make, backend):
     fixed, _ = plans(make)
     trainer = make(backend, fixed)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -90,7 +90,7 @@ def test_memory_report_measures_every_piece_after_a_real_step(make, backend):
     assert report["max_abs_relative_error"] == max(map(abs, errors)) <= 0.05
     assert trainer.optimizer.state  # steady state reached by a real step: the model trained
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
-    if make is sampled:  # its measured pieces accumulate gradients, cleared after them
+    if make is sampled:  # its measured micro-batches accumulate gradients, cleared after them
         assert all(p.grad is None for p in trainer.model.parameters())
 
 

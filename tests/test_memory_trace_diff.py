@@ -32,7 +32,7 @@ import torch
 from autocast_step import autocast_step
 from betty.memory.constants import load_constants
 from betty.memory.replay import ReplayConfig, replay
-from betty.memory.sizes import piece_sizes
+from betty.memory.sizes import split_sizes
 from betty.memory.spec import as_model_spec, as_optimizer_spec
 from betty.memory.trace import AllocationTrace
 from betty.models import build_model
@@ -79,7 +79,7 @@ def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
                        feat_elt=4, constants=load_constants("cpu"), fresh_grads=np.array([False]),
                        label_columns=label_columns,
                        autocast_elt=2 if precision == "bf16-mixed" else 0)
-    tl = replay(piece_sizes(batch, groups, 1), cfg, record=True)
+    tl = replay(split_sizes(batch, groups, 1), cfg, record=True)
     traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
     replayed = [(name, int(size[0]), comp) for kind, name, comp, size in tl.log
                 if kind == "alloc" and size[0] >= MIN_BYTES]

@@ -25,7 +25,7 @@ def _neighbours(layer: LayerEdges) -> dict[int, list[int]]:
     return out
 
 
-def _check_piece(full: SampledBatch, mb, index: torch.Tensor) -> None:
+def _check_micro_batch(full: SampledBatch, mb, index: torch.Tensor) -> None:
     assert torch.equal(mb.output_nid, full.output_nid[index])
     for l, (fl, ml) in enumerate(zip(full.layers, mb.layers)):
         # explicit micro -> full -> raw ID maps
@@ -44,12 +44,12 @@ def _check_piece(full: SampledBatch, mb, index: torch.Tensor) -> None:
             assert full_eid[(int(s), int(d))] == int(e)
 
 
-def test_pieces_keep_full_batch_neighbourhoods(batch):
+def test_micro_batches_keep_full_batch_neighbourhoods(batch):
     groups = torch.randint(0, 5, (batch.num_outputs,), generator=torch.Generator().manual_seed(0))
-    pieces = split(batch, groups, 5)
-    assert sum(p.num_outputs for p in pieces) == batch.num_outputs
-    for k, piece in enumerate(pieces):
-        _check_piece(batch, piece, torch.nonzero(groups == k).flatten())
+    micro_batches = split(batch, groups, 5)
+    assert sum(p.num_outputs for p in micro_batches) == batch.num_outputs
+    for k, micro_batch in enumerate(micro_batches):
+        _check_micro_batch(batch, micro_batch, torch.nonzero(groups == k).flatten())
 
 
 def test_zero_in_degree_outputs_are_kept(batch):
@@ -75,7 +75,7 @@ def test_carver_accepts_edges_in_any_order(batch):
         assert key_a == key_b
 
 
-def test_a_carver_is_reusable_and_stateless_between_pieces(batch):
+def test_a_carver_is_reusable_and_stateless_between_micro_batches(batch):
     carver = Carver(batch)
     index = torch.arange(0, batch.num_outputs, 2)
     first = carver.carve(index)
@@ -95,22 +95,22 @@ def test_invalid_partitions_are_refused(batch):
         validate_groups(torch.full((n,), 2), n, 2)
 
 
-def test_small_and_large_piece_paths_carve_the_same(batch, monkeypatch):
-    """The Carver's two ways to list a piece's sources (sort only the piece's own
+def test_small_and_large_micro_batch_paths_carve_the_same(batch, monkeypatch):
+    """The Carver's two ways to list a micro-batch's sources (sort only the micro-batch's own
     sources, or scan the layer's) give identical micro-batches, and both pass the
     structural checks."""
     import betty.microbatch as mb_mod
 
     gen = torch.Generator().manual_seed(4)
     groups = torch.randint(0, 7, (batch.num_outputs,), generator=gen)
-    pieces = [torch.nonzero(groups == k).flatten() for k in range(7)] + [torch.tensor([3])]
+    micro_batches = [torch.nonzero(groups == k).flatten() for k in range(7)] + [torch.tensor([3])]
     carved = {}
     for name, ratio in (("sort", 0), ("scan", 10**12)):
         monkeypatch.setattr(mb_mod, "SCAN_RATIO", ratio)
         carver = Carver(batch)
-        carved[name] = [carver.carve(idx) for idx in pieces]
-    for idx, a, b in zip(pieces, carved["sort"], carved["scan"]):
-        _check_piece(batch, a, idx)
+        carved[name] = [carver.carve(idx) for idx in micro_batches]
+    for idx, a, b in zip(micro_batches, carved["sort"], carved["scan"]):
+        _check_micro_batch(batch, a, idx)
         for la, lb, ia, ib in zip(a.layers, b.layers, a.full_src_index, b.full_src_index):
             assert torch.equal(la.src_nid, lb.src_nid) and torch.equal(ia, ib)
             assert torch.equal(la.edge_src, lb.edge_src) and torch.equal(la.edge_id, lb.edge_id)

@@ -1,4 +1,4 @@
-"""Bounded, well-formed partitioning: weighted baselines never leave a piece empty,
+"""Bounded, well-formed partitioning: weighted baselines never leave a micro-batch empty,
 ``reg`` hands METIS the REG's counts, the single METIS wrapper's index checks."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from betty.partition import partition_batch
-from betty.partition.balance import fill_empty_pieces
+from betty.partition.balance import fill_empty_micro_batches
 from betty.partition.planted import planted_community_graph
 from betty.sampling import sample_full_batch
 
@@ -38,7 +38,7 @@ def _skewed_weights(n: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("method", ["range", "random"])
-def test_weighted_baselines_never_leave_a_piece_empty(batch40, method):
+def test_weighted_baselines_never_leave_a_micro_batch_empty(batch40, method):
     graph, batch = batch40
     n = batch.num_outputs
     for name, w in _skewed_weights(n).items():
@@ -60,19 +60,19 @@ def test_weighted_range_matches_the_issue_example(batch40):
     res = partition_batch(batch, 4, "range", weights=w_by_position)
     sizes = torch.bincount(res.groups, minlength=4).tolist()
     assert min(sizes) >= 1 and sum(sizes) == batch.num_outputs
-    # the heavy output sits alone in its piece, right after the first four outputs
+    # the heavy output sits alone in its micro-batch, right after the first four outputs
     assert res.groups[order[4]] == 1 and sizes[1] == 1 and sizes[0] == 4
 
 
 @pytest.mark.parametrize("method", ["range", "random"])
 def test_weighted_baselines_still_balance_weights(batch40, method):
-    """The repair does not break balance when no piece would be empty."""
+    """The repair does not break balance when no micro-batch would be empty."""
     _, batch = batch40
     n, k = batch.num_outputs, 4
     w = torch.linspace(1.0, 3.0, n, dtype=torch.float64)
     res = partition_batch(batch, k, method, weights=w, seed=1)
-    per_piece = torch.bincount(res.groups, weights=w, minlength=k)
-    assert float(per_piece.max()) <= float(w.sum()) / k + float(w.max())
+    per_micro_batch = torch.bincount(res.groups, weights=w, minlength=k)
+    assert float(per_micro_batch.max()) <= float(w.sum()) / k + float(w.max())
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ def test_reg_unweighted_hands_metis_no_edge_weights(batch40, metis_spy):
     np.testing.assert_array_equal(np.asarray(call["vweights"]), np.ones(batch.num_outputs))
 
 
-def test_metis_cuts_k_way_from_three_pieces_and_bisects_two(batch40, metis_spy):
+def test_metis_cuts_k_way_from_three_micro_batches_and_bisects_two(batch40, metis_spy):
     """pymetis alone would bisect recursively up to K = 8; betty asks for k-way from
     K = 3 on (cheaper and lower redundancy on the products-scale REG)."""
     import pymetis
@@ -137,7 +137,7 @@ def test_metis_cuts_k_way_from_three_pieces_and_bisects_two(batch40, metis_spy):
         kway = pymetis.part_graph(k, adjacency=pymetis.CSRAdjacency(c.indptr, c.indices),
                                   eweights=c.data, recursive=k == 2,
                                   options=pymetis.Options(seed=5))
-        expected, _ = fill_empty_pieces(np.asarray(kway.vertex_part, dtype=np.int64), k)
+        expected, _ = fill_empty_micro_batches(np.asarray(kway.vertex_part, dtype=np.int64), k)
         assert torch.equal(groups, expected)
 
 

@@ -134,8 +134,8 @@ def test_sampled_layers_match_the_definition():
 
 def test_carved_layers_match_the_definition():
     batch = sample_full_batch(_multigraph(seed=2), torch.arange(0, 60, 3), [-1, -1], seed=2)
-    piece = carve(batch, torch.tensor([4, 0, 7, 2]))
-    for layer in piece.layers:
+    micro_batch = carve(batch, torch.tensor([4, 0, 7, 2]))
+    for layer in micro_batch.layers:
         _check(layer)
 
 

@@ -83,7 +83,7 @@ def test_kaminpar_cut_is_a_balanced_k_way_partition(planted, weighted):
         assert groups.shape == (batch.num_outputs,) and groups.min() >= 0 and groups.max() < k
         load = np.bincount(groups, weights=vw, minlength=k)
         assert load.max() <= (1 + KAMINPAR_EPSILON) * math.ceil(vw.sum() / k)
-        # the reported cut is the graph's: weight (or count) of edges between pieces, once
+        # the reported cut is the graph's: weight (or count) of edges between micro-batches, once
         coo = sp.triu(reg, 1).tocoo()
         between = groups[coo.row] != groups[coo.col]
         assert cut == int((coo.data if weighted else np.ones_like(coo.data))[between].sum())
@@ -98,8 +98,8 @@ def test_reg_with_kaminpar_splits_every_output_once_and_balances(planted):
         res = partition_batch(batch, k, "reg", seed=0, weights=weights, options=_options())
         assert res.info["partitioner"] == "kaminpar"
         assert res.groups.shape == (n,) and set(res.groups.tolist()) == set(range(k))
-        per_piece = torch.bincount(res.groups, weights=weights, minlength=k)
-        assert per_piece.max() <= 1.1 * per_piece.mean()
+        per_micro_batch = torch.bincount(res.groups, weights=weights, minlength=k)
+        assert per_micro_batch.max() <= 1.1 * per_micro_batch.mean()
 
 
 @needs_kaminpar

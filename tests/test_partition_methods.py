@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from betty.partition import PARTITIONERS, partition_batch, split_metrics
-from betty.partition.balance import fill_empty_pieces, integer_vertex_weights
+from betty.partition.balance import fill_empty_micro_batches, integer_vertex_weights
 from betty.partition.graph_metis import induced_output_graph
 from betty.partition.planted import planted_community_graph
 from betty.sampling import sample_full_batch
@@ -85,7 +85,7 @@ def test_hypergraph_km1_is_the_redundant_input_count(planted):
     res = partition_batch(batch, 8, "hypergraph", seed=0)
     assert res.info["moved_to_empty"] == 0
     m = split_metrics(batch, res.groups, 8)
-    assert sum(m["input_nodes_per_piece"]) - batch.layers[0].num_src == res.info["km1"]
+    assert sum(m["input_nodes_per_micro_batch"]) - batch.layers[0].num_src == res.info["km1"]
 
 
 def test_quality_ordering_on_planted_communities(planted):
@@ -106,7 +106,7 @@ def test_metis_recovers_planted_communities(planted):
     graph, community, batch = planted
     res = partition_batch(batch, NUM_COMMUNITIES, "metis", graph=graph, seed=0)
     out_comm = community[batch.output_nid]
-    # share of outputs in their piece's majority community (random split: about 0.2)
+    # share of outputs in their micro-batch's majority community (random split: about 0.2)
     majority = sum(
         int(torch.bincount(out_comm[res.groups == p]).max()) for p in range(NUM_COMMUNITIES)
     )
@@ -140,16 +140,16 @@ def test_metis_needs_the_graph(tiny):
 def test_vertex_weights_are_balanced(planted, method):
     graph, community, batch = planted
     k = 4
-    # the outputs of two communities weigh 9x, so community-aligned pieces are unequal
+    # the outputs of two communities weigh 9x, so community-aligned micro-batches are unequal
     heavy = community[batch.output_nid] < 2
     weights = torch.where(heavy, 9.0, 1.0).to(torch.float64)
     res = partition_batch(batch, k, method, graph=graph, weights=weights)
-    per_piece = torch.bincount(res.groups, weights=weights, minlength=k)
-    assert per_piece.max() <= 1.1 * per_piece.mean()
+    per_micro_batch = torch.bincount(res.groups, weights=weights, minlength=k)
+    assert per_micro_batch.max() <= 1.1 * per_micro_batch.mean()
     # without the weights the same method is far from balanced in them
     plain = partition_batch(batch, k, method, graph=graph).groups
-    plain_per_piece = torch.bincount(plain, weights=weights, minlength=k)
-    assert plain_per_piece.max() > 1.3 * plain_per_piece.mean()
+    plain_per_micro_batch = torch.bincount(plain, weights=weights, minlength=k)
+    assert plain_per_micro_batch.max() > 1.3 * plain_per_micro_batch.mean()
 
 
 def test_integer_vertex_weights():
@@ -167,12 +167,12 @@ def test_integer_vertex_weights():
         integer_vertex_weights(torch.tensor([1.0, float("nan"), 0.0]), 3)
 
 
-def test_fill_empty_pieces_is_deterministic():
+def test_fill_empty_micro_batches_is_deterministic():
     groups = np.array([0, 0, 0, 0, 2, 2])
-    fixed, moved = fill_empty_pieces(groups, 4)
-    # piece 1 takes the last output of piece 0 (largest), then piece 3 the last of piece 0
+    fixed, moved = fill_empty_micro_batches(groups, 4)
+    # micro-batch 1 takes the last output of micro-batch 0 (largest), then micro-batch 3 the last of micro-batch 0
     assert fixed.tolist() == [0, 0, 3, 1, 2, 2] and moved == 2
-    same, moved = fill_empty_pieces(fixed, 4)
+    same, moved = fill_empty_micro_batches(fixed, 4)
     assert torch.equal(same, fixed) and moved == 0
 
 

@@ -185,7 +185,7 @@ def test_metis_reads_the_cached_reg_arrays_and_splits_as_the_int32_reg(monkeypat
     import pymetis
 
     from betty.partition import partition_batch
-    from betty.partition.balance import fill_empty_pieces
+    from betty.partition.balance import fill_empty_micro_batches
     from betty.partition.metis_cut import metis_cut
 
     batch = _batch(7, num_outputs=120, fanouts=(3, 10))
@@ -205,4 +205,4 @@ def test_metis_reads_the_cached_reg_arrays_and_splits_as_the_int32_reg(monkeypat
     c32, _ = redundancy_graph(output_layer_incidence(batch), seed=2)
     groups, _ = metis_cut(c32, 4, vweights=np.ones(c32.shape[0], np.int32),
                           use_edge_weights=True, seed=2)
-    assert torch.equal(result.groups, fill_empty_pieces(groups, 4)[0])
+    assert torch.equal(result.groups, fill_empty_micro_batches(groups, 4)[0])

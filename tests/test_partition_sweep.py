@@ -90,7 +90,7 @@ def test_measure_batch_split_is_the_trainers_first_split(backend):
     batch = trainer.sample(0, 0)
     split = measure_batch_split(trainer, batch)
     groups = trainer.partition(batch, 0, 0)[0].groups
-    assert isinstance(split, Split) and split.piece == "micro"
+    assert isinstance(split, Split) and split.micro_batch_key == "micro"
     assert split.report["method"] == "random" and split.report["k"] == 3
     assert split.report["peak_mem_estimated_bytes"] == max(r["estimated_bytes"] for r in split.rows)
     assert [r["micro"] for r in split.rows] == [0, 1, 2]
@@ -115,7 +115,7 @@ def test_cluster_split_and_sweep(backend):
     trainer = RevTrainer(model, torch.optim.Adam(model.parameters()), ds, RevPlan("random", 2))
     split = measure_cluster_split(trainer)
     n = ds.num_nodes
-    assert split.piece == "part" and split.report["k"] == 2 and sum(split.report["part_nodes"]) == n
+    assert split.micro_batch_key == "part" and split.report["k"] == 2 and sum(split.report["part_nodes"]) == n
     assert split.report["edges_kept_fraction"] + split.report["edges_dropped_fraction"] == pytest.approx(1.0)
     assert sorted(set(split.arrays["part"].tolist())) == [0, 1] and split.arrays["part"].shape == (n,)
     assert [r["num_nodes"] for r in split.rows] == split.report["part_nodes"]

@@ -343,15 +343,15 @@ def test_pipelined_revgnn_parts_train_as_serial_bit_for_bit(backend, method):
     assert not _prepare_threads()
 
 
-def test_a_batch_carved_ahead_estimates_from_its_pieces_not_the_membership(monkeypatch):
+def test_a_batch_carved_ahead_estimates_from_its_micro_batches_not_the_membership(monkeypatch):
     """Carving ahead in one process, a batch's memory estimate and redundancy are read
-    off the carved pieces, fresh (fixed K) and reused alike: no membership product, and
+    off the carved micro-batches, fresh (fixed K) and reused alike: no membership product, and
     the same estimates, redundancy and micro-batches as the membership path."""
     import betty.partition.membership as membership
 
     built = []
-    original = membership.piece_membership
-    monkeypatch.setattr(membership, "piece_membership",
+    original = membership.micro_batch_membership
+    monkeypatch.setattr(membership, "micro_batch_membership",
                         lambda *a, **kw: built.append(a[2]) or original(*a, **kw))
     ahead, _ = trainer_case(1)
     behind, _ = trainer_case(1)

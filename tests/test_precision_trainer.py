@@ -57,7 +57,7 @@ def test_bf16_mixed_searches_k_with_its_own_estimate():
     for precision in ("32", "bf16-mixed"):
         probe = _trainer(precision)
         probe.train_epoch(0)
-        if budget is None:  # just above the float32 K=4 peak: bf16-mixed needs fewer pieces
+        if budget is None:  # just above the float32 K=4 peak: bf16-mixed needs fewer micro-batches
             budget = int(probe.train_epoch(1).peak_mem_estimated_bytes * 1.3)
         trainer = _trainer(precision, k="auto", budget=budget)
         trainer.train_epoch(0)

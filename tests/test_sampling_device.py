@@ -119,7 +119,7 @@ def test_uniform_subsets_torch_on_cpu_equals_numpy():
         assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)
 
 
-def test_carving_the_device_path_batch_gives_the_same_pieces(graph):
+def test_carving_the_device_path_batch_gives_the_same_micro_batches(graph):
     fanouts = [3, -1, 4]
     outputs = _outputs(graph)
     host = sample_full_batch(graph, outputs, fanouts, seed=3)
@@ -181,14 +181,14 @@ def test_uniform_subsets_torch_on_cuda_are_distinct_and_in_range():
 @CUDA
 def test_a_cuda_batch_carves_on_the_device(graph):
     """Carving (``betty.microbatch.Carver``, its ID sort included) runs on the batch's
-    device, and its pieces stay there."""
+    device, and its micro-batches stay there."""
     outputs = _outputs(graph)
     on_cuda = sample_full_batch(graph, outputs, [3, 4], seed=2, device="cuda")
     index = torch.arange(0, outputs.numel(), 3)
-    piece = Carver(on_cuda).carve(index.cuda())
-    for layer in piece.layers:
+    micro_batch = Carver(on_cuda).carve(index.cuda())
+    for layer in micro_batch.layers:
         assert layer.src_nid.is_cuda and layer.edge_src.is_cuda
-    assert piece.layers[-1].num_dst == index.numel()
+    assert micro_batch.layers[-1].num_dst == index.numel()
 
 
 def test_a_batch_moves_between_devices_whole(graph):

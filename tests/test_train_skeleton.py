@@ -1,5 +1,5 @@
-"""The training-step skeleton both engines share (betty.train.accumulate_pieces,
-step_over_pieces) on a linear model whose gradients are known in closed form."""
+"""The training-step skeleton both engines share (betty.train.accumulate_micro_batches,
+step_over_micro_batches) on a linear model whose gradients are known in closed form."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import torch
 
-from betty.train import PieceForward, accumulate_pieces, step_over_pieces
+from betty.train import MicroBatchForward, accumulate_micro_batches, step_over_micro_batches
 
 
 def _setup():
@@ -23,7 +23,7 @@ def _forward(model, xs, log):
     def forward(rows):
         out = model(xs[rows]).squeeze(1)
         log.append(("forward", rows[0]))
-        return PieceForward(loss_sum=out.sum(), count_correct=lambda: float(len(rows)),
+        return MicroBatchForward(loss_sum=out.sum(), count_correct=lambda: float(len(rows)),
                             release=lambda: log.append(("release", rows[0])),
                             info={"n": len(rows)})
     return forward
@@ -44,8 +44,8 @@ class _Meter:
 def test_gradient_is_that_of_the_global_mean_and_after_last_runs_in_the_last_region():
     model, xs = _setup()
     log: list = []
-    pieces = [(0, [0, 1, 2]), (1, [3, 4]), (2, [5, 6, 7, 8, 9])]
-    runs = accumulate_pieces(pieces, _forward(model, xs, log), 10, meter=_Meter(log),
+    micro_batches = [(0, [0, 1, 2]), (1, [3, 4]), (2, [5, 6, 7, 8, 9])]
+    runs = accumulate_micro_batches(micro_batches, _forward(model, xs, log), 10, meter=_Meter(log),
                              last_index=2, after_last=lambda: log.append("after_last"))
     # d/dw of (1/10) Σ_v w·x_v = mean of the rows
     assert torch.allclose(model.weight.grad[0], xs.mean(0), rtol=0, atol=1e-15)
@@ -58,7 +58,7 @@ def test_gradient_is_that_of_the_global_mean_and_after_last_runs_in_the_last_reg
 
 
 @pytest.mark.parametrize("in_region", [False, True])
-def test_step_over_pieces_zeroes_runs_and_steps_once(in_region):
+def test_step_over_micro_batches_zeroes_runs_and_steps_once(in_region):
     model, xs = _setup()
     model.weight.grad = torch.ones_like(model.weight)  # must be zeroed first
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -67,24 +67,24 @@ def test_step_over_pieces_zeroes_runs_and_steps_once(in_region):
 
     def run(mine, after_last):
         seen.append((mine, after_last is not None))
-        runs = accumulate_pieces([(0, [0, 1, 2, 3, 4]), (1, [5, 6, 7, 8, 9])],
+        runs = accumulate_micro_batches([(0, [0, 1, 2, 3, 4]), (1, [5, 6, 7, 8, 9])],
                                  _forward(model, xs, []), 10, last_index=1, after_last=after_last)
         return "result", sum(r.loss for r in runs), 10.0
 
-    result, loss, correct = step_over_pieces(model, opt, run, step_in_last_region=in_region)
+    result, loss, correct = step_over_micro_batches(model, opt, run, step_in_last_region=in_region)
     assert seen == [(None, in_region)] and result == "result" and correct == 10.0
     assert torch.allclose(model.weight.detach()[0], w0[0] - xs.mean(0), rtol=0, atol=1e-15)
 
 
-def test_step_over_pieces_delegates_to_parallel_and_sums_over_ranks():
+def test_step_over_micro_batches_delegates_to_parallel_and_sums_over_ranks():
     model, xs = _setup()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     calls = {}
 
     class FakeParallel:
-        def step(self, model_, optimizer, costs, run_pieces):
+        def step(self, model_, optimizer, costs, run_micro_batches):
             calls["costs"] = costs
-            return run_pieces([1])
+            return run_micro_batches([1])
 
         def sum_scalars(self, *values):
             return [2 * v for v in values]  # two identical ranks
@@ -93,26 +93,26 @@ def test_step_over_pieces_delegates_to_parallel_and_sums_over_ranks():
         calls["mine"], calls["after_last"] = mine, after_last
         return "mine", 0.25, 3.0
 
-    result, loss, correct = step_over_pieces(model, opt, run, parallel=FakeParallel(),
+    result, loss, correct = step_over_micro_batches(model, opt, run, parallel=FakeParallel(),
                                              costs=[1.0, 2.0], step_in_last_region=True)
     assert (result, loss, correct) == ("mine", 0.5, 6.0)
     assert calls == {"costs": [1.0, 2.0], "mine": frozenset({1}), "after_last": None}
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_non_finite_piece_loss_stops_before_its_backward(bad):
+def test_non_finite_micro_batch_loss_stops_before_its_backward(bad):
     from betty.train import NonFiniteLoss, locate_non_finite
 
     model, xs = _setup()
-    xs[5, 0] = bad  # piece 1 (rows 4..7) sees it
+    xs[5, 0] = bad  # micro-batch 1 (rows 4..7) sees it
     log: list = []
-    pieces = [(0, [0, 1, 2, 3]), (1, [4, 5, 6, 7]), (2, [8, 9])]
+    micro_batches = [(0, [0, 1, 2, 3]), (1, [4, 5, 6, 7]), (2, [8, 9])]
     with pytest.raises(NonFiniteLoss) as caught, locate_non_finite(epoch=3, batch=2):
-        accumulate_pieces(pieces, _forward(model, xs, log), n_global=10)
+        accumulate_micro_batches(micro_batches, _forward(model, xs, log), n_global=10)
     err = caught.value
-    assert (err.piece, err.epoch, err.batch) == (1, 3, 2) and not torch.isfinite(torch.tensor(err.value))
+    assert (err.micro_batch, err.epoch, err.batch) == (1, 3, 2) and not torch.isfinite(torch.tensor(err.value))
     assert "non-finite training loss" in str(err) and "at epoch 3, batch 2, micro-batch 1: stopping" in str(err)
-    assert log == [("forward", 0), ("release", 0), ("forward", 4)]  # piece 2 never ran
-    # only piece 0's gradient is there: the bad piece's backward never ran
+    assert log == [("forward", 0), ("release", 0), ("forward", 4)]  # micro-batch 2 never ran
+    # only micro-batch 0's gradient is there: the bad micro-batch's backward never ran
     assert torch.isfinite(model.weight.grad).all()
     assert torch.allclose(model.weight.grad, xs[:4].sum(0, keepdim=True) / 10)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from betty import workers
-from betty.partition.membership import piece_membership
+from betty.partition.membership import micro_batch_membership
 from betty.sampling import sample_full_batch
-from betty.train import carve_all, carve_pieces
+from betty.train import carve_all, carve_micro_batches
 from graphs import power_law_graph
 
 
@@ -77,9 +77,9 @@ def test_spare_cores_is_what_the_trainer_leaves():
 def test_membership_on_several_threads_is_the_one_thread_membership(k, restore_workers):
     groups = torch.arange(_batch().num_outputs) % k
     workers.set_prep_workers(1)
-    serial = piece_membership(_batch(), groups, k)
+    serial = micro_batch_membership(_batch(), groups, k)
     workers.set_prep_workers(3)
-    threaded = piece_membership(_batch(), groups, k)
+    threaded = micro_batch_membership(_batch(), groups, k)
     for a, b in zip(serial, threaded):
         assert a.shape == b.shape
         assert (a.indptr == b.indptr).all() and (a.indices == b.indices).all() and (a.data == b.data).all()
@@ -99,10 +99,10 @@ def test_carving_on_several_threads_is_the_serial_carve(restore_workers):
     k = 6
     groups = torch.randint(0, k, (batch.num_outputs,), generator=torch.Generator().manual_seed(0))
     groups[:k] = torch.arange(k)
-    serial = list(carve_pieces(batch, groups, k, pieces={0, 2, 3, 5}))
+    serial = list(carve_micro_batches(batch, groups, k, indices={0, 2, 3, 5}))
     workers.set_prep_workers(4)
-    for _ in range(5):  # pieces carved at once on 4 threads, several times
-        threaded = carve_all(batch, groups, k, pieces={0, 2, 3, 5})
+    for _ in range(5):  # micro-batches carved at once on 4 threads, several times
+        threaded = carve_all(batch, groups, k, indices={0, 2, 3, 5})
         assert [p for p, _, _ in threaded] == [p for p, _, _ in serial] == [0, 2, 3, 5]
         for (_, a, _), (_, b, _) in zip(serial, threaded):
             _same_layers(a, b)

@@ -183,7 +183,7 @@ def test_repeats_log_mean_and_std(tracking):
 
 
 def test_k_auto_partition_stage_logs_the_search(tracking):
-    from betty.memory import estimate_pieces
+    from betty.memory import estimate_micro_batches
 
     from workflow.components import make_trainer
 
@@ -192,7 +192,7 @@ def test_k_auto_partition_stage_logs_the_search(tracking):
     ds = load_data(base)
     trainer, model, optimizer = make_trainer(base, ds, torch.device("cpu"))
     batch = trainer.sample(0, 0)
-    full = estimate_pieces(batch, torch.zeros(batch.num_outputs, dtype=torch.long), 1, model, optimizer)
+    full = estimate_micro_batches(batch, torch.zeros(batch.num_outputs, dtype=torch.long), 1, model, optimizer)
     budget = int(0.6 * full[0].peak)  # the full batch cannot fit
     rspec = load_spec("tiny", ["partition.k=auto", f"partition.memory_budget={budget}",
                                "partition.sweep.k=[]"])

@@ -1,10 +1,10 @@
 """Gradient all-reduce and parameter checks over a ``torch.distributed`` process group.
 
-Gradient sum: with ranks r = 1..R each holding ``g_r = Σ_{k in P_r} ∇L_k`` (its pieces'
+Gradient sum: with ranks r = 1..R each holding ``g_r = Σ_{k in P_r} ∇L_k`` (its micro-batches'
 gradients, already scaled by the global ``1/|outputs|``), the all-reduce gives every
 rank ``Σ_r g_r = Σ_k ∇L_k = ∇L``, the full-batch gradient.
 
-A parameter no piece touched keeps ``grad = None`` in a single process, and optimizers
+A parameter no micro-batch touched keeps ``grad = None`` in a single process, and optimizers
 skip such parameters (Adam's step counter and moments stay put). To reproduce that,
 each parameter carries a presence flag (1 if this rank produced a gradient) summed with
 the gradients; a parameter whose flag sums to 0 gets ``grad = None`` again.

@@ -1,8 +1,8 @@
-"""Exact data-parallel micro-batching: the K pieces of one batch spread over R ranks.
+"""Exact data-parallel micro-batching: the K micro-batches of one batch spread over R ranks.
 
 One optimizer step on every rank r:
 
-1. ``zero_grad``; run the pieces ``P_r`` that :func:`betty.distributed.assign.lpt_assign`
+1. ``zero_grad``; run the micro-batches ``P_r`` that :func:`betty.distributed.assign.lpt_assign`
    gives r (every rank holds the same sampled batch and partition, so all compute the
    same assignment), accumulating ``g_r = Σ_{k in P_r} ∇L_k`` with the *global*
    normalisation ``L_k = (1/|V|) Σ_{v in V_k} ℓ(v)``;
@@ -11,8 +11,8 @@ One optimizer step on every rank r:
 3. the same ``optimizer.step()`` on every rank, so parameters stay bit-identical
    (checked every ``check_every`` steps by :func:`check_parameters_in_sync`).
 
-This module only deals with pieces, gradients and parameters: running a piece is the
-caller's ``run_pieces`` callback (the sampled-block engine, RevGNN parts, any backend).
+This module only deals with micro-batches, gradients and parameters: running a micro-batch is the
+caller's ``run_micro_batches`` callback (the sampled-block engine, RevGNN parts, any backend).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ T = TypeVar("T")
 class RankStepStats:
     """This rank's share of one step."""
 
-    pieces: list[int]
+    micro_batches: list[int]
     time_compute_s: float
     reduce: ReduceStats
     checksum: int | None = None
@@ -46,7 +46,7 @@ class RankStepStats:
 
 @dataclass
 class DataParallel:
-    """The process group a trainer spreads its pieces over.
+    """The process group a trainer spreads its micro-batches over.
 
     Attributes:
         group: a ``torch.distributed`` group (``None``: the default, initialised one).
@@ -69,13 +69,13 @@ class DataParallel:
         return dist.get_world_size(self.group)
 
     def assign(self, costs: Sequence[float]) -> list[int]:
-        """This rank's pieces under longest-estimated-first assignment."""
+        """This rank's micro-batches under longest-estimated-first assignment."""
         return lpt_assign(costs, self.world_size)[self.rank]
 
     def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             costs: Sequence[float], run_pieces: Callable[[list[int]], T], scaler=None) -> T:
-        """zero_grad -> ``run_pieces(mine)`` -> gradient all-reduce -> ``optimizer.step()``
-        (-> checksum check every ``check_every`` steps). Returns ``run_pieces``' result.
+             costs: Sequence[float], run_micro_batches: Callable[[list[int]], T], scaler=None) -> T:
+        """zero_grad -> ``run_micro_batches(mine)`` -> gradient all-reduce -> ``optimizer.step()``
+        (-> checksum check every ``check_every`` steps). Returns ``run_micro_batches``' result.
         ``scaler``: a :class:`betty.precision.LossScaler`: after the all-reduce the
         gradients are unscaled once and the step is taken only if no rank found an inf
         or NaN (the flag is all-reduced, so every rank decides alike)."""
@@ -83,7 +83,7 @@ class DataParallel:
         optimizer.zero_grad(set_to_none=True)
         mine = self.assign(costs)
         start = time.perf_counter()
-        result = run_pieces(mine)
+        result = run_micro_batches(mine)
         compute = time.perf_counter() - start
         params = list(model.parameters())
         stats = allreduce_gradients(params, self.group, self.bucket_bytes)

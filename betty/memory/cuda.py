@@ -7,7 +7,7 @@ too low, instead of silently using the rest of the card.
 
 :func:`oom_guard` wraps a training step: a CUDA out-of-memory error inside it is
 re-raised as :class:`EstimatedOOMError`, whose message gives the budget, the estimated
-per-piece peaks and the breakdown of the largest one, with the original error chained.
+per-micro-batch peaks and the breakdown of the largest one, with the original error chained.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _describe(estimates: Sequence) -> str:
     if not peaks:
         return "no estimate"
     worst = max(range(len(peaks)), key=peaks.__getitem__)
-    text = f"estimated peak per micro-batch (bytes): {peaks}; largest: piece {worst}"
+    text = f"estimated peak per micro-batch (bytes): {peaks}; largest: micro-batch {worst}"
     breakdown = getattr(estimates[worst], "breakdown", None)
     if breakdown:
         parts = ", ".join(f"{k}={v}" for k, v in sorted(breakdown.items(), key=lambda kv: -kv[1]))
@@ -78,7 +78,7 @@ def oom_guard(estimates: Sequence, memory_budget: int | None = None) -> Iterator
     """Re-raise a CUDA OOM inside the block as :class:`EstimatedOOMError`.
 
     Args:
-        estimates: per-piece :class:`~betty.memory.estimator.MemoryEstimate` (or peak
+        estimates: per-micro-batch :class:`~betty.memory.estimator.MemoryEstimate` (or peak
             byte counts) of the micro-batches about to run.
         memory_budget: the budget the run was sized for (bytes), if any.
     """

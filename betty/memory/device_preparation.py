@@ -2,18 +2,18 @@
 
 With the sampler, carving and the feature gather on the training device
 (:class:`betty.engine.Trainer` ``sample_device`` on CUDA), three things live there while
-piece ``i`` trains, besides what its step allocates (:mod:`betty.memory.replay`):
+micro-batch ``i`` trains, besides what its step allocates (:mod:`betty.memory.replay`):
 
 * the **store** ``S``: the graph's in-CSR and out-degrees, the features and the labels,
   copied to the device once (:func:`store_bytes`);
 * the **batch** ``B``: the full sampled batch's blocks and the
   :class:`~betty.microbatch.Carver` built over them (:func:`batch_bytes`), kept until
-  the batch's last piece has run;
-* the **carved piece** ``C_i``: micro-batch ``i``'s own tensors, carved before its step
+  the batch's last micro-batch has run;
+* the **carved micro-batch** ``C_i``: micro-batch ``i``'s own tensors, carved before its step
   and freed after it (:func:`carved_bytes`). The step copies the index tensors it
   uses, as on the host path, so these stay beside the step's own.
 
-Each piece's peak is then its step's peak plus ``S + B + C_i``: the estimate's
+Each micro-batch's peak is then its step's peak plus ``S + B + C_i``: the estimate's
 ``device_store`` (``S + B``, the same for every K) and ``carved`` components. Every
 tensor is rounded up to the allocator's granule (CUDA: 512 bytes), as
 ``torch.cuda.memory_allocated`` counts it.
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from betty.batch import SampledBatch
-from betty.memory.sizes import PieceSizes
+from betty.memory.sizes import MicroBatchSizes
 from betty.microbatch import Carver
 
 __all__ = ["store_bytes", "batch_bytes", "fixed_bytes", "carved_bytes", "tensor_bytes"]
@@ -69,16 +69,16 @@ def batch_bytes(batch: SampledBatch, granule: int = 1) -> int:
 
 
 def fixed_bytes(batch: SampledBatch, store: int, granule: int = 1) -> int:
-    """``S + B``: what stays on the device through every piece of ``batch``, whatever K
+    """``S + B``: what stays on the device through every micro-batch of ``batch``, whatever K
     (``store``: :func:`store_bytes`)."""
     return int(store) + batch_bytes(batch, granule)
 
 
-def carved_bytes(sizes: PieceSizes, out_degrees: bool, granule: int = 1) -> np.ndarray:
-    """``C_i`` per piece ``(P,)``: per layer with ``n`` sources and ``E`` edges,
+def carved_bytes(sizes: MicroBatchSizes, out_degrees: bool, granule: int = 1) -> np.ndarray:
+    """``C_i`` per micro-batch ``(P,)``: per layer with ``n`` sources and ``E`` edges,
     ``src_nid`` and ``full_src_index`` (``8 n`` each), ``edge_src``, ``edge_dst`` and
     ``edge_id`` (``8 E`` each) and, where the batch records them (``out_degrees``),
-    ``src_out_degree`` (``8 n``); and the piece's ``output_index`` (8 bytes an output)."""
+    ``src_out_degree`` (``8 n``); and the micro-batch's ``output_index`` (8 bytes an output)."""
     total = _rounded(8 * sizes.num_outputs.astype(np.int64), granule)
     per_source = 3 if out_degrees else 2
     for n_src, n_edges in zip(sizes.n_src, sizes.num_edges):

@@ -2,9 +2,9 @@
 
 :func:`estimate_micro_batch` estimates one micro-batch (a carved
 :class:`~betty.batch.MicroBatch`, a full :class:`~betty.batch.SampledBatch` for K = 1,
-or precomputed :class:`~betty.memory.sizes.PieceSizes`); :func:`estimate_pieces`
-estimates every piece of a K-way split at once, without carving (sizes from
-:func:`betty.memory.sizes.piece_sizes`, one vectorized replay).
+or precomputed :class:`~betty.memory.sizes.MicroBatchSizes`); :func:`estimate_micro_batches`
+estimates every micro-batch of a K-way split at once, without carving (sizes from
+:func:`betty.memory.sizes.split_sizes`, one vectorized replay).
 
 The number estimated is what :class:`betty.memory.meter.MemoryMeter` measures around a
 micro-batch in :func:`betty.train.accumulate_gradients` with the model and optimizer
@@ -17,8 +17,8 @@ computed by replaying the micro-batch's allocations symbolically
 counts and, for the LSTM aggregator, the in-degree histogram.
 
 Conventions: the optimizer state is assumed to exist (the steady state after the first
-step); ``fresh_grads`` says whether the piece starts without ``.grad`` tensors (in
-:func:`betty.train.train_step` the first piece does, the others accumulate into them).
+step); ``fresh_grads`` says whether the micro-batch starts without ``.grad`` tensors (in
+:func:`betty.train.train_step` the first micro-batch does, the others accumulate into them).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from betty.batch import MicroBatch, SampledBatch
 from betty.memory.constants import BackendConstants, load_constants
 from betty.memory.ops import itemsize
 from betty.memory.replay import ReplayConfig, input_bytes, replay
-from betty.memory.sizes import PieceSizes, micro_batch_sizes, piece_sizes
+from betty.memory.sizes import MicroBatchSizes, micro_batch_sizes, split_sizes
 from betty.memory.spec import as_model_spec, as_optimizer_spec
 from betty.precision import Precision
 
-__all__ = ["MemoryEstimate", "estimate_micro_batch", "estimate_pieces", "estimate_sizes", "persistent_bytes"]
+__all__ = ["MemoryEstimate", "estimate_micro_batch", "estimate_micro_batches", "estimate_sizes", "persistent_bytes"]
 
 
 @dataclass
@@ -52,7 +52,7 @@ class MemoryEstimate:
             ``attention`` (GAT per-edge tensors), ``lstm`` (LSTM buckets),
             ``dropout``, ``loss``, ``activation_gradients``; with preparation on the
             device (:mod:`betty.memory.device_preparation`) ``device_store`` and
-            ``carved``; with copy-ahead ``next_inputs`` (the next piece's inputs).
+            ``carved``; with copy-ahead ``next_inputs`` (the next micro-batch's inputs).
         peak_at: the phase and op where the peak is reached.
         sizes: the micro-batch's per-layer sizes.
         backend: the backend whose constants were used.
@@ -91,7 +91,7 @@ def _constants(backend: str, constants: BackendConstants | None) -> BackendConst
     return constants if constants is not None else load_constants(backend)
 
 
-def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtype | None = None,
+def estimate_sizes(sizes: MicroBatchSizes, model, optimizer="adam", dtype: torch.dtype | None = None,
                    backend: str = "cpu", *, feat_dtype: torch.dtype | None = torch.float32,
                    fresh_grads=False, label_columns: int = 0,
                    label_dtype: torch.dtype = torch.float32,
@@ -100,10 +100,10 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
                    feature_dtype: torch.dtype | None = None,
                    device_store: float = 0.0, carved=0.0,
                    copy_ahead: bool = False) -> list[MemoryEstimate]:
-    """Estimate every piece described by ``sizes`` (one vectorized replay).
+    """Estimate every micro-batch described by ``sizes`` (one vectorized replay).
 
     Args:
-        sizes: per-layer sizes of P pieces.
+        sizes: per-layer sizes of P micro-batches.
         model: a :class:`~betty.memory.spec.ModelSpec` or a betty model.
         optimizer: an :class:`~betty.memory.spec.OptimizerSpec`, ``"adam"``/``"sgd"``,
             or a torch optimizer.
@@ -123,13 +123,13 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
         feature_dtype: dtype of the host feature matrix (overrides ``feat_dtype``;
             None: ``feat_dtype``, float32 by default).
         device_store, carved: bytes preparation on the device keeps there beside each
-            piece's step (:mod:`betty.memory.device_preparation`): the store and batch
-            (one number), each piece's carved micro-batch (one or ``(P,)``).
-        copy_ahead: the P pieces run in this order in one step that copies each
-            piece's successor's inputs to the device while the piece computes
-            (:func:`betty.train.accumulate_gradients` with ``copy_ahead``): piece ``i``'s
-            peak also counts piece ``i + 1``'s inputs
-            (:func:`betty.memory.replay.input_bytes`; none for the last piece), the
+            micro-batch's step (:mod:`betty.memory.device_preparation`): the store and batch
+            (one number), each micro-batch's carved micro-batch (one or ``(P,)``).
+        copy_ahead: the P micro-batches run in this order in one step that copies each
+            micro-batch's successor's inputs to the device while the micro-batch computes
+            (:func:`betty.train.accumulate_gradients` with ``copy_ahead``): micro-batch ``i``'s
+            peak also counts micro-batch ``i + 1``'s inputs
+            (:func:`betty.memory.replay.input_bytes`; none for the last micro-batch), the
             ``next_inputs`` component.
     """
     spec = as_model_spec(model)
@@ -144,7 +144,7 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
     autocast_elt = prec.compute_bytes if prec.mixed else 0
     elt = _itemsize(dtype, "dtype") if dtype is not None else feat_elt
     consts = _constants(backend, constants)
-    p = sizes.num_pieces
+    p = sizes.num_micro_batches
     fresh = np.broadcast_to(np.asarray(fresh_grads, dtype=bool), (p,)).copy()
     cfg = ReplayConfig(model=spec, optimizer=opt, elt=elt, feat_elt=feat_elt, constants=consts,
                        fresh_grads=fresh, label_columns=int(label_columns),
@@ -152,7 +152,7 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
                        autocast_elt=autocast_elt, host=not backend.startswith("cuda"),
                        device_store=float(device_store),
                        carved=np.broadcast_to(np.asarray(carved, dtype=np.float64), (p,)).copy())
-    if copy_ahead:  # piece i holds piece i + 1's inputs; the last piece holds none
+    if copy_ahead:  # micro-batch i holds micro-batch i + 1's inputs; the last micro-batch holds none
         cfg.next_inputs = np.append(input_bytes(sizes, cfg)[1:], 0.0)
     tl = replay(sizes, cfg)
     breakdown = tl.breakdown()
@@ -166,7 +166,7 @@ def estimate_sizes(sizes: PieceSizes, model, optimizer="adam", dtype: torch.dtyp
 
 def persistent_bytes(model, optimizer="adam", backend: str = "cpu") -> int:
     """Bytes that stay on the device whatever K is: parameters, one gradient per
-    parameter and the optimizer state (the floor of every piece's peak)."""
+    parameter and the optimizer state (the floor of every micro-batch's peak)."""
     from betty.memory.spec import parameter_shapes
 
     spec = as_model_spec(model)
@@ -179,40 +179,40 @@ def persistent_bytes(model, optimizer="adam", backend: str = "cpu") -> int:
     return 2 * pbytes + n_state * pbytes + step
 
 
-def estimate_micro_batch(mb_or_sizes: MicroBatch | SampledBatch | PieceSizes, model,
+def estimate_micro_batch(mb_or_sizes: MicroBatch | SampledBatch | MicroBatchSizes, model,
                          optimizer="adam", dtype: torch.dtype | None = None,
                          backend: str = "cpu", **kwargs) -> MemoryEstimate:
     """Estimate one micro-batch. Keyword arguments are those of :func:`estimate_sizes`
     (``fresh_grads`` defaults to False: gradients already exist)."""
     sizes = micro_batch_sizes(mb_or_sizes)
-    if sizes.num_pieces != 1:
-        raise ValueError(f"estimate_micro_batch takes one micro-batch, got sizes of {sizes.num_pieces}")
+    if sizes.num_micro_batches != 1:
+        raise ValueError(f"estimate_micro_batch takes one micro-batch, got sizes of {sizes.num_micro_batches}")
     return estimate_sizes(sizes, model, optimizer, dtype, backend, **kwargs)[0]
 
 
-def estimate_pieces(batch: SampledBatch, groups, k: int, model, optimizer="adam",
+def estimate_micro_batches(batch: SampledBatch, groups, k: int, model, optimizer="adam",
                     dtype: torch.dtype | None = None, backend: str = "cpu", *,
                     zeroed_grads: bool = True, device_store_bytes: int | None = None,
                     **kwargs) -> list[MemoryEstimate]:
-    """Estimate every piece of the split ``groups`` of ``batch``, without carving.
+    """Estimate every micro-batch of the split ``groups`` of ``batch``, without carving.
 
-    Piece ``i`` is the micro-batch :func:`betty.train.accumulate_gradients` runs
-    ``i``-th. With ``zeroed_grads`` (what :func:`betty.train.train_step` does) piece 0
+    Micro-batch ``i`` is the micro-batch :func:`betty.train.accumulate_gradients` runs
+    ``i``-th. With ``zeroed_grads`` (what :func:`betty.train.train_step` does) micro-batch 0
     starts without ``.grad`` and the others with it. ``device_store_bytes``: the batch
     is prepared on the device (sampled, kept and carved there) beside a store of that
-    many bytes (:func:`betty.memory.device_preparation.store_bytes`); each piece's peak
+    many bytes (:func:`betty.memory.device_preparation.store_bytes`); each micro-batch's peak
     then counts the store, the batch and its carved micro-batch. Other keyword
-    arguments are those of :func:`estimate_sizes` (``copy_ahead``: piece ``i`` also
-    holds piece ``i + 1``'s inputs).
+    arguments are those of :func:`estimate_sizes` (``copy_ahead``: micro-batch ``i`` also
+    holds micro-batch ``i + 1``'s inputs).
 
     Raises:
         ValueError: ``copy_ahead`` with ``device_store_bytes``: a batch prepared on the
             device is not copied from the host.
     """
     if kwargs.get("copy_ahead") and device_store_bytes is not None:
-        raise ValueError("copy_ahead overlaps each next piece's copy from the host; a batch "
+        raise ValueError("copy_ahead overlaps each next micro-batch's copy from the host; a batch "
                          "prepared on the device (device_store_bytes) is not copied from it")
-    sizes = piece_sizes(batch, groups, k)
+    sizes = split_sizes(batch, groups, k)
     fresh = np.zeros(k, dtype=bool)
     fresh[0] = bool(zeroed_grads)
     if device_store_bytes is not None:

@@ -1,31 +1,31 @@
-"""Choose K from the memory model: the fewest micro-batches whose largest piece fits.
+"""Choose K from the memory model: the fewest micro-batches whose largest micro-batch fits.
 
 With usable budget ``U = memory_budget · (1 − safety_margin)`` and ``M(K)`` the largest
-estimated peak over the pieces of the K-way partition (:func:`~betty.memory.estimator.
-estimate_pieces`), :func:`search_k` looks for a small K with ``M(K) <= U``. It never
+estimated peak over the micro-batches of the K-way partition (:func:`~betty.memory.estimator.
+estimate_micro_batches`), :func:`search_k` looks for a small K with ``M(K) <= U``. It never
 trains: it only partitions and estimates.
 
 1. **Start.** Estimate the full batch (K = 1): ``M(1) = F + A`` with ``F`` the fixed
    part (parameters, gradients, optimizer state: it does not shrink with K) and ``A`` the
-   rest. If ``F >= U`` no K can help (:class:`KSearchError`). Otherwise pieces need
+   rest. If ``F >= U`` no K can help (:class:`KSearchError`). Otherwise micro-batches need
    ``A / K <= U − F``, so the search starts at ``K_0 = ceil(A / (U − F))`` (a lower bound
    when splitting adds no redundancy).
 2. **Grow.** While ``M(K)`` is over budget, jump by the overshoot ratio,
    ``K ← max(K + 1, ceil(K · (M(K) − F) / (U − F) · 1.05))``, capped at the number of
-   output nodes. If even one output per piece does not fit, one output's sampled
+   output nodes. If even one output per micro-batch does not fit, one output's sampled
    neighbourhood alone exceeds the budget: :class:`KSearchError` names the largest
-   component of the worst piece and the smallest budget that would work.
+   component of the worst micro-batch and the smallest budget that would work.
 3. **Refine.** Binary search between the largest K tried that failed and the smallest
    that fit, down to adjacent integers.
 
 Smallest K (``min_k``, data-parallel training on N ranks: ``min_k = N``): steps 1-3 start
 from ``K_lo = min(min_k, outputs)`` instead of 1, so the K returned is ``>= K_lo`` and every
-rank gets a piece. The start estimate is ``M(K_lo)``; when it is over budget the first jump
+rank gets a micro-batch. The start estimate is ``M(K_lo)``; when it is over budget the first jump
 is ``K ← max(K_lo + 1, ceil(K_lo · (M(K_lo) − F) / (U − F)))`` (step 1 for ``K_lo = 1``).
-Each rank runs its pieces one after another, so its peak is its largest piece's: a K
-whose every piece fits ``U`` fits every rank (all ranks have the same budget).
+Each rank runs its micro-batches one after another, so its peak is its largest micro-batch's: a K
+whose every micro-batch fits ``U`` fits every rank (all ranks have the same budget).
 
-Non-monotonicity rule: a K-way partition's largest piece is not always smaller than a
+Non-monotonicity rule: a K-way partition's largest micro-batch is not always smaller than a
 (K − 1)-way one (partitioners are heuristics, balance is in output nodes, redundancy
 varies). The binary search uses monotonicity only to decide which K to try next; the
 K returned is always one whose actual partition was estimated to fit. A smaller K that
@@ -40,14 +40,14 @@ split). The K returned is one whose expensive split was estimated to fit; ``trie
 lists the ``reg`` rounds, then the expensive ones.
 
 The loop itself (steps 1-3, and the stepping of the expensive split) is
-:func:`smallest_fitting_k`, over a callable ``split_and_estimate(K) -> (pieces,
-per-piece estimates)``: the sampled-batch search here and the RevGNN one
+:func:`smallest_fitting_k`, over a callable ``split_and_estimate(K) -> (micro_batches,
+per-micro-batch estimates)``: the sampled-batch search here and the RevGNN one
 (:func:`betty.rev.memory.search_k_rev`, cluster parts of the whole graph) both call it.
 
 ``balance: memory``: :func:`memory_balance_weights` gives each output node a weight
 proportional to its estimated memory (the size of its sampled L-hop neighbourhood per
 layer, times the widths that layer stores per node and per edge), passed as
-``weights=`` to the partitioner so pieces are balanced in memory, not in output count.
+``weights=`` to the partitioner so micro-batches are balanced in memory, not in output count.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from betty.batch import SampledBatch
-from betty.memory.estimator import MemoryEstimate, estimate_pieces, persistent_bytes
+from betty.memory.estimator import MemoryEstimate, estimate_micro_batches, persistent_bytes
 from betty.memory.spec import as_model_spec
 from betty.precision import Precision
 
@@ -89,14 +89,14 @@ DEFAULT_SAFETY_MARGIN = 0.05
 
 
 class KSearchError(RuntimeError):
-    """A K search failed: no K makes the largest piece fit the budget, or the search
+    """A K search failed: no K makes the largest micro-batch fit the budget, or the search
     stopped before finding one (``max_evaluations``). Every K-search failure raises
     this class (:class:`betty.rev.memory.RevKSearchError` is a subclass).
 
     Attributes:
         budget: the memory budget (bytes).
         usable: ``budget · (1 − safety_margin)``.
-        dominant: the largest component of the piece that does not fit (``None`` when
+        dominant: the largest component of the micro-batch that does not fit (``None`` when
             the search stopped before deciding).
         smallest_budget: the smallest budget (bytes, margin included) with which the
             search would succeed at the largest K possible (``None`` when unknown).
@@ -113,13 +113,13 @@ class KSearchError(RuntimeError):
 
 
 class BudgetExceeded(KSearchError):
-    """A fixed K (``partition.k`` an integer) whose largest piece is estimated over the
+    """A fixed K (``partition.k`` an integer) whose largest micro-batch is estimated over the
     memory budget: training it would silently run past the budget."""
 
 
 def check_fixed_k(estimates: Sequence[float], k: int, memory_budget: float, safety_margin: float,
-                  piece: str = "micro-batch") -> None:
-    """Refuse a fixed ``k`` whose largest estimated piece exceeds ``memory_budget · (1 −
+                  micro_batch_name: str = "micro-batch") -> None:
+    """Refuse a fixed ``k`` whose largest estimated micro-batch exceeds ``memory_budget · (1 −
     safety_margin)``: :class:`BudgetExceeded` names ``partition.k``, the estimated peak,
     the budget and the two ways on (``k: auto``, or a budget large enough)."""
     usable = usable_budget(memory_budget, safety_margin)
@@ -128,7 +128,7 @@ def check_fixed_k(estimates: Sequence[float], k: int, memory_budget: float, safe
         return
     need = math.ceil(peak / (1 - safety_margin))
     raise BudgetExceeded(
-        f"partition.k = {k} does not fit partition.memory_budget: its largest {piece} is "
+        f"partition.k = {k} does not fit partition.memory_budget: its largest {micro_batch_name} is "
         f"estimated at {int(peak)} bytes, over the usable budget {int(usable)} bytes "
         f"(memory_budget {int(memory_budget)} with safety_margin {safety_margin}). Set "
         f"partition.k: auto to choose a K that fits, or raise partition.memory_budget to at "
@@ -143,7 +143,7 @@ class KSearchResult:
     Attributes:
         k: the chosen number of micro-batches.
         partition: the chosen :class:`~betty.partition.PartitionResult`.
-        estimates: per-piece estimates of that partition.
+        estimates: per-micro-batch estimates of that partition.
         tried: every ``(K, max estimated peak bytes)`` evaluated, in order.
         usable_budget: ``memory_budget · (1 − safety_margin)``.
     """
@@ -166,8 +166,8 @@ class KSearchResult:
             "method": getattr(self.partition, "method", None),
             "usable_budget_bytes": int(self.usable_budget),
             "max_estimated_peak_bytes": int(worst.peak),
-            "estimated_peak_bytes_per_piece": [int(e.peak) for e in self.estimates],
-            "worst_piece": worst.to_dict(),
+            "estimated_peak_bytes_per_micro_batch": [int(e.peak) for e in self.estimates],
+            "worst_micro_batch": worst.to_dict(),
             "tried": [{"k": k, "max_estimated_peak_bytes": int(m)} for k, m in self.tried],
         }
 
@@ -228,18 +228,18 @@ def _default_partition(batch, k, method, *, seed, weights, graph, options=None):
 
 
 SplitAndEstimate = Callable[[int], "tuple[object, Sequence[MemoryEstimate]]"]
-"""``split_and_estimate(k) -> (pieces, estimates)``: split into k pieces (any object the
-engine trains with) and estimate each piece (one :class:`~betty.memory.estimator.
-MemoryEstimate` per piece: its ``peak`` bytes and the ``breakdown`` by component)."""
+"""``split_and_estimate(k) -> (micro_batches, estimates)``: split into k micro-batches (any object the
+engine trains with) and estimate each micro-batch (one :class:`~betty.memory.estimator.
+MemoryEstimate` per micro-batch: its ``peak`` bytes and the ``breakdown`` by component)."""
 
 
 @dataclass
 class KLoopResult:
-    """Outcome of :func:`smallest_fitting_k`: the K chosen, its pieces and estimates, and
+    """Outcome of :func:`smallest_fitting_k`: the K chosen, its micro-batches and estimates, and
     every ``(K, largest estimated peak)`` evaluated, in order."""
 
     k: int
-    pieces: object
+    micro_batches: object
     estimates: list[MemoryEstimate]
     tried: list[tuple[int, int]]
     usable_budget: float
@@ -254,12 +254,12 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
                        safety_margin: float, fixed: float, k_max: int,
                        max_evaluations: int = 40, start_k: int | None = None,
                        min_k: int = 1, tried: Sequence[tuple[int, int]] = (),
-                       limit: str = "one output node per piece",
+                       limit: str = "one output node per micro-batch",
                        error_cls: type[KSearchError] = KSearchError) -> KLoopResult:
     """The one K-search loop of both engines (module docstring, steps 1-3).
 
     With ``U = memory_budget · (1 − safety_margin)``, ``F = fixed`` (bytes no split
-    removes) and ``M(K) = max`` over the pieces of ``split_and_estimate(K)`` of their
+    removes) and ``M(K) = max`` over the micro-batches of ``split_and_estimate(K)`` of their
     estimated peaks:
 
     * ``start_k=None``: estimate ``K_lo = min(min_k, k_max)``; fail if ``F >= U``;
@@ -282,7 +282,7 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
 
     Raises:
         KSearchError (``error_cls``): ``F >= U``; ``M(k_max) > U`` (``dominant``: the
-            largest component of the worst piece, ``smallest_budget``: the budget that
+            largest component of the worst micro-batch, ``smallest_budget``: the budget that
             would fit it); or ``max_evaluations`` ran out.
     """
     usable = usable_budget(memory_budget, safety_margin)
@@ -294,13 +294,13 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
             if len(cache) >= max_evaluations:
                 raise error_cls(
                     f"K search stopped after max_evaluations={max_evaluations} split + "
-                    f"estimate rounds without settling on a K (tried, as (K, largest piece "
+                    f"estimate rounds without settling on a K (tried, as (K, largest micro-batch "
                     f"bytes): {record}; usable budget {int(usable)} bytes); raise "
                     f"max_evaluations or the memory budget",
                     budget=memory_budget, usable=usable, dominant=None,
                     smallest_budget=None, tried=record)
-            pieces, ests = split_and_estimate(k)
-            cache[k] = (pieces, list(ests))
+            micro_batches, ests = split_and_estimate(k)
+            cache[k] = (micro_batches, list(ests))
             record.append((k, max(e.peak for e in cache[k][1])))
         return cache[k]
 
@@ -337,7 +337,7 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
         if k >= k_max:
             worst = max(evaluate(k)[1], key=lambda e: e.peak)
             raise error_cls(
-                f"even K = {k} ({limit}) leaves a piece of {worst.peak} bytes over the "
+                f"even K = {k} ({limit}) leaves a micro-batch of {worst.peak} bytes over the "
                 f"usable budget {int(usable)} bytes; its largest component is "
                 f"{worst.dominant!r} ({worst.breakdown.get(worst.dominant, 0)} bytes). "
                 f"Smallest memory_budget that would work: {need(worst.peak)} bytes "
@@ -365,7 +365,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
              screen_method: str | None = "reg", min_k: int = 1,
              precision: "str | Precision" = "32", feature_dtype: torch.dtype | None = None,
              **estimate_kwargs) -> KSearchResult:
-    """Smallest K (see the module docstring) whose partition's largest piece fits.
+    """Smallest K (see the module docstring) whose partition's largest micro-batch fits.
 
     Args:
         batch: the full sampled batch.
@@ -378,7 +378,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
         balance: ``"nodes"`` or ``"memory"`` (:func:`memory_balance_weights`).
         seed, graph: passed to the partitioner.
         dtype, backend, estimate_kwargs: passed to :func:`~betty.memory.estimator.
-            estimate_pieces`.
+            estimate_micro_batches`.
         partition_fn: ``(batch, k, method, *, seed, weights, graph) -> PartitionResult``
             (default :func:`betty.partition.partition_batch` with ``partition_options``).
         max_evaluations: cap on partition + estimate rounds (per method).
@@ -387,7 +387,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
             K with this method first, then split once with ``method`` (module
             docstring); ``None``: search with ``method`` itself at every K.
         min_k: smallest K allowed (capped at the number of outputs); the world size
-            for data-parallel training, so each rank has at least one piece.
+            for data-parallel training, so each rank has at least one micro-batch.
         precision, feature_dtype: the training precision and the host features' dtype
             (:func:`~betty.memory.estimator.estimate_sizes`).
 
@@ -416,7 +416,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
     def split_with(name: str) -> SplitAndEstimate:
         def split_and_estimate(k: int):
             part = partition_fn(batch, k, name, seed=seed, weights=weights, graph=graph)
-            return part, estimate_pieces(batch, part.groups, part.k, model, optimizer, dtype,
+            return part, estimate_micro_batches(batch, part.groups, part.k, model, optimizer, dtype,
                                          backend, **estimate_kwargs)
         return split_and_estimate
 
@@ -426,11 +426,11 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
     if screen_method is not None and method in EXPENSIVE_METHODS and method != screen_method:
         screen = loop(split_with(screen_method), min_k=min_k)
         found = loop(split_with(method), start_k=screen.k, tried=screen.tried,
-                     limit=f"one output node per piece, {method!r} split after "
+                     limit=f"one output node per micro-batch, {method!r} split after "
                            f"{screen_method!r} chose K = {screen.k}")
     else:
         found = loop(split_with(method), min_k=min_k)
-    return KSearchResult(k=found.k, partition=found.pieces, estimates=found.estimates,
+    return KSearchResult(k=found.k, partition=found.micro_batches, estimates=found.estimates,
                          tried=found.tried, usable_budget=found.usable_budget)
 
 
@@ -439,7 +439,7 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
                    on_search: Callable[[KSearchResult], None] | None = None,
                    precision: "str | Precision" = "32", feature_dtype: torch.dtype | None = None,
                    **estimate_kwargs):
-    """A :data:`betty.engine.KChooser`: ``(batch, plan, seed) -> (partition, per-piece
+    """A :data:`betty.engine.KChooser`: ``(batch, plan, seed) -> (partition, per-micro-batch
     estimated peak bytes)`` running :func:`search_k` with the plan's ``method``,
     ``memory_budget``, ``safety_margin`` and ``balance``. ``on_search`` receives each
     :class:`KSearchResult` (e.g. to log the K tried). The plan's ``min_k`` (default 1) is
@@ -465,13 +465,13 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
 def make_estimator(model, optimizer="adam", *, dtype: torch.dtype | None = None,
                    backend: str = "cpu", precision: "str | Precision" = "32",
                    feature_dtype: torch.dtype | None = None, **estimate_kwargs):
-    """A :data:`betty.engine.Estimator`: ``(batch, groups, k) -> per-piece estimated peak
+    """A :data:`betty.engine.Estimator`: ``(batch, groups, k) -> per-micro-batch estimated peak
     bytes`` (``precision``, ``feature_dtype``: those of
     :func:`~betty.memory.estimator.estimate_sizes`)."""
     estimate_kwargs = dict(estimate_kwargs, precision=precision, feature_dtype=feature_dtype)
 
     def estimate(batch: SampledBatch, groups, k: int) -> list[int]:
-        return [int(e.peak) for e in estimate_pieces(batch, groups, k, model, optimizer, dtype,
+        return [int(e.peak) for e in estimate_micro_batches(batch, groups, k, model, optimizer, dtype,
                                                      backend, **estimate_kwargs)]
 
     return estimate

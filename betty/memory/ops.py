@@ -1,9 +1,9 @@
-"""Pieces that both symbolic replays model alike: :mod:`betty.memory.replay` (one
+"""Micro-batches that both symbolic replays model alike: :mod:`betty.memory.replay` (one
 sampled micro-batch) and :mod:`betty.rev.replay` (one RevGNN part).
 
 Each function records, on a :class:`~betty.memory.timeline.Timeline`, the tensors one
 stretch of PyTorch / PyG / DGL ops allocates and frees, in the order they do. Sizes are
-bytes, scalars or ``(P,)`` per-piece vectors (every piece of a split is replayed at
+bytes, scalars or ``(P,)`` per-micro-batch vectors (every micro-batch of a split is replayed at
 once). A function here is written once and called by both replayers; where the two
 replays model different op sequences they keep their own code (see their modules).
 
@@ -68,7 +68,7 @@ class StepConfig:
         elt: bytes per element of the compute dtype (features after the cast,
             activations, parameters of a RevGNN).
         feat_elt: bytes per element of the host feature matrix.
-        fresh_grads: ``(P,)`` bools: the piece starts with no ``.grad`` (the first piece
+        fresh_grads: ``(P,)`` bools: the micro-batch starts with no ``.grad`` (the first micro-batch
             after ``zero_grad(set_to_none=True)``), so its backward creates them.
         label_columns: T for multi-label targets (0: single-label int64 classes).
         label_elt: bytes per element of multi-label targets.
@@ -80,14 +80,14 @@ class StepConfig:
             the steps stay on the host unless capturable/fused, Adam runs foreach and
             dropout keeps a bool mask.
         device_store: bytes preparation on the device keeps there through the step
-            whatever the piece (:mod:`betty.memory.device_preparation`: the store and
+            whatever the micro-batch (:mod:`betty.memory.device_preparation`: the store and
             the batch); 0 when preparation runs on the host.
-        carved: ``(P,)`` bytes (or one for all) of each piece's carved micro-batch on
+        carved: ``(P,)`` bytes (or one for all) of each micro-batch's carved micro-batch on
             the device, beside its step; 0 when carving runs on the host.
         next_inputs: ``(P,)`` bytes (or one for all) of the inputs the step copies to
-            the device for the piece after piece ``i`` while piece ``i`` computes
+            the device for the micro-batch after micro-batch ``i`` while micro-batch ``i`` computes
             (copy-ahead, :func:`betty.train.accumulate_gradients`): allocated right after
-            piece ``i``'s own inputs and live to its end; 0 without copy-ahead.
+            micro-batch ``i``'s own inputs and live to its end; 0 without copy-ahead.
     """
 
     optimizer: OptimizerSpec
@@ -125,9 +125,9 @@ def step_baseline(tl: Timeline, cfg: StepConfig, param_bytes, num_params: int,
     ``num_params`` tensors) and the model's ``buffers`` (bytes, e.g. batch-norm running
     statistics; None: none), the optimizer state (``n_state · param_bytes``, plus a
     4-byte ``step`` per parameter where it is counted: on the host or on the device
-    with capturable/fused Adam) and, in the pieces that do not start fresh, the
+    with capturable/fused Adam) and, in the micro-batches that do not start fresh, the
     existing ``.grad`` (``param_bytes``); with preparation on the device, its store and
-    batch (``cfg.device_store``) and each piece's carved micro-batch (``cfg.carved``)."""
+    batch (``cfg.device_store``) and each micro-batch's carved micro-batch (``cfg.carved``)."""
     tl.add_baseline(param_bytes, PARAMS)
     if buffers is not None:
         tl.add_baseline(buffers, PARAMS)
@@ -145,7 +145,7 @@ def step_baseline(tl: Timeline, cfg: StepConfig, param_bytes, num_params: int,
 
 def param_grads(tl: Timeline, nbytes, keep, name: str, accumulated_name: str) -> None:
     """Parameter gradients (``nbytes``) one backward node produces, through
-    ``AccumulateGrad``: where ``keep`` (``(P,)`` bools: the piece has no ``.grad`` yet)
+    ``AccumulateGrad``: where ``keep`` (``(P,)`` bools: the micro-batch has no ``.grad`` yet)
     the new gradient becomes ``.grad`` and stays; elsewhere it is added in place into
     the existing ``.grad`` and freed (a transient)."""
     tl.alloc(np.where(keep, nbytes, 0.0), GRADS, name)

@@ -13,8 +13,8 @@ storage as it is created and when its last holder lets go of it:
 2. **Global IDs** for deterministic dropout: ``n_src_l·8`` per layer (feature dropout),
    ``E_l·8`` per layer (GAT attention dropout).
 3. **Features** ``n_in·F`` elements and **labels** (``n_out`` int64 or ``n_out·T``
-   multi-label targets); with copy-ahead (``StepConfig.next_inputs``) the next piece's
-   blocks, IDs, features and labels, copied while this piece computes; then a cast copy
+   multi-label targets); with copy-ahead (``StepConfig.next_inputs``) the next micro-batch's
+   blocks, IDs, features and labels, copied while this micro-batch computes; then a cast copy
    of the features if the compute dtype differs.
 4. **Forward**, layer by layer: input dropout (hash dropout keeps no mask, only
    bounded chunk buffers; standard dropout keeps a bool mask), the convolution with
@@ -91,7 +91,7 @@ LSTM kernel's internal state per degree bucket, and the device graph formats. Ti
 tensors (scalars, per-bucket index lists of a few elements) are omitted or
 approximated; they are far below the 1% level for any non-trivial micro-batch.
 
-All sizes are per-piece vectors, so one replay estimates every piece of a split.
+All sizes are per-micro-batch vectors, so one replay estimates every micro-batch of a split.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LA
                               index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline, through)
-from betty.memory.sizes import PieceSizes
+from betty.memory.sizes import MicroBatchSizes
 from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
 from betty.models.dropout import CHUNK_ELEMENTS  # hash dropout's chunk of int64 scratch
@@ -156,11 +156,11 @@ def replays_mixed_precision(model: ModelSpec, host: bool = True) -> bool:
 
 
 class _Replayer:
-    def __init__(self, sizes: PieceSizes, cfg: ReplayConfig) -> None:
+    def __init__(self, sizes: MicroBatchSizes, cfg: ReplayConfig) -> None:
         self.s = sizes
         self.cfg = cfg
         self.e = cfg.elt
-        self.tl = Timeline(sizes.num_pieces, cfg.constants.granule_bytes)
+        self.tl = Timeline(sizes.num_micro_batches, cfg.constants.granule_bytes)
         self.fresh = np.asarray(cfg.fresh_grads, dtype=bool)
         self.pelt = cfg.model.param_dtype.itemsize
         self.shapes = parameter_shapes(cfg.model)
@@ -219,7 +219,7 @@ class _Replayer:
         copy of ``x``) and of the saved ``casts``. Then the casts' backward nodes run,
         the latest cast first: ``x``'s gradient becomes an ``x_elt`` copy where ``x``
         was cast (returned), then each parameter's a ``param_dtype`` copy that goes into
-        ``AccumulateGrad`` (kept on a fresh piece, added in place elsewhere)."""
+        ``AccumulateGrad`` (kept on a fresh micro-batch, added in place elsewhere)."""
         tl = self.tl
 
         def low_weights() -> list[Buffer]:
@@ -358,11 +358,11 @@ class _Replayer:
         return acc
 
     def bucket_sum(self, run, have, new, mask, tag: str):
-        """Sum per-bucket gradients out of place, in the pieces that have the bucket.
+        """Sum per-bucket gradients out of place, in the micro-batches that have the bucket.
 
         ``run``: per tensor, the buffers holding the running sum (None before the first
-        bucket); ``have``: ``(P,)`` pieces where a running sum exists; ``new``: this
-        bucket's gradient per tensor (0 bytes where ``mask`` is False, the pieces
+        bucket); ``have``: ``(P,)`` micro-batches where a running sum exists; ``new``: this
+        bucket's gradient per tensor (0 bytes where ``mask`` is False, the micro-batches
         without this degree bucket). Where ``mask & have`` each tensor's sum is
         allocated and its old parts freed (tensor by tensor), then the bucket's own
         gradients are freed; where only ``mask`` the bucket's gradient becomes the sum.
@@ -843,7 +843,7 @@ class _Replayer:
 
     def _buckets(self, l: int):
         """``(t, b)`` per nonzero in-degree ``t`` of layer ``l``: ``b`` ``(P,)`` the number
-        of destinations of each piece with that in-degree (0: no such bucket there)."""
+        of destinations of each micro-batch with that in-degree (0: no such bucket there)."""
         counts = self.s.degree_counts[l]
         for j, t in enumerate(self.s.degrees[l].tolist()):
             if t > 0:
@@ -852,15 +852,15 @@ class _Replayer:
     def _bucket_rows(self, l: int) -> np.ndarray:
         """``(P,)`` destinations of layer ``l`` with at least one in-edge (the rows of the
         concatenated bucket results)."""
-        n = np.zeros(self.s.num_pieces)
+        n = np.zeros(self.s.num_micro_batches)
         for _, b in self._buckets(l):
             n = n + b
         return n
 
     def _smallest_buckets(self, l: int) -> list[np.ndarray]:
-        """Per bucket of :meth:`_buckets` (ascending degree), the ``(P,)`` pieces where it
+        """Per bucket of :meth:`_buckets` (ascending degree), the ``(P,)`` micro-batches where it
         is the bucket of smallest degree: the last one the backward pass reaches there."""
-        seen = np.zeros(self.s.num_pieces, dtype=bool)
+        seen = np.zeros(self.s.num_micro_batches, dtype=bool)
         out = []
         for _, b in self._buckets(l):
             out.append((b > 0) & ~seen)
@@ -905,7 +905,7 @@ class _Replayer:
     def _lstm_call_bwd(self, tag, t: int, b, w: int, m, lstm_params, input_grad: bool):
         """The LSTM call's backward node: the ``(t, B, w)`` input gradient, the kernel's
         transient scratch (``lstm_backward_step_words``), one gradient per LSTM
-        parameter (in the pieces ``m`` that have the bucket) and the ``(B, w)``
+        parameter (in the micro-batches ``m`` that have the bucket) and the ``(B, w)``
         gradients of ``h0`` and ``c0`` (dropped: the zero states need none), all in the
         LSTM's dtype but the parameters'. Returns ``(grad input, parameter grads)``; the
         input's gradient is dropped too (None) where ``input_grad`` is False."""
@@ -924,8 +924,8 @@ class _Replayer:
 
     def _settle_summed_grads(self, summed, where) -> None:
         """AccumulateGrad on parameter gradients summed over buckets (``summed`` from
-        :meth:`bucket_sum`) in the pieces ``where`` whose last bucket has been summed:
-        the sum becomes ``.grad`` on a fresh piece (kept), else it is added in place
+        :meth:`bucket_sum`) in the micro-batches ``where`` whose last bucket has been summed:
+        the sum becomes ``.grad`` on a fresh micro-batch (kept), else it is added in place
         into ``.grad`` and freed."""
         for parts in summed:
             for buf in parts:
@@ -1008,20 +1008,20 @@ class _Replayer:
                           w: int, scatter):
         """Backward of the buckets' LSTM calls, largest degree first, from ``gc``, the
         gradient of the concatenated results (released with the last bucket's node of
-        each piece). Per bucket: its node (:meth:`_lstm_call_bwd`), its saved tensors
+        each micro-batch). Per bucket: its node (:meth:`_lstm_call_bwd`), its saved tensors
         released, the parameter gradients summed over the buckets (:meth:`bucket_sum`,
-        then AccumulateGrad after a piece's last bucket); where ``h`` needs a gradient,
+        then AccumulateGrad after a micro-batch's last bucket); where ``h`` needs a gradient,
         the input's gradient cast back to the mailbox's dtype (``self.e``) where the
         LSTM ran in float32, then ``scatter(t, b, m, g_input, index)`` (the backend's
         backward of building the mailbox: releases ``g_input`` and ``index``, returns
-        the ``(P,)`` gradient to sum). Returns the running sum and the pieces that have
+        the ``(P,)`` gradient to sum). Returns the running sum and the micro-batches that have
         one, ``(acc, have_acc)`` (None, all False without ``h_grad``)."""
         tl, in_e, le = self.tl, self.e, self._lstm_elt()
         acc = lstm_grad = None
-        have_acc = have_grad = np.zeros(self.s.num_pieces, dtype=bool)
+        have_acc = have_grad = np.zeros(self.s.num_micro_batches, dtype=bool)
         smallest = self._smallest_buckets(l)
         for (t, b, bufs, index), last in reversed(list(zip(saved, smallest))):
-            m = b > 0  # the pieces that have this bucket
+            m = b > 0  # the micro-batches that have this bucket
             gx, new = self._lstm_call_bwd(tag, t, b, w, m, lstm_params, h_grad)
             tl.free_where(gc, last)  # the results' gradient goes with their last consumer
             tl.release(*bufs)  # the node's saved tensors go before its outputs are summed
@@ -1053,7 +1053,7 @@ class _Replayer:
         Returns ``(kept, release_after_loop)``: the buffers freed when the reduction
         returns, and a callable to run when the loop over the buckets ends, which frees
         the lists only that loop held (degree 0's, and the original IDs of every
-        bucket but the last one of each piece)."""
+        bucket but the last one of each micro-batch)."""
         tl = self.tl
         degrees, counts = self.s.degrees[l].tolist(), self.s.degree_counts[l].T
         order = [tl.alloc(n_dst * INDEX_BYTES, AGG, f"{tag} sorted degrees"),
@@ -1068,8 +1068,8 @@ class _Replayer:
         tl.release(*order, nz)
         nodes = [tl.alloc(b * INDEX_BYTES, AGG, f"{tag} bucket nodes") for b in counts]
         origs = [tl.alloc(b * INDEX_BYTES, AGG, f"{tag} bucket original ids") for b in counts]
-        # the loop variable keeps the largest degree's original IDs of each piece
-        later = np.zeros(self.s.num_pieces, dtype=bool)
+        # the loop variable keeps the largest degree's original IDs of each micro-batch
+        later = np.zeros(self.s.num_micro_batches, dtype=bool)
         largest = []
         for b in counts[::-1]:
             largest.append((b > 0) & ~later)
@@ -1229,7 +1229,7 @@ class _Replayer:
                 if not h_grad:
                     return None
                 acc = tl.merge(*acc[0]) if acc is not None else None
-                if not have_acc.all():  # no in-edges in a piece: no index_put ran there
+                if not have_acc.all():  # no in-edges in a micro-batch: no index_put ran there
                     zeros_h = tl.alloc(np.where(have_acc, 0, n_src * w * in_e), BWD,
                                        f"{tag} grad h (zeros)")
                     acc = zeros_h if acc is None else tl.merge(acc, zeros_h)
@@ -1567,7 +1567,7 @@ class _Replayer:
 
     # ------------------------------------------------------------------ whole step
     def inputs(self) -> tuple[Buffer, Buffer]:
-        """What the step copies to the device for one piece, in its order
+        """What the step copies to the device for one micro-batch, in its order
         (:func:`betty.train.accumulate_gradients`' staging): each layer's block (edge
         index copies, the GCN's source out-degrees, DGL's block structures), the global
         IDs dropout keys on, the input features in the host matrix's dtype, the labels.
@@ -1609,8 +1609,8 @@ class _Replayer:
         L = spec.num_layers
         self.baseline()
         x, labels = self.inputs()
-        if np.any(cfg.next_inputs):  # copy-ahead: the next piece's inputs, live to the end
-            tl.alloc(cfg.next_inputs, NEXT_INPUTS, "next piece's inputs")
+        if np.any(cfg.next_inputs):  # copy-ahead: the next micro-batch's inputs, live to the end
+            tl.alloc(cfg.next_inputs, NEXT_INPUTS, "next micro-batch's inputs")
         f_in = spec.widths[0]
         if self.ce:  # autocast: the features stay in their dtype, the linear layers cast
             self.e = cfg.feat_elt
@@ -1712,25 +1712,25 @@ class _Replayer:
         return tl
 
 
-def _replayer(sizes: PieceSizes, cfg: ReplayConfig) -> _Replayer:
+def _replayer(sizes: MicroBatchSizes, cfg: ReplayConfig) -> _Replayer:
     if len(sizes.n_src) != cfg.model.num_layers:
         raise ValueError(
             f"sizes describe {len(sizes.n_src)} layers but the model has {cfg.model.num_layers}")
     return _Replayer(sizes, cfg)
 
 
-def input_bytes(sizes: PieceSizes, cfg: ReplayConfig) -> np.ndarray:
-    """``(P,)`` bytes of what the step copies to the device for each piece of ``sizes``
+def input_bytes(sizes: MicroBatchSizes, cfg: ReplayConfig) -> np.ndarray:
+    """``(P,)`` bytes of what the step copies to the device for each micro-batch of ``sizes``
     before its forward (:meth:`_Replayer.inputs`: blocks, global IDs, features in the
     host matrix's dtype, labels), each allocation rounded to the backend's granule: the
-    bytes copy-ahead holds beside the piece before it (``StepConfig.next_inputs``)."""
+    bytes copy-ahead holds beside the micro-batch before it (``StepConfig.next_inputs``)."""
     r = _replayer(sizes, cfg)
     r.inputs()
     return r.tl.live.copy()
 
 
-def replay(sizes: PieceSizes, cfg: ReplayConfig, *, record: bool = False) -> Timeline:
-    """Replay one micro-batch per piece of ``sizes``; see the module docstring.
+def replay(sizes: MicroBatchSizes, cfg: ReplayConfig, *, record: bool = False) -> Timeline:
+    """Replay one micro-batch per micro-batch of ``sizes``; see the module docstring.
     ``record``: keep every allocation and free in ``Timeline.log``."""
     r = _replayer(sizes, cfg)
     if record:

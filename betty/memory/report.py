@@ -1,5 +1,5 @@
 """JSON-ready memory reports: of a batch split K ways (:func:`estimate_report`) and of
-a trainer's first split, estimated and measured piece by piece (:func:`split_report`,
+a trainer's first split, estimated and measured micro-batch by micro-batch (:func:`split_report`,
 what ``Trainer.memory_report`` and ``RevTrainer.memory_report`` return and
 ``betty estimate`` prints)."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from betty.batch import SampledBatch
-from betty.memory.estimator import estimate_pieces
+from betty.memory.estimator import estimate_micro_batches
 from betty.memory.ksearch import DEFAULT_SAFETY_MARGIN, search_k
 
 __all__ = ["estimate_report", "split_report"]
@@ -23,7 +23,7 @@ def estimate_report(batch: SampledBatch, model, optimizer="adam", *, k: int | st
                     graph=None, dtype: torch.dtype | None = None, backend: str = "cpu") -> dict:
     """Estimate a batch split ``k`` ways (``k="auto"``: :func:`~betty.memory.ksearch.
     search_k` with ``memory_budget``) and return a JSON-ready dict: ``k``, ``method``,
-    per-piece peaks, the worst piece's breakdown and, for ``auto``, every K tried."""
+    per-micro-batch peaks, the worst micro-batch's breakdown and, for ``auto``, every K tried."""
     if k == "auto":
         if memory_budget is None:
             raise ValueError("k='auto' needs memory_budget (bytes)")
@@ -37,12 +37,12 @@ def estimate_report(batch: SampledBatch, model, optimizer="adam", *, k: int | st
 
     weights = memory_balance_weights(batch, model) if balance == "memory" else None
     part = partition_batch(batch, int(k), method, seed=seed, weights=weights, graph=graph)
-    ests = estimate_pieces(batch, part.groups, part.k, model, optimizer, dtype, backend)
+    ests = estimate_micro_batches(batch, part.groups, part.k, model, optimizer, dtype, backend)
     worst = max(ests, key=lambda e: e.peak)
     out = {"mode": "fixed", "k": part.k, "method": method, "backend": backend,
            "max_estimated_peak_bytes": int(worst.peak),
-           "estimated_peak_bytes_per_piece": [int(e.peak) for e in ests],
-           "worst_piece": worst.to_dict()}
+           "estimated_peak_bytes_per_micro_batch": [int(e.peak) for e in ests],
+           "worst_micro_batch": worst.to_dict()}
     if memory_budget is not None:
         out["memory_budget_bytes"] = int(memory_budget)
         out["fits"] = worst.peak <= memory_budget * (1 - safety_margin)
@@ -55,27 +55,27 @@ def split_report(estimates: Sequence[Any], *, method: str, k: int, backend: str,
     """One split's memory report, JSON-ready (bytes as ints, errors as fractions).
 
     Args:
-        estimates: every piece's estimate, in piece order (``peak`` and ``breakdown``:
+        estimates: every micro-batch's estimate, in micro-batch order (``peak`` and ``breakdown``:
             a :class:`~betty.memory.MemoryEstimate` or a RevGNN part's estimate).
-        method, k, backend: the split's partitioner, its number of pieces and the
+        method, k, backend: the split's partitioner, its number of micro-batches and the
             memory model's constants.
         memory_budget, safety_margin: the plan's (``None``: no budget).
         sizes: further figures of the split, placed after ``backend`` (e.g.
             ``num_outputs``).
-        measured: every piece's measured peak bytes (``None`` for a piece that did not
+        measured: every micro-batch's measured peak bytes (``None`` for a micro-batch that did not
             run); ``None``: not measured.
         search: the K search that chose the split (its ``to_dict()["tried"]``), if any.
 
     Returns:
         ``method``, ``k``, ``backend``, the ``sizes``, ``memory_budget_bytes``,
         ``safety_margin``, ``max_estimated_peak_bytes`` and ``micro_batches``: one row
-        per piece with ``index``, ``estimated_peak_bytes`` and ``components``
+        per micro-batch with ``index``, ``estimated_peak_bytes`` and ``components``
         (``{component: bytes}``, summing to the estimate). With ``measured`` each row
         adds ``measured_peak_bytes`` and ``relative_error`` ((estimated - measured) /
         measured; ``None`` where nothing was measured), and the report
         ``max_measured_peak_bytes`` and ``max_abs_relative_error`` (``None`` when no
-        piece was measured). With ``search``, ``k_tried``: every K tried with its
-        largest estimated piece (as the search's ``to_dict`` gives it).
+        micro-batch was measured). With ``search``, ``k_tried``: every K tried with its
+        largest estimated micro-batch (as the search's ``to_dict`` gives it).
     """
     rows = [{"index": i, "estimated_peak_bytes": int(e.peak),
              "components": {c: int(b) for c, b in e.breakdown.items()}} for i, e in enumerate(estimates)]

@@ -2,10 +2,10 @@
 
 The estimator replays, op by op, the allocations and frees one training micro-batch
 makes (see :mod:`betty.memory.replay`), without running anything. Every buffer size is
-a vector ``(P,)`` of byte counts, one entry per micro-batch ("piece"), so a whole
+a vector ``(P,)`` of byte counts, one entry per micro-batch ("micro-batch"), so a whole
 K-way split is estimated with one replay of numpy vector operations.
 
-Live bytes after event ``t`` (per piece) are
+Live bytes after event ``t`` (per micro-batch) are
 
     live(t) = baseline + Σ_{buffers b allocated at or before t, not yet freed} size(b)
 
@@ -16,8 +16,8 @@ holder (autograd saving it for backward, a DGL frame keeping it until its scope 
 :meth:`Timeline.release` drops one and frees the buffer when none is left.
 
 Every buffer belongs to a *component* (``"features"``, ``"activations"``, ...);
-:meth:`Timeline.breakdown` gives, per piece, the live bytes of each component at the
-moment that piece reached its peak (the components sum to the peak), and
+:meth:`Timeline.breakdown` gives, per micro-batch, the live bytes of each component at the
+moment that micro-batch reached its peak (the components sum to the peak), and
 :meth:`Timeline.peak_event` names the event at which it was reached.
 
 An optional ``granule`` rounds every allocation up to a multiple of that many bytes
@@ -32,7 +32,7 @@ __all__ = ["Timeline", "Buffer"]
 
 
 class Buffer:
-    """One symbolic tensor storage: per-piece sizes, component and holder count."""
+    """One symbolic tensor storage: per-micro-batch sizes, component and holder count."""
 
     __slots__ = ("size", "component", "name", "holders")
 
@@ -47,21 +47,21 @@ class Buffer:
 
 
 class Timeline:
-    """Running live/peak bytes of ``num_pieces`` replays done in lock-step.
+    """Running live/peak bytes of ``num_micro_batches`` replays done in lock-step.
 
     Args:
-        num_pieces: P, the number of micro-batches replayed together.
+        num_micro_batches: P, the number of micro-batches replayed together.
         granule: round each allocation up to a multiple of this many bytes (1: exact).
     """
 
-    def __init__(self, num_pieces: int, granule: int = 1) -> None:
-        self.num_pieces = int(num_pieces)
+    def __init__(self, num_micro_batches: int, granule: int = 1) -> None:
+        self.num_micro_batches = int(num_micro_batches)
         self.granule = int(granule)
-        self.live = np.zeros(self.num_pieces)
-        self.peak = np.zeros(self.num_pieces)
+        self.live = np.zeros(self.num_micro_batches)
+        self.peak = np.zeros(self.num_micro_batches)
         self._by_component: dict[str, np.ndarray] = {}
         self._peak_by_component: dict[str, np.ndarray] = {}
-        self._peak_event = np.zeros(self.num_pieces, dtype=np.int64)
+        self._peak_event = np.zeros(self.num_micro_batches, dtype=np.int64)
         self._event_names: list[str] = ["start"]
         self.phase = "start"
         self.log: list[tuple[str, str, str, np.ndarray]] | None = None
@@ -70,7 +70,7 @@ class Timeline:
 
     # ------------------------------------------------------------------ sizes
     def _size(self, nbytes) -> np.ndarray:
-        size = np.broadcast_to(np.asarray(nbytes, dtype=np.float64), (self.num_pieces,))
+        size = np.broadcast_to(np.asarray(nbytes, dtype=np.float64), (self.num_micro_batches,))
         size = np.maximum(size, 0.0)
         if self.granule > 1:
             size = np.ceil(size / self.granule) * self.granule
@@ -80,9 +80,9 @@ class Timeline:
     def _component(self, name: str) -> np.ndarray:
         arr = self._by_component.get(name)
         if arr is None:
-            arr = np.zeros(self.num_pieces)
+            arr = np.zeros(self.num_micro_batches)
             self._by_component[name] = arr
-            self._peak_by_component[name] = np.zeros(self.num_pieces)
+            self._peak_by_component[name] = np.zeros(self.num_micro_batches)
         return arr
 
     def _note(self, label: str) -> None:
@@ -138,10 +138,10 @@ class Timeline:
                     self.log.append(("free", buf.name, buf.component, buf.size))
 
     def release_where(self, buf: Buffer, mask) -> None:
-        """Free ``buf`` only in the pieces where ``mask`` is True; elsewhere it stays
+        """Free ``buf`` only in the micro-batches where ``mask`` is True; elsewhere it stays
         alive for the rest of the region (e.g. a gradient that becomes ``.grad`` in the
-        first piece and is accumulated in place and freed in the others)."""
-        mask = np.broadcast_to(np.asarray(mask, dtype=bool), (self.num_pieces,))
+        first micro-batch and is accumulated in place and freed in the others)."""
+        mask = np.broadcast_to(np.asarray(mask, dtype=bool), (self.num_micro_batches,))
         freed = np.where(mask, buf.size, 0.0)
         self._by_component[buf.component][:] -= freed
         self.live -= freed
@@ -149,9 +149,9 @@ class Timeline:
         buf.holders = 0
 
     def free_where(self, buf: Buffer, mask) -> None:
-        """Free ``buf``'s bytes in the pieces where ``mask`` is True; it stays held
-        (and alive) in the others (a tensor that exists in some pieces only)."""
-        mask = np.broadcast_to(np.asarray(mask, dtype=bool), (self.num_pieces,))
+        """Free ``buf``'s bytes in the micro-batches where ``mask`` is True; it stays held
+        (and alive) in the others (a tensor that exists in some micro-batches only)."""
+        mask = np.broadcast_to(np.asarray(mask, dtype=bool), (self.num_micro_batches,))
         freed = np.where(mask, buf.size, 0.0)
         self._by_component[buf.component][:] -= freed
         self.live -= freed
@@ -159,7 +159,7 @@ class Timeline:
 
     def merge(self, *bufs: Buffer) -> Buffer:
         """One buffer standing for ``bufs`` (same component; each held once), e.g. the
-        per-piece parts of one tensor; live bytes do not change."""
+        per-micro-batch parts of one tensor; live bytes do not change."""
         out = Buffer(sum(b.size for b in bufs), bufs[0].component, bufs[0].name)
         for b in bufs:
             if b.holders != 1 or b.component != out.component:
@@ -169,14 +169,14 @@ class Timeline:
 
     # ------------------------------------------------------------------ results
     def breakdown(self) -> list[dict[str, int]]:
-        """Per piece, live bytes of every component at that piece's peak."""
+        """Per micro-batch, live bytes of every component at that micro-batch's peak."""
         comps = sorted(self._peak_by_component)
         return [
             {c: int(round(self._peak_by_component[c][p])) for c in comps
              if self._peak_by_component[c][p] != 0}
-            for p in range(self.num_pieces)
+            for p in range(self.num_micro_batches)
         ]
 
     def peak_event(self) -> list[str]:
-        """Per piece, the phase and op at which its peak was reached."""
+        """Per micro-batch, the phase and op at which its peak was reached."""
         return [self._event_names[i] for i in self._peak_event]

@@ -12,11 +12,11 @@ them counts the node twice). The degrees include that self-loop:
 
 * ``d̃_v^in = |N(v)| + 1``: v's sampled in-degree in the block, plus one. A destination
   keeps all its sampled in-edges in every micro-batch, so this is the same in every
-  piece as in the full batch.
+  micro-batch as in the full batch.
 * ``d̃_u^out = deg_out(u) + 1``: u's out-degree **in the whole graph**, plus one,
   recorded by the sampler (:attr:`betty.batch.LayerEdges.src_out_degree`) and carried
   with the block. A source's out-degree *inside* a block depends on which destinations
-  the block holds (a carved piece holds fewer), so DGL's per-block ``GraphConv`` would
+  the block holds (a carved micro-batch holds fewer), so DGL's per-block ``GraphConv`` would
   normalise a node differently in each micro-batch; the graph's degree does not.
 
 With every neighbour sampled (fanout ``-1``) ``|N(v)| = deg_in(v)``, so a layer is

@@ -1,12 +1,12 @@
 """Balance helpers shared by the graph partitioners: integer vertex weights and the
-deterministic repair of empty pieces."""
+deterministic repair of empty micro-batches."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-__all__ = ["integer_vertex_weights", "fill_empty_pieces", "DEFAULT_MAX_VERTEX_WEIGHT"]
+__all__ = ["integer_vertex_weights", "fill_empty_micro_batches", "DEFAULT_MAX_VERTEX_WEIGHT"]
 
 #: Largest integer vertex weight handed to a partitioner (the heaviest output gets it).
 DEFAULT_MAX_VERTEX_WEIGHT = 10_000
@@ -46,10 +46,10 @@ def integer_vertex_weights(
     return np.maximum(1, np.rint(w / top * scale)).astype(np.int32)
 
 
-def fill_empty_pieces(groups, k: int) -> tuple[torch.Tensor, int]:
-    """Make every one of the ``k`` pieces non-empty, deterministically.
+def fill_empty_micro_batches(groups, k: int) -> tuple[torch.Tensor, int]:
+    """Make every one of the ``k`` micro-batches non-empty, deterministically.
 
-    For each empty piece in increasing order, the currently largest piece (lowest index
+    For each empty micro-batch in increasing order, the currently largest micro-batch (lowest index
     on ties) gives up its output with the highest position. Needs ``k <= n_out``.
 
     Returns:
@@ -58,10 +58,10 @@ def fill_empty_pieces(groups, k: int) -> tuple[torch.Tensor, int]:
     g = torch.as_tensor(np.asarray(groups), dtype=torch.int64).clone()
     sizes = torch.bincount(g, minlength=k)
     empty = torch.nonzero(sizes == 0).flatten().tolist()
-    for piece in empty:  # at most k iterations, each O(n_out) vectorized
+    for micro_batch in empty:  # at most k iterations, each O(n_out) vectorized
         donor = int(torch.argmax(sizes))
         node = int(torch.nonzero(g == donor).flatten()[-1])
-        g[node] = piece
+        g[node] = micro_batch
         sizes[donor] -= 1
-        sizes[piece] += 1
+        sizes[micro_batch] += 1
     return g, len(empty)

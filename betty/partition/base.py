@@ -27,9 +27,9 @@ class PartitionResult:
     """A K-way split of a batch's output nodes.
 
     Attributes:
-        groups: ``(n_out,)`` int64 piece index of each output node, in the order of
+        groups: ``(n_out,)`` int64 micro-batch index of each output node, in the order of
             ``batch.output_nid``.
-        k: number of pieces.
+        k: number of micro-batches.
         method: the partitioner's registry name.
         time_build_s: seconds spent building the graph/hypergraph the partitioner cuts.
         time_partition_s: seconds spent in the partitioner itself.
@@ -76,11 +76,11 @@ def partition_batch(
     graph=None,
     options: Mapping[str, Any] | None = None,
 ) -> PartitionResult:
-    """Split ``batch``'s output nodes into ``k`` non-empty pieces with ``method``.
+    """Split ``batch``'s output nodes into ``k`` non-empty micro-batches with ``method``.
 
     Args:
         batch: the full sampled batch.
-        k: number of pieces, ``1 <= k <= batch.num_outputs``.
+        k: number of micro-batches, ``1 <= k <= batch.num_outputs``.
         method: a key of :data:`PARTITIONERS`.
         seed: seed for randomized methods.
         weights: optional ``(n_out,)`` non-negative vertex weights to balance

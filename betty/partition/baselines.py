@@ -14,18 +14,18 @@ def _balanced_cuts(order: torch.Tensor, k: int, weights: torch.Tensor | None) ->
     """Assign ``order``'s ``n`` nodes to ``k <= n`` contiguous, non-empty runs of (about)
     equal total weight.
 
-    Unweighted: node at position ``i`` goes to piece ``floor(i k / n)`` (sizes differ by
+    Unweighted: node at position ``i`` goes to micro-batch ``floor(i k / n)`` (sizes differ by
     at most one). Weighted (``w`` in ``order``): with the weight midpoints
-    ``m_i = Σ_{i' < i} w_{i'} + w_i / 2`` and ``W = Σ w``, piece ``j`` ideally starts at
+    ``m_i = Σ_{i' < i} w_{i'} + w_i / 2`` and ``W = Σ w``, micro-batch ``j`` ideally starts at
     ``b_j = #{i : m_i k / W < j}`` (``j = 1..k-1``). A heavy node can make two ``b_j``
-    coincide (an empty piece), so the starts are repaired to the nearest strictly
+    coincide (an empty micro-batch), so the starts are repaired to the nearest strictly
     increasing sequence with ``j <= b_j <= n - k + j``: ``c_j = b_j - j`` clamped to
     ``[0, n - k]`` and made non-decreasing (running maximum), ``b_j = c_j + j``. Every
-    piece then has at least one node; ideal starts that are already strictly increasing
+    micro-batch then has at least one node; ideal starts that are already strictly increasing
     and within bounds are kept as they are.
 
     Returns:
-        ``(n,)`` int64 piece of each node (indexed like ``order``'s values).
+        ``(n,)`` int64 micro-batch of each node (indexed like ``order``'s values).
     """
     n = order.numel()
     groups = torch.empty(n, dtype=torch.int64)
@@ -42,8 +42,8 @@ def _balanced_cuts(order: torch.Tensor, k: int, weights: torch.Tensor | None) ->
     shifted = torch.clamp(starts - j, 0, n - k)
     if k > 1:
         starts = torch.cummax(shifted, 0).values + j
-    piece = torch.searchsorted(starts, torch.arange(n, dtype=torch.int64), right=True)
-    groups[order] = piece
+    micro_batch = torch.searchsorted(starts, torch.arange(n, dtype=torch.int64), right=True)
+    groups[order] = micro_batch
     return groups
 
 

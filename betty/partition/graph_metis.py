@@ -10,7 +10,7 @@ an in-edge of one of them), so the cost is O(Σ in-degree of the outputs), not O
 Global -> local mapping: a dense ``(num_nodes,)`` array ``pos`` with ``pos[o[a]] = a``
 and ``-1`` elsewhere; both endpoints go through it (Betty's artifact mapped only one
 side, which made this baseline a random split). Outputs with no neighbour among the
-outputs are isolated vertices; METIS still places them to balance the pieces.
+outputs are isolated vertices; METIS still places them to balance the micro-batches.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 from betty.batch import SampledBatch
 from betty.graph import as_graph
-from betty.partition.balance import fill_empty_pieces, integer_vertex_weights
+from betty.partition.balance import fill_empty_micro_batches, integer_vertex_weights
 from betty.partition.base import PartitionResult, register
 from betty.partition.metis_cut import metis_cut, symmetric_simple
 from betty.sampling import sample_neighbors
@@ -77,7 +77,7 @@ def metis_partition(
     built = time.perf_counter()
     groups, cut = metis_cut(adj, k, vweights=vweights, use_edge_weights=False, seed=seed)
     done = time.perf_counter()
-    groups, moved = fill_empty_pieces(groups, k)
+    groups, moved = fill_empty_micro_batches(groups, k)
     info = {
         "edge_cut": cut,
         "induced_edges": int(adj.nnz // 2),

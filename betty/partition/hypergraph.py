@@ -3,9 +3,9 @@
 Model. Vertices are the ``n_out`` output nodes. Each layer-0 input node ``i`` is a
 hyperedge ``e_i = {j : P_0[i, j] = 1}`` over the outputs whose sampled L-hop
 neighbourhood contains it (:func:`~betty.partition.incidence.multi_hop_incidence`). A
-K-way split loads input ``i`` once per piece its hyperedge touches, ``λ(e_i)`` times, so
+K-way split loads input ``i`` once per micro-batch its hyperedge touches, ``λ(e_i)`` times, so
 
-    Σ_k |inputs of piece k| = Σ_i λ(e_i) = n_in + Σ_i (λ(e_i) - 1) = n_in + km1,
+    Σ_k |inputs of micro-batch k| = Σ_i λ(e_i) = n_in + Σ_i (λ(e_i) - 1) = n_in + km1,
 
 i.e. the connectivity-minus-one objective (km1) with unit hyperedge weights is exactly
 the number of redundant input-feature loads, and ``redundancy = 1 + km1 / n_in``.
@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from betty.batch import SampledBatch
-from betty.partition.balance import fill_empty_pieces, integer_vertex_weights
+from betty.partition.balance import fill_empty_micro_batches, integer_vertex_weights
 from betty.partition.base import PartitionResult, register
 from betty.partition.incidence import multi_hop_incidence
 
@@ -161,7 +161,7 @@ def hypergraph_partition(
             (runs in this process).
 
     ``info`` holds ``km1`` (as reported by Mt-KaHyPar; equals
-    ``Σ_k |inputs of piece k| - n_in`` before any empty-piece repair),
+    ``Σ_k |inputs of micro-batch k| - n_in`` before any empty-micro-batch repair),
     ``hyperedges`` and ``pins`` (after dropping size-1 hyperedges), ``preset``,
     ``threads``; after a fallback, ``reg``'s info plus ``fallback_from`` and
     ``fallback_reason``.
@@ -210,7 +210,7 @@ def hypergraph_partition(
     part, km1 = out
     groups = part[perm]
     done = time.perf_counter()
-    groups, moved = fill_empty_pieces(groups, k)
+    groups, moved = fill_empty_micro_batches(groups, k)
     info = {
         "km1": km1,
         "hyperedges": int(shared.shape[0]),

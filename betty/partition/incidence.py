@@ -20,7 +20,7 @@ layer, its own row (DGL's prefix convention) and the rows of its sampled in-neig
   in edge order. Built from the edge list in O(E) with no sort; entries repeated by
   parallel edges or a self-loop are kept (a product followed by :func:`booleanize`
   counts them once). Products that read a layer from its destinations' side
-  (:func:`betty.partition.membership.piece_membership`) use it instead of ``A_l``.
+  (:func:`betty.partition.membership.micro_batch_membership`) use it instead of ``A_l``.
 
 All products are scipy CSR products, boolean-ized after each step (entries stay 1), so
 the cost is the number of (edge, reachable output) pairs, never a dense matrix.

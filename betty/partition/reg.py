@@ -7,7 +7,7 @@ source ``s``. The REG is
     C = Bᵀ B  with its diagonal removed,   C[i, j] = |sources(i) ∩ sources(j)|,
 
 the number of sources outputs ``i`` and ``j`` share: putting ``i`` and ``j`` in
-different pieces loads each of them twice. It is built over the outputs only
+different micro-batches loads each of them twice. It is built over the outputs only
 (``n_out × n_out``), never as the ``n_src × n_src`` product.
 
 Methods registered here:
@@ -33,7 +33,7 @@ dominate memory. Sources with ``d_s <= max_hub_degree`` contribute their exact c
 (through one sparse product); a *hub* source (``d_s > max_hub_degree``) instead links
 its outputs in a ring: in a seeded random order, each output is joined to the next
 ``hub_links`` outputs (circularly), weight 1 per link. The ring keeps all of a hub's
-outputs connected (cutting it costs at least 2 links per extra piece it spans) while
+outputs connected (cutting it costs at least 2 links per extra micro-batch it spans) while
 adding ``2 · hub_links · d_s`` ordered pairs instead of ``d_s(d_s - 1)``. So the pairs
 built are at most ``nnz(B) · max(max_hub_degree, 2 · hub_links)``.
 """
@@ -47,7 +47,7 @@ import scipy.sparse as sp
 
 from betty.batch import SampledBatch
 from betty.catalog import DEFAULT_REG_PARTITIONER, REG_PARTITIONERS
-from betty.partition.balance import fill_empty_pieces, integer_vertex_weights
+from betty.partition.balance import fill_empty_micro_batches, integer_vertex_weights
 from betty.partition.base import PartitionResult, register
 from betty.partition.incidence import (
     index_dtype,
@@ -321,7 +321,7 @@ def _cut_reg(
     else:
         groups, cut = metis_cut(reg, k, vweights=vweights, use_edge_weights=weighted, seed=seed)
     done = time.perf_counter()
-    groups, moved = fill_empty_pieces(groups, k)
+    groups, moved = fill_empty_micro_batches(groups, k)
     info = dict(stats, edge_cut=cut, moved_to_empty=moved, max_hub_degree=max_hub_degree,
                 hub_links=hub_links, partitioner=partitioner, cut_threads=threads)
     return PartitionResult(groups, k, method, built - start, done - built, info)

@@ -2,7 +2,7 @@
 (:func:`measure_batch_split`) and every partition method at every K (:func:`sweep_batch`).
 
 Both report the figures of :func:`betty.partition.split_metrics`: with ``I_k`` the
-layer-0 input nodes of piece ``k`` and ``I`` those of the whole batch,
+layer-0 input nodes of micro-batch ``k`` and ``I`` those of the whole batch,
 
     redundancy = Σ_k |I_k| / |I|   (>= 1),      imbalance = max_k |I_k| / mean_k |I_k|.
 
@@ -34,7 +34,7 @@ OnSkip = Callable[[str, str], None]
 
 #: The keys of a :func:`sweep_batch` row, in table order (``error`` only on a failed row).
 SWEEP_COLUMNS = ("method", "k", "redundancy", "imbalance", "time_build_s", "time_partition_s",
-                 "max_inputs_per_piece", "error")
+                 "max_inputs_per_micro_batch", "error")
 
 
 @dataclass
@@ -46,19 +46,20 @@ class Split:
         report: the figures by name (``method``, ``k``, ``imbalance``, the timers,
             ``peak_mem_estimated_bytes`` when estimated, and the engine's own); a
             ``<name>_per_layer`` value is a list with one figure per layer.
-        rows: one dict per piece, its index (key ``piece``) first, then its sizes
-            (``num_*``) and ``estimated_bytes`` (``None`` when not estimated).
-        piece: what a piece is: ``"micro"`` (a micro-batch) or ``"part"`` (a RevGNN
-            cluster part).
+        rows: one dict per micro-batch, its index first (key :attr:`micro_batch_key`),
+            then its sizes (``num_*``) and ``estimated_bytes`` (``None`` when not
+            estimated).
+        micro_batch_key: the index's key in ``rows``: ``"micro"`` (a sampled
+            micro-batch) or ``"part"`` (a RevGNN cluster part).
         arrays: the split itself, as numpy arrays (sampled batch: ``outputs`` ``(n_out,)``
-            output node IDs and ``groups`` ``(n_out,)`` their pieces; clusters: ``part``
+            output node IDs and ``groups`` ``(n_out,)`` their micro-batches; clusters: ``part``
             ``(N,)``, the part of every node).
         summary: a one-line summary.
     """
 
     report: dict
     rows: list[dict]
-    piece: str
+    micro_batch_key: str
     arrays: dict[str, np.ndarray]
     summary: str
 
@@ -85,12 +86,12 @@ def measure_batch_split(trainer, batch) -> Split:
             output nodes.
 
     Returns:
-        A :class:`Split` with ``piece="micro"``. ``report``: ``method``, ``k``,
+        A :class:`Split` with ``micro_batch_key="micro"``. ``report``: ``method``, ``k``,
         ``redundancy``, ``redundancy_per_layer`` (L floats), ``imbalance``,
         ``time_build_s``, ``time_partition_s``, ``time_block_s`` (carving the K
         micro-batches); ``fallback_from`` / ``fallback_reason`` when a time-limited
         partitioner fell back; ``time_ksearch_s`` with ``k="auto"``;
-        ``peak_mem_estimated_bytes`` (the largest piece's) when the trainer estimates.
+        ``peak_mem_estimated_bytes`` (the largest micro-batch's) when the trainer estimates.
         ``rows``: K dicts ``micro``, ``num_outputs``, ``num_inputs`` (layer 0),
         ``num_edges`` (all layers), ``estimated_bytes``.
     """
@@ -239,7 +240,7 @@ def sweep_batch(batch, ks: Sequence[int], methods: Sequence[str] | None = None, 
     Returns:
         ``(rows, skipped)`` as :func:`sweep_grid`; a row's figures (:data:`SWEEP_COLUMNS`):
         ``redundancy``, ``imbalance``, ``time_build_s``, ``time_partition_s`` and
-        ``max_inputs_per_piece`` (max_k |I_k|), or ``error`` when the method failed.
+        ``max_inputs_per_micro_batch`` (max_k |I_k|), or ``error`` when the method failed.
     """
 
     def measure(method: str, k: int) -> dict:
@@ -247,7 +248,7 @@ def sweep_batch(batch, ks: Sequence[int], methods: Sequence[str] | None = None, 
         stats = split_metrics(batch, result.groups, k)
         return {"redundancy": stats["redundancy"], "imbalance": stats["imbalance"],
                 "time_build_s": result.time_build_s, "time_partition_s": result.time_partition_s,
-                "max_inputs_per_piece": max(stats["input_nodes_per_piece"])}
+                "max_inputs_per_micro_batch": max(stats["input_nodes_per_micro_batch"])}
 
     ks = sorted({int(k) for k in ks if int(k) <= batch.num_outputs})
     return sweep_grid(sorted(PARTITIONERS) if methods is None else list(methods), ks, measure,

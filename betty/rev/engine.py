@@ -54,8 +54,8 @@ from betty.catalog import CLUSTER_METHODS
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.records import IdleTime, epoch_metrics, estimate_error
 from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes
-from betty.train import (PieceForward, accumulate_pieces, count_correct, largest_peak,
-                         locate_non_finite, node_loss_sum, step_over_pieces)
+from betty.train import (MicroBatchForward, accumulate_micro_batches, count_correct, largest_peak,
+                         locate_non_finite, node_loss_sum, step_over_micro_batches)
 
 __all__ = [
     "CLUSTER_METHODS",
@@ -179,8 +179,8 @@ class RevEpochRecord(IdleTime):
 
     #: What one of :meth:`rows` describes (a RevGNN cluster part), the key naming it in a
     #: row, the memory table's name, and a row's columns.
-    PIECE = "part"
-    PIECE_KEY = "part"
+    MICRO_BATCH_NAME = "part"
+    MICRO_BATCH_KEY = "part"
     ROWS_TABLE = "memory_per_part"
     ROW_COLUMNS = ("epoch", "part", "num_nodes", "num_edges", "num_train", "skipped",
                    "peak_bytes", "estimated_bytes", "time_compute_s", "loss")
@@ -266,7 +266,7 @@ def backward_parts(
     model_kwargs: Optional[dict[str, Any]] = None,
 ) -> tuple[list[PartRecord], float]:
     """Forward and backward of every part with training nodes, accumulating into
-    ``.grad`` (no zeroing, no optimizer step): :func:`betty.train.accumulate_pieces`
+    ``.grad`` (no zeroing, no optimizer step): :func:`betty.train.accumulate_micro_batches`
     with this engine's forward of one part.
 
     Args:
@@ -311,7 +311,7 @@ def backward_parts(
         local_train = train_mask[ids].to(device)
         return count_correct(out.detach()[local_train], label[ids].to(device)[local_train], multilabel)
 
-    def forward(part: GraphPart) -> PieceForward:
+    def forward(part: GraphPart) -> MicroBatchForward:
         ids = part.node_ids.to(feat.device)
         local_train = train_mask[ids].to(device)
         x = feat[ids].to(device)
@@ -326,13 +326,13 @@ def backward_parts(
         loss_sum = (loss_fn(out[local_train], target) if loss_fn is not None
                     else node_loss_sum(out[local_train], target, multilabel))
         del target, local_train  # not held through the backward: counted again after it
-        return PieceForward(
+        return MicroBatchForward(
             loss_sum=loss_sum,
             count_correct=lambda: correct_of(out, ids),
             keep=(ids, x, kwargs),
             release=mask_fn.clear if mask_fn is not None and hasattr(mask_fn, "clear") else None)
 
-    runs = accumulate_pieces(running, forward, n_train, meter=meter,
+    runs = accumulate_micro_batches(running, forward, n_train, meter=meter,
                              last_index=running[-1][0] if running else None, after_last=after_last)
     for run in runs:
         rec = records[run.index]
@@ -355,7 +355,7 @@ def train_step_parts(
 ) -> RevStepResult:
     """One optimizer step with the gradients accumulated over the parts: ``zero_grad``
     -> :func:`backward_parts` -> one ``optimizer.step()`` (inside the last part's meter
-    region): :func:`betty.train.step_over_pieces`.
+    region): :func:`betty.train.step_over_micro_batches`.
 
     For part ``P`` with training nodes ``T_P`` (``T`` = all training nodes):
 
@@ -391,7 +391,7 @@ def train_step_parts(
                                           **kwargs)
         return records, sum(r.loss for r in records), correct
 
-    records, loss, correct = step_over_pieces(model, optimizer, run, parallel=parallel,
+    records, loss, correct = step_over_micro_batches(model, optimizer, run, parallel=parallel,
                                               costs=costs, step_in_last_region=True)
     return RevStepResult(loss=loss, train_acc=correct / int(train_mask.sum()), parts=records)
 
@@ -641,7 +641,8 @@ class RevTrainer:
         start = time.perf_counter()
         parts, estimates, fresh = self.split(epoch)
         if estimates and self.plan.k != "auto" and self.plan.memory_budget is not None:
-            check_fixed_k(estimates, len(parts), self.plan.memory_budget, self.plan.safety_margin, piece="part")
+            check_fixed_k(estimates, len(parts), self.plan.memory_budget, self.plan.safety_margin,
+                          micro_batch_name="part")
         return parts, estimates, fresh, time.perf_counter() - start
 
     def epochs(self, epochs: Iterable[int],
@@ -677,7 +678,7 @@ class RevTrainer:
         parts, estimates, fresh, t_split = prepared
         ds = self.dataset
         had_state = bool(self.optimizer.state)
-        with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, piece_name="part"):
+        with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, micro_batch_name="part"):
             step_kwargs = dict(multilabel=ds.multilabel, device=self.device, dtype=self.dtype,
                                mask_factory=self.mask_factory(epoch), meter=self.meter)
             step = train_step_parts(self.model, self.optimizer, parts, ds.feat, ds.label,

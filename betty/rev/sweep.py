@@ -58,7 +58,7 @@ def measure_cluster_split(trainer) -> Split:
         trainer: a :class:`betty.rev.engine.RevTrainer` over a graph of ``N`` nodes.
 
     Returns:
-        A :class:`~betty.partition.sweep.Split` with ``piece="part"``. ``report``:
+        A :class:`~betty.partition.sweep.Split` with ``micro_batch_key="part"``. ``report``:
         ``method``, ``k`` (P, the parts made), ``part_nodes``, ``part_edges``,
         ``part_train`` (P ints each: nodes, edges, training nodes), ``edges_kept_fraction``,
         ``edges_dropped_fraction``, ``imbalance``, ``time_partition_s``,

@@ -35,4 +35,4 @@ class PlainUsageCommand(TyperCommand):
     [OPTIONS] SPEC``), not in the braces this Typer puts around them (``{SPEC}``)."""
 
     def collect_usage_pieces(self, ctx) -> list[str]:
-        return [re.sub(r"^\{([^{}]*)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+        return [re.sub(r"^\{([^{}]*)\}", r"\1", part) for part in super().collect_usage_pieces(ctx)]

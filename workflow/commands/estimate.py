@@ -1,4 +1,4 @@
-"""``betty estimate SPEC [--k K] [--measure] [--pieces]``: the memory model's view of a batch."""
+"""``betty estimate SPEC [--k K] [--measure] [--micro-batches]``: the memory model's view of a batch."""
 
 from __future__ import annotations
 
@@ -28,13 +28,14 @@ def estimate(spec: SpecArg,
              k: Annotated[Optional[str], typer.Option("--k", help="Micro-batches, an integer or 'auto' (default: the spec's).")] = None,
              measure: Annotated[bool, typer.Option("--measure", help="Also run forward+backward of every micro-batch once and report the measured peak and the relative error.")] = False,
              set_: SetOpt = None, json_: JsonOpt = False,
-             pieces: Annotated[bool, typer.Option("--pieces", help="Also print one line per micro-batch (revgnn: per part).")] = False) -> None:
+             micro_batches: Annotated[bool, typer.Option("--micro-batches", help="Also print one line per micro-batch (revgnn: per part).")] = False) -> None:
     """Estimate the peak memory of every micro-batch of the spec's first sampled batch
     (revgnn: of every cluster part), per component, before running anything (k: auto
     searches K for the spec's memory_budget). With --measure, train one step to reach the
     optimizer's steady state, then measure every micro-batch once with the memory meter
-    (revgnn: a second, measured step); the trainer's memory_report does both. Prints a summary (budget, the Ks tried, the chosen K, the largest piece); --pieces adds
-    one line per piece, --json gives everything."""
+    (revgnn: a second, measured step); the trainer's memory_report does both. Prints a
+    summary (budget, the Ks tried, the chosen K, the largest micro-batch);
+    --micro-batches adds one line per micro-batch, --json gives everything."""
     from workflow.components import load_data, make_trainer, resolve_device
 
     overrides = list(set_ or [])
@@ -49,8 +50,8 @@ def estimate(spec: SpecArg,
         return
     for line in summary_lines(out):
         typer.echo(line)
-    if pieces:
-        for line in piece_lines(out):
+    if micro_batches:
+        for line in micro_batch_lines(out):
             typer.echo(line)
 
 
@@ -66,8 +67,8 @@ def _tried_pairs(tried) -> list[tuple[int, int]]:
 
 
 def summary_lines(out: dict) -> list[str]:
-    """What ``betty estimate`` prints without ``--pieces``: method and K, the budget and
-    how the K search went, the largest piece (measured too with ``--measure``) and its
+    """What ``betty estimate`` prints without ``--micro-batches``: method and K, the budget and
+    how the K search went, the largest micro-batch (measured too with ``--measure``) and its
     components."""
     lines = [f"{out['spec']}: {out['method']} K={out['k']} ({out['backend']} constants)"]
     budget = out.get("memory_budget_bytes")
@@ -81,25 +82,25 @@ def summary_lines(out: dict) -> list[str]:
     lines.append(line)
     rows = out["micro_batches"]
     worst = max(rows, key=lambda r: r["estimated_peak_bytes"])
-    line = f"  largest piece: {worst['index']} of {len(rows)}, estimated {_mib(worst['estimated_peak_bytes'])}"
+    line = f"  largest micro-batch: {worst['index']} of {len(rows)}, estimated {_mib(worst['estimated_peak_bytes'])}"
     if worst.get("measured_peak_bytes"):
         line += f", measured {_mib(worst['measured_peak_bytes'])} ({100 * worst['relative_error']:+.2f}%)"
     if out.get("max_abs_relative_error") is not None:
-        line += f"; worst error over pieces {100 * out['max_abs_relative_error']:.2f}%"
+        line += f"; worst error over micro-batches {100 * out['max_abs_relative_error']:.2f}%"
     lines.append(line)
     parts = ", ".join(f"{c} {b / 2**20:.1f}" for c, b in
                       sorted(worst["components"].items(), key=lambda kv: -kv[1]) if b)
-    lines.append(f"  largest piece by component (MiB): {parts}")
+    lines.append(f"  largest micro-batch by component (MiB): {parts}")
     if len(rows) > 1:
-        lines.append(f"  (--pieces lists all {len(rows)} pieces)")
+        lines.append(f"  (--micro-batches lists all {len(rows)} micro-batches)")
     return lines
 
 
-def piece_lines(out: dict) -> list[str]:
-    """One line per piece: estimated peak (and measured peak and error with ``--measure``)."""
+def micro_batch_lines(out: dict) -> list[str]:
+    """One line per micro-batch: estimated peak (and measured peak and error with ``--measure``)."""
     lines = []
     for row in out["micro_batches"]:
-        line = f"  piece {row['index']:<3} estimated {row['estimated_peak_bytes'] / 2**20:10.2f} MiB"
+        line = f"  micro-batch {row['index']:<3} estimated {row['estimated_peak_bytes'] / 2**20:10.2f} MiB"
         if row.get("measured_peak_bytes"):
             line += (f"  measured {row['measured_peak_bytes'] / 2**20:10.2f} MiB"
                      f"  error {100 * row['relative_error']:+.2f}%")

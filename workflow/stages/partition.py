@@ -30,7 +30,7 @@ from workflow.stages.base import StageContext
 __all__ = ["run"]
 
 TABLES = {"micro": "microbatches", "part": "parts"}
-"""The CSV of a split's rows, by its kind of piece."""
+"""The CSV of a split's rows, by its kind of micro-batch."""
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,9 @@ def run(ctx: StageContext) -> dict[str, float]:
         split = measure_batch_split(trainer, batch)  # exactly the first epoch's split
     log_metrics(split.metrics())
     for i, row in enumerate(split.rows):
-        log_metrics({f"{split.piece}_{key.removeprefix('num_')}": value for key, value in row.items()
-                     if key != split.piece}, step=i)
-    log_artifact(write_csv(ctx.workdir / f"{TABLES[split.piece]}.csv", split.rows))
+        log_metrics({f"{split.micro_batch_key}_{key.removeprefix('num_')}": value for key, value in row.items()
+                     if key != split.micro_batch_key}, step=i)
+    log_artifact(write_csv(ctx.workdir / f"{TABLES[split.micro_batch_key]}.csv", split.rows))
     path = ctx.workdir / "partition.npz"
     np.savez_compressed(path, **split.arrays)
     log_artifact(path)

@@ -100,7 +100,7 @@ def _log_model_and_last_epoch(ctx: StageContext, model, last: dict) -> None:
 
 
 def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict], record) -> None:
-    """The loss/accuracy curves, and the last epoch's memory per piece of ``record``
+    """The loss/accuracy curves, and the last epoch's memory per micro-batch of ``record``
     (the epoch record type: :attr:`betty.engine.EpochRecord.ROWS_TABLE` and friends)."""
     import matplotlib.pyplot as plt
 
@@ -111,7 +111,7 @@ def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict], recor
             and r.get("batch", 0) == rows[-1].get("batch", 0) and r["peak_bytes"] is not None]
     if last:
         fig = memory_figure(last, title=f"{ctx.rspec.name}: epoch {history[-1]['epoch']}",
-                            index_key=record.PIECE_KEY, xlabel=record.PIECE)
+                            index_key=record.MICRO_BATCH_KEY, xlabel=record.MICRO_BATCH_NAME)
         mlflow.log_figure(fig, f"plots/{record.ROWS_TABLE}.png")
         plt.close(fig)
 
