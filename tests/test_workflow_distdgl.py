@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,6 +24,13 @@ pytestmark = [pytest.mark.dgl, pytest.mark.workflow]
 
 EXPERIMENT = "distdgl-test"
 FAST = ["-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]"]
+
+
+@pytest.fixture(autouse=True)
+def _temporary_files_in_tmp_path(tmp_path, monkeypatch):
+    """The graph servers' log folders (kept after a failure) go under the test's folder."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
 
 
 def _ip_config(folder: Path, machines: int) -> Path:
