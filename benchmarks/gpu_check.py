@@ -298,7 +298,7 @@ def block_rows(be, kind, graph, feat, label, mask, sizes, device, backend, const
         est = {name: estimate_micro_batches(batch, groups, k, model, opt, backend=backend, constants=c)
                for name, c in consts.items()}
         for i, rec in enumerate(res.micro):
-            rows.append({"model": kind, "nodes": graph.num_nodes(), "k": k, "micro-batch": i,
+            rows.append({"model": kind, "nodes": graph.num_nodes(), "k": k, "index": i,
                          "measured": int(rec.peak_bytes),
                          **{f"estimated_{n}": int(e[i].peak) for n, e in est.items()},
                          "peak_at": est["calibrated"][i].peak_at,
@@ -329,7 +329,7 @@ def rev_rows(be, graph, feat, label, mask, sizes, device, backend, consts):
         for i, rec in enumerate(step.parts):
             if rec.skipped:
                 continue
-            rows.append({"model": "revgnn", "nodes": graph.num_nodes(), "k": k, "micro-batch": i,
+            rows.append({"model": "revgnn", "nodes": graph.num_nodes(), "k": k, "index": i,
                          "measured": int(rec.peak_bytes),
                          **{f"estimated_{n}": int(e[i]) for n, e in est.items()},
                          "device_bytes_before": before})

@@ -103,8 +103,8 @@ def main(argv=None) -> int:
                                                        meter=meter, dropout_key=2,
                                                        multilabel=multilabel)
                         ests = estimate_micro_batches(batch, groups, k, model, opt,
-                                               precision=args.precision,
-                                               label_columns=args.multilabel)
+                                                      precision=args.precision,
+                                                      label_columns=args.multilabel)
                         errs = [(e.peak - m.peak_bytes) / m.peak_bytes for e, m in zip(ests, res.micro)]
                         i = max(range(k), key=lambda j: abs(errs[j]))
                         worst_all = max(worst_all, abs(errs[i]))

@@ -573,7 +573,7 @@ class Trainer:
         batch = self.sample(0, 0)
         result, _, _ = self.partition(batch, 0, 0)
         estimates = estimate_micro_batches(batch, result.groups, result.k, self.model, self.optimizer,
-                                    **self.memory_kwargs)
+                                           **self.memory_kwargs)
         measured = None
         if measure:
             meter = MemoryMeter(self.device)

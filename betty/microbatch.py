@@ -223,7 +223,7 @@ def validate_groups(groups: torch.Tensor, num_outputs: int, k: int) -> torch.Ten
 
 
 def split(full: SampledBatch, groups: torch.Tensor, k: int | None = None) -> list[MicroBatch]:
-    """Carve one micro-batch per micro-batch of ``groups``.
+    """Carve one micro-batch per group of ``groups``.
 
     Args:
         full: the full sampled batch.

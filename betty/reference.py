@@ -1,7 +1,7 @@
 """An independent full-batch reference for the exactness checks.
 
 K-way accumulation (:func:`betty.train.accumulate_gradients`) partitions the outputs,
-carves one micro-batch per micro-batch (:class:`betty.microbatch.Carver`) and sums
+carves one micro-batch per group of the partition (:class:`betty.microbatch.Carver`) and sums
 ``Σ_k ∇L_k``. Comparing it with its own K=1 run would let a bug shared by partitioning,
 carving, ID maps, dropout keys or loss scaling cancel out. The reference here shares
 none of that code: the model runs once on the sampler's own per-layer edges

@@ -138,7 +138,7 @@ class NonFiniteLoss(FloatingPointError):
     """A micro-batch's loss came out NaN or infinite: training cannot go on (the gradients
     would poison every parameter; the learning rate is too large, or an input holds
     NaN/inf). Raised by :func:`accumulate_micro_batches` before that micro-batch's backward, naming
-    the micro-batch (a sampled micro-batch or a RevGNN cluster part) and, through :func:`locate_non_finite`, the epoch
+    it (a sampled micro-batch or a RevGNN cluster part) and, through :func:`locate_non_finite`, the epoch
     and batch."""
 
     def __init__(self, value: float, micro_batch: int, epoch: int | None = None, batch: int | None = None,
@@ -171,7 +171,7 @@ class MicroBatchForward:
     """What an engine's forward of one micro-batch hands to :func:`accumulate_micro_batches`.
 
     Attributes:
-        loss_sum: 0-dim tensor ``Σ_{v in micro_batch} ℓ(v)`` (not yet divided by ``N``).
+        loss_sum: 0-dim tensor ``Σ_{v in micro-batch} ℓ(v)`` (not yet divided by ``N``).
         count_correct: called after the backward: correct predictions of the micro-batch
             (:func:`count_correct`).
         keep: tensors to keep alive until the micro-batch ends (the memory model replays
@@ -202,11 +202,11 @@ class MicroBatchRun:
 
 
 def accumulate_micro_batches(micro_batches: Iterable[tuple[int, P]], forward: Callable[[P], MicroBatchForward],
-                      n_global: int, *, meter=None, last_index: int | None = None,
-                      after_last: Callable[[], None] | None = None,
-                      precision: Precision | str | None = None, device_type: str = "cpu",
-                      scaler: LossScaler | None = None,
-                      carried: Callable[[P], Iterable[torch.Tensor]] | None = None) -> list[MicroBatchRun]:
+                             n_global: int, *, meter=None, last_index: int | None = None,
+                             after_last: Callable[[], None] | None = None,
+                             precision: Precision | str | None = None, device_type: str = "cpu",
+                             scaler: LossScaler | None = None,
+                             carried: Callable[[P], Iterable[torch.Tensor]] | None = None) -> list[MicroBatchRun]:
     """Forward and backward each micro-batch, accumulating ``∇ (loss_sum_k / N)`` into ``.grad``.
 
     With ``N = n_global`` the number of loss terms of the whole step (all micro-batches, all
@@ -265,15 +265,15 @@ def accumulate_micro_batches(micro_batches: Iterable[tuple[int, P]], forward: Ca
 
 
 def step_over_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     run: Callable[[frozenset[int] | None, Callable[[], None] | None],
-                                   tuple[T, float, float]],
-                     *, parallel=None, costs: Sequence[float] | None = None,
-                     step_in_last_region: bool = False,
-                     scaler: LossScaler | None = None) -> tuple[T, float, float]:
-    """One optimizer step: ``zero_grad`` -> ``run(micro_batches, after_last)`` -> (gradient
+                            run: Callable[[frozenset[int] | None, Callable[[], None] | None],
+                                          tuple[T, float, float]],
+                            *, parallel=None, costs: Sequence[float] | None = None,
+                            step_in_last_region: bool = False,
+                            scaler: LossScaler | None = None) -> tuple[T, float, float]:
+    """One optimizer step: ``zero_grad`` -> ``run(indices, after_last)`` -> (gradient
     all-reduce) -> ``optimizer.step()``.
 
-    ``run(None, after_last)`` runs every micro-batch (``micro_batches``: a set of micro-batch indices, this
+    ``run(None, after_last)`` runs every micro-batch (``indices``: a set of micro-batch indices, this
     rank's under ``parallel``) and returns ``(result, loss, correct)``; ``after_last``
     (only with ``step_in_last_region``, single process) is the optimizer step, to be
     run inside the last micro-batch's meter region (stepped here if ``run`` did not).
@@ -467,13 +467,13 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 
 
 def _micro_batch_outputs(groups: torch.Tensor, k: int,
-                   indices: Collection[int] | None) -> list[tuple[int, torch.Tensor]]:
-    """``(index, output positions)`` of each micro-batch in ``micro_batches`` (default all ``k``), in
+                         indices: Collection[int] | None) -> list[tuple[int, torch.Tensor]]:
+    """``(index, output positions)`` of each micro-batch in ``indices`` (default all ``k``), in
     micro-batch order; each micro-batch's outputs in ascending position."""
     order = torch.argsort(groups, stable=True)
     sizes = torch.bincount(groups, minlength=k).tolist()
-    return [(micro_batch, idx) for micro_batch, idx in enumerate(torch.split(order, sizes))
-            if indices is None or micro_batch in indices]
+    return [(index, idx) for index, idx in enumerate(torch.split(order, sizes))
+            if indices is None or index in indices]
 
 
 def _carve_timed(carver: Carver, entry: tuple[int, torch.Tensor]) -> tuple[int, MicroBatch, float]:
@@ -484,10 +484,10 @@ def _carve_timed(carver: Carver, entry: tuple[int, torch.Tensor]) -> tuple[int, 
 
 
 def carve_micro_batches(batch: SampledBatch, groups: torch.Tensor, k: int,
-                 indices: Collection[int] | None = None, *,
-                 torch_ops: bool | None = None) -> Iterator[tuple[int, MicroBatch, float]]:
+                        indices: Collection[int] | None = None, *,
+                        torch_ops: bool | None = None) -> Iterator[tuple[int, MicroBatch, float]]:
     """Yield (micro-batch index, micro-batch, seconds to carve it) lazily, one micro-batch at a
-    time, for the micro-batches in ``micro_batches`` (default: all K), in micro-batch order; ``groups``
+    time, for the micro-batches in ``indices`` (default: all K), in micro-batch order; ``groups``
     ``(n_out,)`` is the micro-batch of each output node. The first micro-batch's seconds include
     building the :class:`betty.microbatch.Carver` (``torch_ops``: its index work in
     torch ops; ``None``: where ``batch`` is off the CPU). Micro-batches are carved on
@@ -497,8 +497,8 @@ def carve_micro_batches(batch: SampledBatch, groups: torch.Tensor, k: int,
     wanted = _micro_batch_outputs(groups, k, indices)
     setup = time.perf_counter() - start
     for entry in wanted:
-        micro_batch, mb, seconds = _carve_timed(carver, entry)
-        yield micro_batch, mb, seconds + setup
+        index, mb, seconds = _carve_timed(carver, entry)
+        yield index, mb, seconds + setup
         setup = 0.0
         del mb  # the caller's reference is the only one while the next micro-batch is carved
 
@@ -516,8 +516,8 @@ def carve_all(batch: SampledBatch, groups: torch.Tensor, k: int,
     setup = time.perf_counter() - start
     carved = parallel_map(lambda entry: _carve_timed(carver, entry), wanted)
     if carved:
-        micro_batch, mb, seconds = carved[0]
-        carved[0] = (micro_batch, mb, seconds + setup)
+        index, mb, seconds = carved[0]
+        carved[0] = (index, mb, seconds + setup)
     return carved
 
 
@@ -620,7 +620,7 @@ def accumulate_gradients(
             :mod:`betty.distributed`).
         micro_batches: the micro-batches carved ahead, ``(index, micro-batch, seconds to carve
             it)`` as :func:`carve_micro_batches` yields them; they must be exactly the micro-batches to
-            run (all K, or ``micro_batches``). A list is emptied, so that each micro-batch is freed
+            run (all K, or ``indices``). A list is emptied, so that each micro-batch is freed
             once it has run. Default: carve them here, one at a time, on ``batch``'s
             device (``torch_ops``: that of :func:`carve_micro_batches`). With ``batch``,
             ``feat`` and ``label`` on ``device``, carving and the feature gather run
@@ -644,7 +644,7 @@ def accumulate_gradients(
         indices = frozenset(int(p) for p in indices)
     if micro_batches is None:
         carved: Iterable[tuple[int, MicroBatch, float]] = carve_micro_batches(batch, groups, k, indices,
-                                                                       torch_ops=torch_ops)
+                                                                              torch_ops=torch_ops)
     else:
         carved = _take_carved(micro_batches, frozenset(range(k)) if indices is None else indices)
     stream = CopyStream(device, side=copy_ahead)
@@ -686,8 +686,8 @@ def accumulate_gradients(
         return [] if micro_batch.inputs is None else micro_batch.inputs.staged.tensors
 
     runs = accumulate_micro_batches(_micro_batches(carved, ahead=copy_ahead), forward, n_total, meter=meter,
-                             precision=precision, device_type=torch.device(device).type,
-                             scaler=scaler, carried=carried)
+                                    precision=precision, device_type=torch.device(device).type,
+                                    scaler=scaler, carried=carried)
     records = [
         MicroBatchRecord(
             index=r.index,
@@ -730,7 +730,7 @@ def train_step(
     ``copy_ahead``: copy each next micro-batch's inputs to the device while the one
     before computes (a side CUDA stream; the same update, the next inputs counted in each
     micro-batch's peak: :func:`accumulate_gradients`). Other keyword arguments: those of
-    :func:`accumulate_gradients` (``micro_batches`` excepted).
+    :func:`accumulate_gradients` (``indices`` excepted).
     """
     if "indices" in kwargs:
         raise TypeError("train_step runs every micro-batch (or this rank's share with parallel=); "
@@ -748,7 +748,7 @@ def train_step(
         return res.micro, res.loss, res.train_acc
 
     micro, loss, acc = step_over_micro_batches(model, optimizer, run, parallel=parallel, costs=costs,
-                                        scaler=scaler)
+                                               scaler=scaler)
     return StepResult(loss=loss, train_acc=acc, micro=micro)
 
 

@@ -83,7 +83,7 @@ def rank_all_cases(cases=None, shared=None, prefetch: int = 0) -> dict[str, dict
     for case in cases or CASES:
         dp = DataParallel(check_every=1)
         out[case_name(*case)] = train_case(ds, *case, parallel=dp, prefetch=prefetch)
-        out[case_name(*case)]["_micro_batches"] = torch.tensor(dp.history[-1].micro_batches)
+        out[case_name(*case)]["_indices"] = torch.tensor(dp.history[-1].indices)
     return out
 
 

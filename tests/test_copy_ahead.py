@@ -108,8 +108,8 @@ def test_the_next_micro_batches_copy_is_issued_before_this_micro_batches_forward
 
     def forwarding(blocks, x, **kwargs):
         # the micro-batch whose features these are: the latest staged with this data pointer
-        micro_batch = len(staged_x) - 1 - staged_x[::-1].index(x.data_ptr())
-        events.append(("forward", micro_batch))
+        index = len(staged_x) - 1 - staged_x[::-1].index(x.data_ptr())
+        events.append(("forward", index))
         return forward(blocks, x, **kwargs)
 
     monkeypatch.setattr(betty.train, "_carve_timed", carving)
@@ -229,7 +229,7 @@ def test_the_estimate_refuses_copy_ahead_beside_a_device_store():
     model = build_model("sage", 12, 5, hidden=8, layers=2, aggregator="mean")
     with pytest.raises(ValueError, match="copy_ahead"):
         estimate_micro_batches(batch, torch.zeros(batch.num_outputs, dtype=torch.int64), 1, model,
-                        device_store_bytes=1000, copy_ahead=True)
+                               device_store_bytes=1000, copy_ahead=True)
 
 
 def test_copy_ahead_is_off_by_default_and_refused_where_it_cannot_be_counted():

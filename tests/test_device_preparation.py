@@ -61,8 +61,8 @@ def test_torch_op_carving_gives_the_numpy_micro_batches(k, shuffle_edges):
     groups = torch.randint(0, k, (batch.num_outputs,), generator=torch.Generator().manual_seed(2))
     numpy_carver, torch_carver = Carver(batch), Carver(batch, torch_ops=True)
     assert not numpy_carver.torch_ops and torch_carver.torch_ops
-    for micro_batch in range(k):
-        index = torch.nonzero(groups == micro_batch).view(-1)
+    for p in range(k):
+        index = torch.nonzero(groups == p).view(-1)
         _assert_same_micro_batch(numpy_carver.carve(index), torch_carver.carve(index))
 
 
@@ -79,12 +79,12 @@ def test_the_modelled_bytes_are_those_of_the_tensors(granule, shuffle_edges):
     k = 5
     groups = torch.randint(0, k, (batch.num_outputs,), generator=torch.Generator().manual_seed(4))
     modelled = prep.carved_bytes(split_sizes(batch, groups, k), out_degrees=True, granule=granule)
-    for micro_batch in range(k):
+    for p in range(k):
         # a device copy of the outputs, as carving on a device makes (on the CPU a view)
-        mb = carver.carve(torch.nonzero(groups == micro_batch).view(-1).clone())
+        mb = carver.carve(torch.nonzero(groups == p).view(-1).clone())
         tensors = [mb.output_index, *mb.full_src_index,
                    *(getattr(layer, name) for layer in mb.layers for name in LAYER_TENSORS)]
-        assert modelled[micro_batch] == prep.tensor_bytes(tensors, granule), micro_batch
+        assert modelled[p] == prep.tensor_bytes(tensors, granule), p
 
 
 def test_the_estimate_adds_the_store_the_batch_and_each_carved_micro_batch():

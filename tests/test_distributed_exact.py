@@ -57,7 +57,7 @@ def test_ranks_equal_single_process(backend, nproc):
         covered = []
         for rank in range(nproc):
             got = results[rank][name]
-            covered += got["_micro_batches"].tolist()
+            covered += got["_indices"].tolist()
             err = max_relative_difference({n: got[n] for n in ref_params}, ref_params)
             assert err < TOL, f"{name} rank {rank}/{nproc}: relative parameter error {err:.3e}"
             assert torch.allclose(got["_losses"], ref["_losses"], rtol=TOL, atol=0), name

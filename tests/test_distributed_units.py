@@ -1,4 +1,4 @@
-"""Micro-batches of betty.distributed: LPT assignment, gradient all-reduce with presence
+"""The building blocks of betty.distributed: LPT assignment, gradient all-reduce with presence
 flags, parameter checksums, several-machine launch (two launchers on 127.0.0.1)."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_two_machines_on_localhost_equal_single_process(tmp_path):
         got = results[rank][name]
         params = {n: t for n, t in ref.items() if not n.startswith("_")}
         assert max_relative_difference({n: got[n] for n in params}, params) < 1e-10
-    assert sorted(results[0][name]["_micro_batches"].tolist() + results[1][name]["_micro_batches"].tolist()) == [0, 1, 2, 3]
+    assert sorted(results[0][name]["_indices"].tolist() + results[1][name]["_indices"].tolist()) == [0, 1, 2, 3]
 
 
 def _listening_addresses(process) -> set[str]:

@@ -73,9 +73,9 @@ def test_masks_are_identical_across_micro_batches():
     x = torch.randn(ids.numel(), WIDTH, dtype=torch.float64)
     full_out = hash_dropout(x, ids, 0.5, key, 3)
     gen = torch.Generator().manual_seed(0)
-    micro_batches = torch.randint(0, 7, (ids.numel(),), generator=gen)
+    groups = torch.randint(0, 7, (ids.numel(),), generator=gen)
     for k in range(7):
-        rows = torch.nonzero(micro_batches == k).flatten()
+        rows = torch.nonzero(groups == k).flatten()
         rows = rows[torch.randperm(rows.numel(), generator=gen)]  # any order inside a micro-batch
         assert torch.equal(hash_keep_mask(ids[rows], WIDTH, 0.5, key, 3), full[rows])
         assert torch.equal(hash_dropout(x[rows], ids[rows], 0.5, key, 3), full_out[rows])

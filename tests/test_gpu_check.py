@@ -80,7 +80,7 @@ def test_estimate_rows_cover_sizes_k_and_micro_batches(report):
         for n in sizes:
             for k in (1, 4):
                 got = [r for r in rows if r["model"] == model and r["nodes"] == n and r["k"] == k]
-                assert sorted(r["micro-batch"] for r in got) == list(range(k)), (model, n, k)
+                assert sorted(r["index"] for r in got) == list(range(k)), (model, n, k)
     for model in MODELS:  # the top-level figure is the worst row, recomputed
         errs = [abs(r["estimated_calibrated"] - r["measured"]) / r["measured"]
                 for r in rows if r["model"] == model]

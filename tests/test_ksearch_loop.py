@@ -33,7 +33,7 @@ def test_returns_the_smallest_fitting_k_of_a_monotone_model(activation, budget):
     found = smallest_fitting_k(_model(activation, calls=calls), memory_budget=budget,
                                safety_margin=0.0, fixed=FIXED, k_max=10_000)
     expected = next(k for k in range(1, 10_001) if FIXED + math.ceil(activation / k) <= budget)
-    assert found.k == expected and len(found.micro_batches) == expected
+    assert found.k == expected and len(found.split) == expected
     assert max(e.peak for e in found.estimates) <= budget
     assert [k for k, _ in found.tried] == calls and calls[0] == 1
     assert len(set(calls)) == len(calls), "each K is split and estimated once"

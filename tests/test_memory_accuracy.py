@@ -118,7 +118,7 @@ def _measure(model, opt, meter, batch, groups, k, feat, label):
 
 
 def _failures(model, opt, meter, batch, feat, label, k: int, tol: float, where: str):
-    """``(measured peaks, messages of the micro_batches whose |estimate - meter| / meter >
+    """``(measured peaks, messages of the micro-batches whose |estimate - meter| / meter >
     tol)`` for a K-way random split."""
     groups = partition_batch(batch, k, "random", seed=3).groups
     measured = _measure(model, opt, meter, batch, groups, k, feat, label)

@@ -79,11 +79,11 @@ def test_sizes_read_off_the_carved_micro_batches_equal_the_membership_sizes(batc
     assert split_sizes(batch, groups, k) is got
 
 
-def test_carved_micro_batch_sizes_refuses_micro_batches_out_of_order(batch3):
+def test_carved_split_sizes_refuses_micro_batches_out_of_order(batch3):
     batch, _, _ = batch3
     groups = partition_batch(batch, 4, "random", seed=1).groups
     micro_batches = split(batch, groups, 4)
-    with pytest.raises(ValueError, match="micro-batch 0 does not hold the outputs of micro-batch 0"):
+    with pytest.raises(ValueError, match=r"micro_batches\[0\] does not hold the outputs of group 0 of the split"):
         carved_split_sizes(batch, groups, 4, micro_batches[::-1])
     with pytest.raises(ValueError, match="needs all 4 micro-batches, got 3"):
         carved_split_sizes(batch, groups, 4, micro_batches[:3])
@@ -275,7 +275,7 @@ def _tiny_sizes():
 
     one = np.array([3.0])
     return MicroBatchSizes([one], [np.array([2.0])], [np.array([4.0])], [np.array([2])],
-                      [np.array([[2.0]])])
+                           [np.array([[2.0]])])
 
 
 @pytest.mark.parametrize("arch", ["sage", "gat"])

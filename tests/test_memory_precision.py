@@ -109,7 +109,7 @@ def _errors(arch: str, agg: str, precision_estimated: str,
                                                meter=meter, dropout_key=11,
                                                multilabel=label_columns > 0)
                 ests = estimate_micro_batches(batch, groups, k, model, opt, precision=precision_estimated,
-                                       label_columns=label_columns)
+                                              label_columns=label_columns)
                 for i, (e, m) in enumerate(zip(ests, res.micro)):
                     out.append((abs(e.peak - m.peak_bytes) / m.peak_bytes,
                                 f"L={layers} n={n} h={hidden} K={k} micro-batch {i}: estimated "

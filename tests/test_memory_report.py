@@ -39,7 +39,7 @@ def expected_estimates(trainer):
         batch = trainer.sample(0, 0)
         result, _, _ = trainer.partition(batch, 0, 0)
         return estimate_micro_batches(batch, result.groups, result.k, trainer.model, trainer.optimizer,
-                               **trainer.memory_kwargs)
+                                      **trainer.memory_kwargs)
     from betty.rev.memory import estimate_rev_parts
 
     parts, _, _ = trainer.split(0)

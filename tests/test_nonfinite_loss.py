@@ -36,8 +36,8 @@ def test_an_inf_feature_stops_the_first_epoch(tmp_path, monkeypatch, spec):
     with pytest.raises(NonFiniteLoss, match=r"non-finite training loss \(nan\) at epoch 0, ") as caught:
         trainer.train_epoch(0)
     assert caught.value.epoch == 0
-    micro_batch = "part" if spec == "synthetic_revgnn" else "micro-batch"
-    assert f", {micro_batch} {caught.value.micro_batch}: stopping" in str(caught.value)
+    name = "part" if spec == "synthetic_revgnn" else "micro-batch"
+    assert f", {name} {caught.value.micro_batch}: stopping" in str(caught.value)
 
 
 def test_a_diverging_learning_rate_fails_the_run(tracking):

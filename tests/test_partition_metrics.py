@@ -50,9 +50,9 @@ def test_micro_batch_membership_lists_the_carved_sources():
     k = 4
     groups = torch.arange(batch.num_outputs) % k
     members = micro_batch_membership(batch, groups, k)
-    for micro_batch, mb in enumerate(split(batch, groups, k)):
+    for p, mb in enumerate(split(batch, groups, k)):
         for l in range(batch.num_layers):
-            row = members[l][micro_batch]
+            row = members[l][p]
             carved = set(mb.full_src_index[l].tolist())
             assert set(row.indices.tolist()) == carved
             assert members[l].shape == (k, batch.layers[l].num_src)

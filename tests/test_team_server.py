@@ -169,7 +169,7 @@ def test_two_members_run_tiny_at_once_on_a_postgres_server(server, tmp_path, mon
         assert [m.step for m in client.get_metric_history(train, "loss")] == [0, 1]
         names = {a.path for a in client.list_artifacts(train)}
         assert {"model.pt", "spec.yaml", "memory_per_microbatch.csv", "models.json"} <= names
-        model = mlflow.pytorch.load_model(f"runs:/{train}/model")
+        model = mlflow.pytorch.load_model(f"runs:/{train}/model", dst_path=str(tmp_path / "loaded"))
         assert sum(p.numel() for p in model.parameters()) > 0
     logged = client.search_logged_models([exp.experiment_id])
     trains = {o["stages"]["train"]["run_id"] for o in outs}

@@ -24,8 +24,8 @@ def _forward(model, xs, log):
         out = model(xs[rows]).squeeze(1)
         log.append(("forward", rows[0]))
         return MicroBatchForward(loss_sum=out.sum(), count_correct=lambda: float(len(rows)),
-                            release=lambda: log.append(("release", rows[0])),
-                            info={"n": len(rows)})
+                                 release=lambda: log.append(("release", rows[0])),
+                                 info={"n": len(rows)})
     return forward
 
 
@@ -46,7 +46,7 @@ def test_gradient_is_that_of_the_global_mean_and_after_last_runs_in_the_last_reg
     log: list = []
     micro_batches = [(0, [0, 1, 2]), (1, [3, 4]), (2, [5, 6, 7, 8, 9])]
     runs = accumulate_micro_batches(micro_batches, _forward(model, xs, log), 10, meter=_Meter(log),
-                             last_index=2, after_last=lambda: log.append("after_last"))
+                                    last_index=2, after_last=lambda: log.append("after_last"))
     # d/dw of (1/10) Σ_v w·x_v = mean of the rows
     assert torch.allclose(model.weight.grad[0], xs.mean(0), rtol=0, atol=1e-15)
     assert [r.index for r in runs] == [0, 1, 2] and [r.correct for r in runs] == [3, 2, 5]
@@ -68,7 +68,7 @@ def test_step_over_micro_batches_zeroes_runs_and_steps_once(in_region):
     def run(mine, after_last):
         seen.append((mine, after_last is not None))
         runs = accumulate_micro_batches([(0, [0, 1, 2, 3, 4]), (1, [5, 6, 7, 8, 9])],
-                                 _forward(model, xs, []), 10, last_index=1, after_last=after_last)
+                                        _forward(model, xs, []), 10, last_index=1, after_last=after_last)
         return "result", sum(r.loss for r in runs), 10.0
 
     result, loss, correct = step_over_micro_batches(model, opt, run, step_in_last_region=in_region)
@@ -94,7 +94,7 @@ def test_step_over_micro_batches_delegates_to_parallel_and_sums_over_ranks():
         return "mine", 0.25, 3.0
 
     result, loss, correct = step_over_micro_batches(model, opt, run, parallel=FakeParallel(),
-                                             costs=[1.0, 2.0], step_in_last_region=True)
+                                                    costs=[1.0, 2.0], step_in_last_region=True)
     assert (result, loss, correct) == ("mine", 0.5, 6.0)
     assert calls == {"costs": [1.0, 2.0], "mine": frozenset({1}), "after_last": None}
 

@@ -29,7 +29,7 @@ def _statuses(uri, exp):
     return [r.info.status for r in runs_of(uri, exp)]
 
 
-def test_pipeline_logs_contract_and_reuses_by_content(tracking):
+def test_pipeline_logs_contract_and_reuses_by_content(tracking, tmp_path):
     uri, exp = tracking
     client = MlflowClient(uri)
     rspec = load_spec("tiny", FAST)
@@ -55,7 +55,7 @@ def test_pipeline_logs_contract_and_reuses_by_content(tracking):
     assert {"test_acc", "valid_acc", "peak_mem_measured_bytes", "peak_mem_estimated_bytes",
             "redundancy", "k", "epoch_time_s"} <= metric_names(parent)
     # the sampled batch is passed on by run ID and is the batch the trainer sees first
-    path = mlflow.artifacts.download_artifacts(run_id=first["sample"]["run_id"], artifact_path="batch.npz")
+    path = mlflow.artifacts.download_artifacts(run_id=first["sample"]["run_id"], artifact_path="batch.npz", dst_path=str(tmp_path))
     batch, _ = load_batch(path)
     expected = first_batch(rspec, load_data(rspec))
     assert all(torch.equal(a.src_nid, b.src_nid) and torch.equal(a.edge_id, b.edge_id)
@@ -83,7 +83,7 @@ def test_reuse_requires_same_code_version(tracking, monkeypatch):
     assert out["download"]["reused"] is False
 
 
-def test_missing_dataset_fails_fast_and_leaves_no_running_run(tracking):
+def test_missing_dataset_fails_fast_and_leaves_no_running_run(tracking, tmp_path):
     uri, exp = tracking
     rspec = load_spec("arxiv_sage")
     from betty.data import DatasetNotFoundError
@@ -95,7 +95,7 @@ def test_missing_dataset_fails_fast_and_leaves_no_running_run(tracking):
     for run in runs:
         assert "DatasetNotFoundError" in run.data.tags["error"] and "ogbn_arxiv" in run.data.tags["error"]
         assert len(run.data.tags["error"]) <= 500
-    text = MlflowClient(uri).download_artifacts(runs[1].info.run_id, "error.txt")
+    text = MlflowClient(uri).download_artifacts(runs[1].info.run_id, "error.txt", str(tmp_path))
     assert "Traceback" in open(text).read()
 
 
@@ -182,7 +182,7 @@ def test_repeats_log_mean_and_std(tracking):
     assert ev["test_acc_std"] == pytest.approx(abs(tests[0] - tests[1]) / 2)
 
 
-def test_k_auto_partition_stage_logs_the_search(tracking):
+def test_k_auto_partition_stage_logs_the_search(tracking, tmp_path):
     from betty.memory import estimate_micro_batches
 
     from workflow.components import make_trainer
@@ -201,7 +201,7 @@ def test_k_auto_partition_stage_logs_the_search(tracking):
     assert summary["k"] >= 2
     assert {"time_ksearch_s", "peak_mem_estimated_bytes"} <= metric_names(run)
     assert run.data.metrics["peak_mem_estimated_bytes"] <= budget * 0.95
-    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="ksearch.json")
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="ksearch.json", dst_path=str(tmp_path))
     assert json.load(open(path))[0]["k"] == summary["k"]
 
 

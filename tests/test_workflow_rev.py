@@ -160,7 +160,7 @@ def test_betty_run_reversible_spec(tracking):
     assert 0.0 <= scores["test_acc"] <= 1.0
 
 
-def test_k_auto_partition_stage_logs_the_search(tracking):
+def test_k_auto_partition_stage_logs_the_search(tracking, tmp_path):
     probe = load_spec(REV, TINY)
     budget_run, _ = run_stage("partition", probe)
     whole = MlflowClient().get_run(budget_run).data.metrics["peak_mem_estimated_bytes"]  # K = 2
@@ -168,7 +168,7 @@ def test_k_auto_partition_stage_logs_the_search(tracking):
                                    "partition.safety_margin=0", "partition.sweep.k=[]"])
     run_id, metrics = run_stage("partition", rspec)
     assert metrics["k"] > 2
-    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="ksearch.json")
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="ksearch.json", dst_path=str(tmp_path))
     (search,) = json.loads(open(path).read())
     assert search["k"] == metrics["k"] and search["peak_bytes"] <= whole * 0.8
 

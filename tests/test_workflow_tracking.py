@@ -56,7 +56,7 @@ def test_dataset_digest_follows_the_data():
     assert a.digest == dataset_input(load_spec("tiny", ["experiment=other"])).digest
 
 
-def test_run_records_are_mlflow_native(tracking):
+def test_run_records_are_mlflow_native(tracking, tmp_path):
     from betty.inference import layerwise_inference
 
     from workflow.components import build_model, load_data
@@ -80,17 +80,17 @@ def test_run_records_are_mlflow_native(tracking):
 
     logged = client.search_logged_models([exp.experiment_id])
     assert [m.source_run_id for m in logged] == [train_id]
-    loaded = mlflow.pytorch.load_model(f"runs:/{train_id}/model")
+    loaded = mlflow.pytorch.load_model(f"runs:/{train_id}/model", dst_path=str(tmp_path / "loaded"))
     ds = load_data(rspec)
     reference = build_model(rspec, ds)
-    path = mlflow.artifacts.download_artifacts(run_id=train_id, artifact_path="model.pt")
+    path = mlflow.artifacts.download_artifacts(run_id=train_id, artifact_path="model.pt", dst_path=str(tmp_path))
     reference.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     reference.eval()
     assert type(loaded) is type(reference) and not loaded.training
     a = layerwise_inference(loaded, ds.graph, ds.feat, device=torch.device("cpu"))
     b = layerwise_inference(reference, ds.graph, ds.feat, device=torch.device("cpu"))
     assert torch.equal(a, b)
-    spec_yaml = mlflow.artifacts.download_artifacts(f"runs:/{train_id}/model/extra_files/spec.yaml")
+    spec_yaml = mlflow.artifacts.download_artifacts(f"runs:/{train_id}/model/extra_files/spec.yaml", dst_path=str(tmp_path))
     assert load_spec(spec_yaml).sha == rspec.sha
 
 

@@ -36,9 +36,9 @@ T = TypeVar("T")
 
 @dataclass
 class RankStepStats:
-    """This rank's share of one step."""
+    """This rank's share of one step: the ``indices`` of the micro-batches it ran."""
 
-    micro_batches: list[int]
+    indices: list[int]
     time_compute_s: float
     reduce: ReduceStats
     checksum: int | None = None

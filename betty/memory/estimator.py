@@ -124,7 +124,7 @@ def estimate_sizes(sizes: MicroBatchSizes, model, optimizer="adam", dtype: torch
             None: ``feat_dtype``, float32 by default).
         device_store, carved: bytes preparation on the device keeps there beside each
             micro-batch's step (:mod:`betty.memory.device_preparation`): the store and batch
-            (one number), each micro-batch's carved micro-batch (one or ``(P,)``).
+            (one number), each carved micro-batch (one or ``(P,)``).
         copy_ahead: the P micro-batches run in this order in one step that copies each
             micro-batch's successor's inputs to the device while the micro-batch computes
             (:func:`betty.train.accumulate_gradients` with ``copy_ahead``): micro-batch ``i``'s
@@ -191,12 +191,12 @@ def estimate_micro_batch(mb_or_sizes: MicroBatch | SampledBatch | MicroBatchSize
 
 
 def estimate_micro_batches(batch: SampledBatch, groups, k: int, model, optimizer="adam",
-                    dtype: torch.dtype | None = None, backend: str = "cpu", *,
-                    zeroed_grads: bool = True, device_store_bytes: int | None = None,
-                    **kwargs) -> list[MemoryEstimate]:
+                           dtype: torch.dtype | None = None, backend: str = "cpu", *,
+                           zeroed_grads: bool = True, device_store_bytes: int | None = None,
+                           **kwargs) -> list[MemoryEstimate]:
     """Estimate every micro-batch of the split ``groups`` of ``batch``, without carving.
 
-    Micro-batch ``i`` is the micro-batch :func:`betty.train.accumulate_gradients` runs
+    Micro-batch ``i`` is the one :func:`betty.train.accumulate_gradients` runs
     ``i``-th. With ``zeroed_grads`` (what :func:`betty.train.train_step` does) micro-batch 0
     starts without ``.grad`` and the others with it. ``device_store_bytes``: the batch
     is prepared on the device (sampled, kept and carved there) beside a store of that

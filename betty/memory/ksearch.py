@@ -1,4 +1,4 @@
-"""Choose K from the memory model: the fewest micro-batches whose largest micro-batch fits.
+"""Choose K from the memory model: the smallest K whose largest micro-batch fits.
 
 With usable budget ``U = memory_budget · (1 − safety_margin)`` and ``M(K)`` the largest
 estimated peak over the micro-batches of the K-way partition (:func:`~betty.memory.estimator.
@@ -40,7 +40,7 @@ split). The K returned is one whose expensive split was estimated to fit; ``trie
 lists the ``reg`` rounds, then the expensive ones.
 
 The loop itself (steps 1-3, and the stepping of the expensive split) is
-:func:`smallest_fitting_k`, over a callable ``split_and_estimate(K) -> (micro_batches,
+:func:`smallest_fitting_k`, over a callable ``split_and_estimate(K) -> (split,
 per-micro-batch estimates)``: the sampled-batch search here and the RevGNN one
 (:func:`betty.rev.memory.search_k_rev`, cluster parts of the whole graph) both call it.
 
@@ -228,18 +228,18 @@ def _default_partition(batch, k, method, *, seed, weights, graph, options=None):
 
 
 SplitAndEstimate = Callable[[int], "tuple[object, Sequence[MemoryEstimate]]"]
-"""``split_and_estimate(k) -> (micro_batches, estimates)``: split into k micro-batches (any object the
-engine trains with) and estimate each micro-batch (one :class:`~betty.memory.estimator.
+"""``split_and_estimate(k) -> (split, estimates)``: split into k micro-batches (``split``: any
+object the engine trains with) and estimate each micro-batch (one :class:`~betty.memory.estimator.
 MemoryEstimate` per micro-batch: its ``peak`` bytes and the ``breakdown`` by component)."""
 
 
 @dataclass
 class KLoopResult:
-    """Outcome of :func:`smallest_fitting_k`: the K chosen, its micro-batches and estimates, and
+    """Outcome of :func:`smallest_fitting_k`: the K chosen, its split and estimates, and
     every ``(K, largest estimated peak)`` evaluated, in order."""
 
     k: int
-    micro_batches: object
+    split: object
     estimates: list[MemoryEstimate]
     tried: list[tuple[int, int]]
     usable_budget: float
@@ -299,8 +299,8 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
                     f"max_evaluations or the memory budget",
                     budget=memory_budget, usable=usable, dominant=None,
                     smallest_budget=None, tried=record)
-            micro_batches, ests = split_and_estimate(k)
-            cache[k] = (micro_batches, list(ests))
+            split, ests = split_and_estimate(k)
+            cache[k] = (split, list(ests))
             record.append((k, max(e.peak for e in cache[k][1])))
         return cache[k]
 
@@ -417,7 +417,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
         def split_and_estimate(k: int):
             part = partition_fn(batch, k, name, seed=seed, weights=weights, graph=graph)
             return part, estimate_micro_batches(batch, part.groups, part.k, model, optimizer, dtype,
-                                         backend, **estimate_kwargs)
+                                                backend, **estimate_kwargs)
         return split_and_estimate
 
     loop = functools.partial(smallest_fitting_k, memory_budget=memory_budget,
@@ -430,7 +430,7 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
                            f"{screen_method!r} chose K = {screen.k}")
     else:
         found = loop(split_with(method), min_k=min_k)
-    return KSearchResult(k=found.k, partition=found.micro_batches, estimates=found.estimates,
+    return KSearchResult(k=found.k, partition=found.split, estimates=found.estimates,
                          tried=found.tried, usable_budget=found.usable_budget)
 
 

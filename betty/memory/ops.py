@@ -1,4 +1,4 @@
-"""Micro-batches that both symbolic replays model alike: :mod:`betty.memory.replay` (one
+"""Op sequences that both symbolic replays model alike: :mod:`betty.memory.replay` (one
 sampled micro-batch) and :mod:`betty.rev.replay` (one RevGNN part).
 
 Each function records, on a :class:`~betty.memory.timeline.Timeline`, the tensors one
@@ -82,7 +82,7 @@ class StepConfig:
         device_store: bytes preparation on the device keeps there through the step
             whatever the micro-batch (:mod:`betty.memory.device_preparation`: the store and
             the batch); 0 when preparation runs on the host.
-        carved: ``(P,)`` bytes (or one for all) of each micro-batch's carved micro-batch on
+        carved: ``(P,)`` bytes (or one for all) of each carved micro-batch on
             the device, beside its step; 0 when carving runs on the host.
         next_inputs: ``(P,)`` bytes (or one for all) of the inputs the step copies to
             the device for the micro-batch after micro-batch ``i`` while micro-batch ``i`` computes
@@ -127,7 +127,7 @@ def step_baseline(tl: Timeline, cfg: StepConfig, param_bytes, num_params: int,
     4-byte ``step`` per parameter where it is counted: on the host or on the device
     with capturable/fused Adam) and, in the micro-batches that do not start fresh, the
     existing ``.grad`` (``param_bytes``); with preparation on the device, its store and
-    batch (``cfg.device_store``) and each micro-batch's carved micro-batch (``cfg.carved``)."""
+    batch (``cfg.device_store``) and each carved micro-batch (``cfg.carved``)."""
     tl.add_baseline(param_bytes, PARAMS)
     if buffers is not None:
         tl.add_baseline(buffers, PARAMS)

@@ -1730,7 +1730,7 @@ def input_bytes(sizes: MicroBatchSizes, cfg: ReplayConfig) -> np.ndarray:
 
 
 def replay(sizes: MicroBatchSizes, cfg: ReplayConfig, *, record: bool = False) -> Timeline:
-    """Replay one micro-batch per micro-batch of ``sizes``; see the module docstring.
+    """Replay every micro-batch of ``sizes`` at once; see the module docstring.
     ``record``: keep every allocation and free in ``Timeline.log``."""
     r = _replayer(sizes, cfg)
     if record:

@@ -11,8 +11,8 @@ For P micro-batches of an L-layer batch, :class:`MicroBatchSizes` holds, per lay
 
 :func:`split_sizes` computes them for a whole split without carving any block, from the
 micro-batch-membership matrices of :func:`betty.partition.membership.micro_batch_membership`: with
-``M_l`` ``(K, n_src[l])`` the 0/1 matrix "source s of layer l belongs to micro-batch k's
-micro-batch" and ``M_L`` ``(K, n_out)`` the micro-batch matrix of the outputs,
+``M_l`` ``(K, n_src[l])`` the 0/1 matrix "source s of layer l belongs to micro-batch k"
+and ``M_L`` ``(K, n_out)`` the micro-batch matrix of the outputs,
 
     n_src[l]    = M_l 1,
     n_dst[l]    = M_{l+1} 1                        (layer l's destinations are layer l+1's sources),
@@ -168,7 +168,7 @@ def carved_split_sizes(batch: SampledBatch, groups, k: int, micro_batches: Seque
     for p, mb in enumerate(micro_batches):
         index = mb.output_index
         if index.numel() != int(outputs[p]) or bool((groups[index] != p).any()):
-            raise ValueError(f"micro-batch {p} does not hold the outputs of micro-batch {p}")
+            raise ValueError(f"micro_batches[{p}] does not hold the outputs of group {p} of the split")
     sizes = stack_sizes([layer_sizes(mb.layers) for mb in micro_batches])
     return batch.derived(_sizes_key(groups, k), lambda: sizes, slot="split_sizes")
 
@@ -204,13 +204,13 @@ def _degree_counts(dst_m: sp.csr_matrix, deg: np.ndarray) -> tuple[np.ndarray, n
     """The distinct in-degrees ``d_j`` that some micro-batch's destinations have, ascending, and
     ``(k, D)`` float64 counts: ``[p, j]`` = destinations of micro-batch ``p`` with in-degree
     ``d_j``. ``dst_m`` ``(k, n_dst)`` marks each micro-batch's destinations, ``deg``
-    ``(n_dst,)`` their in-degrees. One bincount over ``(micro_batch, degree)`` pairs: O(nnz +
+    ``(n_dst,)`` their in-degrees. One bincount over ``(micro-batch, degree)`` pairs: O(nnz +
     max degree), no sort."""
     k = dst_m.shape[0]
     degree_of_entry = deg[dst_m.indices]
     present = np.flatnonzero(np.bincount(degree_of_entry, minlength=1))
     slot = np.zeros(int(present[-1]) + 1 if present.size else 1, dtype=np.int64)
     slot[present] = np.arange(present.size)
-    micro_batch = np.repeat(np.arange(k, dtype=np.int64), np.diff(dst_m.indptr))
-    cnt = np.bincount(micro_batch * present.size + slot[degree_of_entry], minlength=k * present.size)
+    group_of_entry = np.repeat(np.arange(k, dtype=np.int64), np.diff(dst_m.indptr))
+    cnt = np.bincount(group_of_entry * present.size + slot[degree_of_entry], minlength=k * present.size)
     return present.astype(np.int64), cnt.reshape(k, present.size).astype(np.float64)

@@ -2,7 +2,7 @@
 
 The estimator replays, op by op, the allocations and frees one training micro-batch
 makes (see :mod:`betty.memory.replay`), without running anything. Every buffer size is
-a vector ``(P,)`` of byte counts, one entry per micro-batch ("micro-batch"), so a whole
+a vector ``(P,)`` of byte counts, one entry per micro-batch, so a whole
 K-way split is estimated with one replay of numpy vector operations.
 
 Live bytes after event ``t`` (per micro-batch) are

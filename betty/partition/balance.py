@@ -58,10 +58,10 @@ def fill_empty_micro_batches(groups, k: int) -> tuple[torch.Tensor, int]:
     g = torch.as_tensor(np.asarray(groups), dtype=torch.int64).clone()
     sizes = torch.bincount(g, minlength=k)
     empty = torch.nonzero(sizes == 0).flatten().tolist()
-    for micro_batch in empty:  # at most k iterations, each O(n_out) vectorized
+    for index in empty:  # at most k iterations, each O(n_out) vectorized
         donor = int(torch.argmax(sizes))
         node = int(torch.nonzero(g == donor).flatten()[-1])
-        g[node] = micro_batch
+        g[node] = index
         sizes[donor] -= 1
-        sizes[micro_batch] += 1
+        sizes[index] += 1
     return g, len(empty)

@@ -42,8 +42,7 @@ def _balanced_cuts(order: torch.Tensor, k: int, weights: torch.Tensor | None) ->
     shifted = torch.clamp(starts - j, 0, n - k)
     if k > 1:
         starts = torch.cummax(shifted, 0).values + j
-    micro_batch = torch.searchsorted(starts, torch.arange(n, dtype=torch.int64), right=True)
-    groups[order] = micro_batch
+    groups[order] = torch.searchsorted(starts, torch.arange(n, dtype=torch.int64), right=True)
     return groups
 
 

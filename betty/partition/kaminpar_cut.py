@@ -8,7 +8,7 @@ then ``n + 1`` byte offsets of the adjacency lists, the ``m`` neighbour IDs, ``n
 vertex weights, ``m`` edge weights; 32-bit IDs and weights where they fit, else 64-bit)
 to a temporary file (in ``/dev/shm`` where it exists) and loads it back.
 
-Balance: each micro-batch's vertex weight is at most ``(1 + epsilon) · ⌈W / k⌉`` (``W`` the
+Balance: each part's vertex weight is at most ``(1 + epsilon) · ⌈W / k⌉`` (``W`` the
 total weight), ``epsilon = 0.03`` as METIS's default ``ufactor`` of 30.
 
 Reproducibility: a fixed seed (``kaminpar.reseed``) on **one** thread gives the same
@@ -30,7 +30,7 @@ from betty.workers import spare_cores
 __all__ = ["KAMINPAR_EPSILON", "cut_threads", "kaminpar_available", "kaminpar_cut",
            "write_parhip"]
 
-#: Allowed imbalance: micro-batches weigh at most ``(1 + KAMINPAR_EPSILON) · ⌈W / k⌉``.
+#: Allowed imbalance: parts weigh at most ``(1 + KAMINPAR_EPSILON) · ⌈W / k⌉``.
 KAMINPAR_EPSILON = 0.03
 
 _U32 = np.iinfo(np.uint32).max
@@ -99,7 +99,7 @@ def kaminpar_cut(
     Args:
         adj: ``(n, n)`` symmetric CSR, zero diagonal, positive integer entries (the
             edge weights when ``use_edge_weights``).
-        k: number of micro-batches, ``2 <= k <= n``.
+        k: number of parts, ``2 <= k <= n``.
         vweights: ``(n,)`` positive integer vertex weights to balance (``None``: all 1).
         use_edge_weights: use ``adj.data`` as edge weights; otherwise every edge weighs 1.
         seed: KaMinPar's random seed.
@@ -108,7 +108,7 @@ def kaminpar_cut(
         preset: a KaMinPar context name (``kaminpar.context_names()``).
 
     Returns:
-        ``(groups (n,) int64, edge cut of the graph as given)``. Micro-batches may be empty;
+        ``(groups (n,) int64, edge cut of the graph as given)``. Parts may be empty;
         the caller repairs them.
 
     Raises:

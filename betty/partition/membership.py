@@ -7,7 +7,7 @@ With ``G`` ``(K, n_out)`` the micro-batch matrix (``G[k, j] = 1`` iff output ``j
 
     M_{L-1} = bool(G @ N_{L-1}),   M_l = bool(M_{l+1} @ N_l)      (shape (K, n_src[l])),
 
-``M_l[k, s] = 1`` iff source ``s`` of layer ``l`` belongs to micro-batch ``k``'s micro-batch at
+``M_l[k, s] = 1`` iff source ``s`` of layer ``l`` belongs to micro-batch ``k`` at
 that layer (exactly the sources :func:`betty.microbatch.carve` keeps); row ``k`` of
 ``M_l`` is micro-batch ``k``'s layer-``l`` source set, and ``M_l``'s columns below ``n_dst[l-1]``
 are layer ``l - 1``'s destinations. The memory model's micro-batch sizes

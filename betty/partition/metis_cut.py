@@ -31,7 +31,7 @@ def metis_index_dtype() -> np.dtype:
 
 
 def recursive_bisection(k: int) -> bool:
-    """Whether :func:`metis_cut` cuts ``k`` micro-batches by recursive bisection (only ``k = 2``;
+    """Whether :func:`metis_cut` cuts ``k`` parts by recursive bisection (only ``k = 2``;
     k-way otherwise)."""
     return int(k) == 2
 
@@ -92,7 +92,7 @@ def metis_cut(
     Args:
         adj: ``(n, n)`` symmetric CSR, zero diagonal, positive integer entries (the
             edge weights when ``use_edge_weights``).
-        k: number of micro-batches, ``2 <= k <= n``.
+        k: number of parts, ``2 <= k <= n``.
         vweights: ``(n,)`` positive integer vertex weights to balance (``None``: all 1).
         use_edge_weights: pass ``adj.data`` as edge weights; otherwise every edge
             weighs 1 (what DGL's METIS wrapper does).
@@ -101,7 +101,7 @@ def metis_cut(
             ``None``: :func:`recursive_bisection` of ``k``.
 
     Returns:
-        ``(groups (n,) int64, edge cut reported by METIS)``. Micro-batches may be empty; the
+        ``(groups (n,) int64, edge cut reported by METIS)``. Parts may be empty; the
         caller repairs them.
 
     Raises:

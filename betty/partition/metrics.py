@@ -1,6 +1,6 @@
 """Quality of a split, computed without carving any block.
 
-With ``|I_k^l|`` the number of layer-``l`` sources micro-batch ``k``'s micro-batch holds (its
+With ``|I_k^l|`` the number of layer-``l`` sources micro-batch ``k`` holds (its
 ``n_src[l]`` in :func:`betty.memory.sizes.split_sizes`, the same numbers the memory
 estimate reads) and ``n_src[l]`` the full batch's,
 

@@ -333,7 +333,7 @@ def backward_parts(
             release=mask_fn.clear if mask_fn is not None and hasattr(mask_fn, "clear") else None)
 
     runs = accumulate_micro_batches(running, forward, n_train, meter=meter,
-                             last_index=running[-1][0] if running else None, after_last=after_last)
+                                    last_index=running[-1][0] if running else None, after_last=after_last)
     for run in runs:
         rec = records[run.index]
         rec.loss, rec.peak_bytes, rec.time_compute_s = run.loss, run.peak_bytes, run.seconds
@@ -392,7 +392,7 @@ def train_step_parts(
         return records, sum(r.loss for r in records), correct
 
     records, loss, correct = step_over_micro_batches(model, optimizer, run, parallel=parallel,
-                                              costs=costs, step_in_last_region=True)
+                                                     costs=costs, step_in_last_region=True)
     return RevStepResult(loss=loss, train_acc=correct / int(train_mask.sum()), parts=records)
 
 

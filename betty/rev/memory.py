@@ -457,6 +457,6 @@ def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed:
         k_max=max_k, max_evaluations=max_evaluations, min_k=min_k,
         limit="one node per part" if max_k == n_nodes else f"max_k = {max_k}",
         error_cls=RevKSearchError)
-    return RevKSearchResult(k=found.k, parts=found.micro_batches, estimates=found.estimates,
+    return RevKSearchResult(k=found.k, parts=found.split, estimates=found.estimates,
                             peak=max(e.peak for e in found.estimates),
                             tried=dict(sorted(found.tried)))

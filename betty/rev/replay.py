@@ -258,7 +258,7 @@ class _RevReplayer:
 
         return out, backward
 
-    # ------------------------------------------------------------------ shared micro-batches
+    # ---------------------------------------------------------------- shared op sequences
     # The DGL and PyG variants of a group function run the same dense ops around a
     # different message-passing core; each shared sequence below is written once.
     def _gspmm_backward(self, g: Buffer, tag: str) -> Buffer:

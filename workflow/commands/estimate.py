@@ -28,7 +28,8 @@ def estimate(spec: SpecArg,
              k: Annotated[Optional[str], typer.Option("--k", help="Micro-batches, an integer or 'auto' (default: the spec's).")] = None,
              measure: Annotated[bool, typer.Option("--measure", help="Also run forward+backward of every micro-batch once and report the measured peak and the relative error.")] = False,
              set_: SetOpt = None, json_: JsonOpt = False,
-             micro_batches: Annotated[bool, typer.Option("--micro-batches", help="Also print one line per micro-batch (revgnn: per part).")] = False) -> None:
+             micro_batches: Annotated[bool, typer.Option(
+                 "--micro-batches", help="Also print one line per micro-batch (revgnn: per part).")] = False) -> None:
     """Estimate the peak memory of every micro-batch of the spec's first sampled batch
     (revgnn: of every cluster part), per component, before running anything (k: auto
     searches K for the spec's memory_budget). With --measure, train one step to reach the
@@ -66,6 +67,12 @@ def _tried_pairs(tried) -> list[tuple[int, int]]:
     return [(int(r["k"]), int(r["max_estimated_peak_bytes"])) for r in tried or []]
 
 
+def _unit(out: dict) -> tuple[str, str]:
+    """What the report's rows are, singular and plural: RevGNN's cluster parts (its report
+    has ``num_nodes_per_part``) or sampled micro-batches."""
+    return ("part", "parts") if "num_nodes_per_part" in out else ("micro-batch", "micro-batches")
+
+
 def summary_lines(out: dict) -> list[str]:
     """What ``betty estimate`` prints without ``--micro-batches``: method and K, the budget and
     how the K search went, the largest micro-batch (measured too with ``--measure``) and its
@@ -80,27 +87,28 @@ def summary_lines(out: dict) -> list[str]:
     if tried:
         line += "; K tried: " + ", ".join(f"{k} ({_mib(peak)})" for k, peak in tried) + f" -> K={out['k']}"
     lines.append(line)
-    rows = out["micro_batches"]
+    rows, (one, many) = out["micro_batches"], _unit(out)
     worst = max(rows, key=lambda r: r["estimated_peak_bytes"])
-    line = f"  largest micro-batch: {worst['index']} of {len(rows)}, estimated {_mib(worst['estimated_peak_bytes'])}"
+    line = f"  largest {one}: {worst['index']} of {len(rows)}, estimated {_mib(worst['estimated_peak_bytes'])}"
     if worst.get("measured_peak_bytes"):
         line += f", measured {_mib(worst['measured_peak_bytes'])} ({100 * worst['relative_error']:+.2f}%)"
     if out.get("max_abs_relative_error") is not None:
-        line += f"; worst error over micro-batches {100 * out['max_abs_relative_error']:.2f}%"
+        line += f"; worst error over {many} {100 * out['max_abs_relative_error']:.2f}%"
     lines.append(line)
     parts = ", ".join(f"{c} {b / 2**20:.1f}" for c, b in
                       sorted(worst["components"].items(), key=lambda kv: -kv[1]) if b)
-    lines.append(f"  largest micro-batch by component (MiB): {parts}")
+    lines.append(f"  largest {one} by component (MiB): {parts}")
     if len(rows) > 1:
-        lines.append(f"  (--micro-batches lists all {len(rows)} micro-batches)")
+        lines.append(f"  (--micro-batches lists all {len(rows)} {many})")
     return lines
 
 
 def micro_batch_lines(out: dict) -> list[str]:
-    """One line per micro-batch: estimated peak (and measured peak and error with ``--measure``)."""
-    lines = []
+    """One line per micro-batch (RevGNN: per cluster part): estimated peak (and measured
+    peak and error with ``--measure``)."""
+    lines, (one, _) = [], _unit(out)
     for row in out["micro_batches"]:
-        line = f"  micro-batch {row['index']:<3} estimated {row['estimated_peak_bytes'] / 2**20:10.2f} MiB"
+        line = f"  {one} {row['index']:<3} estimated {row['estimated_peak_bytes'] / 2**20:10.2f} MiB"
         if row.get("measured_peak_bytes"):
             line += (f"  measured {row['measured_peak_bytes'] / 2**20:10.2f} MiB"
                      f"  error {100 * row['relative_error']:+.2f}%")

@@ -30,7 +30,7 @@ from workflow.stages.base import StageContext
 __all__ = ["run"]
 
 TABLES = {"micro": "microbatches", "part": "parts"}
-"""The CSV of a split's rows, by its kind of micro-batch."""
+"""The CSV of a split's rows, by what they are (sampled micro-batches or RevGNN cluster parts)."""
 
 
 @dataclass(frozen=True)
