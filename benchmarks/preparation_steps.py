@@ -75,7 +75,10 @@ def main() -> None:
         def gather_rows(table, ids):  # and a pageable copy to the device: new buffers each time
             return table[ids]
     reusable = "out" in inspect.signature(gather_rows).parameters
-    carved_sizes = getattr(sizes, "carved_split_sizes", None)
+    # a checkout from before the micro-batch names has them as piece_sizes and
+    # carved_piece_sizes; one from before the carved sizes lacks that step
+    membership_sizes = getattr(sizes, "split_sizes", None) or getattr(sizes, "piece_sizes")
+    carved_sizes = getattr(sizes, "carved_split_sizes", None) or getattr(sizes, "carved_piece_sizes", None)
 
     rspec = load_spec(os.path.join(checkout, "specs", "synthetic_products.yaml"),
                       [f"dataset.scale={args.scale}", f"dataset.root={args.root}", "train.device=cpu"])
@@ -120,7 +123,7 @@ def main() -> None:
         micro_batches[:] = [carver.carve(idx) for idx in outputs]
 
     timed("sample", lambda: sample_full_batch(ds.graph, ds.train_idx, fanouts, seed=1))
-    timed("micro-batch sizes (membership)", lambda: sizes.split_sizes(batch, groups, k))
+    timed("micro-batch sizes (membership)", lambda: membership_sizes(batch, groups, k))
     timed(f"carve {k} micro-batches", carve_all)
     if carved_sizes is not None:
         timed("micro-batch sizes (carved micro-batches)", lambda: carved_sizes(batch, groups, k, micro_batches))
