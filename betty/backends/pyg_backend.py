@@ -30,7 +30,7 @@ from torch_geometric.utils import scatter, softmax
 
 from betty.backends.base import Backend, _required_degrees, plain_to
 from betty.backends.lstm import AutocastLSTM
-from betty.models.gcn import GraphConvParameters
+from betty.backends.graph_conv import GraphConvParameters
 
 __all__ = ["PygBlock", "PygGraph", "PygSAGEConv", "PygGraphConv", "PygGATConv", "lstm_aggregate",
            "PygBackend", "BACKEND"]
@@ -190,7 +190,7 @@ class PygGraphConv(GraphConvParameters):
 
     ``W`` applied before the aggregation when ``in > out``, after it otherwise (DGL's
     order); a node without in-edges gets ``b``. Parameters and initialisation: DGL
-    ``GraphConv``'s (:class:`betty.models.gcn.GraphConvParameters`)."""
+    ``GraphConv``'s (:class:`betty.backends.graph_conv.GraphConvParameters`)."""
 
     def __init__(self, in_feats: int, out_feats: int) -> None:
         super().__init__(in_feats, out_feats)

@@ -32,9 +32,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from betty.backends.graph_conv import GraphConvParameters
 from betty.models.base import BlockGNN
 
-__all__ = ["GCN", "GCNLayer", "GraphConvParameters", "gcn_forward"]
+__all__ = ["GCN", "GCNLayer", "gcn_forward"]
 
 
 def gcn_forward(ops, block, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -64,22 +65,6 @@ def gcn_forward(ops, block, h: torch.Tensor, weight: torch.Tensor, bias: torch.T
     if not project_first:
         agg = agg @ weight
     return agg * dst_norm[:, None] + bias
-
-
-class GraphConvParameters(nn.Module):
-    """DGL ``GraphConv``'s parameters and initialisation: ``weight`` ``(in, out)``
-    (Xavier uniform) and ``bias`` ``(out,)`` (zeros). The base of :class:`GCNLayer` and
-    of the PyG backend's whole-graph :class:`betty.backends.pyg_backend.PygGraphConv`."""
-
-    def __init__(self, in_feats: int, out_feats: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(in_feats, out_feats))
-        self.bias = nn.Parameter(torch.empty(out_feats))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.xavier_uniform_(self.weight)
-        nn.init.zeros_(self.bias)
 
 
 class GCNLayer(GraphConvParameters):
