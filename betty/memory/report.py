@@ -13,6 +13,7 @@ import torch
 from betty.batch import SampledBatch
 from betty.memory.estimator import estimate_micro_batches
 from betty.memory.ksearch import DEFAULT_SAFETY_MARGIN, search_k
+from betty.records import estimate_error
 
 __all__ = ["estimate_report", "split_report"]
 
@@ -86,9 +87,9 @@ def split_report(estimates: Sequence[Any], *, method: str, k: int, backend: str,
         for row, peak in zip(rows, measured):
             row["measured_peak_bytes"] = peak
             row["relative_error"] = None if not peak else (row["estimated_peak_bytes"] - peak) / peak
-        errors = [abs(r["relative_error"]) for r in rows if r["relative_error"] is not None]
         out["max_measured_peak_bytes"] = max((p for p in measured if p), default=None)
-        out["max_abs_relative_error"] = max(errors, default=None)
+        out["max_abs_relative_error"] = estimate_error((row["estimated_peak_bytes"], peak)
+                                                       for row, peak in zip(rows, measured))
     if search is not None:
         out["k_tried"] = search.to_dict()["tried"]
     return out

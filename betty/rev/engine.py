@@ -263,7 +263,6 @@ def backward_parts(
     after_last: Optional[Callable[[], None]] = None,
     indices: Optional[Sequence[int]] = None,
     loss_fn: Optional[Callable[[Tensor, Tensor], Tensor]] = None,
-    model_kwargs: Optional[dict[str, Any]] = None,
 ) -> tuple[list[PartRecord], float]:
     """Forward and backward of every part with training nodes, accumulating into
     ``.grad`` (no zeroing, no optimizer step): :func:`betty.train.accumulate_micro_batches`
@@ -287,7 +286,6 @@ def backward_parts(
         loss_fn: the summed loss over a part's training rows, ``loss_fn(out, target)``
             (must sum: ``reduction='sum'``; default
             :func:`betty.train.node_loss_sum`, cross-entropy or multi-label BCE).
-        model_kwargs: further keyword arguments of every model call.
 
     Returns:
         ``(records, correct)``: one :class:`PartRecord` per part (loss = ``loss_P``) and
@@ -317,7 +315,7 @@ def backward_parts(
         x = feat[ids].to(device)
         if dtype is not None and x.dtype != dtype:
             x = x.to(dtype)
-        kwargs: dict[str, Any] = {**(model_kwargs or {}), "node_ids": ids.to(device)}
+        kwargs: dict[str, Any] = {"node_ids": ids.to(device)}
         mask_fn = mask_factory() if mask_factory is not None else None
         if mask_fn is not None:
             kwargs["mask_fn"] = mask_fn
@@ -385,7 +383,7 @@ def train_step_parts(
             nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
             after_last()
 
-        step = clip_then_step if clip_grad_norm is not None and after_last is not None else after_last
+        step = clip_then_step if clip_grad_norm is not None else after_last
         records, correct = backward_parts(model, [parts[i] for i in chosen], feat, label,
                                           train_mask, after_last=step, indices=chosen,
                                           **kwargs)
