@@ -7,7 +7,7 @@ which scores a model on the validation and test splits (``full``, ``sampled`` or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from betty import evaluation
@@ -42,10 +42,9 @@ def evaluation_options(rspec: ResolvedSpec, *, train_k: int | None = None) -> di
 
 def evaluate_model(model, dataset, rspec: ResolvedSpec, device, *,
                    splits: Sequence[str] = ("valid", "test"),
-                   progress: Callable[[int, int, int], None] | None = None,
                    train_k: int | None = None) -> dict[str, float]:
     """``{"valid_acc": ..., "test_acc": ...}`` (splits without nodes are left out) with the
     spec's options (:func:`evaluation_options`). ``train_k``: the number of parts training
     used (``revgnn`` multi-view default)."""
-    return evaluation.evaluate_model(model, dataset, splits=splits, device=device, progress=progress,
+    return evaluation.evaluate_model(model, dataset, splits=splits, device=device,
                                      **evaluation_options(rspec, train_k=train_k))
