@@ -140,3 +140,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def temp_in_tmp_path(tmp_path, monkeypatch):
+    """The temporary directory of this process (``tempfile.tempdir``) and of the
+    processes it starts (``TMPDIR``) is the test's ``tmp_path``: what the code under
+    test leaves there is seen, and kept out of the machine's /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    return tmp_path

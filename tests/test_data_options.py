@@ -24,7 +24,7 @@ def test_valid_options_have_no_problem_and_import_no_numpy_or_torch():
     ({"num_nodez": 5}, "num_nodez", "unknown option for dataset 'synthetic'"),
     ({"avg_degree": float("inf")}, "avg_degree", "finite"),
     ({"seed": MAX_SEED + 1}, "seed", f"from 0 to {MAX_SEED}"),
-    ({"num_nodes": -4, "seed": 1}, "num_nodes", ""),
+    ({"num_nodes": -4, "seed": 1}, "num_nodes", "num_nodes=-4 (allowed: integer >= 2)"),
 ])
 def test_each_problem_names_its_option(options, key, words):
     problems = option_problems("synthetic", options)

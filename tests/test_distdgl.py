@@ -168,23 +168,23 @@ def test_a_failing_trainer_ends_the_launch_and_stops_the_servers(tmp_path, layou
     assert not _our_shared_memory(shm_before)
 
 
-def test_server_logs_in_a_folder_of_their_own_go_when_the_servers_end_cleanly(tmp_path, layout, monkeypatch):
+def test_server_logs_in_a_folder_of_their_own_go_when_the_servers_end_cleanly(temp_in_tmp_path, layout):
     """The default log folder is removed after a clean end and kept after a failure (its
     messages name the logs); a folder the caller gave is never removed."""
-    import tempfile
-
     from betty.backends.distdgl.cluster import GraphServers
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    tmp_path = temp_in_tmp_path
     ip_config = _ip_config(tmp_path)
     clean, failed = (GraphServers(layout, [0], ip_config, clients=1) for _ in range(2))
     given = GraphServers(layout, [0], ip_config, clients=1, log_dir=tmp_path / "mine")
     given.log_dir.mkdir()
+    raised = GraphServers(layout, [0], ip_config, clients=1)
     failed.failure = "the graph server of machine 0 exited"
     for servers in (clean, failed, given):
         servers.__exit__(None, None, None)
+    raised.__exit__(RuntimeError, RuntimeError("the trainers failed"), None)
     assert not clean.log_dir.exists()
-    assert failed.log_dir.is_dir() and given.log_dir.is_dir()
+    assert failed.log_dir.is_dir() and given.log_dir.is_dir() and raised.log_dir.is_dir()
 
 
 def test_ensure_partitions_writes_once_and_checks_what_it_finds(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pickle
 import subprocess
-import tempfile
 import sys
 import time
 import uuid
@@ -14,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from betty.distributed import lpt_assign, parameter_checksum, micro_batches_of_rank
-from betty.distributed.launch import free_port, launch
+from betty.distributed import lpt_assign, micro_batches_of_rank, parameter_checksum
+from betty.distributed.launch import RankFailed, free_port, launch
 from betty.train import max_relative_difference
-from betty.distributed.launch import RankFailed
 from distributed_cases import case_name, dataset, rank_collective_checks, rank_raise_on, train_case
 
 TESTS = Path(__file__).resolve().parent
@@ -60,10 +58,10 @@ def test_allreduce_sums_keeps_absent_gradients_and_names_diverged_rank():
 
 
 @pytest.mark.parametrize("failing", [-1, 1])
-def test_launch_leaves_no_files_behind(tmp_path, monkeypatch, failing):
+def test_launch_leaves_no_files_behind(temp_in_tmp_path, failing):
     """The launcher's per-rank files go to a folder that launch removes, whether the
     ranks succeed or one fails (its error still reaches the caller)."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    tmp_path = temp_in_tmp_path
     if failing < 0:
         assert launch(rank_raise_on, (failing,), nproc=2) == {0: 0, 1: 1}
     else:

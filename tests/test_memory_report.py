@@ -48,10 +48,11 @@ def expected_estimates(trainer):
 
 
 def plans(make):
+    """A fixed K = 3 plan and the ``make``'s plan class."""
     from betty.rev.engine import RevPlan
 
     plan = PartitionPlan if make is sampled else RevPlan
-    return plan("random", 3), plan("random", "auto", memory_budget=10**9)
+    return plan("random", 3), plan
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -96,13 +97,18 @@ def test_memory_report_measures_every_micro_batch_after_a_real_step(make, backen
 
 @pytest.mark.parametrize("make", [sampled, reversible])
 def test_memory_report_gives_the_ks_its_search_tried(make):
-    _, auto = plans(make)
-    report = make("auto", auto).memory_report()
+    """A budget of 60% of the K = 1 peak: the search starts at K = 1, every smaller K
+    it tried is over the budget, and the chosen K's peak is the report's and fits."""
+    fixed, plan = plans(make)
+    one = make("auto", plan("random", 1)).memory_report()["max_estimated_peak_bytes"]
+    budget = int(0.6 * one)
+    report = make("auto", plan("random", "auto", memory_budget=budget, safety_margin=0.0)).memory_report()
     assert list(report)[-1] == "k_tried"
     tried = report["k_tried"]
     pairs = ([(int(k), v) for k, v in tried.items()] if isinstance(tried, dict)
              else [(row["k"], row["max_estimated_peak_bytes"]) for row in tried])
-    assert pairs and pairs[-1][0] == report["k"]
-    assert report["k"] == 1 and pairs[-1][1] == report["max_estimated_peak_bytes"]
-    fixed, _ = plans(make)
+    k = report["k"]
+    assert pairs[0] == (1, one) and k > 1
+    assert dict(pairs)[k] == report["max_estimated_peak_bytes"] <= budget
+    assert all(peak > budget for tried_k, peak in pairs if tried_k < k)
     assert "k_tried" not in make("auto", fixed).memory_report()

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,17 +19,11 @@ from distributed_cases import graph_server_pids
 from test_workflow_support import PROJECT, assert_runs_failed, invoke, runs_of
 
 pytest.importorskip("dgl")
-pytestmark = [pytest.mark.dgl, pytest.mark.workflow]
+# the graph servers' log folders (kept after the failures injected here) under tmp_path
+pytestmark = [pytest.mark.dgl, pytest.mark.workflow, pytest.mark.usefixtures("temp_in_tmp_path")]
 
 EXPERIMENT = "distdgl-test"
 FAST = ["-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]"]
-
-
-@pytest.fixture(autouse=True)
-def _temporary_files_in_tmp_path(tmp_path, monkeypatch):
-    """The graph servers' log folders (kept after a failure) go under the test's folder."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
 
 
 def _ip_config(folder: Path, machines: int) -> Path:
