@@ -20,8 +20,9 @@ import dataclasses
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -36,6 +37,7 @@ from betty.memory.sizes import carved_split_sizes
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
 from betty.partition.metrics import split_metrics
+from betty.partition.sweep import Split, measure_batch_split, sweep_batch
 from betty.pipeline import check_prefetch, preparation
 from betty.precision import LossScaler, Precision
 from betty.records import IdleTime, epoch_metrics, estimate_error
@@ -541,6 +543,21 @@ class Trainer:
         if self.plan.memory_budget is None:
             return None
         return self.plan.memory_budget * (1.0 - self.plan.safety_margin)
+
+    # -- the first split, measured, and other splits of its batch -------------------
+    def measure_split(self, batch: SampledBatch | None = None) -> Split:
+        """Epoch 0's split of ``batch`` (default: :meth:`sample` ``(0, 0)``), measured as
+        :func:`betty.partition.measure_batch_split` measures it."""
+        return measure_batch_split(self, self.sample(0, 0) if batch is None else batch)
+
+    def sweep(self, ks: Sequence[int], methods: Sequence[str] | None = None, *,
+              batch: SampledBatch | None = None, **options: Any) -> tuple[list[dict], dict[str, str]]:
+        """``batch`` (default: :meth:`sample` ``(0, 0)``) split by every method at every K
+        of ``ks`` with the plan's partitioner options: :func:`betty.partition.sweep_batch`
+        (``options``: its ``seed``, ``time_limit_s``, ``max_k``, ``progress``, ``on_skip``),
+        rows with the columns :data:`betty.partition.sweep.SWEEP_COLUMNS`."""
+        batch = self.sample(0, 0) if batch is None else batch
+        return sweep_batch(batch, ks, methods, graph=self.dataset.graph, options=self.plan.options, **options)
 
     # -- memory report --------------------------------------------------------------
     def memory_report(self, measure: bool = False) -> dict:

@@ -39,7 +39,9 @@ class TrainerProtocol(Protocol):
     """Either engine: ``train_epoch(e)`` trains epoch ``e`` (one step per batch;
     RevGNN: one step over the cluster parts), ``epochs(range)`` yields the same records
     with the next epochs' preparation overlapped, ``memory_report()`` estimates (and
-    measures) the first epoch's micro-batches or parts; ``parallel`` is the
+    measures) the first epoch's micro-batches or parts, ``measure_split()`` measures
+    its split (a :class:`betty.partition.Split`), ``sweep(ks)`` compares the partition
+    methods over several K; ``parallel`` is the
     :class:`betty.distributed.DataParallel` of a rank (or ``None``)."""
 
     model: Any
@@ -52,6 +54,11 @@ class TrainerProtocol(Protocol):
     def epochs(self, epochs: Iterable[int]) -> Iterator[EpochRecordProtocol]: ...
 
     def memory_report(self, measure: bool = False) -> dict: ...
+
+    def measure_split(self, batch: Any = None) -> Any: ...
+
+    def sweep(self, ks: Sequence[int], methods: Sequence[str] | None = None, *, batch: Any = None,
+              **options: Any) -> tuple[list[dict], dict[str, str]]: ...
 
 
 class IdleTime:

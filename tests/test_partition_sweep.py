@@ -101,6 +101,16 @@ def test_measure_batch_split_is_the_trainers_first_split(backend):
     assert {"redundancy_layer0", "redundancy_layer1"} <= set(metrics) and "redundancy_per_layer" not in metrics
     assert "method" not in metrics and metrics["k"] == 3
     assert split.summary.startswith("random K=3: redundancy ")
+    assert split.batch is batch
+
+    # the trainer's own: the same split of batch 0, sampled when not given
+    mine = trainer.measure_split()
+    assert mine.rows == split.rows and (mine.arrays["groups"] == split.arrays["groups"]).all()
+    assert (mine.batch.output_nid == batch.output_nid).all()
+    rows, skipped = trainer.sweep([2, 3], ["random"], seed=0)
+    given = trainer.sweep([2, 3], ["random"], batch=batch, seed=0)[0]
+    assert [(r["redundancy"], r["imbalance"]) for r in rows] == [(r["redundancy"], r["imbalance"]) for r in given]
+    assert [(r["method"], r["k"]) for r in rows] == [("random", 2), ("random", 3)] and skipped == {}
 
 
 def test_cluster_split_and_sweep(backend):
@@ -127,3 +137,11 @@ def test_cluster_split_and_sweep(backend):
     assert skipped == {"metis": "K=4 skipped: above sweep.max_k.metis=2"}
     assert all(set(r) <= set(CLUSTER_SWEEP_COLUMNS) and 0 < r["edges_kept_fraction"] <= 1 for r in rows)
     assert all(r["peak_estimated_bytes"] > 0 for r in rows)
+
+    # the trainer's own, as the sampled engine's (RevGNN takes no batch)
+    assert trainer.measure_split().rows == split.rows
+    assert [(r["method"], r["k"]) for r in trainer.sweep([2], ["random"], seed=0)[0]] == [("random", 2)]
+    with pytest.raises(ValueError, match="samples no batches"):
+        trainer.measure_split(batch=object())
+    with pytest.raises(ValueError, match="samples no batches"):
+        trainer.sweep([2], batch=object())

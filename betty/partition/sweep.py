@@ -55,6 +55,7 @@ class Split:
             output node IDs and ``groups`` ``(n_out,)`` their micro-batches; clusters: ``part``
             ``(N,)``, the part of every node).
         summary: a one-line summary.
+        batch: the sampled batch that was split (``None`` for cluster parts).
     """
 
     report: dict
@@ -62,6 +63,7 @@ class Split:
     micro_batch_key: str
     arrays: dict[str, np.ndarray]
     summary: str
+    batch: Any = None
 
     def metrics(self) -> dict[str, float]:
         """The report's numbers as scalars by name: a ``<name>_per_layer`` list becomes
@@ -121,7 +123,7 @@ def measure_batch_split(trainer, batch) -> Split:
              "estimated_bytes": estimates[i] if estimates else None} for i, mb in enumerate(micro)]
     return Split(report, rows, "micro", {"outputs": batch.output_nid.numpy(), "groups": result.groups.numpy()},
                  f"{result.method} K={result.k}: redundancy {stats['redundancy']:.3f}, "
-                 f"imbalance {stats['imbalance']:.3f}")
+                 f"imbalance {stats['imbalance']:.3f}", batch)
 
 
 def sweep_plan(ks: list[int], method: str, max_k: Mapping[str, int] | None) -> tuple[list[int], str | None]:

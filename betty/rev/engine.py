@@ -53,7 +53,9 @@ from torch import Tensor, nn
 from betty.catalog import CLUSTER_METHODS
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.records import IdleTime, epoch_metrics, estimate_error
-from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes
+from betty.partition.sweep import Split
+from betty.rev.sweep import measure_cluster_split, sweep_clusters
+from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes, edges_kept_fraction
 from betty.train import (MicroBatchForward, accumulate_micro_batches, count_correct, largest_peak,
                          locate_non_finite, node_loss_sum, step_over_micro_batches)
 
@@ -81,13 +83,6 @@ _PARTITION_STREAM = 0x9A27  # separates the partition seeds from other (seed, ep
 def cluster_seed(seed: int, epoch: int) -> int:
     """Seed of epoch ``epoch``'s random split: a 31-bit hash of ``(seed, epoch)``."""
     return dropout_key(seed, epoch, _PARTITION_STREAM) & 0x7FFFFFFF
-
-
-def edges_kept_fraction(parts: Sequence[GraphPart], num_edges: int) -> float:
-    """``sum_P |E(P)| / |E|``: the share of the graph's edges the induced parts keep."""
-    if num_edges == 0:
-        return 1.0
-    return sum(int(p.graph.num_edges()) for p in parts) / num_edges
 
 
 @dataclass
@@ -413,6 +408,12 @@ def estimate_parts(model: nn.Module, optimizer: torch.optim.Optimizer, parts: Se
                                                     optimizer=optimizer, **memory_kwargs)]
 
 
+def _no_batch(batch: Any) -> None:
+    if batch is not None:
+        raise ValueError("RevGNN samples no batches: it splits the whole graph into cluster parts; "
+                         "leave batch out")
+
+
 class RevTrainer:
     """Epochs of RevGNN training on one dataset: one optimizer step per epoch,
     accumulated over the plan's K parts.
@@ -561,6 +562,22 @@ class RevTrainer:
         if not self.estimate_memory:
             return None
         return estimate_parts(self.model, self.optimizer, parts, self.train_mask, **self.memory_kwargs)
+
+    def measure_split(self, batch: None = None) -> Split:
+        """Epoch 0's split of the graph, measured as
+        :func:`betty.rev.sweep.measure_cluster_split` measures it (``batch``: the sampled
+        engine's argument; RevGNN samples none, so it must stay ``None``)."""
+        _no_batch(batch)
+        return measure_cluster_split(self)
+
+    def sweep(self, ks: Sequence[int], methods: Sequence[str] | None = None, *, batch: None = None,
+              **options: Any) -> tuple[list[dict], dict[str, str]]:
+        """The graph split by every cluster method at every K of ``ks``:
+        :func:`betty.rev.sweep.sweep_clusters` (``options``: its ``seed``,
+        ``time_limit_s``, ``max_k``, ``progress``, ``on_skip``), rows with the columns
+        :data:`betty.rev.sweep.CLUSTER_SWEEP_COLUMNS`."""
+        _no_batch(batch)
+        return sweep_clusters(self, ks, methods, **options)
 
     def memory_report(self, measure: bool = False) -> dict:
         """The memory model's view of the first epoch's split, as

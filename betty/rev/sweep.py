@@ -19,8 +19,7 @@ import numpy as np
 
 from betty.catalog import CLUSTER_METHODS
 from betty.partition.sweep import OnSkip, Progress, Split, sweep_grid
-from betty.rev.engine import edges_kept_fraction
-from betty.rev.training import backend_graph, cluster_partition
+from betty.rev.training import backend_graph, cluster_partition, edges_kept_fraction
 
 __all__ = ["CLUSTER_SWEEP_COLUMNS", "cluster_figures", "measure_cluster_split", "sweep_clusters"]
 

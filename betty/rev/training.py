@@ -14,6 +14,7 @@ or, as in the paper's ogbn-proteins runs, on K parts of a node partition per ste
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -106,6 +107,13 @@ def cluster_partition(
 
     ops, device = backend_of_graph(graph), graph.device
     return [GraphPart(ops.node_subgraph(graph, ids.to(device)), ids.to(device)) for ids in parts]
+
+
+def edges_kept_fraction(parts: Sequence[GraphPart], num_edges: int) -> float:
+    """``sum_P |E(P)| / |E|``: the share of the graph's edges the induced parts keep."""
+    if num_edges == 0:
+        return 1.0
+    return sum(int(p.graph.num_edges()) for p in parts) / num_edges
 
 
 def count_train_nodes(train_mask: Tensor) -> int:

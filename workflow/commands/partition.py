@@ -25,9 +25,7 @@ def partition(spec: SpecArg,
     import numpy as np
 
     from betty.batchfile import save_batch
-    from betty.partition import measure_batch_split
-    from betty.rev.sweep import measure_cluster_split
-    from workflow.components import load_data, make_trainer, resolve_device, uses_revgnn
+    from workflow.components import load_data, make_trainer, resolve_device
 
     overrides = list(set_ or [])
     if method:
@@ -36,11 +34,10 @@ def partition(spec: SpecArg,
         overrides.append(f"partition.k={k}")
     rspec = load(spec, overrides)
     trainer, _, _ = make_trainer(rspec, load_data(rspec), resolve_device(rspec.spec.train.device))
-    batch = None if uses_revgnn(rspec) else trainer.sample(0, 0)
-    split = measure_cluster_split(trainer) if batch is None else measure_batch_split(trainer, batch)
+    split = trainer.measure_split()
     out = dict(split.report)
-    if save is not None and batch is not None:
-        out["saved"] = str(save_batch(Path(save) / "batch.npz", batch, split.arrays["groups"]))
+    if save is not None and split.batch is not None:
+        out["saved"] = str(save_batch(Path(save) / "batch.npz", split.batch, split.arrays["groups"]))
     elif save is not None:
         Path(save).mkdir(parents=True, exist_ok=True)
         np.savez_compressed(Path(save) / "parts.npz", **split.arrays)

@@ -1,8 +1,6 @@
-"""Stage ``partition``: split the first epoch's work exactly as training will
-(:func:`betty.partition.measure_batch_split` for sampled batches,
-:func:`betty.rev.sweep.measure_cluster_split` for ``revgnn``) and compare partitioners
-over ``partition.sweep`` (:func:`betty.partition.sweep_batch`,
-:func:`betty.rev.sweep.sweep_clusters`); this module logs what they return.
+"""Stage ``partition``: split the first epoch's work exactly as training will (the
+trainer's ``measure_split``) and compare partitioners over ``partition.sweep`` (its
+``sweep``); this module logs what they return.
 
 Metrics and artifacts: docs/workflow.md, *Stages* (``revgnn``: *Reversible deep GNNs*).
 """
@@ -16,12 +14,11 @@ import mlflow
 import numpy as np
 
 from betty.batchfile import load_batch
-from betty.partition import measure_batch_split, sweep_batch
 from betty.partition.sweep import SWEEP_COLUMNS
-from betty.rev.sweep import CLUSTER_SWEEP_COLUMNS, measure_cluster_split, sweep_clusters
+from betty.rev.sweep import CLUSTER_SWEEP_COLUMNS
 from workflow.artifacts import write_csv, write_json
 from workflow.checksums import log_artifact
-from workflow.components import make_trainer, uses_revgnn
+from workflow.components import make_trainer
 from workflow.plots import sweep_figure
 from workflow.progress import Reporter
 from workflow.runs import log_metrics
@@ -46,14 +43,16 @@ class _SweepLog:
     what: str
 
 
-BATCH_SWEEP = _SweepLog(
-    SWEEP_COLUMNS, {"redundancy": "sweep_redundancy"}, (("redundancy", "redundancy (input loads / inputs)"),),
-    "redundancy_vs_k", "redundancy vs K")
-CLUSTER_SWEEP = _SweepLog(
-    CLUSTER_SWEEP_COLUMNS,
-    {"edges_kept_fraction": "sweep_edges_kept", "peak_estimated_bytes": "sweep_peak_estimated_bytes"},
-    (("edges_kept_fraction", "edges kept (fraction)"), ("peak_estimated_bytes", "largest part, estimated peak")),
-    "cluster_sweep", "cluster splits vs K")
+SWEEPS = {  # by the split's rows: sampled micro-batches or RevGNN cluster parts
+    "micro": _SweepLog(
+        SWEEP_COLUMNS, {"redundancy": "sweep_redundancy"}, (("redundancy", "redundancy (input loads / inputs)"),),
+        "redundancy_vs_k", "redundancy vs K"),
+    "part": _SweepLog(
+        CLUSTER_SWEEP_COLUMNS,
+        {"edges_kept_fraction": "sweep_edges_kept", "peak_estimated_bytes": "sweep_peak_estimated_bytes"},
+        (("edges_kept_fraction", "edges kept (fraction)"), ("peak_estimated_bytes", "largest part, estimated peak")),
+        "cluster_sweep", "cluster splits vs K"),
+}
 
 
 def run(ctx: StageContext) -> dict[str, float]:
@@ -61,13 +60,8 @@ def run(ctx: StageContext) -> dict[str, float]:
     p = spec.partition
     searches: list = []
     trainer, _, _ = make_trainer(ctx.rspec, ctx.dataset(), ctx.device, on_search=searches.append)
-    revgnn = uses_revgnn(ctx.rspec)
-    if revgnn:
-        split = measure_cluster_split(trainer)
-    else:
-        path = ctx.upstream_file("sample", "batch.npz")
-        batch = load_batch(path)[0] if path is not None else trainer.sample(0, 0)
-        split = measure_batch_split(trainer, batch)  # exactly the first epoch's split
+    path = ctx.upstream_file("sample", "batch.npz") if hasattr(trainer, "sample") else None  # revgnn: none
+    split = trainer.measure_split(load_batch(path)[0] if path is not None else None)  # the first epoch's
     log_metrics(split.metrics())
     for i, row in enumerate(split.rows):
         log_metrics({f"{split.micro_batch_key}_{key.removeprefix('num_')}": value for key, value in row.items()
@@ -84,12 +78,8 @@ def run(ctx: StageContext) -> dict[str, float]:
         options = dict(methods=p.sweep.methods or None, seed=spec.sampling.seed, time_limit_s=p.sweep.time_limit_s,
                        max_k=p.sweep.max_k, progress=_steps(ctx.reporter, "partition sweep"),
                        on_skip=lambda method, reason: ctx.reporter.note(f"sweep: {method} {reason}"))
-        if revgnn:
-            kind, table, skipped = CLUSTER_SWEEP, *sweep_clusters(trainer, p.sweep.k, **options)
-        else:
-            kind, table, skipped = BATCH_SWEEP, *sweep_batch(
-                batch, p.sweep.k, graph=trainer.dataset.graph, options=trainer.plan.options, **options)
-        _log_sweep(ctx, kind, table, skipped)
+        table, skipped = trainer.sweep(p.sweep.k, batch=split.batch, **options)
+        _log_sweep(ctx, SWEEPS[split.micro_batch_key], table, skipped)
     return {key: split.report[key] for key in ("k", "redundancy", "edges_kept_fraction", "imbalance")
             if key in split.report}
 
