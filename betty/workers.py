@@ -10,8 +10,8 @@ parts run on separate cores. The parts' results are put together in a fixed orde
 the count never changes what is computed: bit for bit the one-thread result.
 
 The count: :func:`set_prep_workers` (``train.prep_workers``: an int, or ``auto`` = the
-cores this process may use less the trainer's threads, :func:`spare_cores`, at least
-1). One worker runs every part in the calling thread, as a plain loop.
+cores the trainers' threads leave, shared among this machine's ranks: :func:`auto_prep_workers`).
+One worker runs every part in the calling thread, as a plain loop.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["prep_workers", "set_prep_workers", "spare_cores", "parallel_map", "configure_threads"]
+__all__ = ["prep_workers", "set_prep_workers", "auto_prep_workers", "spare_cores", "parallel_map",
+           "configure_threads"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 _lock = threading.Lock()
-_count: int | None = None  # None: spare_cores() when asked
+_count: int | None = None  # None: auto_prep_workers() when asked
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 
@@ -46,9 +47,22 @@ def spare_cores(trainer_threads: int | None = None, cores: int | None = None) ->
     return max(1, cores - int(trainer_threads))
 
 
+def auto_prep_workers() -> int:
+    """``auto``'s count: the cores left by the trainer threads (``torch.get_num_threads()``)
+    of this machine's ranks (:func:`betty.threads.local_ranks`), shared among them, at
+    least 1: ``max(1, (cores - threads x ranks) // ranks)`` (one process:
+    :func:`spare_cores`)."""
+    import torch
+
+    from betty.threads import local_ranks
+
+    ranks = local_ranks()
+    return max(1, spare_cores(torch.get_num_threads() * ranks) // ranks)
+
+
 def set_prep_workers(count: int | str | None) -> int:
     """Set the preparation threads: an int >= 1, or ``"auto"`` / ``None`` for
-    :func:`spare_cores` at the time of each use. Returns the count now in effect."""
+    :func:`auto_prep_workers` at the time of each use. Returns the count now in effect."""
     global _count
     if count in ("auto", None):
         _count = None
@@ -61,7 +75,7 @@ def set_prep_workers(count: int | str | None) -> int:
 
 def prep_workers() -> int:
     """The preparation threads in effect (see :func:`set_prep_workers`)."""
-    return spare_cores() if _count is None else _count
+    return auto_prep_workers() if _count is None else _count
 
 
 def _executor(size: int) -> ThreadPoolExecutor:
@@ -99,17 +113,12 @@ def configure_threads(threads: int | str | None = "auto", prep_workers: int | st
     """Size this process's thread pools: PyTorch's and, where DGL is installed, DGL's
     OpenMP pool to :func:`betty.threads.resolve_threads` of ``threads`` (left alone for
     ``None``), and the preparation threads (:func:`set_prep_workers`) to
-    ``prep_workers``, where ``"auto"`` is the cores the trainers' threads leave, shared
-    among this machine's ranks. Returns the thread count set (``None``: left alone)."""
+    ``prep_workers``. Returns the thread count set (``None``: left alone)."""
     import torch
 
-    from betty.threads import local_ranks, resolve_threads
+    from betty.threads import resolve_threads
 
     count = resolve_threads(threads, work_edges)
-    if prep_workers == "auto":
-        ranks = local_ranks()
-        trainer = torch.get_num_threads() if count is None else count
-        prep_workers = max(1, spare_cores(trainer * ranks) // ranks)
     set_prep_workers(prep_workers)
     if count is not None:
         torch.set_num_threads(count)

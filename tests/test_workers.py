@@ -124,6 +124,10 @@ def test_configure_threads_sizes_torch_and_the_preparation_threads(monkeypatch):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
         workers.configure_threads(1, "auto")  # two ranks of 1 thread on 6 cores: 2 each
         assert workers.prep_workers() == 2
+        workers.set_prep_workers("auto")  # the library's own auto: the same share
+        assert workers.prep_workers() == workers.auto_prep_workers() == 2
+        torch.set_num_threads(2)  # read at each use: two ranks of 2 threads on 6 cores leave 1 each
+        assert workers.prep_workers() == 1
     finally:
         torch.set_num_threads(before_threads)
         workers.set_prep_workers(before_count)
