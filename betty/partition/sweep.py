@@ -79,7 +79,8 @@ class Split:
 
 def measure_batch_split(trainer, batch) -> Split:
     """Split ``batch`` exactly as ``trainer``'s first epoch does (epoch 0, batch 0: its
-    method, K or K search, balance) and carve its micro-batches, timing each step.
+    method, K or K search, balance) and carve its micro-batches as a prepared batch's are
+    (:func:`betty.train.carve_all`, on the preparation threads), timing each step.
 
     Args:
         trainer: a :class:`betty.engine.Trainer` (its ``partition``, ``estimator`` and
@@ -97,7 +98,7 @@ def measure_batch_split(trainer, batch) -> Split:
         ``rows``: K dicts ``micro``, ``num_outputs``, ``num_inputs`` (layer 0),
         ``num_edges`` (all layers), ``estimated_bytes``.
     """
-    from betty.microbatch import split
+    from betty.train import carve_all
 
     start = time.perf_counter()
     result, estimates, _ = trainer.partition(batch, 0, 0)
@@ -105,7 +106,8 @@ def measure_batch_split(trainer, batch) -> Split:
     if estimates is None and trainer.estimator is not None:
         estimates = trainer.estimator(batch, result.groups, result.k)
     start = time.perf_counter()
-    micro = split(batch, result.groups, result.k)
+    micro = [mb for _, mb, _ in carve_all(batch, result.groups, result.k,  # as a prepared batch is carved
+                                          torch_ops=trainer.sample_device is not None)]
     time_blocks = time.perf_counter() - start
     stats = split_metrics(batch, result.groups, result.k)
     report = {"method": result.method, "k": result.k, "redundancy": stats["redundancy"],
