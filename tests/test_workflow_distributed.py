@@ -73,6 +73,23 @@ def test_verify_nproc_passes_and_fails_beyond_tolerance(tmp_path, monkeypatch):
     assert bad.exit_code == 1 and "BEYOND TOLERANCE" in bad.output
 
 
+def test_verify_ranks_build_their_trainers_on_the_shared_dataset(tmp_path, monkeypatch):
+    """Each rank's trainer (one per K) maps the launcher's shared dataset: nothing loads it again."""
+    from betty.distributed.shared import share_dataset
+    from workflow.commands.verify import fresh_trainer
+    from workflow.components import load_data
+    from workflow.specfile import load_spec
+
+    rspec = load_spec("tiny", ["dataset.root=" + str(tmp_path)])
+    dataset = load_data(rspec)
+    with share_dataset(dataset, str(tmp_path)) as shared:
+        monkeypatch.setattr("workflow.components.load_data", lambda *a: pytest.fail("loaded again"))
+        monkeypatch.setattr("betty.data.load_dataset", lambda *a, **k: pytest.fail("loaded again"))
+        trainer, model = fresh_trainer(rspec, shared)
+        assert torch.equal(trainer.dataset.feat, dataset.feat)
+        assert trainer.dataset.feat.data_ptr() != dataset.feat.data_ptr()  # mapped from the shared files
+
+
 def test_mlproject_nproc_parameter():
     import yaml
 

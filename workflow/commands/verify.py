@@ -89,28 +89,34 @@ def verify(spec: SpecArg,
                    f"{result['tol']:.1e} for K in {failed}", 1)
 
 
-def fresh_trainer(rspec) -> tuple:
-    """``(trainer, model)`` of the spec on the CPU, the same seeds at every call (each
-    rank of :func:`betty.distributed.verify.verify_ranks` builds one)."""
+def fresh_trainer(rspec, shared) -> tuple:
+    """``(trainer, model)`` of the spec on the CPU over the launcher's ``shared`` dataset
+    (mapped, not loaded again), the same seeds at every call (each rank of
+    :func:`betty.distributed.verify.verify_ranks` builds one per K)."""
     import torch
 
-    from workflow.components import load_data, make_trainer
+    from workflow.components import configure_threads, make_trainer
 
-    trainer, model, _ = make_trainer(rspec, load_data(rspec), torch.device("cpu"))
+    dataset = shared.attach()
+    configure_threads(rspec, dataset.num_edges)
+    trainer, model, _ = make_trainer(rspec, dataset, torch.device("cpu"))
     return trainer, model
 
 
 def _verify_ranks(rspec, ks: list[int], nproc: int, json_: bool, tol: float | None) -> None:
     from functools import partial
 
+    from betty.distributed.shared import share_dataset
     from betty.distributed.verify import update_tolerance, verify_ranks
 
-    from workflow.components import spec_precision, spec_threads, torch_dtype
+    from workflow.components import load_data, spec_precision, spec_threads, torch_dtype
 
     tol = update_tolerance(torch_dtype(rspec), spec_precision(rspec)) if tol is None else tol
-    result = {"dtype": rspec.spec.train.dtype, "precision": rspec.spec.train.precision,
-              **verify_ranks(partial(fresh_trainer, rspec), ks, nproc, tol=tol,
-                             threads=spec_threads(rspec, ranks=nproc) or 1)}
+    dataset = load_data(rspec)  # once: the ranks map its tensors
+    with share_dataset(dataset) as shared:
+        threads = spec_threads(rspec, dataset.num_edges, ranks=nproc) or 1
+        result = {"dtype": rspec.spec.train.dtype, "precision": rspec.spec.train.precision,
+                  **verify_ranks(partial(fresh_trainer, rspec, shared), ks, nproc, tol=tol, threads=threads)}
     if json_:
         emit_json(result)
     else:
