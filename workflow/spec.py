@@ -12,12 +12,13 @@ Keys, defaults and allowed values: docs/workflow.md, *Specs* (``revgnn``: *Rever
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
 from betty import catalog  # read when a spec is checked: the schema grows with the library
-from betty.data.registry import FEATURE_DTYPES  # the accepted dataset.feature_dtype names
+from betty.data.registry import FEATURE_DTYPES, dataset_names  # the feature dtypes and datasets accepted
 from betty.data.options import MAX_SEED  # sampling.seed and train.seed too
 from betty.sizes import BYTE_SIZE_HELP, parse_bytes
 from betty.precision import PRECISIONS
@@ -103,6 +104,12 @@ def _library_choice(kind: str, value: Any, choices: list[str] | tuple[str, ...])
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"unknown {kind}; allowed: {', '.join(map(repr, choices))}")
     return value
+
+
+def _choice(kind: str, choices: Callable[[], Sequence[str]]) -> Any:
+    """A ``str`` field that must be one of ``choices()`` (read when a spec is checked, so
+    that the library's lists are the schema's): :func:`_library_choice`'s message."""
+    return Annotated[str, AfterValidator(lambda value: _library_choice(kind, value, choices()))]
 
 
 def _int(value: Any) -> bool:
@@ -195,6 +202,12 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Threads = Annotated[int | str | None, PlainValidator(_check_threads)]
 PrepWorkers = Annotated[int | str, PlainValidator(_check_prep_workers)]
+Arch = _choice("architecture", lambda: catalog.ARCHS)  # sampled blocks (betty.engine) or revgnn (betty.rev.engine)
+Aggregator = _choice("aggregator", lambda: catalog.SAGE_AGGREGATORS)
+Activation = _choice("activation", lambda: catalog.ACTIVATIONS)
+Optimizer = _choice("optimizer", lambda: catalog.OPTIMIZERS)
+PartitionMethod = _choice("partition method", lambda: sorted(catalog.PARTITION_METHODS))
+RegPartitioner = _choice("partition.partitioner", lambda: catalog.REG_PARTITIONERS)
 
 
 _DTYPE_PRECISION = {"float32": "32", "float64": "64"}
@@ -220,23 +233,13 @@ class DatasetSection(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    name: str
+    name: _choice("dataset", dataset_names)
     root: str = "data"
     feature_dtype: str = "float32"
-    store: str = "local"
+    store: _choice("store", lambda: STORES) = "local"
     store_folder: str | None = None
     store_ip_config: str | None = None
-    store_method: str = "metis"
-
-    @field_validator("store")
-    @classmethod
-    def _store(cls, value: str) -> str:
-        return _library_choice("store", value, STORES)
-
-    @field_validator("store_method")
-    @classmethod
-    def _store_method(cls, value: str) -> str:
-        return _library_choice("store method", value, STORE_METHODS)
+    store_method: _choice("store method", lambda: STORE_METHODS) = "metis"
 
     @field_validator("feature_dtype")
     @classmethod
@@ -245,13 +248,6 @@ class DatasetSection(BaseModel):
             raise ValueError(f"dataset.feature_dtype must be one of {', '.join(FEATURE_DTYPES)}; "
                              f"got {value!r}")
         return value
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, value: str) -> str:
-        from betty.data import dataset_names
-
-        return _library_choice("dataset", value, dataset_names())
 
     @property
     def options(self) -> dict[str, Any]:
@@ -274,10 +270,10 @@ class ModelSection(_Section):
     """``model``: the GNN (:func:`betty.models.build_model`); which keys apply to
     which arch: :data:`_ARCH_ONLY` and :func:`check_spec`."""
 
-    arch: str = "sage"
+    arch: Arch = "sage"
     hidden: int = Field(256, ge=1, le=MAX_WIDTH)
     layers: int = Field(2, ge=1, le=MAX_LAYERS)
-    aggregator: str = "mean"
+    aggregator: Aggregator = "mean"
     heads: int = Field(4, ge=1, le=MAX_HEADS)
     output_heads: int | None = Field(None, ge=1, le=MAX_HEADS)
     dropout: Probability = 0.0
@@ -291,15 +287,7 @@ class ModelSection(_Section):
     weight_tied: bool = False
     deq: bool = False
     backend: str = Field("auto", validate_default=True)
-    activation: str | None = None
-
-    @field_validator("arch")
-    @classmethod
-    def _arch(cls, value: str) -> str:
-        """One of :data:`betty.catalog.ARCHS`: ``sage``, ``gat`` and ``gcn`` train on
-        sampled blocks (:mod:`betty.engine`), ``revgnn`` on the whole graph or K cluster
-        parts (:mod:`betty.rev.engine`)."""
-        return _library_choice("architecture", value, catalog.ARCHS)
+    activation: Activation | None = None
 
     @field_validator("backend")
     @classmethod
@@ -312,16 +300,6 @@ class ModelSection(_Section):
         except BackendUnavailable as err:
             raise ValueError(str(err)) from None
         return value
-
-    @field_validator("aggregator")
-    @classmethod
-    def _aggregator(cls, value: str) -> str:
-        return _library_choice("aggregator", value, catalog.SAGE_AGGREGATORS)
-
-    @field_validator("activation")
-    @classmethod
-    def _activation(cls, value: str | None) -> str | None:
-        return None if value is None else _library_choice("activation", value, catalog.ACTIVATIONS)
 
 
 class SweepSection(_Section):
@@ -354,7 +332,7 @@ class PartitionSection(_Section):
     """``partition``: how each batch is split (``betty.engine.PartitionPlan``;
     ``revgnn``: ``betty.rev.engine.RevPlan``)."""
 
-    method: str = "reg"
+    method: PartitionMethod = "reg"
     k: KValue = 4
     memory_budget: ByteBudget = None
     safety_margin: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
@@ -362,18 +340,8 @@ class PartitionSection(_Section):
     reuse: Annotated[int, Field(ge=1)] | None = None
     time_limit_s: Seconds | None = None
     deterministic: bool = False
-    partitioner: str = catalog.DEFAULT_REG_PARTITIONER
+    partitioner: RegPartitioner = catalog.DEFAULT_REG_PARTITIONER
     sweep: SweepSection = Field(default_factory=SweepSection)
-
-    @field_validator("method")
-    @classmethod
-    def _method(cls, value: str) -> str:
-        return _library_choice("partition method", value, sorted(catalog.PARTITION_METHODS))
-
-    @field_validator("partitioner")
-    @classmethod
-    def _partitioner(cls, value: str) -> str:
-        return _library_choice("partition.partitioner", value, catalog.REG_PARTITIONERS)
 
 
 class EarlyStoppingSection(_Section):
@@ -391,7 +359,7 @@ class TrainSection(_Section):
     lr: float = Field(0.01, gt=0.0, allow_inf_nan=False)
     weight_decay: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     weight_decay_first_layer_only: bool = False
-    optimizer: str = "adam"
+    optimizer: Optimizer = "adam"
     device: Device = "auto"
     dtype: Literal["float32", "float64"] = "float32"
     precision: Any = "32"
@@ -404,11 +372,6 @@ class TrainSection(_Section):
     early_stopping: EarlyStoppingSection | None = None
     pipeline: bool = True
     prefetch: int = Field(1, ge=1, le=16)
-
-    @field_validator("optimizer")
-    @classmethod
-    def _optimizer(cls, value: str) -> str:
-        return _library_choice("optimizer", value, catalog.OPTIMIZERS)
 
     @field_validator("precision", mode="before")
     @classmethod
