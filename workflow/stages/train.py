@@ -11,6 +11,7 @@ Metrics and artifacts: docs/workflow.md, *Stages*, *Repeats* and *Model selectio
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import mlflow
@@ -130,29 +131,33 @@ def summarize_repeats(finals: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+@contextlib.contextmanager
+def _repeat_run(ctx: StageContext, repeat: int):
+    """With ``train.repeats > 1``: repeat ``repeat``'s nested run, with its seeds as params."""
+    spec = ctx.rspec.spec
+    if spec.train.repeats == 1:
+        yield
+        return
+    name = f"{mlflow.active_run().info.run_name or ctx.rspec.name}/repeat-{repeat}"
+    with tracked_run("repeat", "train", ctx.rspec, nested=True, run_name=name, device=str(ctx.device),
+                     tags={"repeat": str(repeat)}, log_spec=False):
+        mlflow.log_params({"repeat": repeat, "train_seed": spec.train.seed + repeat,
+                           "sampling_seed": spec.sampling.seed + repeat})
+        yield
+
+
 def run(ctx: StageContext) -> dict[str, float]:
     spec = ctx.rspec.spec
-    repeats = spec.train.repeats
-    models = []
+    models, finals = [], []
     log_dataset_input(ctx.rspec)
-    if repeats == 1:
-        final = train_once(ctx, 0)
-        models.append({"repeat": 0, "run_id": active_run_id(), "artifact": "model.pt",
-                       "mlflow_model": MODEL_NAME, "train_seed": spec.train.seed, "sampling_seed": spec.sampling.seed,
-                       "k": int(final["k"])})
-    else:
-        finals = []
-        parent = mlflow.active_run()
-        for r in range(repeats):
-            name = f"{parent.info.run_name or ctx.rspec.name}/repeat-{r}"
-            with tracked_run("repeat", "train", ctx.rspec, nested=True, run_name=name,
-                             device=str(ctx.device), tags={"repeat": str(r)}, log_spec=False):
-                mlflow.log_params({"repeat": r, "train_seed": spec.train.seed + r,
-                                   "sampling_seed": spec.sampling.seed + r})
-                finals.append(train_once(ctx, r))
-                models.append({"repeat": r, "run_id": active_run_id(), "artifact": "model.pt",
-                               "mlflow_model": MODEL_NAME, "train_seed": spec.train.seed + r, "sampling_seed": spec.sampling.seed + r,
-                               "k": int(finals[-1]["k"])})
+    for r in range(spec.train.repeats):
+        with _repeat_run(ctx, r):
+            finals.append(train_once(ctx, r))
+            models.append({"repeat": r, "run_id": active_run_id(), "artifact": "model.pt",
+                           "mlflow_model": MODEL_NAME, "train_seed": spec.train.seed + r,
+                           "sampling_seed": spec.sampling.seed + r, "k": int(finals[-1]["k"])})
+    final = finals[0]
+    if len(finals) > 1:
         final = summarize_repeats(finals)
         log_metrics(final)
     log_artifact(write_json(ctx.workdir / "models.json", models))
