@@ -599,7 +599,8 @@ class Trainer:
         return split_report(estimates, method=result.method, k=result.k, backend=self.memory_kwargs["backend"],
                             memory_budget=self.plan.memory_budget, safety_margin=self.plan.safety_margin,
                             sizes={"num_outputs": batch.num_outputs}, measured=measured,
-                            search=self.search_result if self.search_result is not searched else None)
+                            search=self.search_result if self.search_result is not searched else None,
+                            micro_batch_name=EpochRecord.MICRO_BATCH_NAME)
 
     def _measure_micro_batches(self, batch: SampledBatch, result: PartitionResult, meter) -> list[int | None]:
         """:meth:`memory_report`'s measurement: one optimizer step, then every micro-batch's

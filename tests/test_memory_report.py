@@ -13,8 +13,8 @@ from betty.models import build_model
 from distributed_cases import CLASSES, FEATS, dataset
 from graphs import backend_params
 
-KEYS = ["method", "k", "backend", "memory_budget_bytes", "safety_margin", "max_estimated_peak_bytes",
-        "micro_batches"]
+KEYS = ["method", "k", "backend", "micro_batch_name", "memory_budget_bytes", "safety_margin",
+        "max_estimated_peak_bytes", "micro_batches"]
 MEASURED = ["max_measured_peak_bytes", "max_abs_relative_error"]
 
 
@@ -56,12 +56,14 @@ def plans(make):
 
 
 @pytest.mark.parametrize("backend", backend_params())
-@pytest.mark.parametrize("make,size", [(sampled, "num_outputs"), (reversible, "num_nodes_per_part")])
-def test_memory_report_rows_are_the_estimates_of_the_first_split(make, size, backend):
+@pytest.mark.parametrize("make,size,name", [(sampled, "num_outputs", "micro-batch"),
+                                            (reversible, "num_nodes_per_part", "part")])
+def test_memory_report_rows_are_the_estimates_of_the_first_split(make, size, name, backend):
     fixed, _ = plans(make)
     trainer = make(backend, fixed)
     report = trainer.memory_report()
-    assert list(report) == KEYS[:3] + [size] + KEYS[3:]
+    assert list(report) == KEYS[:4] + [size] + KEYS[4:]
+    assert report["micro_batch_name"] == name
     estimates = expected_estimates(trainer)
     assert report["k"] == 3 and len(report["micro_batches"]) == 3
     assert [row["index"] for row in report["micro_batches"]] == [0, 1, 2]

@@ -52,7 +52,8 @@ def estimate_report(batch: SampledBatch, model, optimizer="adam", *, k: int | st
 
 def split_report(estimates: Sequence[Any], *, method: str, k: int, backend: str,
                  memory_budget: int | None, safety_margin: float, sizes: dict | None = None,
-                 measured: Sequence[int | None] | None = None, search: Any = None) -> dict:
+                 measured: Sequence[int | None] | None = None, search: Any = None,
+                 micro_batch_name: str = "micro-batch") -> dict:
     """One split's memory report, JSON-ready (bytes as ints, errors as fractions).
 
     Args:
@@ -66,9 +67,10 @@ def split_report(estimates: Sequence[Any], *, method: str, k: int, backend: str,
         measured: every micro-batch's measured peak bytes (``None`` for a micro-batch that did not
             run); ``None``: not measured.
         search: the K search that chose the split (its ``to_dict()["tried"]``), if any.
+        micro_batch_name: what a row is (``"micro-batch"``, or RevGNN's ``"part"``).
 
     Returns:
-        ``method``, ``k``, ``backend``, the ``sizes``, ``memory_budget_bytes``,
+        ``method``, ``k``, ``backend``, ``micro_batch_name``, the ``sizes``, ``memory_budget_bytes``,
         ``safety_margin``, ``max_estimated_peak_bytes`` and ``micro_batches``: one row
         per micro-batch with ``index``, ``estimated_peak_bytes`` and ``components``
         (``{component: bytes}``, summing to the estimate). With ``measured`` each row
@@ -80,7 +82,7 @@ def split_report(estimates: Sequence[Any], *, method: str, k: int, backend: str,
     """
     rows = [{"index": i, "estimated_peak_bytes": int(e.peak),
              "components": {c: int(b) for c, b in e.breakdown.items()}} for i, e in enumerate(estimates)]
-    out = {"method": method, "k": k, "backend": backend, **(sizes or {}),
+    out = {"method": method, "k": k, "backend": backend, "micro_batch_name": micro_batch_name, **(sizes or {}),
            "memory_budget_bytes": memory_budget, "safety_margin": safety_margin,
            "max_estimated_peak_bytes": max(row["estimated_peak_bytes"] for row in rows), "micro_batches": rows}
     if measured is not None:

@@ -629,7 +629,7 @@ class RevTrainer:
         return split_report(estimates, method=self.plan.method, k=len(parts), backend=self.memory_kwargs["backend"],
                             memory_budget=self.plan.memory_budget, safety_margin=self.plan.safety_margin,
                             sizes={"num_nodes_per_part": [int(p.node_ids.numel()) for p in parts]},
-                            measured=measured,
+                            measured=measured, micro_batch_name=RevEpochRecord.MICRO_BATCH_NAME,
                             search=self.search_result if self.search_result is not searched else None)
 
     def mask_factory(self, epoch: int) -> Optional[Callable[[], SharedHashMasks]]:

@@ -68,9 +68,9 @@ def _tried_pairs(tried) -> list[tuple[int, int]]:
 
 
 def _unit(out: dict) -> tuple[str, str]:
-    """What the report's rows are, singular and plural: RevGNN's cluster parts (its report
-    has ``num_nodes_per_part``) or sampled micro-batches."""
-    return ("part", "parts") if "num_nodes_per_part" in out else ("micro-batch", "micro-batches")
+    """What the report's rows are, singular and plural (``micro-batch``, RevGNN's ``part``)."""
+    name = out["micro_batch_name"]
+    return name, name + ("es" if name.endswith("h") else "s")
 
 
 def summary_lines(out: dict) -> list[str]:
