@@ -10,7 +10,7 @@ parts run on separate cores. The parts' results are put together in a fixed orde
 the count never changes what is computed: bit for bit the one-thread result.
 
 The count: :func:`set_prep_workers` (``train.prep_workers``: an int, or ``auto`` = the
-cores the trainers' threads leave, shared among this machine's ranks: :func:`auto_prep_workers`).
+cores the trainers' threads leave, shared among this machine's ranks: :func:`spare_cores`).
 One worker runs every part in the calling thread, as a plain loop.
 """
 
@@ -21,48 +21,38 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["prep_workers", "set_prep_workers", "auto_prep_workers", "spare_cores", "parallel_map",
-           "configure_threads"]
+__all__ = ["prep_workers", "set_prep_workers", "spare_cores", "parallel_map", "configure_threads"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 _lock = threading.Lock()
-_count: int | None = None  # None: auto_prep_workers() when asked
+_count: int | None = None  # None: spare_cores() when asked
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 
 
-def spare_cores(trainer_threads: int | None = None, cores: int | None = None) -> int:
-    """The cores the trainer leaves: ``cores - trainer_threads``, at least 1 (``cores``
-    default :func:`betty.threads.available_cores`, ``trainer_threads`` default
-    ``torch.get_num_threads()``)."""
-    from betty.threads import available_cores
+def spare_cores(trainer_threads: int | None = None, cores: int | None = None, *, ranks: int | None = None) -> int:
+    """The cores one process's helpers may use: what the trainer threads of this
+    machine's ``ranks`` leave, shared among the ranks, at least 1:
+    ``max(1, (cores - trainer_threads x ranks) // ranks)`` (``cores`` default
+    :func:`betty.threads.available_cores`, ``trainer_threads`` default
+    ``torch.get_num_threads()``, ``ranks`` default :func:`betty.threads.local_ranks`;
+    one process: ``cores - trainer_threads``)."""
+    from betty.threads import available_cores, local_ranks
 
     if trainer_threads is None:
         import torch
 
         trainer_threads = torch.get_num_threads()
     cores = available_cores() if cores is None else int(cores)
-    return max(1, cores - int(trainer_threads))
-
-
-def auto_prep_workers() -> int:
-    """``auto``'s count: the cores left by the trainer threads (``torch.get_num_threads()``)
-    of this machine's ranks (:func:`betty.threads.local_ranks`), shared among them, at
-    least 1: ``max(1, (cores - threads x ranks) // ranks)`` (one process:
-    :func:`spare_cores`)."""
-    import torch
-
-    from betty.threads import local_ranks
-
-    ranks = local_ranks()
-    return max(1, spare_cores(torch.get_num_threads() * ranks) // ranks)
+    ranks = local_ranks() if ranks is None else int(ranks)
+    return max(1, (cores - int(trainer_threads) * ranks) // ranks)
 
 
 def set_prep_workers(count: int | str | None) -> int:
     """Set the preparation threads: an int >= 1, or ``"auto"`` / ``None`` for
-    :func:`auto_prep_workers` at the time of each use. Returns the count now in effect."""
+    :func:`spare_cores` at the time of each use. Returns the count now in effect."""
     global _count
     if count in ("auto", None):
         _count = None
@@ -75,7 +65,7 @@ def set_prep_workers(count: int | str | None) -> int:
 
 def prep_workers() -> int:
     """The preparation threads in effect (see :func:`set_prep_workers`)."""
-    return auto_prep_workers() if _count is None else _count
+    return spare_cores() if _count is None else _count
 
 
 def _executor(size: int) -> ThreadPoolExecutor:

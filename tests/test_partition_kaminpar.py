@@ -141,11 +141,14 @@ def test_partitioner_choice_is_validated(planted):
         PartitionSection(partitioner="kahip")
 
 
-def test_cut_threads_take_the_cores_the_trainer_leaves():
+def test_cut_threads_take_the_cores_the_trainer_leaves(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert cut_threads(4, cores=16) == 12
     assert cut_threads(16, cores=16) == 1
     assert cut_threads(0, cores=3) == 3
     assert cut_threads(2, cores=16, deterministic=True) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks cutting at once share what their trainers leave
+    assert cut_threads(4, cores=16) == 4
 
 
 @needs_kaminpar

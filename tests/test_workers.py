@@ -68,9 +68,14 @@ def test_set_prep_workers_rejects(count):
         workers.set_prep_workers(count)
 
 
-def test_spare_cores_is_what_the_trainer_leaves():
+def test_spare_cores_is_what_the_trainer_leaves(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert workers.spare_cores(2, cores=8) == 6
     assert workers.spare_cores(8, cores=8) == 1
+    # shared among this machine's ranks: 3 ranks of 2 threads on 8 cores leave 2, not enough for 3
+    assert workers.spare_cores(2, cores=12, ranks=3) == 2 and workers.spare_cores(2, cores=8, ranks=3) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert workers.spare_cores(2, cores=8) == 2
 
 
 @pytest.mark.parametrize("k", [3, 8])
@@ -124,8 +129,6 @@ def test_configure_threads_sizes_torch_and_the_preparation_threads(monkeypatch):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
         workers.configure_threads(1, "auto")  # two ranks of 1 thread on 6 cores: 2 each
         assert workers.prep_workers() == 2
-        workers.set_prep_workers("auto")  # the library's own auto: the same share
-        assert workers.prep_workers() == workers.auto_prep_workers() == 2
         torch.set_num_threads(2)  # read at each use: two ranks of 2 threads on 6 cores leave 1 each
         assert workers.prep_workers() == 1
     finally:

@@ -48,10 +48,10 @@ def kaminpar_available() -> bool:
 
 def cut_threads(trainer_threads: int | None = None, *, deterministic: bool = False,
                 cores: int | None = None) -> int:
-    """Threads for the cut: the cores the trainer leaves, ``cores - trainer_threads``
-    (``cores`` default :func:`betty.threads.available_cores`, ``trainer_threads``
-    default ``torch.get_num_threads()``), at least 1; exactly 1 when ``deterministic``
-    (KaMinPar is reproducible for a seed only on one thread)."""
+    """Threads for the cut: the cores the trainer threads leave
+    (:func:`betty.workers.spare_cores`: ``cores - trainer_threads``, shared among this
+    machine's ranks, at least 1); exactly 1 when ``deterministic`` (KaMinPar is
+    reproducible for a seed only on one thread)."""
     if deterministic:
         return 1
     return spare_cores(trainer_threads, cores)
