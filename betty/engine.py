@@ -710,11 +710,12 @@ class Trainer:
 
         costs = self._micro_batch_costs(result, estimates)
         indices = None if costs is None else self.parallel.assign(costs)
-        return carve_all(batch, result.groups, result.k, indices, torch_ops=self._torch_ops)
+        return carve_all(batch, result.groups, result.k, indices, torch_ops=self.torch_ops)
 
     @property
-    def _torch_ops(self) -> bool:
-        """Whether carving runs in torch ops (preparation on a device, the CPU included)."""
+    def torch_ops(self) -> bool:
+        """Whether carving runs in torch ops (preparation on a device, the CPU included;
+        :func:`betty.train.carve_all`'s ``torch_ops``)."""
         return self.sample_device is not None
 
     def _gather_inputs(self, micro: list) -> None:
@@ -742,7 +743,7 @@ class Trainer:
             feat, label = self._device_store()
             carve_batch, prepared.carve_batch = prepared.carve_batch, None
             step = train_step(self.model, self.optimizer, carve_batch, result.groups,
-                              feat, label, parallel=self.parallel, torch_ops=self._torch_ops,
+                              feat, label, parallel=self.parallel, torch_ops=self.torch_ops,
                               costs=self._micro_batch_costs(result, estimates), **step_kwargs)
         if logged:  # the micro-batches this process ran (all K unless data-parallel)
             logged = [logged[m.index] for m in step.micro]

@@ -107,10 +107,16 @@ def test_measure_batch_split_is_the_trainers_first_split(backend):
     mine = trainer.measure_split()
     assert mine.rows == split.rows and (mine.arrays["groups"] == split.arrays["groups"]).all()
     assert (mine.batch.output_nid == batch.output_nid).all()
-    rows, skipped = trainer.sweep([2, 3], ["random"], seed=0)
-    given = trainer.sweep([2, 3], ["random"], batch=batch, seed=0)[0]
-    assert [(r["redundancy"], r["imbalance"]) for r in rows] == [(r["redundancy"], r["imbalance"]) for r in given]
-    assert [(r["method"], r["k"]) for r in rows] == [("random", 2), ("random", 3)] and skipped == {}
+    rows, skipped = trainer.sweep([2, 3], ["range"], seed=0)
+    assert [(r["method"], r["k"]) for r in rows] == [("range", 2), ("range", 3)] and skipped == {}
+
+    def figures(rows):
+        return [(r["redundancy"], r["imbalance"], r["max_inputs_per_micro_batch"]) for r in rows]
+
+    assert figures(rows) == figures(sweep_batch(batch, [2, 3], ["range"], seed=0)[0])  # batch 0 by default
+    other = trainer.sample(1, 0)  # a batch given is the one split
+    given = trainer.sweep([2, 3], ["range"], batch=other, seed=0)[0]
+    assert figures(given) == figures(sweep_batch(other, [2, 3], ["range"], seed=0)[0]) != figures(rows)
 
 
 def test_cluster_split_and_sweep(backend):

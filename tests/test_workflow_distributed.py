@@ -74,7 +74,10 @@ def test_verify_nproc_passes_and_fails_beyond_tolerance(tmp_path, monkeypatch):
 
 
 def test_verify_ranks_build_their_trainers_on_the_shared_dataset(tmp_path, monkeypatch):
-    """Each rank's trainer (one per K) maps the launcher's shared dataset: nothing loads it again."""
+    """What ``betty verify --nproc`` hands every rank (``verify_ranks``' ``build``, called
+    once per K) builds its trainer on the launcher's shared dataset: nothing loads it again."""
+    from functools import partial
+
     from betty.distributed.shared import share_dataset
     from workflow.commands.verify import fresh_trainer
     from workflow.components import load_data
@@ -82,10 +85,14 @@ def test_verify_ranks_build_their_trainers_on_the_shared_dataset(tmp_path, monke
 
     rspec = load_spec("tiny", ["dataset.root=" + str(tmp_path)])
     dataset = load_data(rspec)
+    threads = torch.get_num_threads()
     with share_dataset(dataset, str(tmp_path)) as shared:
-        monkeypatch.setattr("workflow.components.load_data", lambda *a: pytest.fail("loaded again"))
         monkeypatch.setattr("betty.data.load_dataset", lambda *a, **k: pytest.fail("loaded again"))
-        trainer, model = fresh_trainer(rspec, shared)
+        build = partial(fresh_trainer, rspec, shared)  # what verify_ranks pickles for the ranks
+        try:
+            trainer, _ = build()
+        finally:
+            torch.set_num_threads(threads)
         assert torch.equal(trainer.dataset.feat, dataset.feat)
         assert trainer.dataset.feat.data_ptr() != dataset.feat.data_ptr()  # mapped from the shared files
 

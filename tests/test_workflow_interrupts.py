@@ -204,7 +204,7 @@ def cpu_burner():
 
 
 STARTUP_MOMENTS = {
-    # MLflow's CLI still importing (its start-up takes seconds anywhere)
+    # 0.5 s in: MLflow's CLI still importing (its start-up takes seconds anywhere)
     "launcher": lambda run: time.sleep(0.5) or True,
     # MLflow has created its run and is about to start the entry point
     "run created": lambda run: bool(runs_of(run.uri, run.exp)),
@@ -215,8 +215,8 @@ STARTUP_MOMENTS = {
 
 @pytest.mark.parametrize("moment", list(STARTUP_MOMENTS))
 def test_sigint_to_group_during_startup_under_load(project, cpu_burner, moment):
-    """Ctrl-C (SIGINT to the group) at an observed moment of ``mlflow run -e main``'s
-    start-up (:data:`STARTUP_MOMENTS`), while two CPU burners load the machine:
+    """Ctrl-C (SIGINT to the group) during ``mlflow run -e main``'s start-up: 0.5 s in,
+    or at an observed moment (:data:`STARTUP_MOMENTS`), while two CPU burners load the machine:
     everything ends within the bound, no run that betty saw is left RUNNING, none of
     the stages ran. (When the signal reaches MLflow's CLI after it created its run and
     before it started betty, that run stays RUNNING with no betty tag: MLflow's own

@@ -11,8 +11,8 @@ Keys, defaults and allowed values: docs/workflow.md, *Specs* (``revgnn``: *Rever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
@@ -106,10 +106,10 @@ def _library_choice(kind: str, value: Any, choices: list[str] | tuple[str, ...])
     return value
 
 
-def _choice(kind: str, choices: Callable[[], Sequence[str]]) -> Any:
-    """A ``str`` field that must be one of ``choices()`` (read when a spec is checked, so
-    that the library's lists are the schema's): :func:`_library_choice`'s message."""
-    return Annotated[str, AfterValidator(lambda value: _library_choice(kind, value, choices()))]
+def _one_of(kind: str, choices: Callable[[], Sequence[str]]) -> AfterValidator:
+    """The check of a ``str`` field that must be one of ``choices()`` (read when a spec is
+    checked, so that the library's lists are the schema's): :func:`_library_choice`."""
+    return AfterValidator(lambda value: _library_choice(kind, value, choices()))
 
 
 def _int(value: Any) -> bool:
@@ -202,12 +202,14 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Threads = Annotated[int | str | None, PlainValidator(_check_threads)]
 PrepWorkers = Annotated[int | str, PlainValidator(_check_prep_workers)]
-Arch = _choice("architecture", lambda: catalog.ARCHS)  # sampled blocks (betty.engine) or revgnn (betty.rev.engine)
-Aggregator = _choice("aggregator", lambda: catalog.SAGE_AGGREGATORS)
-Activation = _choice("activation", lambda: catalog.ACTIVATIONS)
-Optimizer = _choice("optimizer", lambda: catalog.OPTIMIZERS)
-PartitionMethod = _choice("partition method", lambda: sorted(catalog.PARTITION_METHODS))
-RegPartitioner = _choice("partition.partitioner", lambda: catalog.REG_PARTITIONERS)
+# model.arch: sampled blocks (betty.engine) or revgnn (betty.rev.engine)
+Arch = Annotated[str, _one_of("architecture", lambda: catalog.ARCHS)]
+Aggregator = Annotated[str, _one_of("aggregator", lambda: catalog.SAGE_AGGREGATORS)]
+Activation = Annotated[str, _one_of("activation", lambda: catalog.ACTIVATIONS)]
+Optimizer = Annotated[str, _one_of("optimizer", lambda: catalog.OPTIMIZERS)]
+PartitionMethod = Annotated[str, _one_of("partition method", lambda: sorted(catalog.PARTITION_METHODS))]
+RegPartitioner = Annotated[str, _one_of("partition.partitioner", lambda: catalog.REG_PARTITIONERS)]
+DatasetName = Annotated[str, _one_of("dataset", dataset_names)]
 
 
 _DTYPE_PRECISION = {"float32": "32", "float64": "64"}
@@ -233,13 +235,13 @@ class DatasetSection(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    name: _choice("dataset", dataset_names)
+    name: DatasetName
     root: str = "data"
     feature_dtype: str = "float32"
-    store: _choice("store", lambda: STORES) = "local"
+    store: Annotated[str, _one_of("store", lambda: STORES)] = "local"
     store_folder: str | None = None
     store_ip_config: str | None = None
-    store_method: _choice("store method", lambda: STORE_METHODS) = "metis"
+    store_method: Annotated[str, _one_of("store method", lambda: STORE_METHODS)] = "metis"
 
     @field_validator("feature_dtype")
     @classmethod

@@ -91,8 +91,9 @@ def measure_batch_split(trainer, batch) -> Split:
     Returns:
         A :class:`Split` with ``micro_batch_key="micro"``. ``report``: ``method``, ``k``,
         ``redundancy``, ``redundancy_per_layer`` (L floats), ``imbalance``,
-        ``time_build_s``, ``time_partition_s``, ``time_block_s`` (carving the K
-        micro-batches); ``fallback_from`` / ``fallback_reason`` when a time-limited
+        ``time_build_s``, ``time_partition_s``, ``time_block_s`` (the wall time of
+        carving the K micro-batches on the preparation threads; an epoch record's sums
+        each micro-batch's carve and its blocks' build on the device); ``fallback_from`` / ``fallback_reason`` when a time-limited
         partitioner fell back; ``time_ksearch_s`` with ``k="auto"``;
         ``peak_mem_estimated_bytes`` (the largest micro-batch's) when the trainer estimates.
         ``rows``: K dicts ``micro``, ``num_outputs``, ``num_inputs`` (layer 0),
@@ -106,8 +107,7 @@ def measure_batch_split(trainer, batch) -> Split:
     if estimates is None and trainer.estimator is not None:
         estimates = trainer.estimator(batch, result.groups, result.k)
     start = time.perf_counter()
-    micro = [mb for _, mb, _ in carve_all(batch, result.groups, result.k,  # as a prepared batch is carved
-                                          torch_ops=trainer.sample_device is not None)]
+    micro = [mb for _, mb, _ in carve_all(batch, result.groups, result.k, torch_ops=trainer.torch_ops)]
     time_blocks = time.perf_counter() - start
     stats = split_metrics(batch, result.groups, result.k)
     report = {"method": result.method, "k": result.k, "redundancy": stats["redundancy"],
