@@ -240,6 +240,7 @@ def test_ogb_reader_itself_never_downloads(tmp_path, monkeypatch):
 
 @pytest.mark.dgl
 @pytest.mark.parametrize("name", ["ogbn-products", "ogbn-proteins"])
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")  # raised inside OGB's own class
 def test_same_arrays_as_ogbs_dgl_class(tmp_path, name):
     """The raw reader gives OGB's DGL class's edge list (same order), features/edge
     features, labels and split."""
