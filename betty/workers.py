@@ -26,6 +26,9 @@ __all__ = ["prep_workers", "set_prep_workers", "spare_cores", "parallel_map", "c
 T = TypeVar("T")
 R = TypeVar("R")
 
+POOL_THREAD_PREFIX = "betty-prep-pool"
+"""The names of the pool's threads (``betty-prep-pool_0``, ...): a map called from one
+of them is a part's own, run in that thread."""
 _lock = threading.Lock()
 _count: int | None = None  # None: spare_cores() when asked
 _pool: ThreadPoolExecutor | None = None
@@ -74,7 +77,7 @@ def _executor(size: int) -> ThreadPoolExecutor:
         if _pool is None or _pool_size != size:
             if _pool is not None:
                 _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="betty-prep")
+            _pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix=POOL_THREAD_PREFIX)
             _pool_size = size
         return _pool
 
@@ -87,7 +90,7 @@ def parallel_map(fn: Callable[[T], R], parts: Sequence[T], workers: int | None =
     never waits for the pool it runs on)."""
     parts = list(parts)
     workers = prep_workers() if workers is None else int(workers)
-    nested = threading.current_thread().name.startswith("betty-prep")  # a part's own map
+    nested = threading.current_thread().name.startswith(POOL_THREAD_PREFIX)  # a part's own map
     if workers <= 1 or len(parts) <= 1 or nested:
         return [fn(p) for p in parts]
     futures = [_executor(workers).submit(fn, p) for p in parts]

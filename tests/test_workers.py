@@ -35,7 +35,7 @@ def test_parallel_map_keeps_the_order_and_uses_the_threads(restore_workers):
 
     out = workers.parallel_map(part, [1, 2, 3], workers=3)
     assert [v for v, _ in out] == [1, 4, 9]
-    assert all(name.startswith("betty-prep") for _, name in out)
+    assert all(name.startswith(workers.POOL_THREAD_PREFIX) for _, name in out)
     assert workers.parallel_map(lambda i: threading.current_thread().name, [1, 2], workers=1) == \
         [threading.current_thread().name] * 2
 
@@ -59,7 +59,26 @@ def test_a_nested_map_runs_in_its_part_thread(restore_workers):
         return workers.parallel_map(lambda j: threading.current_thread().name, [0, 1], workers=2)
 
     for names in workers.parallel_map(outer, [0, 1], workers=2):
-        assert len(set(names)) == 1 and names[0].startswith("betty-prep")
+        assert len(set(names)) == 1 and names[0].startswith(workers.POOL_THREAD_PREFIX)
+
+
+def test_the_preparation_thread_maps_on_the_pool(restore_workers):
+    """A map called from the trainer's preparation thread (prefetch >= 1,
+    :mod:`betty.pipeline`) runs its parts on the pool, not serially in that thread."""
+    from betty.pipeline import preparation
+
+    barrier = threading.Barrier(3, timeout=10)  # passes only if the 3 parts run at once
+
+    def part(j: int) -> str:
+        barrier.wait()
+        return threading.current_thread().name
+
+    def prepare(i: int) -> list[str]:
+        return workers.parallel_map(part, [0, 1, 2], workers=3)
+
+    with preparation([0], prepare, 1) as source:
+        names = [item for _, item in source][0]
+    assert len(set(names)) == 3 and all(name.startswith(workers.POOL_THREAD_PREFIX) for name in names), names
 
 
 @pytest.mark.parametrize("count", [0, -1, 1.5, "two", True])
