@@ -461,7 +461,12 @@ class Trainer:
         return batch.to("cpu") if on_host else batch
 
     def _fresh_partition(self, batch: SampledBatch, epoch: int, batch_index: int):
-        seed = self.seed + 1000 * epoch + batch_index
+        """``(partition, estimates or None)`` of ``batch``: the plan's split (or K search);
+        on N ranks rank 0's, which every rank takes (:meth:`DataParallel.agree`)."""
+        out = self._split(batch, self.seed + 1000 * epoch + batch_index)
+        return out if self.parallel is None else self.parallel.agree(out)
+
+    def _split(self, batch: SampledBatch, seed: int):
         if self.plan.k == "auto":
             plan = self.plan
             if self.parallel is not None and self.parallel.world_size > plan.min_k:

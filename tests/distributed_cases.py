@@ -36,7 +36,7 @@ def dataset(num_nodes: int = 240):
 
 def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "auto", parallel=None,
                steps: int = STEPS, dtype: torch.dtype = torch.float64,
-               prefetch: int = 0) -> dict[str, torch.Tensor]:
+               prefetch: int = 0, method: str = "random") -> dict[str, torch.Tensor]:
     """Parameters after ``steps`` optimizer steps of K-way training (float64, dropout 0.5)
     with the model on ``backend`` (``"auto"``, ``"dgl"`` or ``"pyg"``); ``prefetch``:
     the sampled-batch :class:`betty.engine.Trainer`'s (RevGNN trains serially), a batch
@@ -58,7 +58,7 @@ def train_case(ds, arch: str, agg: str | None, k: int, backend: str = "auto", pa
                             heads=2, dropout=DROPOUT, attn_dropout=DROPOUT / 2, backend=backend).to(dtype)
         assert backend == "auto" or model.backend_name == backend
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
-        trainer = Trainer(model, opt, ds, [4, 6], PartitionPlan("random", k), seed=1, dtype=dtype,
+        trainer = Trainer(model, opt, ds, [4, 6], PartitionPlan(method, k), seed=1, dtype=dtype,
                           estimate_memory=False, parallel=parallel, prefetch=prefetch,
                           gather_ahead=bool(prefetch))
     losses = [record.loss for record in trainer.epochs(range(steps))]
@@ -85,6 +85,47 @@ def rank_all_cases(cases=None, shared=None, prefetch: int = 0) -> dict[str, dict
         out[case_name(*case)] = train_case(ds, *case, parallel=dp, prefetch=prefetch)
         out[case_name(*case)]["_indices"] = torch.tensor(dp.history[-1].indices)
     return out
+
+
+PER_PROCESS = "per-process"
+
+
+def per_process_partition(batch, k: int, *, seed: int = 0, weights=None, graph=None):
+    """A split that differs between processes, as a multi-threaded or time-limited
+    partitioner's may: rank r > 0 draws with another seed than rank 0 (one process: rank 0's)."""
+    import torch.distributed as dist
+
+    from betty.partition.baselines import random_partition
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return random_partition(batch, k, seed=seed + 7919 * rank)
+
+
+def registered_per_process():
+    """A context manager: :func:`per_process_partition` registered as :data:`PER_PROCESS`."""
+    import contextlib
+
+    from betty.partition.base import PARTITION_OPTIONS, PARTITIONERS, register
+
+    @contextlib.contextmanager
+    def registered():
+        register(PER_PROCESS)(per_process_partition)
+        try:
+            yield
+        finally:
+            PARTITIONERS.pop(PER_PROCESS, None)
+            PARTITION_OPTIONS.pop(PER_PROCESS, None)
+
+    return registered()
+
+
+def rank_per_process_split(k: int, prefetch: int) -> dict[str, torch.Tensor]:
+    """On one rank: the sage-mean case split by :func:`per_process_partition`."""
+    from betty.distributed import DataParallel
+
+    with registered_per_process():
+        return train_case(dataset(), "sage", "mean", k, parallel=DataParallel(check_every=1),
+                          prefetch=prefetch, method=PER_PROCESS)
 
 
 def rank_distdgl_cases(folder: str, cases, pipelined=()) -> dict[str, dict[str, torch.Tensor]]:

@@ -68,6 +68,24 @@ def test_ranks_equal_single_process(backend, nproc):
                    train_case(dataset(), *_parse(name), steps=0).items() if not n.startswith("_"))
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_ranks_take_rank_0s_split_when_processes_split_differently(prefetch):
+    """A partitioner that splits differently in each process (Mt-KaHyPar's default preset,
+    KaMinPar on several threads, a time limit that falls back on one rank): every rank
+    runs its micro-batches of rank 0's split, so the update is still the single process's
+    with rank 0's split, also when the split is made ahead in the preparation thread."""
+    from distributed_cases import PER_PROCESS, rank_per_process_split, registered_per_process
+
+    with registered_per_process():
+        ref = train_case(dataset(), "sage", "mean", 4, method=PER_PROCESS)
+    results = launch(rank_per_process_split, (4, prefetch), nproc=2)
+    for rank in range(2):
+        got = results[rank]
+        err = max_relative_difference({n: got[n] for n in ref if not n.startswith("_")},
+                                      {n: t for n, t in ref.items() if not n.startswith("_")})
+        assert err < TOL, f"rank {rank}: relative parameter error {err:.3e}"
+
+
 def _parse(name):
     for c in CASES + PYG_CASES:
         if case_name(*c) == name:

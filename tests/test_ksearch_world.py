@@ -66,10 +66,14 @@ def test_min_k_capped_at_outputs_and_validated(setup):
 
 
 class _Ranks:
-    """Stands in for a DataParallel: the trainer only reads ``world_size`` to choose K."""
+    """Stands in for a DataParallel: the trainer reads ``world_size`` to choose K, then
+    takes rank 0's split (here: its own, ``agree``)."""
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
+
+    def agree(self, value):
+        return value
 
 
 def test_data_parallel_trainer_searches_from_world_size(setup):

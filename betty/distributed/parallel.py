@@ -11,6 +11,12 @@ One optimizer step on every rank r:
 3. the same ``optimizer.step()`` on every rank, so parameters stay bit-identical
    (checked every ``check_every`` steps by :func:`check_parameters_in_sync`).
 
+Every rank computes the partition itself, and :meth:`DataParallel.agree` then gives every
+rank rank 0's: a multi-threaded partitioner (Mt-KaHyPar's default preset, KaMinPar on
+several threads) or a time limit that falls back on one rank only may split differently
+in different processes, and micro-batches of two different splits would not cover the
+batch once.
+
 This module only deals with micro-batches, gradients and parameters: running a micro-batch is the
 caller's ``run_micro_batches`` callback (the sampled-block engine, RevGNN parts, any backend).
 """
@@ -59,6 +65,15 @@ class DataParallel:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     steps: int = 0
     history: list[RankStepStats] = field(default_factory=list)
+    _agree_group: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # agree() runs on a gloo group of its own: it may be called from a preparation
+        # thread while the step's collectives run on ``group`` (collectives of one group
+        # must come in the same order on every rank; two threads would not keep it).
+        # Every rank of the default group creates it here, as new_group requires.
+        ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
+        self._agree_group = dist.new_group(ranks=ranks, backend="gloo")
 
     @property
     def rank(self) -> int:
@@ -97,6 +112,14 @@ class DataParallel:
             checksum = check_parameters_in_sync(params, self.steps, self.group)
         self.history.append(RankStepStats(mine, compute, stats, checksum))
         return result
+
+    def agree(self, value: T) -> T:
+        """Rank 0's ``value`` (any picklable object, e.g. a batch's partition) on every
+        rank; thread-safe beside :meth:`step` (a group of its own)."""
+        box = [value]
+        source = 0 if self.group is None else dist.get_process_group_ranks(self.group)[0]
+        dist.broadcast_object_list(box, src=source, group=self._agree_group)
+        return box[0]
 
     def sum_scalars(self, *values: float) -> list[float]:
         """Sum a few float64 scalars over the ranks (losses, correct counts)."""
