@@ -38,6 +38,18 @@ def test_lpt_longest_first_to_least_loaded():
         micro_batches_of_rank([1.0], 2, 2)
 
 
+def test_default_backend_reduces_cpu_tensors_with_gloo_also_beside_cuda(monkeypatch):
+    """NCCL reduces CUDA tensors only; the ranks also reduce CPU tensors (loss sums,
+    checksums, gradients of a CPU run on a GPU machine), so CUDA adds NCCL beside gloo."""
+    from betty.distributed import launch as launch_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert launch_module.default_backend() == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    backend = launch_module.default_backend()
+    assert dict(part.split(":") for part in backend.split(",")) == {"cpu": "gloo", "cuda": "nccl"}
+
+
 def test_checksum_sees_one_ulp():
     a = torch.tensor([1.0, 2.0], dtype=torch.float64)
     b = a.clone()

@@ -2,7 +2,8 @@
 
 :func:`launch` calls ``fn(*args)`` in ``nproc`` fresh processes on this machine (one
 device per rank: ``cuda:<local_rank>`` when CUDA is present, else the CPU), after
-``init_process_group`` with NCCL on CUDA and gloo on the CPU, and returns this node's
+``init_process_group`` (:func:`default_backend`: gloo for CPU tensors and, where CUDA
+is present, NCCL for CUDA tensors), and returns this node's
 results by global rank. Several machines: every machine runs the same call with
 ``nnodes=M``, its own ``node_rank``, the same ``rdzv_endpoint`` and ``run_id``; the
 static rendezvous (a store hosted by ``node_rank`` 0 at the endpoint) gives machine
@@ -42,8 +43,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def default_backend() -> str:
-    """``"nccl"`` when CUDA is present, else ``"gloo"``."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    """``"cpu:gloo,cuda:nccl"`` when CUDA is present, else ``"gloo"``: NCCL reduces CUDA
+    tensors only, and a rank also reduces CPU tensors (its loss and accuracy sums, the
+    parameter checksums, a mixed-precision step's inf/NaN flag, and every gradient when
+    it trains on the CPU of a machine with GPUs)."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
 def rank_device() -> torch.device:
