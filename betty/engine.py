@@ -61,7 +61,9 @@ class PartitionPlan:
     Attributes:
         method: a registered partitioner name.
         k: number of micro-batches, or ``"auto"`` (search K with the memory model so the
-            largest micro-batch fits ``memory_budget * (1 - safety_margin)``).
+            largest micro-batch fits ``memory_budget * (1 - safety_margin)``). A batch
+            with fewer output nodes than a fixed ``k`` (the last, smaller batch of an
+            epoch) gets one micro-batch per output node.
         reuse: keep a batch's partition for this many epochs (``None``: for the run).
         balance: ``"nodes"`` (equal output nodes per micro-batch) or ``"memory"`` (equal
             estimated memory per micro-batch).
@@ -475,7 +477,8 @@ class Trainer:
         weights = None
         if self.plan.balance == "memory":
             weights = memory_balance_weights(batch, self.model)
-        return partition_batch(batch, int(self.plan.k), self.plan.method, seed=seed,
+        k = min(int(self.plan.k), batch.num_outputs)  # the epoch's last batch may be smaller
+        return partition_batch(batch, k, self.plan.method, seed=seed,
                                weights=weights, graph=self.dataset.graph,
                                options=self.plan.options), None
 

@@ -205,6 +205,27 @@ def test_pipelined_training_equals_serial_bit_for_bit(backend, batch_size, arch,
         assert a.prefetch_bytes == 0 and b.prefetch_bytes > 0
 
 
+def test_a_last_batch_smaller_than_k_gets_one_micro_batch_per_output():
+    """A fixed K above the epoch's last, smaller batch: that batch is split into one
+    micro-batch per output node, and every step is still the full-batch (K = 1) step."""
+    from betty.train import max_relative_difference
+
+    last = 3  # outputs in the last batch, below K = 4
+    size = dataset().train_idx.numel() - last
+
+    def run(k: int):
+        trainer, model = trainer_case(0, batch_size=size, plan=PartitionPlan("random", k))
+        model.double()
+        trainer.dtype = torch.float64
+        records = list(trainer.epochs(range(2)))
+        return {n: p.detach().clone() for n, p in model.named_parameters()}, records
+
+    split, records = run(4)
+    assert [sorted(len(b.micro) for b in r.batches) for r in records] == [[last, 4]] * 2  # batch order shuffles
+    whole, _ = run(1)
+    assert max_relative_difference(split, whole) < 1e-10
+
+
 def test_sampling_on_the_cpu_device_path_trains_as_the_host_sampler_bit_for_bit(monkeypatch):
     """``sample_device="cpu"``: the torch-op sampler, whose CPU batch is the host
     sampler's, gives the same updates and records."""
