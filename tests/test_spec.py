@@ -233,6 +233,28 @@ def test_content_hash_ignores_name_and_defaults_but_not_content():
     assert a.stage_sha("train", {"device": "cpu"}) != a.stage_sha("train", {"device": "cuda"})
 
 
+def test_stage_keys_follow_what_each_stage_reads():
+    """The sample stage's key follows the architecture (revgnn samples nothing); the
+    partition stage's the train keys its estimates and K search read, not the others."""
+    a = resolve_spec(apply_overrides(BASE, []))
+
+    def edited(*overrides):
+        return resolve_spec(apply_overrides(BASE, list(overrides)))
+
+    rev = edited("model.arch=revgnn", "model.aggregator=mean")
+    assert rev.stage_sha("sample") != a.stage_sha("sample")
+    assert edited("model.hidden=32").stage_sha("sample") == a.stage_sha("sample")
+    for change in ("train.optimizer=sgd", "train.precision=64", "train.world_size=2"):
+        assert edited(change).stage_sha("partition") != a.stage_sha("partition"), change
+        assert edited(change).stage_sha("sample") == a.stage_sha("sample"), change
+    for change in ("train.lr=0.5", "train.epochs=3", "train.threads=1"):
+        assert edited(change).stage_sha("partition") == a.stage_sha("partition"), change
+    from workflow.reuse import stage_runtime  # the memory model's constants are the device's
+
+    assert a.stage_sha("partition", stage_runtime("partition", "cpu")) != \
+        a.stage_sha("partition", stage_runtime("partition", "cuda:0"))
+
+
 def test_params_are_flat_with_prefix():
     params = resolve_spec(apply_overrides(BASE, [])).params()
     assert params["spec.train.epochs"] == "1"
@@ -617,7 +639,7 @@ def test_feature_dtype_keys_bfloat16_runs_and_leaves_float32_hashes(tmp_path):
     from workflow.components import load_data
 
     pinned = ("fa679da340e80686",
-              ["573c0e1e9a9123db", "1d185dd8b9cbe463", "d6aadb689826b66c", "f5c610e873149b95", "7e9ae929dc896eab"])
+              ["573c0e1e9a9123db", "e48453b797af3ad3", "04e3794b30af705b", "f5c610e873149b95", "7e9ae929dc896eab"])
     stages = ("download", "sample", "partition", "train", "evaluate")
     plain = resolve_spec(apply_overrides(BASE, []))
     f32 = resolve_spec(apply_overrides(BASE, ["dataset.feature_dtype=float32"]))

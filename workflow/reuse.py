@@ -15,11 +15,12 @@ from workflow.specfile import ResolvedSpec
 
 __all__ = ["DEVICE_DEPENDENT", "stage_runtime", "stage_key", "find_reusable"]
 
-DEVICE_DEPENDENT = ("train", "evaluate")
+DEVICE_DEPENDENT = ("partition", "train", "evaluate")  # the memory model's constants, the results
 
 
 def stage_runtime(stage: str, device: str) -> dict[str, str]:
-    """The runtime facts that enter ``stage``'s ``stage_sha`` (the device, for train/evaluate)."""
+    """The runtime facts that enter ``stage``'s ``stage_sha`` (the device, for
+    :data:`DEVICE_DEPENDENT` stages)."""
     return {"device": device} if stage in DEVICE_DEPENDENT else {}
 
 

@@ -29,6 +29,7 @@ from workflow.spec import (STORE_KEYS, Problem, Spec, SpecError, changed_keys, c
 __all__ = [
     "STAGES",
     "STAGE_SECTIONS",
+    "STAGE_KEYS",
     "MAX_SPEC_BYTES",
     "SpecLoader",
     "parse_yaml",
@@ -54,6 +55,12 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "evaluate": ("dataset", "sampling", "model", "partition", "train", "evaluate"),
 }
 """Spec sections each stage's output depends on (its reuse key)."""
+
+STAGE_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "sample": {"model": ("arch",)},  # revgnn samples nothing; gcn's blocks carry degrees
+    "partition": {"train": ("optimizer", "dtype", "precision", "world_size")},  # estimates, K >= N
+}
+"""Keys of further sections a stage's output depends on too (in its reuse key)."""
 
 #: keys added after specs were hashed, left out of a resolved spec's content (and so of
 #: its hashes and stage keys) while at their defaults: the preparation threads (which
@@ -371,6 +378,8 @@ class ResolvedSpec:
             if stage != "partition" and section in _SWEEP_ONLY:
                 value = {k: v for k, v in value.items() if k not in _SWEEP_ONLY[section]}
             out[section] = value
+        for section, keys in STAGE_KEYS.get(stage, {}).items():
+            out[section] = {k: self.data[section][k] for k in keys if k in self.data[section]}
         return out
 
     def stage_sha(self, stage: str, runtime: dict | None = None) -> str:
