@@ -85,6 +85,29 @@ def test_damaged_or_missing_artifacts_rerun_the_stage(tracking, tmp_path):
     assert "Traceback" not in res.output
 
 
+def test_a_repeated_train_run_is_reused_and_its_repeat_runs_checked(tracking, tmp_path):
+    """``train.repeats > 1`` logs the models on the repeat runs: a rerun reuses the train
+    run (no warning), and one repeat run's damaged model.pt runs train again."""
+    import warnings
+
+    from workflow.pipeline import run_pipeline
+    from workflow.specfile import load_spec
+
+    rspec = load_spec("tiny", ["train.repeats=2", "train.epochs=1", "partition.sweep.k=[]"])
+    first = run_pipeline(rspec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = run_pipeline(rspec)
+    assert all(second[s]["reused"] for s in second if s != "main")
+    repeat = runs_of(*tracking, "tags.run_kind = 'repeat'")[1].info.run_id
+    model = _artifact(tmp_path, repeat, "model.pt")
+    model.write_bytes(model.read_bytes()[:-1] + b"x")
+    with pytest.warns(UserWarning, match=f"train run {first['train']['run_id']}: model.pt of its repeat "
+                                         f"run {repeat} is damaged"):
+        third = run_pipeline(rspec)
+    assert [s for s in third if s != "main" and third[s]["reused"]] == ["download", "sample", "partition"]
+
+
 def test_numbers_in_logs_are_human():
     from workflow.progress import format_metrics, format_number
 

@@ -8,6 +8,7 @@ Parent run, reuse: docs/workflow.md, *The parent run* and *Reuse*.
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import warnings
@@ -16,7 +17,7 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from workflow.checksums import ArtifactDamaged, damaged_artifacts
+from workflow.checksums import ArtifactDamaged, damaged_artifacts, fetch
 from workflow.components import resolve_device
 from workflow.lineage import check_upstream
 from workflow.progress import Reporter
@@ -84,19 +85,39 @@ def collect_summary(upstream: dict[str, str]) -> dict[str, float]:
     return out
 
 
+def _trained_models_damaged(run_id: str) -> list[ArtifactDamaged]:
+    """What is wrong with the models train run ``run_id`` lists in ``models.json`` (its
+    own, or one per repeat run with ``train.repeats > 1``): each run's checksummed
+    artifacts and its logged MLflow model (``runs:/<id>/model``). A missing or damaged
+    ``models.json`` is :func:`damaged_artifacts`' to report."""
+    with tempfile.TemporaryDirectory(prefix="betty-models-") as tmp:
+        try:
+            entries = json.loads(fetch(run_id, "models.json", tmp).read_text())
+        except (ArtifactDamaged, ValueError):
+            return []
+    damaged = []
+    for model_run in dict.fromkeys(entry["run_id"] for entry in entries):
+        if model_run != run_id:
+            damaged += damaged_artifacts(model_run)
+        problem = logged_model_problem(model_run)
+        if problem is not None:
+            damaged.append(ArtifactDamaged(model_run, MODEL_NAME, problem))
+    return damaged
+
+
 def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
     """``run_id`` if every checksummed artifact of it (:mod:`workflow.checksums`) and,
-    for a train run, the logged MLflow model it promises (``runs:/<id>/model``) are
-    present and intact, else ``None`` after a warning naming the run and each damaged
-    file (the stage runs again)."""
+    for a train run, the models it lists (:func:`_trained_models_damaged`) are present
+    and intact, else ``None`` after a warning naming the run and each damaged file (the
+    stage runs again)."""
     damaged = damaged_artifacts(run_id)
-    problem = logged_model_problem(run_id) if stage == "train" else None
-    if problem is not None:
-        damaged.append(ArtifactDamaged(run_id, MODEL_NAME, problem))
+    if stage == "train":
+        damaged += _trained_models_damaged(run_id)
     if not damaged:
         return run_id
     for err in damaged:
-        text = f"not reusing the {stage} run {run_id}: {err.artifact} is {err.problem}; running {stage} again"
+        where = err.artifact if err.run_id == run_id else f"{err.artifact} of its repeat run {err.run_id}"
+        text = f"not reusing the {stage} run {run_id}: {where} is {err.problem}; running {stage} again"
         warnings.warn(text, stacklevel=3)
         reporter.note(f"warning: {text}")
     mlflow.set_tag(f"reuse_refused.{stage}", f"{run_id}: " + ", ".join(e.artifact for e in damaged))
