@@ -191,6 +191,50 @@ def test_signal_inside_a_store_session_is_raised_after_it(tmp_path):
     assert run.data.tags["error"].startswith("KeyboardInterrupt")
 
 
+INTERRUPT_IN_CREATE = """\
+import os, signal
+from workflow import signals
+signals.install()
+import mlflow
+from mlflow.tracking import MlflowClient
+from workflow.runs import tracked_run
+from workflow.specfile import load_spec
+
+create = MlflowClient.create_run
+
+def create_then_interrupt(self, *args, **kwargs):  # SIGINT once the run row exists
+    run = create(self, *args, **kwargs)
+    print("created", run.info.run_id, flush=True)
+    os.kill(os.getpid(), signal.SIGINT)
+    sum(range(1000))  # bytecode: the handler runs here, inside the run's creation
+    return run
+
+MlflowClient.create_run = create_then_interrupt
+try:
+    with tracked_run("stage", "sample", load_spec("tiny", [])):
+        print("not interrupted")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+"""
+
+
+def test_signal_while_a_run_is_created_ends_it_killed(tmp_path):
+    """A SIGINT that lands while MLflow creates a stage's run (the row exists, MLflow's
+    run stack does not hold it yet) ends that run KILLED, not RUNNING."""
+    from test_workflow_support import PROJECT, new_experiment, new_store
+
+    uri = new_store(tmp_path / "store")
+    exp = new_experiment(uri, "in-create", tmp_path / "artifacts")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_ID": exp, "PYTHONPATH": str(PROJECT)}
+    out = subprocess.run([sys.executable, "-c", INTERRUPT_IN_CREATE], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    lines = out.stdout.split()
+    assert out.returncode == 0 and lines[0] == "created" and lines[-1] == "KeyboardInterrupt", \
+        out.stdout + out.stderr[-3000:]
+    run = MlflowClient(uri).get_run(lines[1])
+    assert run.info.status == "KILLED" and run.data.tags["error"].startswith("KeyboardInterrupt")
+
+
 CREATE_STORE = """\
 import os, sys, time
 import workflow.tracking  # betty's tracking setup

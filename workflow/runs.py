@@ -20,7 +20,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from workflow.provenance import code_version, git_commit
-from workflow.signals import shield
+from workflow.signals import check, shield
 from workflow.specfile import ResolvedSpec
 from workflow.tracking import mark_model_training
 
@@ -181,10 +181,14 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
     ``spec.<key.path>`` params and ``spec.yaml``. Ends ``FINISHED``, or through
     :func:`mark_failed` when the body raises."""
     # the tags are written with the run (one insert): a run killed right after its
-    # creation still has betty.host/betty.pid, so 'betty cleanup' can end it
-    run = mlflow.start_run(nested=nested, run_name=run_name, tags=_run_tags(kind, stage, rspec, device, tags))
+    # creation still has betty.host/betty.pid, so 'betty cleanup' can end it. A signal
+    # while MLflow creates the run is held (shield) and raised by check() below, once the
+    # run exists to be ended KILLED (raised inside start_run, it would leave it RUNNING).
+    with shield():
+        run = mlflow.start_run(nested=nested, run_name=run_name, tags=_run_tags(kind, stage, rspec, device, tags))
     run_id = run.info.run_id
     try:
+        check()
         mark_model_training(run.info.experiment_id)
         if log_spec:
             mlflow.log_params(rspec.params())
