@@ -47,6 +47,26 @@ def test_upstream_is_checked_before_a_run_exists(tracking):
            "-s", "partition.sweep.methods=[range]")
 
 
+def test_upstream_may_differ_where_nothing_computed_changes(tracking):
+    """A train run feeds an evaluate stage that runs on another device, with other
+    threads or preparation settings; another learning rate is refused."""
+    from workflow.lineage import UpstreamMismatch, check_upstream
+    from workflow.specfile import load_spec
+
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    trained = load_spec("tiny", ["train.device=auto", "train.threads=auto"])
+    run = client.create_run(exp, tags={"run_kind": "stage", "stage": "train", "spec_name": "tiny"})
+    for key, value in trained.params().items():
+        client.log_param(run.info.run_id, key, value)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    elsewhere = load_spec("tiny", ["train.device=cpu", "train.threads=1", "train.prep_workers=1",
+                                   "train.pipeline=false", "train.measure_memory=false"])
+    check_upstream(elsewhere, "evaluate", {"train": run.info.run_id})
+    with pytest.raises(UpstreamMismatch, match="spec.train.lr = 0.01 there, 0.5 here"):
+        check_upstream(load_spec("tiny", ["train.lr=0.5"]), "evaluate", {"train": run.info.run_id})
+
+
 def _artifact(tmp_path, run_id: str, name: str):
     return tmp_path / "artifacts" / run_id / "artifacts" / name
 

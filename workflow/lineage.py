@@ -22,11 +22,17 @@ def _describe(run) -> str:
             + (f" from {source}" if source else "") + ")")
 
 
+NOT_COMPARED = ("spec.partition.sweep.", "spec.train.device", "spec.train.threads", "spec.train.prep_workers",
+                "spec.train.pipeline", "spec.train.prefetch", "spec.train.measure_memory")
+"""Params an upstream run may differ in: the partition sweep (a report), where it ran and
+how fast (the device, threads, the preparation pipeline) and whether memory was measured,
+none of which changes what it computed."""
+
+
 def _settings(params: Mapping[str, str], sections: list[str]) -> dict[str, str]:
-    """The ``spec.<section>.*`` params of ``sections``, without ``partition.sweep``."""
+    """The ``spec.<section>.*`` params of ``sections``, less :data:`NOT_COMPARED`."""
     prefixes = tuple(f"spec.{s}." for s in sections)
-    return {k: v for k, v in params.items()
-            if k.startswith(prefixes) and not k.startswith("spec.partition.sweep.")}
+    return {k: v for k, v in params.items() if k.startswith(prefixes) and not k.startswith(NOT_COMPARED)}
 
 
 def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str]) -> None:
@@ -34,8 +40,7 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
     of ``rspec``: it exists, is a ``FINISHED`` stage run of an earlier stage, and its
     spec params equal ``rspec``'s on the sections that stage depends on
     (:data:`STAGE_SECTIONS`), less the section of ``stage`` itself and
-    ``partition.sweep`` (a report). The device is not compared: a model trained on one
-    device may be scored on another."""
+    :data:`NOT_COMPARED` (a model trained on one device may be scored on another)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
