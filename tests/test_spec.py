@@ -537,6 +537,8 @@ def test_deep_nesting_is_a_spec_error(tmp_path):
     ("dataset.root=/proc", "dataset.root", "pseudo-filesystem"),
     ("dataset.root=/sys/kernel", "dataset.root", "pseudo-filesystem"),
     ("dataset.root=/dev", "dataset.root", "pseudo-filesystem"),
+    ("dataset.root=~no-such-user-here/data", "dataset.root", "is not a usable path"),
+    ('dataset.root="a\\0b"', "dataset.root", "is not a usable path (embedded null byte)"),
 ])
 def test_values_that_fail_late_are_refused_at_validation(override, path, allowed_text):
     """Each of these used to validate and fail only once runs existed (or ran with NaN

@@ -9,8 +9,9 @@ to the spec's experiment (:func:`workflow.tracking.leave_default_experiment`). O
 ``-P key.path=value`` parameters, which MLflow appends as ``--key.path value``;
 ``-P nproc=N`` is ``train.world_size=N`` (N ranks, :mod:`workflow.training`).
 
-Exit codes: 0 success, 2 invalid spec (no traceback), 1 any other failure (message on
-stderr, traceback in the run's ``error.txt``), 130 interrupted.
+Exit codes: 0 success, 2 invalid spec or ``upstream`` runs it cannot use (no traceback),
+1 any other failure (message on stderr, traceback in the run's ``error.txt``), 130
+interrupted.
 
 Interrupts (:mod:`workflow.signals`, installed before anything heavy is imported):
 ``SIGINT``, ``SIGTERM`` or the death of ``mlflow run`` at any moment, imports included,
@@ -114,6 +115,7 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
 
         import workflow.pipeline  # noqa: F401
         import workflow.tracking  # noqa: F401  (guards the store's sessions)
+        from workflow.lineage import UpstreamMismatch
         from workflow.progress import LogReporter, format_metrics
         from workflow.spec import SpecError
         from workflow.specfile import load_spec
@@ -141,6 +143,8 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
             upstream = decode_upstream(args.upstream)
             run_id, metrics = run_stage(args.entry, rspec, upstream, reporter=reporter)
             reporter.note(f"{args.entry}: {format_metrics(metrics)}")
+    except UpstreamMismatch as err:  # the upstream parameter names runs this spec cannot use
+        return _fail(str(err), 2, err)
     except Exception as err:  # noqa: BLE001  (reported, traceback logged as error.txt)
         if os.environ.get("BETTY_TRACEBACK"):
             import traceback

@@ -500,7 +500,11 @@ def _path_problems(ds: DatasetSection) -> list[Problem]:
     if ds.name == "dgl-file" and isinstance(ds.options.get("path"), str):
         paths.append(("dataset.path", ds.options["path"]))
     for key, value in paths:
-        resolved = Path(value).expanduser().resolve()
+        try:
+            resolved = Path(value).expanduser().resolve()
+        except (RuntimeError, ValueError, OSError) as err:  # ~nosuchuser, a NUL byte
+            out.append(Problem(key, value, f"is not a usable path ({err}); allowed: a path on a real disk"))
+            continue
         shm = resolved == Path("/dev/shm") or Path("/dev/shm") in resolved.parents
         if not shm and any(resolved == Path(p) or Path(p) in resolved.parents for p in PSEUDO_FILESYSTEMS):
             out.append(Problem(key, value, f"is on a pseudo-filesystem ({', '.join(PSEUDO_FILESYSTEMS)})"

@@ -54,11 +54,13 @@ def fail(message: str, code: int) -> typer.Exit:
 
 
 def cli_errors(fn):
-    """Turn exceptions into exit codes: 2 for spec errors and bad arguments, 130 for Ctrl-C, 1 otherwise
-    (the traceback only with ``BETTY_TRACEBACK=1``)."""
+    """Turn exceptions into exit codes: 2 for spec errors and bad arguments (a refused
+    ``--upstream`` run included), 130 for Ctrl-C, 1 otherwise (the traceback only with
+    ``BETTY_TRACEBACK=1``)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from workflow.lineage import UpstreamMismatch
         from workflow.spec import SpecError
 
         from workflow import signals
@@ -70,7 +72,7 @@ def cli_errors(fn):
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
-        except SpecError as err:
+        except (SpecError, UpstreamMismatch) as err:  # the spec, or the --upstream runs given
             raise fail(str(err), 2) from None
         except typer.BadParameter as err:  # raised by a command's own argument checks
             raise fail(err.format_message(), 2) from None

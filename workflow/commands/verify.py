@@ -68,6 +68,8 @@ def verify(spec: SpecArg,
     device = resolve_device(rspec.spec.train.device)
     trainer, model, _ = make_trainer(rspec, ds, device)
     batch = trainer.sample(0, 0)
+    if max(ks) > batch.num_outputs:
+        raise fail(f"--k values must be at most the batch's {batch.num_outputs} output nodes, got {k!r}", 2)
     result = verify_exactness(model, batch, ds.feat, ds.label, ks, method=rspec.spec.partition.method,
                               seed=rspec.spec.sampling.seed, device=device, dtype=torch_dtype(rspec),
                               multilabel=ds.multilabel, graph=ds.graph, tol=tol,
