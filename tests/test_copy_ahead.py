@@ -194,6 +194,16 @@ def test_each_micro_batch_counts_the_next_micro_batches_inputs_and_the_meter_agr
 
 
 @pytest.mark.parametrize("backend", backend_params())
+def test_the_memory_report_measures_with_copy_ahead_as_it_estimates(backend):
+    """``memory_report(measure=True)`` measures the step as training runs it, copy-ahead
+    included: the measured micro-batches hold the next one's inputs, as the estimates do."""
+    tol = TOLERANCE[backend]["sage-mean"]
+    trainer, _ = _trainer(backend, "sage", True, nodes=1000, hidden=32, batch_size=200)
+    report = trainer.memory_report(measure=True)
+    assert report["k"] > 1 and report["max_abs_relative_error"] <= tol, report["max_abs_relative_error"]
+
+
+@pytest.mark.parametrize("backend", backend_params())
 def test_the_k_search_fits_the_micro_batches_with_the_next_inputs(backend):
     """``k: auto``: the search estimates with the next micro-batch's inputs, so a budget the
     plain micro-batches just fit needs more micro-batches with copy-ahead; trained with the K it picks,
