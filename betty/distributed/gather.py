@@ -6,7 +6,8 @@ all-gathers them; rank 0 gets the epoch's metrics with
 
 * the figures of the whole job: ``peak_mem_measured_bytes`` and
   ``peak_mem_estimated_bytes`` the maximum over ranks, ``mem_estimate_error`` over
-  every rank's micro-batches, ``time_compute_s`` the slowest rank's, ``time_idle_s``
+  every rank's micro-batches, ``time_compute_s`` (forward and backward of the rank's
+  micro-batches, the record's own, as in one process) the slowest rank's, ``time_idle_s``
   the most idle rank's (epoch time less compute), ``allreduce_bytes`` (gradient payload
   per rank per epoch) and ``world_size``; ``loss`` and ``train_acc`` are the full-batch
   ones already;
@@ -48,7 +49,7 @@ def gather_epoch(record, parallel, steps_before: int, metrics: dict,
     from betty.distributed.shared import memory_of_process
 
     stats = parallel.history[steps_before:]
-    compute = sum(s.time_compute_s for s in stats)
+    compute = record.time_compute_s  # forward + backward of this rank's micro-batches, as in one process
     host = memory_of_process()
     mine = {"peak_mem_measured_bytes": record.peak_mem_measured_bytes,
             "peak_mem_estimated_bytes": record.peak_mem_estimated_bytes,

@@ -123,7 +123,8 @@ def _run_with_deadline(args: tuple, time_limit_s: float):
         if not recv.poll(time_limit_s):
             return None
         status, payload = recv.recv()
-    except EOFError:
+    except EOFError:  # the child died without a word: its exit code, once it is known
+        proc.join(timeout=5)
         status, payload = "error", f"the Mt-KaHyPar process exited with code {proc.exitcode}"
     finally:
         if proc.is_alive():
