@@ -11,6 +11,7 @@ import yaml
 from betty.sizes import format_bytes, parse_bytes
 from workflow.spec import SpecError
 from workflow.specfile import (
+    STAGES,
     apply_overrides,
     find_spec,
     load_spec,
@@ -205,6 +206,9 @@ def test_name_defaults_to_file_stem(tmp_path):
     raw = {k: v for k, v in BASE.items() if k != "name"}
     spec = _write(tmp_path / "stem_name.yaml", yaml.safe_dump(raw))
     assert load_spec(spec).name == "stem_name"
+    # a stem with characters a name may not hold: they become "-" (not a refused name key)
+    assert load_spec(_write(tmp_path / "my+spec v2.yaml", yaml.safe_dump(raw))).name == "my-spec-v2"
+    assert load_spec(_write(tmp_path / "_draft.yaml", yaml.safe_dump(raw))).name == "spec"
 
 
 def test_yaml_errors_are_spec_errors(tmp_path):
@@ -243,6 +247,9 @@ def test_stage_keys_follow_what_each_stage_reads():
 
     rev = edited("model.arch=revgnn", "model.aggregator=mean")
     assert rev.stage_sha("sample") != a.stage_sha("sample")
+    other_fanouts = edited("model.arch=revgnn", "model.aggregator=mean", "sampling.fanouts=[2, 3]")
+    assert all(other_fanouts.stage_sha(s) == rev.stage_sha(s) for s in STAGES)  # revgnn reads none
+    assert edited("sampling.fanouts=[2, 3]").stage_sha("sample") != a.stage_sha("sample")
     assert edited("model.hidden=32").stage_sha("sample") == a.stage_sha("sample")
     for change in ("train.optimizer=sgd", "train.precision=64", "train.world_size=2"):
         assert edited(change).stage_sha("partition") != a.stage_sha("partition"), change

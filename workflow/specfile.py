@@ -380,6 +380,8 @@ class ResolvedSpec:
             out[section] = value
         for section, keys in STAGE_KEYS.get(stage, {}).items():
             out[section] = {k: self.data[section][k] for k in keys if k in self.data[section]}
+        if self.spec.model.arch == "revgnn" and "sampling" in out:  # samples nothing: fanouts unread
+            out["sampling"] = {k: v for k, v in out["sampling"].items() if k != "fanouts"}
         return out
 
     def stage_sha(self, stage: str, runtime: dict | None = None) -> str:
@@ -439,5 +441,6 @@ def load_spec(ref: str | os.PathLike, overrides: Sequence[str] = ()) -> Resolved
     """
     path = find_spec(ref)
     raw = apply_overrides(_read_yaml(path), overrides)
-    stem = path.stem if path.stem[:1].isalnum() else "spec"
-    return resolve_spec(raw, source=str(path), overrides=overrides, default_name=stem)
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem)[:100]  # a name: letters, digits, _ . -
+    return resolve_spec(raw, source=str(path), overrides=overrides,
+                        default_name=stem if stem[:1].isalnum() else "spec")
