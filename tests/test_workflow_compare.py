@@ -24,7 +24,8 @@ def store(tmp_path, monkeypatch):
     for i, (spec, sha, acc, secs) in enumerate([("a", "s1", 0.8, 10), ("b", "s2", 0.5, 5), ("a", "s1", 0.9, 20)]):
         start = 1_700_000_000_000 + i * 100_000
         run = client.create_run(exp, start_time=start, run_name=f"{spec}-{i}",
-                                tags={"run_kind": "main", "spec_name": spec, "spec_sha": sha})
+                                tags={"run_kind": "main", "spec_name": spec, "spec_sha": sha,
+                                      "stage_run.train": f"train-{i}"})
         client.log_metric(run.info.run_id, "test_acc", acc)
         client.log_metric(run.info.run_id, "k", 2)
         client.set_terminated(run.info.run_id, "FINISHED", end_time=start + secs * 1000)
@@ -52,6 +53,21 @@ def test_json_rows_and_repeat_summary(store):
     assert rep["spec"] == "a" and rep["n"] == 2 and set(rep["run_ids"]) == {store[0], store[2]}
     assert rep["mean"]["test"] == pytest.approx(0.85) and rep["std"]["test"] == pytest.approx(0.05)
     assert rep["mean"]["duration s"] == pytest.approx(15.0) and rep["std"]["K"] == 0
+
+
+def test_a_pipeline_run_that_reused_the_training_repeats_nothing(store):
+    """A parent run whose train stage was reused from an earlier one (same figures, no
+    new training) is listed but not counted as a repeat."""
+    client = MlflowClient()
+    exp = client.get_run(store[0]).info.experiment_id
+    again = client.create_run(exp, run_name="a-again", tags={"run_kind": "main", "spec_name": "a",
+                                                             "spec_sha": "s1", "stage_run.train": "train-0"})
+    client.log_metric(again.info.run_id, "test_acc", 0.8)
+    client.set_terminated(again.info.run_id, "FINISHED")
+    out = json.loads(invoke("--json").stdout)
+    assert again.info.run_id in [r["run_id"] for r in out["runs"]]
+    [rep] = out["repeats"]
+    assert rep["n"] == 2 and set(rep["run_ids"]) == {store[0], store[2]}
 
 
 def test_filters_last_and_spec(store):

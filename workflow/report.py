@@ -1,9 +1,10 @@
 """The rows of ``betty compare``: one per pipeline run, plus mean ± std over repeats.
 
 A *row* maps each column header of :data:`COLUMNS` to a raw value (``None`` when the run
-lacks it), plus ``run_id`` and the hidden ``spec_sha``. Runs with the same ``spec_sha``
-(identical resolved spec content) are *repeats*; for every group of two or more FINISHED
-repeats :func:`repeat_summaries` gives, per numeric column c,
+lacks it), plus ``run_id`` and the hidden ``spec_sha`` and ``train_run`` (its train
+stage's run). Runs with the same ``spec_sha`` (identical resolved spec content) that
+trained apart (not one reusing another's train run) are *repeats*; for every group of
+two or more FINISHED repeats :func:`repeat_summaries` gives, per numeric column c,
 
     mean_c = (1/n) Σ_i x_i,   std_c = sqrt((1/n) Σ_i (x_i - mean_c)²)
 
@@ -71,6 +72,7 @@ def rows_for(runs) -> list[dict]:
         row = {header: _value(run, source, key) for header, source, key in COLUMNS}
         row["run_id"] = run.info.run_id
         row["spec_sha"] = run.data.tags.get("spec_sha")
+        row["train_run"] = run.data.tags.get("stage_run.train")
         if row.get("arch") == "revgnn":  # no aggregator: show the convolution of the blocks
             row["aggr"] = run.data.params.get("spec.model.conv")
         out.append(row)
@@ -78,11 +80,17 @@ def rows_for(runs) -> list[dict]:
 
 
 def repeat_summaries(rows: list[dict]) -> list[dict]:
-    """For each ``spec_sha`` with >= 2 FINISHED runs (in order of first appearance):
-    ``{"spec", "spec_sha", "n", "run_ids", "mean": {col: m}, "std": {col: s}}``."""
+    """For each ``spec_sha`` with >= 2 FINISHED runs that trained apart (in order of
+    first appearance; a pipeline run that reused an earlier one's train run repeats
+    nothing and is left out): ``{"spec", "spec_sha", "n", "run_ids", "mean": {col: m},
+    "std": {col: s}}``."""
+    finished = [row for row in rows if row["status"] == "FINISHED" and row.get("spec_sha")]
+    trained: dict[str, dict] = {}  # train run -> the first pipeline run that had it
+    for row in sorted(finished, key=lambda r: r["start (UTC)"] or 0):
+        trained.setdefault(row.get("train_run"), row)
     groups: dict[str, list[dict]] = {}
-    for row in rows:
-        if row["status"] == "FINISHED" and row.get("spec_sha"):
+    for row in finished:
+        if row.get("train_run") is None or trained[row["train_run"]] is row:
             groups.setdefault(row["spec_sha"], []).append(row)
     out = []
     for sha, members in groups.items():
