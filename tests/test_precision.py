@@ -205,12 +205,25 @@ def test_precision_key_and_its_dtype_alias():
 @pytest.mark.parametrize("train,match", [
     ({"precision": "bf16"}, "train.precision must be one of 64, 32, bf16-mixed, 16-mixed"),
     ({"precision": 16}, "train.precision must be one of"),
-    ({"precision": "bf16-mixed", "dtype": "float64"}, "train.dtype 'float64' and train.precision 'bf16-mixed' disagree"),
-    ({"precision": 64, "dtype": "float32"}, "train.dtype 'float32' and train.precision '64' disagree"),
 ])
 def test_precision_errors_name_the_keys(train, match):
     with pytest.raises(ValueError, match=match):
         _spec(train)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["train.precision=bf16-mixed", "train.dtype=float64"],
+     "train.dtype = 'float64': disagrees with train.precision 'bf16-mixed'"),
+    (["train.precision=64", "train.dtype=float32"], "train.dtype = 'float32': disagrees with train.precision '64'"),
+])
+def test_a_dtype_that_disagrees_with_the_precision_is_named_at_its_key(overrides, message):
+    from workflow.spec import SpecError
+    from workflow.specfile import load_spec
+
+    with pytest.raises(SpecError) as info:
+        load_spec("tiny", overrides)
+    assert [str(p) for p in info.value.problems] == [message + " (train.dtype float64 is train.precision 64; "
+                                                     "float32 is 32, bf16-mixed or 16-mixed); give only train.precision"]
 
 
 def test_feature_dtype_key():

@@ -385,16 +385,12 @@ class TrainSection(_Section):
     @model_validator(mode="after")
     def _dtype_alias(self) -> "TrainSection":
         """``train.dtype`` is the older name of ``train.precision`` 32/64 (the
-        parameters' dtype): one given sets the other; both given must agree (float64 is
-        precision 64; float32 is 32, bf16-mixed or 16-mixed)."""
+        parameters' dtype): one given sets the other; both given must agree
+        (:func:`_precision_problems`)."""
         given = self.model_fields_set
-        if "dtype" in given and "precision" in given:
-            if (self.dtype == "float64") != (self.precision == "64"):
-                raise ValueError(
-                    f"train.dtype {self.dtype!r} and train.precision {self.precision!r} disagree "
-                    f"(train.dtype float64 is train.precision 64; float32 is 32, bf16-mixed or "
-                    "16-mixed); give only train.precision")
-        elif "dtype" in given:
+        if {"dtype", "precision"} <= given:
+            return self  # both as given, checked by check_spec
+        if "dtype" in given:
             object.__setattr__(self, "precision", _DTYPE_PRECISION[self.dtype])
         else:
             object.__setattr__(self, "dtype", "float64" if self.precision == "64" else "float32")
@@ -644,6 +640,17 @@ def _selection_problems(spec: Spec) -> list[Problem]:
     return out
 
 
+def _precision_problems(spec: Spec) -> list[Problem]:
+    """``train.dtype`` and ``train.precision`` both given must agree: float64 is
+    precision 64; float32 is 32, bf16-mixed or 16-mixed."""
+    t = spec.train
+    if {"dtype", "precision"} <= t.model_fields_set and (t.dtype == "float64") != (t.precision == "64"):
+        return [Problem("train.dtype", t.dtype, f"disagrees with train.precision {t.precision!r} (train.dtype "
+                        "float64 is train.precision 64; float32 is 32, bf16-mixed or 16-mixed); give "
+                        "only train.precision")]
+    return []
+
+
 def _weight_decay_problems(spec: Spec) -> list[Problem]:
     t = spec.train
     if t.weight_decay_first_layer_only and t.weight_decay == 0:
@@ -704,6 +711,7 @@ def check_spec(spec: Spec) -> list[Problem]:
                            f">= {world}, or 'auto' (the K search then starts at K = {world})"))
     out.extend(_selection_problems(spec))
     out.extend(_weight_decay_problems(spec))
+    out.extend(_precision_problems(spec))
     if not dataset_problems:  # the dataset's size is known only from valid options
         out.extend(_k_size_problems(spec))
     if spec.evaluate.fanouts is not None and spec.evaluate.inference != "sampled":
