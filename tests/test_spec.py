@@ -262,6 +262,21 @@ def test_stage_keys_follow_what_each_stage_reads():
         a.stage_sha("partition", stage_runtime("partition", "cuda:0"))
 
 
+def test_calibrated_constants_change_the_keys_of_the_stages_that_estimate(tmp_path, monkeypatch):
+    """``betty calibrate`` writes constants the partition and train stages size their
+    splits with: their reuse keys change with them, the others' do not."""
+    import json
+
+    from betty.memory.constants import default_backend
+    from workflow.reuse import stage_runtime
+
+    monkeypatch.setenv("BETTY_MEMORY_CONSTANTS", str(tmp_path / "constants.json"))
+    before = {stage: stage_runtime(stage, "cpu") for stage in STAGES}
+    (tmp_path / "constants.json").write_text(json.dumps({default_backend("cpu"): {"granule_bytes": 4096}}))
+    after = {stage: stage_runtime(stage, "cpu") for stage in STAGES}
+    assert [stage for stage in STAGES if before[stage] != after[stage]] == ["partition", "train"]
+
+
 def test_params_are_flat_with_prefix():
     params = resolve_spec(apply_overrides(BASE, [])).params()
     assert params["spec.train.epochs"] == "1"

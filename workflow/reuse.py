@@ -11,17 +11,25 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from workflow.provenance import code_version
-from workflow.specfile import ResolvedSpec
+from workflow.specfile import ResolvedSpec, content_hash
 
 __all__ = ["DEVICE_DEPENDENT", "stage_runtime", "stage_key", "find_reusable"]
 
 DEVICE_DEPENDENT = ("partition", "train", "evaluate")  # the memory model's constants, the results
+ESTIMATING = ("partition", "train")  # size their splits with the memory model
 
 
 def stage_runtime(stage: str, device: str) -> dict[str, str]:
-    """The runtime facts that enter ``stage``'s ``stage_sha`` (the device, for
-    :data:`DEVICE_DEPENDENT` stages)."""
-    return {"device": device} if stage in DEVICE_DEPENDENT else {}
+    """The runtime facts that enter ``stage``'s ``stage_sha``: the device, for
+    :data:`DEVICE_DEPENDENT` stages, and for :data:`ESTIMATING` ones a hash of the memory
+    model's constants in effect for it (shipped, or as ``betty calibrate`` left them)."""
+    if stage not in DEVICE_DEPENDENT:
+        return {}
+    if stage not in ESTIMATING:
+        return {"device": device}
+    from betty.memory.constants import default_backend, load_constants
+
+    return {"device": device, "memory_constants": content_hash(load_constants(default_backend(device)).to_dict())}
 
 
 def stage_key(rspec: ResolvedSpec, stage: str, upstream_run_id: str | None, device: str) -> dict[str, str]:
