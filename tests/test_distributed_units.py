@@ -48,6 +48,9 @@ def test_default_backend_reduces_cpu_tensors_with_gloo_also_beside_cuda(monkeypa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     backend = launch_module.default_backend()
     assert dict(part.split(":") for part in backend.split(",")) == {"cpu": "gloo", "cuda": "nccl"}
+    assert backend in launch_module.BACKENDS  # what launch() accepts
+    with pytest.raises(ValueError, match="backend must be one of 'gloo', 'nccl', 'cpu:gloo,cuda:nccl'"):
+        launch(print, nproc=1, backend="mpi")
 
 
 def test_checksum_sees_one_ulp():

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["launch", "RankFailed", "describe_failures", "free_port", "rank_device", "default_backend",
+__all__ = ["launch", "RankFailed", "describe_failures", "free_port", "rank_device", "default_backend", "BACKENDS",
            "environ"]
 
 
@@ -40,6 +40,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+BACKENDS = ("gloo", "nccl", "cpu:gloo,cuda:nccl")
+"""What :func:`launch` accepts: gloo, NCCL, or gloo for CPU tensors beside NCCL for CUDA ones."""
 
 
 def default_backend() -> str:
@@ -144,7 +148,7 @@ def _rank_main(fn: Callable[..., Any], backend: str, threads: int | None, launch
 
     if threads is not None:
         torch.set_num_threads(threads)
-    if backend == "nccl":
+    if "nccl" in backend:  # one GPU per rank: NCCL's device, and every CUDA call's default
         torch.cuda.set_device(rank_device())
     _join_group(backend, local_store)
     try:
@@ -171,7 +175,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
             (required when ``nnodes > 1``; default for one node: a free local port).
             Every machine must run the same ``nproc``.
         run_id: rendezvous id shared by all nodes (default: random, one node only).
-        backend: ``"gloo"`` / ``"nccl"`` (default :func:`default_backend`).
+        backend: one of :data:`BACKENDS` (default :func:`default_backend`).
         threads: ``torch.set_num_threads`` in each rank (``None``: torch's default).
         join_timeout_s: how long the rendezvous waits for every node.
 
@@ -192,8 +196,8 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
     if nnodes > 1 and (rdzv_endpoint is None or run_id is None):
         raise ValueError("several nodes need rdzv_endpoint (HOST:PORT of node 0) and a shared run_id")
     backend = backend or default_backend()
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     run_id = run_id or f"betty-{uuid.uuid4().hex[:12]}"
     with contextlib.ExitStack() as stack:
         local_store = None
