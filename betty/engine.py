@@ -788,7 +788,8 @@ class Trainer:
         order = {e: self.batch_order(e) for e in epochs}
         items = [(e, b) for e in epochs for b in order[e]]
         source = preparation(items, lambda item: self.prepare(*item, carve=bool(self.prefetch)),
-                             self.prefetch, size=lambda prepared: prepared.nbytes)
+                             self.prefetch, size=lambda prepared: prepared.nbytes,
+                             finish_allowed=self.parallel is not None)  # its splits are agreed
         with source:
             for epoch in epochs:
                 start, waited = time.perf_counter(), source.wait_s

@@ -25,7 +25,12 @@ Errors and stops:
   what it made, and waits for it: no thread goes on running torch code while the
   process ends (a daemon thread inside a torch op at interpreter exit can abort the
   process). The consumer's wait for a result is sliced, so a Ctrl-C reaches it at once;
-  the stop then waits at most for the one item in progress.
+  the stop then waits at most for the one item in progress;
+* with ``finish_allowed``, :meth:`Prefetcher.close` first lets the thread prepare every
+  item the consumer's progress has allowed (``depth`` past the one it holds), then
+  stops it: the items prepared no longer depend on timing, which preparation that
+  takes part in collectives needs (every rank of a data-parallel job prepares the same
+  items, so each rank's thread makes the same collective calls).
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class Prefetcher(Generic[K, T]):
         depth: results allowed ahead of the consumer's current one (>= 1).
         size: ``result -> bytes`` it holds (for :attr:`peak_bytes`; default: 0).
         name: the preparation thread's name (shown by debuggers and ``py-spy``).
+        finish_allowed: :meth:`close` lets the thread prepare the items the consumer
+            has allowed first (see the module docstring).
 
     Attributes:
         wait_s: seconds the consumer spent blocked waiting for a result.
@@ -61,7 +68,8 @@ class Prefetcher(Generic[K, T]):
     """
 
     def __init__(self, items: Sequence[K], prepare: Callable[[K], T], depth: int = 1,
-                 size: Callable[[T], int] | None = None, name: str = "betty-prepare") -> None:
+                 size: Callable[[T], int] | None = None, name: str = "betty-prepare",
+                 finish_allowed: bool = False) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
         self._items = list(items)
@@ -69,6 +77,8 @@ class Prefetcher(Generic[K, T]):
         self._slots = threading.Semaphore(depth + 1)  # the consumer's current result + depth
         self._ready: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._finish_allowed = finish_allowed
+        self._draining = threading.Event()  # closed with finish_allowed: no slot will free
         self._holding = False  # the consumer holds a result (its slot not yet returned)
         self._closed = False
         self.wait_s = 0.0
@@ -83,8 +93,7 @@ class Prefetcher(Generic[K, T]):
     def _run(self) -> None:
         try:
             for item in self._items:
-                self._slots.acquire()
-                if self._stop.is_set():
+                if not self._take_slot() or self._stop.is_set():
                     return
                 result = self._prepare(item)
                 if self._stop.is_set():  # closed while preparing: nobody will take it
@@ -95,6 +104,14 @@ class Prefetcher(Generic[K, T]):
             self._ready.put((None, None, err))
             return
         self._ready.put(_DONE)
+
+    def _take_slot(self) -> bool:
+        """Wait for a slot; ``False`` once stopped, or once draining when none is free
+        (the consumer frees none after :meth:`close`)."""
+        while not self._slots.acquire(timeout=0.05):
+            if self._stop.is_set() or self._draining.is_set():
+                return False
+        return True
 
     def _count(self, nbytes: int) -> None:
         with self._lock:
@@ -139,13 +156,16 @@ class Prefetcher(Generic[K, T]):
     def close(self, wait: bool = True) -> None:
         """Stop preparing, drop what was prepared and (``wait``, the default) wait for
         the thread to end: it ends after the item it is preparing, whose result it
-        drops. Without ``wait`` the caller goes on at once and the thread ends on its
-        own. Idempotent."""
+        drops (with ``finish_allowed``, after the items the consumer allowed). Without
+        ``wait`` the caller goes on at once and the thread ends on its own. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        self._slots.release()  # a thread waiting for a slot wakes up and sees the stop
+        if self._finish_allowed and wait:
+            self._draining.set()  # the thread uses the slots it has, then returns
+        else:
+            self._stop.set()
+            self._slots.release()  # a thread waiting for a slot wakes up and sees the stop
         if wait:
             self._thread.join()
         while True:  # drop the results nobody will take
@@ -216,10 +236,12 @@ def check_prefetch(prefetch: int) -> int:
 
 
 def preparation(items: Sequence[K], prepare: Callable[[K], T], prefetch: int,
-                size: Callable[[T], int] | None = None) -> "Prefetcher[K, T] | Inline[K, T]":
+                size: Callable[[T], int] | None = None,
+                finish_allowed: bool = False) -> "Prefetcher[K, T] | Inline[K, T]":
     """Where an engine's epochs take their prepared items from: ``prefetch = 0`` an
     :class:`Inline` source (``prepare`` in the caller's thread), ``n >= 1`` a
-    :class:`Prefetcher` ``n`` items ahead (``size``: its bytes accounting)."""
+    :class:`Prefetcher` ``n`` items ahead (``size``: its bytes accounting;
+    ``finish_allowed``: its close's)."""
     if check_prefetch(prefetch) == 0:
         return Inline(items, prepare)
-    return Prefetcher(items, prepare, prefetch, size=size)
+    return Prefetcher(items, prepare, prefetch, size=size, finish_allowed=finish_allowed)

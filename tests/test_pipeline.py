@@ -82,6 +82,26 @@ def test_leaving_early_stops_the_thread_and_prepares_nothing_more():
     assert len(made) == count
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+def test_closing_with_finish_allowed_prepares_exactly_what_the_consumer_allowed(depth):
+    """``finish_allowed``: after the consumer took items 0-2 and closed, the thread has
+    prepared items 0 to 2 + depth, however slow each one is (each would be a
+    collective call on a data-parallel rank: every rank must make as many)."""
+    made = []
+
+    def slow(i):
+        time.sleep(0.02)  # the consumer closes while the thread is still behind
+        made.append(i)
+        return i
+
+    source = Prefetcher(range(1000), slow, depth=depth, finish_allowed=True)
+    for item, _ in source:
+        if item == 2:
+            break
+    source.close()
+    assert made == list(range(3 + depth)) and not _prepare_threads(within_s=0)
+
+
 def test_an_error_in_the_consumer_leaves_no_thread_behind():
     with pytest.raises(RuntimeError):
         with Prefetcher(range(100), lambda i: i, depth=3) as source:
