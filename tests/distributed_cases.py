@@ -128,6 +128,19 @@ def rank_per_process_split(k: int, prefetch: int) -> dict[str, torch.Tensor]:
                           prefetch=prefetch, method=PER_PROCESS)
 
 
+def rank_subgroup_agree() -> object:
+    """On one of 3 ranks: ranks 1 and 2 form a subgroup with a DataParallel of their own
+    (rank 0 takes no part in it) and agree on rank 1's value."""
+    import torch.distributed as dist
+
+    from betty.distributed import DataParallel
+
+    sub = dist.new_group(ranks=[1, 2])  # every rank of the default group, as new_group requires
+    if dist.get_rank() == 0:
+        return None
+    return DataParallel(group=sub).agree(f"from rank {dist.get_rank()}")
+
+
 def rank_distdgl_cases(folder: str, cases, pipelined=()) -> dict[str, dict[str, torch.Tensor]]:
     """On one DistDGL trainer: join the graph servers of the partitioning at ``folder``
     and train every case of ``cases`` with a :class:`betty.distributed.DataParallel` on

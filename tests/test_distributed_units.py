@@ -53,6 +53,14 @@ def test_default_backend_reduces_cpu_tensors_with_gloo_also_beside_cuda(monkeypa
         launch(print, nproc=1, backend="mpi")
 
 
+def test_a_data_parallel_subgroup_agrees_without_the_other_ranks():
+    """A DataParallel over a subgroup: its ranks agree on the subgroup's first rank's
+    value; a rank outside it takes no part (and is not waited for)."""
+    from distributed_cases import rank_subgroup_agree
+
+    assert launch(rank_subgroup_agree, nproc=3) == {0: None, 1: "from rank 1", 2: "from rank 1"}
+
+
 def test_checksum_sees_one_ulp():
     a = torch.tensor([1.0, 2.0], dtype=torch.float64)
     b = a.clone()

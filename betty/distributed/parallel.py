@@ -71,9 +71,10 @@ class DataParallel:
         # agree() runs on a gloo group of its own: it may be called from a preparation
         # thread while the step's collectives run on ``group`` (collectives of one group
         # must come in the same order on every rank; two threads would not keep it).
-        # Every rank of the default group creates it here, as new_group requires.
+        # The ranks of ``group`` create it here, together (local synchronisation: ranks
+        # outside a subgroup take no part).
         ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
-        self._agree_group = dist.new_group(ranks=ranks, backend="gloo")
+        self._agree_group = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=ranks is not None)
 
     @property
     def rank(self) -> int:
