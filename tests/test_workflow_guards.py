@@ -66,6 +66,16 @@ def test_upstream_may_differ_where_nothing_computed_changes(tracking):
     with pytest.raises(UpstreamMismatch, match="spec.train.lr = 0.01 there, 0.5 here"):
         check_upstream(load_spec("tiny", ["train.lr=0.5"]), "evaluate", {"train": run.info.run_id})
 
+    # the keys of a later section a stage reads count too: the sampled batch follows the arch
+    sample = client.create_run(exp, tags={"run_kind": "stage", "stage": "sample", "spec_name": "tiny"})
+    for key, value in trained.params().items():
+        client.log_param(sample.info.run_id, key, value)
+    client.set_terminated(sample.info.run_id, "FINISHED")
+    check_upstream(load_spec("tiny", ["model.hidden=16"]), "partition", {"sample": sample.info.run_id})
+    with pytest.raises(UpstreamMismatch, match="spec.model.arch = sage there, gcn here"):
+        check_upstream(load_spec("tiny", ["model.arch=gcn", "model.aggregator=mean"]), "partition",
+                       {"sample": sample.info.run_id})
+
 
 def _artifact(tmp_path, run_id: str, name: str):
     return tmp_path / "artifacts" / run_id / "artifacts" / name

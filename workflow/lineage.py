@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from workflow.specfile import STAGE_SECTIONS, STAGES, ResolvedSpec
+from workflow.specfile import STAGE_KEYS, STAGE_SECTIONS, STAGES, ResolvedSpec
 
 __all__ = ["UpstreamMismatch", "check_upstream"]
 
@@ -29,17 +29,19 @@ how fast (the device, threads, the preparation pipeline) and whether memory was 
 none of which changes what it computed."""
 
 
-def _settings(params: Mapping[str, str], sections: list[str]) -> dict[str, str]:
-    """The ``spec.<section>.*`` params of ``sections``, less :data:`NOT_COMPARED`."""
+def _settings(params: Mapping[str, str], sections: list[str], keys: set[str]) -> dict[str, str]:
+    """The ``spec.<section>.*`` params of ``sections`` and the params ``keys``, less
+    :data:`NOT_COMPARED`."""
     prefixes = tuple(f"spec.{s}." for s in sections)
-    return {k: v for k, v in params.items() if k.startswith(prefixes) and not k.startswith(NOT_COMPARED)}
+    return {k: v for k, v in params.items()
+            if (k.startswith(prefixes) or k in keys) and not k.startswith(NOT_COMPARED)}
 
 
 def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str]) -> None:
     """Raise :class:`UpstreamMismatch` unless every ``upstream`` run can feed ``stage``
     of ``rspec``: it exists, is a ``FINISHED`` stage run of an earlier stage, and its
-    spec params equal ``rspec``'s on the sections that stage depends on
-    (:data:`STAGE_SECTIONS`), less the section of ``stage`` itself and
+    spec params equal ``rspec``'s on the sections and keys that stage depends on
+    (:data:`STAGE_SECTIONS`, :data:`STAGE_KEYS`), less the section of ``stage`` itself and
     :data:`NOT_COMPARED` (a model trained on one device may be scored on another)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -66,7 +68,9 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
         if run.info.status != "FINISHED":
             raise UpstreamMismatch(f"{what} is {run.info.status}, not FINISHED")
         sections = [s for s in STAGE_SECTIONS[ustage] if s != stage]
-        want, have = _settings(rspec.params(), sections), _settings(run.data.params, sections)
+        keys = {f"spec.{section}.{key}" for section, names in STAGE_KEYS.get(ustage, {}).items()
+                if section != stage for key in names}
+        want, have = _settings(rspec.params(), sections, keys), _settings(run.data.params, sections, keys)
         differ = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
         if differ:
             shown = "; ".join(f"{k} = {have.get(k, '(unset)')} there, {want.get(k, '(unset)')} here"

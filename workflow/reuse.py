@@ -16,16 +16,17 @@ from workflow.specfile import ResolvedSpec, content_hash
 __all__ = ["DEVICE_DEPENDENT", "stage_runtime", "stage_key", "find_reusable"]
 
 DEVICE_DEPENDENT = ("partition", "train", "evaluate")  # the memory model's constants, the results
-ESTIMATING = ("partition", "train")  # size their splits with the memory model
 
 
 def stage_runtime(stage: str, device: str) -> dict[str, str]:
     """The runtime facts that enter ``stage``'s ``stage_sha``: the device, for
-    :data:`DEVICE_DEPENDENT` stages, and for :data:`ESTIMATING` ones a hash of the memory
-    model's constants in effect for it (shipped, or as ``betty calibrate`` left them)."""
+    :data:`DEVICE_DEPENDENT` stages, and for ``partition``, which sizes the split with
+    the memory model, a hash of its constants in effect there (shipped, or as ``betty
+    calibrate`` left them). The train stage follows through its upstream partition run;
+    its model does not depend on K."""
     if stage not in DEVICE_DEPENDENT:
         return {}
-    if stage not in ESTIMATING:
+    if stage != "partition":
         return {"device": device}
     from betty.memory.constants import default_backend, load_constants
 
