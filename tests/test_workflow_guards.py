@@ -138,6 +138,21 @@ def test_a_repeated_train_run_is_reused_and_its_repeat_runs_checked(tracking, tm
     assert [s for s in third if s != "main" and third[s]["reused"]] == ["download", "sample", "partition"]
 
 
+def test_a_train_run_listing_a_gone_repeat_run_is_not_reused(tracking, tmp_path, monkeypatch):
+    """``models.json`` naming a run that no longer exists, or an entry without a run:
+    damaged (the stage runs again), not an error that stops the pipeline."""
+    import json
+
+    import workflow.pipeline as pipeline
+
+    listed = tmp_path / "models.json"
+    monkeypatch.setattr(pipeline, "fetch", lambda run_id, name, dst: listed)
+    listed.write_text(json.dumps([{"run_id": "0" * 32, "repeat": 0}, {"repeat": 1}]))
+    damaged = pipeline._trained_models_damaged("f" * 32)
+    assert [(d.run_id, d.artifact) for d in damaged] == [("0" * 32, "the run"), ("f" * 32, "models.json")]
+    assert damaged[0].problem.startswith("missing")
+
+
 def test_numbers_in_logs_are_human():
     from workflow.progress import format_metrics, format_number
 

@@ -95,10 +95,19 @@ def _trained_models_damaged(run_id: str) -> list[ArtifactDamaged]:
             entries = json.loads(fetch(run_id, "models.json", tmp).read_text())
         except (ArtifactDamaged, ValueError):
             return []
+    from mlflow.exceptions import MlflowException
+
     damaged = []
-    for model_run in dict.fromkeys(entry["run_id"] for entry in entries):
+    for model_run in dict.fromkeys(entry.get("run_id") if isinstance(entry, dict) else None for entry in entries):
+        if not isinstance(model_run, str):
+            damaged.append(ArtifactDamaged(run_id, "models.json", "damaged (an entry without a run_id)"))
+            continue
         if model_run != run_id:
-            damaged += damaged_artifacts(model_run)
+            try:
+                damaged += damaged_artifacts(model_run)
+            except MlflowException as err:  # the repeat run was deleted
+                damaged.append(ArtifactDamaged(model_run, "the run", f"missing ({str(err)[:120]})"))
+                continue
         problem = logged_model_problem(model_run)
         if problem is not None:
             damaged.append(ArtifactDamaged(model_run, MODEL_NAME, problem))
