@@ -139,8 +139,9 @@ def test_verify_json(tmp_path, monkeypatch):
     assert all(r["verdict"] == "PASS" and r["passed"] is True for r in out["results"])
     bad = invoke("verify", "tiny", "--k", "2,x")
     assert bad.exit_code == 2 and "comma-separated" in bad.stderr
-    above = invoke("verify", "tiny", "--k", "2,1000")
-    assert above.exit_code == 2 and "at most the batch's 40 output nodes" in above.stderr, above.output
+    for ranks in ([], ["--nproc", "2"]):
+        above = invoke("verify", "tiny", "--k", "2,1000", *ranks)
+        assert above.exit_code == 2 and "at most the batch's 40 output nodes" in above.stderr, above.output
     rev = invoke("verify", "tiny", "--set", "model.arch=revgnn", "--set", "partition.method=random")
     assert rev.exit_code == 2 and "model.arch revgnn trains on cluster parts" in rev.stderr
     assert invoke("stage", "nope", "tiny").exit_code == 2

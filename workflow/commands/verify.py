@@ -61,15 +61,15 @@ def verify(spec: SpecArg,
                    "model.arch revgnn trains on cluster parts whose dropped edges change the "
                    "model, so K parts equal the full graph only when no edge crosses parts "
                    "(checked by tests/test_rev_engine.py)", 2)
-    if nproc is not None:
-        _verify_ranks(rspec, ks, nproc, json_, tol)
-        return
     ds = load_data(rspec)
     device = resolve_device(rspec.spec.train.device)
     trainer, model, _ = make_trainer(rspec, ds, device)
     batch = trainer.sample(0, 0)
     if max(ks) > batch.num_outputs:
         raise fail(f"--k values must be at most the batch's {batch.num_outputs} output nodes, got {k!r}", 2)
+    if nproc is not None:
+        _verify_ranks(rspec, ds, ks, nproc, json_, tol)
+        return
     result = verify_exactness(model, batch, ds.feat, ds.label, ks, method=rspec.spec.partition.method,
                               seed=rspec.spec.sampling.seed, device=device, dtype=torch_dtype(rspec),
                               multilabel=ds.multilabel, graph=ds.graph, tol=tol,
@@ -105,17 +105,16 @@ def fresh_trainer(rspec, shared) -> tuple:
     return trainer, model
 
 
-def _verify_ranks(rspec, ks: list[int], nproc: int, json_: bool, tol: float | None) -> None:
+def _verify_ranks(rspec, dataset, ks: list[int], nproc: int, json_: bool, tol: float | None) -> None:
     from functools import partial
 
     from betty.distributed.shared import share_dataset
     from betty.distributed.verify import update_tolerance, verify_ranks
 
-    from workflow.components import load_data, spec_precision, spec_threads, torch_dtype
+    from workflow.components import spec_precision, spec_threads, torch_dtype
 
     tol = update_tolerance(torch_dtype(rspec), spec_precision(rspec)) if tol is None else tol
-    dataset = load_data(rspec)  # once: the ranks map its tensors
-    with share_dataset(dataset) as shared:
+    with share_dataset(dataset) as shared:  # loaded once, here: the ranks map its tensors
         threads = spec_threads(rspec, dataset.num_edges, ranks=nproc) or 1
         result = {"dtype": rspec.spec.train.dtype, "precision": rspec.spec.train.precision,
                   **verify_ranks(partial(fresh_trainer, rspec, shared), ks, nproc, tol=tol, threads=threads)}
