@@ -7,6 +7,7 @@ Tags, params and endings: docs/workflow.md, *What every run records* and *Failur
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -181,13 +182,16 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
     ``spec.<key.path>`` params and ``spec.yaml``. Ends ``FINISHED``, or through
     :func:`mark_failed` when the body raises."""
     # the tags are written with the run (one insert): a run killed right after its
-    # creation still has betty.host/betty.pid, so 'betty cleanup' can end it. A signal
-    # while MLflow creates the run is held (shield) and raised by check() below, once the
-    # run exists to be ended KILLED (raised inside start_run, it would leave it RUNNING).
-    with shield():
-        run = mlflow.start_run(nested=nested, run_name=run_name, tags=_run_tags(kind, stage, rspec, device, tags))
-    run_id = run.info.run_id
+    # creation still has betty.host/betty.pid, so 'betty cleanup' can end it. On a
+    # database or file store a signal while MLflow creates the run is held (shield) and
+    # raised by check() below, once the run exists to be ended KILLED (raised inside
+    # start_run, it would leave it RUNNING). A tracking server's client retries for
+    # minutes when the server is gone: there Ctrl-C must stay at once.
+    run = None
     try:
+        with shield() if _local_store() else contextlib.nullcontext():
+            run = mlflow.start_run(nested=nested, run_name=run_name,
+                                   tags=_run_tags(kind, stage, rspec, device, tags))
         check()
         mark_model_training(run.info.experiment_id)
         if log_spec:
@@ -195,10 +199,19 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
             mlflow.log_text(rspec.yaml(), "spec.yaml")
         yield run
     except BaseException as exc:
-        mark_failed(run_id, exc)
+        if run is not None:
+            mark_failed(run.info.run_id, exc)
         raise
     else:
-        _end(run_id, "FINISHED")
+        _end(run.info.run_id, "FINISHED")
+
+
+def _local_store() -> bool:
+    """Whether the tracking store is a database or folder this process writes itself
+    (not a tracking server reached over HTTP)."""
+    from urllib.parse import urlparse
+
+    return urlparse(mlflow.get_tracking_uri()).scheme not in ("http", "https", "databricks")
 
 
 def _end(run_id: str, status: str) -> None:
