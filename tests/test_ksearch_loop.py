@@ -61,6 +61,20 @@ def test_start_k_steps_up_without_bisecting():
     assert calls == [17, 22] and found.k == 22 and max(e.peak for e in found.estimates) <= 6_000
 
 
+def test_the_budget_an_error_advises_is_the_smallest_that_fits():
+    """``smallest_budget`` is exact where float rounding of ``budget · (1 − margin)`` would
+    put ``ceil(peak / (1 − margin))`` a byte short (a case found by a random search)."""
+    from betty.memory.ksearch import BudgetExceeded, check_fixed_k, smallest_budget, usable_budget
+
+    peak, margin = 7_582_861_706, 0.3
+    need = smallest_budget(peak, margin)
+    assert usable_budget(need, margin) >= peak > usable_budget(need - 1, margin)
+    check_fixed_k([peak], 4, need, margin)  # the advised budget fits
+    with pytest.raises(BudgetExceeded) as err:
+        check_fixed_k([peak], 4, need - 1, margin)
+    assert err.value.smallest_budget == need
+
+
 def test_errors_name_the_cause_and_a_budget_that_works():
     with pytest.raises(KSearchError, match="fixed costs") as err:
         smallest_fitting_k(_model(10), memory_budget=900, safety_margin=0.0, fixed=FIXED, k_max=5)

@@ -126,7 +126,7 @@ def check_fixed_k(estimates: Sequence[float], k: int, memory_budget: float, safe
     peak = max(estimates)
     if peak <= usable:
         return
-    need = math.ceil(peak / (1 - safety_margin))
+    need = smallest_budget(peak, safety_margin)
     raise BudgetExceeded(
         f"partition.k = {k} does not fit partition.memory_budget: its largest {micro_batch_name} is "
         f"estimated at {int(peak)} bytes, over the usable budget {int(usable)} bytes "
@@ -170,6 +170,17 @@ class KSearchResult:
             "worst_micro_batch": worst.to_dict(),
             "tried": [{"k": k, "max_estimated_peak_bytes": int(m)} for k, m in self.tried],
         }
+
+
+def smallest_budget(peak: float, safety_margin: float) -> int:
+    """The fewest bytes whose :func:`usable_budget` holds ``peak``: ``ceil(peak / (1 −
+    margin))``, moved by a byte where float rounding puts the product on the other side."""
+    need = math.ceil(peak / (1 - safety_margin))
+    while need > 1 and usable_budget(need - 1, safety_margin) >= peak:
+        need -= 1
+    while usable_budget(need, safety_margin) < peak:
+        need += 1
+    return need
 
 
 def usable_budget(memory_budget: float, safety_margin: float) -> float:
@@ -308,7 +319,7 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
         return max(e.peak for e in evaluate(k)[1])
 
     def need(nbytes: float) -> int:
-        return math.ceil(nbytes / (1 - safety_margin))
+        return smallest_budget(nbytes, safety_margin)
 
     if min_k < 1:
         raise ValueError(f"min_k must be >= 1, got {min_k}")
