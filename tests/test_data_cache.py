@@ -164,6 +164,29 @@ def test_truncated_csr_is_detected_and_rebuilt(tmp_path, generator_calls, victim
     assert len(generator_calls) == 2
 
 
+def test_a_writer_that_finishes_second_keeps_the_first_ones_entry(tmp_path, monkeypatch):
+    """Two processes building one cache entry at once: when the other one's entry lands
+    between this writer's clearing and its rename, that entry stands (no "Directory not
+    empty" error), and it reads back."""
+    from betty.data import store
+
+    folder = tmp_path / "entry"
+    clear = store.clear_path
+    landed = []
+
+    def clear_then_the_other_writer(path):
+        clear(path)
+        if not landed:
+            landed.append(path)
+            store.write_store(folder, {"x": torch.arange(4)}, {"who": "first"})
+
+    monkeypatch.setattr(store, "clear_path", clear_then_the_other_writer)
+    store.write_store(folder, {"x": torch.arange(4)}, {"who": "second"})
+    arrays, scalars = store.open_store(folder)
+    assert torch.equal(arrays["x"], torch.arange(4)) and scalars["who"] == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["entry"]  # no temporary folder left
+
+
 def test_file_in_place_of_the_cache_folder_is_rebuilt(tmp_path, generator_calls):
     first = load_dataset("synthetic", root=tmp_path, **OPTS)
     path = cache_path("synthetic", tmp_path, **OPTS)

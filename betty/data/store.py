@@ -44,6 +44,7 @@ the store does not care what the arrays hold).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -183,7 +184,11 @@ class StoreWriter:
                 os.chmod(entry, 0o644)
             os.chmod(self._tmp, 0o755)
             clear_path(self.folder)
-            os.replace(self._tmp, self.folder)
+            try:
+                os.replace(self._tmp, self.folder)
+            except OSError as err:  # another writer of this entry finished in between: its entry stands
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (self.folder / MANIFEST).is_file():
+                    raise
         finally:
             for writer in self._writers.values():
                 if not writer._fh.closed:
