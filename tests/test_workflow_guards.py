@@ -269,6 +269,33 @@ def test_cleanup_finds_stuck_betty_runs(tracking):
     client.set_terminated(alive, "FINISHED")
 
 
+def test_cleanup_ends_a_child_only_when_its_parent_is_gone_not_when_the_store_fails(tracking, monkeypatch):
+    """A child run whose parent no longer exists (purged) is stuck; one whose parent cannot
+    be read because the store failed (a timeout, a refusal) is not ended: cleanup fails."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
+
+    from workflow.commands.cleanup import stale_runs
+
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    child = client.create_run(exp, tags={"run_kind": "stage", "stage": "sample",
+                                         "mlflow.parentRunId": "0" * 32}).info.run_id
+    assert [(r.info.run_id, status) for r, status, _ in stale_runs(exp, 60)] == [(child, "KILLED")]
+    get_run = MlflowClient.get_run
+
+    def unavailable(self, run_id):
+        if run_id == "0" * 32:
+            raise MlflowException("the store timed out", error_code=TEMPORARILY_UNAVAILABLE)
+        return get_run(self, run_id)
+
+    monkeypatch.setattr(MlflowClient, "get_run", unavailable)
+    with pytest.raises(MlflowException, match="timed out"):
+        stale_runs(exp, 60)
+    monkeypatch.undo()
+    client.set_terminated(child, "KILLED")
+
+
 def test_signal_handling_is_light_and_complete():
     import signal as _signal
 

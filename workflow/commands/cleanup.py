@@ -48,9 +48,14 @@ def stuck_reason(run, client, min_age_s: float, host: str | None = None,
         if ending and parent_id in ending:
             parent_status = ending[parent_id]
         else:
+            from mlflow.exceptions import MlflowException
+            from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
             try:
                 parent_status = client.get_run(parent_id).info.status
-            except Exception:  # noqa: BLE001  (parent deleted)
+            except MlflowException as err:  # only a parent that is gone (purged); not a timeout or a refusal
+                if err.error_code != ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+                    raise
                 parent_status = "DELETED"
         if parent_status not in ("RUNNING", "SCHEDULED"):
             return "KILLED", f"stuck: its parent run {parent_id} ended {parent_status}"
@@ -97,7 +102,7 @@ def cleanup(experiment: ExperimentOpt = None,
             min_age: Annotated[float, typer.Option("--min-age", min=0, help="Project runs betty never started: only those started at least this many seconds ago.")] = 60.0,
             json_: JsonOpt = False) -> None:
     """List (and with --fail, end) runs stuck in RUNNING, in every active experiment
-    unless --experiment names one: project runs that never started (a conda environment
+    unless --experiment (or $MLFLOW_EXPERIMENT_NAME) names one: project runs that never started (a conda environment
     on a machine without conda), runs whose parent run ended, and betty runs whose process
     on this machine is gone. Runs whose process may still live are left alone."""
     from mlflow.tracking import MlflowClient
