@@ -76,6 +76,17 @@ def test_upstream_may_differ_where_nothing_computed_changes(tracking):
         check_upstream(load_spec("tiny", ["model.arch=gcn", "model.aggregator=mean"]), "partition",
                        {"sample": sample.info.run_id})
 
+    # keys the architecture never reads: revgnn's sampling.fanouts
+    rev = ["model.arch=revgnn", "model.hidden=8", "partition.method=random"]
+    rev_sample = client.create_run(exp, tags={"run_kind": "stage", "stage": "sample", "spec_name": "tiny"})
+    for key, value in load_spec("tiny", rev).params().items():
+        client.log_param(rev_sample.info.run_id, key, value)
+    client.set_terminated(rev_sample.info.run_id, "FINISHED")
+    check_upstream(load_spec("tiny", [*rev, "sampling.fanouts=[2, 3]"]), "partition",
+                   {"sample": rev_sample.info.run_id})
+    with pytest.raises(UpstreamMismatch, match="spec.sampling.fanouts"):
+        check_upstream(load_spec("tiny", ["sampling.fanouts=[2, 3]"]), "partition", {"sample": sample.info.run_id})
+
 
 def _artifact(tmp_path, run_id: str, name: str):
     return tmp_path / "artifacts" / run_id / "artifacts" / name

@@ -27,7 +27,8 @@ NOT_COMPARED = ("spec.partition.sweep.", "spec.train.device", "spec.train.thread
 """Params an upstream run may differ in: the partition sweep (a report), where it ran and
 how fast (the device, threads, the preparation pipeline; the device may change an
 ``auto`` K, which the update does not depend on) and whether memory was measured: none
-changes the trained model. revgnn's ``sampling.fanouts`` too (:func:`check_upstream`)."""
+changes the trained model. Nor are the keys the spec's architecture never reads
+(:attr:`workflow.specfile.ResolvedSpec.unread_keys`)."""
 
 
 def _settings(params: Mapping[str, str], sections: list[str], keys: set[str]) -> dict[str, str]:
@@ -72,9 +73,9 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
         keys = {f"spec.{section}.{key}" for section, names in STAGE_KEYS.get(ustage, {}).items()
                 if section != stage for key in names}
         want, have = _settings(rspec.params(), sections, keys), _settings(run.data.params, sections, keys)
-        if rspec.spec.model.arch == "revgnn":  # samples nothing: its fanouts are never read
-            want.pop("spec.sampling.fanouts", None)
-            have.pop("spec.sampling.fanouts", None)
+        for key in rspec.unread_keys:
+            want.pop(f"spec.{key}", None)
+            have.pop(f"spec.{key}", None)
         differ = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
         if differ:
             shown = "; ".join(f"{k} = {have.get(k, '(unset)')} there, {want.get(k, '(unset)')} here"

@@ -380,9 +380,17 @@ class ResolvedSpec:
             out[section] = value
         for section, keys in STAGE_KEYS.get(stage, {}).items():
             out[section] = {k: self.data[section][k] for k in keys if k in self.data[section]}
-        if self.spec.model.arch == "revgnn" and "sampling" in out:  # samples nothing: fanouts unread
-            out["sampling"] = {k: v for k, v in out["sampling"].items() if k != "fanouts"}
+        for path in self.unread_keys:
+            section, key = path.split(".")
+            if section in out:
+                out[section] = {k: v for k, v in out[section].items() if k != key}
         return out
+
+    @property
+    def unread_keys(self) -> tuple[str, ...]:
+        """Keys this spec's architecture never reads (``section.key``), left out of its
+        stage keys and of the ``--upstream`` check: revgnn samples nothing."""
+        return ("sampling.fanouts",) if self.spec.model.arch == "revgnn" else ()
 
     def stage_sha(self, stage: str, runtime: dict | None = None) -> str:
         """Content hash of :meth:`stage_content` plus ``runtime`` facts that change the

@@ -23,7 +23,6 @@ caller's ``run_micro_batches`` callback (the sampled-block engine, RevGNN parts,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -45,7 +44,6 @@ class RankStepStats:
     """This rank's share of one step: the ``indices`` of the micro-batches it ran."""
 
     indices: list[int]
-    time_compute_s: float
     reduce: ReduceStats
     checksum: int | None = None
 
@@ -98,9 +96,7 @@ class DataParallel:
         model.train()
         optimizer.zero_grad(set_to_none=True)
         mine = self.assign(costs)
-        start = time.perf_counter()
         result = run_micro_batches(mine)
-        compute = time.perf_counter() - start
         params = list(model.parameters())
         stats = allreduce_gradients(params, self.group, self.bucket_bytes)
         if scaler is None:
@@ -111,7 +107,7 @@ class DataParallel:
         checksum = None
         if self.check_every and self.steps % self.check_every == 0:
             checksum = check_parameters_in_sync(params, self.steps, self.group)
-        self.history.append(RankStepStats(mine, compute, stats, checksum))
+        self.history.append(RankStepStats(mine, stats, checksum))
         return result
 
     def agree(self, value: T) -> T:
