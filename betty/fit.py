@@ -87,7 +87,7 @@ def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int],
     result = FitResult()
     with closing(trainer.epochs(range(epochs))) as records:
         for epoch in range(epochs):
-            steps_before = 0 if parallel is None else len(parallel.history)
+            reduced_before = None if parallel is None else (parallel.reduce_bytes, parallel.reduce_wait_s)
             if before_epoch is not None:
                 before_epoch(epoch)
             record = next(records)
@@ -96,7 +96,7 @@ def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int],
             if parallel is not None:
                 from betty.distributed.gather import gather_epoch
 
-                metrics, rows = gather_epoch(record, parallel, steps_before, metrics, rows)
+                metrics, rows = gather_epoch(record, parallel, reduced_before, metrics, rows)
             due = validate is not None and bool(every) and (epoch + 1) % every == 0
             if due and rank == 0:
                 metrics.update(validate(epoch, record.k))

@@ -83,7 +83,7 @@ def rank_all_cases(cases=None, shared=None, prefetch: int = 0) -> dict[str, dict
     for case in cases or CASES:
         dp = DataParallel(check_every=1)
         out[case_name(*case)] = train_case(ds, *case, parallel=dp, prefetch=prefetch)
-        out[case_name(*case)]["_indices"] = torch.tensor(dp.history[-1].indices)
+        out[case_name(*case)]["_indices"] = torch.tensor(dp.last_step.indices)
     return out
 
 
@@ -234,6 +234,34 @@ def rank_collective_checks() -> dict:
         out["divergence"] = None
     except ParameterDivergence as exc:
         out["divergence"] = str(exc)
+    return out
+
+
+def rank_state_after_steps(steps: int = 20) -> dict:
+    """On one rank: a :class:`betty.distributed.DataParallel`'s state after 1 step and
+    after ``steps`` (the sizes of its containers, its running all-reduce totals) and the
+    bytes of one step's all-reduce."""
+    from betty.distributed import DataParallel
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2).double()
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    dp = DataParallel(check_every=1)
+
+    def run(mine):
+        for _ in mine:
+            layer(torch.ones(4, 3, dtype=torch.float64)).sum().backward()
+
+    def held() -> int:  # entries in the containers the object holds
+        return sum(len(v) for v in vars(dp).values() if isinstance(v, (list, dict, tuple, set)))
+
+    out = {}
+    for step in range(steps):
+        dp.step(layer, opt, [1.0, 1.0], run)
+        if step == 0:
+            out["held_after_one"] = held()
+    out.update(held_after_all=held(), steps=dp.steps, reduce_bytes=dp.reduce_bytes,
+               step_bytes=dp.last_step.reduce.bytes, indices=dp.last_step.indices)
     return out
 
 

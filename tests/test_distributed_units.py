@@ -80,6 +80,17 @@ def test_allreduce_sums_keeps_absent_gradients_and_names_diverged_rank():
         assert "rank(s) [1] differ from rank 0" in got["divergence"]
 
 
+def test_data_parallel_state_does_not_grow_with_the_steps():
+    """A long run takes millions of steps: the object keeps the latest step and running
+    totals, not a record per step."""
+    from distributed_cases import rank_state_after_steps
+
+    out = launch(rank_state_after_steps, (20,), nproc=1)[0]
+    assert out["held_after_all"] == out["held_after_one"]
+    assert out["steps"] == 20 and out["indices"] == [0, 1]
+    assert out["step_bytes"] > 0 and out["reduce_bytes"] == 20 * out["step_bytes"]
+
+
 @pytest.mark.parametrize("failing", [-1, 1])
 def test_launch_leaves_no_files_behind(temp_in_tmp_path, failing):
     """The launcher's per-rank files go to a folder that launch removes, whether the

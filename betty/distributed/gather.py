@@ -29,14 +29,15 @@ PER_RANK_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time
                     "time_idle_s", "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes")
 
 
-def gather_epoch(record, parallel, steps_before: int, metrics: dict,
+def gather_epoch(record, parallel, reduced_before: tuple[int, float], metrics: dict,
                  rows: list[dict]) -> tuple[dict | None, list[dict] | None]:
     """Every rank's figures of this epoch (see the module docstring).
 
     Args:
         record: this rank's epoch record (``EpochRecord`` or ``RevEpochRecord``).
         parallel: this rank's :class:`betty.distributed.DataParallel`.
-        steps_before: ``len(parallel.history)`` when the epoch started (its steps follow).
+        reduced_before: ``(parallel.reduce_bytes, parallel.reduce_wait_s)`` when the
+            epoch started (the epoch's all-reduces are what was added since).
         metrics: ``record.metrics()``.
         rows: this rank's micro-batch rows (``record.rows()``, maybe with more keys).
 
@@ -48,14 +49,13 @@ def gather_epoch(record, parallel, steps_before: int, metrics: dict,
 
     from betty.distributed.shared import memory_of_process
 
-    stats = parallel.history[steps_before:]
     compute = record.time_compute_s  # forward + backward of this rank's micro-batches, as in one process
     host = memory_of_process()
     mine = {"peak_mem_measured_bytes": record.peak_mem_measured_bytes,
             "peak_mem_estimated_bytes": record.peak_mem_estimated_bytes,
             "time_compute_s": compute, "time_idle_s": max(0.0, record.epoch_time_s - compute),
-            "allreduce_wait_s": sum(s.reduce.wait_s for s in stats),
-            "allreduce_bytes": float(sum(s.reduce.bytes for s in stats)),
+            "allreduce_wait_s": parallel.reduce_wait_s - reduced_before[1],
+            "allreduce_bytes": float(parallel.reduce_bytes - reduced_before[0]),
             "host_rss_peak_bytes": host["rss_peak_bytes"], "host_pss_bytes": host.get("pss_bytes")}
     gathered: list = [None] * parallel.world_size
     dist.all_gather_object(gathered, (mine, [{**row, "rank": parallel.rank} for row in rows]))

@@ -41,7 +41,8 @@ T = TypeVar("T")
 
 @dataclass
 class RankStepStats:
-    """This rank's share of one step: the ``indices`` of the micro-batches it ran."""
+    """This rank's share of one step: the ``indices`` of the micro-batches it ran, its
+    gradient all-reduce and the parameter checksum (``None`` when not checked)."""
 
     indices: list[int]
     reduce: ReduceStats
@@ -56,13 +57,19 @@ class DataParallel:
         group: a ``torch.distributed`` group (``None``: the default, initialised one).
         check_every: verify parameter checksums every this many steps (0: never).
         bucket_bytes: gradient all-reduce bucket size.
+        steps: optimizer steps taken so far.
+        last_step: this rank's share of the latest step.
+        reduce_bytes, reduce_wait_s: the gradient all-reduces of every step so far,
+            summed (a running total: the state does not grow with the steps).
     """
 
     group: Any = None
     check_every: int = 5
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     steps: int = 0
-    history: list[RankStepStats] = field(default_factory=list)
+    last_step: RankStepStats | None = None
+    reduce_bytes: int = 0
+    reduce_wait_s: float = 0.0
     _agree_group: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -107,7 +114,9 @@ class DataParallel:
         checksum = None
         if self.check_every and self.steps % self.check_every == 0:
             checksum = check_parameters_in_sync(params, self.steps, self.group)
-        self.history.append(RankStepStats(mine, stats, checksum))
+        self.last_step = RankStepStats(mine, stats, checksum)
+        self.reduce_bytes += stats.bytes
+        self.reduce_wait_s += stats.wait_s
         return result
 
     def agree(self, value: T) -> T:
