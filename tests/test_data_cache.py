@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -185,6 +187,43 @@ def test_a_writer_that_finishes_second_keeps_the_first_ones_entry(tmp_path, monk
     arrays, scalars = store.open_store(folder)
     assert torch.equal(arrays["x"], torch.arange(4)) and scalars["who"] == "first"
     assert [p.name for p in tmp_path.iterdir()] == ["entry"]  # no temporary folder left
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_the_next_writer_removes_a_killed_writers_temporary_folder(tmp_path):
+    """A writer killed by SIGKILL leaves its temporary folder; the next writer in that
+    place removes it, but not a live writer's, nor one of another boot (the cache may lie
+    on a disk other machines share)."""
+    import signal
+    import subprocess
+    import sys
+
+    from betty.data import store
+    from betty.owner import Owner, reclaim_stale_folders
+
+    code = ("import sys, time, torch\n"
+            "from betty.data.store import StoreWriter\n"
+            f"with StoreWriter({str(tmp_path / 'entry')!r}, {{}}) as w:\n"
+            "    w.array('x', torch.int64).append(torch.arange(8))\n"
+            "    print(w._tmp, flush=True)\n"
+            "    time.sleep(300)\n")
+    writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        killed = Path(writer.stdout.readline().strip())
+        assert killed.is_dir() and killed.name.startswith(".entry.betty-")
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    here = Owner.current()
+    other_boot = Owner(writer.pid, 1, here.pidns, "0badb007" if here.boot != "0badb007" else "0badb008")
+    elsewhere = tmp_path / (other_boot.prefix("entry") + "abc.tmp")
+    elsewhere.mkdir()
+    with store.StoreWriter(tmp_path / "other", {}) as live:  # open: its owner (this process) runs
+        store.write_store(tmp_path / "entry", {"x": torch.arange(4)}, {})
+        assert not killed.exists()
+        assert live._tmp.is_dir() and elsewhere.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["entry", "other", elsewhere.name])
+    assert reclaim_stale_folders(str(tmp_path)) == [str(elsewhere)]  # judged when boots count
 
 
 def test_file_in_place_of_the_cache_folder_is_rebuilt(tmp_path, generator_calls):

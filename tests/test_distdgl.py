@@ -187,8 +187,19 @@ def test_server_logs_in_a_folder_of_their_own_go_when_the_servers_end_cleanly(te
     assert failed.log_dir.is_dir() and given.log_dir.is_dir() and raised.log_dir.is_dir()
 
 
+def _finished_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
 def test_ensure_partitions_writes_once_and_checks_what_it_finds(tmp_path):
     from betty.backends.distdgl.partition import ensure_partitions
+    from betty.owner import Owner
 
     calls = []
 
@@ -197,6 +208,9 @@ def test_ensure_partitions_writes_once_and_checks_what_it_finds(tmp_path):
         return dataset()
 
     folder = tmp_path / "store" / "parts"
+    here = Owner.current()
+    killed = folder.parent / (Owner(_finished_pid(), 1, here.pidns, here.boot).prefix("parts") + "x")
+    killed.mkdir(parents=True)  # the staging folder of a writer killed by SIGKILL
     layout = ensure_partitions(load, folder, 2, method="random", dataset="dist-test")
     assert (layout.num_parts, layout.method, calls) == (2, "random", [1])
     assert sorted(p.name for p in folder.parent.iterdir()) == ["parts"]  # no staging left

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from betty.distributed.owner import Owner, reclaim_stale_folders
+from betty.owner import Owner, reclaim_stale_folders
 from betty.distributed.shared import memory_of_process, share_dataset
 from distributed_cases import dataset
 

@@ -12,7 +12,8 @@ Arrays are written in chunks (:class:`StoreWriter`, :meth:`StoreWriter.array`), 
 producer never needs a whole array in memory, and hashed as they are written. The
 folder is built under a temporary name beside its final place and moved there with
 ``os.replace`` once the manifest is written: an interrupted write leaves no store, only
-a temporary folder that is removed.
+a temporary folder that is removed; one a killed writer left is removed by the next
+writer in that place (it is named after its owner, :mod:`betty.owner`).
 
 :func:`open_store` always checks that the manifest is complete and consistent and every
 file's size against it (a truncated file is caught without reading it). It hashes a
@@ -59,6 +60,7 @@ import numpy as np
 import torch
 
 from betty.indexing import argsort_runs, put_rows, take_rows
+from betty.owner import Owner, reclaim_stale_folders
 from betty.pages import prefetch_rows, release_rows
 from betty.workers import parallel_map
 
@@ -148,7 +150,10 @@ class StoreWriter:
 
     def __enter__(self) -> "StoreWriter":
         self.folder.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(dir=self.folder.parent, prefix=f".{self.folder.name}.",
+        # the temporary folders of writers killed before they could remove them (the
+        # parent may be on a disk other machines share: only this boot's are judged)
+        reclaim_stale_folders(str(self.folder.parent), this_boot_only=True)
+        self._tmp = Path(tempfile.mkdtemp(dir=self.folder.parent, prefix=Owner.current().prefix(self.folder.name),
                                           suffix=".tmp"))
         return self
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from betty.distributed.owner import Owner, reclaim_stale_folders
+from betty.owner import Owner, reclaim_stale_folders
 
 __all__ = ["SharedTensor", "SharedDataset", "share_dataset", "shared_folder", "memory_of_process"]
 

@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from betty.owner import Owner, reclaim_stale_folders
+
 __all__ = ["LAYOUT_FORMAT", "GRAPH_NAME", "PartitionLayout", "write_partitions", "read_layout",
            "ensure_partitions", "PARTITION_METHODS"]
 
@@ -185,7 +187,8 @@ def ensure_partitions(load: Callable[[], object], folder: str | Path, num_parts:
     if not (folder / _META).is_file():
         if write:
             folder.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+            reclaim_stale_folders(str(folder.parent), this_boot_only=True)  # killed writers' staging
+            staging = Path(tempfile.mkdtemp(prefix=Owner.current().prefix(folder.name), dir=folder.parent))
             try:
                 write_partitions(load(), staging / "parts", num_parts, method=method)
                 os.replace(staging / "parts", folder)

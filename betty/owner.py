@@ -1,10 +1,12 @@
 """Folders named after the process that owns them, and reclaiming those whose owner is gone.
 
-A launcher removes its shared-dataset folder (:func:`betty.distributed.shared.share_dataset`)
-on every exit it can catch; SIGKILL it cannot. So the folder's name says who owns it, and
-the next launch removes the folders whose owner no longer runs:
+A process removes its temporary folders (a launcher's shared dataset,
+:func:`betty.distributed.shared.share_dataset`; a cache entry being written,
+:class:`betty.data.store.StoreWriter`) on every exit it can catch; SIGKILL it cannot. So
+the folder's name says who owns it, and the next process to make one removes the folders
+whose owner no longer runs:
 
-    betty-<pid>-<start>-<pidns>-<boot>-<random>
+    betty-<pid>-<start>-<pidns>-<boot>-<random>     (or .<label>.betty-...: a hidden one)
 
 * ``pid``: the owner's process ID;
 * ``start``: the owner's start time, in clock ticks after boot (field 22 of
@@ -14,7 +16,9 @@ the next launch removes the folders whose owner no longer runs:
   another namespace (another container sharing ``/dev/shm``) mean nothing here, so such
   folders are never judged;
 * ``boot``: the first 8 hex digits of ``/proc/sys/kernel/random/boot_id``: a folder from
-  an earlier boot (the temp-dir fallback survives reboots) has no live owner.
+  an earlier boot (the temp-dir fallback survives reboots) has no live owner, unless the
+  folder may lie on a disk other machines share (``this_boot_only``: then only owners of
+  this boot are judged).
 
 ``0`` stands for a value the system does not report (then only ``os.kill(pid, 0)`` tells
 whether the pid exists). Folders of another user, of another format (those of older
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 
 __all__ = ["Owner", "reclaim_stale_folders"]
 
-_NAME = re.compile(r"^betty-(\d+)-(\d+)-(\d+)-([0-9a-f]{8}|0)-[^-]+$")
+_NAME = re.compile(r"^(?:\..*\.)?betty-(\d+)-(\d+)-(\d+)-([0-9a-f]{8}|0)-[^-]+$")
 
 
 def _read(path: str) -> str | None:
@@ -97,10 +101,12 @@ class Owner:
         m = _NAME.match(name)
         return None if m is None else cls(int(m[1]), int(m[2]), int(m[3]), m[4])
 
-    def prefix(self) -> str:
+    def prefix(self, label: str | None = None) -> str:
         """``betty-<pid>-<start>-<pidns>-<boot>-``: the start of a folder name (a unique
-        suffix follows, e.g. from ``tempfile.mkdtemp``)."""
-        return f"betty-{self.pid}-{self.start}-{self.pidns}-{self.boot}-"
+        suffix follows, e.g. from ``tempfile.mkdtemp``); with ``label``, a hidden name
+        that says what the folder is for: ``.<label>.betty-...-``."""
+        name = f"betty-{self.pid}-{self.start}-{self.pidns}-{self.boot}-"
+        return name if label is None else f".{label}.{name}"
 
     def is_gone(self, here: "Owner | None" = None) -> bool:
         """Whether this owner surely no longer runs, judged from process ``here``
@@ -122,10 +128,13 @@ class Owner:
         return False
 
 
-def reclaim_stale_folders(parent: str) -> list[str]:
-    """Remove the folders of ``parent`` named ``betty-<owner>-...`` (:meth:`Owner.prefix`)
-    that belong to this user and whose owner is gone; return their paths. Files of a
-    removed folder that a process still maps stay valid until it unmaps them."""
+def reclaim_stale_folders(parent: str, *, this_boot_only: bool = False) -> list[str]:
+    """Remove the folders of ``parent`` named ``betty-<owner>-...`` or
+    ``.<label>.betty-<owner>-...`` (:meth:`Owner.prefix`) that belong to this user and
+    whose owner is gone; return their paths. Files of a removed folder that a process
+    still maps stay valid until it unmaps them. ``this_boot_only``: judge only the
+    owners of this machine's current boot (for a folder other machines may share: their
+    boots are not ours, their pids not ours to look up)."""
     here = Owner.current()
     removed = []
     try:
@@ -135,6 +144,8 @@ def reclaim_stale_folders(parent: str) -> list[str]:
     for entry in entries:
         owner = Owner.of(entry.name)
         if owner is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        if this_boot_only and (owner.boot != here.boot or here.boot == "0"):
             continue
         try:
             if entry.stat(follow_symlinks=False).st_uid != os.getuid():
