@@ -133,13 +133,12 @@ def _rev_scores(model, dataset, *, inference: str, views: int, k: int | None, se
     averaged probabilities (``multiview``)."""
     from betty.rev.training import backend_graph, full_graph_inference, multiview_inference
 
-    feat = dataset.feat if dtype is None else dataset.feat.to(dtype)
     graph = backend_graph(model, dataset.graph)
     if inference == "full":
-        return full_graph_inference(model, graph, feat, device=device).cpu()
+        return full_graph_inference(model, graph, dataset.feat, device=device, dtype=dtype).cpu()
     transform = torch.sigmoid if dataset.multilabel else (lambda out: torch.softmax(out, dim=1))
-    return multiview_inference(model, graph, feat, min(int(k), dataset.num_nodes), views, method="random",
-                               seed=seed, device=device, transform=transform).cpu()
+    return multiview_inference(model, graph, dataset.feat, min(int(k), dataset.num_nodes), views, method="random",
+                               seed=seed, device=device, transform=transform, dtype=dtype).cpu()
 
 
 def evaluate_model(model, dataset, *, splits: Sequence[str] = ("valid", "test"), inference: str = "full",

@@ -14,6 +14,7 @@ from betty.rev.model import RevGNN
 from betty.rev.training import (
     GraphPart,
     cluster_partition,
+    features_on,
     full_graph_inference,
     multiview_inference,
 )
@@ -189,6 +190,27 @@ def test_multiview_inference_averages_partition_predictions(backend):
     got = multiview_inference(model, g, feat, k=2, num_views=3, seed=10, transform=torch.sigmoid)
     torch.testing.assert_close(got, expected)
     assert (got - torch.sigmoid(full)).abs().max() > 1e-6  # cut edges change predictions
+
+
+def test_inference_casts_features_as_they_move(backend):
+    """``dtype``: float32 features in a float64 model give what features cast
+    beforehand give, bit for bit, and the cast is made chunk by chunk on the way to
+    the device: the host holds no cast copy of the whole matrix."""
+    from betty.memory.trace import AllocationTrace
+
+    g = _clustered_graph([30, 30], intra_edges=100, inter_edges=40, seed=3, backend=backend)
+    feat = torch.randn(g.num_nodes(), 5)
+    model = RevGNN(5, 8, 3, num_layers=2, backend=backend).double()
+    wide = feat.double()
+    assert torch.equal(full_graph_inference(model, g, feat, dtype=torch.float64),
+                       full_graph_inference(model, g, wide))
+    assert torch.equal(multiview_inference(model, g, feat, k=2, num_views=2, seed=4, dtype=torch.float64),
+                       multiview_inference(model, g, wide, k=2, num_views=2, seed=4))
+    assert features_on(wide) is wide and torch.equal(features_on(feat, "cpu", torch.float64, chunk_rows=7), wide)
+    with AllocationTrace(device="cpu") as trace:
+        moved = features_on(feat, "meta", torch.float64, chunk_rows=16)
+    assert moved.device.type == "meta" and moved.dtype == torch.float64 and moved.shape == feat.shape
+    assert max((e.nbytes for e in trace.events if e.kind == "alloc"), default=0) <= 16 * 5 * 8
 
 
 def test_clip_grad_norm_bounds_the_step(backend):

@@ -31,6 +31,7 @@ __all__ = [
     "backend_graph",
     "cluster_partition",
     "count_train_nodes",
+    "features_on",
     "full_graph_inference",
     "multiview_inference",
 ]
@@ -127,14 +128,34 @@ def count_train_nodes(train_mask: Tensor) -> int:
     return n_train
 
 
+def features_on(feat: Tensor, device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None,
+                *, chunk_rows: int = 1 << 16) -> Tensor:
+    """``feat.to(device, dtype)`` without a whole cast copy anywhere else: rows are copied
+    and cast ``chunk_rows`` at a time into the result, so a host matrix (perhaps
+    memory-mapped, perhaps larger than the device's share of it in another dtype) costs
+    the result plus one chunk. Shapes: ``(N, F)`` -> ``(N, F)``; ``feat`` itself when it
+    is on ``device`` in ``dtype`` already (``None``: its own)."""
+    device = torch.device(device) if device is not None else feat.device
+    dtype = dtype or feat.dtype
+    if feat.device == device and feat.dtype == dtype:
+        return feat
+    out = torch.empty(feat.shape, dtype=dtype, device=device)
+    for lo in range(0, feat.shape[0], chunk_rows):
+        out[lo:lo + chunk_rows].copy_(feat[lo:lo + chunk_rows])
+    return out
+
+
 @torch.no_grad()
 def full_graph_inference(
-    model: nn.Module, graph, feat: Tensor, *, device: Optional[torch.device] = None
+    model: nn.Module, graph, feat: Tensor, *, device: Optional[torch.device] = None,
+    dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
-    """``model(graph, feat)`` in eval mode without gradients: ``(N, C)``."""
+    """``model(graph, feat)`` in eval mode without gradients: ``(N, C)``. ``dtype``:
+    the compute dtype (default: the features'), cast as ``feat`` moves
+    (:func:`features_on`)."""
     device = torch.device(device) if device is not None else feat.device
     model.eval()
-    return model(graph.to(device), feat.to(device))
+    return model(graph.to(device), features_on(feat, device, dtype))
 
 
 @torch.no_grad()
@@ -149,6 +170,7 @@ def multiview_inference(
     seed: int = 0,
     device: Optional[torch.device] = None,
     transform: Optional[Callable[[Tensor], Tensor]] = None,
+    dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
     """Average of the predictions over ``num_views`` partitions into ``k`` parts.
 
@@ -156,6 +178,7 @@ def multiview_inference(
     model on every part and scatters the outputs back to global order; the result is
     ``(1 / V) sum_v transform(out_v)``, ``(N, C)`` (``transform`` e.g. ``torch.sigmoid``
     to average probabilities; default: raw outputs). ``k = 1`` is full-graph inference.
+    ``dtype``: the compute dtype (default: the features'), each part's rows cast as they move.
     """
     if num_views < 1:
         raise ValueError(f"num_views must be >= 1, got {num_views}")
@@ -166,7 +189,7 @@ def multiview_inference(
         out: Optional[Tensor] = None
         for part in cluster_partition(graph, k, method, seed + view):
             ids = part.node_ids.to(feat.device)
-            pred = model(part.graph.to(device), feat[ids].to(device))
+            pred = model(part.graph.to(device), features_on(feat[ids], device, dtype))
             if out is None:
                 out = pred.new_empty((graph.num_nodes(),) + pred.shape[1:])
             out[ids.to(device)] = pred
