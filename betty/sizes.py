@@ -55,14 +55,19 @@ def parse_bytes(value: int | float | str) -> int:
     raise ValueError(f"{value!r} is not a byte size; allowed: {BYTE_SIZE_HELP}")
 
 
+def binary_unit(n: int | float) -> tuple[str, int]:
+    """``(unit, scale)``: the binary unit in which ``n`` bytes is a number below 1024
+    (``B``, ``KiB``, ``MiB``, ``GiB``; ``TiB`` from 1 TiB on) and its size in bytes."""
+    for power, unit in enumerate(("B", "KiB", "MiB", "GiB")):
+        if abs(n) < 1024 ** (power + 1):
+            return unit, 1024 ** power
+    return "TiB", 1024 ** 4
+
+
 def format_bytes(n: int | float | None) -> str:
     """``n`` bytes in binary units with three significant digits (``"1.50 GiB"``);
     ``"-"`` for ``None``."""
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} B" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} TiB"  # pragma: no cover
+    unit, scale = binary_unit(float(n))
+    return f"{n:.0f} B" if unit == "B" else f"{n / scale:.3g} {unit}"

@@ -15,11 +15,11 @@ import numpy as np
 
 from betty.batchfile import load_batch
 from betty.partition.sweep import SWEEP_COLUMNS
+from betty.plots import sweep_figure
 from betty.rev.sweep import CLUSTER_SWEEP_COLUMNS
 from workflow.artifacts import write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import make_trainer
-from workflow.plots import sweep_figure
 from workflow.progress import Reporter
 from workflow.runs import log_metrics
 from workflow.stages.base import StageContext
@@ -112,8 +112,5 @@ def _log_sweep(ctx: StageContext, kind: _SweepLog, table: list[dict], skipped: d
         mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])
     first = kind.panels[0][0]
     if any(r.get(first) is not None for r in table):
-        import matplotlib.pyplot as plt
-
-        fig = sweep_figure(table, kind.panels, title=f"{ctx.rspec.name}: {kind.what}")
-        mlflow.log_figure(fig, f"plots/{kind.figure}.png")
-        plt.close(fig)
+        mlflow.log_figure(sweep_figure(table, kind.panels, title=f"{ctx.rspec.name}: {kind.what}"),
+                          f"plots/{kind.figure}.png")

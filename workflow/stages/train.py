@@ -17,10 +17,11 @@ import statistics
 import mlflow
 import torch
 
+from betty.plots import curves_figure, memory_figure
+
 from workflow.artifacts import write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import build_model
-from workflow.plots import curves_figure, memory_figure
 from workflow.runs import active_run_id, log_metrics, tracked_run
 from workflow.stages.base import StageContext
 from workflow.tracking import MODEL_NAME, dataset_input, log_dataset_input, log_pytorch_model
@@ -103,18 +104,13 @@ def _log_model_and_last_epoch(ctx: StageContext, model, last: dict) -> None:
 def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict], record) -> None:
     """The loss/accuracy curves, and the last epoch's memory per micro-batch of ``record``
     (the epoch record type: :attr:`betty.engine.EpochRecord.ROWS_TABLE` and friends)."""
-    import matplotlib.pyplot as plt
-
-    fig = curves_figure(history, title=ctx.rspec.name)
-    mlflow.log_figure(fig, "plots/curves.png")
-    plt.close(fig)
+    mlflow.log_figure(curves_figure(history, title=ctx.rspec.name), "plots/curves.png")
     last = [r for r in rows if r["epoch"] == history[-1]["epoch"]
             and r.get("batch", 0) == rows[-1].get("batch", 0) and r["peak_bytes"] is not None]
     if last:
         fig = memory_figure(last, title=f"{ctx.rspec.name}: epoch {history[-1]['epoch']}",
                             index_key=record.MICRO_BATCH_KEY, xlabel=record.MICRO_BATCH_NAME)
         mlflow.log_figure(fig, f"plots/{record.ROWS_TABLE}.png")
-        plt.close(fig)
 
 
 def summarize_repeats(finals: list[dict[str, float]]) -> dict[str, float]:

@@ -1,23 +1,25 @@
-"""Figures logged as run artifacts (matplotlib, Agg backend: no display needed)."""
+"""Figures of training and partitioning results: the epochs of :func:`betty.fit.fit`
+(:func:`curves_figure`), one epoch's memory per micro-batch (:func:`memory_figure`) and a
+partition sweep (:func:`sweep_figure`, ``Trainer.sweep``).
+
+Each returns a ``matplotlib.figure.Figure`` made without pyplot: no display, no global
+figure state and no backend chosen for the caller. Save it with ``fig.savefig(path)``
+(or ``mlflow.log_figure``); a notebook shows it as the cell's value.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from betty.sizes import binary_unit
 
 __all__ = ["curves_figure", "memory_figure", "sweep_figure"]
 
 
-def _unit(largest: float) -> tuple[str, float]:
-    """The binary unit that shows ``largest`` bytes as a number below 1024."""
-    for unit, scale in (("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):
-        if largest >= scale:
-            return unit, scale
-    return "bytes", 1.0
+def _figure(width: float, height: float = 3.5):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
 
 
 def curves_figure(history: Sequence[Mapping[str, float]], title: str = ""):
@@ -27,7 +29,8 @@ def curves_figure(history: Sequence[Mapping[str, float]], title: str = ""):
         history: one mapping per epoch with ``epoch`` and any of ``loss``,
             ``train_acc``, ``valid_acc``, ``train_rocauc``... (missing values skipped).
     """
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig = _figure(9)
+    ax_loss, ax_acc = fig.subplots(1, 2)
     epochs = [h["epoch"] for h in history]
     ax_loss.plot(epochs, [h.get("loss") for h in history], marker="o")
     ax_loss.set_xlabel("epoch")
@@ -56,11 +59,12 @@ def memory_figure(rows: Sequence[Mapping[str, float]], title: str = "", *,
         rows: one mapping per micro-batch with ``index_key`` (index), ``peak_bytes`` and
             optionally ``estimated_bytes``; one epoch's micro-batches.
     """
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = _figure(6)
+    ax = fig.subplots()
     idx = [r[index_key] for r in rows]
     estimated = [r.get("estimated_bytes") for r in rows]
     largest = max([r.get("peak_bytes") or 0 for r in rows] + [e or 0 for e in estimated])
-    unit, scale = _unit(largest)
+    unit, scale = binary_unit(largest)
     ax.bar(idx, [(r.get("peak_bytes") or 0) / scale for r in rows], label="measured", color="tab:blue")
     if any(e is not None for e in estimated):
         ax.plot(idx, [(e or 0) / scale for e in estimated], "o-", color="tab:orange", label="estimated")
@@ -79,10 +83,11 @@ def sweep_figure(rows: Sequence[Mapping], panels: Sequence[tuple[str, str]], tit
     share of edges RevGNN's cluster parts keep and their largest estimated peak (a key
     ending in ``_bytes`` is drawn in the binary unit that suits it). Rows without a
     panel's value (failed entries) are skipped there."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
+    fig = _figure(4.5 * len(panels))
+    axes = fig.subplots(1, len(panels), squeeze=False)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     for ax, (key, label) in zip(axes[0], panels):
-        unit, scale = _unit(max([r.get(key) or 0 for r in rows])) if key.endswith("_bytes") else ("", 1.0)
+        unit, scale = binary_unit(max([r.get(key) or 0 for r in rows])) if key.endswith("_bytes") else ("", 1)
         for method in methods:
             pts = sorted((r["k"], r[key] / scale) for r in rows if r["method"] == method and r.get(key) is not None)
             if pts:
