@@ -50,6 +50,10 @@ def test_pipeline_logs_contract_and_reuses_by_content(tracking, tmp_path):
         assert "spec.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
     train = first["train"]["run_id"]
     assert EPOCH_METRICS <= metric_names(client.get_run(train))
+    figures = {run: {a.path for a in client.list_artifacts(first[run]["run_id"], "plots")}
+               for run in ("partition", "train")}
+    assert figures == {"partition": {"plots/redundancy_vs_k.png"},
+                       "train": {"plots/curves.png", "plots/memory_per_microbatch.png"}}
     for name in EPOCH_METRICS:
         assert [m.step for m in client.get_metric_history(train, name)] == [0, 1], name
     assert {"test_acc", "valid_acc", "peak_mem_measured_bytes", "peak_mem_estimated_bytes",

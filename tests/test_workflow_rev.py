@@ -146,6 +146,9 @@ def test_betty_run_reversible_spec(tracking):
     assert losses[-1] < losses[0]
     artifacts = {a.path for a in client.list_artifacts(stage["train"])}
     assert {"model.pt", "memory_per_part.csv", "models.json"} <= artifacts
+    assert {a.path for a in client.list_artifacts(stage["train"], "plots")} == {"plots/curves.png",
+                                                                                "plots/memory_per_part.png"}
+    assert [a.path for a in client.list_artifacts(stage["partition"], "plots")] == ["plots/cluster_sweep.png"]
     part = client.get_run(stage["partition"]).data.metrics
     assert part["k"] == 2 and 0 < part["edges_kept_fraction"] < 1 and part["peak_mem_estimated_bytes"] > 0
     assert {"parts.csv", "partition.npz", "partition_sweep.csv"} <= {
