@@ -26,7 +26,7 @@ from typing import Any
 
 from betty.records import TrainerProtocol
 
-__all__ = ["FitResult", "fit"]
+__all__ = ["FitResult", "fit", "summarize_repeats"]
 
 
 @dataclass
@@ -119,3 +119,22 @@ def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int],
     selector.apply(trainer.model)
     result.selection = selector.metrics(score_key)
     return result
+
+
+def summarize_repeats(finals: list[Mapping[str, float]]) -> dict[str, float]:
+    """The final metrics of R repeats (e.g. :func:`fit` with R seeds) as one summary: for
+    every metric ``m`` present in all of them, with values x_1 .. x_R,
+
+        m_mean = m = (1/R) Σ_r x_r,   m_std = sqrt((1/R) Σ_r (x_r - m_mean)²)
+
+    (the population std). Metrics missing from some repeat are left out."""
+    import statistics
+
+    if not finals:
+        raise ValueError("summarize_repeats needs the metrics of at least one repeat")
+    out = {}
+    for key in [k for k in finals[0] if all(k in f for f in finals)]:
+        values = [float(f[key]) for f in finals]
+        out[key] = out[f"{key}_mean"] = statistics.fmean(values)
+        out[f"{key}_std"] = statistics.pstdev(values)
+    return out

@@ -32,7 +32,7 @@ import re
 import shutil
 from dataclasses import dataclass
 
-__all__ = ["Owner", "reclaim_stale_folders"]
+__all__ = ["Owner", "pid_exists", "reclaim_stale_folders"]
 
 _NAME = re.compile(r"^(?:\..*\.)?betty-(\d+)-(\d+)-(\d+)-([0-9a-f]{8}|0)-[^-]+$")
 
@@ -68,6 +68,18 @@ def _pid_namespace() -> int:
 def _boot_id() -> str:
     boot = _read("/proc/sys/kernel/random/boot_id")
     return boot.strip().replace("-", "")[:8] if boot else "0"
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists in this PID namespace (signal 0; one of another
+    user counts, a zombie too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
 
 
 def _has_proc() -> bool:
@@ -119,13 +131,7 @@ class Owner:
         if _has_proc():
             stat = _stat(self.pid)
             return stat is None or stat[0] == "Z" or (self.start != 0 and stat[1] != self.start)
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # exists, another user's
-            return False
-        return False
+        return not pid_exists(self.pid)
 
 
 def reclaim_stale_folders(parent: str, *, this_boot_only: bool = False) -> list[str]:

@@ -94,3 +94,17 @@ def test_both_trainers_and_their_records_share_one_interface(arch):
     assert record.MICRO_BATCH_KEY in record.ROW_COLUMNS
     assert {"loss", "k", "epoch_time_s"} <= set(record.metrics())
     assert not isinstance(object(), TrainerProtocol)
+
+
+def test_summarize_repeats_gives_mean_and_population_std_of_common_metrics():
+    from betty.fit import summarize_repeats
+
+    out = summarize_repeats([{"test_acc": 0.5, "loss": 1.0, "k": 4}, {"test_acc": 0.7, "k": 4},
+                             {"test_acc": 0.9, "k": 4}])
+    assert out.keys() == {"test_acc", "test_acc_mean", "test_acc_std", "k", "k_mean", "k_std"}
+    assert out["test_acc"] == out["test_acc_mean"] == pytest.approx(0.7, abs=1e-15)
+    assert out["test_acc_std"] == pytest.approx((0.08 / 3) ** 0.5, rel=1e-12)  # population: / R
+    assert out["k_std"] == 0.0
+    assert summarize_repeats([{"a": 2}]) == {"a": 2.0, "a_mean": 2.0, "a_std": 0.0}
+    with pytest.raises(ValueError, match="at least one repeat"):
+        summarize_repeats([])

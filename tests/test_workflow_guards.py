@@ -225,8 +225,13 @@ def test_sweep_max_k_is_checked_in_the_spec():
 
     rspec = load_spec("tiny", ["partition.sweep.max_k={range: 4}"])
     assert rspec.spec.partition.sweep.max_k == {"range": 4}
-    with pytest.raises(SpecError, match="max_k"):
-        load_spec("tiny", ["partition.sweep.max_k={nope: 4}"])
+    with pytest.raises(SpecError) as err:
+        load_spec("tiny", ["partition.sweep.max_k={nope: 4, range: 1}", "partition.sweep.methods=[range, bad]"])
+    problems = {p.path: p.message for p in err.value.problems}
+    assert problems.keys() == {"partition.sweep.max_k.nope", "partition.sweep.max_k.range",
+                               "partition.sweep.methods[1]"}
+    assert problems["partition.sweep.methods[1]"].startswith("unknown partition method; allowed: 'hypergraph',")
+    assert problems["partition.sweep.max_k.nope"] == problems["partition.sweep.methods[1]"]
 
 
 def test_partition_stage_logs_and_prints_the_sweep_skips(tracking):

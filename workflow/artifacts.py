@@ -17,10 +17,9 @@ def write_csv(path: str | Path, rows: Sequence[Mapping], columns: Sequence[str] 
     if columns is None:
         columns = list(dict.fromkeys(k for row in rows for k in row))
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
+        writer = csv.DictWriter(fh, fieldnames=list(columns), restval="", extrasaction="ignore")
         writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+        writer.writerows(rows)
     return path
 
 

@@ -28,12 +28,9 @@ class ArtifactDamaged(RuntimeError):
 
 
 def file_sha256(path: str | Path) -> str:
-    """SHA-256 (hex) of the file's bytes, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
+    """SHA-256 (hex) of the file's bytes."""
     with Path(path).open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def log_artifact(path: str | Path) -> Path:

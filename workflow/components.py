@@ -23,7 +23,6 @@ __all__ = [
     "load_data",
     "build_model",
     "partition_plan",
-    "batch_size",
     "make_trainer",
     "first_batch",
 ]
@@ -140,11 +139,6 @@ def partition_options(rspec: ResolvedSpec) -> dict:
             "threads": threads, "partitioner": p.partitioner, "trainer_threads": threads}
 
 
-def batch_size(rspec: ResolvedSpec) -> int | None:
-    size = rspec.spec.sampling.batch_size
-    return None if size == "full" else int(size)
-
-
 def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter=None,
                  on_search=None):
     """``(trainer, model, optimizer)`` for repeat ``repeat``: a fresh model (weights
@@ -156,19 +150,20 @@ def make_trainer(rspec: ResolvedSpec, dataset, device, *, repeat: int = 0, meter
     from betty.rev.engine import RevTrainer
     from betty.train import build_optimizer, parameter_groups
 
-    t = rspec.spec.train
+    t, s = rspec.spec.train, rspec.spec.sampling
     model = build_model(rspec, dataset, seed=t.seed + repeat).to(device)
     groups = parameter_groups(model, t.weight_decay, t.weight_decay_first_layer_only)
     optimizer = build_optimizer(t.optimizer, groups, lr=t.lr, weight_decay=t.weight_decay)
-    common = dict(device=device, seed=rspec.spec.sampling.seed + repeat, dropout_seed=t.seed + repeat,
+    common = dict(device=device, seed=s.seed + repeat, dropout_seed=t.seed + repeat,
                   dtype=torch_dtype(rspec), precision=spec_precision(rspec), meter=meter, on_search=on_search,
                   prefetch=t.prefetch if t.pipeline else 0)
     if uses_revgnn(rspec):
         trainer = RevTrainer(model, optimizer, dataset, partition_plan(rspec),
                              dropout_mode=rspec.spec.model.dropout_mode, **common)
     else:
-        trainer = Trainer(model, optimizer, dataset, rspec.spec.sampling.fanouts, partition_plan(rspec),
-                          batch_size=batch_size(rspec), sample_device=sample_device(rspec), **common)
+        trainer = Trainer(model, optimizer, dataset, s.fanouts, partition_plan(rspec),
+                          batch_size=None if s.batch_size == "full" else s.batch_size,
+                          sample_device=sample_device(rspec), **common)
     return trainer, model, optimizer
 
 

@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from workflow.provenance import code_version, git_commit
 from workflow.signals import check, shield
+from workflow.spec import short_text
 from workflow.specfile import ResolvedSpec
 from workflow.tracking import mark_model_training
 
@@ -36,7 +37,6 @@ __all__ = [
     "clean_metrics",
     "encode_upstream",
     "decode_upstream",
-    "active_run_id",
 ]
 
 ERROR_TAG_LIMIT = 500  # characters of the error message kept in the ``error`` tag
@@ -82,13 +82,6 @@ def decode_upstream(text: str | None) -> dict[str, str]:
     return out
 
 
-def active_run_id() -> str:
-    run = mlflow.active_run()
-    if run is None:
-        raise RuntimeError("no active MLflow run")
-    return run.info.run_id
-
-
 DISK_FULL_TEXTS = ("database or disk is full", "No space left on device")
 
 
@@ -116,11 +109,6 @@ def error_summary(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip().rstrip(":")
 
 
-def _error_text(exc: BaseException) -> str:
-    text = error_summary(exc)
-    return text if len(text) <= ERROR_TAG_LIMIT else text[: ERROR_TAG_LIMIT - 3] + "..."
-
-
 def record_failure(run_id: str, exc: BaseException) -> None:
     """Set the ``error`` tag and log ``error.txt`` (the traceback) on ``run_id``.
 
@@ -128,7 +116,7 @@ def record_failure(run_id: str, exc: BaseException) -> None:
     """
     client = MlflowClient()
     try:
-        client.set_tag(run_id, "error", _error_text(exc))
+        client.set_tag(run_id, "error", short_text(error_summary(exc), ERROR_TAG_LIMIT))
     except Exception:  # noqa: BLE001
         pass
     try:

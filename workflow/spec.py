@@ -310,24 +310,9 @@ class SweepSection(_Section):
     ``time_limit_s``."""
 
     k: list[Annotated[int, Field(ge=2)]] = Field(default_factory=lambda: list(DEFAULT_SWEEP_K))
-    methods: list[str] | None = None
-    max_k: dict[str, Annotated[int, Field(ge=2)]] = Field(default_factory=dict)
+    methods: list[PartitionMethod] | None = None
+    max_k: dict[PartitionMethod, Annotated[int, Field(ge=2)]] = Field(default_factory=dict)
     time_limit_s: Seconds | None = None
-
-    @field_validator("max_k")
-    @classmethod
-    def _max_k(cls, value: dict[str, int]) -> dict[str, int]:
-        for m in value:
-            _library_choice("partition method", m, sorted(catalog.PARTITION_METHODS))
-        return value
-
-    @field_validator("methods")
-    @classmethod
-    def _methods(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None:
-            for m in value:
-                _library_choice("partition method", m, sorted(catalog.PARTITION_METHODS))
-        return value
 
 
 class PartitionSection(_Section):

@@ -289,6 +289,8 @@ def _path(loc: Sequence[Any]) -> str:
     long keys are cut (:func:`short_repr`)."""
     out = ""
     for part in loc:
+        if part == "[key]":  # pydantic's mark of a mapping's key: the path names the key already
+            continue
         name = short_text(str(part))
         out += f"[{part}]" if isinstance(part, int) else (f".{name}" if out else name)
     return out

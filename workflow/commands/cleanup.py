@@ -13,21 +13,12 @@ from typing import Annotated
 
 import typer
 
+from betty.owner import pid_exists
+
 from workflow.commands._common import ExperimentOpt, JsonOpt, cli_errors, emit_json, experiment_id
 
 REASON = ("never started: the project environment could not be created (no conda?); "
           "run the project with --env-manager local")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (signal 0; a process of another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _conda_missing() -> bool:
@@ -66,7 +57,7 @@ def stuck_reason(run, client, min_age_s: float, host: str | None = None,
             return "FAILED", REASON
         return None
     pid = tags.get("betty.pid", "")
-    if tags.get("betty.host") == (host or socket.gethostname()) and pid.isdigit() and not process_alive(int(pid)):
+    if tags.get("betty.host") == (host or socket.gethostname()) and pid.isdigit() and not pid_exists(int(pid)):
         return "KILLED", f"stuck: its process {pid} on {tags['betty.host']} is gone"
     return None
 

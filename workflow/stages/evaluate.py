@@ -14,13 +14,14 @@ import time
 import torch
 from mlflow.tracking import MlflowClient
 
+from betty.fit import summarize_repeats
+
 from workflow.artifacts import write_json
 from workflow.checksums import fetch, log_artifact
 from workflow.components import build_model
 from workflow.evaluation import evaluate_model
 from workflow.runs import clean_metrics, log_metrics
 from workflow.stages.base import StageContext
-from workflow.stages.train import summarize_repeats
 
 __all__ = ["UnsafeModelFile", "load_state_dict", "run"]
 

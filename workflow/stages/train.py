@@ -12,22 +12,22 @@ Metrics and artifacts: docs/workflow.md, *Stages*, *Repeats* and *Model selectio
 from __future__ import annotations
 
 import contextlib
-import statistics
 
 import mlflow
 import torch
 
+from betty.fit import summarize_repeats
 from betty.plots import curves_figure, memory_figure
 
 from workflow.artifacts import write_csv, write_json
 from workflow.checksums import log_artifact
 from workflow.components import build_model
-from workflow.runs import active_run_id, log_metrics, tracked_run
+from workflow.runs import log_metrics, tracked_run
 from workflow.stages.base import StageContext
 from workflow.tracking import MODEL_NAME, dataset_input, log_dataset_input, log_pytorch_model
 from workflow.training import launched, train_distributed, train_epochs
 
-__all__ = ["run", "train_once", "summarize_repeats"]
+__all__ = ["run", "train_once"]
 
 PROGRESS_KEYS = ("loss", "train_acc", "valid_acc", "valid_rocauc")
 
@@ -113,20 +113,6 @@ def _log_figures(ctx: StageContext, history: list[dict], rows: list[dict], recor
         mlflow.log_figure(fig, f"plots/{record.ROWS_TABLE}.png")
 
 
-def summarize_repeats(finals: list[dict[str, float]]) -> dict[str, float]:
-    """``m_mean``, ``m_std`` (population) and ``m`` (= mean) for every metric present in
-    all repeats."""
-    keys = [k for k in finals[0] if all(k in f for f in finals)]
-    out = {}
-    for key in keys:
-        values = [float(f[key]) for f in finals]
-        mean = statistics.fmean(values)
-        out[key] = mean
-        out[f"{key}_mean"] = mean
-        out[f"{key}_std"] = statistics.pstdev(values)
-    return out
-
-
 @contextlib.contextmanager
 def _repeat_run(ctx: StageContext, repeat: int):
     """With ``train.repeats > 1``: repeat ``repeat``'s nested run, with its seeds as params."""
@@ -149,7 +135,7 @@ def run(ctx: StageContext) -> dict[str, float]:
     for r in range(spec.train.repeats):
         with _repeat_run(ctx, r):
             finals.append(train_once(ctx, r))
-            models.append({"repeat": r, "run_id": active_run_id(), "artifact": "model.pt",
+            models.append({"repeat": r, "run_id": mlflow.active_run().info.run_id, "artifact": "model.pt",
                            "mlflow_model": MODEL_NAME, "train_seed": spec.train.seed + r,
                            "sampling_seed": spec.sampling.seed + r, "k": int(finals[-1]["k"])})
     final = finals[0]
