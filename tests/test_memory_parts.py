@@ -124,6 +124,42 @@ def test_parameter_and_optimizer_bytes_match_the_model(arch, agg, batch3):
     assert est.peak == sum(est.breakdown.values())
 
 
+@pytest.mark.parametrize("make", [lambda p: torch.optim.AdamW(p, 1e-3, amsgrad=True),
+                                  lambda p: torch.optim.Adam(p, 1e-3, amsgrad=True),
+                                  lambda p: torch.optim.AdamW(p, 1e-3, weight_decay=0.1),
+                                  lambda p: torch.optim.SGD(p, 1e-3, momentum=0.9)],
+                         ids=["adamw-amsgrad", "adam-amsgrad", "adamw", "sgd-momentum"])
+def test_optimizer_state_of_adamw_amsgrad_and_momentum_matches_the_optimizer(make, batch3):
+    batch, feat, label = batch3
+    model = build_model("sage", 12, 5, hidden=24, layers=3, aggregator="mean")
+    opt = make(model.parameters())
+    train_step(model, opt, batch, torch.zeros(batch.num_outputs, dtype=torch.int64), feat, label)
+    est = estimate_micro_batch(batch, model, opt)
+    assert est.breakdown["optimizer_state"] == optimizer_state_bytes(opt) > 0
+
+
+def test_an_optimizer_the_memory_model_does_not_know_is_refused_at_construction(batch3):
+    """Refused when the trainer is built, naming the way out, not at the first batch."""
+    from betty.data.types import GraphDataset
+    from betty.engine import Trainer
+    from betty.rev.engine import RevPlan, RevTrainer
+    from betty.rev.model import RevGNN
+
+    g, feat, label, train = power_law_graph(num_nodes=60, avg_degree=4, seed=0, num_feats=12, num_classes=5)
+    rest = torch.tensor(sorted(set(range(60)) - set(train.tolist())))
+    ds = GraphDataset(name="t", graph=g, feat=feat, label=label, train_idx=train, valid_idx=rest[:5],
+                      test_idx=rest[5:], num_classes=5)
+    model = build_model("sage", 12, 5, hidden=8, layers=2)
+    rev = RevGNN(12, 8, 5, num_layers=2)
+    for build in (lambda: Trainer(model, torch.optim.RMSprop(model.parameters()), ds, [3, 3], PartitionPlan("range", 2)),
+                  lambda: RevTrainer(rev, torch.optim.RMSprop(rev.parameters()), ds, RevPlan("random", 2))):
+        with pytest.raises(TypeError, match=r"not RMSprop; .*estimate_memory=False"):
+            build()
+    trainer = Trainer(model, torch.optim.RMSprop(model.parameters()), ds, [3, 3], PartitionPlan("range", 2),
+                      estimate_memory=False)
+    assert trainer.train_epoch(0).k == 2
+
+
 @pytest.mark.parametrize("steps,seqs,width", [(1, 3, 16), (3, 50, 40), (6, 120, 64), (2, 30, 256)])
 def test_onednn_workspace_formula_matches_measurement(steps, seqs, width):
     saved, _ = measure_lstm_state("cpu", steps, seqs, width)

@@ -62,7 +62,7 @@ import torch
 
 from betty.batch import SampledBatch
 from betty.memory.estimator import MemoryEstimate, estimate_micro_batches, persistent_bytes
-from betty.memory.spec import as_model_spec
+from betty.memory.spec import as_model_spec, as_optimizer_spec
 from betty.precision import Precision
 
 __all__ = [
@@ -455,6 +455,7 @@ def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | 
     ``memory_budget``, ``safety_margin`` and ``balance``. ``on_search`` receives each
     :class:`KSearchResult` (e.g. to log the K tried). The plan's ``min_k`` (default 1) is
     the smallest K allowed (the world size in data-parallel training)."""
+    optimizer = as_optimizer_spec(optimizer)  # an optimizer the model does not know: refused now
 
     def choose(batch: SampledBatch, plan, seed: int):
         if plan.memory_budget is None:
@@ -480,6 +481,7 @@ def make_estimator(model, optimizer="adam", *, dtype: torch.dtype | None = None,
     bytes`` (``precision``, ``feature_dtype``: those of
     :func:`~betty.memory.estimator.estimate_sizes`)."""
     estimate_kwargs = dict(estimate_kwargs, precision=precision, feature_dtype=feature_dtype)
+    optimizer = as_optimizer_spec(optimizer)  # an optimizer the model does not know: refused now
 
     def estimate(batch: SampledBatch, groups, k: int) -> list[int]:
         return [int(e.peak) for e in estimate_micro_batches(batch, groups, k, model, optimizer, dtype,

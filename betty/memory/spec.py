@@ -169,14 +169,17 @@ def parameter_shapes(spec: ModelSpec) -> list[list[tuple[int, ...]]]:
 class OptimizerSpec:
     """Which per-parameter state an optimizer keeps after its first step.
 
-    ``adam``: ``exp_avg`` and ``exp_avg_sq`` (parameter-sized) and a 0-d float32
-    ``step`` (on the host unless ``capturable``/``fused``). ``sgd``: a
-    ``momentum_buffer`` when ``momentum > 0``, else nothing.
+    ``adam`` (``torch.optim.Adam`` and ``AdamW``, whose decoupled weight decay works in
+    place): ``exp_avg`` and ``exp_avg_sq`` (parameter-sized), with ``amsgrad`` also
+    ``max_exp_avg_sq``, and a 0-d float32 ``step`` (on the host unless
+    ``capturable``/``fused``). ``sgd``: a ``momentum_buffer`` when ``momentum > 0``, else
+    nothing.
     """
 
     name: str = "adam"
     momentum: float = 0.0
     step_on_device: bool = False
+    amsgrad: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZER_NAMES:
@@ -185,7 +188,7 @@ class OptimizerSpec:
     def state_tensors(self) -> tuple[int, bool]:
         """(parameter-sized state tensors per parameter, whether a 0-d step exists)."""
         if self.name == "adam":
-            return 2, True
+            return 2 + self.amsgrad, True
         return (1 if self.momentum > 0 else 0), False
 
 
@@ -204,12 +207,14 @@ def as_optimizer_spec(optimizer) -> OptimizerSpec:
         return optimizer
     if isinstance(optimizer, str):
         return OptimizerSpec(optimizer)
-    if isinstance(optimizer, torch.optim.Adam):
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         group = optimizer.param_groups[0]
-        return OptimizerSpec("adam", 0.0, bool(group.get("capturable") or group.get("fused")))
+        return OptimizerSpec("adam", 0.0, bool(group.get("capturable") or group.get("fused")),
+                             amsgrad=bool(group.get("amsgrad")))
     if isinstance(optimizer, torch.optim.SGD):
         return OptimizerSpec("sgd", float(optimizer.param_groups[0].get("momentum", 0.0)))
     raise TypeError(
-        f"optimizer must be an OptimizerSpec, one of {OPTIMIZER_NAMES}, torch.optim.Adam or "
-        f"torch.optim.SGD, got {type(optimizer).__name__}"
+        f"the memory model knows the state of torch.optim.Adam, AdamW and SGD (or an OptimizerSpec, "
+        f"or one of {OPTIMIZER_NAMES}), not {type(optimizer).__name__}; to train with it, turn the "
+        f"estimates off (Trainer(..., estimate_memory=False) with an integer partition K)"
     )

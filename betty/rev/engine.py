@@ -51,6 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from betty.catalog import CLUSTER_METHODS
+from betty.memory.spec import as_optimizer_spec
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.records import IdleTime, epoch_metrics, estimate_error
 from betty.partition.sweep import Split
@@ -472,6 +473,8 @@ class RevTrainer:
 
         self.prefetch = check_prefetch(prefetch)
         self.estimate_memory = estimate_memory and can_estimate
+        if self.estimate_memory:
+            as_optimizer_spec(optimizer)  # an optimizer the memory model does not know: refused now
         self.train_mask = torch.zeros(dataset.num_nodes, dtype=torch.bool)
         self.train_mask[dataset.train_idx] = True
         self.memory_kwargs = dict(dtype=dtype, backend=default_backend(self.device),
