@@ -65,7 +65,9 @@ def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int],
             ``None`` or ``every = 0``: no scoring.
         selector: a :class:`betty.selection.BestValidation` fed ``score_key`` of each
             scored epoch (default: one with ``select="last"``, no early stop); its weights
-            are loaded into ``trainer.model`` at the end.
+            are loaded into ``trainer.model`` at the end. A scored epoch without
+            ``score_key`` is an error when the selector needs it (``best_valid``, or a
+            patience).
         on_epoch: called on rank 0 with each history entry and whether it is the last
             one (the last of ``epochs``, or an early stop).
         before_epoch: called on every rank with the epoch number before it trains.
@@ -99,9 +101,15 @@ def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int],
                 metrics, rows = gather_epoch(record, parallel, reduced_before, metrics, rows)
             due = validate is not None and bool(every) and (epoch + 1) % every == 0
             if due and rank == 0:
-                metrics.update(validate(epoch, record.k))
+                validated = validate(epoch, record.k)
+                metrics.update(validated)
                 if score_key in metrics:
                     selector.update(epoch, metrics[score_key], trainer.model)
+                elif selector.select == "best_valid" or selector.patience is not None:
+                    raise ValueError(f"validate returned {sorted(validated)} without score_key "
+                                     f"{score_key!r}, which the selector's select={selector.select!r}"
+                                     f"/patience={selector.patience!r} needs; pass the score_key "
+                                     f"validate returns")
             stop = due and selector.should_stop()
             if due and parallel is not None:
                 from betty.distributed.gather import agree

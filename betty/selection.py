@@ -6,7 +6,7 @@ score, and often stop training once validation has not improved for a while.
 (``betty.engine.Trainer``, ``betty.rev.engine.RevTrainer``, or one rank of a
 distributed run): after each full optimizer step that was scored on validation, call
 :meth:`BestValidation.update`; it keeps an in-memory copy of the model's ``state_dict``
-whenever the score improves (strictly: ties keep the earlier epoch). Selection happens
+whenever the score improves (strictly: ties keep the earlier epoch), in host memory. Selection happens
 between steps, so it never touches the gradient computation.
 
 ``select``: ``"last"`` (the final weights; the tracker still records the best score
@@ -28,8 +28,9 @@ SELECT_CHOICES = ("last", "best_valid")
 
 
 def _copy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A detached copy of ``model``'s ``state_dict`` (same device and dtype)."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """A detached copy of ``model``'s ``state_dict`` in host memory (same dtype): the
+    copy takes no device memory, which the K search's budget leaves to the steps."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 class BestValidation:
@@ -60,14 +61,14 @@ class BestValidation:
         """Record epoch ``epoch``'s validation score (taken after its optimizer step);
         returns whether it improved on every earlier score. With ``select="best_valid"``
         an improvement copies ``model``'s weights. A NaN score never improves."""
+        if self.select == "best_valid" and model is None:
+            raise ValueError("select='best_valid' needs the model to copy its weights")
         score = float(valid_score)
         self.evaluations += 1
         improved = not math.isnan(score) and (self.best_score is None or score > self.best_score)
         if improved:
             self.best_score, self.best_epoch, self._since_best = score, int(epoch), 0
             if self.select == "best_valid":
-                if model is None:
-                    raise ValueError("select='best_valid' needs the model to copy its weights")
                 self._state = _copy_state(model)
         else:
             self._since_best += 1

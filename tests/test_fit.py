@@ -108,3 +108,12 @@ def test_summarize_repeats_gives_mean_and_population_std_of_common_metrics():
     assert summarize_repeats([{"a": 2}]) == {"a": 2.0, "a_mean": 2.0, "a_std": 0.0}
     with pytest.raises(ValueError, match="at least one repeat"):
         summarize_repeats([])
+
+
+@pytest.mark.parametrize("selector", [BestValidation("best_valid"), BestValidation("last", patience=2)])
+def test_fit_refuses_validation_scores_without_the_score_key_the_selector_needs(selector):
+    trainer = _trainer("sage")
+    with pytest.raises(ValueError, match=r"validate returned \['valid_rocauc'\] without score_key 'valid_acc'"):
+        fit(trainer, 2, validate=lambda epoch, k: {"valid_rocauc": 0.5}, selector=selector)
+    result = fit(trainer, 1, validate=lambda epoch, k: {"valid_rocauc": 0.5})  # "last": nothing needs it
+    assert result.selection == {} and result.history[0]["valid_rocauc"] == 0.5

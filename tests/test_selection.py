@@ -51,6 +51,25 @@ def test_no_early_stop_without_patience_and_last_keeps_no_copy():
     assert "stopped_epoch" not in tracker.metrics()
 
 
+def test_best_valid_without_a_model_is_refused_before_any_state_changes():
+    tracker = BestValidation("best_valid")
+    with pytest.raises(ValueError, match="needs the model"):
+        tracker.update(0, 0.9)
+    assert tracker.best_score is None and tracker.evaluations == 0
+    assert tracker.update(1, 0.5, _Weights())  # the next score still improves: the weights are kept
+    assert tracker.best_epoch == 1 and tracker.state_dict() is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the copy's device differs from the model's on a GPU")
+def test_the_kept_weights_take_no_device_memory():
+    model = _Weights().cuda()
+    tracker = BestValidation("best_valid")
+    tracker.update(0, 0.9, model)
+    assert tracker.state_dict()["w"].device.type == "cpu"
+    tracker.apply(model)
+    assert model.w.device.type == "cuda"
+
+
 @pytest.mark.parametrize("kwargs", [{"select": "best"}, {"patience": 0}, {"patience": 1.5}])
 def test_invalid_tracker_arguments_are_refused(kwargs):
     with pytest.raises(ValueError, match="select|patience"):
