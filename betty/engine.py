@@ -616,7 +616,7 @@ class Trainer:
         feat, label = self.dataset.feat, self.dataset.label
         common = dict(k=result.k, device=self.device, dropout_key=dropout_key(self.dropout_seed, 0, 0),
                       multilabel=self.dataset.multilabel, dtype=self.dtype, precision=self.precision,
-                      copy_ahead=self.copy_ahead)  # measured as trained (and as estimated)
+                      scaler=self.scaler, copy_ahead=self.copy_ahead)  # measured as trained (and as estimated)
         train_step(self.model, self.optimizer, batch, result.groups, feat, label, **common)  # the state
         self.optimizer.zero_grad(set_to_none=True)
         step = accumulate_gradients(self.model, batch, result.groups, feat, label, meter=meter, **common)

@@ -114,3 +114,18 @@ def test_memory_report_gives_the_ks_its_search_tried(make):
     assert dict(pairs)[k] == report["max_estimated_peak_bytes"] <= budget
     assert all(peak > budget for tried_k, peak in pairs if tried_k < k)
     assert "k_tried" not in make("auto", fixed).memory_report()
+
+
+@pytest.mark.pyg
+def test_the_measuring_step_of_a_16_mixed_trainer_goes_through_its_loss_scaler():
+    """The step that gives the optimizer its state is a real, scaled step: the scaler
+    checks it for inf/NaN and counts it (the CPU runs 16-mixed on the PyG backend)."""
+    pytest.importorskip("torch_geometric")
+    torch.manual_seed(0)
+    model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2, backend="pyg")
+    trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), dataset(300), [3, 4],
+                      PartitionPlan("range", 3), precision="16-mixed")
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.memory_report(measure=True)
+    assert trainer.scaler.growth_tracker + trainer.scaler.skipped_steps == 1
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
