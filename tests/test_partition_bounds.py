@@ -202,6 +202,24 @@ def test_hypergraph_falls_back_to_reg_at_its_time_limit(batch40, caplog):
     assert any("falling back to 'reg'" in r.getMessage() for r in caplog.records)
     with pytest.raises(ValueError, match="time_limit_s must be > 0"):
         partition_batch(batch, 4, "hypergraph", options={"time_limit_s": 0})
+    reg_options = {"max_hub_degree": 2, "hub_links": 1, "deterministic": True}  # the fallback keeps them
+    res = partition_batch(batch, 4, "hypergraph", seed=2, options={"time_limit_s": 1e-3, "threads": 1, **reg_options})
+    assert res.info["fallback_from"] == "hypergraph" and res.info["max_hub_degree"] == 2
+    assert torch.equal(res.groups, partition_batch(batch, 4, "reg", seed=2, options=reg_options).groups)
+
+
+def test_partition_options_and_weights_are_checked_for_every_method(batch40):
+    _, batch = batch40
+    with pytest.raises(ValueError, match=r"unknown partition option\(s\) \['partitoner'\]; allowed: \[.*'partitioner'"):
+        partition_batch(batch, 4, "range", options={"partitoner": "kaminpar"})
+    capped = partition_batch(batch, 4, "reg", options={"max_hub_degree": 2})
+    assert capped.info["max_hub_degree"] == 2  # a declared option reaches the method
+    n = batch.num_outputs
+    for method in ("range", "random", "reg"):
+        for bad, what in ((torch.full((n,), -1.0), "-1.0"), (torch.full((n,), float("nan")), "nan"),
+                          (torch.ones(n + 1), "shape")):
+            with pytest.raises(ValueError, match=f"weights must .*{what}"):
+                partition_batch(batch, 4, method, weights=bad)
 
 
 def test_mtkahypar_child_is_killed_at_the_deadline():

@@ -4,6 +4,7 @@ clusters) and the sweep over methods x K with its skip rules (``max_k``, a faili
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,6 +36,16 @@ def test_sweep_skips_failing_and_slow_methods(batch_and_graph, monkeypatch):
     assert all(set(r) <= set(SWEEP_COLUMNS) for r in rows)
     rows, skipped = sweep_batch(batch, [2, 4], ["range"], seed=0, graph=graph, time_limit_s=1e-9)
     assert len(rows) == 1 and "time_limit_s" in skipped["range"]
+
+
+@pytest.mark.parametrize("ks", [[0, 2, 4], [-1], [2.5], [True]])
+def test_sweep_refuses_ks_that_are_not_integers_from_1(batch_and_graph, ks):
+    """K = 0 used to be recorded as every method's failure, its larger Ks then skipped."""
+    batch, graph = batch_and_graph
+    with pytest.raises(ValueError, match="ks must be integers >= 1"):
+        sweep_batch(batch, ks, ["range"], graph=graph)
+    rows, _ = sweep_batch(batch, [np.int64(2), 1], ["range"], graph=graph)  # NumPy integers and K = 1 count
+    assert [r["k"] for r in rows] == [1, 2]
 
 
 def test_sweep_bounded_by_max_k_the_same_everywhere(batch_and_graph):
@@ -143,6 +154,8 @@ def test_cluster_split_and_sweep(backend):
     assert skipped == {"metis": "K=4 skipped: above sweep.max_k.metis=2"}
     assert all(set(r) <= set(CLUSTER_SWEEP_COLUMNS) and 0 < r["edges_kept_fraction"] <= 1 for r in rows)
     assert all(r["peak_estimated_bytes"] > 0 for r in rows)
+    with pytest.raises(ValueError, match=r"ks must be integers >= 1, got \[0, 2\]"):
+        sweep_clusters(trainer, [0, 2], ["random"])
 
     # the trainer's own, as the sampled engine's (RevGNN takes no batch)
     assert trainer.measure_split().rows == split.rows

@@ -6,13 +6,32 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["integer_vertex_weights", "fill_empty_micro_batches", "DEFAULT_MAX_VERTEX_WEIGHT"]
+__all__ = ["checked_weights", "integer_vertex_weights", "fill_empty_micro_batches", "DEFAULT_MAX_VERTEX_WEIGHT"]
 
 #: Largest integer vertex weight handed to a partitioner (the heaviest output gets it).
 DEFAULT_MAX_VERTEX_WEIGHT = 10_000
 # Mt-KaHyPar sums node weights in 32-bit integers (METIS uses pymetis's idx_t, 64-bit
 # here, and betty.partition.metis_cut checks its totals); keep the total below 2**30.
 _MAX_TOTAL_WEIGHT = 2**30
+
+
+def checked_weights(weights, num_outputs: int) -> np.ndarray:
+    """``weights`` as a float64 ``(n_out,)`` array, after checking that it is one finite,
+    non-negative weight per output node.
+
+    Raises:
+        ValueError: another shape, or a negative or non-finite entry (named).
+    """
+    w = torch.as_tensor(weights).detach().cpu().to(torch.float64).numpy()
+    if w.shape != (num_outputs,):
+        raise ValueError(
+            f"weights must have shape ({num_outputs},) (one per output node), "
+            f"got {tuple(w.shape)}"
+        )
+    if not np.isfinite(w).all() or (w < 0).any():
+        bad = w[~np.isfinite(w) | (w < 0)][0]
+        raise ValueError(f"weights must be finite and non-negative, got an entry {bad}")
+    return w
 
 
 def integer_vertex_weights(
@@ -30,15 +49,7 @@ def integer_vertex_weights(
     """
     if weights is None:
         return np.ones(num_outputs, dtype=np.int32)
-    w = torch.as_tensor(weights).detach().cpu().to(torch.float64).numpy()
-    if w.shape != (num_outputs,):
-        raise ValueError(
-            f"weights must have shape ({num_outputs},) (one per output node), "
-            f"got {tuple(w.shape)}"
-        )
-    if not np.isfinite(w).all() or (w < 0).any():
-        bad = w[~np.isfinite(w) | (w < 0)][0]
-        raise ValueError(f"weights must be finite and non-negative, got an entry {bad}")
+    w = checked_weights(weights, num_outputs)
     top = w.max() if w.size else 0.0
     if top == 0.0:
         return np.ones(num_outputs, dtype=np.int32)

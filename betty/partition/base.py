@@ -11,6 +11,7 @@ import torch
 
 from betty.batch import SampledBatch
 from betty.microbatch import validate_groups
+from betty.partition.balance import checked_weights
 
 __all__ = [
     "PartitionResult",
@@ -91,7 +92,9 @@ def partition_batch(
             those it declares (:data:`PARTITION_OPTIONS`), ``None`` values are dropped.
 
     Raises:
-        ValueError: unknown method, or ``k`` outside ``[1, n_out]``.
+        ValueError: unknown method, ``k`` outside ``[1, n_out]``, ``weights`` that are
+            not one finite, non-negative weight per output, or an option no method
+            declares (a misspelt key would otherwise be dropped unseen).
     """
     if method not in PARTITIONERS:
         raise ValueError(
@@ -101,6 +104,12 @@ def partition_batch(
     n = batch.num_outputs
     if not 1 <= k <= n:
         raise ValueError(f"k must be between 1 and the number of output nodes ({n}), got {k}")
+    if weights is not None:
+        checked_weights(weights, n)  # every method balances what it is given: one check for all
+    known = frozenset().union(*PARTITION_OPTIONS.values())
+    unknown = sorted(set(options or {}) - known)
+    if unknown:
+        raise ValueError(f"unknown partition option(s) {unknown}; allowed: {sorted(known)}")
     if k == 1:
         return PartitionResult(torch.zeros(n, dtype=torch.int64), 1, method)
     start = time.perf_counter()

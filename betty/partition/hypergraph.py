@@ -136,7 +136,8 @@ def _run_with_deadline(args: tuple, time_limit_s: float):
     return payload
 
 
-@register("hypergraph", options=("time_limit_s", "deterministic", "threads"))
+@register("hypergraph", options=("time_limit_s", "deterministic", "threads", "partitioner", "trainer_threads",
+                                 "max_hub_degree", "hub_links"))
 def hypergraph_partition(
     batch: SampledBatch,
     k: int,
@@ -149,6 +150,7 @@ def hypergraph_partition(
     deterministic: bool = False,
     threads: int | None = None,
     time_limit_s: float | None = None,
+    **reg_options,
 ) -> PartitionResult:
     """Minimise km1 (= redundant input loads) with Mt-KaHyPar.
 
@@ -160,6 +162,9 @@ def hypergraph_partition(
         time_limit_s: wall-clock limit of the Mt-KaHyPar call; when it is hit the split
             is ``reg``'s at the same K (see the module docstring). ``None``: no limit
             (runs in this process).
+        reg_options: the REG options of that fallback (``partitioner``,
+            ``trainer_threads``, ``max_hub_degree``, ``hub_links``: as the ``reg`` method
+            takes them; ``deterministic`` is passed on too).
 
     ``info`` holds ``km1`` (as reported by Mt-KaHyPar; equals
     ``Σ_k |inputs of micro-batch k| - n_in`` before any empty-micro-batch repair),
@@ -168,7 +173,8 @@ def hypergraph_partition(
     ``fallback_reason``.
 
     Raises:
-        ValueError: unknown preset, ``threads < 1`` or ``time_limit_s <= 0``.
+        ValueError: unknown preset, ``threads < 1``, ``time_limit_s <= 0`` or an option
+            the ``reg`` fallback does not take.
     """
     preset = preset or ("DETERMINISTIC" if deterministic else "DEFAULT")
     if preset not in _PRESETS:
@@ -178,6 +184,11 @@ def hypergraph_partition(
         raise ValueError(f"threads must be >= 1, got {threads}")
     if time_limit_s is not None and not time_limit_s > 0:
         raise ValueError(f"time_limit_s must be > 0 seconds or None, got {time_limit_s}")
+    from betty.partition.reg import REG_OPTIONS
+
+    stray = sorted(set(reg_options) - set(REG_OPTIONS))
+    if stray:
+        raise ValueError(f"hypergraph_partition takes the reg fallback's options {list(REG_OPTIONS)}, not {stray}")
 
     start = time.perf_counter()
     n_out = batch.num_outputs
@@ -203,7 +214,7 @@ def hypergraph_partition(
         log.warning("%s; falling back to 'reg' for this split", reason)
         from betty.partition.reg import reg_partition
 
-        result = reg_partition(batch, k, seed=seed, weights=weights)
+        result = reg_partition(batch, k, seed=seed, weights=weights, deterministic=deterministic, **reg_options)
         result.info.update(fallback_from="hypergraph", fallback_reason=reason,
                            hypergraph_time_s=time.perf_counter() - built)
         result.time_build_s += built - start

@@ -327,6 +327,10 @@ def _cut_reg(
     return PartitionResult(groups, k, method, built - start, done - built, info)
 
 
+#: the ``options`` of :func:`~betty.partition.partition_batch` the REG methods take
+REG_OPTIONS = ("partitioner", "deterministic", "trainer_threads", "max_hub_degree", "hub_links")
+
+
 def _reg_method(name: str, incidence_fn, *, weighted: bool, max_hub_degree: int | None, doc: str):
     """Register the REG partitioner ``name``: :func:`_cut_reg` with ``incidence_fn``,
     edge weights on or off and its default hub cap."""
@@ -344,7 +348,7 @@ def _reg_method(name: str, incidence_fn, *, weighted: bool, max_hub_degree: int 
 
     partition.__name__ = partition.__qualname__ = name.replace("-", "_") + "_partition"
     partition.__doc__ = doc
-    return register(name, options=("partitioner", "deterministic", "trainer_threads"))(partition)
+    return register(name, options=REG_OPTIONS)(partition)
 
 
 reg_partition = _reg_method(

@@ -24,7 +24,7 @@ import numpy as np
 from betty.partition.base import PARTITIONERS, partition_batch
 from betty.partition.metrics import split_metrics
 
-__all__ = ["Split", "measure_batch_split", "SWEEP_COLUMNS", "sweep_batch", "sweep_grid", "sweep_plan",
+__all__ = ["Split", "measure_batch_split", "SWEEP_COLUMNS", "sweep_batch", "sweep_grid", "sweep_ks", "sweep_plan",
            "time_limit_reason"]
 
 Progress = Callable[[int, int], None]
@@ -151,6 +151,18 @@ def time_limit_reason(k: int, took: float, limit: float, rest: list[int]) -> str
             f"K={','.join(map(str, rest))} skipped")
 
 
+def sweep_ks(ks: Sequence[int], most: int) -> list[int]:
+    """The Ks a sweep tries: those of ``ks`` up to ``most`` (the outputs or nodes there
+    are to split), increasing, each once.
+
+    Raises:
+        ValueError: a K that is not an integer >= 1 (it would fail every method).
+    """
+    if any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in ks):
+        raise ValueError(f"ks must be integers >= 1, got {list(ks)!r}")
+    return sorted({int(k) for k in ks if k <= most})
+
+
 def sweep_grid(methods: Sequence[str], ks: Sequence[int], measure: Callable[[str, int], dict], *,
                time_limit_s: float | None = None, max_k: Mapping[str, int] | None = None,
                progress: Progress | None = None,
@@ -254,6 +266,6 @@ def sweep_batch(batch, ks: Sequence[int], methods: Sequence[str] | None = None, 
                 "time_build_s": result.time_build_s, "time_partition_s": result.time_partition_s,
                 "max_inputs_per_micro_batch": max(stats["input_nodes_per_micro_batch"])}
 
-    ks = sorted({int(k) for k in ks if int(k) <= batch.num_outputs})
+    ks = sweep_ks(ks, batch.num_outputs)
     return sweep_grid(sorted(PARTITIONERS) if methods is None else list(methods), ks, measure,
                       time_limit_s=time_limit_s, max_k=max_k, progress=progress, on_skip=on_skip)

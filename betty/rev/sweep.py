@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from betty.catalog import CLUSTER_METHODS
-from betty.partition.sweep import OnSkip, Progress, Split, sweep_grid
+from betty.partition.sweep import OnSkip, Progress, Split, sweep_grid, sweep_ks
 from betty.rev.training import backend_graph, cluster_partition, edges_kept_fraction
 
 __all__ = ["CLUSTER_SWEEP_COLUMNS", "cluster_figures", "measure_cluster_split", "sweep_clusters"]
@@ -127,6 +127,6 @@ def sweep_clusters(trainer, ks: Sequence[int], methods: Sequence[str] | None = N
                 "imbalance": figures["imbalance"], "time_partition_s": took,
                 "peak_estimated_bytes": max(figures["estimated_bytes"]) if figures["estimated_bytes"] else None}
 
-    ks = sorted({int(k) for k in ks if int(k) <= graph.num_nodes()})
+    ks = sweep_ks(ks, graph.num_nodes())
     return sweep_grid(list(CLUSTER_METHODS) if methods is None else list(methods), ks, measure,
                       time_limit_s=time_limit_s, max_k=max_k, progress=progress, on_skip=on_skip)
