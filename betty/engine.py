@@ -499,25 +499,27 @@ class Trainer:
 
     def partition(self, batch: SampledBatch, epoch: int, batch_index: int):
         """(partition, per-micro-batch estimates or None, whether it was recomputed)."""
-        result, estimates, fresh, _, _ = self._partition_timed(batch, epoch, batch_index)
+        result, estimates, fresh, _, _, _ = self._partition_timed(batch, epoch, batch_index)
         return result, estimates, fresh
 
     def _partition_timed(self, batch: SampledBatch, epoch: int, batch_index: int, carve_ahead: bool = False,
                          carve_batch: SampledBatch | None = None):
         """:meth:`partition` plus the wall of the estimates made outside the K search and,
         with ``carve_ahead``, every micro-batch carved (``carve_all``'s list; ``None`` without),
-        from ``carve_batch`` (:attr:`PreparedBatch.carve_batch`; needed with ``carve_ahead``).
+        from ``carve_batch`` (:attr:`PreparedBatch.carve_batch`; needed with ``carve_ahead``),
+        and the wall of that carving (the preparation threads carve several micro-batches at
+        once: their own seconds sum to more).
         Carved first, a split's estimate and redundancy read the carved micro-batches' sizes
         (:func:`betty.memory.sizes.carved_split_sizes`) instead of building its micro-batch
         membership; a K search still estimates from the membership of each K it tries."""
         cached = self._partitions.get(batch_index)
         expired = cached is None or (
             self.plan.reuse is not None and epoch - cached[1] >= self.plan.reuse)
-        estimates, t_estimate, micro = None, 0.0, None
+        estimates, t_estimate, micro, t_carve = None, 0.0, None, 0.0
         if not expired and self.estimator is not None:
             result = cached[0]
             if carve_ahead:
-                micro = self._carve_recorded(batch, result, carve_batch)
+                micro, t_carve = self._carve_recorded(batch, result, carve_batch)
             estimates, t_estimate = self._estimate(self.estimator, batch, result)
             budget = self._usable_budget()
             if budget is not None and max(estimates) > budget:
@@ -526,19 +528,22 @@ class Trainer:
             result, estimates = self._fresh_partition(batch, epoch, batch_index)
             self._partitions[batch_index] = (result, epoch)
             if carve_ahead:
-                micro = self._carve_recorded(batch, result, carve_batch)
-            return result, estimates, True, t_estimate, micro
+                micro, seconds = self._carve_recorded(batch, result, carve_batch)
+                t_carve += seconds
+            return result, estimates, True, t_estimate, micro, t_carve
         if carve_ahead and micro is None:
-            micro = self._carve_recorded(batch, cached[0], carve_batch)
-        return cached[0], estimates, False, t_estimate, micro
+            micro, t_carve = self._carve_recorded(batch, cached[0], carve_batch)
+        return cached[0], estimates, False, t_estimate, micro, t_carve
 
     def _carve_recorded(self, batch: SampledBatch, result: PartitionResult,
-                        carve_batch: SampledBatch) -> list:
+                        carve_batch: SampledBatch) -> tuple[list, float]:
         """Every micro-batch of ``result`` carved from ``carve_batch`` (one process), its sizes
-        recorded on ``batch`` (its host copy, or itself) as the split's micro-batch sizes."""
+        recorded on ``batch`` (its host copy, or itself) as the split's micro-batch sizes;
+        and the seconds that took."""
+        start = time.perf_counter()
         micro = self._carve(carve_batch, result, None)
         carved_split_sizes(batch, result.groups, result.k, [mb for _, mb, _ in micro])
-        return micro
+        return micro, time.perf_counter() - start
 
     @staticmethod
     def _estimate(estimator: Estimator, batch: SampledBatch, result: PartitionResult) -> tuple[list[int], float]:
@@ -673,9 +678,8 @@ class Trainer:
         batch = carve_batch.to("cpu")  # itself when sampled on the host
         t1 = time.perf_counter()
         carve_ahead = carve and self.parallel is None  # under parallel the estimates pick the micro-batches
-        result, estimates, fresh, t_estimate, micro = self._partition_timed(
+        result, estimates, fresh, t_estimate, micro, t_block = self._partition_timed(
             batch, epoch, batch_index, carve_ahead, carve_batch)
-        t_block = sum(seconds for _, _, seconds in micro) if micro is not None else 0.0
         if estimates is None and self.estimator is not None:
             estimates, seconds = self._estimate(self.estimator, batch, result)
             t_estimate += seconds

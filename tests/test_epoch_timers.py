@@ -56,3 +56,22 @@ def test_the_estimate_of_a_reused_partition_is_not_counted_as_partitioning(monke
     record = trainer.train_epoch(1)  # reused: one estimate (the check) + none logged
     assert record.time_estimate_s >= 0.2
     assert record.time_partition_s < 0.2
+
+
+@pytest.mark.parametrize("reuse", [None, 1])
+def test_carving_ahead_is_taken_out_of_partitioning_by_its_wall_time(monkeypatch, reuse):
+    """Preparation threads carve several micro-batches at once, so their own seconds sum
+    to more than the wall they took: partitioning keeps what is left of its wall, >= 0."""
+    import betty.train
+
+    real = betty.train.carve_all
+
+    def threads_at_once(*args, **kwargs):  # each micro-batch reports a second, as if carved side by side
+        return [(i, mb, 1.0) for i, mb, _ in real(*args, **kwargs)]
+
+    monkeypatch.setattr(betty.train, "carve_all", threads_at_once)
+    trainer = _trainer(reuse=reuse)
+    for epoch in range(2):  # a fresh partition, then a reused (or, reuse=1, a fresh) one
+        prepared = trainer.prepare(epoch, 0, carve=True)
+        assert sum(s for _, _, s in prepared.micro_batches) == 3.0
+        assert 0 <= prepared.time_partition_s < 1.0
