@@ -186,7 +186,7 @@ class EpochRecord(IdleTime):
     the K micro-batches and building their backend blocks on the device),
     ``time_metrics_s`` (the redundancy metric, :func:`betty.partition.metrics.split_metrics`),
     ``time_h2d_s`` (gathering each micro-batch's features and labels and copying them
-    to the device), ``time_compute_s`` (forward, backward and optimizer step) and
+    to the device), ``time_compute_s`` (forward, backward and, in one process, optimizer step) and
     ``time_idle_s = epoch_time_s - time_compute_s`` (the epoch's wall not spent
     computing: the device waiting). ``time_wait_s`` is the part of the epoch the
     training loop spent waiting for a prepared batch. Serially (``prefetch=0``) the

@@ -318,9 +318,10 @@ class MicroBatchRecord:
     """What happened in one micro-batch: its sizes and loss; ``time_block_s`` (carving
     it and putting its blocks and IDs on the device), ``time_h2d_s`` (its features and
     labels: gather, copy, cast), each counted with this micro-batch wherever it ran (with
-    copy-ahead, during the micro-batch before); ``time_compute_s`` (its forward,
-    backward and, for the last one, the optimizer step: its region's wall without the
-    copies made in it); ``peak_bytes``: its measured peak."""
+    copy-ahead, during the micro-batch before); ``time_compute_s`` (its forward and
+    backward: its region's wall without the copies made in it; for the last one in one
+    process, also the optimizer step, which runs after that region); ``peak_bytes``: its
+    measured peak (forward and backward)."""
 
     index: int
     num_outputs: int
@@ -742,13 +743,20 @@ def train_step(
         costs = micro_batch_output_costs(groups, int(torch.as_tensor(groups).max()) + 1 if k is None else k)
 
     scaler = kwargs.get("scaler")
+    accumulated_s = 0.0
 
     def run(mine, _after_last):
+        nonlocal accumulated_s
+        start = time.perf_counter()
         res = accumulate_gradients(model, batch, groups, feat, label, indices=mine, **kwargs)
+        accumulated_s = time.perf_counter() - start
         return res.micro, res.loss, res.train_acc
 
+    start = time.perf_counter()
     micro, loss, acc = step_over_micro_batches(model, optimizer, run, parallel=parallel, costs=costs,
                                                scaler=scaler)
+    if parallel is None and micro:  # the optimizer step's wall, with the last micro-batch's compute
+        micro[-1].time_compute_s += time.perf_counter() - start - accumulated_s
     return StepResult(loss=loss, train_acc=acc, micro=micro)
 
 

@@ -75,3 +75,20 @@ def test_carving_ahead_is_taken_out_of_partitioning_by_its_wall_time(monkeypatch
         prepared = trainer.prepare(epoch, 0, carve=True)
         assert sum(s for _, _, s in prepared.micro_batches) == 3.0
         assert 0 <= prepared.time_partition_s < 1.0
+
+
+def test_the_optimizer_step_counts_as_compute_with_the_last_micro_batch(monkeypatch):
+    import time
+
+    trainer = _trainer()
+    step = trainer.optimizer.step
+
+    def slow_step(*args, **kwargs):
+        time.sleep(0.2)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.optimizer, "step", slow_step)
+    record = trainer.train_epoch(0)
+    *first, last = record.batches[0].micro
+    assert last.time_compute_s >= 0.2 and all(m.time_compute_s < 0.2 for m in first)
+    assert record.time_compute_s >= 0.2 and record.time_idle_s < 0.2
