@@ -49,7 +49,7 @@ def gather_epoch(record, parallel, reduced_before: tuple[int, float], metrics: d
 
     from betty.distributed.shared import memory_of_process
 
-    compute = record.time_compute_s  # forward + backward of this rank's micro-batches, as in one process
+    compute = record.time_compute_s  # forward + backward of this rank's micro-batches (the step follows the all-reduce)
     host = memory_of_process()
     mine = {"peak_mem_measured_bytes": record.peak_mem_measured_bytes,
             "peak_mem_estimated_bytes": record.peak_mem_estimated_bytes,
