@@ -18,7 +18,7 @@ Everything here is plain ``torch.int64`` CPU tensors; a backend's blocks (DGL or
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +160,15 @@ class SampledBatch(_BlockChain):
                 self._slots[slot] = key
             self._derived[key] = compute()
         return self._derived[key]
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop what :meth:`derived` keeps under keys whose first element is one of
+        ``names`` (e.g. the structures a partition was cut from, once it is cut: a REG
+        holds about an edge list per output pair); they are built again if asked for."""
+        names = set(names)
+        for key in [key for key in self._derived if key and key[0] in names]:
+            del self._derived[key]
+        self._slots = {slot: key for slot, key in self._slots.items() if key in self._derived}
 
 
 @dataclass

@@ -36,6 +36,7 @@ from betty.memory.spec import ModelSpec
 from betty.memory.sizes import carved_split_sizes
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
+from betty.partition.base import CUT_STRUCTURES
 from betty.partition.metrics import split_metrics
 from betty.partition.sweep import Split, measure_batch_split, sweep_batch
 from betty.pipeline import check_prefetch, preparation
@@ -690,6 +691,7 @@ class Trainer:
         t3 = time.perf_counter()
         if carve and micro is None:
             micro = self._carve(carve_batch, result, estimates)
+        batch.forget(CUT_STRUCTURES)  # what the split was cut from: not kept while the batch waits and trains
         t_gather = 0.0
         if micro is not None and self.gather_ahead:
             t4 = time.perf_counter()

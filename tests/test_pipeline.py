@@ -442,3 +442,26 @@ def test_gather_ahead_is_the_default_only_for_an_accelerator_and_needs_prefetch(
     assert not trainer_case(0)[0].gather_ahead
     with pytest.raises(ValueError, match="gather_ahead=True .* prefetch >= 1"):
         trainer_case(0, gather_ahead=True)
+
+
+@pytest.mark.parametrize("method", ["reg", "reg-all", "hypergraph", "metis"])
+def test_a_prepared_batch_keeps_nothing_its_split_was_cut_from(method):
+    """The REG and the incidences (the size of an edge list per output pair) are dropped
+    once the split is made, not held while the batch waits and trains."""
+    from betty.partition.base import CUT_STRUCTURES
+
+    def trainer():
+        torch.manual_seed(0)
+        model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2)
+        return Trainer(model, torch.optim.Adam(model.parameters()), dataset(), [4, 6],
+                       PartitionPlan(method, "auto", memory_budget=1 << 30), seed=1)
+
+    cut = trainer()
+    batch = cut.sample(0, 0)
+    cut.partition(batch, 0, 0)  # the cut (a K search with reg, then the method) leaves its structures ...
+    assert {key[0] for key in batch._derived} & set(CUT_STRUCTURES)
+    trainer = trainer()
+    prepared = trainer.prepare(0, 0, carve=True)  # ... which a prepared batch does not keep
+    assert {key[0] for key in prepared.batch._derived}.isdisjoint(CUT_STRUCTURES)
+    assert prepared.batch._derived and set(prepared.batch._slots.values()) <= set(prepared.batch._derived)
+    trainer.train_prepared(prepared)

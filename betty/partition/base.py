@@ -50,6 +50,10 @@ PARTITIONERS: dict[str, PartitionFn] = {}
 #: Per method, the names of the ``options`` of :func:`partition_batch` it accepts (as
 #: keyword arguments); options a method does not declare are ignored for it.
 PARTITION_OPTIONS: dict[str, frozenset[str]] = {}
+#: What the cuts derive from a batch and keep on it (:meth:`betty.batch.SampledBatch.derived`:
+#: layer incidences, the multi-hop incidence, the REG): needed while a split is made (a
+#: K search cuts several from one REG), not after it (:meth:`~betty.batch.SampledBatch.forget`).
+CUT_STRUCTURES = ("layer_incidence", "needed_sources", "multi_hop_incidence", "redundancy_graph")
 #: Methods whose split costs far more than ``reg``'s: ``k: auto`` searches K with
 #: ``reg`` first and runs these once at the chosen K (``betty.memory.search_k``).
 EXPENSIVE_METHODS = frozenset({"hypergraph", "reg-all"})
