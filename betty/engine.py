@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from betty.batch import SampledBatch
@@ -42,11 +43,11 @@ from betty.partition.sweep import Split, measure_batch_split, sweep_batch
 from betty.pipeline import check_prefetch, preparation
 from betty.precision import LossScaler, Precision
 from betty.records import IdleTime, epoch_metrics, estimate_error
-from betty.sampling import sample_full_batch
+from betty.sampling import check_fanouts, sample_full_batch
 from betty.train import (MicroBatchRecord, accumulate_gradients, host_rows, locate_non_finite, same_device,
                          train_step)
 
-__all__ = ["PartitionPlan", "EpochRecord", "BatchRecord", "PreparedBatch", "Trainer", "fixed_batches",
+__all__ = ["PartitionPlan", "check_plan", "EpochRecord", "BatchRecord", "PreparedBatch", "Trainer", "fixed_batches",
            "PREPARATION_TIMERS"]
 
 #: The sampled-batch epoch's own timers (beyond the shared ``time_partition_s``,
@@ -84,6 +85,37 @@ class PartitionPlan:
     safety_margin: float = DEFAULT_SAFETY_MARGIN
     options: dict = field(default_factory=dict)
     min_k: int = 1
+
+
+def _count(value, least: int = 1) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= least
+
+
+def check_plan(plan: PartitionPlan) -> None:
+    """Refuse a :class:`PartitionPlan` that could only fail later, on the preparation
+    thread: an unknown method or option, a K that is neither an integer >= 1 nor
+    ``"auto"`` (then with a memory budget), a ``reuse`` or ``min_k`` below 1, a
+    ``balance`` other than ``nodes``/``memory``, a safety margin outside [0, 1)."""
+    from betty.partition import PARTITIONERS
+    from betty.partition.base import check_options
+
+    if plan.method not in PARTITIONERS:
+        raise ValueError(f"unknown partition method {plan.method!r}; allowed: {sorted(PARTITIONERS)}")
+    if plan.k != "auto" and not _count(plan.k):
+        raise ValueError(f"k must be an integer >= 1 or 'auto', got {plan.k!r}")
+    if plan.k == "auto" and plan.memory_budget is None:
+        raise ValueError("k='auto' needs a memory_budget")
+    if plan.memory_budget is not None and not _count(plan.memory_budget):
+        raise ValueError(f"memory_budget must be a number of bytes >= 1 or None, got {plan.memory_budget!r}")
+    if plan.reuse is not None and not _count(plan.reuse):
+        raise ValueError(f"reuse must be an integer >= 1 (epochs) or None, got {plan.reuse!r}")
+    if not _count(plan.min_k):
+        raise ValueError(f"min_k must be an integer >= 1, got {plan.min_k!r}")
+    if plan.balance not in ("nodes", "memory"):
+        raise ValueError(f"balance must be 'nodes' or 'memory', got {plan.balance!r}")
+    if not 0.0 <= plan.safety_margin < 1.0:
+        raise ValueError(f"safety_margin must be in [0, 1), got {plan.safety_margin!r}")
+    check_options(plan.options)
 
 
 @dataclass
@@ -347,12 +379,10 @@ class Trainer:
                  dropout_seed: int | None = None, parallel=None, prefetch: int = 0,
                  gather_ahead: bool | None = None,
                  sample_device: torch.device | str | None = None, copy_ahead: bool = False) -> None:
+        fanouts = check_fanouts(fanouts)
         if len(fanouts) != model.num_layers:
             raise ValueError(f"{len(fanouts)} fanouts for a {model.num_layers}-layer model")
-        if plan.balance not in ("nodes", "memory"):
-            raise ValueError(f"balance must be 'nodes' or 'memory', got {plan.balance!r}")
-        if plan.k == "auto" and plan.memory_budget is None:
-            raise ValueError("k='auto' needs a memory_budget")
+        check_plan(plan)
         self.model, self.optimizer, self.dataset = model, optimizer, dataset
         self.sample_device = self._preparation_device(sample_device, device, prefetch)
         self.copy_ahead = self._check_copy_ahead(copy_ahead, parallel, self.sample_device)

@@ -203,8 +203,12 @@ def carve(full: SampledBatch, output_index: torch.Tensor) -> MicroBatch:
 
 
 def validate_groups(groups: torch.Tensor, num_outputs: int, k: int) -> torch.Tensor:
-    """Check a partition vector: ``(num_outputs,)`` ints in ``[0, k)``, no empty micro-batch."""
-    groups = torch.as_tensor(groups, dtype=torch.int64)
+    """Check a partition vector: ``(num_outputs,)`` ints in ``[0, k)``, no empty micro-batch;
+    returned as int64 (floats are refused, not truncated: ``0.5`` names no micro-batch)."""
+    groups = torch.as_tensor(groups)
+    if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
+        raise ValueError(f"partition must give each output node an integer micro-batch index, got dtype {groups.dtype}")
+    groups = groups.to(torch.int64)
     if groups.shape != (num_outputs,):
         raise ValueError(
             f"partition must assign each of the {num_outputs} output nodes a micro-batch, "

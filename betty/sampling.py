@@ -44,6 +44,7 @@ from betty.indexing import put, take
 from betty.pages import prefetch_rows, release_pages
 
 __all__ = [
+    "check_fanouts",
     "sample_full_batch",
     "sample_neighbors",
     "sample_neighbors_torch",
@@ -295,6 +296,22 @@ class _LocalCSR:
             release_pages((self.indices, self.eid))
 
 
+def check_fanouts(fanouts: Sequence[int]) -> list[int]:
+    """``fanouts`` as a list of ints, after checking that each is an integer >= 1 or -1
+    (every neighbour) and that there is at least one.
+
+    Raises:
+        ValueError: an empty list, or a fanout that is not such an integer (a float is
+            refused, not truncated).
+    """
+    fanouts = list(fanouts)
+    if not fanouts:
+        raise ValueError("fanouts must list at least one layer")
+    if any(isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f == 0 or f < -1 for f in fanouts):
+        raise ValueError(f"each fanout must be a positive int or -1, got {fanouts}")
+    return [int(f) for f in fanouts]
+
+
 def sample_full_batch(
     graph,
     outputs: torch.Tensor,
@@ -330,11 +347,7 @@ def sample_full_batch(
         (:func:`betty.pages.release_pages`): the partition and the step that follow
         do not read them, and the next batch maps them again from the page cache.
     """
-    fanouts = [int(f) for f in fanouts]
-    if not fanouts:
-        raise ValueError("fanouts must list at least one layer")
-    if any(f == 0 or f < -1 for f in fanouts):
-        raise ValueError(f"each fanout must be a positive int or -1, got {fanouts}")
+    fanouts = check_fanouts(fanouts)
     on = torch.device("cpu") if device is None else torch.device(device)
     outputs = torch.as_tensor(outputs, dtype=torch.int64).to(on)
     if outputs.numel() == 0:

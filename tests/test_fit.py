@@ -117,3 +117,23 @@ def test_fit_refuses_validation_scores_without_the_score_key_the_selector_needs(
         fit(trainer, 2, validate=lambda epoch, k: {"valid_rocauc": 0.5}, selector=selector)
     result = fit(trainer, 1, validate=lambda epoch, k: {"valid_rocauc": 0.5})  # "last": nothing needs it
     assert result.selection == {} and result.history[0]["valid_rocauc"] == 0.5
+
+
+@pytest.mark.parametrize("fanouts, plan, words", [
+    ([4, 0], PartitionPlan("reg", 3), "each fanout must be a positive int or -1"),
+    ([4, 2.5], PartitionPlan("reg", 3), "each fanout must be a positive int or -1"),
+    ([4, 6], PartitionPlan("nope", 3), "unknown partition method 'nope'; allowed: \\["),
+    ([4, 6], PartitionPlan("reg", "Auto"), "k must be an integer >= 1 or 'auto', got 'Auto'"),
+    ([4, 6], PartitionPlan("reg", 2.5), "k must be an integer >= 1 or 'auto', got 2.5"),
+    ([4, 6], PartitionPlan("reg", 0), "k must be an integer >= 1"),
+    ([4, 6], PartitionPlan("reg", "auto"), "k='auto' needs a memory_budget"),
+    ([4, 6], PartitionPlan("reg", 3, reuse=0), "reuse must be an integer >= 1"),
+    ([4, 6], PartitionPlan("reg", 3, min_k=0), "min_k must be an integer >= 1"),
+    ([4, 6], PartitionPlan("reg", 3, balance="edges"), "balance must be 'nodes' or 'memory'"),
+    ([4, 6], PartitionPlan("reg", 3, safety_margin=1.0), "safety_margin must be in \\[0, 1\\)"),
+    ([4, 6], PartitionPlan("reg", 3, options={"partitoner": "metis"}), "unknown partition option"),
+])
+def test_the_trainer_refuses_what_would_fail_on_the_preparation_thread(fanouts, plan, words):
+    model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2)
+    with pytest.raises(ValueError, match=words):
+        Trainer(model, torch.optim.Adam(model.parameters()), dataset(), fanouts, plan)

@@ -93,6 +93,8 @@ def test_invalid_partitions_are_refused(batch):
         validate_groups(torch.zeros(n, dtype=torch.long), n, 2)
     with pytest.raises(ValueError, match=r"\[0, 2\)"):
         validate_groups(torch.full((n,), 2), n, 2)
+    with pytest.raises(ValueError, match="integer micro-batch index, got dtype torch.float32"):
+        validate_groups(torch.arange(n) % 2 + 0.5, n, 2)  # 0.5 and 1.5 name no micro-batch
 
 
 def test_small_and_large_micro_batch_paths_carve_the_same(batch, monkeypatch):

@@ -71,6 +71,15 @@ def register(name: str, *, options: tuple[str, ...] = ()) -> Callable[[Partition
     return deco
 
 
+def check_options(options: Mapping[str, Any] | None) -> None:
+    """Refuse an option of :func:`partition_batch` that no method declares (a misspelt key
+    would otherwise be dropped unseen)."""
+    known = frozenset().union(*PARTITION_OPTIONS.values())
+    unknown = sorted(set(options or {}) - known)
+    if unknown:
+        raise ValueError(f"unknown partition option(s) {unknown}; allowed: {sorted(known)}")
+
+
 def partition_batch(
     batch: SampledBatch,
     k: int,
@@ -110,10 +119,7 @@ def partition_batch(
         raise ValueError(f"k must be between 1 and the number of output nodes ({n}), got {k}")
     if weights is not None:
         checked_weights(weights, n)  # every method balances what it is given: one check for all
-    known = frozenset().union(*PARTITION_OPTIONS.values())
-    unknown = sorted(set(options or {}) - known)
-    if unknown:
-        raise ValueError(f"unknown partition option(s) {unknown}; allowed: {sorted(known)}")
+    check_options(options)
     if k == 1:
         return PartitionResult(torch.zeros(n, dtype=torch.int64), 1, method)
     start = time.perf_counter()
