@@ -513,21 +513,6 @@ class Trainer:
                                weights=weights, graph=self.dataset.graph,
                                options=self.plan.options), None
 
-    def use_partition(self, batch_index: int, result: PartitionResult, epoch: int = 0) -> None:
-        """Seed batch ``batch_index`` with a partition computed elsewhere (e.g. loaded
-        from the partition stage's artifact); it is reused like one made at ``epoch``.
-
-        Raises:
-            ValueError: the partition does not cover this batch's output nodes.
-        """
-        if not 0 <= batch_index < len(self.batches):
-            raise ValueError(f"batch_index must be in [0, {len(self.batches)}), got {batch_index}")
-        n = self.batches[batch_index].numel()
-        if result.groups.numel() != n:
-            raise ValueError(f"partition has {result.groups.numel()} entries but batch "
-                             f"{batch_index} has {n} output nodes")
-        self._partitions[batch_index] = (result, epoch)
-
     def partition(self, batch: SampledBatch, epoch: int, batch_index: int):
         """(partition, per-micro-batch estimates or None, whether it was recomputed)."""
         result, estimates, fresh, _, _, _ = self._partition_timed(batch, epoch, batch_index)

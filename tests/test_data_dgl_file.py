@@ -116,3 +116,28 @@ def test_without_dgl_the_error_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "dgl", None)  # import dgl raises ImportError
     with pytest.raises(ImportError, match=r"pip install 'dgl==2.1.0'"):
         load_dataset("dgl-file", path=path)
+
+
+@pytest.mark.dgl
+def test_a_rewritten_file_has_another_digest_and_another_sample_stage_key(tmp_path):
+    """Uncached as it is, the file's content digest follows the file: a graph rewritten
+    at the same path is new data, so the sample stage (and through it the stages after)
+    runs again instead of reusing results of the old graph."""
+    import os
+
+    from betty.data import dataset_digest
+    from workflow.reuse import stage_key
+    from workflow.specfile import resolve_spec
+
+    path = _save(tmp_path, [_graph(**_good_fields())])
+    rspec = resolve_spec({"name": "f", "dataset": {"name": "dgl-file", "path": str(path), "num_classes": 3},
+                          "sampling": {"fanouts": [2, 2]}})
+    before = dataset_digest("dgl-file", path=path, num_classes=3), stage_key(rspec, "sample", "d", "cpu")
+    assert before == (dataset_digest("dgl-file", path=path, num_classes=3), stage_key(rspec, "sample", "d", "cpu"))
+    fields = _good_fields()
+    fields["feat"] = fields["feat"] + 1
+    _save(tmp_path, [_graph(**fields)])
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a new mtime even in the same clock tick
+    after = dataset_digest("dgl-file", path=path, num_classes=3), stage_key(rspec, "sample", "d", "cpu")
+    assert after[0] != before[0] and after[1]["stage_sha"] != before[1]["stage_sha"]

@@ -77,6 +77,22 @@ def test_copy_staging_loads_the_same_graph(tmp_path, planetoid_dir, staged_root)
     assert torch.equal(a.feat, b.feat) and torch.equal(a.graph.edges()[0], b.graph.edges()[0])
 
 
+def test_the_content_digest_follows_the_staged_files(tmp_path, planetoid_dir):
+    """Not cached by betty, a DGL dataset's digest still names its files: one rewritten
+    (a new size or time) is another dataset to the workflow's reuse."""
+    import os
+
+    from betty.data import cache_path, dataset_digest
+
+    folder = stage_planetoid(planetoid_dir, tmp_path, "cora", symlink=False)
+    before = dataset_digest("cora", tmp_path)
+    assert dataset_digest("cora", tmp_path) == before and cache_path("cora", tmp_path) is None
+    x = folder / "ind.cora_v2.x"
+    st = x.stat()
+    os.utime(x, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert dataset_digest("cora", tmp_path) != before
+
+
 @pytest.mark.parametrize(
     "name, folder, a_file",
     [

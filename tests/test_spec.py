@@ -258,8 +258,8 @@ def test_stage_keys_follow_what_each_stage_reads():
         assert edited(change).stage_sha("partition") == a.stage_sha("partition"), change
     from workflow.reuse import stage_runtime  # the memory model's constants are the device's
 
-    assert a.stage_sha("partition", stage_runtime("partition", "cpu")) != \
-        a.stage_sha("partition", stage_runtime("partition", "cuda:0"))
+    assert a.stage_sha("partition", stage_runtime("partition", "cpu", a)) != \
+        a.stage_sha("partition", stage_runtime("partition", "cuda:0", a))
 
 
 def test_calibrated_constants_change_the_keys_of_the_stages_that_estimate(tmp_path, monkeypatch):
@@ -272,9 +272,10 @@ def test_calibrated_constants_change_the_keys_of_the_stages_that_estimate(tmp_pa
     from workflow.reuse import stage_runtime
 
     monkeypatch.setenv("BETTY_MEMORY_CONSTANTS", str(tmp_path / "constants.json"))
-    before = {stage: stage_runtime(stage, "cpu") for stage in STAGES}
+    rspec = resolve_spec(apply_overrides(BASE, []))
+    before = {stage: stage_runtime(stage, "cpu", rspec) for stage in STAGES}
     (tmp_path / "constants.json").write_text(json.dumps({default_backend("cpu"): {"granule_bytes": 4096}}))
-    after = {stage: stage_runtime(stage, "cpu") for stage in STAGES}
+    after = {stage: stage_runtime(stage, "cpu", rspec) for stage in STAGES}
     assert [stage for stage in STAGES if before[stage] != after[stage]] == ["partition"]
 
 

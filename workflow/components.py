@@ -20,6 +20,7 @@ __all__ = [
     "torch_dtype",
     "spec_precision",
     "feature_dtype",
+    "dataset_digest",
     "load_data",
     "build_model",
     "partition_plan",
@@ -74,6 +75,15 @@ def configure_threads(rspec: ResolvedSpec, work_edges: int | None = None) -> Non
     from betty.workers import configure_threads as configure
 
     configure(rspec.spec.train.threads, rspec.spec.train.prep_workers, work_edges=work_edges)
+
+
+def dataset_digest(rspec: ResolvedSpec) -> str:
+    """The digest of the spec's dataset content (:func:`betty.data.dataset_digest`: name,
+    options and the source files' sizes and times; reads no data)."""
+    from betty.data import dataset_digest as digest
+
+    ds = rspec.spec.dataset
+    return digest(ds.name, ds.root, **rspec.dataset_options)
 
 
 def load_data(rspec: ResolvedSpec):

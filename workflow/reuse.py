@@ -18,12 +18,18 @@ __all__ = ["DEVICE_DEPENDENT", "stage_runtime", "stage_key", "find_reusable"]
 DEVICE_DEPENDENT = ("partition", "train", "evaluate")  # the memory model's constants, the results
 
 
-def stage_runtime(stage: str, device: str) -> dict[str, str]:
-    """The runtime facts that enter ``stage``'s ``stage_sha``: the device, for
-    :data:`DEVICE_DEPENDENT` stages, and for ``partition``, which sizes the split with
-    the memory model, a hash of its constants in effect there (shipped, or as ``betty
-    calibrate`` left them). The train stage follows through its upstream partition run;
-    its model does not depend on K."""
+def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str]:
+    """The runtime facts that enter ``stage``'s ``stage_sha``: for ``sample``, the digest
+    of the dataset's content (its source files' sizes and times: a file replaced under
+    the same spec is new data; the stages after follow through their upstream runs);
+    the device, for :data:`DEVICE_DEPENDENT` stages; and for ``partition``, which sizes
+    the split with the memory model, a hash of its constants in effect there (shipped,
+    or as ``betty calibrate`` left them). The train stage follows through its upstream
+    partition run; its model does not depend on K."""
+    if stage == "sample":
+        from workflow.components import dataset_digest
+
+        return {"dataset": dataset_digest(rspec)}
     if stage not in DEVICE_DEPENDENT:
         return {}
     if stage != "partition":
@@ -37,7 +43,7 @@ def stage_key(rspec: ResolvedSpec, stage: str, upstream_run_id: str | None, devi
     """The tags that identify a stage's result (set on its run, matched on reuse)."""
     return {
         "stage": stage,
-        "stage_sha": rspec.stage_sha(stage, stage_runtime(stage, device)),
+        "stage_sha": rspec.stage_sha(stage, stage_runtime(stage, device, rspec)),
         "upstream_run_id": upstream_run_id or "none",
         "code_version": code_version(),
     }

@@ -198,7 +198,9 @@ def dataset_input(rspec: ResolvedSpec):
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.data.sources import LocalArtifactDatasetSource
 
-    from betty.data import SYNTHETIC_PRESETS, dataset_digest
+    from betty.data import SYNTHETIC_PRESETS
+
+    from workflow.components import dataset_digest
 
     ds = rspec.spec.dataset
     options = rspec.dataset_options
@@ -208,7 +210,7 @@ def dataset_input(rspec: ResolvedSpec):
     else:
         where = options.get("path") or ds.root
         source = LocalArtifactDatasetSource(str(Path(where).resolve()))
-    return MetaDataset(source, name=ds.name, digest=dataset_digest(ds.name, ds.root, **options))
+    return MetaDataset(source, name=ds.name, digest=dataset_digest(rspec))
 
 
 def log_dataset_input(rspec: ResolvedSpec, context: str = "training") -> None:

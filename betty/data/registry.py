@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,8 +35,10 @@ class DatasetSpec:
         normalize: checks option values and returns them in canonical form (so equal
             settings give equal cache keys); raises ``ValueError`` on bad values.
         fingerprint: ``(name, root, options) -> JSON-able`` identity of the source files
-            for the cache key; ``None`` means the dataset is not cached by betty
-            (cheap to load, or already cached by its library).
+            (sizes and modification times): part of the cache key and of
+            :func:`dataset_digest`, so a replaced file is seen.
+        cached: whether betty caches the loaded dataset (``False``: cheap to load, or
+            already cached by its library).
         description: one line for listings.
         writes_store: ``(name, root, options, folder, feature_dtype) -> None`` for a
             dataset generated straight into its cache folder (never held in memory),
@@ -52,6 +54,7 @@ class DatasetSpec:
     build: Callable[[str, Path, dict], GraphDataset]
     normalize: Callable[[dict], dict] = dict
     fingerprint: Callable[[str, Path, dict], Any] | None = None
+    cached: bool = True
     description: str = ""
     writes_store: Callable[[str, Path, dict, Path, Any], None] | None = None
     check_files: Callable[[str, Path, dict], None] | None = None
@@ -97,6 +100,28 @@ def _ogb_check(name: str, root: Path, opts: dict) -> None:
 
 def _dgl_builtin_check(name: str, root: Path, opts: dict) -> None:
     _module("dgl_builtin").check_files(name, root)
+
+
+def files_fingerprint(paths: Iterable[Path], relative_to: Path | None = None) -> list:
+    """``[(name, size, mtime_ns)]`` of the files among ``paths`` that exist (named
+    relative to ``relative_to``, else by their full path): what changes when a file
+    is replaced or rewritten."""
+    out = []
+    for path in paths:
+        if path.is_file():
+            st = path.stat()
+            name = path.relative_to(relative_to) if relative_to is not None else path.resolve()
+            out.append((str(name), st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _dgl_builtin_fingerprint(name: str, root: Path, opts: dict) -> list:
+    folder = _module("dgl_builtin").dgl_raw_path(name, root)
+    return files_fingerprint(sorted(folder.rglob("*")) if folder.is_dir() else [], folder)
+
+
+def _dgl_file_fingerprint(name: str, root: Path, opts: dict) -> list:
+    return files_fingerprint([Path(opts["path"])])
 
 
 def _dgl_file_check(name: str, root: Path, opts: dict) -> None:
@@ -175,6 +200,8 @@ def _build_registry() -> dict[str, DatasetSpec]:
                 name=dgl_name,
                 defaults={},
                 build=_dgl_builtin_build,
+                fingerprint=_dgl_builtin_fingerprint,
+                cached=False,
                 check_files=_dgl_builtin_check,
                 description=("Planetoid raw files in DGL's folder layout, read by betty"
                              if dgl_name in PLANETOID_NAMES
@@ -187,6 +214,8 @@ def _build_registry() -> dict[str, DatasetSpec]:
             defaults={"path": None, "num_classes": None},
             build=_dgl_file_build,
             normalize=_dgl_file_normalize,
+            fingerprint=_dgl_file_fingerprint,
+            cached=False,
             check_files=_dgl_file_check,
             description="a dgl.save_graphs file with feat/label/train_mask/val_mask/test_mask",
         )
@@ -279,7 +308,7 @@ def _own_options(opts: Mapping[str, Any]) -> dict:
 
 def _identity(name: str, root: str | Path, options: Mapping[str, Any]) -> dict:
     """What identifies a dataset's content: name, resolved options and, where the
-    dataset has one, the fingerprint of its source files (sizes and mtimes for OGB).
+    dataset has one, the fingerprint of its source files (sizes and mtimes).
     A common option at a key-neutral value is left out (:func:`keyed_options`), so
     adding one keeps existing keys."""
     spec = _spec(name)
@@ -332,7 +361,8 @@ def check_available(name: str, root: str | Path = "data", **options) -> None:
 def cache_path(name: str, root: str | Path = "data", **options) -> Path | None:
     """The cache folder :func:`load_dataset` uses for these arguments (``None`` for
     datasets betty does not cache)."""
-    if _spec(name).fingerprint is None:
+    spec = _spec(name)
+    if spec.fingerprint is None or not spec.cached:
         return None
     return _module("cache").cache_file(Path(root), name, _identity(name, root, options))
 
