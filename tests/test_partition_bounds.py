@@ -238,3 +238,19 @@ def test_mtkahypar_child_is_killed_at_the_deadline():
     assert mp.active_children() == []
     groups, km1 = _run_with_deadline(args, 300.0)  # with time to spare it finishes
     assert groups.shape == (4,) and km1 >= 0
+
+
+@pytest.mark.parametrize("method, options", [("hypergraph", {"threads": 1, "deterministic": True}),
+                                             ("reg", {"partitioner": "kaminpar", "trainer_threads": 1,
+                                                      "deterministic": True}),
+                                             ("reg", {}), ("random", {})])
+def test_every_seed_a_spec_allows_reaches_the_partitioners(batch40, method, options):
+    """A spec's seed goes up to 2**32 - 1, an epoch's or a repeat's adds to it; the
+    libraries whose seed is a C int take it folded, and the split stays reproducible."""
+    if options.get("partitioner") == "kaminpar":
+        pytest.importorskip("kaminpar")
+    _, batch = batch40
+    big = (1 << 32) + 5
+    result = partition_batch(batch, 4, method, seed=big, options=options)
+    assert sorted(set(result.groups.tolist())) == [0, 1, 2, 3]
+    assert torch.equal(result.groups, partition_batch(batch, 4, method, seed=big, options=options).groups)

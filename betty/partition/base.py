@@ -71,6 +71,13 @@ def register(name: str, *, options: tuple[str, ...] = ()) -> Callable[[Partition
     return deco
 
 
+def c_int_seed(seed: int) -> int:
+    """``seed`` folded into ``[0, 2**31)``, for a partitioner whose seed is a C ``int``
+    (Mt-KaHyPar, KaMinPar): a spec's seed may be up to 2**32 - 1, and an epoch's or a
+    repeat's seed adds to it. Seeds already in range are kept."""
+    return int(seed) % (1 << 31)
+
+
 def check_options(options: Mapping[str, Any] | None) -> None:
     """Refuse an option of :func:`partition_batch` that no method declares (a misspelt key
     would otherwise be dropped unseen)."""

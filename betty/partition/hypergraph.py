@@ -39,7 +39,7 @@ import numpy as np
 
 from betty.batch import SampledBatch
 from betty.partition.balance import fill_empty_micro_batches, integer_vertex_weights
-from betty.partition.base import PartitionResult, register
+from betty.partition.base import PartitionResult, c_int_seed, register
 from betty.partition.incidence import multi_hop_incidence
 
 __all__ = ["hypergraph_partition", "mtkahypar_initializer", "run_mtkahypar", "IMBALANCE_EPSILON"]
@@ -94,7 +94,7 @@ def run_mtkahypar(n: int, pins: np.ndarray, indptr: np.ndarray, vweights: np.nda
     ctx = mk.context_from_preset(mtkahypar.PresetType.__members__[preset])
     ctx.set_partitioning_parameters(int(k), float(epsilon), mtkahypar.Objective.KM1)
     ctx.logging = False
-    mtkahypar.set_seed(int(seed))
+    mtkahypar.set_seed(c_int_seed(seed))
     m = indptr.size - 1
     # the Python API takes a sequence of pin sequences: views into one array
     edges = np.split(pins, indptr[1:-1]) if m else []

@@ -25,6 +25,7 @@ import tempfile
 import numpy as np
 import scipy.sparse as sp
 
+from betty.partition.base import c_int_seed
 from betty.workers import spare_cores
 
 __all__ = ["KAMINPAR_EPSILON", "cut_threads", "kaminpar_available", "kaminpar_cut",
@@ -142,7 +143,7 @@ def kaminpar_cut(
         graph = kaminpar.load_graph(path, kaminpar.GraphFileFormat.PARHIP)
     finally:
         os.unlink(path)
-    kaminpar.reseed(int(seed))
+    kaminpar.reseed(c_int_seed(seed))
     solver = kaminpar.KaMinPar(int(threads), kaminpar.context_by_name(preset))
     part = solver.compute_partition(graph, int(k), float(epsilon))
     groups = np.asarray(part, dtype=np.int64)
