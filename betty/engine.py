@@ -392,6 +392,9 @@ class Trainer:
         if self.precision.param_dtype != dtype:
             raise ValueError(f"precision {self.precision} keeps parameters in "
                              f"{self.precision.param_dtype}, but dtype is {dtype}")
+        why = self.precision.unsupported(getattr(model, "backend_name", ""), torch.device(device).type)
+        if why is not None:
+            raise ValueError(why)
         self.memory_kwargs = memory_kwargs = self._memory_kwargs(model, dataset, device, dtype)
         self.search_result = None  # the default K chooser's latest KSearchResult
         if k_chooser is None and plan.k == "auto":

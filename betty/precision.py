@@ -66,6 +66,16 @@ class Precision:
         """Whether the forward pass runs under autocast."""
         return self.name.endswith("-mixed")
 
+    def unsupported(self, backend: str, device_type: str) -> str | None:
+        """Why this precision cannot train a ``backend`` (``"dgl"``/``"pyg"``) model on a
+        ``device_type`` device, or ``None`` when it can: DGL's CPU sparse kernels take
+        no float16."""
+        if self.name == "16-mixed" and backend == "dgl" and device_type == "cpu":
+            return ("train.precision 16-mixed needs CUDA with the DGL backend: DGL's CPU sparse "
+                    "kernels take bfloat16, float32 or float64, not float16; on the CPU use "
+                    "bf16-mixed, or model.backend pyg")
+        return None
+
     @property
     def needs_scaler(self) -> bool:
         """Whether the step needs a gradient scaler (float16's narrow exponent)."""

@@ -139,9 +139,12 @@ def test_verify_json(tmp_path, monkeypatch):
     assert all(r["verdict"] == "PASS" and r["passed"] is True for r in out["results"])
     bad = invoke("verify", "tiny", "--k", "2,x")
     assert bad.exit_code == 2 and "comma-separated" in bad.stderr
-    for ranks in ([], ["--nproc", "2"]):
-        above = invoke("verify", "tiny", "--k", "2,1000", *ranks)
-        assert above.exit_code == 2 and "at most the batch's 40 output nodes" in above.stderr, above.output
+    for command in (["verify", "tiny", "--k", "2,1000"], ["verify", "tiny", "--k", "2,1000", "--nproc", "2"],
+                    ["partition", "tiny", "--k", "1000"], ["estimate", "tiny", "--k", "1000"]):
+        above = invoke(*command)  # partition/estimate: the spec check sees --k as partition.k, when it knows the size
+        assert above.exit_code == 2, (command, above.output)
+        assert ("K must be at most the first batch's output nodes (40)" in above.stderr
+                or "partition.k = 1000: is larger than a batch's output nodes (40" in above.stderr), above.output
     rev = invoke("verify", "tiny", "--set", "model.arch=revgnn", "--set", "partition.method=random")
     assert rev.exit_code == 2 and "model.arch revgnn trains on cluster parts" in rev.stderr
     assert invoke("stage", "nope", "tiny").exit_code == 2
@@ -258,3 +261,16 @@ def test_unreadable_and_non_spec_files_exit_2(tmp_path):
         res = invoke("validate", str(path))
         assert res.exit_code == 2 and text in res.stderr and "Traceback" not in res.output, res.output
         assert "root" not in res.stderr.replace(str(path), "")
+
+
+def test_partition_and_estimate_refuse_a_k_above_the_first_batch_the_spec_could_not_size(tmp_path, monkeypatch):
+    """A dataset whose size the spec check does not know (a dgl-file): the commands
+    check --k against the first batch they would split, rather than quietly use fewer."""
+    import workflow.spec
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(workflow.spec, "_k_size_problems", lambda spec: [])
+    for command in ("partition", "estimate"):
+        above = invoke(command, "tiny", "--k", "1000")
+        assert above.exit_code == 2, above.output
+        assert "--k 1000: K must be at most the first batch's output nodes (40)" in above.stderr, above.output

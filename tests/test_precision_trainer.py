@@ -93,3 +93,19 @@ def test_bf16_mixed_multilabel_estimate_is_the_autocast_steps(arch):
     record = trainer.train_epoch(1)
     assert record.mem_estimate_error is not None and record.mem_estimate_error < 2e-3, (
         record.peak_mem_estimated_bytes, record.peak_mem_measured_bytes)
+
+
+def test_16_mixed_with_dgl_on_the_cpu_is_refused_before_it_fails_in_a_kernel(tmp_path, monkeypatch):
+    """DGL's CPU sparse kernels take no float16: the trainer refuses it when built, and
+    `betty validate` names it (an error with --strict)."""
+    from test_workflow_support import invoke
+
+    with pytest.raises(ValueError, match="16-mixed needs CUDA with the DGL backend"):
+        _trainer("16-mixed")
+    monkeypatch.chdir(tmp_path)
+    warned = invoke("validate", "tiny", "-s", "train.precision=16-mixed", "-s", "model.backend=dgl")
+    assert warned.exit_code == 0 and "warning: train.precision 16-mixed needs CUDA" in warned.stderr
+    strict = invoke("validate", "tiny", "-s", "train.precision=16-mixed", "-s", "model.backend=dgl", "--strict")
+    assert strict.exit_code == 2 and "error: train.precision 16-mixed needs CUDA" in strict.stderr
+    assert "16-mixed" not in invoke("validate", "tiny", "-s", "train.precision=16-mixed", "-s",
+                                    "model.backend=pyg").stderr

@@ -706,3 +706,22 @@ def test_the_distributed_store_keys_are_checked_and_kept_out_of_the_dataset_opti
         assert words in str(err.value), (overrides, str(err.value))
     with pytest.raises(SpecError, match="model.arch revgnn trains on the whole graph"):
         load_spec("synthetic_revgnn", base)
+
+
+@pytest.mark.parametrize("overrides, path, words", [
+    (["train.device=meta"], "train.device", "betty trains on cpu and cuda devices only"),
+    (["sampling.device=meta", "train.pipeline=false"], "sampling.device", "allowed: 'host'"),
+    (["evaluate.select=best_valid", "evaluate.every=2"], "evaluate.every", "from 1 to train.epochs = 1 with evaluate.select"),
+    (["train.early_stopping={patience: 1}", "train.epochs=3", "evaluate.every=4"], "evaluate.every",
+     "from 1 to train.epochs = 3 with train.early_stopping"),
+    (["model.arch=revgnn", "sampling.fanouts=null", "train.precision=bf16-mixed"], "train.precision",
+     "is not supported for model.arch revgnn"),
+])
+def test_settings_that_would_fail_or_do_nothing_in_a_stage_are_refused(overrides, path, words):
+    err = problems(overrides)
+    assert [p.path for p in err.problems] == [path] and words in str(err), str(err)
+
+
+def test_selection_within_the_epochs_and_mixed_precision_of_sampled_models_validate():
+    resolve_spec(apply_overrides(BASE, ["evaluate.select=best_valid", "train.epochs=4", "evaluate.every=4"]))
+    resolve_spec(apply_overrides(BASE, ["train.precision=bf16-mixed", "train.device=cuda:1"]))

@@ -390,3 +390,15 @@ def test_cleanup_leaves_runs_without_betty_tags_alone(tracking):
     assert invoke("cleanup", "--experiment", "guards-test", "--fail").exit_code == 0
     assert client.get_run(live).info.status == "RUNNING"
     client.set_terminated(live, "FINISHED")
+
+
+def test_error_summary_leaves_out_a_native_stack_trace():
+    from workflow.runs import error_summary
+
+    class DGLError(Exception):
+        pass
+
+    err = DGLError("[12:00:00] spmm.cc:40: Feature data can only be float32 on CPU\nStack trace:\n"
+                   "  [bt] (0) libdgl.so(+0x1)\n  [bt] (1) libdgl.so(+0x2)")
+    assert error_summary(err) == "DGLError: [12:00:00] spmm.cc:40: Feature data can only be float32 on CPU"
+    assert error_summary(ValueError("two\nlines")) == "ValueError: two\nlines"  # betty's own messages stay whole

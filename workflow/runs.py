@@ -100,13 +100,16 @@ def disk_full(exc: BaseException) -> bool:
 
 
 def error_summary(exc: BaseException) -> str:
-    """One line for a user: ``Type: message``, or, when a disk is full, what to do (the
-    SQL and parameters MLflow's error carries are of no use then)."""
+    """What a user reads: ``Type: message``, without a native library's stack trace
+    (DGL appends its C++ frames after a ``Stack trace:`` line; the run's ``error.txt``
+    keeps everything), or, when a disk is full, what to do (the SQL and parameters
+    MLflow's error carries are of no use then)."""
     if disk_full(exc):
         return (f"disk full: no space left under the tracking store ({mlflow.get_tracking_uri()}) "
                 f"or the artifact or data folder ({type(exc).__name__}); free some space, then "
                 "`betty cleanup --fail` ends any run this left RUNNING")
-    return f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+    message = str(exc).split("\nStack trace:", 1)[0]
+    return f"{type(exc).__name__}: {message}".strip().rstrip(":")
 
 
 def record_failure(run_id: str, exc: BaseException) -> None:

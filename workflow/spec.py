@@ -165,30 +165,34 @@ def _check_fanout(value: Any) -> int:
     raise ValueError("allowed: an integer >= 1, or -1 for every neighbour")
 
 
-def _check_device(value: Any) -> str:
+DEVICE_TYPES = ("cpu", "cuda")
+"""The device types betty trains on (those the memory model has constants for)."""
+
+
+def _check_device(value: Any, allowed: str = "allowed: 'auto' (cuda if available, else cpu), "
+                                             "'cpu', 'cuda', 'cuda:<index>'") -> str:
     if not isinstance(value, str):
-        raise ValueError("allowed: 'auto', 'cpu', 'cuda', 'cuda:<index>' or another torch device name")
+        raise ValueError(allowed)
     if value == "auto":
         return value
     import torch
 
     try:
-        torch.device(value)
+        device = torch.device(value)
     except (RuntimeError, TypeError):
-        raise ValueError(
-            "not a torch device; allowed: 'auto' (cuda if available, else cpu), 'cpu', "
-            "'cuda', 'cuda:<index>'"
-        ) from None
+        raise ValueError(f"not a torch device; {allowed}") from None
+    if device.type not in DEVICE_TYPES:
+        raise ValueError(f"betty trains on {' and '.join(DEVICE_TYPES)} devices only; {allowed}")
     return value
 
 
 def _check_sample_device(value: Any) -> str:
+    allowed = "allowed: 'host' (the NumPy sampler), 'cpu', 'cuda', 'cuda:<index>'"
     if value == "host":
         return value
     if value == "auto" or not isinstance(value, str):
-        raise ValueError("allowed: 'host' (the NumPy sampler), 'cpu', 'cuda', 'cuda:<index>' "
-                         "or another torch device name")
-    return _check_device(value)
+        raise ValueError(allowed)
+    return _check_device(value, allowed)
 
 
 Fanout = Annotated[int, PlainValidator(_check_fanout)]
@@ -602,6 +606,10 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     if ev.inference == "sampled":
         out.append(Problem("evaluate.inference", ev.inference,
                            "revgnn has no sampled inference; allowed: full, multiview"))
+    if spec.train.precision.endswith("-mixed"):
+        out.append(Problem("train.precision", spec.train.precision, "is not supported for model.arch "
+                           "revgnn: its backward rebuilds each block's input by inverting the "
+                           "coupling, exact only in the forward's own dtype; allowed: 32, 64"))
     if "chunk_size" in changed_keys(ev):
         out.append(Problem("evaluate.chunk_size", ev.chunk_size, "applies to sage/gat (layer-wise "
                            "inference); revgnn runs the whole graph (full) or whole parts (multiview)"))
@@ -614,15 +622,17 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
 
 
 def _selection_problems(spec: Spec) -> list[Problem]:
-    """Best-validation selection and early stopping need validation scores during training."""
-    out, every = [], spec.evaluate.every
-    if spec.evaluate.select == "best_valid" and every < 1:
-        out.append(Problem("evaluate.every", every, "must be >= 1 with evaluate.select best_valid "
-                           "(validation is scored every evaluate.every epochs to pick the best one)"))
-    if spec.train.early_stopping is not None and every < 1:
-        out.append(Problem("evaluate.every", every, "must be >= 1 with train.early_stopping "
-                           "(patience counts validation evaluations)"))
-    return out
+    """Best-validation selection and early stopping need validation scores during
+    training: ``evaluate.every`` from 1 to ``train.epochs`` (beyond it nothing is scored,
+    and the run would silently keep the last weights)."""
+    every, epochs = spec.evaluate.every, spec.train.epochs
+    needs = [what for what, on in (("evaluate.select best_valid", spec.evaluate.select == "best_valid"),
+                                   ("train.early_stopping", spec.train.early_stopping is not None)) if on]
+    if needs and not 1 <= every <= epochs:
+        return [Problem("evaluate.every", every, f"must be from 1 to train.epochs = {epochs} with "
+                        f"{' and '.join(needs)} (validation is scored every evaluate.every epochs, "
+                        "to pick the best epoch and to count the patience)")]
+    return []
 
 
 def _precision_problems(spec: Spec) -> list[Problem]:

@@ -12,7 +12,7 @@ import typer
 
 __all__ = ["SpecArg", "SetOpt", "JsonOpt", "ExperimentOpt", "NprocOpt", "NnodesOpt", "NodeRankOpt",
            "RdzvOpt", "distributed_overrides", "cli_errors", "load", "emit_json", "emit_fields",
-           "experiment_id", "fail"]
+           "experiment_id", "fail", "check_k_fits"]
 
 SpecArg = Annotated[str, typer.Argument(metavar="SPEC", help="Spec: a path, a file name in specs/ or its stem (e.g. synthetic).")]
 SetOpt = Annotated[Optional[List[str]], typer.Option(
@@ -125,3 +125,14 @@ def experiment_id(name: str | None) -> str:
     if exp is None:
         raise fail(f"no MLflow experiment named {name!r} in {mlflow.get_tracking_uri()}", 2)
     return exp.experiment_id
+
+
+def check_k_fits(trainer, k: int, given: str) -> None:
+    """Exit 2 when ``k`` (the largest K the command was ``given``, e.g. ``"--k 500"``)
+    is more than the first batch's output nodes (RevGNN: the graph's nodes) it would
+    split: training would quietly use fewer micro-batches than were asked for."""
+    batches = getattr(trainer, "batches", None)
+    n, what = (int(batches[0].numel()), "the first batch's output nodes") if batches is not None \
+        else (int(trainer.dataset.num_nodes), "the graph's nodes")
+    if k > n:
+        raise fail(f"{given}: K must be at most {what} ({n:,})", 2)

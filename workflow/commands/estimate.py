@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, fail, load
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, cli_errors, emit_json, fail, load
 
 
 def _parse_k(text: str | None) -> str | None:
@@ -45,6 +45,8 @@ def estimate(spec: SpecArg,
         overrides.append(f"partition.k={k_value}")
     rspec = load(spec, overrides)
     trainer, _, _ = make_trainer(rspec, load_data(rspec), resolve_device(rspec.spec.train.device))
+    if k_value not in (None, "auto"):
+        check_k_fits(trainer, int(k_value), f"--k {k_value}")
     out = {"spec": rspec.name, **trainer.memory_report(measure)}
     if json_:
         emit_json(out)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit_fields, load
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, cli_errors, emit_fields, load
 from workflow.progress import format_number
 
 
@@ -34,6 +34,8 @@ def partition(spec: SpecArg,
         overrides.append(f"partition.k={k}")
     rspec = load(spec, overrides)
     trainer, _, _ = make_trainer(rspec, load_data(rspec), resolve_device(rspec.spec.train.device))
+    if k is not None:
+        check_k_fits(trainer, k, f"--k {k}")
     split = trainer.measure_split()
     out = dict(split.report)
     if save is not None and split.batch is not None:

@@ -13,8 +13,10 @@ from workflow.commands._common import JsonOpt, SetOpt, cli_errors, emit_json
 
 def environment_problems(rspec) -> list[str]:
     """Why ``rspec`` cannot run on this machine: its dataset's files are missing
-    (:func:`betty.data.check_available`), or ``train.device`` is not here (``auto`` and
-    ``cpu`` always are: torch is imported only to ask about another device)."""
+    (:func:`betty.data.check_available`), ``train.device`` is not here (``auto`` and
+    ``cpu`` always are: torch is imported only to ask about another device), or its
+    precision cannot train its backend on the device it resolves to here
+    (:meth:`betty.precision.Precision.unsupported`)."""
     from betty.data import DatasetNotFoundError, check_available
 
     problems = []
@@ -30,6 +32,19 @@ def environment_problems(rspec) -> list[str]:
             resolve_device(rspec.spec.train.device)
         except RuntimeError as err:
             problems.append(str(err))
+    if rspec.spec.train.precision == "16-mixed" and rspec.spec.model.arch != "revgnn":
+        from betty.backends import resolve_backend
+        from betty.precision import Precision
+
+        from workflow.components import resolve_device
+
+        try:
+            device = resolve_device(rspec.spec.train.device).type
+        except RuntimeError:
+            device = None  # reported above
+        why = Precision.parse("16-mixed").unsupported(resolve_backend(rspec.spec.model.backend), device)
+        if device is not None and why is not None:
+            problems.append(why)
     return problems
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, fail, load
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, cli_errors, emit_json, fail, load
 
 
 def parse_ks(text: str) -> list[int]:
@@ -64,12 +64,11 @@ def verify(spec: SpecArg,
     ds = load_data(rspec)
     device = resolve_device(rspec.spec.train.device)
     trainer, model, _ = make_trainer(rspec, ds, device)
-    batch = trainer.sample(0, 0)
-    if max(ks) > batch.num_outputs:
-        raise fail(f"--k values must be at most the batch's {batch.num_outputs} output nodes, got {k!r}", 2)
+    check_k_fits(trainer, max(ks), f"--k {k}")
     if nproc is not None:
         _verify_ranks(rspec, ds, ks, nproc, json_, tol)
         return
+    batch = trainer.sample(0, 0)
     result = verify_exactness(model, batch, ds.feat, ds.label, ks, method=rspec.spec.partition.method,
                               seed=rspec.spec.sampling.seed, device=device, dtype=torch_dtype(rspec),
                               multilabel=ds.multilabel, graph=ds.graph, tol=tol,
