@@ -274,3 +274,38 @@ def test_partition_and_estimate_refuse_a_k_above_the_first_batch_the_spec_could_
         above = invoke(command, "tiny", "--k", "1000")
         assert above.exit_code == 2, above.output
         assert "--k 1000: K must be at most the first batch's output nodes (40)" in above.stderr, above.output
+
+
+def test_usage_errors_exit_2_before_any_run_exists(tracking, tmp_path, monkeypatch):
+    """A stage that cannot find its upstream, a command given a device or a model it
+    does not cover, a malformed filter or experiment: exit 2, a clear line, no run."""
+    import mlflow
+
+    uri, exp = tracking
+    cases = [
+        (("stage", "evaluate", "tiny"), "the evaluate stage needs a train run of this spec"),
+        (("estimate", "synthetic_revgnn", "-s", "model.deq=true"), "does not cover model.deq: true"),
+        (("calibrate", "--device", "bogus", "--no-write"), "--device 'bogus': not a device"),
+        (("calibrate", "--device", "meta", "--no-write"), "memory of cpu and cuda devices only"),
+        (("compare", "--spec", "it's"), "is not a spec name"),
+    ]
+    for args, words in cases:
+        res = invoke(*args)
+        assert res.exit_code == 2 and words in res.stderr, (args, res.output)
+    assert mlflow.search_runs([exp]).empty
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "999")
+    res = invoke("compare")
+    assert res.exit_code == 2 and "no MLflow experiment with ID '999'" in res.stderr, res.output
+
+
+def test_specs_lists_the_readable_ones_when_one_is_not(tmp_path, monkeypatch):
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "good.yaml").write_text("description: a good one\ndataset: {name: synthetic}\n")
+    (folder / "bad.yaml").write_bytes(b"\xff\xfe not utf-8")
+    (folder / "dir.yaml").mkdir()
+    monkeypatch.setenv("BETTY_SPECS_DIR", str(folder))
+    res = invoke("specs")
+    assert res.exit_code == 0, res.output
+    lines = dict(line.split(None, 1) for line in res.stdout.strip().splitlines())
+    assert lines["good"] == "a good one" and lines["bad"].startswith("(unreadable")

@@ -243,3 +243,10 @@ def test_full_and_sampled_inference_scores(tmp_path, monkeypatch):
     sampled = load_spec("tiny", ["evaluate.inference=sampled", "evaluate.fanouts=[-1, -1]"])
     assert evaluate_model(model, ds, sampled, "cpu") == pytest.approx(scores)
     assert set(evaluate_model(model, ds, sampled, "cpu", splits=("valid",))) == {"valid_acc"}
+
+
+def test_mlproject_stage_with_a_malformed_upstream_exits_2(tracking, capsys):
+    from workflow.mlproject import main
+
+    assert main(["evaluate", "--spec", "tiny", "--upstream", "foo"]) == 2
+    assert "upstream entry 'foo' must look like stage=RUN_ID" in capsys.readouterr().err

@@ -140,7 +140,10 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
             from workflow.pipeline import run_stage
             from workflow.runs import decode_upstream
 
-            upstream = decode_upstream(args.upstream)
+            try:
+                upstream = decode_upstream(args.upstream)
+            except ValueError as err:  # a malformed upstream parameter: a usage error
+                return _fail(str(err), 2, err)
             run_id, metrics = run_stage(args.entry, rspec, upstream, reporter=reporter)
             reporter.note(f"{args.entry}: {format_metrics(metrics)}")
     except UpstreamMismatch as err:  # the upstream parameter names runs this spec cannot use

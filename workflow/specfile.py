@@ -139,7 +139,7 @@ def specs_dir() -> Path:
 def shipped_specs() -> list[Path]:
     """The ``*.yaml`` files of :func:`specs_dir`, sorted by name."""
     folder = specs_dir()
-    return sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+    return sorted(p for p in folder.glob("*.yaml") if p.is_file()) if folder.is_dir() else []
 
 
 def find_spec(ref: str | os.PathLike) -> Path:

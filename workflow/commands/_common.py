@@ -120,7 +120,15 @@ def experiment_id(name: str | None) -> str:
 
     name = name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     if not name:
-        return os.environ.get("MLFLOW_EXPERIMENT_ID", "0")
+        exp_id = os.environ.get("MLFLOW_EXPERIMENT_ID", "0")
+        from mlflow.exceptions import MlflowException
+
+        try:
+            MlflowClient().get_experiment(exp_id)
+        except MlflowException:
+            raise fail(f"no MLflow experiment with ID {exp_id!r} (MLFLOW_EXPERIMENT_ID) in "
+                       f"{mlflow.get_tracking_uri()}", 2) from None
+        return exp_id
     exp = MlflowClient().get_experiment_by_name(name)
     if exp is None:
         raise fail(f"no MLflow experiment named {name!r} in {mlflow.get_tracking_uri()}", 2)

@@ -17,9 +17,20 @@ def calibrate(device: Annotated[str, typer.Option("--device", help="cpu, cuda, c
     memory model cannot derive from shapes (LSTM kernel state, device graph formats)."""
     from betty.memory import calibrate as run_calibration
 
+    from workflow.commands._common import fail
     from workflow.components import resolve_device
 
-    emit_fields(run_calibration(resolve_device(device), write=write), json_, width=28)
+    from workflow.spec import DEVICE_TYPES
+
+    try:
+        where = resolve_device(device)
+    except RuntimeError as err:  # not a device name, or not on this machine
+        why = ("not a device; allowed: auto, cpu, cuda, cuda:<index>" if "Expected one of" in str(err)
+               else str(err).replace("train.device is", "it is"))
+        raise fail(f"--device {device!r}: {why}", 2) from None
+    if where.type not in DEVICE_TYPES:
+        raise fail(f"--device {device!r}: betty models the memory of {' and '.join(DEVICE_TYPES)} devices only", 2)
+    emit_fields(run_calibration(where, write=write), json_, width=28)
 
 
 def register(app: typer.Typer) -> None:

@@ -42,6 +42,10 @@ def compare(experiment: ExperimentOpt = None,
     exps = _experiments(experiment)
     query = "tags.run_kind = 'main'"
     if spec:
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", spec):  # what a spec's name may be
+            raise fail(f"--spec {spec!r} is not a spec name (letters, digits, _ . -)", 2)
         query += f" and tags.spec_name = '{spec}'"
     runs = MlflowClient().search_runs(exps, query, max_results=last, order_by=["attributes.start_time DESC"])
     rows = rows_for(runs)

@@ -44,6 +44,9 @@ def estimate(spec: SpecArg,
     if k_value is not None:
         overrides.append(f"partition.k={k_value}")
     rspec = load(spec, overrides)
+    if rspec.spec.model.arch == "revgnn" and rspec.spec.model.deq:
+        raise fail("the memory model does not cover model.deq: true (one weight-tied "
+                   "cell solved to a fixed point); it estimates the other revgnn variants", 2)
     trainer, _, _ = make_trainer(rspec, load_data(rspec), resolve_device(rspec.spec.train.device))
     if k_value not in (None, "auto"):
         check_k_fits(trainer, int(k_value), f"--k {k_value}")

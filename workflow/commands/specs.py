@@ -10,13 +10,17 @@ from workflow.commands._common import JsonOpt, cli_errors, emit_json
 
 
 def describe(path: Path) -> str:
-    """The spec's ``description:`` field, else its first comment line, else ``""``."""
+    """The spec's ``description:`` field, else its first comment line, else ``""``;
+    ``"(unreadable: ...)"`` for a file that cannot be read as text (the listing goes on)."""
     import yaml
 
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        return f"(unreadable: {getattr(err, 'strerror', None) or type(err).__name__})"
     try:
         raw = yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         raw = None
     if isinstance(raw, dict) and isinstance(raw.get("description"), str):
         return raw["description"].strip()

@@ -48,6 +48,11 @@ def stage(name: Annotated[str, typer.Argument(metavar="STAGE", help=f"One of: {'
     rspec = load(spec, set_)
     exp = use_spec_experiment(rspec, experiment) or experiment_id(experiment)
     ups = _auto_upstream(rspec, name, ups, exp)
+    if name == "evaluate" and "train" not in ups:  # refused before a run exists
+        raise fail("the evaluate stage needs a train run of this spec: none in this experiment "
+                   "matches its content and code version (a train key changed, e.g. an evaluate.* "
+                   "setting validation reads); run `betty stage train` first, or give "
+                   "--upstream train=<RUN_ID>", 2)
     with make_reporter() as reporter:
         reporter.stage_started(name)
         try:
