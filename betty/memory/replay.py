@@ -384,7 +384,7 @@ class _Replayer:
 
     # ------------------------------------------------------------------ SAGE
     def sage_layer(self, l: int, h: Buffer, h_grad: bool):
-        s, tl, e = self.s, self.tl, self.e
+        s = self.s
         agg = self.cfg.model.aggregator
         wi, wo = self.cfg.model.widths[l], self.cfg.model.widths[l + 1]
         n_src, n_dst, n_e = s.n_src[l], s.n_dst[l], s.num_edges[l]

@@ -142,11 +142,11 @@ class GAT(BlockGNN):
         return self.attn_dropout > 0 and self.dropout_mode == "deterministic"
 
     def conv(self, layer: int, block, h: torch.Tensor, *, edge_id=None, dropout_key=None) -> torch.Tensor:
-        attn_drop = None
-        if self.training and self.attn_dropout > 0:
-            def attn_drop(a):
-                return self.drop(a, layer, edge_id, dropout_key, p=self.attn_dropout, salt=1)
-        out = self.layers[layer](block, h, attn_drop)  # (n_dst, H, F)
+        def attn_drop(a):
+            return self.drop(a, layer, edge_id, dropout_key, p=self.attn_dropout, salt=1)
+
+        dropping = self.training and self.attn_dropout > 0
+        out = self.layers[layer](block, h, attn_drop if dropping else None)  # (n_dst, H, F)
         if layer == self.num_layers - 1:
             return out.mean(1)
         return out.flatten(1)
