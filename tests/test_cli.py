@@ -309,3 +309,17 @@ def test_specs_lists_the_readable_ones_when_one_is_not(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     lines = dict(line.split(None, 1) for line in res.stdout.strip().splitlines())
     assert lines["good"] == "a good one" and lines["bad"].startswith("(unreadable")
+
+
+def test_a_cuda_index_this_machine_lacks_is_named_before_a_stage_runs(monkeypatch):
+    import torch
+
+    from workflow.components import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(RuntimeError, match=r"'cuda:5' but this machine has 1 CUDA device\(s\): cuda:0 to cuda:0"):
+        resolve_device("cuda:5")
+    res = invoke("validate", "tiny", "-s", "train.device=cuda:5", "--strict")
+    assert res.exit_code == 2 and "this machine has 1 CUDA device(s)" in res.stderr, res.output

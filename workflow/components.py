@@ -44,6 +44,9 @@ def resolve_device(name: str) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"train.device is {name!r} but CUDA is not available here; use 'auto' or 'cpu'")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RuntimeError(f"train.device is {name!r} but this machine has {torch.cuda.device_count()} "
+                           f"CUDA device(s): cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return device
 
 
