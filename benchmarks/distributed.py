@@ -52,8 +52,8 @@ def rank_epochs(rspec, epochs: int, shared=None) -> dict:
         start = time.perf_counter()
         trainer.train_epoch(epoch)
         times.append(time.perf_counter() - start)
-    return {"times": times, "bytes": [s.reduce.bytes for s in dp.history],
-            "wait": [s.reduce.wait_s for s in dp.history],
+    per_step = max(dp.steps, 1)  # the all-reduce of one step, averaged over the run's
+    return {"times": times, "bytes": [dp.reduce_bytes / per_step], "wait": [dp.reduce_wait_s / per_step],
             "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "memory": memory_of_process()}
 

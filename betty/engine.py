@@ -105,8 +105,10 @@ def check_plan(plan: PartitionPlan) -> None:
         raise ValueError(f"k must be an integer >= 1 or 'auto', got {plan.k!r}")
     if plan.k == "auto" and plan.memory_budget is None:
         raise ValueError("k='auto' needs a memory_budget")
-    if plan.memory_budget is not None and not _count(plan.memory_budget):
-        raise ValueError(f"memory_budget must be a number of bytes >= 1 or None, got {plan.memory_budget!r}")
+    budget = plan.memory_budget
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float, np.number))
+                               or not budget >= 1):
+        raise ValueError(f"memory_budget must be a number of bytes >= 1 or None, got {budget!r}")
     if plan.reuse is not None and not _count(plan.reuse):
         raise ValueError(f"reuse must be an integer >= 1 (epochs) or None, got {plan.reuse!r}")
     if not _count(plan.min_k):
@@ -116,6 +118,11 @@ def check_plan(plan: PartitionPlan) -> None:
     if not 0.0 <= plan.safety_margin < 1.0:
         raise ValueError(f"safety_margin must be in [0, 1), got {plan.safety_margin!r}")
     check_options(plan.options)
+
+
+STATE_STEP_TRIES = 32
+"""Steps :meth:`Trainer.memory_report` tries to make the optimizer's state (a 16-mixed
+loss scaler halves its scale after each skipped one)."""
 
 
 @dataclass
@@ -641,7 +648,16 @@ class Trainer:
         common = dict(k=result.k, device=self.device, dropout_key=dropout_key(self.dropout_seed, 0, 0),
                       multilabel=self.dataset.multilabel, dtype=self.dtype, precision=self.precision,
                       scaler=self.scaler, copy_ahead=self.copy_ahead)  # measured as trained (and as estimated)
-        train_step(self.model, self.optimizer, batch, result.groups, feat, label, **common)  # the state
+        saved = None if self.scaler is None else self.scaler.state_dict()
+        for _ in range(STATE_STEP_TRIES):  # a loss scaler skips a step that overflows: the next, scaled down, is taken
+            train_step(self.model, self.optimizer, batch, result.groups, feat, label, **common)  # the state
+            if self.optimizer.state or not any(p.requires_grad for p in self.model.parameters()):
+                break
+        else:
+            raise RuntimeError(f"the loss scaler skipped {STATE_STEP_TRIES} steps in a row (inf or NaN "
+                               "gradients): no optimizer state to measure with")
+        if saved is not None:  # the run's scaler goes on as if the measurement had not happened
+            self.scaler.load_state_dict(saved)
         self.optimizer.zero_grad(set_to_none=True)
         step = accumulate_gradients(self.model, batch, result.groups, feat, label, meter=meter, **common)
         self.model.zero_grad(set_to_none=True)

@@ -49,3 +49,28 @@ def test_reddit_without_dgl_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "dgl.data", None)
     with pytest.raises(ImportError, match=r"pip install 'dgl==2.1.0'"):
         load_dataset("reddit", root=tmp_path)
+
+
+def test_the_digest_names_the_raw_files_not_the_cache_dgl_writes_beside_them(tmp_path):
+    """DGL writes its processed file into the raw folder on the first load: that must not
+    make the data look new; a rewritten raw file must. Without raw files the processed
+    file is the data."""
+    import os
+
+    from betty.data import dataset_digest
+
+    folder = dgl_raw_path("reddit", tmp_path)
+    folder.mkdir(parents=True)
+    for name in ("reddit_data.npz", "reddit_graph.npz"):
+        (folder / name).write_bytes(b"raw")
+    before = dataset_digest("reddit", tmp_path)
+    (folder / "dgl_graph.bin").write_bytes(b"processed by DGL")
+    assert dataset_digest("reddit", tmp_path) == before
+    st = (folder / "reddit_data.npz").stat()
+    os.utime(folder / "reddit_data.npz", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert dataset_digest("reddit", tmp_path) != before
+    (folder / "reddit_data.npz").unlink()
+    (folder / "reddit_graph.npz").unlink()
+    processed = dataset_digest("reddit", tmp_path)
+    (folder / "dgl_graph.bin").write_bytes(b"processed again, longer")
+    assert dataset_digest("reddit", tmp_path) != processed

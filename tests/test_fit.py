@@ -137,3 +137,12 @@ def test_the_trainer_refuses_what_would_fail_on_the_preparation_thread(fanouts, 
     model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2)
     with pytest.raises(ValueError, match=words):
         Trainer(model, torch.optim.Adam(model.parameters()), dataset(), fanouts, plan)
+
+
+def test_a_float_memory_budget_is_a_number_of_bytes():
+    model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2)
+    for plan in (PartitionPlan("reg", "auto", memory_budget=float(2**30)), PartitionPlan("reg", 3, memory_budget=1e9)):
+        Trainer(model, torch.optim.Adam(model.parameters()), dataset(), [4, 6], plan)
+    with pytest.raises(ValueError, match="memory_budget must be a number of bytes >= 1"):
+        Trainer(model, torch.optim.Adam(model.parameters()), dataset(), [4, 6],
+                PartitionPlan("reg", 3, memory_budget=float("nan")))

@@ -118,14 +118,19 @@ def test_memory_report_gives_the_ks_its_search_tried(make):
 
 @pytest.mark.pyg
 def test_the_measuring_step_of_a_16_mixed_trainer_goes_through_its_loss_scaler():
-    """The step that gives the optimizer its state is a real, scaled step: the scaler
-    checks it for inf/NaN and counts it (the CPU runs 16-mixed on the PyG backend)."""
+    """The step that gives the optimizer its state is a real, scaled step, checked for
+    inf/NaN: skipped ones are tried again, scaled down, until the optimizer has its state;
+    then the run's scaler is put back (the CPU runs 16-mixed on the PyG backend)."""
     pytest.importorskip("torch_geometric")
     torch.manual_seed(0)
     model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2, backend="pyg")
     trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), dataset(300), [3, 4],
                       PartitionPlan("range", 3), precision="16-mixed")
     before = [p.detach().clone() for p in model.parameters()]
-    trainer.memory_report(measure=True)
-    assert trainer.scaler.growth_tracker + trainer.scaler.skipped_steps == 1
+    trainer.scaler.scale = 2.0 ** 40  # the first steps overflow float16 and are skipped
+    scaler_before = trainer.scaler.state_dict()
+    report = trainer.memory_report(measure=True)
+    assert trainer.optimizer.state  # a step was taken: the measurement holds the optimizer's state
+    assert trainer.scaler.state_dict() == scaler_before  # and the run's scaler is as it was
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert all(r["measured_peak_bytes"] for r in report["micro_batches"])

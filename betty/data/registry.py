@@ -116,8 +116,13 @@ def files_fingerprint(paths: Iterable[Path], relative_to: Path | None = None) ->
 
 
 def _dgl_builtin_fingerprint(name: str, root: Path, opts: dict) -> list:
-    folder = _module("dgl_builtin").dgl_raw_path(name, root)
-    return files_fingerprint(sorted(folder.rglob("*")) if folder.is_dir() else [], folder)
+    """The raw files DGL reads, or where they are absent its processed ones (not both:
+    DGL writes its processed file beside the raw ones on the first load)."""
+    builtin = _module("dgl_builtin")
+    folder, spec = builtin.dgl_raw_path(name, root), builtin.DGL_BUILTINS[name]
+    raw = files_fingerprint([folder / f for f in spec.raw_files], folder)
+    return raw if len(raw) == len(spec.raw_files) else files_fingerprint(
+        [folder / f for f in spec.processed_files], folder)
 
 
 def _dgl_file_fingerprint(name: str, root: Path, opts: dict) -> list:

@@ -120,12 +120,16 @@ def experiment_id(name: str | None) -> str:
 
     name = name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     if not name:
-        exp_id = os.environ.get("MLFLOW_EXPERIMENT_ID", "0")
+        exp_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
+        if exp_id is None:
+            return "0"
         from mlflow.exceptions import MlflowException
 
         try:
             MlflowClient().get_experiment(exp_id)
-        except MlflowException:
+        except MlflowException as err:  # a store that cannot answer is not told apart here
+            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
             raise fail(f"no MLflow experiment with ID {exp_id!r} (MLFLOW_EXPERIMENT_ID) in "
                        f"{mlflow.get_tracking_uri()}", 2) from None
         return exp_id
