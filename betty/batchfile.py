@@ -18,6 +18,7 @@ The arrays (all ``int64``; ``l = 0`` is the input layer, as in
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +44,19 @@ def batch_arrays(batch, groups: torch.Tensor | None = None) -> dict[str, np.ndar
 
 
 def save_batch(path: str | Path, batch, groups: torch.Tensor | None = None) -> Path:
-    """Write ``batch`` (and optionally its ``groups``) to ``path`` (``.npz``)."""
+    """Write ``batch`` (and optionally its ``groups``) to ``path`` (``.npz`` added when it
+    lacks that suffix, as NumPy does), through a temporary file moved into place: a
+    reader never sees half a file. Returns the path written."""
     path = Path(path)
+    if path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, **batch_arrays(batch, groups))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+    try:
+        np.savez_compressed(tmp, **batch_arrays(batch, groups))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -349,7 +349,11 @@ def sample_full_batch(
     """
     fanouts = check_fanouts(fanouts)
     on = torch.device("cpu") if device is None else torch.device(device)
-    outputs = torch.as_tensor(outputs, dtype=torch.int64).to(on)
+    outputs = torch.as_tensor(outputs)
+    if outputs.dim() != 1 or outputs.is_floating_point() or outputs.is_complex() or outputs.dtype == torch.bool:
+        raise ValueError(f"outputs must be a 1-D tensor of integer node IDs, got a {outputs.dim()}-D "
+                         f"{outputs.dtype} tensor (a boolean mask: pass mask.nonzero().flatten())")
+    outputs = outputs.to(torch.int64).to(on)
     if outputs.numel() == 0:
         raise ValueError("a batch needs at least one output node")
     source = sampler_graph(graph)

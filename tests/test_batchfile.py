@@ -25,3 +25,13 @@ def test_batch_file_round_trip(tmp_path):
     assert z["block0_src"].dtype == np.int64
     assert np.array_equal(z["block1_dst"], batch.layers[1].src_nid[batch.layers[1].edge_dst].numpy())
     assert np.array_equal(z["outputs"], batch.output_nid.numpy())
+
+
+def test_save_batch_returns_the_file_it_wrote_and_leaves_no_temporary(tmp_path):
+    graph, _ = planted_community_graph(60, 2, avg_degree=4.0, seed=0)
+    batch = sample_full_batch(graph, torch.arange(10), [2, 2], seed=0)
+    path = save_batch(tmp_path / "out" / "batch", batch)  # NumPy adds .npz: so does save_batch's answer
+    assert path == tmp_path / "out" / "batch.npz" and path.is_file()
+    assert [p.name for p in path.parent.iterdir()] == ["batch.npz"]
+    again, _ = load_batch(path)
+    assert torch.equal(again.output_nid, batch.output_nid)

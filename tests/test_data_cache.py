@@ -448,3 +448,17 @@ def test_feature_dtype_entry_is_cast_once_and_mapped_and_keeps_the_float32_key(t
         load_dataset("synthetic", tmp_path, feature_dtype="int8", **OPTS)
     with pytest.raises(ValueError, match="feature_dtype=torch.float64"):
         load_dataset("synthetic", tmp_path, feature_dtype=torch.float64, **OPTS)
+
+
+def test_a_cache_that_cannot_be_written_still_gives_the_dataset(tmp_path, monkeypatch):
+    """A full disk, a quota or a read-only root: the dataset built in memory is returned,
+    with a warning naming the cache and the way around it, instead of the write's error."""
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_module, "save_cached", full)
+    with pytest.warns(UserWarning, match=r"could not write betty's cache at .*No space left.*cache=False"):
+        ds = load_dataset("synthetic", root=tmp_path, **OPTS)
+    assert ds.num_nodes == 600 and ds.feat.shape[0] == 600

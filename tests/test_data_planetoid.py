@@ -142,3 +142,17 @@ def test_same_dataset_as_dgls_class(staged_root, name):
         return set(zip(ds.graph.src.tolist(), ds.graph.dst.tolist()))
 
     assert ours.num_edges == theirs.num_edges and edge_set(ours) == edge_set(theirs)
+
+
+def test_only_dgls_processed_file_is_not_enough_for_a_planetoid_dataset(tmp_path):
+    """betty reads Planetoid's raw files itself: the pre-flight check must want them too
+    (it passed on DGL's processed file alone, and the load failed later)."""
+    from betty.data import check_available
+    from betty.data.dgl_builtin import DGL_BUILTINS
+
+    folder = dgl_raw_path("cora", tmp_path)
+    folder.mkdir(parents=True)
+    for name in DGL_BUILTINS["cora"].processed_files:
+        (folder / name).write_bytes(b"DGL's own cache")
+    with pytest.raises(DatasetNotFoundError, match="lacks"):
+        check_available("cora", tmp_path)

@@ -224,3 +224,11 @@ def test_stats_are_plain_numbers(small):
     assert stats["num_self_loops"] == 0
     assert stats["mean_in_degree"] == pytest.approx(SYNTHETIC_PRESETS["synthetic"].avg_degree)
     assert np.isfinite(stats["edge_homophily"])
+
+
+def test_a_train_fraction_that_rounds_to_every_node_is_refused():
+    """round(0.996 * 100) = 100 training nodes left the test split to overlap training."""
+    from betty.data.synthetic_config import SyntheticConfig
+
+    with pytest.raises(ValueError, match="train_fraction=0.996 .*leaves a test node"):
+        SyntheticConfig(num_nodes=100, avg_degree=4, train_fraction=0.996, valid_fraction=0.001)

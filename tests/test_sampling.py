@@ -169,3 +169,14 @@ def test_uniform_subsets_int32_and_int64_paths_draw_the_same_picks():
         assert small.dtype == huge.dtype == torch.int64
         assert torch.equal(small[1:], huge[1:])
         assert int(huge[0].max()) < 2**31 + 5 and len(set(huge[0].tolist())) == k
+
+
+@pytest.mark.parametrize("outputs, words", [(torch.tensor([1.7, 3.2]), "float32"),
+                                            (torch.zeros(10, dtype=torch.bool), "mask.nonzero"),
+                                            (torch.tensor([[1, 2]]), "a 2-D")])
+def test_outputs_must_be_integer_node_ids(outputs, words):
+    """A float ID was truncated (1.7 became node 1); a mask or a matrix failed far away."""
+    g, *_ = power_law_graph(num_nodes=10, avg_degree=3, seed=0)
+    with pytest.raises(ValueError, match=words):
+        sample_full_batch(g, outputs, [2])
+    assert sample_full_batch(g, np.array([1, 3], dtype=np.int32), [2]).num_outputs == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -449,7 +450,13 @@ def load_dataset(
             return _with_feature_dtype(hit, dtype)
     ds = _apply_common(spec.build(name, root, _own_options(opts)), opts)
     if path is not None:
-        _module("cache").save_cached(ds, path, feature_dtype=dtype)
+        try:
+            _module("cache").save_cached(ds, path, feature_dtype=dtype)
+        except OSError as err:  # a full disk, a quota, a read-only root: the dataset is built all the same
+            warnings.warn(f"dataset {name!r}: could not write betty's cache at {path} ({err}); using the "
+                          "dataset as loaded (load_dataset(..., cache=False), or a dataset.root that can be "
+                          "written, avoids the attempt)", stacklevel=2)
+            return _with_feature_dtype(ds, dtype)
         stored = _module("cache").load_cached(path, verify=False)  # just written: the lean, mapped form
         if stored is not None:
             return _with_feature_dtype(stored, dtype)

@@ -141,6 +141,11 @@ def _config_problems(c: SyntheticConfig) -> list[str]:
             f"avg_degree={c.avg_degree} (allowed: < num_nodes * scale - 1 = "
             f"{c.scaled_num_nodes - 1})"
         )
+    if not out and c.scaled_num_train >= c.scaled_num_nodes:  # rounding left no node for the test split
+        out.append(
+            f"train_fraction={c.train_fraction} (allowed: one that leaves a test node: "
+            f"round(train_fraction * {c.scaled_num_nodes}) < {c.scaled_num_nodes})"
+        )
     return out
 
 
