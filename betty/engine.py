@@ -650,8 +650,9 @@ class Trainer:
                       scaler=self.scaler, copy_ahead=self.copy_ahead)  # measured as trained (and as estimated)
         saved = None if self.scaler is None else self.scaler.state_dict()
         for _ in range(STATE_STEP_TRIES):  # a loss scaler skips a step that overflows: the next, scaled down, is taken
+            skipped = None if self.scaler is None else self.scaler.skipped_steps
             train_step(self.model, self.optimizer, batch, result.groups, feat, label, **common)  # the state
-            if self.optimizer.state or not any(p.requires_grad for p in self.model.parameters()):
+            if self.scaler is None or self.scaler.skipped_steps == skipped:
                 break
         else:
             raise RuntimeError(f"the loss scaler skipped {STATE_STEP_TRIES} steps in a row (inf or NaN "

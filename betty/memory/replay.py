@@ -195,16 +195,31 @@ class _Replayer:
             return
         self.autocast_mm_bwd(shapes, casts or [], [], None, 0, tag)
 
+    def held_param_grads(self, shapes, tag: str) -> list[Buffer]:
+        """The gradients of ``shapes`` one product's backward makes beside its input's
+        gradient: where the micro-batch has no ``.grad`` yet they become it and stay;
+        elsewhere each is a transient the node holds until ``AccumulateGrad`` adds it
+        in, after the node's other output exists. Returns those transients, for the
+        caller to release then."""
+        held = []
+        for shape in shapes:
+            nbytes = numel(shape) * self.pelt
+            self.tl.alloc(np.where(self.fresh, nbytes, 0.0), GRADS, f"{tag} grad {shape}")
+            held.append(self.tl.alloc(np.where(self.fresh, 0.0, nbytes), GRADS, f"{tag} grad {shape} accumulated"))
+        return held
+
     def _product_bwd(self, shapes, casts: list[Buffer], node_inputs: list[Buffer], x_numel,
                      x_elt: int, tag: str, x_label: str) -> Buffer | None:
         """Backward of a product ``x @ W``: :meth:`autocast_mm_bwd` under autocast; else
-        ``W``'s gradients, then ``x``'s (``x_numel`` elements of ``x_elt`` bytes, named
-        ``x_label``; None where ``x`` needs no gradient), then ``node_inputs`` freed."""
+        ``W``'s gradients (:meth:`held_param_grads`), then ``x``'s (``x_numel`` elements of
+        ``x_elt`` bytes, named ``x_label``; None where ``x`` needs no gradient), then
+        ``node_inputs`` freed, then the accumulated gradients."""
         if self.ce:
             return self.autocast_mm_bwd(shapes, casts, node_inputs, x_numel, x_elt, tag)
-        self.param_grads(shapes, f"{tag} weight")
+        held = self.held_param_grads(shapes, f"{tag} weight")
         gx = None if x_numel is None else self.tl.alloc(x_numel * x_elt, BWD, f"{tag} {x_label}")
         self.tl.release(*node_inputs)
+        self.tl.release(*held)
         return gx
 
     def autocast_mm_bwd(self, shapes, casts: list[Buffer], node_inputs: list[Buffer],
@@ -491,9 +506,10 @@ class _Replayer:
         if self.ce:
             return self.autocast_mm_bwd(fc_neigh, casts or [], [g], n_src * wi if h_grad else None,
                                         x_elt or self.e, f"{tag} fc_neigh")
-        self.param_grads(fc_neigh, f"{tag} fc_neigh", casts)
+        held = self.held_param_grads(fc_neigh, f"{tag} fc_neigh")
         gh = self.tl.alloc(n_src * wi * self.e, BWD, f"{tag} grad h") if h_grad else None
         self.tl.release(g)
+        self.tl.release(*held)
         return gh
 
     def _fc_neigh_bwd(self, g: Buffer, q: Buffer, fc_neigh, n_dst, wi, h_grad: bool, tag,
@@ -507,9 +523,10 @@ class _Replayer:
             return self.autocast_mm_bwd(fc_neigh, casts or [], [g, q],
                                         n_dst * wi if h_grad else None, x_elt or self.e,
                                         f"{tag} fc_neigh")
-        self.param_grads(fc_neigh, f"{tag} fc_neigh", casts)
+        held = self.held_param_grads(fc_neigh, f"{tag} fc_neigh")
         gq = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad {name}") if h_grad else None
         self.tl.release(g, q)
+        self.tl.release(*held)
         return gq
 
     def _div_bwd(self, g: Buffer, deg: Buffer | None, n_dst, w, tag, name: str,
