@@ -31,7 +31,8 @@ from betty.batch import SampledBatch
 from betty.memory import (DEFAULT_SAFETY_MARGIN, MemoryMeter, OptimizerSpec, apply_budget, default_backend,
                           estimate_micro_batches, make_estimator, make_k_chooser, memory_balance_weights, oom_guard,
                           split_report)
-from betty.memory.ksearch import check_fixed_k
+from betty.memory.estimator import persistent_bytes, step_bytes
+from betty.memory.ksearch import check_fixed_k, check_step_fits
 from betty.memory.replay import replays_mixed_precision
 from betty.memory.spec import ModelSpec
 from betty.memory.sizes import carved_split_sizes
@@ -403,6 +404,14 @@ class Trainer:
         if why is not None:
             raise ValueError(why)
         self.memory_kwargs = memory_kwargs = self._memory_kwargs(model, dataset, device, dtype)
+        if plan.memory_budget is not None:
+            if not estimate_memory and estimator is None and k_chooser is None:
+                raise ValueError("a memory_budget needs the memory estimates (estimate_memory=True, or "
+                                 "an estimator or k_chooser of your own): without them a reused "
+                                 "partition is not re-checked and a fixed K not held to the budget")
+            backend = memory_kwargs["backend"]
+            check_step_fits(persistent_bytes(model, optimizer, backend) + step_bytes(model, optimizer, backend),
+                            plan.memory_budget, plan.safety_margin)
         self.search_result = None  # the default K chooser's latest KSearchResult
         if k_chooser is None and plan.k == "auto":
             k_chooser = make_k_chooser(model, optimizer, graph=dataset.graph,

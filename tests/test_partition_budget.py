@@ -15,11 +15,12 @@ FAST = ["-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]"]
 
 def test_fixed_k_over_its_budget_fails_the_run(tracking):
     uri, exp = tracking
-    res = invoke("run", "tiny", "--experiment", EXPERIMENT, "-s", "partition.memory_budget=1KiB", *FAST)
+    # 64 KiB: above what the optimizer step needs, below the largest of K = 2 micro-batches
+    res = invoke("run", "tiny", "--experiment", EXPERIMENT, "-s", "partition.memory_budget=64KiB", *FAST)
     assert res.exit_code == 1, res.output
     err = res.stderr
     assert "partition.k = 2 does not fit partition.memory_budget: its largest micro-batch is estimated at" in err
-    assert "over the usable budget 972 bytes (memory_budget 1024 with safety_margin 0.05)" in err
+    assert "over the usable budget 62259 bytes (memory_budget 65536 with safety_margin 0.05)" in err
     assert "Set partition.k: auto to choose a K that fits, or raise partition.memory_budget to at least" in err
     train = [r for r in runs_of(uri, exp) if r.data.tags.get("stage") == "train"]
     assert [r.info.status for r in train] == ["FAILED"]

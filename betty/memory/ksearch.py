@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from betty.batch import SampledBatch
-from betty.memory.estimator import MemoryEstimate, estimate_micro_batches, persistent_bytes
+from betty.memory.estimator import MemoryEstimate, estimate_micro_batches, persistent_bytes, step_bytes
 from betty.memory.spec import as_model_spec, as_optimizer_spec
 from betty.precision import Precision
 
@@ -69,6 +69,7 @@ __all__ = [
     "KSearchError",
     "BudgetExceeded",
     "check_fixed_k",
+    "check_step_fits",
     "KSearchResult",
     "search_k",
     "memory_balance_weights",
@@ -115,6 +116,24 @@ class KSearchError(RuntimeError):
 class BudgetExceeded(KSearchError):
     """A fixed K (``partition.k`` an integer) whose largest micro-batch is estimated over the
     memory budget: training it would silently run past the budget."""
+
+
+def check_step_fits(step_peak: float, memory_budget: float, safety_margin: float) -> None:
+    """Refuse a budget the optimizer step cannot fit whatever K is: ``step_peak`` (the
+    parameters, gradients and optimizer state, and the step's temporaries:
+    :func:`~betty.memory.estimator.step_bytes`) over ``memory_budget · (1 − safety_margin)``.
+    The step runs after every micro-batch, its activations freed, so this is the one
+    peak no split lowers."""
+    usable = usable_budget(memory_budget, safety_margin)
+    if step_peak <= usable:
+        return
+    need = smallest_budget(step_peak, safety_margin)
+    raise KSearchError(
+        f"the optimizer step alone ({int(step_peak)} bytes: parameters, gradients, optimizer state "
+        f"and the step's temporaries) exceeds the usable budget {int(usable)} bytes (memory_budget "
+        f"{int(memory_budget)} with safety_margin {safety_margin}); no K can fit. Smallest budget: "
+        f"at least {need} bytes", budget=memory_budget, usable=usable, dominant="optimizer_step",
+        smallest_budget=need)
 
 
 def check_fixed_k(estimates: Sequence[float], k: int, memory_budget: float, safety_margin: float,
@@ -404,7 +423,9 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
 
     Raises:
         KSearchError: no K fits (fixed costs or one output's neighbourhood exceed it),
-            or ``max_evaluations`` rounds ended without a fitting K.
+            ``max_evaluations`` rounds ended without a fitting K, or the optimizer step
+            after the micro-batches does not fit (:func:`check_step_fits`); the budget it
+            advises covers that step too.
         ValueError: bad arguments.
     """
     usable_budget(memory_budget, safety_margin)  # argument checks before any work
@@ -416,13 +437,13 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
     estimate_kwargs = dict(estimate_kwargs, precision=precision, feature_dtype=feature_dtype)
     weights = memory_balance_weights(batch, model) if balance == "memory" else None
     fixed = persistent_bytes(model, optimizer, backend)
+    step_peak = fixed + step_bytes(model, optimizer, backend)
     if estimate_kwargs.get("device_store_bytes") is not None:  # preparation on the device
         from betty.memory.constants import load_constants
         from betty.memory.device_preparation import fixed_bytes
 
         granule = (estimate_kwargs.get("constants") or load_constants(backend)).granule_bytes
         fixed += fixed_bytes(batch, estimate_kwargs["device_store_bytes"], granule)
-    from betty.partition import EXPENSIVE_METHODS
 
     def split_with(name: str) -> SplitAndEstimate:
         def split_and_estimate(k: int):
@@ -434,15 +455,32 @@ def search_k(batch: SampledBatch, model, optimizer="adam", *, memory_budget: flo
     loop = functools.partial(smallest_fitting_k, memory_budget=memory_budget,
                              safety_margin=safety_margin, fixed=fixed,
                              k_max=batch.num_outputs, max_evaluations=max_evaluations)
-    if screen_method is not None and method in EXPENSIVE_METHODS and method != screen_method:
-        screen = loop(split_with(screen_method), min_k=min_k)
-        found = loop(split_with(method), start_k=screen.k, tried=screen.tried,
-                     limit=f"one output node per micro-batch, {method!r} split after "
-                           f"{screen_method!r} chose K = {screen.k}")
-    else:
-        found = loop(split_with(method), min_k=min_k)
+    try:
+        found = _search(loop, split_with, method, screen_method, min_k)
+    except KSearchError as err:  # the budget advised must fit the optimizer step too
+        step_need = smallest_budget(step_peak, safety_margin)
+        if err.smallest_budget is not None and step_need > err.smallest_budget:
+            err.smallest_budget = step_need
+            err.args = (f"{err.args[0]}; the optimizer step after the micro-batches needs a budget of at "
+                        f"least {step_need} bytes",)
+        raise
+    check_step_fits(step_peak, memory_budget, safety_margin)
     return KSearchResult(k=found.k, partition=found.split, estimates=found.estimates,
                          tried=found.tried, usable_budget=found.usable_budget)
+
+
+def _search(loop: Callable, split_with: Callable, method: str, screen_method: str | None,
+            min_k: int) -> KLoopResult:
+    """:func:`search_k`'s loop: ``method`` alone, or an expensive method started from the
+    K a ``screen_method`` search chose."""
+    from betty.partition import EXPENSIVE_METHODS
+
+    if screen_method is not None and method in EXPENSIVE_METHODS and method != screen_method:
+        screen = loop(split_with(screen_method), min_k=min_k)
+        return loop(split_with(method), start_k=screen.k, tried=screen.tried,
+                    limit=f"one output node per micro-batch, {method!r} split after "
+                          f"{screen_method!r} chose K = {screen.k}")
+    return loop(split_with(method), min_k=min_k)
 
 
 def make_k_chooser(model, optimizer="adam", *, graph=None, dtype: torch.dtype | None = None,

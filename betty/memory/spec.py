@@ -173,13 +173,18 @@ class OptimizerSpec:
     place): ``exp_avg`` and ``exp_avg_sq`` (parameter-sized), with ``amsgrad`` also
     ``max_exp_avg_sq``, and a 0-d float32 ``step`` (on the host unless
     ``capturable``/``fused``). ``sgd``: a ``momentum_buffer`` when ``momentum > 0``, else
-    nothing.
+    nothing. ``decay``: weight decay added to the gradient (``Adam``'s and ``SGD``'s, not
+    ``AdamW``'s, which scales the parameters in place); ``foreach``: the multi-tensor
+    step (``None``: torch's default, multi-tensor on CUDA, one tensor at a time on the
+    host). These two shape the step's temporaries (:func:`betty.memory.estimator.step_bytes`).
     """
 
     name: str = "adam"
     momentum: float = 0.0
     step_on_device: bool = False
     amsgrad: bool = False
+    decay: bool = False
+    foreach: bool | None = None
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZER_NAMES:
@@ -209,10 +214,14 @@ def as_optimizer_spec(optimizer) -> OptimizerSpec:
         return OptimizerSpec(optimizer)
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         group = optimizer.param_groups[0]
+        decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
         return OptimizerSpec("adam", 0.0, bool(group.get("capturable") or group.get("fused")),
-                             amsgrad=bool(group.get("amsgrad")))
+                             amsgrad=bool(group.get("amsgrad")), foreach=group.get("foreach"),
+                             decay=not decoupled and any(g.get("weight_decay", 0) for g in optimizer.param_groups))
     if isinstance(optimizer, torch.optim.SGD):
-        return OptimizerSpec("sgd", float(optimizer.param_groups[0].get("momentum", 0.0)))
+        group = optimizer.param_groups[0]
+        return OptimizerSpec("sgd", float(group.get("momentum", 0.0)), foreach=group.get("foreach"),
+                             decay=any(g.get("weight_decay", 0) for g in optimizer.param_groups))
     raise TypeError(
         f"the memory model knows the state of torch.optim.Adam, AdamW and SGD (or an OptimizerSpec, "
         f"or one of {OPTIMIZER_NAMES}), not {type(optimizer).__name__}; to train with it, turn the "
