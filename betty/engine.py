@@ -108,16 +108,17 @@ def check_plan(plan: PartitionPlan) -> None:
         raise ValueError("k='auto' needs a memory_budget")
     budget = plan.memory_budget
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float, np.number))
-                               or not budget >= 1):
-        raise ValueError(f"memory_budget must be a number of bytes >= 1 or None, got {budget!r}")
+                               or not 1 <= budget < float("inf")):
+        raise ValueError(f"memory_budget must be a finite number of bytes >= 1 or None, got {budget!r}")
     if plan.reuse is not None and not _count(plan.reuse):
         raise ValueError(f"reuse must be an integer >= 1 (epochs) or None, got {plan.reuse!r}")
     if not _count(plan.min_k):
         raise ValueError(f"min_k must be an integer >= 1, got {plan.min_k!r}")
     if plan.balance not in ("nodes", "memory"):
         raise ValueError(f"balance must be 'nodes' or 'memory', got {plan.balance!r}")
-    if not 0.0 <= plan.safety_margin < 1.0:
-        raise ValueError(f"safety_margin must be in [0, 1), got {plan.safety_margin!r}")
+    margin = plan.safety_margin
+    if isinstance(margin, bool) or not isinstance(margin, (int, float, np.number)) or not 0.0 <= margin < 1.0:
+        raise ValueError(f"safety_margin must be a number in [0, 1), got {margin!r}")
     check_options(plan.options)
 
 

@@ -130,7 +130,9 @@ def test_fit_refuses_validation_scores_without_the_score_key_the_selector_needs(
     ([4, 6], PartitionPlan("reg", 3, reuse=0), "reuse must be an integer >= 1"),
     ([4, 6], PartitionPlan("reg", 3, min_k=0), "min_k must be an integer >= 1"),
     ([4, 6], PartitionPlan("reg", 3, balance="edges"), "balance must be 'nodes' or 'memory'"),
-    ([4, 6], PartitionPlan("reg", 3, safety_margin=1.0), "safety_margin must be in \\[0, 1\\)"),
+    ([4, 6], PartitionPlan("reg", 3, safety_margin=1.0), "safety_margin must be a number in \\[0, 1\\)"),
+    ([4, 6], PartitionPlan("reg", 3, safety_margin="0.1"), "safety_margin must be a number in \\[0, 1\\)"),
+    ([4, 6], PartitionPlan("reg", "auto", memory_budget=float("inf")), "memory_budget must be a finite number"),
     ([4, 6], PartitionPlan("reg", 3, options={"partitoner": "metis"}), "unknown partition option"),
 ])
 def test_the_trainer_refuses_what_would_fail_on_the_preparation_thread(fanouts, plan, words):
@@ -143,6 +145,6 @@ def test_a_float_memory_budget_is_a_number_of_bytes():
     model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2)
     for plan in (PartitionPlan("reg", "auto", memory_budget=float(2**30)), PartitionPlan("reg", 3, memory_budget=1e9)):
         Trainer(model, torch.optim.Adam(model.parameters()), dataset(), [4, 6], plan)
-    with pytest.raises(ValueError, match="memory_budget must be a number of bytes >= 1"):
+    with pytest.raises(ValueError, match="memory_budget must be a finite number of bytes >= 1"):
         Trainer(model, torch.optim.Adam(model.parameters()), dataset(), [4, 6],
                 PartitionPlan("reg", 3, memory_budget=float("nan")))

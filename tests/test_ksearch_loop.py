@@ -78,7 +78,9 @@ def test_the_budget_an_error_advises_is_the_smallest_that_fits():
 def test_errors_name_the_cause_and_a_budget_that_works():
     with pytest.raises(KSearchError, match="fixed costs") as err:
         smallest_fitting_k(_model(10), memory_budget=900, safety_margin=0.0, fixed=FIXED, k_max=5)
-    assert err.value.smallest_budget == FIXED and err.value.tried == [(1, FIXED + 10)]
+    assert err.value.smallest_budget == FIXED + 10 and err.value.tried == [(1, FIXED + 10)]  # K = 1 fits it
+    assert smallest_fitting_k(_model(10), memory_budget=err.value.smallest_budget, safety_margin=0.0, fixed=FIXED,
+                              k_max=5).k == 1
 
     with pytest.raises(KSearchError, match="one output node per micro-batch") as err:
         smallest_fitting_k(_model(100_000), memory_budget=5_000, safety_margin=0.5, fixed=FIXED,

@@ -203,11 +203,15 @@ def smallest_budget(peak: float, safety_margin: float) -> int:
 
 
 def usable_budget(memory_budget: float, safety_margin: float) -> float:
-    """``memory_budget · (1 − safety_margin)`` with argument checks."""
-    if memory_budget is None or not memory_budget > 0:
-        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
-    if not 0.0 <= safety_margin < 1.0:
-        raise ValueError(f"safety_margin must be in [0, 1), got {safety_margin!r}")
+    """``memory_budget · (1 − safety_margin)`` with argument checks: a finite positive
+    number of bytes, a number in [0, 1)."""
+    def number(value) -> bool:
+        return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+
+    if not number(memory_budget) or not 0 < memory_budget < math.inf:
+        raise ValueError(f"memory_budget must be a finite positive number of bytes, got {memory_budget!r}")
+    if not number(safety_margin) or not 0.0 <= safety_margin < 1.0:
+        raise ValueError(f"safety_margin must be a number in [0, 1), got {safety_margin!r}")
     return float(memory_budget) * (1.0 - float(safety_margin))
 
 
@@ -355,7 +359,7 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
                 f"Smallest budget: about {need(full)} bytes for K = {lo}, at least {need(fixed)}",
                 budget=memory_budget, usable=usable,
                 dominant="parameters+gradients+optimizer_state" + ("+device_store" if on_device else ""),
-                smallest_budget=need(fixed), tried=record)
+                smallest_budget=need(full), tried=record)  # K = lo fits it: advice that works
         if full <= usable:
             return KLoopResult(lo, *evaluate(lo), tried=record, usable_budget=usable)
         k_fail: int | None = lo
