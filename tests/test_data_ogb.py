@@ -366,3 +366,25 @@ def test_check_available_is_the_loaders_check_without_loading(tmp_path):
         check_available("cora", tmp_path)
     with pytest.raises(ValueError, match="unknown option"):
         check_available("synthetic", tmp_path, colour="red")
+
+
+def test_new_source_files_replace_the_old_entry_not_beside_it(tmp_path):
+    """A re-extracted or copied source file (a new mtime) gives a new key: the entry of the
+    old files, as large as the dataset, is removed once the new one is written, and an
+    entry with other options stays."""
+    import os
+
+    from betty.data import cache_path
+
+    _write(tmp_path, "ogbn-products")
+    load_dataset("ogbn-products", root=tmp_path)
+    load_dataset("ogbn-products", root=tmp_path, feature_dtype="bfloat16")  # other options: kept
+    old = cache_path("ogbn-products", tmp_path)
+    for path in (tmp_path / "ogbn_products" / "raw").iterdir():
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    new = cache_path("ogbn-products", tmp_path)
+    assert new != old
+    load_dataset("ogbn-products", root=tmp_path)
+    entries = sorted(p.name for p in (tmp_path / "betty-cache").iterdir())
+    assert new.name in entries and old.name not in entries and len(entries) == 2, entries

@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import warnings
 from pathlib import Path
 
 import torch
 
-from betty.data.store import StoreError, StoreWriter, open_store, verify_mode
+from betty.data.store import MANIFEST, StoreError, StoreWriter, open_store, verify_mode
 from betty.data.types import GraphDataset
 from betty.graph import Graph
 
 __all__ = ["CACHE_DIRNAME", "CACHE_FORMAT", "cache_key", "cache_file", "save_cached", "load_cached",
-           "lean_csr", "entry_scalars", "dataset_from_store"]
+           "remove_superseded", "lean_csr", "entry_scalars", "dataset_from_store"]
 
 CACHE_DIRNAME = "betty-cache"
 CACHE_FORMAT = 2  # bump when the processing of any dataset or the entry's layout changes
@@ -76,14 +77,19 @@ def entry_scalars(name: str, num_nodes: int, num_classes: int, *, multilabel: bo
             "is_ogb": bool(is_ogb), "ogb_name": ogb_name}
 
 
-def save_cached(ds: GraphDataset, path: str | Path, *, feature_dtype: torch.dtype | None = None) -> None:
+def save_cached(ds: GraphDataset, path: str | Path, *, feature_dtype: torch.dtype | None = None,
+                lineage: str | None = None) -> None:
     """Write ``ds`` as a store folder at ``path`` (atomically; see the module docstring),
     its features cast to ``feature_dtype`` (default: their own) as they are written,
-    row chunk by row chunk (no whole cast copy is made)."""
+    row chunk by row chunk (no whole cast copy is made). ``lineage``: the key of the
+    dataset and options without the source files' fingerprint, kept in the manifest
+    for :func:`remove_superseded`."""
     path = Path(path)
     indptr, indices, eid = lean_csr(ds.graph)
     scalars = entry_scalars(ds.name, ds.num_nodes, ds.num_classes, multilabel=ds.multilabel,
                             is_ogb=ds.is_ogb, ogb_name=ds.ogb_name)
+    if lineage is not None:
+        scalars["lineage"] = lineage
     with StoreWriter(path, scalars) as w:
         w.put("indptr", indptr, torch.int64)
         w.put("indices", indices, torch.int32 if ds.num_nodes <= _INT32_MAX else torch.int64)
@@ -92,6 +98,27 @@ def save_cached(ds: GraphDataset, path: str | Path, *, feature_dtype: torch.dtyp
         w.put("feat", ds.feat, feature_dtype)
         for field in ("label", "train_idx", "valid_idx", "test_idx"):
             w.put(field, getattr(ds, field))
+
+
+def remove_superseded(path: str | Path, lineage: str) -> list[Path]:
+    """Remove the entries beside ``path`` that cache the same dataset with the same
+    options (``lineage``) from source files as they were before: a source file
+    re-extracted or copied (a new modification time) gives a new key, and the old
+    entry, as large as the dataset, would stay forever. Returns what was removed (a
+    process that still maps one keeps its pages until it unmaps them)."""
+    path = Path(path)
+    removed = []
+    for entry in sorted(path.parent.iterdir()):
+        if entry == path or entry.name.startswith(".") or entry.is_symlink() or not entry.is_dir():
+            continue
+        try:
+            scalars = json.loads((entry / MANIFEST).read_text(encoding="utf-8")).get("scalars")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(scalars, dict) and scalars.get("lineage") == lineage:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
 
 
 def dataset_from_store(arrays: dict[str, torch.Tensor], scalars: dict) -> GraphDataset:

@@ -450,8 +450,11 @@ def load_dataset(
             return _with_feature_dtype(hit, dtype)
     ds = _apply_common(spec.build(name, root, _own_options(opts)), opts)
     if path is not None:
+        cache = _module("cache")
+        lineage = cache.cache_key({k: v for k, v in _identity(name, root, opts).items() if k != "source"})
         try:
-            _module("cache").save_cached(ds, path, feature_dtype=dtype)
+            cache.save_cached(ds, path, feature_dtype=dtype, lineage=lineage)
+            cache.remove_superseded(path, lineage)  # this dataset's entries of older source files
         except OSError as err:  # a full disk, a quota, a read-only root: the dataset is built all the same
             warnings.warn(f"dataset {name!r}: could not write betty's cache at {path} ({err}); using the "
                           "dataset as loaded (load_dataset(..., cache=False), or a dataset.root that can be "
