@@ -24,15 +24,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from betty.batch import SampledBatch
+from betty.checks import is_integer
 from betty.memory import (DEFAULT_SAFETY_MARGIN, MemoryMeter, OptimizerSpec, apply_budget, default_backend,
                           estimate_micro_batches, make_estimator, make_k_chooser, memory_balance_weights, oom_guard,
                           split_report)
 from betty.memory.estimator import persistent_bytes, step_bytes
-from betty.memory.ksearch import check_fixed_k, check_step_fits
+from betty.memory.ksearch import check_fixed_k, check_memory_budget, check_safety_margin, check_step_fits
 from betty.memory.replay import replays_mixed_precision
 from betty.memory.spec import ModelSpec
 from betty.memory.sizes import carved_split_sizes
@@ -88,10 +88,6 @@ class PartitionPlan:
     min_k: int = 1
 
 
-def _count(value, least: int = 1) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= least
-
-
 def check_plan(plan: PartitionPlan) -> None:
     """Refuse a :class:`PartitionPlan` that could only fail later, on the preparation
     thread: an unknown method or option, a K that is neither an integer >= 1 nor
@@ -102,23 +98,19 @@ def check_plan(plan: PartitionPlan) -> None:
 
     if plan.method not in PARTITIONERS:
         raise ValueError(f"unknown partition method {plan.method!r}; allowed: {sorted(PARTITIONERS)}")
-    if plan.k != "auto" and not _count(plan.k):
+    if plan.k != "auto" and not (is_integer(plan.k) and plan.k >= 1):
         raise ValueError(f"k must be an integer >= 1 or 'auto', got {plan.k!r}")
     if plan.k == "auto" and plan.memory_budget is None:
         raise ValueError("k='auto' needs a memory_budget")
-    budget = plan.memory_budget
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float, np.number))
-                               or not 1 <= budget < float("inf")):
-        raise ValueError(f"memory_budget must be a finite number of bytes >= 1 or None, got {budget!r}")
-    if plan.reuse is not None and not _count(plan.reuse):
+    if plan.memory_budget is not None:
+        check_memory_budget(plan.memory_budget)
+    if plan.reuse is not None and not (is_integer(plan.reuse) and plan.reuse >= 1):
         raise ValueError(f"reuse must be an integer >= 1 (epochs) or None, got {plan.reuse!r}")
-    if not _count(plan.min_k):
+    if not (is_integer(plan.min_k) and plan.min_k >= 1):
         raise ValueError(f"min_k must be an integer >= 1, got {plan.min_k!r}")
     if plan.balance not in ("nodes", "memory"):
         raise ValueError(f"balance must be 'nodes' or 'memory', got {plan.balance!r}")
-    margin = plan.safety_margin
-    if isinstance(margin, bool) or not isinstance(margin, (int, float, np.number)) or not 0.0 <= margin < 1.0:
-        raise ValueError(f"safety_margin must be a number in [0, 1), got {margin!r}")
+    check_safety_margin(plan.safety_margin)
     check_options(plan.options)
 
 

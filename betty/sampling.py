@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from betty.batch import LayerEdges, SampledBatch
+from betty.checks import is_integer
 from betty.graph import Graph, as_graph
 from betty.indexing import put, take
 from betty.pages import prefetch_rows, release_pages
@@ -307,7 +308,7 @@ def check_fanouts(fanouts: Sequence[int]) -> list[int]:
     fanouts = list(fanouts)
     if not fanouts:
         raise ValueError("fanouts must list at least one layer")
-    if any(isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f == 0 or f < -1 for f in fanouts):
+    if any(not is_integer(f) or f == 0 or f < -1 for f in fanouts):
         raise ValueError(f"each fanout must be a positive int or -1, got {fanouts}")
     return [int(f) for f in fanouts]
 

@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from betty.batch import SampledBatch
+from betty.checks import is_number
 from betty.memory.estimator import MemoryEstimate, estimate_micro_batches, persistent_bytes, step_bytes
 from betty.memory.spec import as_model_spec, as_optimizer_spec
 from betty.precision import Precision
@@ -70,6 +71,8 @@ __all__ = [
     "BudgetExceeded",
     "check_fixed_k",
     "check_step_fits",
+    "check_memory_budget",
+    "check_safety_margin",
     "KSearchResult",
     "search_k",
     "memory_balance_weights",
@@ -202,16 +205,23 @@ def smallest_budget(peak: float, safety_margin: float) -> int:
     return need
 
 
-def usable_budget(memory_budget: float, safety_margin: float) -> float:
-    """``memory_budget · (1 − safety_margin)`` with argument checks: a finite positive
-    number of bytes, a number in [0, 1)."""
-    def number(value) -> bool:
-        return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+def check_memory_budget(memory_budget) -> None:
+    """Refuse a ``memory_budget`` that is not a finite number of bytes >= 1."""
+    if not is_number(memory_budget) or not 1 <= memory_budget < math.inf:
+        raise ValueError(f"memory_budget must be a finite number of bytes >= 1, got {memory_budget!r}")
 
-    if not number(memory_budget) or not 0 < memory_budget < math.inf:
-        raise ValueError(f"memory_budget must be a finite positive number of bytes, got {memory_budget!r}")
-    if not number(safety_margin) or not 0.0 <= safety_margin < 1.0:
+
+def check_safety_margin(safety_margin) -> None:
+    """Refuse a ``safety_margin`` that is not a number in [0, 1)."""
+    if not is_number(safety_margin) or not 0.0 <= safety_margin < 1.0:
         raise ValueError(f"safety_margin must be a number in [0, 1), got {safety_margin!r}")
+
+
+def usable_budget(memory_budget: float, safety_margin: float) -> float:
+    """``memory_budget · (1 − safety_margin)`` after :func:`check_memory_budget` and
+    :func:`check_safety_margin`."""
+    check_memory_budget(memory_budget)
+    check_safety_margin(safety_margin)
     return float(memory_budget) * (1.0 - float(safety_margin))
 
 

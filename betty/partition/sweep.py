@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from betty.checks import is_integer
 from betty.partition.base import PARTITIONERS, partition_batch
 from betty.partition.metrics import split_metrics
 
@@ -158,7 +159,7 @@ def sweep_ks(ks: Sequence[int], most: int) -> list[int]:
     Raises:
         ValueError: a K that is not an integer >= 1 (it would fail every method).
     """
-    if any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in ks):
+    if any(not is_integer(k) or k < 1 for k in ks):
         raise ValueError(f"ks must be integers >= 1, got {list(ks)!r}")
     return sorted({int(k) for k in ks if k <= most})
 
