@@ -25,6 +25,7 @@ import hashlib
 import json
 import shutil
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -33,12 +34,25 @@ from betty.data.store import MANIFEST, StoreError, StoreWriter, open_store, veri
 from betty.data.types import GraphDataset
 from betty.graph import Graph
 
-__all__ = ["CACHE_DIRNAME", "CACHE_FORMAT", "cache_key", "cache_file", "save_cached", "load_cached",
+__all__ = ["CACHE_DIRNAME", "CACHE_FORMAT", "files_fingerprint", "cache_key", "cache_file", "save_cached", "load_cached",
            "remove_superseded", "lean_csr", "entry_scalars", "dataset_from_store"]
 
 CACHE_DIRNAME = "betty-cache"
 CACHE_FORMAT = 2  # bump when the processing of any dataset or the entry's layout changes
 _INT32_MAX = 2**31 - 1
+
+
+def files_fingerprint(paths: Iterable[Path], relative_to: Path | None = None) -> list:
+    """``[(name, size, mtime_ns)]`` of the files among ``paths`` that exist (named
+    relative to ``relative_to``, else by their full path): what changes when a file
+    is replaced or rewritten."""
+    out = []
+    for path in paths:
+        if path.is_file():
+            st = path.stat()
+            name = path.relative_to(relative_to) if relative_to is not None else path.resolve()
+            out.append((str(name), st.st_size, st.st_mtime_ns))
+    return out
 
 
 def cache_key(payload: dict) -> str:

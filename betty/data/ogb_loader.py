@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from betty.data.cache import files_fingerprint
 from betty.data.graph_build import bare_graph, canonical_edges
 from betty.data.names import OGB_NAMES, DatasetNotFoundError
 from betty.data.types import GraphDataset
@@ -177,10 +178,7 @@ def ogb_source_fingerprint(name: str, root: str | Path, meta_dict: dict | None =
         return []
     out = []
     for sub in ("raw", "split"):
-        for path in sorted((folder / sub).rglob("*")) if (folder / sub).is_dir() else []:
-            if path.is_file():
-                st = path.stat()
-                out.append((str(path.relative_to(folder)), st.st_size, st.st_mtime_ns))
+        out += files_fingerprint(sorted((folder / sub).rglob("*")) if (folder / sub).is_dir() else [], folder)
     out += [(p.name, 0, 0) for p in sorted(folder.glob("RELEASE_v*.txt"))]
     return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,23 +103,10 @@ def _dgl_builtin_check(name: str, root: Path, opts: dict) -> None:
     _module("dgl_builtin").check_files(name, root)
 
 
-def files_fingerprint(paths: Iterable[Path], relative_to: Path | None = None) -> list:
-    """``[(name, size, mtime_ns)]`` of the files among ``paths`` that exist (named
-    relative to ``relative_to``, else by their full path): what changes when a file
-    is replaced or rewritten."""
-    out = []
-    for path in paths:
-        if path.is_file():
-            st = path.stat()
-            name = path.relative_to(relative_to) if relative_to is not None else path.resolve()
-            out.append((str(name), st.st_size, st.st_mtime_ns))
-    return out
-
-
 def _dgl_builtin_fingerprint(name: str, root: Path, opts: dict) -> list:
     """The raw files DGL reads, or where they are absent its processed ones (not both:
     DGL writes its processed file beside the raw ones on the first load)."""
-    builtin = _module("dgl_builtin")
+    builtin, files_fingerprint = _module("dgl_builtin"), _module("cache").files_fingerprint
     folder, spec = builtin.dgl_raw_path(name, root), builtin.DGL_BUILTINS[name]
     raw = files_fingerprint([folder / f for f in spec.raw_files], folder)
     return raw if len(raw) == len(spec.raw_files) else files_fingerprint(
@@ -127,7 +114,7 @@ def _dgl_builtin_fingerprint(name: str, root: Path, opts: dict) -> list:
 
 
 def _dgl_file_fingerprint(name: str, root: Path, opts: dict) -> list:
-    return files_fingerprint([Path(opts["path"])])
+    return _module("cache").files_fingerprint([Path(opts["path"])])
 
 
 def _dgl_file_check(name: str, root: Path, opts: dict) -> None:
