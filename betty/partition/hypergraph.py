@@ -41,6 +41,7 @@ from betty.batch import SampledBatch
 from betty.partition.balance import fill_empty_micro_batches, integer_vertex_weights
 from betty.partition.base import PartitionResult, c_int_seed, register
 from betty.partition.incidence import multi_hop_incidence
+from betty.partition.reg import REG_OPTIONS, reg_partition
 
 __all__ = ["hypergraph_partition", "mtkahypar_initializer", "run_mtkahypar", "IMBALANCE_EPSILON"]
 
@@ -136,8 +137,7 @@ def _run_with_deadline(args: tuple, time_limit_s: float):
     return payload
 
 
-@register("hypergraph", options=("time_limit_s", "deterministic", "threads", "partitioner", "trainer_threads",
-                                 "max_hub_degree", "hub_links"))
+@register("hypergraph", options=("time_limit_s", "threads", *REG_OPTIONS))  # REG's: its fallback's
 def hypergraph_partition(
     batch: SampledBatch,
     k: int,
@@ -184,8 +184,6 @@ def hypergraph_partition(
         raise ValueError(f"threads must be >= 1, got {threads}")
     if time_limit_s is not None and not time_limit_s > 0:
         raise ValueError(f"time_limit_s must be > 0 seconds or None, got {time_limit_s}")
-    from betty.partition.reg import REG_OPTIONS
-
     stray = sorted(set(reg_options) - set(REG_OPTIONS))
     if stray:
         raise ValueError(f"hypergraph_partition takes the reg fallback's options {list(REG_OPTIONS)}, not {stray}")
@@ -212,8 +210,6 @@ def hypergraph_partition(
         reason = (f"the hypergraph split (Mt-KaHyPar {preset}, {threads} threads) did not "
                   f"finish K={k} within partition.time_limit_s={time_limit_s}")
         log.warning("%s; falling back to 'reg' for this split", reason)
-        from betty.partition.reg import reg_partition
-
         result = reg_partition(batch, k, seed=seed, weights=weights, deterministic=deterministic, **reg_options)
         result.info.update(fallback_from="hypergraph", fallback_reason=reason,
                            hypergraph_time_s=time.perf_counter() - built)
