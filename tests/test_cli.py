@@ -285,8 +285,8 @@ def test_usage_errors_exit_2_before_any_run_exists(tracking, tmp_path, monkeypat
     cases = [
         (("stage", "evaluate", "tiny"), "the evaluate stage needs a train run of this spec"),
         (("estimate", "synthetic_revgnn", "-s", "model.deq=true"), "does not cover model.deq: true"),
-        (("calibrate", "--device", "bogus", "--no-write"), "--device 'bogus': not a device"),
-        (("calibrate", "--device", "meta", "--no-write"), "memory of cpu and cuda devices only"),
+        (("calibrate", "--device", "bogus", "--no-write"), "--device 'bogus': not a torch device"),
+        (("calibrate", "--device", "meta", "--no-write"), "--device 'meta': betty trains on cpu and cuda devices only"),
         (("compare", "--spec", "it's"), "is not a spec name"),
     ]
     for args, words in cases:

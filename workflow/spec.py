@@ -38,6 +38,7 @@ __all__ = [
     "EarlyStoppingSection",
     "EvaluateSection",
     "check_spec",
+    "check_device",
     "spec_notes",
     "with_arch_defaults",
 ]
@@ -169,7 +170,7 @@ DEVICE_TYPES = ("cpu", "cuda")
 """The device types betty trains on (those the memory model has constants for)."""
 
 
-def _check_device(value: Any, allowed: str = "allowed: 'auto' (cuda if available, else cpu), "
+def check_device(value: Any, allowed: str = "allowed: 'auto' (cuda if available, else cpu), "
                                              "'cpu', 'cuda', 'cuda:<index>'") -> str:
     if not isinstance(value, str):
         raise ValueError(allowed)
@@ -192,7 +193,7 @@ def _check_sample_device(value: Any) -> str:
         return value
     if value == "auto" or not isinstance(value, str):
         raise ValueError(allowed)
-    return _check_device(value, allowed)
+    return check_device(value, allowed)
 
 
 Fanout = Annotated[int, PlainValidator(_check_fanout)]
@@ -200,7 +201,7 @@ SampleDevice = Annotated[str, PlainValidator(_check_sample_device)]
 KValue = Annotated[int | str, PlainValidator(_check_k)]
 BatchSize = Annotated[int | str, PlainValidator(_check_batch_size)]
 ByteBudget = Annotated[int | None, PlainValidator(_check_budget)]
-Device = Annotated[str, PlainValidator(_check_device)]
+Device = Annotated[str, PlainValidator(check_device)]
 Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]

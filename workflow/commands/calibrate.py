@@ -20,16 +20,13 @@ def calibrate(device: Annotated[str, typer.Option("--device", help="cpu, cuda, c
     from workflow.commands._common import fail
     from workflow.components import resolve_device
 
-    from workflow.spec import DEVICE_TYPES
+    from workflow.spec import check_device
 
     try:
+        check_device(device)  # the rule of train.device: a torch device of a type betty models
         where = resolve_device(device)
-    except RuntimeError as err:  # not a device name, or not on this machine
-        why = ("not a device; allowed: auto, cpu, cuda, cuda:<index>" if "Expected one of" in str(err)
-               else str(err).replace("train.device is", "it is"))
-        raise fail(f"--device {device!r}: {why}", 2) from None
-    if where.type not in DEVICE_TYPES:
-        raise fail(f"--device {device!r}: betty models the memory of {' and '.join(DEVICE_TYPES)} devices only", 2)
+    except (ValueError, RuntimeError) as err:  # not such a device, or not on this machine
+        raise fail(f"--device {device!r}: {str(err).replace('train.device is', 'it is')}", 2) from None
     emit_fields(run_calibration(where, write=write), json_, width=28)
 
 
