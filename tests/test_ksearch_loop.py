@@ -13,15 +13,18 @@ from betty.memory.ksearch import KSearchError, smallest_fitting_k
 FIXED = 1_000
 
 
-def _model(activation: int, *, bumps: dict[int, int] | None = None, calls: list | None = None):
-    """Micro-batches whose peak is ``FIXED + ceil(activation / k)`` (+ ``bumps[k]``)."""
+def _model(activation: int, *, bumps: dict[int, int] | None = None, calls: list | None = None,
+           floor: int = 0, micro_batches: int | None = None):
+    """Micro-batches whose peak is ``FIXED + floor + ceil(activation / k)`` (+ ``bumps[k]``);
+    ``micro_batches``: how many of the k (all equal) are returned (default all)."""
 
     def split_and_estimate(k: int):
         if calls is not None:
             calls.append(k)
-        peak = FIXED + math.ceil(activation / k) + (bumps or {}).get(k, 0)
+        peak = FIXED + floor + math.ceil(activation / k) + (bumps or {}).get(k, 0)
         est = MemoryEstimate(peak=peak, breakdown={"parameters": FIXED, "activations": peak - FIXED})
-        return [f"micro-batch{i}" for i in range(k)], [est] * k
+        n = k if micro_batches is None else micro_batches
+        return [f"micro-batch{i}" for i in range(n)], [est] * n
 
     return split_and_estimate
 
@@ -97,3 +100,17 @@ def test_errors_name_the_cause_and_a_budget_that_works():
         smallest_fitting_k(_model(100_000), memory_budget=1_100, safety_margin=0.0, fixed=FIXED,
                            k_max=10_000, max_evaluations=2, error_cls=Custom)
     assert len(err.value.tried) == 2
+
+
+
+def test_a_floor_no_split_removes_is_crossed_in_few_evaluations():
+    """Where ``M(K) − F`` shrinks toward a floor (not like ``1 / K``), the overshoot jumps
+    alone creep up by about 5% a step and ran out of ``max_evaluations`` before K = 10^6;
+    doubling after two short jumps reaches it, and the bisection still returns the
+    smallest fitting K."""
+    calls: list[int] = []
+    budget = 2_000  # FIXED + 990 + ceil(10^7 / K) fits from K = 10^6
+    found = smallest_fitting_k(_model(10**7, floor=990, calls=calls, micro_batches=1), memory_budget=budget,
+                               safety_margin=0.0, fixed=FIXED, k_max=2 * 10**6)
+    assert found.k == 10**6 and dict(found.tried)[10**6 - 1] > budget
+    assert len(calls) <= 30

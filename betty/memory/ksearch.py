@@ -12,9 +12,12 @@ trains: it only partitions and estimates.
    when splitting adds no redundancy).
 2. **Grow.** While ``M(K)`` is over budget, jump by the overshoot ratio,
    ``K ← max(K + 1, ceil(K · (M(K) − F) / (U − F) · 1.05))``, capped at the number of
-   output nodes. If even one output per micro-batch does not fit, one output's sampled
-   neighbourhood alone exceeds the budget: :class:`KSearchError` names the largest
-   component of the worst micro-batch and the smallest budget that would work.
+   output nodes; from the second jump that still does not fit, ``K`` at least doubles
+   (where ``M(K) − F`` shrinks slower than ``1 / K``, e.g. toward a floor that no split
+   removes, the jumps alone would creep up by 5% a step). If even one output per
+   micro-batch does not fit, one output's sampled neighbourhood alone exceeds the budget:
+   :class:`KSearchError` names the largest component of the worst micro-batch and the
+   smallest budget that would work.
 3. **Refine.** Binary search between the largest K tried that failed and the smallest
    that fit, down to adjacent integers.
 
@@ -309,7 +312,7 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
     * ``start_k=None``: estimate ``K_lo = min(min_k, k_max)``; fail if ``F >= U``;
       otherwise start at the lower bound ``max(K_lo + 1, ceil(K_lo · (M(K_lo) − F) /
       (U − F)))``, jump by the overshoot
-      (:func:`_next_k`) while ``M(K) > U``, then bisect between the last K that failed
+      (:func:`_next_k`; from the second miss on, at least doubling) while ``M(K) > U``, then bisect between the last K that failed
       and the first that fit, down to adjacent integers;
     * ``start_k=K``: evaluate from ``K`` and step up by the same jump until a split fits,
       no bisection (a second, expensive splitter after a screening search).
@@ -376,8 +379,9 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
         k = min(k_max, max(lo + 1, math.ceil(lo * (full - fixed) / (usable - fixed))))
     else:
         k_fail, k = None, min(k_max, max(1, int(start_k)))
+    misses = 0
     while (m := peak(k)) > usable:
-        k_fail = k
+        k_fail, misses = k, misses + 1
         if k >= k_max:
             worst = max(evaluate(k)[1], key=lambda e: e.peak)
             raise error_cls(
@@ -389,6 +393,8 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
                 budget=memory_budget, usable=usable, dominant=worst.dominant,
                 smallest_budget=need(worst.peak), tried=record)
         k = _next_k(k, m, fixed, usable, k_max)
+        if start_k is None and misses >= 2:  # the jumps keep falling short: gallop, then bisect
+            k = max(k, min(k_max, 2 * k_fail))
     k_fit = k
     if start_k is None:
         while k_fit - k_fail > 1:  # refine between the last failing and the first fitting K
