@@ -57,7 +57,7 @@ def verify(spec: SpecArg,
         overrides.append(f"train.dtype={dtype}")
     rspec = load(spec, overrides)
     if uses_revgnn(rspec):
-        raise fail("betty verify checks K-way micro-batch training on a sampled batch (sage, gat); "
+        raise fail("betty verify checks K-way micro-batch training on a sampled batch (sage, gat, gcn); "
                    "model.arch revgnn trains on cluster parts whose dropped edges change the "
                    "model, so K parts equal the full graph only when no edge crosses parts "
                    "(checked by tests/test_rev_engine.py)", 2)
