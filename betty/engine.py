@@ -42,7 +42,7 @@ from betty.partition.base import CUT_STRUCTURES
 from betty.partition.metrics import split_metrics
 from betty.partition.sweep import Split, measure_batch_split, sweep_batch
 from betty.pipeline import check_prefetch, preparation
-from betty.precision import LossScaler, Precision
+from betty.precision import LossScaler, Precision, check_parameter_dtype
 from betty.records import IdleTime, epoch_metrics, estimate_error
 from betty.sampling import check_fanouts, sample_full_batch
 from betty.train import (MicroBatchRecord, accumulate_gradients, host_rows, locate_non_finite, same_device,
@@ -393,6 +393,7 @@ class Trainer:
         if self.precision.param_dtype != dtype:
             raise ValueError(f"precision {self.precision} keeps parameters in "
                              f"{self.precision.param_dtype}, but dtype is {dtype}")
+        check_parameter_dtype(model, dtype)
         why = self.precision.unsupported(getattr(model, "backend_name", ""), torch.device(device).type)
         if why is not None:
             raise ValueError(why)

@@ -117,6 +117,17 @@ class Precision:
         return self.name
 
 
+def check_parameter_dtype(model: "torch.nn.Module", dtype: "torch.dtype") -> None:
+    """Refuse a ``model`` with floating-point parameters in a dtype other than ``dtype``
+    (the trainer's parameter dtype): the first matrix product would fail on mismatched
+    operands, and the memory model would count every parameter at the wrong size."""
+    wrong = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point() and p.dtype != dtype})
+    if wrong:
+        raise ValueError(f"the model's parameters are {', '.join(wrong)} but the trainer's dtype is "
+                         f"{dtype}: build the model in that dtype (model.to({dtype})) or pass the "
+                         f"model's dtype as dtype=")
+
+
 def input_dtype(feat_dtype: "torch.dtype", precision: "Precision | str | None",
                 dtype: "torch.dtype | None") -> "torch.dtype | None":
     """The dtype a micro-batch's features are cast to on the device, or ``None`` to keep

@@ -148,3 +148,12 @@ def test_a_float_memory_budget_is_a_number_of_bytes():
     with pytest.raises(ValueError, match="memory_budget must be a finite number of bytes >= 1"):
         Trainer(model, torch.optim.Adam(model.parameters()), dataset(), [4, 6],
                 PartitionPlan("reg", 3, memory_budget=float("nan")))
+
+
+def test_a_model_in_another_dtype_than_the_trainers_is_refused_when_built():
+    """Not at the first matrix product, with torch's operand message."""
+    model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2).double()
+    with pytest.raises(ValueError, match="parameters are torch.float64 but the trainer's dtype is torch.float32"):
+        Trainer(model, torch.optim.Adam(model.parameters()), dataset(), [4, 6], PartitionPlan("random", 2))
+    Trainer(model, torch.optim.Adam(model.parameters()), dataset(), [4, 6], PartitionPlan("random", 2),
+            dtype=torch.float64)

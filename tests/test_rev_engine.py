@@ -194,6 +194,25 @@ def test_multilabel_and_deq_train():
         _trainer(_dataset(), RevPlan("random", "auto", memory_budget=10**9), deq=True)
 
 
+def test_plan_and_trainer_refuse_what_they_cannot_honour():
+    """A plan's K and budget are checked as the sampled plan's are (NumPy integers are
+    integers, ``True`` is not; a budget is a finite byte count); a budget is refused where
+    no estimate could hold a split to it, and a model in another dtype than the trainer's."""
+    assert RevPlan("random", np.int64(2)).k == 2
+    for bad, match in ((dict(k=True), "k must be an integer"),
+                       (dict(k=2, memory_budget="1GiB"), "memory_budget must be a finite number"),
+                       (dict(k=2, memory_budget=0.5), "memory_budget must be a finite number of bytes >= 1, got 0.5"),
+                       (dict(k=2, safety_margin=float("nan")), "safety_margin must be a number in")):
+        with pytest.raises(ValueError, match=match):
+            RevPlan("random", **bad)
+    with pytest.raises(ValueError, match="a memory_budget needs the memory estimates"):
+        _trainer(_dataset(), RevPlan("random", 2, memory_budget=10**9), deq=True)
+    ds = _dataset()
+    model = build_model("revgnn", ds.num_features, ds.num_classes, hidden=16, layers=2).double()
+    with pytest.raises(ValueError, match="parameters are torch.float64 but the trainer's dtype is torch.float32"):
+        RevTrainer(model, torch.optim.Adam(model.parameters()), ds, RevPlan("random", 2))
+
+
 def test_k_auto_picks_the_smallest_fitting_k():
     ds = _dataset(n=300)
     probe, _ = _trainer(ds, RevPlan("random", 1))

@@ -41,6 +41,7 @@ EXPERIMENT = "rev-test"  # the conftest tracking fixture's experiment
     (REV, ["model.deq=true", "model.weight_tied=true"], "model.weight_tied", "model.deq"),
     (REV, ["model.deq=true", "model.norm=batch"], "model.norm", "layer, none"),
     (REV, ["model.deq=true", "partition.k=auto", "partition.memory_budget=1GB"], "partition.k", "deq"),
+    (REV, ["model.deq=true", "partition.memory_budget=1GB"], "partition.memory_budget", "deq"),
     (REV, ["model.hidden=33"], "model.hidden", "divisible by model.groups"),
     (REV, ["model.heads=2"], "model.heads", "conv gat"),
     (REV, ["partition.method=reg"], "partition.method", "random, metis"),
@@ -74,7 +75,7 @@ def test_revgnn_spec_shape_defaults_and_notes():
     raw = {"dataset": {"name": "synthetic", "num_nodes": 200}, "model": {"arch": "revgnn", "conv": "gat"}}
     bare = resolve_spec(raw)  # no sampling section needed
     assert bare.spec.model.heads == 1 and bare.spec.partition.method == "random"
-    # fanouts are accepted (a sage spec runs with --set model.arch=revgnn) but noted
+    # fanouts are accepted (a sage spec tries revgnn without removing them) but noted
     switched = load_spec("tiny", ["model.arch=revgnn", "partition.method=metis", "partition.sweep.methods=null"])
     assert any("sampling.fanouts" in note and "ignored" in note for note in spec_notes(switched.spec))
     with pytest.raises(SpecError, match="  - sampling: required key is missing"):

@@ -586,6 +586,10 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
             out.append(Problem("partition.k", p.k, "'auto' needs the reversible memory estimator "
                                "(betty.rev.memory), which does not model model.deq: true; allowed: "
                                "an integer >= 1"))
+        elif p.memory_budget is not None:
+            out.append(Problem("partition.memory_budget", p.memory_budget, "needs the reversible "
+                               "memory estimator (betty.rev.memory), which does not model model.deq: "
+                               "true, so no split would be held to it; allowed: null"))
     elif m.hidden % m.groups:
         out.append(Problem("model.hidden", m.hidden,
                            f"must be divisible by model.groups = {m.groups} (channels are split into groups)"))
@@ -722,7 +726,7 @@ def spec_notes(spec: Spec) -> list[str]:
     notes, m = [], spec.model
     if m.arch == "revgnn" and spec.sampling.fanouts is not None:
         notes.append(f"sampling.fanouts = {spec.sampling.fanouts!r} is ignored: {_REVGNN_NOT_SAMPLED} "
-                     "(accepted so that a sage/gat spec runs with --set model.arch=revgnn)")
+                     "(accepted so that a sage/gat spec tries revgnn without removing them)")
     if m.arch == "revgnn" and m.deq:
         for key in ("layers", "groups"):
             if key in changed_keys(m):

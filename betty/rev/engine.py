@@ -51,6 +51,8 @@ import torch
 from torch import Tensor, nn
 
 from betty.catalog import CLUSTER_METHODS
+from betty.checks import is_integer
+from betty.memory.ksearch import check_memory_budget, check_safety_margin
 from betty.memory.spec import as_optimizer_spec
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.records import IdleTime, epoch_metrics, estimate_error
@@ -106,12 +108,13 @@ class RevPlan:
     def __post_init__(self) -> None:
         if self.method not in CLUSTER_METHODS:
             raise ValueError(f"method must be one of {CLUSTER_METHODS}, got {self.method!r}")
-        if self.k != "auto" and not (isinstance(self.k, int) and self.k >= 1):
+        if self.k != "auto" and not (is_integer(self.k) and self.k >= 1):
             raise ValueError(f"k must be an integer >= 1 or 'auto', got {self.k!r}")
         if self.k == "auto" and self.memory_budget is None:
             raise ValueError("k='auto' needs a memory_budget (bytes)")
-        if not 0.0 <= self.safety_margin < 1.0:
-            raise ValueError(f"safety_margin must be in [0, 1), got {self.safety_margin}")
+        if self.memory_budget is not None:
+            check_memory_budget(self.memory_budget)
+        check_safety_margin(self.safety_margin)
 
 
 @dataclass
@@ -447,7 +450,7 @@ class RevTrainer:
                  meter: Any = None, estimate_memory: bool = True,
                  on_search: Optional[Callable[[Any], None]] = None, parallel: Any = None,
                  precision: Any = None, prefetch: int = 0) -> None:
-        from betty.precision import Precision
+        from betty.precision import Precision, check_parameter_dtype
 
         if precision is not None and Precision.parse(precision).mixed:
             raise ValueError(f"train.precision {Precision.parse(precision)} is not supported for "
@@ -458,6 +461,7 @@ class RevTrainer:
             raise ValueError(f"dropout_mode must be one of {DROPOUT_MODES}, got {dropout_mode!r}")
         if not hasattr(model, "dropout") or not hasattr(model, "encoder"):
             raise TypeError(f"model must be a RevGNN or RevGNNDEQ, got {type(model).__name__}")
+        check_parameter_dtype(model, dtype)
         can_estimate = supports_estimate(model)
         if plan.k == "auto" and not can_estimate:
             raise ValueError(f"k='auto' needs the reversible memory estimator, which does not "
@@ -475,6 +479,10 @@ class RevTrainer:
         self.estimate_memory = estimate_memory and can_estimate
         if self.estimate_memory:
             as_optimizer_spec(optimizer)  # an optimizer the memory model does not know: refused now
+        elif plan.memory_budget is not None:
+            raise ValueError("a memory_budget needs the memory estimates (estimate_memory=True; the "
+                             f"memory model does not cover {type(model).__name__}): without them no "
+                             "split is held to the budget")
         self.train_mask = torch.zeros(dataset.num_nodes, dtype=torch.bool)
         self.train_mask[dataset.train_idx] = True
         self.memory_kwargs = dict(dtype=dtype, backend=default_backend(self.device),
