@@ -74,6 +74,16 @@ def test_default_shared_mask_parity_under_same_seed(backend):
     assert report.max_rel_error < 1e-8
 
 
+def test_parity_check_restores_the_mode_it_found(backend):
+    """A residual network with checkpointing stays checkpointed after the check (its
+    memory depends on it)."""
+    g, x, y = _data(2, backend)
+    model = RevGNN(IN, 8, OUT, num_layers=3, conv="sage", backend=backend).double()
+    model.set_mode(reversible=False, checkpoint=True)
+    gradient_parity(model, lambda m: torch.nn.functional.cross_entropy(m(g, x), y))
+    assert (model.reversible, model.checkpoint) == (False, True)
+
+
 def test_deterministic_mask_fn_is_called_per_layer_and_matches(backend):
     g, x, y = _data(3, backend)
     calls = []

@@ -68,14 +68,14 @@ def gradient_parity(
         seed: RNG seed set before each of the two runs.
         floor: see :class:`ParityReport`.
     """
-    was_reversible = model.reversible
+    was_reversible, was_checkpoint = model.reversible, bool(getattr(model, "checkpoint", False))
     try:
         model.set_mode(reversible=True)
         rev = _grads(model, loss_closure, seed)
         model.set_mode(reversible=False)
         res = _grads(model, loss_closure, seed)
     finally:
-        model.set_mode(reversible=was_reversible)
+        model.set_mode(reversible=was_reversible, checkpoint=was_checkpoint)
     total = torch.stack([g.norm() for g in res.values()]).norm() if res else torch.tensor(0.0)
     errors: dict[str, float] = {}
     for name in sorted(set(rev) | set(res)):
