@@ -141,6 +141,34 @@ def rank_subgroup_agree() -> object:
     return DataParallel(group=sub).agree(f"from rank {dist.get_rank()}")
 
 
+def rank_subgroup_fit() -> object:
+    """On one of 3 ranks: ranks 1 and 2 train two epochs through :func:`betty.fit.fit` on a
+    DataParallel over their subgroup (per-rank figures gathered, validation every epoch,
+    early stopping agreed), rank 0 takes no part. Returns the subgroup's rank-0 epoch
+    metrics' ``world_size`` and the ranks in its rows; ``None`` on the other ranks."""
+    import torch.distributed as dist
+
+    from betty.distributed import DataParallel
+    from betty.engine import PartitionPlan, Trainer
+    from betty.fit import fit
+    from betty.models import build_model
+    from betty.selection import BestValidation
+
+    sub = dist.new_group(ranks=[1, 2])
+    if dist.get_rank() == 0:
+        return None
+    torch.manual_seed(0)
+    model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2).double()
+    trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), dataset(), [4, 6],
+                      PartitionPlan("random", 2), seed=1, dtype=torch.float64, estimate_memory=False,
+                      parallel=DataParallel(group=sub))
+    result = fit(trainer, 2, validate=lambda epoch, k: {"valid_acc": 0.5}, every=1,
+                 selector=BestValidation("last", 5), score_key="valid_acc")
+    if result is None:
+        return None
+    return [entry["world_size"] for entry in result.history], sorted({row["rank"] for row in result.rows})
+
+
 def rank_distdgl_cases(folder: str, cases, pipelined=()) -> dict[str, dict[str, torch.Tensor]]:
     """On one DistDGL trainer: join the graph servers of the partitioning at ``folder``
     and train every case of ``cases`` with a :class:`betty.distributed.DataParallel` on

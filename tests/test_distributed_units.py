@@ -61,6 +61,14 @@ def test_a_data_parallel_subgroup_agrees_without_the_other_ranks():
     assert launch(rank_subgroup_agree, nproc=3) == {0: None, 1: "from rank 1", 2: "from rank 1"}
 
 
+def test_fit_on_a_data_parallel_subgroup_gathers_and_agrees_within_it():
+    """The epoch's per-rank figures are gathered and the early-stopping decision agreed
+    over the trainer's subgroup, not the default group (whose third rank is elsewhere)."""
+    from distributed_cases import rank_subgroup_fit
+
+    assert launch(rank_subgroup_fit, nproc=3) == {0: None, 1: ([2.0, 2.0], [0, 1]), 2: None}
+
+
 def test_checksum_sees_one_ulp():
     a = torch.tensor([1.0, 2.0], dtype=torch.float64)
     b = a.clone()

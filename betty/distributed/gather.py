@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from betty.records import estimate_error
 
-__all__ = ["PER_RANK_METRICS", "gather_epoch", "agree"]
+__all__ = ["PER_RANK_METRICS", "gather_epoch"]
 
 PER_RANK_METRICS = ("peak_mem_measured_bytes", "peak_mem_estimated_bytes", "time_compute_s",
                     "time_idle_s", "allreduce_wait_s", "host_rss_peak_bytes", "host_pss_bytes")
@@ -58,7 +58,7 @@ def gather_epoch(record, parallel, reduced_before: tuple[int, float], metrics: d
             "allreduce_bytes": float(parallel.reduce_bytes - reduced_before[0]),
             "host_rss_peak_bytes": host["rss_peak_bytes"], "host_pss_bytes": host.get("pss_bytes")}
     gathered: list = [None] * parallel.world_size
-    dist.all_gather_object(gathered, (mine, [{**row, "rank": parallel.rank} for row in rows]))
+    dist.all_gather_object(gathered, (mine, [{**row, "rank": parallel.rank} for row in rows]), group=parallel.group)
     if parallel.rank != 0:
         return None, None
     figures = [fig for fig, _ in gathered]
@@ -81,12 +81,3 @@ def gather_epoch(record, parallel, reduced_before: tuple[int, float], metrics: d
                 metrics[f"{key}.rank{r}"] = float(fig[key])
     return metrics, rows
 
-
-def agree(decision: bool) -> bool:
-    """Rank 0's ``decision`` on every rank (e.g. an early stop: all ranks leave the
-    epoch loop after the same epoch)."""
-    import torch.distributed as dist
-
-    box = [decision]
-    dist.broadcast_object_list(box, src=0)
-    return bool(box[0])
