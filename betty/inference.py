@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from betty.batch import LayerEdges, layer_to_block
+from betty.precision import parameter_dtype
 from betty.sampling import sample_full_batch, sampler_graph
 
 __all__ = ["in_edge_block", "layerwise_inference", "sampled_inference", "evaluate_predictions"]
@@ -43,9 +44,10 @@ def layerwise_inference(model, graph, feat: torch.Tensor, *, device="cpu",
         feat: ``(N, F)`` host features (or rows read by node ID, ``feat[ids]``).
         device: where each chunk runs.
         chunk_size: destination nodes per chunk.
-        dtype: compute dtype (default: the features').
+        dtype: compute dtype (default: the model's parameters' dtype).
         progress: optional callable ``(layer, done, total)`` for progress displays.
     """
+    dtype = parameter_dtype(model) if dtype is None else dtype
     graph = sampler_graph(graph)  # once: a Graph's CSR then serves every chunk
     was_training = model.training
     model.eval()
@@ -58,8 +60,7 @@ def layerwise_inference(model, graph, feat: torch.Tensor, *, device="cpu",
                 dst = torch.arange(start, min(n, start + chunk_size), dtype=torch.int64)
                 layer = in_edge_block(graph, dst)
                 x = h[layer.src_nid].to(device)
-                if dtype is not None:
-                    x = x.to(dtype)
+                x = x.to(dtype)
                 block = layer_to_block(layer, device, model.backend_name,
                                        degrees=getattr(model, "needs_degrees", False))
                 y = model.forward_layer(l, block, x)
@@ -79,9 +80,11 @@ def sampled_inference(model, graph, feat: torch.Tensor, nodes: torch.Tensor, fan
                       *, device="cpu", chunk_size: int = 16384, seed: int = 0,
                       dtype: torch.dtype | None = None) -> torch.Tensor:
     """Logits ``(len(nodes), out)`` from sampled neighbourhoods (cheaper than full
-    inference on huge graphs; stochastic, seeded)."""
+    inference on huge graphs; stochastic, seeded); features cast to ``dtype`` (default: the
+    model's parameters' dtype)."""
     from betty.microbatch import carve
 
+    dtype = parameter_dtype(model) if dtype is None else dtype
     graph = sampler_graph(graph)  # once: a Graph's CSR then serves every chunk
     was_training = model.training
     model.eval()
@@ -94,8 +97,7 @@ def sampled_inference(model, graph, feat: torch.Tensor, nodes: torch.Tensor, fan
             batch = sample_full_batch(graph, chunk[order], fanouts, seed=seed + start)
             mb = carve(batch, torch.arange(batch.num_outputs))
             x = feat[mb.input_nid].to(device)
-            if dtype is not None:
-                x = x.to(dtype)
+            x = x.to(dtype)
             y = model(model.make_blocks(mb.layers, device), x).cpu()
             res = torch.empty_like(y)
             res[order] = y

@@ -117,6 +117,14 @@ class Precision:
         return self.name
 
 
+def parameter_dtype(model: "torch.nn.Module") -> "torch.dtype":
+    """The dtype of ``model``'s floating-point parameters (float32 when it has none): what
+    features are cast to when no dtype is given."""
+    import torch
+
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
 def check_parameter_dtype(model: "torch.nn.Module", dtype: "torch.dtype") -> None:
     """Refuse a ``model`` with floating-point parameters in a dtype other than ``dtype``
     (the trainer's parameter dtype): the first matrix product would fail on mismatched

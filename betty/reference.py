@@ -25,7 +25,7 @@ import torch
 from torch.nn import functional as F
 
 from betty.batch import LayerEdges, SampledBatch, layer_to_block
-from betty.precision import Precision, input_dtype
+from betty.precision import Precision, input_dtype, parameter_dtype
 
 __all__ = ["ReferenceResult", "full_batch_reference", "assert_canonical_order"]
 
@@ -77,7 +77,7 @@ def full_batch_reference(model: torch.nn.Module, batch: SampledBatch, feat: torc
         label: ``(N_graph,)`` int64 labels or ``(N_graph, T)`` multi-label targets.
         dropout_key: the step's key for node-keyed (and edge-keyed) dropout.
         device: where to run.
-        dtype: cast the features to this dtype (default: keep).
+        dtype: cast the features to this dtype (default: the model's parameters' dtype).
         multilabel: use the multi-label loss.
         precision: a :class:`betty.precision.Precision` or its name (default ``32``):
             forward and loss under its autocast when mixed, loss taken in float32.
@@ -91,7 +91,7 @@ def full_batch_reference(model: torch.nn.Module, batch: SampledBatch, feat: torc
     model.zero_grad(set_to_none=True)
     prec = Precision.parse(precision if precision is not None else "32")
     x = feat[batch.input_nid].to(device)
-    cast = input_dtype(x.dtype, prec, dtype)
+    cast = input_dtype(x.dtype, prec, dtype if dtype is not None else parameter_dtype(model))
     if cast is not None:
         x = x.to(cast)
     src_nids = [layer.src_nid.to(device) for layer in batch.layers]

@@ -36,7 +36,7 @@ from betty.batch import MicroBatch, SampledBatch
 from betty.data.store import gather_rows
 from betty.microbatch import Carver, validate_groups
 from betty.pages import out_of_core
-from betty.precision import LossScaler, Precision, input_dtype
+from betty.precision import LossScaler, Precision, input_dtype, parameter_dtype
 from betty.streams import CopyStream, Staged
 from betty.workers import parallel_map
 
@@ -666,7 +666,7 @@ def accumulate_gradients(
             del ahead
         start = time.perf_counter()
         x, inputs.x = inputs.x, None  # a cast copy replaces it
-        cast = input_dtype(x.dtype, precision, dtype)
+        cast = input_dtype(x.dtype, precision, dtype if dtype is not None else parameter_dtype(model))
         if cast is not None:
             x = x.to(cast)
         t_cast = time.perf_counter() - start

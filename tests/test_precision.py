@@ -118,6 +118,31 @@ def test_bf16_features_train_under_both_precisions(batch_data):
         assert max_relative_difference(gb, g32) < VS32_TOL["bf16-mixed"]
 
 
+def test_without_a_dtype_features_are_cast_to_the_models_parameters(batch_data):
+    """bfloat16 host features (``dataset.feature_dtype``) or a float64 model, no ``dtype``
+    given: the reference, the K-way pass, inference and verify cast the features to the
+    parameters' dtype, as the trainer does, instead of failing at the first product."""
+    from betty.inference import layerwise_inference, sampled_inference
+    from betty.verify import verify_exactness
+
+    batch, feat, label = batch_data
+    g, _, _, _ = power_law_graph(num_nodes=600, avg_degree=8, seed=0)
+    for param_dtype, host in ((torch.float32, feat.bfloat16()), (torch.float64, feat)):
+        model = _model("sage", "mean", "auto").to(param_dtype)
+        ref = full_batch_reference(model, batch, host, label, dropout_key=dropout_key(0, 1))
+        model.zero_grad(set_to_none=True)
+        groups = partition_batch(batch, 2, "random", seed=3).groups
+        accumulate_gradients(model, batch, groups, host, label, k=2, dropout_key=dropout_key(0, 1))
+        assert max_relative_difference(gradients(model), ref.grads) < 1e-5
+        cast = host.to(param_dtype)
+        full = layerwise_inference(model, g, host)
+        assert full.dtype == param_dtype and torch.equal(full, layerwise_inference(model, g, cast))
+        nodes = torch.arange(10)
+        assert torch.equal(sampled_inference(model, g, host, nodes, [4, 4]),
+                           sampled_inference(model, g, cast, nodes, [4, 4]))
+        assert verify_exactness(model, batch, host, label, [2])["passed"]
+
+
 # ------------------------------------------------------------------ the scaler
 
 

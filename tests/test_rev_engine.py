@@ -258,3 +258,16 @@ def test_k_auto_rechecks_every_fresh_random_split(monkeypatch):
     assert calls and len(searches) == 2  # the split was checked, then searched again
     assert max(estimates) <= budget and len(parts) == trainer.k
     assert trainer.last_split_times["ksearch_s"] is not None
+
+
+def test_inference_casts_features_to_the_models_dtype():
+    """bfloat16 host features, a float32 RevGNN, no dtype given: full-graph and multi-view
+    inference cast them as training does."""
+    from betty.evaluation import evaluate_model
+
+    ds = _dataset()
+    model = build_model("revgnn", ds.num_features, ds.num_classes, hidden=16, layers=2).float()
+    low = GraphDataset(**{**ds.__dict__, "feat": ds.feat.bfloat16()})
+    cast = GraphDataset(**{**ds.__dict__, "feat": low.feat.float()})
+    for options in ({}, {"inference": "multiview", "views": 2, "parts": 2}):
+        assert evaluate_model(model, low, **options) == evaluate_model(model, cast, **options)

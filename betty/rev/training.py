@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from betty.catalog import CLUSTER_METHODS
 from betty.partition.metis_cut import metis_cut, symmetric_simple
+from betty.precision import parameter_dtype
 
 __all__ = [
     "GraphPart",
@@ -151,11 +152,11 @@ def full_graph_inference(
     dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
     """``model(graph, feat)`` in eval mode without gradients: ``(N, C)``. ``dtype``:
-    the compute dtype (default: the features'), cast as ``feat`` moves
+    the compute dtype (default: the model's parameters'), cast as ``feat`` moves
     (:func:`features_on`)."""
     device = torch.device(device) if device is not None else feat.device
     model.eval()
-    return model(graph.to(device), features_on(feat, device, dtype))
+    return model(graph.to(device), features_on(feat, device, dtype or parameter_dtype(model)))
 
 
 @torch.no_grad()
@@ -178,10 +179,12 @@ def multiview_inference(
     model on every part and scatters the outputs back to global order; the result is
     ``(1 / V) sum_v transform(out_v)``, ``(N, C)`` (``transform`` e.g. ``torch.sigmoid``
     to average probabilities; default: raw outputs). ``k = 1`` is full-graph inference.
-    ``dtype``: the compute dtype (default: the features'), each part's rows cast as they move.
+    ``dtype``: the compute dtype (default: the model's parameters'), each part's rows cast
+    as they move.
     """
     if num_views < 1:
         raise ValueError(f"num_views must be >= 1, got {num_views}")
+    dtype = dtype or parameter_dtype(model)
     device = torch.device(device) if device is not None else feat.device
     model.eval()
     total: Optional[Tensor] = None
