@@ -116,8 +116,17 @@ def evaluate_predictions(logits: torch.Tensor, label: torch.Tensor, *, multilabe
 
     Args:
         logits: ``(n, C)`` or ``(n, T)`` scores.
-        label: ``(n,)`` int64 or ``(n, T)`` 0/1.
+        label: ``(n,)`` (or OGB's ``(n, 1)``) int64, or ``(n, T)`` 0/1.
     """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (n, C), got shape {tuple(logits.shape)}")
+    if not multilabel and label.dim() == 2 and label.shape[1] == 1:
+        label = label.view(-1)  # OGB's (n, 1) class labels
+    if multilabel and label.shape != logits.shape:
+        raise ValueError(f"multi-label targets {tuple(label.shape)} and scores {tuple(logits.shape)} "
+                         "must have one column per task each")
+    if not multilabel and label.dim() != 1:
+        raise ValueError(f"class labels must be (n,) or (n, 1), got shape {tuple(label.shape)}")
     if logits.shape[0] != label.shape[0]:
         raise ValueError(f"{logits.shape[0]} predictions for {label.shape[0]} labels")
     if logits.shape[0] == 0:

@@ -147,6 +147,9 @@ def verify_exactness(model: torch.nn.Module, batch: SampledBatch, feat: torch.Te
                          f"(the batch's output nodes), got {bad}")
     compute_dtype = dtype or next(model.parameters()).dtype
     prec = Precision.parse(precision if precision is not None else "32")
+    why = prec.unsupported(getattr(model, "backend_name", ""), torch.device(device).type)
+    if why is not None:  # refused as the trainer refuses it, not by a kernel halfway
+        raise ValueError(why)
     scale = None
     if tol is None:
         if compute_dtype == torch.float32 and not prec.mixed:

@@ -141,3 +141,18 @@ def test_split_nodes_names_the_splits():
     assert torch.equal(split_nodes(ds, "test"), ds.test_idx)
     with pytest.raises(ValueError, match="split must be one of train, valid, test, got 'dev'"):
         split_nodes(ds, "dev")
+
+
+def test_predictions_are_scored_against_labels_of_their_own_shape():
+    """OGB's ``(n, 1)`` class labels score as ``(n,)`` ones (a broadcast ``(n, n)``
+    comparison halved a perfect accuracy); shapes that cannot be meant are refused."""
+    logits = torch.eye(4)[[0, 1, 2, 3, 0, 1]]
+    label = torch.tensor([0, 1, 2, 3, 0, 1])
+    assert evaluate_predictions(logits, label) == {"acc": 1.0}
+    assert evaluate_predictions(logits, label.view(-1, 1)) == {"acc": 1.0}
+    with pytest.raises(ValueError, match=r"class labels must be \(n,\) or \(n, 1\), got shape \(6, 2\)"):
+        evaluate_predictions(logits, torch.zeros(6, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="multi-label targets"):
+        evaluate_predictions(torch.rand(6, 3), torch.ones(6, 2), multilabel=True)
+    with pytest.raises(ValueError, match=r"logits must be \(n, C\)"):
+        evaluate_predictions(torch.rand(6), label)

@@ -83,3 +83,16 @@ def test_verify_in_bf16_passes_and_per_call_dropout_fails(dropout_mode, verdict)
     assert out["verdict"] == verdict, out
     if verdict == "PASS":  # autocast did run: K-way differs from the reference by bf16 rounding
         assert max(r["max_rel_grad_diff"] for r in out["results"][1:]) > 1e-4
+
+
+@pytest.mark.dgl
+def test_16_mixed_with_dgl_on_the_cpu_is_refused_as_the_trainer_refuses_it():
+    """With the precision's own message, not a DGL kernel's error halfway through."""
+    from betty.sampling import sample_full_batch
+    from graphs import power_law_graph
+
+    g, feat, label, train = power_law_graph(num_nodes=200, avg_degree=6, seed=0)
+    batch = sample_full_batch(g, train, [4, 4], seed=0)
+    model = build_model("sage", 12, 5, hidden=8, layers=2, backend="dgl")
+    with pytest.raises(ValueError, match="16-mixed needs CUDA with the DGL backend"):
+        verify_exactness(model, batch, feat, label, [2], precision="16-mixed")
