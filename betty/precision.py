@@ -26,6 +26,7 @@ without it); torch dtypes are resolved on first use.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator
 
@@ -168,9 +169,17 @@ class LossScaler:
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000) -> None:
-        if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
-            raise ValueError("LossScaler needs init_scale > 0, growth_factor > 1, "
-                             "0 < backoff_factor < 1, growth_interval >= 1")
+        from betty.checks import is_integer, is_number
+
+        def power_of_two(x) -> bool:  # scaling by it is exact in binary floating point
+            return is_number(x) and 0 < x < float("inf") and math.frexp(x)[0] == 0.5
+
+        if not (all(map(power_of_two, (init_scale, growth_factor, backoff_factor)))
+                and growth_factor > 1 and backoff_factor < 1 and is_integer(growth_interval)
+                and growth_interval >= 1):
+            raise ValueError(f"LossScaler needs powers of two init_scale, growth_factor > 1 and "
+                             f"backoff_factor < 1, and an integer growth_interval >= 1; got "
+                             f"{init_scale!r}, {growth_factor!r}, {backoff_factor!r}, {growth_interval!r}")
         self.scale = float(init_scale)
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
         self.growth_interval = int(growth_interval)

@@ -161,6 +161,17 @@ def test_scaler_update_backs_off_and_grows_like_torch_defaults():
     assert s.scale == 4.0 and s.growth_tracker == 0
 
 
+@pytest.mark.parametrize("kwargs", [dict(init_scale=float("inf")), dict(init_scale=1000.0), dict(init_scale=0.0),
+                                    dict(growth_factor=3.0), dict(growth_factor=1.0), dict(backoff_factor=0.3),
+                                    dict(growth_interval=2.7), dict(growth_interval=True), dict(init_scale="8")])
+def test_scaler_settings_that_would_stop_training_or_lose_exactness_are_refused(kwargs):
+    """An infinite scale skips every step; a scale that is not a power of two makes
+    scaling and unscaling round; a fractional interval was truncated silently."""
+    with pytest.raises(ValueError, match="LossScaler needs powers of two"):
+        LossScaler(**kwargs)
+    LossScaler(init_scale=2.0 ** -3, growth_factor=4, backoff_factor=0.25, growth_interval=5)
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_scaled_step_equals_the_unscaled_one(batch_data, k):
     """One power-of-two scale for every micro-batch, unscaled once: the same float32
