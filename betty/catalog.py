@@ -5,7 +5,12 @@ from here (``tests/test_catalog.py`` checks that every registry matches)."""
 from __future__ import annotations
 
 __all__ = ["ARCHS", "SAGE_AGGREGATORS", "ACTIVATIONS", "OPTIMIZERS", "PARTITION_METHODS",
-           "REG_PARTITIONERS", "DEFAULT_REG_PARTITIONER", "CLUSTER_METHODS"]
+           "REG_PARTITIONERS", "DEFAULT_REG_PARTITIONER", "CLUSTER_METHODS", "MAX_DROPOUT"]
+
+MAX_DROPOUT = 1.0 - 2.0 ** -24
+"""The largest drop probability (``model.dropout``, ``model.attn_dropout``): hash dropout
+keeps an element when its 24-bit uniform draw is at least ``round(p · 2^24)``, which must
+stay below ``2^24`` (:func:`betty.models.dropout.check_dropout`)."""
 
 ARCHS = ("sage", "gat", "gcn", "revgnn")
 """Model architectures (:func:`betty.models.build_model`)."""

@@ -81,3 +81,21 @@ def test_masks_are_identical_across_micro_batches():
         assert torch.equal(hash_dropout(x[rows], ids[rows], 0.5, key, 3), full_out[rows])
     # and a row's mask is its keep-mask, scaled by 1 / (1 - p)
     assert torch.equal(full_out, x * full / 0.5)
+
+
+def test_the_largest_drop_probability_is_checked_where_dropout_is_configured():
+    """Hash dropout's threshold ``round(p · 2^24)`` must stay below ``2^24``: p up to
+    ``1 - 2^-24`` works (and drops nearly everything); a p closer to 1 is refused with the
+    bound by every model that takes it, not an integer overflow inside the kernel."""
+    from betty.catalog import MAX_DROPOUT
+    from betty.models import build_model
+
+    x, ids = torch.ones(64, 8), torch.arange(64)
+    assert hash_dropout(x, ids, MAX_DROPOUT, key=1, layer=0).count_nonzero() <= 2
+    near_one = 1 - 1e-9
+    with pytest.raises(ValueError, match=r"p must be a probability in \[0, 1 - 2\^-24\]"):
+        hash_dropout(x, ids, near_one, key=1, layer=0)
+    for arch, kwargs in (("sage", {"dropout": near_one}), ("gat", {"attn_dropout": near_one})):
+        with pytest.raises(ValueError, match=r"must be a probability in \[0, 1 - 2\^-24\]"):
+            build_model(arch, 8, 3, hidden=4, layers=1, **kwargs)
+    build_model("gat", 8, 3, hidden=4, layers=1, dropout=MAX_DROPOUT, attn_dropout=MAX_DROPOUT)

@@ -56,6 +56,7 @@ def problems(overrides, base=BASE):
     ("sampling.fanouts=[3, 0]", "sampling.fanouts[1]", "0", "-1"),
     ("sampling.batch_size=half", "sampling.batch_size", "'half'", "'full'"),
     ("model.dropout=1.5", "model.dropout", "1.5", "less than 1"),
+    ("model.dropout=0.99999999", "model.dropout", "0.99999999", "at most 1 - 2^-24"),
     ("dataset.name=ogbn-prodcts", "dataset.name", "'ogbn-prodcts'", "'ogbn-products'"),
     ("dataset.num_nodes=1", "dataset.num_nodes", "1", "integer >= 2"),
     ("partition.sweep.k=[1]", "partition.sweep.k[0]", "1", "greater than or equal to 2"),

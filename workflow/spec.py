@@ -160,6 +160,13 @@ def _check_prep_workers(value: Any) -> int | str:
                      "or an integer >= 1 (1: preparation in one thread)")
 
 
+def _check_probability(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= catalog.MAX_DROPOUT:
+        return float(value)
+    raise ValueError("allowed: a probability from 0 to less than 1 (at most 1 - 2^-24: hash dropout "
+                     "draws 24-bit uniforms)")
+
+
 def _check_fanout(value: Any) -> int:
     if _int(value) and (value >= 1 or value == -1):
         return value
@@ -202,7 +209,7 @@ KValue = Annotated[int | str, PlainValidator(_check_k)]
 BatchSize = Annotated[int | str, PlainValidator(_check_batch_size)]
 ByteBudget = Annotated[int | None, PlainValidator(_check_budget)]
 Device = Annotated[str, PlainValidator(check_device)]
-Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
+Probability = Annotated[float, PlainValidator(_check_probability)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Threads = Annotated[int | str | None, PlainValidator(_check_threads)]

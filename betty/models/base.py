@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from betty import catalog
-from betty.models.dropout import hash_dropout
+from betty.models.dropout import check_dropout, hash_dropout
 
 __all__ = ["BlockGNN", "DROPOUT_MODES", "ACTIVATIONS", "SAVES_RESULT", "activation_fn"]
 
@@ -65,8 +65,7 @@ class BlockGNN(nn.Module):
         self.backend_name = resolve_backend(backend)
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_dropout(dropout)
         if dropout_mode not in DROPOUT_MODES:
             raise ValueError(f"dropout_mode must be one of {DROPOUT_MODES}, got {dropout_mode!r}")
         self._activation = activation_fn(activation)

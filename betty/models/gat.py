@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from betty.models.base import BlockGNN
+from betty.models.dropout import check_dropout
 
 __all__ = ["GAT", "GATLayer", "gat_forward", "reset_gat_parameters"]
 
@@ -122,8 +123,7 @@ class GAT(BlockGNN):
         output_heads = heads if output_heads is None else int(output_heads)
         if output_heads < 1:
             raise ValueError(f"output_heads must be >= 1, got {output_heads}")
-        if not 0.0 <= attn_dropout < 1.0:
-            raise ValueError(f"attn_dropout must be in [0, 1), got {attn_dropout}")
+        check_dropout(attn_dropout, "attn_dropout")
         self.heads, self.output_heads = heads, output_heads
         self.attn_dropout = float(attn_dropout)
         ins = [in_feats] + [hidden * heads] * (num_layers - 1)

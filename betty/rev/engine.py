@@ -54,7 +54,7 @@ from betty.catalog import CLUSTER_METHODS
 from betty.checks import is_integer
 from betty.memory.ksearch import check_memory_budget, check_safety_margin
 from betty.memory.spec import as_optimizer_spec
-from betty.models.dropout import dropout_key, hash_keep_mask
+from betty.models.dropout import check_dropout, dropout_key, hash_keep_mask
 from betty.records import IdleTime, epoch_metrics, estimate_error
 from betty.partition.sweep import Split
 from betty.rev.sweep import measure_cluster_split, sweep_clusters
@@ -226,8 +226,7 @@ class SharedHashMasks:
     """
 
     def __init__(self, p: float, key: int, head_layer: int, dtype: torch.dtype = torch.float32) -> None:
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability p must be in [0, 1), got {p}")
+        check_dropout(p, "p")
         self.p, self.key, self.head_layer, self.dtype = float(p), int(key), int(head_layer), dtype
         self._ids: Optional[weakref.ref] = None
         self._cache: dict[int, Tensor] = {}

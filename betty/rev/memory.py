@@ -57,6 +57,7 @@ from betty.backends import BACKENDS
 from betty.rev.coupling import CONV_TYPES, NORM_TYPES
 from betty.rev.replay import RevReplayConfig, replay_rev, rev_parameter_shapes
 from betty.memory.spec import OptimizerSpec, as_optimizer_spec
+from betty.models.dropout import check_dropout
 
 __all__ = [
     "RevKSearchError",
@@ -128,8 +129,7 @@ class RevModelShape:
         if self.conv == "gat" and self.gat_merge == "concat" and self.group_width % self.heads:
             raise ValueError(f"gat_merge='concat' needs heads to divide the group width: "
                              f"width={self.group_width}, heads={self.heads}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self.dropout)
         if self.reversible and self.checkpoint:
             raise ValueError("checkpoint=True applies to the residual network (reversible=False)")
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from betty.models.dropout import check_dropout
 from betty.rev.autograd import MaskSource, apply_reversible
 from betty.rev.coupling import (
     CONV_TYPES,
@@ -423,8 +424,7 @@ class EncodeProcessDecode(nn.Module, ABC):
         self.backend_name = resolve_backend(backend)
         if conv not in CONV_TYPES:
             raise ValueError(f"conv must be one of {CONV_TYPES}, got {conv!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_dropout(dropout)
         self.in_feats, self.hidden, self.out_feats = in_feats, hidden, out_feats
         self.conv_type, self.norm_type, self.heads, self.gat_merge = conv, norm, heads, gat_merge
         self.dropout, self.mask_fn = dropout, mask_fn
