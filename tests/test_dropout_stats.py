@@ -99,3 +99,4 @@ def test_the_largest_drop_probability_is_checked_where_dropout_is_configured():
         with pytest.raises(ValueError, match=r"must be a probability in \[0, 1 - 2\^-24\]"):
             build_model(arch, 8, 3, hidden=4, layers=1, **kwargs)
     build_model("gat", 8, 3, hidden=4, layers=1, dropout=MAX_DROPOUT, attn_dropout=MAX_DROPOUT)
+

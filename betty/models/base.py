@@ -49,6 +49,16 @@ def activation_fn(name: str):
     return _ACTIVATION_FNS[name]
 
 
+def check_sizes(**sizes) -> None:
+    """Refuse any ``name=value`` that is not an integer >= 1 (a width, a layer or head
+    count): a zero width builds a model that ignores its input, a float is truncated."""
+    from betty.checks import is_integer
+
+    for name, value in sizes.items():
+        if not (is_integer(value) and value >= 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
 class BlockGNN(nn.Module):
     """Base class: dropout handling and the layer loop.
 
@@ -63,8 +73,7 @@ class BlockGNN(nn.Module):
         from betty.backends import resolve_backend
 
         self.backend_name = resolve_backend(backend)
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        check_sizes(num_layers=num_layers)
         check_dropout(dropout)
         if dropout_mode not in DROPOUT_MODES:
             raise ValueError(f"dropout_mode must be one of {DROPOUT_MODES}, got {dropout_mode!r}")

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from betty.models.base import BlockGNN
+from betty.models.base import BlockGNN, check_sizes
 from betty.models.dropout import check_dropout
 
 __all__ = ["GAT", "GATLayer", "gat_forward", "reset_gat_parameters"]
@@ -117,12 +117,9 @@ class GAT(BlockGNN):
                  heads: int = 4, dropout: float = 0.0, attn_dropout: float = 0.0,
                  dropout_mode: str = "deterministic", backend: str = "auto",
                  activation: str = "elu", *, output_heads: int | None = None) -> None:
+        output_heads = heads if output_heads is None else output_heads
+        check_sizes(in_feats=in_feats, hidden=hidden, out_feats=out_feats, heads=heads, output_heads=output_heads)
         super().__init__(num_layers, dropout, dropout_mode, backend, activation)
-        if heads < 1:
-            raise ValueError(f"heads must be >= 1, got {heads}")
-        output_heads = heads if output_heads is None else int(output_heads)
-        if output_heads < 1:
-            raise ValueError(f"output_heads must be >= 1, got {output_heads}")
         check_dropout(attn_dropout, "attn_dropout")
         self.heads, self.output_heads = heads, output_heads
         self.attn_dropout = float(attn_dropout)

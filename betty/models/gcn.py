@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from betty.backends.graph_conv import GraphConvParameters
-from betty.models.base import BlockGNN
+from betty.models.base import BlockGNN, check_sizes
 
 __all__ = ["GCN", "GCNLayer", "gcn_forward"]
 
@@ -98,6 +98,7 @@ class GCN(BlockGNN):
     def __init__(self, in_feats: int, hidden: int, out_feats: int, num_layers: int = 2,
                  dropout: float = 0.0, dropout_mode: str = "deterministic",
                  backend: str = "auto", activation: str = "relu") -> None:
+        check_sizes(in_feats=in_feats, hidden=hidden, out_feats=out_feats)
         super().__init__(num_layers, dropout, dropout_mode, backend, activation)
         self.widths = [in_feats] + [hidden] * (num_layers - 1) + [out_feats]
         self.layers = nn.ModuleList(

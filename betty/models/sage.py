@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from betty import catalog
-from betty.models.base import BlockGNN
+from betty.models.base import BlockGNN, check_sizes
 
 __all__ = ["GraphSAGE", "SAGE_AGGREGATORS"]
 
@@ -48,6 +48,7 @@ class GraphSAGE(BlockGNN):
                  aggregator: str = "mean", dropout: float = 0.0,
                  dropout_mode: str = "deterministic", backend: str = "auto",
                  activation: str = "relu") -> None:
+        check_sizes(in_feats=in_feats, hidden=hidden, out_feats=out_feats)
         super().__init__(num_layers, dropout, dropout_mode, backend, activation)
         if aggregator not in SAGE_AGGREGATORS:
             raise ValueError(f"aggregator must be one of {SAGE_AGGREGATORS}, got {aggregator!r}")
