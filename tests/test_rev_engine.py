@@ -271,3 +271,17 @@ def test_inference_casts_features_to_the_models_dtype():
     cast = GraphDataset(**{**ds.__dict__, "feat": low.feat.float()})
     for options in ({}, {"inference": "multiview", "views": 2, "parts": 2}):
         assert evaluate_model(model, low, **options) == evaluate_model(model, cast, **options)
+
+
+def test_batch_norm_is_refused_on_several_ranks():
+    """Each rank would update the running statistics from its own parts: the ranks' models
+    would drift apart and from the one-process model."""
+    ds = _dataset()
+    with pytest.warns(RuntimeWarning, match="three times"):
+        model = build_model("revgnn", ds.num_features, ds.num_classes, hidden=16, layers=2, norm="batch")
+    trainer = RevTrainer(model, torch.optim.Adam(model.parameters()), ds, RevPlan("random", 2))
+    with pytest.raises(ValueError, match="batch normalisation"):
+        trainer.parallel = object()  # any DataParallel: refused before it is used
+    with pytest.raises(ValueError, match="batch normalisation"):
+        RevTrainer(model, torch.optim.Adam(model.parameters()), ds, RevPlan("random", 2), parallel=object())
+    trainer.parallel = None

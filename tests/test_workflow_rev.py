@@ -40,6 +40,7 @@ EXPERIMENT = "rev-test"  # the conftest tracking fixture's experiment
     (REV, ["model.checkpoint=true"], "model.checkpoint", "reversible: false"),
     (REV, ["model.deq=true", "model.weight_tied=true"], "model.weight_tied", "model.deq"),
     (REV, ["model.deq=true", "model.norm=batch"], "model.norm", "layer, none"),
+    (REV, ["model.norm=batch", "train.world_size=2"], "model.norm", "world_size 2"),
     (REV, ["model.deq=true", "partition.k=auto", "partition.memory_budget=1GB"], "partition.k", "deq"),
     (REV, ["model.deq=true", "partition.memory_budget=1GB"], "partition.memory_budget", "deq"),
     (REV, ["model.hidden=33"], "model.hidden", "divisible by model.groups"),

@@ -579,6 +579,10 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     if "heads" in changed and m.conv != "gat" and m.heads != 1:
         out.append(Problem("model.heads", m.heads, f"applies to model.conv gat only (model.conv "
                            f"is {m.conv!r}); allowed otherwise: 1"))
+    if m.norm == "batch" and spec.train.world_size > 1:
+        out.append(Problem("model.norm", m.norm, f"is not allowed with train.world_size "
+                           f"{spec.train.world_size}: each rank would update the running statistics "
+                           "from its own parts only; allowed: layer, none"))
     if m.reversible and m.checkpoint and not m.deq:
         out.append(Problem("model.checkpoint", m.checkpoint, "applies to model.reversible: false "
                            "(the residual network); reversible blocks keep no activations"))

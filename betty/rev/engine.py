@@ -497,6 +497,22 @@ class RevTrainer:
 
             apply_budget(self.device, plan.memory_budget)
 
+    @property
+    def parallel(self) -> Any:
+        """The :class:`betty.distributed.DataParallel` the parts are spread over (``None``:
+        one process). A model with batch normalisation is refused on several ranks: each
+        rank would update the running statistics from its own parts only, so the ranks'
+        models would drift apart and from the one-process model."""
+        return self._parallel
+
+    @parallel.setter
+    def parallel(self, value: Any) -> None:
+        if value is not None and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules()):
+            raise ValueError("batch normalisation (model.norm: batch) cannot train on several ranks: each "
+                             "rank would update its running statistics from its own parts only; use "
+                             "norm 'layer' or 'none'")
+        self._parallel = value
+
     # -- splits ---------------------------------------------------------------------
     @property
     def head_layer(self) -> int:
