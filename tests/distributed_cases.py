@@ -169,6 +169,32 @@ def rank_subgroup_fit() -> object:
     return [entry["world_size"] for entry in result.history], sorted({row["rank"] for row in result.rows})
 
 
+def rev_auto_case(parallel=None) -> tuple[int, list[float], bool]:
+    """RevGNN with ``k: auto`` and a budget the whole graph fits, two epochs (one process
+    with ``parallel=None``): ``(K, losses, whether a rank was warned to have no part)``."""
+    import warnings
+
+    from betty.models import build_model
+    from betty.rev.engine import RevPlan, RevTrainer
+
+    torch.manual_seed(0)
+    model = build_model("revgnn", FEATS, CLASSES, hidden=8, layers=3, dropout=DROPOUT).double()
+    trainer = RevTrainer(model, torch.optim.Adam(model.parameters(), lr=0.01), dataset(),
+                         RevPlan("random", "auto", memory_budget=2**30), seed=1, dtype=torch.float64,
+                         parallel=parallel)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = [record.loss for record in trainer.epochs(range(2))]
+    return trainer.k, losses, any("have no part" in str(w.message) for w in caught)
+
+
+def rank_rev_auto() -> tuple[int, list[float], bool]:
+    """:func:`rev_auto_case` on this rank of a :class:`betty.distributed.DataParallel`."""
+    from betty.distributed import DataParallel
+
+    return rev_auto_case(DataParallel())
+
+
 def rank_distdgl_cases(folder: str, cases, pipelined=()) -> dict[str, dict[str, torch.Tensor]]:
     """On one DistDGL trainer: join the graph servers of the partitioning at ``folder``
     and train every case of ``cases`` with a :class:`betty.distributed.DataParallel` on

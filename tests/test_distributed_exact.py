@@ -91,3 +91,18 @@ def _parse(name):
         if case_name(*c) == name:
             return c
     raise KeyError(name)
+
+
+@pytest.mark.dgl
+def test_revgnn_k_auto_on_ranks_learns_what_one_process_learns():
+    """K is part of the RevGNN model (edges between parts are dropped): the ranks search K
+    from 1 as one process does, so a budget the whole graph fits gives K = 1 on two ranks
+    too (the second rank, warned, has no part) and the same losses."""
+    from distributed_cases import rank_rev_auto, rev_auto_case
+
+    k, losses, warned = rev_auto_case()
+    assert k == 1 and not warned
+    ranks = launch(rank_rev_auto, nproc=2)
+    for rank in (0, 1):
+        assert ranks[rank][0] == 1 and ranks[rank][2]
+        assert max(abs(a - b) for a, b in zip(ranks[rank][1], losses)) < 1e-12

@@ -224,8 +224,9 @@ def test_search_k_rev_fits_the_budget_when_trained():
 @_on("dgl")
 @pytest.mark.parametrize("world", [2, 3])
 def test_search_k_rev_gives_every_rank_a_part(world):
-    """Data-parallel RevGNN on ``world`` ranks: a budget that one whole-graph part fits
-    still yields K >= world (``min_k``), and every part fits the budget."""
+    """``search_k_rev(..., min_k=world)``: a budget that one whole-graph part fits still
+    yields K >= world, and every part fits the budget (the RevTrainer itself searches from
+    K = 1 on any number of ranks: K is part of its model)."""
     g, feat, label, mask = _graph(600)
     model = _model("gcn", "reversible", 16, 2, 3)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

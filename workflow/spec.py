@@ -715,7 +715,7 @@ def check_spec(spec: Spec) -> list[Problem]:
                            "is required when partition.k is 'auto'; allowed: " + BYTE_SIZE_HELP,
                            missing=True))
     world = spec.train.world_size
-    if isinstance(p.k, int) and p.k < world:
+    if isinstance(p.k, int) and p.k < world and m.arch != "revgnn":  # revgnn: ranks beyond K wait
         out.append(Problem("partition.k", p.k,
                            f"is below train.world_size {world}: training on N ranks splits each batch "
                            f"into K >= N micro-batches so that every rank has one; allowed: an integer "

@@ -42,6 +42,7 @@ engine re-partitions a batch whose estimate grew past the budget).
 from __future__ import annotations
 
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -492,6 +493,7 @@ class RevTrainer:
         self.search_result = None
         self.last_split_times: dict[str, float | None] = {}
         self._fixed: tuple[list[GraphPart], list[int] | None] | None = None
+        self._warned_idle = False
         if plan.memory_budget is not None and self.device.type == "cuda":
             from betty.memory import apply_budget
 
@@ -525,9 +527,8 @@ class RevTrainer:
         result = search_k_rev(backend_graph(self.model, self.dataset.graph), self.model, int(self.plan.memory_budget),
                               method=self.plan.method, seed=self._split_seed(epoch),
                               train_mask=self.train_mask, safety_margin=self.plan.safety_margin,
-                              optimizer=self.optimizer,
-                              min_k=self.parallel.world_size if self.parallel is not None else 1,
-                              **self.memory_kwargs)
+                              optimizer=self.optimizer, **self.memory_kwargs)  # from K = 1 on any ranks:
+        # K is part of the RevGNN model (edges between parts are dropped); ranks beyond K wait
         self.k, self.search_result = result.k, result
         if self.on_search is not None:
             self.on_search(result)
@@ -718,6 +719,12 @@ class RevTrainer:
 
         parts, estimates, fresh, t_split = prepared
         ds = self.dataset
+        if self.parallel is not None and len(parts) < self.parallel.world_size and not self._warned_idle:
+            self._warned_idle = True
+            warnings.warn(f"{len(parts)} cluster part(s) for {self.parallel.world_size} ranks: "
+                          f"{self.parallel.world_size - len(parts)} rank(s) have no part; K is part of the "
+                          "RevGNN model (edges between parts are dropped), so more ranks do not raise it",
+                          stacklevel=3)
         had_state = bool(self.optimizer.state)
         with oom_guard(estimates or [], self.plan.memory_budget), locate_non_finite(epoch, micro_batch_name="part"):
             step_kwargs = dict(multilabel=ds.multilabel, device=self.device, dtype=self.dtype,
