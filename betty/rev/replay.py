@@ -735,6 +735,10 @@ class _RevReplayer:
         tl.phase = "inputs"
         local_train = self.alloc(n, LABELS, "part training mask")
         feat = self.alloc(n * cfg.in_feats * cfg.feat_elt, FEATS, "part features")
+        if cfg.feat_elt != el:  # cast to the compute dtype: the cast copy is what the part keeps
+            cast = self.alloc(n * cfg.in_feats * el, FEATS, "part features, compute dtype")
+            self.release(feat)
+            feat = cast
 
         masks: list[Buffer] = []
         if self.has_mask:
