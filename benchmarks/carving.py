@@ -1,12 +1,13 @@
 """Carving cost before and after the O(micro-batch size) Carver, side by side in one run.
 
     python benchmarks/carving.py [--spec specs/synthetic_products.yaml] [--k 8 32]
-        [--method reg] [--baseline-ref main] [--repeats 3] [--singles 200]
+        [--method reg] [--baseline-ref 8f3b2c4] [--repeats 3] [--singles 200]
 
 Samples the spec's full batch (outputs = the training nodes, the spec's fanouts and
 sampling seed), partitions it with ``--method`` at each K, and times carving every
 micro-batch with this tree's :class:`betty.microbatch.Carver` and with the Carver of git
-revision ``--baseline-ref`` (loaded from ``git show REF:betty/microbatch.py``),
+revision ``--baseline-ref`` (loaded from ``git show REF:betty/microbatch.py``; default
+8f3b2c4, the last Carver that scanned every source of a layer for each micro-batch),
 alternating the two ``--repeats`` times, each going first in every other round
 (median reported). Also times carving
 ``--singles`` one-output micro-batches (the per-micro-batch overhead). Every micro-batch both carvers
@@ -77,7 +78,9 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--k", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--method", default="reg")
-    ap.add_argument("--baseline-ref", default="main")
+    ap.add_argument("--baseline-ref", default="8f3b2c4",
+                    help="git revision of the Carver to compare with (default: the last one that "
+                         "scanned every source of a layer per micro-batch)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--singles", type=int, default=200)
     args = ap.parse_args()

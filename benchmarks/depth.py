@@ -14,6 +14,8 @@ unmeasured step first so its state exists). Columns:
   its relative error against ``peak``;
 * ``time``: wall time of the measured step (the dispatch meter slows small ops down).
 
+Builds the graph with DGL: run it in ``.venv`` (the RevGNN models run on PyG too).
+
 Usage::
 
     python benchmarks/depth.py                       # N=4096, hidden=8, depths 8 32 128 512

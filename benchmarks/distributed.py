@@ -100,6 +100,8 @@ def main(argv=None) -> None:
     parser.add_argument("--scale", type=float, default=0.02,
                         help="synthetic_products dataset.scale for --host-memory")
     args = parser.parse_args(argv)
+    if args.epochs < 2 and not args.host_memory:
+        parser.error("--epochs must be at least 2: the timing is the mean over the epochs after the first")
     if args.host_memory:
         host_memory(args.specs, max(args.nprocs), args.epochs, args.scale)
         return
@@ -107,8 +109,8 @@ def main(argv=None) -> None:
     from betty.distributed.launch import launch
     from workflow.specfile import load_spec
 
-    print(f"{'spec':<20} {'N':>2} {'epoch s':>8} {'eff':>5} {'allreduce MB/step':>17} "
-          f"{'wait s/step':>11} {'max RSS MB':>10}")
+    print(f"{'spec':<20} {'N':>2} {'epoch s':>8} {'eff':>5} {'allreduce MiB/step':>18} "
+          f"{'wait s/step':>11} {'max RSS MiB':>11}")
     for name in args.specs:
         overrides = ["train.measure_memory=false", "evaluate.every=0"]
         if name == "synthetic_products":
@@ -124,7 +126,7 @@ def main(argv=None) -> None:
             mb = statistics.fmean(res[0]["bytes"]) / 2**20
             wait = statistics.fmean(w for r in res for w in res[r]["wait"])
             rss = max(res[r]["rss"] for r in res) / 2**20
-            print(f"{name:<20} {n:>2} {per_epoch:>8.3f} {eff:>5.2f} {mb:>17.3f} {wait:>11.4f} {rss:>10.0f}",
+            print(f"{name:<20} {n:>2} {per_epoch:>8.3f} {eff:>5.2f} {mb:>18.3f} {wait:>11.4f} {rss:>11.0f}",
                   flush=True)
 
 

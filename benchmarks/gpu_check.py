@@ -606,8 +606,9 @@ def _table(report: dict) -> str:
     lines.append(f"epochs at K={pl['k']} (wall / compute / wait / sampling / gather+copy / device idle), "
                  f"serial, pipelined, features gathered ahead, the sampler on the device, and copy-ahead; "
                  f"max relative parameter difference {pl['max_relative_difference']:.1e}:")
+    width = max(map(len, PIPELINE_MODES))
     for mode in PIPELINE_MODES:
-        lines.append(f"{mode:>15s} " + "  ".join(
+        lines.append(f"{mode:>{width}s} " + "  ".join(
             f"{e['epoch_s']:.2f}/{e['compute_s']:.2f}/{e['wait_s']:.2f}/{e['sample_s']:.2f}/"
             f"{e['h2d_s']:.2f}/{e['idle_fraction']:.0%}" for e in pl[mode]))
     return "\n".join(lines)

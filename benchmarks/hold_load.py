@@ -2,7 +2,8 @@
 
 Every 15 s: one ``while True: pass`` process more for every 2 units the load average is
 under ``target``, one fewer for every 2 over (at most 10). Each reading is appended to
-``log``; the script stops, with its burners, when ``<log>.stop`` exists. Used to time
+``log``; the script stops, with its burners, when ``<log>.stop`` exists (one left by an
+earlier run is removed at the start). Used to time
 ``.ci/run`` on a loaded machine (docs/benchmarks.md#test-suite-time).
 
     python3 benchmarks/hold_load.py 8 /tmp/load.log &
@@ -12,6 +13,7 @@ under ``target``, one fewer for every 2 over (at most 10). Each reading is appen
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -23,6 +25,8 @@ PERIOD_S = 15
 
 def main(target: float, log_path: str) -> None:
     burners: list[subprocess.Popen] = []
+    if os.path.exists(log_path + ".stop"):  # an earlier run's: this run would hold no load
+        os.remove(log_path + ".stop")
     with open(log_path, "a", buffering=1) as log:
         try:
             while not os.path.exists(log_path + ".stop"):
@@ -40,4 +44,8 @@ def main(target: float, log_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(float(sys.argv[1]), sys.argv[2])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target", type=float, help="the 1-minute load average to hold")
+    parser.add_argument("log", help="the log file; touch LOG.stop to end the run")
+    args = parser.parse_args()
+    main(args.target, args.log)

@@ -4,6 +4,7 @@ measured largest micro-batch at K = 8 (forward and loss under autocast).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/precision_gain.py 0.05   # scale
 """
+import argparse
 import os
 import sys
 
@@ -14,8 +15,10 @@ from betty.data import load_dataset
 from betty.models import build_model
 from betty.sampling import sample_full_batch
 from betty.memory import search_k, estimate_micro_batches
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("scale", type=float, help="dataset.scale of synthetic-products (0.05: 122k nodes)")
+scale = parser.parse_args().scale
 torch.set_num_threads(1)
-scale = float(sys.argv[1])
 ds = load_dataset("synthetic-products", "data", cache=False, scale=scale)
 train = ds.train_idx
 print("nodes", ds.graph.num_nodes(), "feats", tuple(ds.feat.shape), "train", len(train))

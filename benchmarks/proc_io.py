@@ -1,4 +1,5 @@
-"""This process's I/O counters, for the benchmarks that report bytes read."""
+"""This process's I/O counters, for the benchmarks that report bytes read (a module they
+import, not a script)."""
 
 from __future__ import annotations
 

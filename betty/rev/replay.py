@@ -804,18 +804,15 @@ class _RevReplayer:
         self.release(hm)
         self.release(y_last)  # RevGNN.forward returns: its variables go
 
-        tl.phase = "loss"
+        tl.phase = "loss"  # target = label[ids][local_train], then the loss of out[local_train]
         nt, T = self.nt, cfg.label_columns
+        lab = self.alloc(n * (T * cfg.label_elt if T else INDEX_BYTES), LABELS, "labels[part]")
+        li = self.alloc(nt * (T * cfg.label_elt if T else INDEX_BYTES), LABELS, "labels[train]")
+        self.release(lab)
         oi = self.alloc(nt * cfg.out_feats * el, LOSS, "output[train]")
         if T:
-            lab = self.alloc(n * T * cfg.label_elt, LABELS, "labels[part]")
-            li = self.alloc(nt * T * cfg.label_elt, LABELS, "labels[train]")
-            self.release(lab)
             saved = []
         else:
-            lab = self.alloc(n * INDEX_BYTES, LABELS, "labels[part]")
-            li = self.alloc(nt * INDEX_BYTES, LABELS, "labels[train]")
-            self.release(lab)
             lsm = self.alloc(nt * cfg.out_feats * el, LOSS, "log_softmax")
             self.release(oi)
             saved = [lsm]
@@ -831,7 +828,7 @@ class _RevReplayer:
             self.release(g1, *saved)
         z = self.alloc(n * C_out * el, BWD, "grad output (zeros)")
         g3 = self.alloc(n * C_out * el, BWD, "grad output (index_put)")
-        self.release(z, g2)
+        self.release(z, g2, local_train)  # out[local_train] saved the mask until its backward ran
 
         tl.phase = "backward head"
         last = len(self.shapes) - 1
@@ -884,7 +881,6 @@ class _RevReplayer:
         if handoff is not None:
             self.release(handoff)  # the last block's hand-off
         self.release(*[m for m in masks if m is not None])
-        self.release(local_train)
 
         self.optimizer_step()
         return tl
