@@ -160,6 +160,52 @@ def test_storages_on_other_devices_are_ignored():
     assert dev.device.type == "meta"
 
 
+def test_cpu_0_is_the_host():
+    """``cpu:0`` names the one host memory: it measures what ``cpu`` measures (it matched
+    no storage, host storages having no index)."""
+    for device in ("cpu", "cpu:0"):
+        meter = MemoryMeter(device)
+        with meter.measure() as reading:
+            x = torch.empty(1000, 2)
+        assert reading.peak_bytes == 8000, device
+        del x
+
+
+def test_regions_closing_while_another_thread_resizes_a_storage():
+    """The resize hook calls the saved original even when the last region closes while a
+    thread is inside it (it called ``None`` then)."""
+    import sys
+
+    errors, stop = [], threading.Event()
+
+    def resizer():
+        storage = torch.empty(16).untyped_storage()
+        while not stop.is_set():
+            try:
+                storage.resize_(64)
+                storage.resize_(32)
+            except Exception as err:  # noqa: BLE001
+                errors.append(repr(err))
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=resizer)
+    thread.start()
+    try:
+        meter = MemoryMeter("cpu")
+        for _ in range(20000):
+            if errors:
+                break
+            with meter.measure():
+                pass
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+
+
 def test_python_data_tensors_are_counted():
     meter = MemoryMeter()
     with meter.measure() as reading:

@@ -131,10 +131,11 @@ def _iter_tensors(obj, *, grads: bool = True) -> Iterator[torch.Tensor]:
 
 def _device_matcher(device: torch.device | None):
     """``match(d)``: storage device ``d`` belongs to ``device`` (``None``: any device;
-    a device without an index matches every index of its type)."""
+    a device without an index matches every index of its type; the host has one memory, so
+    ``cpu:0`` is ``cpu``)."""
     if device is None:
         return lambda d: True
-    if device.index is None:
+    if device.index is None or device.type == "cpu":
         return lambda d: d.type == device.type
     return lambda d: d.type == device.type and d.index == device.index
 
@@ -278,7 +279,8 @@ class _Ledger:
 # Ledgers of the dispatch regions open right now, for the UntypedStorage.resize_ hook.
 _OPEN_LEDGERS: list[_Ledger] = []
 _OPEN_LOCK = threading.Lock()
-_ORIGINAL_STORAGE_RESIZE = None
+_ORIGINAL_STORAGE_RESIZE = torch.UntypedStorage.resize_
+"""Saved once: a thread that entered the hook just as the last region closed still calls it."""
 
 
 def _storage_resize_hook(self, size):
@@ -290,21 +292,17 @@ def _storage_resize_hook(self, size):
 
 
 def _open_ledger(ledger: _Ledger) -> None:
-    global _ORIGINAL_STORAGE_RESIZE
     with _OPEN_LOCK:
         if not _OPEN_LEDGERS:
-            _ORIGINAL_STORAGE_RESIZE = torch.UntypedStorage.resize_
             torch.UntypedStorage.resize_ = _storage_resize_hook
         _OPEN_LEDGERS.append(ledger)
 
 
 def _close_ledger(ledger: _Ledger) -> None:
-    global _ORIGINAL_STORAGE_RESIZE
     with _OPEN_LOCK:
         _OPEN_LEDGERS.remove(ledger)
         if not _OPEN_LEDGERS:
             torch.UntypedStorage.resize_ = _ORIGINAL_STORAGE_RESIZE
-            _ORIGINAL_STORAGE_RESIZE = None
 
 
 def _storage_of(obj) -> torch.UntypedStorage | None:
