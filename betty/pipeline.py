@@ -49,6 +49,17 @@ T = TypeVar("T")
 _DONE = object()
 
 
+def _as_error(err: BaseException) -> BaseException:
+    """``err`` as the consumer must see it: a ``StopIteration`` raised by ``prepare``
+    would end the consumer's loop as if the items were done, so it comes as a
+    ``RuntimeError`` (raised from it)."""
+    if isinstance(err, StopIteration):
+        wrapped = RuntimeError(f"prepare raised StopIteration: {err!r}")
+        wrapped.__cause__ = err
+        return wrapped
+    return err
+
+
 class Prefetcher(Generic[K, T]):
     """Iterates ``(item, prepare(item))`` over ``items``, ``prepare`` running ahead.
 
@@ -148,7 +159,7 @@ class Prefetcher(Generic[K, T]):
         item, result, err = entry
         if err is not None:
             self.close()  # the thread has ended, or is about to
-            raise err
+            raise _as_error(err)
         self._holding = True
         self._held_bytes = self._size(result) if self._size is not None else 0
         return item, result
@@ -206,6 +217,8 @@ class Inline(Generic[K, T]):
         start = time.perf_counter()
         try:
             return item, self._prepare(item)
+        except StopIteration as err:
+            raise _as_error(err) from err
         finally:
             self.wait_s += time.perf_counter() - start
 

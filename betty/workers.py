@@ -86,15 +86,21 @@ def parallel_map(fn: Callable[[T], R], parts: Sequence[T], workers: int | None =
     """``[fn(p) for p in parts]``, the parts run on ``workers`` threads (default
     :func:`prep_workers`; the calling thread alone when 1 or when there is one part).
     Results in ``parts`` order; the first exception a part raises is raised here, after
-    every part has finished. A map inside a part runs in that part's thread (a part
-    never waits for the pool it runs on)."""
+    every part has finished; an interrupt while waiting (Ctrl-C) drops the parts not yet
+    started. A map inside a part runs in that part's thread (a part never waits for the
+    pool it runs on)."""
     parts = list(parts)
     workers = prep_workers() if workers is None else int(workers)
     nested = threading.current_thread().name.startswith(POOL_THREAD_PREFIX)  # a part's own map
     if workers <= 1 or len(parts) <= 1 or nested:
         return [fn(p) for p in parts]
     futures = [_executor(workers).submit(fn, p) for p in parts]
-    errors = [f.exception() for f in futures]  # waits for every part
+    try:
+        errors = [f.exception() for f in futures]  # waits for every part
+    except BaseException:  # KeyboardInterrupt: the queued parts would still run, unwanted
+        for f in futures:
+            f.cancel()
+        raise
     for error in errors:
         if error is not None:
             raise error

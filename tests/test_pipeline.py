@@ -68,6 +68,23 @@ def test_an_error_in_prepare_reaches_the_consumer_after_the_items_before_it():
     assert not _prepare_threads()
 
 
+@pytest.mark.parametrize("source", [Prefetcher, Inline])
+def test_a_stop_iteration_in_prepare_is_an_error_not_the_end(source):
+    """Raised where the consumer iterates, a StopIteration would end its loop as if the
+    items were done, silently dropping the rest."""
+    def prepare(i):
+        if i == 2:
+            next(iter([]))
+        return i
+
+    got = []
+    with pytest.raises(RuntimeError, match="prepare raised StopIteration"):
+        for item, _ in source(range(5), prepare):
+            got.append(item)
+    assert got == [0, 1]
+    assert not _prepare_threads()
+
+
 def test_leaving_early_stops_the_thread_and_prepares_nothing_more():
     made = []
     source = Prefetcher(range(1000), lambda i: made.append(i) or i, depth=1)

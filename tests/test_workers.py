@@ -54,6 +54,26 @@ def test_parallel_map_raises_a_part_error_after_every_part(restore_workers):
     assert sorted(done) == [0, 2, 3]
 
 
+def test_an_interrupt_while_waiting_drops_the_parts_not_started(restore_workers):
+    """Ctrl-C in the caller: the queued parts are cancelled, not run to the end."""
+    import _thread
+    import time
+
+    ran = []
+
+    def part(i: int) -> int:
+        time.sleep(0.1)
+        ran.append(i)
+        return i
+
+    timer = threading.Timer(0.15, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        workers.parallel_map(part, list(range(40)), workers=2)
+    time.sleep(0.4)  # the parts running at the interrupt finish; no others start
+    assert len(ran) <= 8
+
+
 def test_a_nested_map_runs_in_its_part_thread(restore_workers):
     def outer(i: int) -> list[str]:
         return workers.parallel_map(lambda j: threading.current_thread().name, [0, 1], workers=2)
