@@ -74,6 +74,23 @@ def test_pyg_block_keeps_edge_order_and_isolated_destinations():
     assert block.size == (4, 3)
     assert block.edge_index.tolist() == [[3, 2, 0], [0, 0, 2]]
     assert block.in_degrees().tolist() == [2, 0, 1]
+    narrow = LayerEdges(src_nid=layer.src_nid, num_dst=3, edge_src=layer.edge_src.int(),
+                        edge_dst=layer.edge_dst.int(), edge_id=layer.edge_id)
+    assert backends.get_backend("pyg").make_block(narrow).edge_index.dtype == torch.int64  # scatter's index
+
+
+def test_the_lstm_aggregator_asks_for_cpu_autocast_without_a_deprecated_call():
+    """torch 2.13 deprecates ``is_autocast_cpu_enabled``; every CPU forward warned."""
+    import warnings
+
+    from betty.backends.lstm import AutocastLSTM
+
+    lstm = AutocastLSTM(4, 3, batch_first=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = lstm(torch.randn(2, 5, 4))
+    assert out.dtype == torch.float32
 
 
 @spec_needs_dgl
@@ -89,3 +106,24 @@ def test_workflow_builds_the_model_on_the_spec_backend(arch):
     assert model.backend_name == "pyg"
     assert all(type(layer).__module__.startswith("betty") for layer in model.layers)
 
+
+
+@pytest.mark.parametrize("backend", __import__("graphs").backend_params())
+def test_node_subgraph_takes_increasing_node_ids_only(backend):
+    """A boolean mask was read as node IDs 0 and 1 by PyG; repeated IDs gave each backend
+    another subgraph. Both now take the contract's increasing IDs and refuse the rest."""
+    from betty.backends import get_backend
+    from betty.graph import Graph
+
+    ops = get_backend(backend)
+    ring = Graph(torch.tensor([0, 1, 2, 3, 4]), torch.tensor([1, 2, 3, 4, 0]), 5)
+    graph = ops.full_graph(ring)
+    part = ops.node_subgraph(graph, torch.tensor([2, 3, 4]))
+    assert part.num_nodes() == 3 and part.num_edges() == 2
+    for ids, message in ((torch.tensor([False, False, True, True, True]), "1-D integer tensor"),
+                         (torch.tensor([2, 2, 3]), "strictly increasing"),
+                         (torch.tensor([3, 2]), "strictly increasing"),
+                         (torch.tensor([2, 7]), r"in \[0, 5\)"),
+                         (torch.tensor([[2, 3]]), "1-D integer tensor")):
+        with pytest.raises(ValueError, match=message):
+            ops.node_subgraph(graph, ids)

@@ -9,7 +9,7 @@ from dgl.nn import GATConv, GraphConv, SAGEConv
 
 from betty.backends.lstm import autocast_safe
 
-from betty.backends.base import Backend, _required_degrees, plain_to
+from betty.backends.base import Backend, _required_degrees, check_node_ids, plain_to
 
 __all__ = ["DGLBackend", "BACKEND", "SRC_OUT_DEGREE"]
 
@@ -63,6 +63,7 @@ class DGLBackend(Backend):
         return dgl.graph((src, dst), num_nodes=graph.num_nodes(), idtype=torch.int64, device=device)
 
     def node_subgraph(self, graph, node_ids):
+        check_node_ids(node_ids, graph.num_nodes())
         return dgl.node_subgraph(graph, node_ids.to(graph.device))
 
     def graph_node_ids(self, graph):

@@ -17,11 +17,20 @@ from torch import nn
 __all__ = ["AutocastLSTM", "autocast_safe"]
 
 
+def _cpu_autocast_enabled() -> bool:
+    """Whether CPU autocast is on: ``torch.is_autocast_enabled("cpu")`` where torch takes a
+    device (its older ``is_autocast_cpu_enabled`` warns as deprecated there)."""
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch before 2.4: no device argument
+        return torch.is_autocast_cpu_enabled()
+
+
 class AutocastLSTM(nn.LSTM):
     """``nn.LSTM``; under CPU autocast: float32 with autocast off (see the module)."""
 
     def forward(self, input, hx=None):  # noqa: D102 (nn.LSTM's signature)
-        if input.device.type == "cpu" and torch.is_autocast_cpu_enabled():
+        if input.device.type == "cpu" and _cpu_autocast_enabled():
             with torch.autocast("cpu", enabled=False):
                 if hx is not None:
                     hx = tuple(h.float() for h in hx)

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch_geometric.utils import scatter, softmax
 
-from betty.backends.base import Backend, _required_degrees, plain_to
+from betty.backends.base import Backend, _required_degrees, check_node_ids, plain_to
 from betty.backends.lstm import AutocastLSTM
 from betty.backends.graph_conv import GraphConvParameters
 
@@ -239,7 +239,7 @@ class PygBackend(Backend):
 
     def make_block(self, layer, device="cpu", *, copy=False, degrees=False, to=None):
         to = to or plain_to(device)
-        edge_index = to(torch.stack([layer.edge_src, layer.edge_dst]), False)  # stack copies
+        edge_index = to(torch.stack([layer.edge_src, layer.edge_dst]).long(), False)  # stack copies; scatter wants int64
         deg = to(_required_degrees(layer), copy) if degrees else None
         return PygBlock(edge_index, layer.num_src, layer.num_dst, deg)
 
@@ -270,6 +270,7 @@ class PygBackend(Backend):
         return PygGraph(edge_index, n, n)
 
     def node_subgraph(self, graph, node_ids):
+        check_node_ids(node_ids, graph.num_nodes())
         node_ids = node_ids.to(graph.device, torch.int64)
         local = torch.full((graph.num_nodes(),), -1, dtype=torch.int64, device=graph.device)
         local[node_ids] = torch.arange(node_ids.numel(), device=graph.device)
