@@ -60,6 +60,56 @@ def _as_error(err: BaseException) -> BaseException:
     return err
 
 
+class _Preparation(Generic[K, T]):
+    """The preparation thread's side of a :class:`Prefetcher`: the items, the bounded
+    slots, the results made and their bytes (the thread holds this, never the
+    Prefetcher)."""
+
+    def __init__(self, items: Sequence[K], prepare: Callable[[K], T], depth: int,
+                 size: Callable[[T], int] | None) -> None:
+        self.items, self.prepare, self.size = list(items), prepare, size
+        self.slots = threading.Semaphore(depth + 1)  # the consumer's current result + depth
+        self.ready: queue.SimpleQueue = queue.SimpleQueue()
+        self.stopped = threading.Event()
+        self.draining = threading.Event()  # closed with finish_allowed: no slot will free
+        self.lock = threading.Lock()
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    def run(self) -> None:
+        try:
+            for item in self.items:
+                if not self.take_slot() or self.stopped.is_set():
+                    return
+                result = self.prepare(item)
+                if self.stopped.is_set():  # closed while preparing: nobody will take it
+                    return
+                self.count(self.size(result) if self.size is not None else 0)
+                self.ready.put((item, result, None))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, re-raised there
+            self.ready.put((None, None, err))
+            return
+        self.ready.put(_DONE)
+
+    def take_slot(self) -> bool:
+        """Wait for a slot; ``False`` once stopped, or once draining when none is free
+        (the consumer frees none after :meth:`Prefetcher.close`)."""
+        while not self.slots.acquire(timeout=0.05):
+            if self.stopped.is_set() or self.draining.is_set():
+                return False
+        return True
+
+    def stop(self) -> None:
+        """End the thread after the item it is preparing (one waiting for a slot wakes up)."""
+        self.stopped.set()
+        self.slots.release()
+
+    def count(self, nbytes: int) -> None:
+        with self.lock:
+            self.live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+
 class Prefetcher(Generic[K, T]):
     """Iterates ``(item, prepare(item))`` over ``items``, ``prepare`` running ahead.
 
@@ -74,8 +124,6 @@ class Prefetcher(Generic[K, T]):
 
     Attributes:
         wait_s: seconds the consumer spent blocked waiting for a result.
-        peak_bytes: the most ``size`` bytes of results alive at once (made and not yet
-            released by the consumer) since the start or :meth:`reset_peak`.
     """
 
     def __init__(self, items: Sequence[K], prepare: Callable[[K], T], depth: int = 1,
@@ -83,56 +131,27 @@ class Prefetcher(Generic[K, T]):
                  finish_allowed: bool = False) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
-        self._items = list(items)
-        self._prepare = prepare
-        self._slots = threading.Semaphore(depth + 1)  # the consumer's current result + depth
-        self._ready: queue.SimpleQueue = queue.SimpleQueue()
-        self._stop = threading.Event()
+        self._work = _Preparation(items, prepare, depth, size)
         self._finish_allowed = finish_allowed
-        self._draining = threading.Event()  # closed with finish_allowed: no slot will free
         self._holding = False  # the consumer holds a result (its slot not yet returned)
         self._closed = False
         self.wait_s = 0.0
-        self._size = size
-        self._lock = threading.Lock()
-        self._live_bytes = 0
         self._held_bytes = 0  # the consumer's current result
-        self.peak_bytes = 0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # the thread holds the preparation state, not this object: a Prefetcher dropped
+        # without close() is collected, and __del__ stops its thread
+        self._thread = threading.Thread(target=self._work.run, name=name, daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        try:
-            for item in self._items:
-                if not self._take_slot() or self._stop.is_set():
-                    return
-                result = self._prepare(item)
-                if self._stop.is_set():  # closed while preparing: nobody will take it
-                    return
-                self._count(self._size(result) if self._size is not None else 0)
-                self._ready.put((item, result, None))
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer, re-raised there
-            self._ready.put((None, None, err))
-            return
-        self._ready.put(_DONE)
-
-    def _take_slot(self) -> bool:
-        """Wait for a slot; ``False`` once stopped, or once draining when none is free
-        (the consumer frees none after :meth:`close`)."""
-        while not self._slots.acquire(timeout=0.05):
-            if self._stop.is_set() or self._draining.is_set():
-                return False
-        return True
-
-    def _count(self, nbytes: int) -> None:
-        with self._lock:
-            self._live_bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, self._live_bytes)
+    @property
+    def peak_bytes(self) -> int:
+        """The most ``size`` bytes of results alive at once (made and not yet released by
+        the consumer) since the start or :meth:`reset_peak`."""
+        return self._work.peak_bytes
 
     def reset_peak(self) -> None:
         """Restart :attr:`peak_bytes` from the bytes alive now."""
-        with self._lock:
-            self.peak_bytes = self._live_bytes
+        with self._work.lock:
+            self._work.peak_bytes = self._work.live_bytes
 
     def __iter__(self) -> Iterator[tuple[K, T]]:
         return self
@@ -140,17 +159,18 @@ class Prefetcher(Generic[K, T]):
     def __next__(self) -> tuple[K, T]:
         if self._closed:
             raise StopIteration
+        work = self._work
         if self._holding:  # the consumer is done with its last result: its slot frees
             self._holding = False
-            self._count(-self._held_bytes)
-            self._slots.release()
+            work.count(-self._held_bytes)
+            work.slots.release()
         start = time.perf_counter()
         while True:  # in slices, so that a signal (Ctrl-C) reaches the consumer at once
             try:
-                entry = self._ready.get(timeout=0.1)
+                entry = work.ready.get(timeout=0.1)
                 break
             except queue.Empty:
-                if not self._thread.is_alive() and self._ready.empty():
+                if not self._thread.is_alive() and work.ready.empty():
                     raise RuntimeError("the preparation thread ended without a result") from None
         self.wait_s += time.perf_counter() - start
         if entry is _DONE:
@@ -161,7 +181,7 @@ class Prefetcher(Generic[K, T]):
             self.close()  # the thread has ended, or is about to
             raise _as_error(err)
         self._holding = True
-        self._held_bytes = self._size(result) if self._size is not None else 0
+        self._held_bytes = work.size(result) if work.size is not None else 0
         return item, result
 
     def close(self, wait: bool = True) -> None:
@@ -173,15 +193,14 @@ class Prefetcher(Generic[K, T]):
             return
         self._closed = True
         if self._finish_allowed and wait:
-            self._draining.set()  # the thread uses the slots it has, then returns
+            self._work.draining.set()  # the thread uses the slots it has, then returns
         else:
-            self._stop.set()
-            self._slots.release()  # a thread waiting for a slot wakes up and sees the stop
+            self._work.stop()
         if wait:
             self._thread.join()
         while True:  # drop the results nobody will take
             try:
-                self._ready.get_nowait()
+                self._work.ready.get_nowait()
             except queue.Empty:
                 break
 
@@ -193,8 +212,7 @@ class Prefetcher(Generic[K, T]):
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
-            self._stop.set()
-            self._slots.release()
+            self._work.stop()
 
 
 class Inline(Generic[K, T]):

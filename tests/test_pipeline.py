@@ -85,6 +85,24 @@ def test_a_stop_iteration_in_prepare_is_an_error_not_the_end(source):
     assert not _prepare_threads()
 
 
+def test_a_prefetcher_dropped_without_close_is_collected_and_its_thread_stops():
+    """Its thread holds the preparation state only, so dropping the last reference (a
+    loop left early without ``with``) stops the thread instead of leaving it polling with
+    depth + 1 results alive."""
+    import gc
+    import weakref
+
+    source = Prefetcher(range(100), lambda i: i, depth=2)
+    for item, _ in source:
+        if item == 1:
+            break
+    gone = weakref.ref(source)
+    del source
+    gc.collect()
+    assert gone() is None
+    assert not _prepare_threads()
+
+
 def test_leaving_early_stops_the_thread_and_prepares_nothing_more():
     made = []
     source = Prefetcher(range(1000), lambda i: made.append(i) or i, depth=1)
