@@ -67,6 +67,7 @@ __all__ = [
     "estimate_rev_parts",
     "estimate_rev_sizes",
     "rev_persistent_bytes",
+    "rev_replay_config",
     "search_k_rev",
 ]
 
@@ -236,6 +237,43 @@ def rev_persistent_bytes(arch: Any,
     return (2 + n_state) * pbytes + step
 
 
+def rev_replay_config(arch: Any, *,
+                      optimizer: Union[str, OptimizerSpec, torch.optim.Optimizer] = "adam",
+                      dtype: Optional[torch.dtype] = None, backend: str = "cpu", fresh_grads=True,
+                      num_parts: int = 1, label_columns: int = 0,
+                      label_dtype: torch.dtype = torch.float32,
+                      feat_dtype: Optional[torch.dtype] = None,
+                      constants: Optional[BackendConstants] = None,
+                      **shape_overrides: Any) -> tuple[RevReplayConfig, RevModelShape]:
+    """The replay's configuration of ``num_parts`` parts of ``arch`` (and its shape): what
+    :func:`estimate_rev_sizes` replays, and what a trace diff replays with
+    ``replay_rev(..., record=True)``. Arguments: see :func:`estimate_rev_sizes`."""
+    shape = RevModelShape.of(arch, **shape_overrides)
+    if shape.uses_mask_fn:
+        raise ValueError("the model draws its dropout masks with mask_fn (per block, on "
+                         "demand): this memory pattern is not modelled; estimate with "
+                         "mask_fn=None (RevGNN's shared Bernoulli masks)")
+    if dtype is not None and dtype != shape.dtype:
+        shape = replace(shape, dtype=dtype)
+    if label_columns < 0:
+        raise ValueError(f"label_columns must be >= 0, got {label_columns}")
+    consts = constants if constants is not None else load_constants(backend)
+    elt = itemsize(shape.dtype, "dtype")
+    cfg = RevReplayConfig(
+        hidden=shape.hidden, num_groups=shape.num_groups, num_layers=shape.num_layers,
+        in_feats=shape.in_feats, out_feats=shape.out_feats, conv=shape.conv, heads=shape.heads,
+        gat_merge=shape.gat_merge, norm=shape.norm, mode=shape.mode, graph_backend=shape.graph_backend,
+        masks_held=shape.masks_held,
+        weight_tied=shape.weight_tied, dropout=shape.dropout,
+        check_consistency=shape.check_consistency, optimizer=as_optimizer_spec(optimizer), elt=elt,
+        feat_elt=itemsize(feat_dtype, "feat_dtype") if feat_dtype is not None else elt,
+        fresh_grads=np.broadcast_to(np.asarray(fresh_grads, dtype=bool), (num_parts,)).copy(),
+        label_columns=int(label_columns),
+        label_elt=itemsize(label_dtype, "label_dtype"), host=not backend.startswith("cuda"),
+        granule=consts.granule_bytes)
+    return cfg, shape
+
+
 def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
                        optimizer: Union[str, OptimizerSpec, torch.optim.Optimizer] = "adam",
                        dtype: Optional[torch.dtype] = None, backend: str = "cpu",
@@ -264,15 +302,6 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
         feat_dtype: the features' dtype (default: ``dtype``).
         constants: override the backend's constants.
     """
-    shape = RevModelShape.of(arch, **shape_overrides)
-    if shape.uses_mask_fn:
-        raise ValueError("the model draws its dropout masks with mask_fn (per block, on "
-                         "demand): this memory pattern is not modelled; estimate with "
-                         "mask_fn=None (RevGNN's shared Bernoulli masks)")
-    if dtype is not None and dtype != shape.dtype:
-        shape = replace(shape, dtype=dtype)
-    if label_columns < 0:
-        raise ValueError(f"label_columns must be >= 0, got {label_columns}")
     n = _as_vector(num_nodes, "num_nodes")
     e = _as_vector(num_edges, "num_edges")
     nt = n if num_train is None else _as_vector(num_train, "num_train")
@@ -281,21 +310,10 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
                          f"{n.shape[0]}, {e.shape[0]} and {nt.shape[0]}")
     if (nt > n).any():
         raise ValueError("num_train must not exceed num_nodes")
-    consts = constants if constants is not None else load_constants(backend)
-    opt = as_optimizer_spec(optimizer)
-    elt = itemsize(shape.dtype, "dtype")
-    fresh = np.broadcast_to(np.asarray(fresh_grads, dtype=bool), n.shape).copy()
-    cfg = RevReplayConfig(
-        hidden=shape.hidden, num_groups=shape.num_groups, num_layers=shape.num_layers,
-        in_feats=shape.in_feats, out_feats=shape.out_feats, conv=shape.conv, heads=shape.heads,
-        gat_merge=shape.gat_merge, norm=shape.norm, mode=shape.mode, graph_backend=shape.graph_backend,
-        masks_held=shape.masks_held,
-        weight_tied=shape.weight_tied, dropout=shape.dropout,
-        check_consistency=shape.check_consistency, optimizer=opt, elt=elt,
-        feat_elt=itemsize(feat_dtype, "feat_dtype") if feat_dtype is not None else elt,
-        fresh_grads=fresh, label_columns=int(label_columns),
-        label_elt=itemsize(label_dtype, "label_dtype"), host=not backend.startswith("cuda"),
-        granule=consts.granule_bytes)
+    cfg, shape = rev_replay_config(arch, optimizer=optimizer, dtype=dtype, backend=backend,
+                                   fresh_grads=fresh_grads, num_parts=n.shape[0],
+                                   label_columns=label_columns, label_dtype=label_dtype,
+                                   feat_dtype=feat_dtype, constants=constants, **shape_overrides)
     tl = replay_rev(n, e, nt, cfg)
     breakdown = tl.breakdown()
     where = tl.peak_event()

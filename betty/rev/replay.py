@@ -12,10 +12,15 @@ the whole timeline, the number :class:`~betty.memory.meter.MemoryMeter` measures
 Phases (``D`` = hidden width, ``C`` groups of width ``w = D / C``, ``e`` bytes per
 element):
 
-1. **Part inputs**: the part's training mask ``(N,)`` bool and features ``(N, F)``.
-2. **Dropout masks** (``p > 0``): RevGNN draws two ``(N, D)`` multipliers per forward
-   pass (one shared by the blocks, one for the head), each through ``rand`` (float32),
-   ``>=`` (bool), a cast and a scale.
+1. **Part inputs**: the part's training mask ``(N,)`` bool (freed once the loss's
+   backward has used it) and features ``(N, F)`` (cast to the compute dtype when stored
+   in another).
+2. **Dropout masks** (``p > 0``): two ``(N, D)`` multipliers per forward pass (one
+   shared by the blocks, one for the head). RevGNN's own draws both up front, each
+   through ``rand`` (float32), ``>=`` (bool), a cast and a scale; the trainer's
+   :class:`~betty.rev.engine.SharedHashMasks` (``masks_held``) hashes the blocks' at the
+   first block and the head's at the head dropout (SplitMix64 row words, a boolean
+   keep-mask, an int64 chunk of scratch, the cast) and keeps both to the part's end.
 3. **Encoder** ``(N, D)``.
 4. **Blocks.** One coupling computes ``X'_i = f_i(X'_{i-1}) + X_i`` with
    ``f = Conv(G, M * ReLU(Norm(.)))``; its intermediates per group are
@@ -39,7 +44,10 @@ element):
    training rows, or BCE with logits for ``T``-column multi-label targets) and the
    backward of all of it in reverse order, with the parameter gradients appearing
    (first part after ``zero_grad(set_to_none=True)``) or accumulated in place.
-6. **Optimizer step** once all parts ran: on the host Adam loops over the parameters
+6. **Correct count** after the backward: the part's training rows of the output and of
+   the labels, the argmax and its comparison (multi-label: the sign comparisons, their
+   float32 copy, the per-row mean).
+7. **Optimizer step** once all parts ran: on the host Adam loops over the parameters
    and allocates ``sqrt(v)`` and ``sqrt(v) / c`` per parameter (the previous
    denominator is freed when the next one is assigned); SGD allocates nothing.
 
@@ -49,8 +57,11 @@ layers (:mod:`betty.backends.pyg_backend`, :func:`betty.models.gat.gat_forward`;
 2.8's ``scatter`` and ``softmax``), PyTorch 2.2's autograd engine (gradient
 accumulation in its input buffers, non-reentrant checkpointing with early stop, whose
 unpacked saved tensors die with their backward node) and checked op by op against a
-dispatch-mode trace on the host (the PyG GAT sequence under torch 2.2.1 and 2.13.0
-alike). Tensors of a few bytes (scalars, 0-d losses) are left out.
+dispatch-mode trace on the host: ``tests/test_memory_trace_diff_rev.py`` diffs the
+event sequence against :class:`betty.memory.trace.AllocationTrace` for every coupling,
+mode, norm and mask kind on both backends (the PyG ones under torch 2.2.1 and 2.13.0
+alike). A block's parameter gradients are one buffer; tensors of a few bytes (scalars,
+0-d losses) are left out.
 
 All sizes are ``(P,)`` vectors, so the parts of a K-way split are replayed at once.
 """
@@ -67,6 +78,7 @@ from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LA
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline)
 from betty.memory.timeline import Buffer, Timeline
+from betty.models.dropout import CHUNK_ELEMENTS  # SharedHashMasks' chunk of int64 scratch
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
 
@@ -331,15 +343,20 @@ class _RevReplayer:
         return out
 
     def _sage_backward(self, g: Buffer, m: Buffer, q: Buffer, deg: Buffer, agg_backward,
-                       tag: str) -> Buffer:
+                       tag: str, sliced: bool = False) -> Buffer:
         """Backward of :meth:`_sage_fc` and the mean's division: ``fc_self`` (releases
         its input ``m``), ``fc_neigh`` (releases the mean ``q``), ``/ degree`` (releases
         ``deg``), ``agg_backward`` (the backend's neighbour sum, releases its input),
-        then the sum of the self and neighbour gradients; returns ``(N, w)``."""
+        (``sliced``: the self features were the view ``h[:n_dst]``, whose
+        ``slice_backward`` copies the self gradient into zeros) then the sum of the self
+        and neighbour gradients; returns ``(N, w)``."""
         gs = self.bwd(f"{tag} grad self", m)
         gn = self.bwd(f"{tag} grad mean", g, q)
         gd = self.bwd(f"{tag} grad mean / degree", gn, deg)
-        return self.bwd(f"{tag} grad self + neigh", gs, agg_backward(gd, tag))
+        agg = agg_backward(gd, tag)
+        if sliced:
+            gs = self.bwd(f"{tag} grad self slice_backward", gs)
+        return self.bwd(f"{tag} grad self + neigh", gs, agg)
 
     # ------------------------------------------------------------------ group convolutions
     def _gcn(self, m: Buffer, grad: bool, tag: str, stop: bool = False):
@@ -435,7 +452,7 @@ class _RevReplayer:
         gather ``(E, w)`` messages, PyG's ``scatter(reduce='mean')`` (counts, sum,
         divide), ``fc_neigh``, ``fc_self``, sum."""
         def backward(g: Buffer) -> Buffer:
-            return self._sage_backward(g, m, q, cnt, self._pyg_aggregation_backward, tag)
+            return self._sage_backward(g, m, q, cnt, self._pyg_aggregation_backward, tag, sliced=True)
 
         cnt, q = pyg_scatter_mean(self.tl, INT, self.e_cnt, self.n, self.w, self.el, tag)
         if not grad:  # the division saves the counts
@@ -740,9 +757,10 @@ class _RevReplayer:
             self.release(feat)
             feat = cast
 
-        masks: list[Buffer] = []
-        if self.has_mask:
+        masks: list[Buffer | None] = [None, None]  # the blocks' and the head's multipliers
+        if self.has_mask and not cfg.masks_held:  # the model's own Bernoulli masks, drawn up front
             tl.phase = "dropout masks"
+            masks = []
             for which in ("blocks", "head"):
                 u = self.alloc(n * D * 4, DROP, f"{which} mask uniform")
                 keep = self.alloc(n * D, DROP, f"{which} keep mask")
@@ -759,6 +777,8 @@ class _RevReplayer:
         for l in range(L):
             tl.phase = f"forward block {l}"
             tag = f"block {l}"
+            if l == 0 and self.has_mask and cfg.masks_held:  # asked for by the first block, then cached
+                masks[0] = self.hash_mask(D, "blocks")
             if mode == "reversible":
                 y, _ = self.coupling_forward(x, False, tag)
                 self.release(x)  # the input's storage is freed (resize_(0))
@@ -794,6 +814,8 @@ class _RevReplayer:
         hr = self.alloc(nd, HEAD, "head relu")
         self.release(hz)
         self.hold(hr)  # relu saves its result
+        if self.has_mask and cfg.masks_held:
+            masks[1] = self.hash_mask(D, "head")
         if self.has_mask:
             hm = self.alloc(nd, HEAD, "head dropout")
             self.release(hr)
@@ -876,6 +898,8 @@ class _RevReplayer:
         tl.phase = "backward encoder"
         self.param_grads(0, "encoder")
         self.release(g, feat)
+        tl.phase = "metrics"  # count_correct(out[local_train], label[ids][local_train])
+        self.correct_count(out)
         tl.phase = "end of part"
         self.release(out)  # del out, loss: the graph goes
         if handoff is not None:
@@ -884,6 +908,46 @@ class _RevReplayer:
 
         self.optimizer_step()
         return tl
+
+    def hash_mask(self, width: int, which: str) -> Buffer:
+        """:class:`betty.rev.engine.SharedHashMasks`' multiplier ``(N, width)``: the
+        SplitMix64 words of the row IDs (three ``(N,)`` int64 vectors alive at once, one
+        kept) and of the columns, the boolean keep-mask, the chunk's int64 scratch, then
+        the mask cast to the compute dtype (scaled in place)."""
+        n = self.n
+        rows = self.alloc(n * INDEX_BYTES, DROP, f"{which} mask row words")
+        self.release(self.alloc(n * INDEX_BYTES, DROP, f"{which} mask mix"),
+                     self.alloc(n * INDEX_BYTES, DROP, f"{which} mask mix"))
+        cols = self.alloc(width * INDEX_BYTES, DROP, f"{which} mask column words")
+        keep = self.alloc(n * width, DROP, f"{which} keep mask")
+        scratch = self.alloc(np.minimum(n, max(1, CHUNK_ELEMENTS // max(width, 1))) * width * INDEX_BYTES,
+                             DROP, f"{which} mask scratch")
+        self.release(rows, cols, scratch)
+        mask = self.alloc(n * width * self.el, DROP, f"{which} mask")
+        self.release(keep)
+        return mask
+
+    def correct_count(self, out: Buffer) -> None:
+        """``count_correct`` after the backward: the training rows of the output and of
+        the labels, then (classes) the argmax and its comparison, or (multi-label) the
+        sign comparisons, their float32 copy and the per-row mean."""
+        cfg, n, nt, T = self.cfg, self.n, self.nt, self.cfg.label_columns
+        mask = self.alloc(n, LOSS, "training mask (metrics)")
+        rows = self.alloc(nt * cfg.out_feats * self.el, LOSS, "output[train] (metrics)")
+        lab = self.alloc(n * (T * cfg.label_elt if T else INDEX_BYTES), LOSS, "labels[part] (metrics)")
+        target = self.alloc(nt * (T * cfg.label_elt if T else INDEX_BYTES), LOSS, "labels[train] (metrics)")
+        self.release(lab)
+        if T:
+            a, b = self.alloc(nt * T, LOSS, "logits > 0"), self.alloc(nt * T, LOSS, "target > 0.5")
+            same = self.alloc(nt * T, LOSS, "right tasks")
+            self.release(a, b)
+            as_float = self.alloc(nt * T * 4, LOSS, "right tasks (float32)")
+            self.release(same)
+            self.release(self.alloc(nt * 4, LOSS, "right fraction per row"), as_float)
+        else:
+            pred = self.alloc(nt * INDEX_BYTES, LOSS, "argmax")
+            self.release(self.alloc(nt, LOSS, "argmax == target"), pred)
+        self.release(mask, rows, target)
 
     def _bce_backward(self, oi: Buffer, li: Buffer, nt, T: int) -> Buffer:
         """``binary_cross_entropy_with_logits`` (sum) saved its input and target:
@@ -941,6 +1005,10 @@ class _RevReplayer:
             tl.temp(float(sum(sizes)), STEP, "adam foreach sqrt(v)")
 
 
-def replay_rev(num_nodes, num_edges, num_train, cfg: RevReplayConfig) -> Timeline:
-    """Replay one training step's part (per entry of the ``(P,)`` size vectors)."""
-    return _RevReplayer(num_nodes, num_edges, num_train, cfg).run()
+def replay_rev(num_nodes, num_edges, num_train, cfg: RevReplayConfig, *, record: bool = False) -> Timeline:
+    """Replay one training step's part (per entry of the ``(P,)`` size vectors).
+    ``record``: keep every allocation and free in ``Timeline.log`` (a trace diff's side)."""
+    r = _RevReplayer(num_nodes, num_edges, num_train, cfg)
+    if record:
+        r.tl.log = []
+    return r.run()

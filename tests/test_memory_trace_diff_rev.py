@@ -1,0 +1,73 @@
+"""The RevGNN replay's event sequence against the allocation recorder, op by op.
+
+One training step of a RevGNN on one whole-graph part (:func:`betty.rev.engine.train_step_parts`:
+forward, loss, backward, the correct count, the optimizer step: SGD, Adam for GAT) runs under
+:class:`betty.memory.trace.AllocationTrace` after a first step, and the same part is
+replayed (:func:`betty.rev.replay.replay_rev` with ``record=True``). The two checks of
+:func:`test_memory_trace_diff.diff` must hold (every floating-point allocation of the
+trace is, in order, one of the replay's with the same bytes; every allocation of the
+replay is, in order, one of the trace's), for GCN, SAGE-mean and GAT couplings, the
+reversible, residual and checkpointed networks, layer norm and none, the masks of
+:class:`betty.rev.engine.SharedHashMasks` (the trainer's deterministic dropout) and the
+model's own Bernoulli masks, on both backends. A block's parameter gradients are one
+buffer of the replay (each tensor is below ``MIN_BYTES`` at these widths), so those
+events are left out of the second check.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from betty.memory.trace import AllocationTrace
+from betty.rev.engine import SharedHashMasks, train_step_parts
+from betty.rev.memory import rev_replay_config
+from betty.rev.model import RevGNN
+from betty.rev.replay import replay_rev
+from betty.rev.training import cluster_partition
+from graphs import backend_params, power_law_graph
+from test_memory_trace_diff import MIN_BYTES, diff
+
+CASES = list(itertools.product(("gcn", "sage", "gat"), ("reversible", "residual", "checkpoint"),
+                               ("layer", "none"), (True, False)))
+DROPOUT, LAYERS = 0.2, 3
+
+
+def _events(backend: str, conv: str, mode: str, norm: str, held: bool):
+    """``(traced, replayed)`` allocations of one step on one 300-node part."""
+    from betty.backends import get_backend
+
+    g, feat, label, train_idx = power_law_graph(num_nodes=300, avg_degree=6, num_feats=12,
+                                                num_classes=5, seed=300)
+    mask = torch.zeros(300, dtype=torch.bool)
+    mask[train_idx] = True
+    graph = get_backend(backend).full_graph(g)
+    torch.manual_seed(0)
+    model = RevGNN(12, 16, 5, num_layers=LAYERS, num_groups=2, conv=conv, dropout=DROPOUT, heads=2,
+                   reversible=mode == "reversible", checkpoint=mode == "checkpoint", norm=norm,
+                   backend=backend)
+    opt = (torch.optim.Adam if conv == "gat" else torch.optim.SGD)(model.parameters(), lr=1e-3)
+    parts = cluster_partition(graph, 1)
+    kwargs = {"mask_factory": lambda: SharedHashMasks(DROPOUT, 7, LAYERS)} if held else {}
+    train_step_parts(model, opt, parts, feat, label, mask, **kwargs)  # .grad and Adam's state exist
+    with AllocationTrace("cpu") as trace:
+        train_step_parts(model, opt, parts, feat, label, mask, **kwargs)
+    cfg, _ = rev_replay_config(model, optimizer=opt, masks_held=held, fresh_grads=True)
+    part = parts[0].graph
+    tl = replay_rev([part.num_nodes()], [part.num_edges()], [int(mask.sum())], cfg, record=True)
+    traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
+    replayed = [(name, int(size[0]), comp) for kind, name, comp, size in tl.log
+                if kind == "alloc" and size[0] >= MIN_BYTES and "parameter grads" not in name]
+    return traced, replayed
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_rev_replay_follows_the_trace(backend):
+    failed = []
+    for case in CASES:
+        problems = diff(*_events(backend, *case))
+        if problems:
+            failed.append(f"{case}: {problems[0]}")
+    assert not failed, "\n".join(failed)
