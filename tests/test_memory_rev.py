@@ -274,3 +274,22 @@ def test_the_part_training_mask_lives_until_the_loss_backward(conv, mode):
     measured = _measured_step(model, opt, whole, feat, label, mask)
     estimated = estimate_rev_parts(whole, model, train_mask=mask, optimizer=opt)[0].peak
     assert abs(estimated - measured) <= 200, (estimated, measured)
+
+
+@_on("dgl")
+@pytest.mark.parametrize("mode", MODES)
+def test_the_trainers_hashed_masks_are_counted_where_they_are_made(mode):
+    """The trainer's deterministic dropout hashes each mask where it is first asked for;
+    replayed as masks drawn up front, the residual network without norm was 6.6% over."""
+    from betty.data.types import GraphDataset
+    from betty.graph import as_graph
+    from betty.rev.engine import RevPlan, RevTrainer
+
+    g, feat, label, mask = _graph(900)
+    train = mask.nonzero().flatten()
+    ds = GraphDataset(name="t", graph=as_graph(g), feat=feat, label=label, train_idx=train,
+                      valid_idx=train[:5], test_idx=train[5:10], num_classes=CLASSES)
+    model = _model("gcn", mode, 16, 2, 4, dropout=0.2, norm="none")
+    trainer = RevTrainer(model, torch.optim.Adam(model.parameters()), ds, RevPlan("random", 1))
+    row = trainer.memory_report(measure=True)["micro_batches"][0]
+    assert abs(row["relative_error"]) <= 0.005, row
