@@ -301,8 +301,9 @@ def test_factories_match_the_engine_interfaces(batch3):
 
 def test_cuda_helpers_off_cuda():
     assert apply_budget("cpu", 10**9) == 1.0
-    with pytest.raises(ValueError, match="memory_budget"):
-        apply_budget("cpu", 0)
+    for bad in (0, float("inf"), "1GiB", True):  # the budget check of every other entry point
+        with pytest.raises(ValueError, match="memory_budget must be a finite number of bytes >= 1"):
+            apply_budget("cpu", bad)
     est = estimate_micro_batch(_tiny_sizes(),
                                ModelSpec.from_config("sage", 4, 2, hidden=4, layers=1))
     with pytest.raises(EstimatedOOMError, match="estimated peak") as err:

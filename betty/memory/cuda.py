@@ -27,11 +27,13 @@ def apply_budget(device: torch.device | str, memory_budget: int) -> float:
     1.0 on non-CUDA devices (the host has no per-process allocator cap).
 
     Raises:
-        ValueError: non-positive budget, or larger than the device's memory.
+        ValueError: not a finite number of bytes >= 1 (:func:`~betty.memory.ksearch.check_memory_budget`),
+            or larger than the device's memory.
     """
+    from betty.memory.ksearch import check_memory_budget
+
     dev = torch.device(device)
-    if memory_budget is None or memory_budget <= 0:
-        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    check_memory_budget(memory_budget)
     if dev.type != "cuda":
         return 1.0
     index = dev.index if dev.index is not None else torch.cuda.current_device()
