@@ -66,10 +66,16 @@ def test_an_interrupt_while_waiting_drops_the_parts_not_started(restore_workers)
         ran.append(i)
         return i
 
-    timer = threading.Timer(0.15, _thread.interrupt_main)
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        workers.parallel_map(part, list(range(40)), workers=2)
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # not another test's handler
+    try:
+        timer = threading.Timer(0.15, _thread.interrupt_main)
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            workers.parallel_map(part, list(range(40)), workers=2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     time.sleep(0.4)  # the parts running at the interrupt finish; no others start
     assert len(ran) <= 8
 
