@@ -262,6 +262,16 @@ def rank_raise_on(failing: int) -> int:
     return dist.get_rank()
 
 
+def rank_interrupt_launcher() -> None:
+    """Send SIGINT to the launching process (this rank's parent), as a Ctrl-C in its
+    terminal would, then wait to be stopped."""
+    import os
+    import signal
+
+    os.kill(os.getppid(), signal.SIGINT)
+    time.sleep(60)
+
+
 def rank_collective_checks() -> dict:
     """On one rank: gradient sum with presence flags, then a forced divergence."""
     import torch.distributed as dist

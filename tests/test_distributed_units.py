@@ -69,6 +69,31 @@ def test_fit_on_a_data_parallel_subgroup_gathers_and_agrees_within_it():
     assert launch(rank_subgroup_fit, nproc=3) == {0: None, 1: ([2.0, 2.0], [0, 1]), 2: None}
 
 
+def test_launch_keeps_the_callers_signal_handlers_and_a_ctrl_c_is_a_keyboard_interrupt():
+    """torch elastic installs its own SIGINT/SIGTERM handlers and left them: a later
+    Ctrl-C was its SignalException, and one during a launch too, not the
+    KeyboardInterrupt the workflow ends its runs KILLED on."""
+    import signal
+
+    from distributed_cases import rank_interrupt_launcher
+
+    def mine(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt("the caller's handler")
+
+    previous = {sig: signal.signal(sig, mine) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert launch(rank_raise_on, (-1,), nproc=1) == {0: 0}
+        assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt, match="signal SIGINT"):
+            launch(rank_interrupt_launcher, nproc=1)
+        assert time.monotonic() - start < 50  # the rank was stopped, not waited for
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def test_checksum_sees_one_ulp():
     a = torch.tensor([1.0, 2.0], dtype=torch.float64)
     b = a.clone()

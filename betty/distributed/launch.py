@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import pickle
+import signal
 import socket
 import tempfile
 import threading
@@ -218,14 +219,41 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
             max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn",
             **_log_folder(stack.enter_context(tempfile.TemporaryDirectory(prefix="betty-ranks-"))))
         held = stack.enter_context(_closing_notes_held())
+        stack.enter_context(_signal_handlers_kept())
         try:
             results = elastic_launch(config, _rank_main)(fn, backend, threads, os.getpid(), local_store, *args)
         except BaseException as exc:
             held.release()
             if isinstance(exc, ChildFailedError):
                 raise RankFailed(describe_failures(exc)) from exc
+            if type(exc).__name__ == "SignalException" and getattr(exc, "sigval", None) in _INTERRUPTS:
+                raise KeyboardInterrupt(f"signal {exc.sigval.name}") from exc  # what the caller handles
             raise
     return {rank: pickle.loads(blob) for rank, blob in results.items()}
+
+
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+_LAUNCHER_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                          if hasattr(signal, name))
+"""The signals torch elastic's launcher takes over while it runs (raising its
+``SignalException``)."""
+
+
+@contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Put back the caller's handlers of :data:`_LAUNCHER_SIGNALS` after a launch: torch
+    elastic installs its own and leaves them, so a later Ctrl-C was a ``SignalException``
+    instead of the ``KeyboardInterrupt`` (or the handler) the caller had. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in _LAUNCHER_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def _log_folder(folder: str) -> dict[str, Any]:
