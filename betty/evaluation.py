@@ -160,7 +160,7 @@ def evaluate_model(model, dataset, *, splits: Sequence[str] = ("valid", "test"),
         chunk_size: destination nodes per chunk of a block model's inference.
         seed: seeds ``"sampled"`` (chunk ``i`` of a split: ``seed + i * chunk_size``) and
             ``"multiview"`` (view ``v``: ``seed + v``).
-        dtype: compute dtype (default: the features').
+        dtype: compute dtype (default: the model's parameters').
         views: ``"multiview"`` only: partitions averaged (default 10).
         parts: ``"multiview"`` only: parts per partition (at most the number of nodes);
             default ``train_k``.

@@ -609,7 +609,7 @@ def accumulate_gradients(
         multilabel: use the multi-label loss.
         meter: optional :class:`betty.memory.meter.MemoryMeter`; one region per
             micro-batch (carving, which happens on the host, is outside it).
-        dtype: cast features to this dtype on the device (default: keep); under a
+        dtype: cast features to this dtype on the device (default: the model's parameters'); under a
             mixed ``precision`` features already in its compute dtype are kept
             (:func:`betty.precision.input_dtype`).
         precision: ``32`` (default), ``64``, ``bf16-mixed`` or ``16-mixed``: forward and

@@ -477,7 +477,8 @@ def _k_size_problems(spec: Spec) -> list[Problem]:
     if k <= limit:
         return []
     return [Problem("partition.k", k, f"is larger than {what} ({limit:,} for this dataset); "
-                    f"allowed: an integer from {spec.train.world_size} to {limit:,}, or 'auto'")]
+                    f"allowed: an integer from {1 if spec.model.arch == 'revgnn' else spec.train.world_size} "
+                    f"to {limit:,}, or 'auto'")]
 
 
 def _path_problems(ds: DatasetSection) -> list[Problem]:
@@ -605,7 +606,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
         out.append(Problem("model.hidden", m.hidden,
                            f"must be divisible by model.groups = {m.groups} (channels are split into groups)"))
     if "batch_size" in changed_keys(s):
-        out.append(Problem("sampling.batch_size", s.batch_size, f"applies to sage/gat only "
+        out.append(Problem("sampling.batch_size", s.batch_size, f"applies to sage/gat/gcn only "
                            f"({_REVGNN_NOT_SAMPLED}); allowed: full"))
     allowed = ", ".join(catalog.CLUSTER_METHODS)
     if "method" in p.model_fields_set and p.method not in catalog.CLUSTER_METHODS:
@@ -613,7 +614,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
                            f"subgraphs; allowed: {allowed} (random is re-drawn every epoch)"))
     for key in ("balance", "reuse", "time_limit_s", "deterministic", "partitioner"):
         if key in changed_keys(p):
-            out.append(Problem(f"partition.{key}", getattr(p, key), "applies to sage/gat "
+            out.append(Problem(f"partition.{key}", getattr(p, key), "applies to sage/gat/gcn "
                                "micro-batches only; revgnn re-draws random clusters every epoch "
                                "and keeps METIS clusters for the run"))
     for i, method in enumerate(p.sweep.methods or []):
@@ -627,7 +628,7 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
                            "revgnn: its backward rebuilds each block's input by inverting the "
                            "coupling, exact only in the forward's own dtype; allowed: 32, 64"))
     if "chunk_size" in changed_keys(ev):
-        out.append(Problem("evaluate.chunk_size", ev.chunk_size, "applies to sage/gat (layer-wise "
+        out.append(Problem("evaluate.chunk_size", ev.chunk_size, "applies to sage/gat/gcn (layer-wise "
                            "inference); revgnn runs the whole graph (full) or whole parts (multiview)"))
     if ev.inference != "multiview":
         for key in ("views", "parts"):
@@ -737,7 +738,7 @@ def spec_notes(spec: Spec) -> list[str]:
     notes, m = [], spec.model
     if m.arch == "revgnn" and spec.sampling.fanouts is not None:
         notes.append(f"sampling.fanouts = {spec.sampling.fanouts!r} is ignored: {_REVGNN_NOT_SAMPLED} "
-                     "(accepted so that a sage/gat spec tries revgnn without removing them)")
+                     "(accepted so that a sage/gat/gcn spec tries revgnn without removing them)")
     if m.arch == "revgnn" and m.deq:
         for key in ("layers", "groups"):
             if key in changed_keys(m):

@@ -170,7 +170,7 @@ def hash_dropout(
     Args:
         x: rows to drop elements from; row ``r`` belongs to global ID ``ids[r]``.
         ids: ``(n,)`` int64 global node (or edge) IDs, on ``x``'s device.
-        p: drop probability in ``[0, 1)``.
+        p: drop probability in ``[0, MAX_DROPOUT]`` (``1 - 2^-24``).
         key: the step's key (see :func:`dropout_key`), e.g. ``dropout_key(seed, epoch)``.
         layer: layer index; different layers draw independent masks.
         training: identity when False.

@@ -480,8 +480,9 @@ class RevTrainer:
         if self.estimate_memory:
             as_optimizer_spec(optimizer)  # an optimizer the memory model does not know: refused now
         elif plan.memory_budget is not None:
-            raise ValueError("a memory_budget needs the memory estimates (estimate_memory=True; the "
-                             f"memory model does not cover {type(model).__name__}): without them no "
+            why = ("estimate_memory=False" if can_estimate
+                   else f"the memory model does not cover {type(model).__name__}")
+            raise ValueError(f"a memory_budget needs the memory estimates ({why}): without them no "
                              "split is held to the budget")
         self.train_mask = torch.zeros(dataset.num_nodes, dtype=torch.bool)
         self.train_mask[dataset.train_idx] = True

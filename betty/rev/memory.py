@@ -450,8 +450,9 @@ def search_k_rev(graph, arch: Any, budget: int, *, method: str = "random", seed:
     search never returns a K whose own split was not estimated to fit). Raises
     :class:`RevKSearchError` when the floor alone exceeds the usable budget, no K up to
     ``max_k`` (default ``N``) fits, or ``max_evaluations`` splits did not settle.
-    ``min_k``: the smallest K allowed (data-parallel training on R ranks: ``min_k = R``,
-    so every rank gets a part that fits its budget). Other keywords: see
+    ``min_k``: the smallest K allowed (``min_k = R`` gives each of R ranks a part; the
+    :class:`~betty.rev.engine.RevTrainer` passes 1 on any number of ranks, K being part of
+    its model). Other keywords: see
     :func:`estimate_rev_sizes`.
     """
     from betty.memory.ksearch import smallest_fitting_k

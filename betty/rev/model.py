@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from betty.models.base import check_sizes
 from betty.models.dropout import check_dropout
 from betty.rev.autograd import MaskSource, apply_reversible
 from betty.rev.coupling import (
@@ -424,6 +425,7 @@ class EncodeProcessDecode(nn.Module, ABC):
         self.backend_name = resolve_backend(backend)
         if conv not in CONV_TYPES:
             raise ValueError(f"conv must be one of {CONV_TYPES}, got {conv!r}")
+        check_sizes(in_feats=in_feats, hidden=hidden, out_feats=out_feats, heads=heads)
         check_dropout(dropout)
         self.in_feats, self.hidden, self.out_feats = in_feats, hidden, out_feats
         self.conv_type, self.norm_type, self.heads, self.gat_merge = conv, norm, heads, gat_merge
@@ -604,6 +606,7 @@ class RevGNN(EncodeProcessDecode):
     ) -> None:
         if norm not in NORM_TYPES:
             raise ValueError(f"norm must be one of {NORM_TYPES}, got {norm!r}")
+        check_sizes(num_layers=num_layers, num_groups=num_groups)
 
         def make_stack(backend_name: str) -> GroupedReversibleStack:
             return GroupedReversibleStack(
