@@ -17,6 +17,32 @@ __all__ = ["DGLBackend", "BACKEND", "SRC_OUT_DEGREE"]
 SRC_OUT_DEGREE = "betty_src_out_degree"
 
 
+class EdgelessPoolSAGEConv(SAGEConv):
+    """DGL's ``SAGEConv``, except the pool aggregator on a block without edges: there the
+    neighbour term is ``fc_neigh`` of zeros, as DGL computes it, with no path back to
+    ``fc_pool``. DGL 2.1's max reduction over no edges still sends every destination's
+    gradient to source row 0, through ``fc_pool``, so a micro-batch whose outputs have
+    no in-edges got a gradient the full batch does not give (a 0-degree destination in a
+    block with edges gets none)."""
+
+    def forward(self, graph, feat, edge_weight=None):  # noqa: D102 (SAGEConv's signature)
+        if self._aggre_type != "pool" or graph.num_edges() > 0:
+            return super().forward(graph, feat, edge_weight)
+        if isinstance(feat, tuple):
+            h_self = self.feat_drop(feat[1])
+        else:
+            h_self = self.feat_drop(feat)
+            if graph.is_block:
+                h_self = h_self[: graph.number_of_dst_nodes()]
+        zeros = torch.zeros(h_self.shape[0], self._in_src_feats).to(h_self)
+        rst = self.fc_self(h_self) + self.fc_neigh(zeros)
+        if self.activation is not None:
+            rst = self.activation(rst)
+        if self.norm is not None:
+            rst = self.norm(rst)
+        return rst
+
+
 class DGLBackend(Backend):
     name = "dgl"
 
@@ -79,7 +105,7 @@ class DGLBackend(Backend):
         return GATConv(in_feats, out_feats, num_heads=heads, allow_zero_in_degree=True)
 
     def sage_conv(self, in_feats, out_feats, aggregator):
-        return autocast_safe(SAGEConv(in_feats, out_feats, aggregator))
+        return autocast_safe(EdgelessPoolSAGEConv(in_feats, out_feats, aggregator))
 
 
 BACKEND = DGLBackend()
