@@ -118,10 +118,16 @@ class Carver:
 
     def carve(self, output_index: torch.Tensor) -> MicroBatch:
         """The micro-batch computing the outputs at ``output_index`` (positions into
-        ``full.output_nid``, distinct), its tensors on the full batch's device."""
+        ``full.output_nid``, distinct), its tensors on the full batch's device.
+
+        Raises:
+            ValueError: ``output_index`` is not a 1-D integer tensor of distinct positions
+                in ``[0, num_outputs)`` (a negative one named another node, a repeated
+                one counted its output twice).
+        """
         full, on = self.full, self.device
         ops = {"torch_ops": self.torch_ops}
-        output_index = torch.as_tensor(output_index, dtype=torch.int64).to(on)
+        output_index = _checked_positions(output_index, full.num_outputs).to(on)
         n_layers = full.num_layers
         layers: list[LayerEdges | None] = [None] * n_layers
         full_src_index: list[torch.Tensor | None] = [None] * n_layers
@@ -202,6 +208,24 @@ def carve(full: SampledBatch, output_index: torch.Tensor) -> MicroBatch:
     return Carver(full).carve(output_index)
 
 
+def _checked_positions(output_index, num_outputs: int) -> torch.Tensor:
+    """``output_index`` as int64 after :meth:`Carver.carve`'s checks."""
+    idx = torch.as_tensor(output_index)
+    if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool or idx.dim() != 1:
+        raise ValueError(f"output_index must be a 1-D integer tensor of output positions, got a "
+                         f"{idx.dtype} tensor of shape {tuple(idx.shape)}")
+    idx = idx.to(torch.int64)
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= num_outputs):
+        raise ValueError(f"output_index must lie in [0, {num_outputs}) (the batch's outputs), got "
+                         f"[{int(idx.min())}, {int(idx.max())}]")
+    if idx.numel() > 1:
+        ordered = idx.sort().values
+        if bool((ordered[1:] == ordered[:-1]).any()):
+            raise ValueError("output_index must name each output once (a repeated one would count "
+                             "its loss twice)")
+    return idx
+
+
 def validate_groups(groups: torch.Tensor, num_outputs: int, k: int) -> torch.Tensor:
     """Check a partition vector: ``(num_outputs,)`` ints in ``[0, k)``, no empty micro-batch;
     returned as int64 (floats are refused, not truncated: ``0.5`` names no micro-batch)."""
@@ -235,7 +259,7 @@ def split(full: SampledBatch, groups: torch.Tensor, k: int | None = None) -> lis
             order).
         k: number of micro-batches (default: ``groups.max() + 1``).
     """
-    groups = torch.as_tensor(groups, dtype=torch.int64)
+    groups = torch.as_tensor(groups)  # validated as given: a float or bool partition is refused
     if k is None:
         k = int(groups.max()) + 1 if groups.numel() else 1
     groups = validate_groups(groups, full.num_outputs, k)

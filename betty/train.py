@@ -636,9 +636,9 @@ def accumulate_gradients(
             ``copy_ahead``), and a meter counts a micro-batch's inputs copied ahead from its
             region's start.
     """
-    groups = torch.as_tensor(groups, dtype=torch.int64)
+    groups = torch.as_tensor(groups)  # validated as given: a float or bool partition is refused
     if k is None:
-        k = int(groups.max()) + 1
+        k = int(groups.max()) + 1 if groups.numel() else 1
     groups = validate_groups(groups, batch.num_outputs, k)
     n_total = batch.num_outputs
     if indices is not None:

@@ -97,6 +97,33 @@ def test_invalid_partitions_are_refused(batch):
         validate_groups(torch.arange(n) % 2 + 0.5, n, 2)  # 0.5 and 1.5 name no micro-batch
 
 
+def test_split_and_accumulation_refuse_a_float_or_bool_partition(batch):
+    """They cast it to int64 before validate_groups, which then truncated 0.2/0.9/1.5
+    into two micro-batches instead of refusing them."""
+    from betty.models import build_model
+    from betty.train import accumulate_gradients
+
+    n = batch.num_outputs
+    model = build_model("sage", 12, 5, hidden=4, layers=batch.num_layers)
+    nodes = int(batch.input_nid.max()) + 1
+    feat, label = torch.randn(nodes, 12), torch.zeros(nodes, dtype=torch.long)
+    for groups in (torch.arange(n) % 2 + 0.5, torch.arange(n) % 2 == 0):
+        with pytest.raises(ValueError, match="integer micro-batch index"):
+            split(batch, groups)
+        with pytest.raises(ValueError, match="integer micro-batch index"):
+            accumulate_gradients(model, batch, groups, feat, label)
+
+
+@pytest.mark.parametrize("index,message", [([-2], r"must lie in \[0, "), ([0, 0], "each output once"),
+                                           (torch.tensor([1.7]), "1-D integer tensor"),
+                                           (torch.tensor([[0, 1]]), "1-D integer tensor")])
+def test_carve_refuses_positions_that_name_no_output_or_one_twice(batch, index, message):
+    """A negative position named a node that is not an output; a repeated one doubled its
+    edges and its loss; a float was truncated."""
+    with pytest.raises(ValueError, match=message):
+        Carver(batch).carve(index)
+
+
 def test_small_and_large_micro_batch_paths_carve_the_same(batch, monkeypatch):
     """The Carver's two ways to list a micro-batch's sources (sort only the micro-batch's own
     sources, or scan the layer's) give identical micro-batches, and both pass the
