@@ -35,3 +35,47 @@ def test_save_batch_returns_the_file_it_wrote_and_leaves_no_temporary(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["batch.npz"]
     again, _ = load_batch(path)
     assert torch.equal(again.output_nid, batch.output_nid)
+
+
+def _tampered(tmp_path, batch, name: str, change) -> str:
+    """``batch``'s file with ``change(arrays)`` applied, as ``name``."""
+    from betty.batchfile import batch_arrays
+
+    arrays = batch_arrays(batch, torch.arange(batch.num_outputs) % 2)
+    change(arrays)
+    path = tmp_path / f"{name}.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+def test_a_damaged_or_foreign_batch_file_is_refused_naming_it(tmp_path):
+    """Each of these loaded without an error (a swapped source fed one node's row as
+    another's) or failed with a bare KeyError or TypeError."""
+    import pytest
+
+    graph, _ = planted_community_graph(200, 4, avg_degree=6.0, seed=0)
+    batch = sample_full_batch(graph, torch.arange(0, 200, 4), [3, 4], seed=0)
+
+    def swap(a):
+        a["block1_src_nid"][[0, 1]] = a["block1_src_nid"][[1, 0]]
+
+    cases = {
+        "outputs": (lambda a: a.update(outputs=a["outputs"][::-1].copy()), "are not the outputs"),
+        "chain": (swap, "are not block 1's sources"),
+        "eid": (lambda a: a.update(block0_eid=a["block0_eid"][:-1]), "edge IDs"),
+        "degree": (lambda a: a.update(block1_src_out_degree=a["block1_src_out_degree"][:2]), "out-degrees"),
+        "groups": (lambda a: a.update(groups=np.zeros(1, dtype=np.int64)), "groups for"),
+        "floats": (lambda a: a.update(block0_src=a["block0_src"] + 0.4), "not 1-D integer arrays"),
+        "missing": (lambda a: a.pop("block1_src"), r"arrays \['block1_src'\] are missing"),
+        "repeated": (lambda a: a["block0_src_nid"].__setitem__(-1, a["block0_src_nid"][-2]), "a source node twice"),
+    }
+    for name, (change, message) in cases.items():
+        with pytest.raises(ValueError, match=message):
+            load_batch(_tampered(tmp_path, batch, name, change))
+    np.save(tmp_path / "one.npy", np.arange(3))
+    with pytest.raises(ValueError, match="single .npy array"):
+        load_batch(tmp_path / "one.npy")
+    good = save_batch(tmp_path / "good.npz", batch)
+    (tmp_path / "cut.npz").write_bytes(good.read_bytes()[:100])
+    with pytest.raises(ValueError, match="not a readable batch file"):
+        load_batch(tmp_path / "cut.npz")
