@@ -262,6 +262,12 @@ def rank_raise_on(failing: int) -> int:
     return dist.get_rank()
 
 
+def rank_mark_then_wait(path: str) -> None:
+    """Create ``path`` (the rank is running), then wait to be stopped."""
+    open(path, "w").close()
+    time.sleep(300)
+
+
 def rank_interrupt_launcher() -> None:
     """Send SIGINT to the launching process (this rank's parent), as a Ctrl-C in its
     terminal would, then wait to be stopped."""

@@ -3,6 +3,7 @@ flags, parameter checksums, several-machine launch (two launchers on 127.0.0.1).
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -138,6 +139,32 @@ def test_launch_leaves_no_files_behind(temp_in_tmp_path, failing):
     if failing >= 0:  # newer torch.multiprocessing keeps a failed process's pickled error, a file of its own
         left = {name for name in left if not name.startswith("pytorch-errorfile-")}
     assert left == set()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_a_sigkilled_launchers_rank_folder_is_reclaimed_by_the_next_launch(temp_in_tmp_path):
+    """A launcher killed by SIGKILL cannot remove its folder of per-rank files; it is named
+    after the launcher, and the next launch removes it once that process is gone."""
+    tmp_path = temp_in_tmp_path
+    ready = tmp_path / "rank-started"
+    code = ("import sys\n"
+            f"sys.path.insert(0, {str(TESTS)!r})\n"
+            "from betty.distributed.launch import launch\n"
+            "from distributed_cases import rank_mark_then_wait\n"
+            f"launch(rank_mark_then_wait, ({str(ready)!r},), nproc=1)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.1)
+        assert ready.exists(), "the rank did not start"
+    finally:
+        launcher.kill()
+        launcher.wait()
+    stale = [p for p in tmp_path.iterdir() if p.name.startswith(".ranks.betty-")]
+    assert len(stale) == 1 and stale[0].is_dir()  # SIGKILL: nothing could remove it
+    assert launch(rank_raise_on, (-1,), nproc=1) == {0: 0}
+    assert not stale[0].exists()
 
 
 def test_two_machines_on_localhost_equal_single_process(tmp_path):

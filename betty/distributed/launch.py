@@ -217,7 +217,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
             min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc, run_id=run_id,
             rdzv_endpoint=rdzv_endpoint, rdzv_backend=backend_name, rdzv_configs=rdzv_configs,
             max_restarts=0, monitor_interval=monitor_interval_s, start_method="spawn",
-            **_log_folder(stack.enter_context(tempfile.TemporaryDirectory(prefix="betty-ranks-"))))
+            **_log_folder(stack.enter_context(_ranks_folder())))
         held = stack.enter_context(_closing_notes_held())
         stack.enter_context(_signal_handlers_kept())
         try:
@@ -254,6 +254,18 @@ def _signal_handlers_kept() -> Iterator[None]:
         for sig, handler in previous.items():
             if handler is not None:
                 signal.signal(sig, handler)
+
+
+def _ranks_folder() -> tempfile.TemporaryDirectory:
+    """The launcher's folder of per-rank files in the temporary directory, named after
+    this process (:class:`betty.owner.Owner`, ``.ranks.betty-<owner>-...``), after removing
+    the folders there whose owner is gone: a launcher killed by SIGKILL cannot remove its
+    own."""
+    from betty.owner import Owner, reclaim_stale_folders
+
+    parent = tempfile.gettempdir()
+    reclaim_stale_folders(parent)
+    return tempfile.TemporaryDirectory(prefix=Owner.current().prefix("ranks"), dir=parent)
 
 
 def _log_folder(folder: str) -> dict[str, Any]:
