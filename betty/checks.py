@@ -1,11 +1,16 @@
-"""Type checks of argument values shared by the library's checks: an integer or a real
-number as a user would pass one (Python's or NumPy's), never a ``bool``."""
+"""Checks of argument values shared by the library: an integer or a real number as a user
+would pass one (Python's or NumPy's), never a ``bool``; a tensor of integer IDs."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-__all__ = ["is_integer", "is_number"]
+if TYPE_CHECKING:  # annotations only: importing this module imports no torch
+    import torch
+
+__all__ = ["is_integer", "is_number", "integer_ids"]
 
 
 def is_integer(value) -> bool:
@@ -16,3 +21,20 @@ def is_integer(value) -> bool:
 def is_number(value) -> bool:
     """A Python or NumPy real number (integer or float), not a ``bool`` or a string."""
     return isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.complexfloating))
+
+
+def integer_ids(values: "torch.Tensor", name: str, what: str, upper: int | None = None) -> "torch.Tensor":
+    """``values`` (a tensor) as int64 after refusing what cannot name ``what``: another
+    shape than 1-D, a floating, complex or boolean dtype (a float was truncated, a mask
+    read as IDs 0 and 1) and, with ``upper``, a value outside ``[0, upper)``."""
+    import torch
+
+    if not isinstance(values, torch.Tensor):
+        raise ValueError(f"{name} must be a 1-D integer tensor of {what}, got a {type(values).__name__}")
+    if values.dim() != 1 or values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+        raise ValueError(f"{name} must be a 1-D integer tensor of {what}, got a {values.dim()}-D "
+                         f"{values.dtype} tensor (a boolean mask: pass mask.nonzero().flatten())")
+    values = values.to(torch.int64)
+    if upper is not None and values.numel() and not (0 <= int(values.min()) and int(values.max()) < upper):
+        raise ValueError(f"{name} must lie in [0, {upper}), got [{int(values.min())}, {int(values.max())}]")
+    return values

@@ -17,6 +17,7 @@ import threading
 
 import torch
 
+from betty.checks import integer_ids
 from betty.batch import LayerEdges, MicroBatch, SampledBatch
 from betty.indexing import argsort_runs, put, take
 
@@ -210,14 +211,7 @@ def carve(full: SampledBatch, output_index: torch.Tensor) -> MicroBatch:
 
 def _checked_positions(output_index, num_outputs: int) -> torch.Tensor:
     """``output_index`` as int64 after :meth:`Carver.carve`'s checks."""
-    idx = torch.as_tensor(output_index)
-    if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool or idx.dim() != 1:
-        raise ValueError(f"output_index must be a 1-D integer tensor of output positions, got a "
-                         f"{idx.dtype} tensor of shape {tuple(idx.shape)}")
-    idx = idx.to(torch.int64)
-    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= num_outputs):
-        raise ValueError(f"output_index must lie in [0, {num_outputs}) (the batch's outputs), got "
-                         f"[{int(idx.min())}, {int(idx.max())}]")
+    idx = integer_ids(torch.as_tensor(output_index), "output_index", "output positions", upper=num_outputs)
     if idx.numel() > 1:
         ordered = idx.sort().values
         if bool((ordered[1:] == ordered[:-1]).any()):

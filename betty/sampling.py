@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from betty.batch import LayerEdges, SampledBatch
-from betty.checks import is_integer
+from betty.checks import integer_ids, is_integer
 from betty.graph import Graph, as_graph
 from betty.indexing import put, take
 from betty.pages import prefetch_rows, release_pages
@@ -350,11 +350,7 @@ def sample_full_batch(
     """
     fanouts = check_fanouts(fanouts)
     on = torch.device("cpu") if device is None else torch.device(device)
-    outputs = torch.as_tensor(outputs)
-    if outputs.dim() != 1 or outputs.is_floating_point() or outputs.is_complex() or outputs.dtype == torch.bool:
-        raise ValueError(f"outputs must be a 1-D tensor of integer node IDs, got a {outputs.dim()}-D "
-                         f"{outputs.dtype} tensor (a boolean mask: pass mask.nonzero().flatten())")
-    outputs = outputs.to(torch.int64).to(on)
+    outputs = integer_ids(torch.as_tensor(outputs), "outputs", "node IDs").to(on)
     if outputs.numel() == 0:
         raise ValueError("a batch needs at least one output node")
     source = sampler_graph(graph)

@@ -30,15 +30,9 @@ def check_node_ids(node_ids: "torch.Tensor", num_nodes: int) -> None:
     """Refuse ``node_ids`` that are not a 1-D integer tensor of strictly increasing IDs
     below ``num_nodes`` (:meth:`Backend.node_subgraph`'s contract): a boolean mask read as
     IDs 0 and 1, or a repeated ID, gave each backend another subgraph."""
-    import torch
+    from betty.checks import integer_ids
 
-    if (not isinstance(node_ids, torch.Tensor) or node_ids.dim() != 1 or node_ids.dtype == torch.bool
-            or node_ids.is_floating_point() or node_ids.is_complex()):
-        what = f"{node_ids.dtype} tensor of shape {tuple(node_ids.shape)}" if isinstance(node_ids, torch.Tensor) \
-            else type(node_ids).__name__
-        raise ValueError(f"node_ids must be a 1-D integer tensor of node IDs (a mask: mask.nonzero()), got a {what}")
-    if node_ids.numel() and not (0 <= int(node_ids.min()) and int(node_ids.max()) < num_nodes):
-        raise ValueError(f"node_ids must be in [0, {num_nodes}), got [{int(node_ids.min())}, {int(node_ids.max())}]")
+    node_ids = integer_ids(node_ids, "node_ids", "node IDs", upper=num_nodes)
     if node_ids.numel() > 1 and not bool((node_ids[1:] > node_ids[:-1]).all()):
         raise ValueError("node_ids must be strictly increasing (each node once, in ID order)")
 
