@@ -10,7 +10,7 @@ import numpy as np
 if TYPE_CHECKING:  # annotations only: importing this module imports no torch
     import torch
 
-__all__ = ["is_integer", "is_number", "integer_ids"]
+__all__ = ["is_integer", "is_number", "integer_ids", "check_dropout"]
 
 
 def is_integer(value) -> bool:
@@ -38,3 +38,14 @@ def integer_ids(values: "torch.Tensor", name: str, what: str, upper: int | None 
     if upper is not None and values.numel() and not (0 <= int(values.min()) and int(values.max()) < upper):
         raise ValueError(f"{name} must lie in [0, {upper}), got [{int(values.min())}, {int(values.max())}]")
     return values
+
+
+def check_dropout(p, name: str = "dropout") -> float:
+    """``p`` as a float after checking it is a drop probability in ``[0,
+    catalog.MAX_DROPOUT]`` (hash dropout's 24-bit threshold must stay below ``2^24``)."""
+    from betty.catalog import MAX_DROPOUT
+
+    if not is_number(p) or not 0.0 <= p <= MAX_DROPOUT:
+        raise ValueError(f"{name} must be a probability in [0, 1 - 2^-24] (hash dropout draws 24-bit "
+                         f"uniforms), got {p!r}")
+    return float(p)

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
 from betty import catalog  # read when a spec is checked: the schema grows with the library
+from betty.checks import check_dropout
 from betty.data.registry import FEATURE_DTYPES, dataset_names  # the feature dtypes and datasets accepted
 from betty.data.options import MAX_SEED  # sampling.seed and train.seed too
 from betty.sizes import BYTE_SIZE_HELP, parse_bytes
@@ -161,10 +162,11 @@ def _check_prep_workers(value: Any) -> int | str:
 
 
 def _check_probability(value: Any) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= catalog.MAX_DROPOUT:
-        return float(value)
-    raise ValueError("allowed: a probability from 0 to less than 1 (at most 1 - 2^-24: hash dropout "
-                     "draws 24-bit uniforms)")
+    try:
+        return check_dropout(value)  # the models' own rule
+    except ValueError:
+        raise ValueError("allowed: a probability from 0 to less than 1 (at most 1 - 2^-24: hash "
+                         "dropout draws 24-bit uniforms)") from None
 
 
 def _check_fanout(value: Any) -> int:

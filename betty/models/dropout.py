@@ -30,17 +30,9 @@ from __future__ import annotations
 import torch
 
 from betty.catalog import MAX_DROPOUT
+from betty.checks import check_dropout
 
 __all__ = ["hash_keep_mask", "hash_dropout", "dropout_key", "mix64", "MAX_DROPOUT", "check_dropout"]
-
-def check_dropout(p, name: str = "dropout") -> float:
-    """``p`` as a float after checking it is a drop probability in ``[0, MAX_DROPOUT]``."""
-    from betty.checks import is_number
-
-    if not is_number(p) or not 0.0 <= p <= MAX_DROPOUT:
-        raise ValueError(f"{name} must be a probability in [0, 1 - 2^-24] (hash dropout draws 24-bit "
-                         f"uniforms), got {p!r}")
-    return float(p)
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
