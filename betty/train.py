@@ -637,6 +637,7 @@ def accumulate_gradients(
             region's start.
     """
     groups = torch.as_tensor(groups)  # validated as given: a float or bool partition is refused
+    dtype = parameter_dtype(model) if dtype is None else dtype  # once, not per micro-batch
     if k is None:
         k = int(groups.max()) + 1 if groups.numel() else 1
     groups = validate_groups(groups, batch.num_outputs, k)
@@ -666,7 +667,7 @@ def accumulate_gradients(
             del ahead
         start = time.perf_counter()
         x, inputs.x = inputs.x, None  # a cast copy replaces it
-        cast = input_dtype(x.dtype, precision, dtype if dtype is not None else parameter_dtype(model))
+        cast = input_dtype(x.dtype, precision, dtype)
         if cast is not None:
             x = x.to(cast)
         t_cast = time.perf_counter() - start

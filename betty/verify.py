@@ -45,7 +45,7 @@ import torch
 from betty.batch import SampledBatch
 from betty.models.dropout import dropout_key
 from betty.partition import partition_batch
-from betty.precision import Precision
+from betty.precision import Precision, parameter_dtype
 from betty.reference import full_batch_reference
 from betty.train import accumulate_gradients, gradients, max_relative_difference
 
@@ -145,7 +145,7 @@ def verify_exactness(model: torch.nn.Module, batch: SampledBatch, feat: torch.Te
     if bad:
         raise ValueError(f"--k values must be between 1 and {batch.num_outputs} "
                          f"(the batch's output nodes), got {bad}")
-    compute_dtype = dtype or next(model.parameters()).dtype
+    compute_dtype = dtype or parameter_dtype(model)
     prec = Precision.parse(precision if precision is not None else "32")
     why = prec.unsupported(getattr(model, "backend_name", ""), torch.device(device).type)
     if why is not None:  # refused as the trainer refuses it, not by a kernel halfway
