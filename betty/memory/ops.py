@@ -44,7 +44,7 @@ from betty.memory.timeline import Buffer, Timeline
 __all__ = ["StepConfig", "itemsize", "numel", "step_baseline", "param_grads", "through",
            "edge_softmax_backward", "pyg_softmax_forward", "pyg_softmax_backward",
            "pyg_edge_scores", "pyg_edge_scores_backward", "index_backward",
-           "pyg_scatter_mean", "INDEX_BYTES",
+           "pyg_scatter_mean", "hash_words", "hash_chunk_rows", "INDEX_BYTES",
            "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
 
 INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
@@ -280,3 +280,21 @@ def pyg_scatter_mean(tl: Timeline, component: str, n_e, n_dst, width: int, elt: 
     mean = tl.alloc(n_dst * width * elt, component, f"{tag} mean")
     tl.release(msg, z)
     return counts, mean
+
+
+def hash_words(tl: Timeline, n, width: int, component: str, tag: str) -> tuple[Buffer, Buffer]:
+    """The SplitMix64 words of hash dropout (``betty.models.dropout._row_col_words``): of
+    the ``(n,)`` row IDs three int64 vectors alive at once, one kept, then the
+    ``(width,)`` column words. Returns ``(rows, cols)``, for the caller to release once
+    the keep-mask is made."""
+    rows = tl.alloc(n * INDEX_BYTES, component, f"{tag} row words")
+    tl.release(tl.alloc(n * INDEX_BYTES, component, f"{tag} mix"), tl.alloc(n * INDEX_BYTES, component, f"{tag} mix"))
+    return rows, tl.alloc(width * INDEX_BYTES, component, f"{tag} column words")
+
+
+def hash_chunk_rows(n, width: int):
+    """Rows of one chunk of hash dropout's int64 scratch (``betty.models.dropout``:
+    ``CHUNK_ELEMENTS`` elements, at most ``n`` rows)."""
+    from betty.models.dropout import CHUNK_ELEMENTS
+
+    return np.minimum(n, max(1, CHUNK_ELEMENTS // max(width, 1)))

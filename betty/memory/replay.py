@@ -104,14 +104,13 @@ import numpy as np
 
 from betty.memory.constants import BackendConstants
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
-                              NEXT_INPUTS, PARAMS, StepConfig, edge_softmax_backward, numel,
-                              index_backward, param_grads, pyg_edge_scores,
+                              NEXT_INPUTS, PARAMS, StepConfig, edge_softmax_backward, hash_chunk_rows,
+                              hash_words, numel, index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline, through)
 from betty.memory.sizes import MicroBatchSizes
 from betty.memory.spec import ModelSpec, parameter_shapes
 from betty.memory.timeline import Buffer, Timeline
-from betty.models.dropout import CHUNK_ELEMENTS  # hash dropout's chunk of int64 scratch
 
 __all__ = ["ReplayConfig", "replay", "input_bytes", "INDEX_BYTES"]
 
@@ -331,18 +330,11 @@ class _Replayer:
         return out
 
     def _hash_mask(self, n, width: int, tag: str) -> None:
-        # SplitMix64 of the (n,) row IDs and of the (width,) column IDs: three int64
-        # vectors alive at once, one kept, for each
-        tl = self.tl
-        self._rows = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout row words")
-        a = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout mix")
-        b = tl.alloc(n * INDEX_BYTES, DROP, f"{tag} dropout mix")
-        tl.release(a, b)
-        self._cols = tl.alloc(width * INDEX_BYTES, DROP, f"{tag} dropout column words")
+        self._rows, self._cols = hash_words(self.tl, n, width, DROP, f"{tag} dropout")
 
     def _hash_chunks(self, n, width: int, tag: str) -> None:
         tl = self.tl
-        rows_per_chunk = np.minimum(n, max(1, CHUNK_ELEMENTS // max(width, 1)))
+        rows_per_chunk = hash_chunk_rows(n, width)
         scratch = tl.alloc(rows_per_chunk * width * INDEX_BYTES, DROP, f"{tag} dropout scratch")
         keep = tl.alloc(rows_per_chunk * width, DROP, f"{tag} dropout keep chunk")
         tl.release(self._rows, self._cols, scratch, keep)

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from betty import catalog
 from betty.models.dropout import check_dropout, hash_dropout
 
-__all__ = ["BlockGNN", "DROPOUT_MODES", "ACTIVATIONS", "SAVES_RESULT", "activation_fn"]
+__all__ = ["BlockGNN", "DROPOUT_MODES", "ACTIVATIONS", "SAVES_RESULT", "activation_fn", "check_sizes"]
 
 DROPOUT_MODES = ("deterministic", "standard")
 

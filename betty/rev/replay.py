@@ -73,12 +73,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
-                              PARAMS, StepConfig, edge_softmax_backward, numel,
-                              index_backward, param_grads, pyg_edge_scores,
+                              PARAMS, StepConfig, edge_softmax_backward, hash_chunk_rows, hash_words,
+                              numel, index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline)
 from betty.memory.timeline import Buffer, Timeline
-from betty.models.dropout import CHUNK_ELEMENTS  # SharedHashMasks' chunk of int64 scratch
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
 
@@ -915,13 +914,9 @@ class _RevReplayer:
         kept) and of the columns, the boolean keep-mask, the chunk's int64 scratch, then
         the mask cast to the compute dtype (scaled in place)."""
         n = self.n
-        rows = self.alloc(n * INDEX_BYTES, DROP, f"{which} mask row words")
-        self.release(self.alloc(n * INDEX_BYTES, DROP, f"{which} mask mix"),
-                     self.alloc(n * INDEX_BYTES, DROP, f"{which} mask mix"))
-        cols = self.alloc(width * INDEX_BYTES, DROP, f"{which} mask column words")
+        rows, cols = hash_words(self.tl, n, width, DROP, f"{which} mask")
         keep = self.alloc(n * width, DROP, f"{which} keep mask")
-        scratch = self.alloc(np.minimum(n, max(1, CHUNK_ELEMENTS // max(width, 1))) * width * INDEX_BYTES,
-                             DROP, f"{which} mask scratch")
+        scratch = self.alloc(hash_chunk_rows(n, width) * width * INDEX_BYTES, DROP, f"{which} mask scratch")
         self.release(rows, cols, scratch)
         mask = self.alloc(n * width * self.el, DROP, f"{which} mask")
         self.release(keep)
