@@ -44,7 +44,7 @@ from betty.memory.timeline import Buffer, Timeline
 __all__ = ["StepConfig", "itemsize", "numel", "step_baseline", "param_grads", "through",
            "edge_softmax_backward", "pyg_softmax_forward", "pyg_softmax_backward",
            "pyg_edge_scores", "pyg_edge_scores_backward", "index_backward",
-           "pyg_scatter_mean", "hash_words", "hash_chunk_rows", "INDEX_BYTES",
+           "pyg_scatter_mean", "hash_words", "hash_chunk_rows", "multilabel_correct", "INDEX_BYTES",
            "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
 
 INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
@@ -298,3 +298,17 @@ def hash_chunk_rows(n, width: int):
     from betty.models.dropout import CHUNK_ELEMENTS
 
     return np.minimum(n, max(1, CHUNK_ELEMENTS // max(width, 1)))
+
+
+def multilabel_correct(tl: Timeline, rows, tasks: int, component: str) -> None:
+    """``count_correct`` of multi-label targets (``betty.train.count_correct``):
+    ``((logits > 0) == (target > 0.5))`` (three ``(rows, tasks)`` bool tensors, the two
+    comparisons freed once the third exists), ``.float()`` (float32), ``.mean(1)``
+    (``(rows,)`` float32), ``.sum()``."""
+    pos = tl.alloc(rows * tasks, component, "logits > 0")
+    truth = tl.alloc(rows * tasks, component, "target > 0.5")
+    right = tl.alloc(rows * tasks, component, "correct tasks")
+    tl.release(pos, truth)
+    right_f = tl.alloc(rows * tasks * 4, component, "correct tasks (float32)")
+    tl.release(right)
+    tl.release(right_f, tl.alloc(rows * 4, component, "correct fraction per row"))

@@ -105,7 +105,7 @@ import numpy as np
 from betty.memory.constants import BackendConstants
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
                               NEXT_INPUTS, PARAMS, StepConfig, edge_softmax_backward, hash_chunk_rows,
-                              hash_words, numel, index_backward, param_grads, pyg_edge_scores,
+                              hash_words, multilabel_correct, numel, index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline, through)
 from betty.memory.sizes import MicroBatchSizes
@@ -1561,18 +1561,8 @@ class _Replayer:
         return g
 
     def multilabel_metrics(self, n_out, t: int) -> None:
-        """``count_correct`` after the backward: ``((logits > 0) == (target > 0.5))``
-        (three ``(n_out, T)`` bool tensors, the two comparisons freed once the third
-        exists), ``.float()`` (float32), ``.mean(1)`` (``(n_out,)`` float32), ``.sum()``."""
-        tl = self.tl
-        pos = tl.alloc(n_out * t, METRICS, "logits > 0")
-        truth = tl.alloc(n_out * t, METRICS, "target > 0.5")
-        right = tl.alloc(n_out * t, METRICS, "correct tasks")
-        tl.release(pos, truth)
-        right_f = tl.alloc(n_out * t * FLOAT32_BYTES, METRICS, "correct tasks (float32)")
-        tl.release(right)
-        mean = tl.alloc(n_out * FLOAT32_BYTES, METRICS, "correct fraction per row")
-        tl.release(right_f, mean)
+        """``count_correct`` after the backward (:func:`~betty.memory.ops.multilabel_correct`)."""
+        multilabel_correct(self.tl, n_out, t, METRICS)
 
     # ------------------------------------------------------------------ whole step
     def inputs(self) -> tuple[Buffer, Buffer]:

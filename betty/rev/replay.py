@@ -74,7 +74,7 @@ import numpy as np
 
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
                               PARAMS, StepConfig, edge_softmax_backward, hash_chunk_rows, hash_words,
-                              numel, index_backward, param_grads, pyg_edge_scores,
+                              multilabel_correct, numel, index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline)
 from betty.memory.timeline import Buffer, Timeline
@@ -933,12 +933,7 @@ class _RevReplayer:
         target = self.alloc(nt * (T * cfg.label_elt if T else INDEX_BYTES), LOSS, "labels[train] (metrics)")
         self.release(lab)
         if T:
-            a, b = self.alloc(nt * T, LOSS, "logits > 0"), self.alloc(nt * T, LOSS, "target > 0.5")
-            same = self.alloc(nt * T, LOSS, "right tasks")
-            self.release(a, b)
-            as_float = self.alloc(nt * T * 4, LOSS, "right tasks (float32)")
-            self.release(same)
-            self.release(self.alloc(nt * 4, LOSS, "right fraction per row"), as_float)
+            multilabel_correct(self.tl, nt, T, LOSS)
         else:
             pred = self.alloc(nt * INDEX_BYTES, LOSS, "argmax")
             self.release(self.alloc(nt, LOSS, "argmax == target"), pred)
