@@ -187,6 +187,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
         ValueError: bad counts, or several nodes without an endpoint or a run id.
         RankFailed: a rank failed (the message names the rank and its error).
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -226,7 +227,7 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
             held.release()
             if isinstance(exc, ChildFailedError):
                 raise RankFailed(describe_failures(exc)) from exc
-            if type(exc).__name__ == "SignalException" and getattr(exc, "sigval", None) in _INTERRUPTS:
+            if isinstance(exc, SignalException) and exc.sigval in _INTERRUPTS:
                 raise KeyboardInterrupt(f"signal {exc.sigval.name}") from exc  # what the caller handles
             raise
     return {rank: pickle.loads(blob) for rank, blob in results.items()}
