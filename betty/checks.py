@@ -3,11 +3,10 @@ would pass one (Python's or NumPy's), never a ``bool``; a tensor of integer IDs.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-if TYPE_CHECKING:  # annotations only: importing this module imports no torch
+if TYPE_CHECKING:  # annotations only: the spec's checks use this module without numpy or torch
     import torch
 
 __all__ = ["is_integer", "is_number", "integer_ids", "check_dropout"]
@@ -15,12 +14,20 @@ __all__ = ["is_integer", "is_number", "integer_ids", "check_dropout"]
 
 def is_integer(value) -> bool:
     """A Python or NumPy integer, not a ``bool`` (``2.0`` and ``"2"`` are not)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    np = sys.modules.get("numpy")  # a NumPy value exists only once NumPy is imported
+    return isinstance(value, int) or (np is not None and isinstance(value, np.integer))
 
 
 def is_number(value) -> bool:
     """A Python or NumPy real number (integer or float), not a ``bool`` or a string."""
-    return isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.complexfloating))
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    np = sys.modules.get("numpy")  # a NumPy value exists only once NumPy is imported
+    return np is not None and isinstance(value, np.number) and not isinstance(value, np.complexfloating)
 
 
 def integer_ids(values: "torch.Tensor", name: str, what: str, upper: int | None = None) -> "torch.Tensor":
