@@ -223,10 +223,11 @@ def test_partition_options_and_weights_are_checked_for_every_method(batch40):
 
 
 def test_mtkahypar_child_is_killed_at_the_deadline():
-    """A child that cannot finish in time (a spawned interpreter alone takes longer
-    than 0.2 s to import betty) is killed: None comes back at once, no process is left."""
-    import multiprocessing as mp
+    """A child that cannot finish in time (a fresh interpreter alone takes longer than
+    0.2 s to import betty) is killed: None comes back at once, no process is left."""
     import time
+
+    import psutil
 
     from betty.partition.hypergraph import _run_with_deadline
 
@@ -235,9 +236,75 @@ def test_mtkahypar_child_is_killed_at_the_deadline():
     start = time.perf_counter()
     assert _run_with_deadline(args, 0.2) is None
     assert time.perf_counter() - start < 10.0
-    assert mp.active_children() == []
+    assert not [p for p in psutil.Process().children() if "_child_main" in " ".join(p.cmdline())]
     groups, km1 = _run_with_deadline(args, 300.0)  # with time to spare it finishes
     assert groups.shape == (4,) and km1 >= 0
+
+
+UNGUARDED_SCRIPT = """
+import sys
+import torch
+from betty.partition import partition_batch
+from betty.partition.planted import planted_community_graph
+from betty.sampling import sample_full_batch
+
+with open(sys.argv[1], "a") as fh:
+    fh.write("ran\\n")
+graph, _ = planted_community_graph(400, 4, avg_degree=6.0, seed=5)
+batch = sample_full_batch(graph, torch.arange(0, 400, 10), [3, 3], seed=2)
+res = partition_batch(batch, 4, "hypergraph", seed=2,
+                      options={"time_limit_s": 120, "threads": 1, "deterministic": True})
+print(res.method, res.info.get("fallback_from"))
+"""
+
+
+def test_hypergraph_time_limit_works_from_a_script_without_a_main_guard(tmp_path):
+    """The time-limited child must not run the caller's script again: a script with no
+    ``if __name__ == "__main__"`` guard (the README's API example is one) gets the
+    hypergraph split, and its top level runs once."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script, log = tmp_path / "split.py", tmp_path / "ran.txt"
+    script.write_text(UNGUARDED_SCRIPT)
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, str(script), str(log)], capture_output=True, text=True,
+                         timeout=300, env={**__import__("os").environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["hypergraph", "None"]
+    assert log.read_text().splitlines() == ["ran"]
+
+
+def test_a_time_limited_fallback_counts_its_wait_and_says_so_in_the_sweep(batch40):
+    """After a fallback the hypergraph's wait is partitioning time, and a sweep row of
+    ``hypergraph`` says its figures are the fallback's."""
+    from betty.partition.sweep import SWEEP_COLUMNS, sweep_batch
+
+    _, batch = batch40
+    res = partition_batch(batch, 4, "hypergraph", seed=2, options={"time_limit_s": 0.3, "threads": 1})
+    assert res.info["fallback_from"] == "hypergraph"
+    assert res.time_partition_s >= res.info["hypergraph_time_s"] > 0
+    rows, _ = sweep_batch(batch, [4], ["reg", "hypergraph"], seed=2, options={"time_limit_s": 1e-4})
+    by_method = {row["method"]: row for row in rows}
+    assert "fallback" not in by_method["reg"]
+    assert by_method["hypergraph"]["fallback"].startswith("reg: ")
+    assert "fallback" in SWEEP_COLUMNS
+
+
+def test_max_hub_degree_none_reaches_reg_as_no_cap(batch40):
+    _, batch = batch40
+    res = partition_batch(batch, 4, "reg", options={"max_hub_degree": None})
+    assert res.info["max_hub_degree"] is None and res.info["hub_sources"] == 0
+    assert partition_batch(batch, 4, "reg", options={"time_limit_s": None}).method == "reg"
+
+
+@pytest.mark.parametrize("k", [2.9, "3", True, 3.0])
+def test_partition_batch_refuses_a_k_that_is_not_an_integer(batch40, k):
+    _, batch = batch40
+    with pytest.raises(ValueError, match="k must be an integer"):
+        partition_batch(batch, k, "random")
+    assert partition_batch(batch, np.int64(3), "random").k == 3
 
 
 @pytest.mark.parametrize("method, options", [("hypergraph", {"threads": 1, "deterministic": True}),
@@ -254,3 +321,16 @@ def test_every_seed_a_spec_allows_reaches_the_partitioners(batch40, method, opti
     result = partition_batch(batch, 4, method, seed=big, options=options)
     assert sorted(set(result.groups.tolist())) == [0, 1, 2, 3]
     assert torch.equal(result.groups, partition_batch(batch, 4, method, seed=big, options=options).groups)
+
+
+def test_hypergraph_reports_the_threads_of_the_pool_it_runs_on(batch40, monkeypatch):
+    """Mt-KaHyPar has one thread pool per process, sized at its first use: a split that
+    asks for another count reports the count it ran with."""
+    from betty.partition import hypergraph
+
+    _, batch = batch40
+    first = partition_batch(batch, 3, "hypergraph", options={"threads": 1}).info["threads"]
+    res = partition_batch(batch, 3, "hypergraph", options={"threads": first + 1})
+    assert res.info["threads"] == first == hypergraph.pool_threads(first + 1)
+    child = partition_batch(batch, 3, "hypergraph", options={"threads": first + 1, "time_limit_s": 120})
+    assert child.info["threads"] == first + 1  # a fresh process: its own pool

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from betty.batch import SampledBatch
+from betty.checks import is_integer
 from betty.microbatch import validate_groups
 from betty.partition.balance import checked_weights
 
@@ -57,6 +58,8 @@ CUT_STRUCTURES = ("layer_incidence", "needed_sources", "multi_hop_incidence", "r
 #: Methods whose split costs far more than ``reg``'s: ``k: auto`` searches K with
 #: ``reg`` first and runs these once at the chosen K (``betty.memory.search_k``).
 EXPENSIVE_METHODS = frozenset({"hypergraph", "reg-all"})
+#: Options whose ``None`` is a setting, not "the method's default": passed on as given.
+NONE_IS_A_VALUE = frozenset({"max_hub_degree"})
 
 
 def register(name: str, *, options: tuple[str, ...] = ()) -> Callable[[PartitionFn], PartitionFn]:
@@ -109,10 +112,12 @@ def partition_batch(
         graph: the original graph, needed by methods that cut it (``metis``).
         options: method options (``partition.*`` keys of a spec), e.g. ``time_limit_s``,
             ``deterministic``, ``threads`` for ``hypergraph``; each method receives only
-            those it declares (:data:`PARTITION_OPTIONS`), ``None`` values are dropped.
+            those it declares (:data:`PARTITION_OPTIONS`); ``None`` means the method's
+            default and is dropped, except where it is a value itself
+            (:data:`NONE_IS_A_VALUE`: ``max_hub_degree=None`` is no hub cap).
 
     Raises:
-        ValueError: unknown method, ``k`` outside ``[1, n_out]``, ``weights`` that are
+        ValueError: unknown method, ``k`` not an integer or outside ``[1, n_out]``, ``weights`` that are
             not one finite, non-negative weight per output, or an option no method
             declares (a misspelt key would otherwise be dropped unseen).
     """
@@ -120,6 +125,8 @@ def partition_batch(
         raise ValueError(
             f"unknown partition method {method!r}; allowed: {sorted(PARTITIONERS)}"
         )
+    if not is_integer(k):
+        raise ValueError(f"k must be an integer, got {k!r}")
     k = int(k)
     n = batch.num_outputs
     if not 1 <= k <= n:
@@ -131,7 +138,8 @@ def partition_batch(
         return PartitionResult(torch.zeros(n, dtype=torch.int64), 1, method)
     start = time.perf_counter()
     accepted = PARTITION_OPTIONS.get(method, frozenset())
-    extra = {key: v for key, v in (options or {}).items() if key in accepted and v is not None}
+    extra = {key: v for key, v in (options or {}).items()
+             if key in accepted and (v is not None or key in NONE_IS_A_VALUE)}
     result = PARTITIONERS[method](batch, k, seed=seed, weights=weights, graph=graph, **extra)
     if result.time_build_s == 0.0 and result.time_partition_s == 0.0:
         result.time_partition_s = time.perf_counter() - start

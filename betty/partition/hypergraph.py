@@ -14,15 +14,15 @@ Hyperedges of size 1 never cost anything and are dropped before partitioning.
 The partitioner is Mt-KaHyPar, imbalance ``epsilon = 0.03`` on the vertex weights (the
 same tolerance as METIS's default ``ufactor = 30``), with the ``DEFAULT`` preset, or
 the ``DETERMINISTIC`` preset (reproducible for a seed and thread count, several times
-slower on large batches) when ``deterministic=True``. ``threads`` sets Mt-KaHyPar's
+slower on large batches) when ``deterministic=True``. ``threads`` sizes Mt-KaHyPar's
 thread pool (default: ``torch.get_num_threads()``, i.e. ``train.threads`` when a spec
-sets it), never the machine's core count. ``mtkahypar.set_seed`` seeds the ``DEFAULT``
-preset; the ``DETERMINISTIC`` preset ignores it (checked on mtkahypar 1.7), so the seed
-also relabels the vertices with a seeded random permutation before partitioning.
+sets it), never the machine's core count; a process has one pool, sized at its first
+use. ``mtkahypar.set_seed`` seeds the ``DEFAULT`` preset; the ``DETERMINISTIC`` preset
+ignores it (checked on mtkahypar 1.7), so the seed also relabels the vertices with a seeded random permutation before partitioning.
 
 Time limit. Mt-KaHyPar's Python API has no time limit, so with ``time_limit_s`` the
-partitioner runs in a child process (spawned, so no thread pool is inherited) that is
-killed at the deadline; the split then falls back to ``reg`` at the same K, with a
+partitioner runs in a child interpreter (a fresh process: no thread pool is inherited,
+and the caller's ``__main__`` is not run again) that is killed at the deadline; the split then falls back to ``reg`` at the same K, with a
 logged warning and ``info["fallback_from"] = "hypergraph"``. The limit covers the whole
 hypergraph attempt: building the incidence, then the child's start-up, hypergraph
 construction and partitioning get what is left of it (none left: Mt-KaHyPar is not
@@ -32,7 +32,6 @@ started). The ``reg`` fallback's own time comes on top.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import time
 
 import numpy as np
@@ -52,7 +51,9 @@ IMBALANCE_EPSILON = 0.03
 _PRESETS = ("DEFAULT", "DETERMINISTIC", "DETERMINISTIC_QUALITY", "QUALITY", "HIGHEST_QUALITY",
             "LARGE_K")
 
-_INITIALIZERS: dict[int, object] = {}
+_POOL: dict[str, object] = {}
+"""This process's Mt-KaHyPar initializer and its ``threads``: Mt-KaHyPar keeps one
+thread pool per process, sized by its first initialisation."""
 
 
 def _default_threads() -> int:
@@ -62,16 +63,26 @@ def _default_threads() -> int:
 
 
 def mtkahypar_initializer(threads: int):
-    """Mt-KaHyPar's initializer with ``threads`` threads (one per thread count per
-    process)."""
+    """Mt-KaHyPar's initializer, its pool sized ``threads`` at the first call in this
+    process; a later call for another count gets the same pool, with a warning
+    (:func:`pool_threads` tells the count in effect)."""
     threads = int(threads)
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    if threads not in _INITIALIZERS:
+    if not _POOL:
         import mtkahypar
 
-        _INITIALIZERS[threads] = mtkahypar.initialize(threads, False)
-    return _INITIALIZERS[threads]
+        _POOL.update(initializer=mtkahypar.initialize(threads, False), threads=threads)
+    elif _POOL["threads"] != threads and not _POOL.get("warned"):
+        _POOL["warned"] = True
+        log.warning("Mt-KaHyPar's thread pool has %d threads in this process (its first use); "
+                    "%d asked for now are not available to it", _POOL["threads"], threads)
+    return _POOL["initializer"]
+
+
+def pool_threads(threads: int) -> int:
+    """The threads Mt-KaHyPar runs with in this process when ``threads`` are asked for."""
+    return int(_POOL.get("threads", threads))
 
 
 def run_mtkahypar(n: int, pins: np.ndarray, indptr: np.ndarray, vweights: np.ndarray, k: int,
@@ -104,34 +115,60 @@ def run_mtkahypar(n: int, pins: np.ndarray, indptr: np.ndarray, vweights: np.nda
     return np.asarray(phg.get_partition(), dtype=np.int64), int(phg.km1())
 
 
-def _child(conn, args) -> None:  # runs in the spawned process
+_CHILD = ("import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
+          "from betty.partition.hypergraph import _child_main; _child_main(sys.argv[2])")
+"""The child's program: the parent's import path, then :func:`_child_main` on a folder.
+A fresh interpreter (not ``multiprocessing``'s spawn, which imports the parent's
+``__main__`` again: a user's script without an ``if __name__ == "__main__"`` guard
+would rerun itself there)."""
+
+
+def _child_main(folder: str) -> None:  # runs in the child interpreter
+    """Read ``args.pkl`` from ``folder``, partition, write ``("ok", result)`` or
+    ``("error", message)`` to ``out.pkl``."""
+    import pickle
+    from pathlib import Path
+
+    with open(Path(folder) / "args.pkl", "rb") as fh:
+        args = pickle.load(fh)
     try:
-        conn.send(("ok", run_mtkahypar(*args)))
+        out = ("ok", run_mtkahypar(*args))
     except BaseException as err:  # noqa: BLE001  (reported to the parent)
-        conn.send(("error", f"{type(err).__name__}: {err}"))
-    finally:
-        conn.close()
+        out = ("error", f"{type(err).__name__}: {err}")
+    with open(Path(folder) / "out.pkl.part", "wb") as fh:
+        pickle.dump(out, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    Path(folder, "out.pkl.part").rename(Path(folder) / "out.pkl")
 
 
 def _run_with_deadline(args: tuple, time_limit_s: float):
-    """:func:`run_mtkahypar` in a spawned child; ``None`` if it missed the deadline."""
-    ctx = mp.get_context("spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, args), daemon=True)
-    proc.start()
-    send.close()
-    try:
-        if not recv.poll(time_limit_s):
+    """:func:`run_mtkahypar` in a child interpreter (:data:`_CHILD`); ``None`` if it
+    missed the deadline (it is killed then)."""
+    import json
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    deadline = time.monotonic() + time_limit_s
+    with tempfile.TemporaryDirectory(prefix="betty-mtkahypar-") as folder:
+        with open(Path(folder) / "args.pkl", "wb") as fh:
+            pickle.dump(args, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(sys.path), folder],
+                                stdin=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             return None
-        status, payload = recv.recv()
-    except EOFError:  # the child died without a word: its exit code, once it is known
-        proc.join(timeout=5)
-        status, payload = "error", f"the Mt-KaHyPar process exited with code {proc.exitcode}"
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-        recv.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        try:
+            with open(Path(folder) / "out.pkl", "rb") as fh:
+                status, payload = pickle.load(fh)
+        except FileNotFoundError:  # the child died without a word
+            status, payload = "error", f"the Mt-KaHyPar process exited with code {proc.returncode}"
     if status != "ok":
         raise RuntimeError(f"hypergraph partitioning failed: {payload}")
     return payload
@@ -158,7 +195,9 @@ def hypergraph_partition(
         preset: a ``mtkahypar.PresetType`` name; default ``"DETERMINISTIC"`` if
             ``deterministic`` else ``"DEFAULT"``.
         deterministic: reproducible splits for a seed and thread count.
-        threads: Mt-KaHyPar threads (default ``torch.get_num_threads()``).
+        threads: Mt-KaHyPar threads (default ``torch.get_num_threads()``); in this
+            process its pool keeps the count of its first use (``info["threads"]`` is
+            the count in effect), a time-limited child has its own.
         time_limit_s: wall-clock limit of the Mt-KaHyPar call; when it is hit the split
             is ``reg``'s at the same K (see the module docstring). ``None``: no limit
             (runs in this process).
@@ -169,8 +208,9 @@ def hypergraph_partition(
     ``info`` holds ``km1`` (as reported by Mt-KaHyPar; equals
     ``Σ_k |inputs of micro-batch k| - n_in`` before any empty-micro-batch repair),
     ``hyperedges`` and ``pins`` (after dropping size-1 hyperedges), ``preset``,
-    ``threads``; after a fallback, ``reg``'s info plus ``fallback_from`` and
-    ``fallback_reason``.
+    ``threads``; after a fallback, ``reg``'s info plus ``fallback_from``,
+    ``fallback_reason`` and ``hypergraph_time_s`` (the wait for Mt-KaHyPar, also counted in
+    ``time_partition_s``).
 
     Raises:
         ValueError: unknown preset, ``threads < 1``, ``time_limit_s <= 0`` or an option
@@ -207,13 +247,14 @@ def hypergraph_partition(
         left = float(time_limit_s) - (built - start)
         out = _run_with_deadline(args, left) if left > 0 else None
     if out is None:
+        waited = time.perf_counter() - built
         reason = (f"the hypergraph split (Mt-KaHyPar {preset}, {threads} threads) did not "
                   f"finish K={k} within partition.time_limit_s={time_limit_s}")
         log.warning("%s; falling back to 'reg' for this split", reason)
         result = reg_partition(batch, k, seed=seed, weights=weights, deterministic=deterministic, **reg_options)
-        result.info.update(fallback_from="hypergraph", fallback_reason=reason,
-                           hypergraph_time_s=time.perf_counter() - built)
+        result.info.update(fallback_from="hypergraph", fallback_reason=reason, hypergraph_time_s=waited)
         result.time_build_s += built - start
+        result.time_partition_s += waited  # the time given to Mt-KaHyPar was spent partitioning
         return result
     part, km1 = out
     groups = part[perm]
@@ -226,6 +267,6 @@ def hypergraph_partition(
         "moved_to_empty": moved,
         "epsilon": float(epsilon),
         "preset": preset,
-        "threads": threads,
+        "threads": threads if time_limit_s is not None else pool_threads(threads),  # a child: its own pool
     }
     return PartitionResult(groups, k, "hypergraph", built - start, done - built, info)

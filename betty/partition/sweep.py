@@ -33,9 +33,11 @@ Progress = Callable[[int, int], None]
 OnSkip = Callable[[str, str], None]
 """``on_skip(method, reason)``: a method's Ks were cut short (the reason of ``skipped``)."""
 
-#: The keys of a :func:`sweep_batch` row, in table order (``error`` only on a failed row).
 SWEEP_COLUMNS = ("method", "k", "redundancy", "imbalance", "time_build_s", "time_partition_s",
-                 "max_inputs_per_micro_batch", "error")
+                 "max_inputs_per_micro_batch", "fallback", "error")
+"""The keys of a :func:`sweep_batch` row, in table order: ``fallback`` only on a row whose
+split another method made (``hypergraph`` past its ``time_limit_s``: ``"reg: <why>"``),
+``error`` only on a failed row."""
 
 
 @dataclass
@@ -257,15 +259,21 @@ def sweep_batch(batch, ks: Sequence[int], methods: Sequence[str] | None = None, 
     Returns:
         ``(rows, skipped)`` as :func:`sweep_grid`; a row's figures (:data:`SWEEP_COLUMNS`):
         ``redundancy``, ``imbalance``, ``time_build_s``, ``time_partition_s`` and
-        ``max_inputs_per_micro_batch`` (max_k |I_k|), or ``error`` when the method failed.
+        ``max_inputs_per_micro_batch`` (max_k |I_k|), ``fallback`` when another method
+        made the split, or ``error`` when the method failed. ``time_build_s`` is what
+        the row built itself: a structure an earlier row left on the batch (the REG, the
+        multi-hop incidence) is reused at no cost, so the first row of a method pays it.
     """
 
     def measure(method: str, k: int) -> dict:
         result = partition_batch(batch, k, method, seed=seed, graph=graph, options=options)
         stats = split_metrics(batch, result.groups, k)
-        return {"redundancy": stats["redundancy"], "imbalance": stats["imbalance"],
-                "time_build_s": result.time_build_s, "time_partition_s": result.time_partition_s,
-                "max_inputs_per_micro_batch": max(stats["input_nodes_per_micro_batch"])}
+        row = {"redundancy": stats["redundancy"], "imbalance": stats["imbalance"],
+               "time_build_s": result.time_build_s, "time_partition_s": result.time_partition_s,
+               "max_inputs_per_micro_batch": max(stats["input_nodes_per_micro_batch"])}
+        if result.method != method:  # its figures are the fallback's
+            row["fallback"] = f"{result.method}: {result.info.get('fallback_reason', 'fallback')}"
+        return row
 
     ks = sweep_ks(ks, batch.num_outputs)
     return sweep_grid(sorted(PARTITIONERS) if methods is None else list(methods), ks, measure,
