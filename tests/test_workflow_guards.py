@@ -256,6 +256,25 @@ def test_partition_stage_logs_and_prints_the_sweep_skips(tracking):
         "[betty] partition sweep 1/4", "[betty] partition sweep 2/4", "[betty] partition sweep 4/4"]
 
 
+def test_partition_stage_logs_no_metric_for_a_sweep_row_another_method_split(tracking):
+    """A ``hypergraph`` sweep row past ``partition.time_limit_s`` holds ``reg``'s split:
+    the CSV says so, and no ``sweep_redundancy.hypergraph`` metric claims it."""
+    import csv
+
+    from workflow.pipeline import run_stage
+    from workflow.specfile import load_spec
+
+    rspec = load_spec("tiny", ["partition.sweep.k=[2]", "partition.sweep.methods=[reg, hypergraph]",
+                               "partition.time_limit_s=0.000001"])
+    run_id, _ = run_stage("partition", rspec)
+    client = MlflowClient(tracking[0])
+    assert [m.step for m in client.get_metric_history(run_id, "sweep_redundancy.reg")] == [2]
+    assert client.get_metric_history(run_id, "sweep_redundancy.hypergraph") == []
+    folder = client.download_artifacts(run_id, "partition_sweep.csv")
+    rows = {row["method"]: row for row in csv.DictReader(open(folder))}
+    assert rows["hypergraph"]["fallback"].startswith("reg: ") and rows["reg"]["fallback"] == ""
+
+
 def test_cleanup_finds_stuck_betty_runs(tracking):
     import socket
     import subprocess

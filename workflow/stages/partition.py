@@ -102,8 +102,10 @@ def _steps(reporter: Reporter, description: str) -> Callable[[int, int], None]:
 def _log_sweep(ctx: StageContext, kind: _SweepLog, table: list[dict], skipped: dict[str, str]) -> None:
     """The sweep's per-method metrics (step K), ``partition_sweep.csv`` (``kind``'s
     columns) and ``.json``, the ``sweep_skipped`` tag and, when a row has figures, the
-    figure (docs/workflow.md, *Stages*)."""
-    for row in table:
+    figure (docs/workflow.md, *Stages*). A row whose split another method made (its
+    ``fallback``) is in the tables only: its figures are not its method's."""
+    own = [row for row in table if not row.get("fallback")]
+    for row in own:
         log_metrics({f"{prefix}.{row['method']}": row.get(key) for key, prefix in kind.metrics.items()},
                     step=row["k"])
     log_artifact(write_csv(ctx.workdir / "partition_sweep.csv", table, kind.columns))
@@ -111,6 +113,6 @@ def _log_sweep(ctx: StageContext, kind: _SweepLog, table: list[dict], skipped: d
     if skipped:
         mlflow.set_tag("sweep_skipped", "; ".join(f"{m}: {r}" for m, r in skipped.items())[:500])
     first = kind.panels[0][0]
-    if any(r.get(first) is not None for r in table):
-        mlflow.log_figure(sweep_figure(table, kind.panels, title=f"{ctx.rspec.name}: {kind.what}"),
+    if any(r.get(first) is not None for r in own):
+        mlflow.log_figure(sweep_figure(own, kind.panels, title=f"{ctx.rspec.name}: {kind.what}"),
                           f"plots/{kind.figure}.png")
