@@ -40,3 +40,20 @@ def test_a_generated_graph_larger_than_memory_is_refused_before_generating():
     assert generated_config("cora", {}) is None
     assert machine_memory() > 0
     assert isinstance(problem, OptionProblem)
+
+
+@pytest.mark.parametrize("name, options, key, words", [
+    ("synthetic-papers", {"self_loops": True}, "self_loops", "(allowed: false)"),
+    ("synthetic", {"max_degree": 5}, "max_degree", "allowed: None or a number > avg_degree = 20.0"),
+    ("synthetic-papers", {"scale": 100.0}, "scale", "fewer than 2^31 nodes"),
+])
+def test_what_loading_would_refuse_is_a_problem_before_loading(name, options, key, words, tmp_path):
+    """Options the loader or generator refuses are found by the check a spec runs, so
+    ``betty validate`` does not pass a spec the download stage then fails."""
+    from betty.data import load_dataset
+
+    (problem,) = option_problems(name, options)
+    assert problem.key == key and words in problem.message
+    with pytest.raises(ValueError, match="allowed"):
+        load_dataset(name, str(tmp_path), **options)
+    assert not any(tmp_path.iterdir())  # refused before anything was written

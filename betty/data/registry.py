@@ -271,6 +271,9 @@ def resolve_options(name: str, options: Mapping[str, Any]) -> dict:
     common = {**COMMON_OPTIONS, **{k: v for k, v in options.items() if k in COMMON_OPTIONS}}
     if not isinstance(common["self_loops"], bool):
         raise ValueError(f"self_loops={common['self_loops']!r} (allowed: true or false)")
+    if common["self_loops"] and spec.writes_store is not None:
+        raise ValueError(f"self_loops=True is not supported for dataset {name!r} "
+                         f"(allowed: false); the model adds the self term")
     common["feature_dtype"] = _feature_dtype_name(common["feature_dtype"])
     return {**spec.normalize({**spec.defaults, **own}), **common}
 
@@ -373,9 +376,6 @@ def _load_written_store(spec: DatasetSpec, name: str, root: Path, opts: dict, pa
     if path is None:
         raise ValueError(f"dataset {name!r} is generated straight into betty's cache folder "
                          f"under root: cache=False is not allowed (allowed: cache=True)")
-    if opts["self_loops"]:
-        raise ValueError(f"self_loops=True is not supported for dataset {name!r} "
-                         f"(allowed: false); the model adds the self term")
     cache = _module("cache")
     hit = cache.load_cached(path, verify=verify)
     if hit is None:

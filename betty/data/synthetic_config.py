@@ -136,6 +136,8 @@ def _config_problems(c: SyntheticConfig) -> list[str]:
     need(c.split_by in ("popularity", "random"), "split_by", "'popularity' or 'random'")
     need(is_int(c.seed) and c.seed >= 0, "seed", "integer >= 0")
     need(is_num(c.scale) and c.scale > 0, "scale", "number > 0")
+    if not out and c.max_degree is not None and c.avg_degree >= c.max_degree:
+        out.append(f"max_degree={c.max_degree!r} (allowed: None or a number > avg_degree = {c.avg_degree})")
     if not out and c.avg_degree >= c.scaled_num_nodes - 1:
         out.append(
             f"avg_degree={c.avg_degree} (allowed: < num_nodes * scale - 1 = "

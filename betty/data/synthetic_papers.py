@@ -56,8 +56,8 @@ _LOMAX = 2.5
 
 
 def normalize_papers_options(opts: dict) -> dict:
-    """Checked options in canonical form (``scale`` a float > 0, ``seed`` an int >= 0,
-    ``feature_snr`` a float >= 0, ``chunk_edges`` an int >= 1024)."""
+    """Checked options in canonical form (``scale`` a float > 0 giving fewer than 2^31
+    nodes, ``seed`` an int >= 0, ``feature_snr`` a float >= 0, ``chunk_edges`` an int >= 1024)."""
     out = dict(opts)
     scale = out["scale"]
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
@@ -71,6 +71,10 @@ def normalize_papers_options(opts: dict) -> dict:
     if isinstance(snr, bool) or not isinstance(snr, (int, float)) or snr < 0:
         raise ValueError(f"feature_snr={snr!r} (allowed: a number >= 0)")
     out["feature_snr"] = float(snr)
+    n = papers_counts(out["scale"])["num_nodes"]
+    if n >= 2**31:
+        raise ValueError(f"scale={scale!r} gives {n:,} nodes (allowed: a scale giving fewer than 2^31 "
+                         f"nodes, int32 indices: scale < {2**31 / PAPERS_SHAPE['num_nodes']:.2f})")
     return out
 
 
@@ -100,8 +104,6 @@ def write_synthetic_papers(folder: str | Path, opts: dict, *, name: str = "synth
     ``valid_idx`` / ``test_idx`` int64); returns the counts written."""
     counts = papers_counts(opts["scale"])
     n, f, c = counts["num_nodes"], PAPERS_SHAPE["num_features"], PAPERS_SHAPE["num_classes"]
-    if n >= 2**31:
-        raise ValueError(f"scale={opts['scale']} gives {n} nodes: int32 indices need fewer than 2^31")
     seed, chunk = int(opts["seed"]), int(opts["chunk_edges"])
     head = np.random.default_rng([seed, 2**32 - 1])
     mean_degree = counts["num_edges"] / n
