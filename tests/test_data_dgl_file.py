@@ -67,6 +67,20 @@ def test_multilabel_file(tmp_path):
 
 
 @pytest.mark.dgl
+def test_ogb_shaped_class_ids_are_single_label(tmp_path):
+    """``(N, 1)`` integer labels are class IDs as OGB stores them, not one 0/1 task; a
+    float ``(N, 1)`` column stays one multi-label task."""
+    fields = _good_fields()
+    fields["label"] = fields["label"].reshape(N, 1).to(torch.int64)
+    ds = load_dataset("dgl-file", path=_save(tmp_path, [_graph(**fields)]))
+    assert not ds.multilabel and ds.num_classes == 3 and ds.label.shape == (N,)
+    assert torch.equal(ds.label, _good_fields()["label"].long())
+    fields["label"] = (fields["label"] % 2).float()
+    ds = load_dataset("dgl-file", path=_save(tmp_path, [_graph(**fields)], "task.bin"))
+    assert ds.multilabel and ds.num_classes == 1 and ds.label.shape == (N, 1)
+
+
+@pytest.mark.dgl
 def test_every_bad_field_is_named_with_its_expected_shape(tmp_path):
     fields = _good_fields()
     del fields["label"]
@@ -78,7 +92,7 @@ def test_every_bad_field_is_named_with_its_expected_shape(tmp_path):
         load_dataset("dgl-file", path=path)
     msg = str(err.value)
     assert f"feat: got ({N},) torch.float32 (expected ({N}, F) floating point)" in msg
-    assert f"label: missing (expected ({N},) integer or ({N}, T) 0/1)" in msg
+    assert f"label: missing (expected ({N},) or ({N}, 1) integer, or ({N}, T) 0/1)" in msg
     assert f"val_mask: got ({N},) torch.float32 (expected ({N},) bool or 0/1 integer)" in msg
     assert "test_mask: got" in msg
     assert "train_mask" not in msg

@@ -7,7 +7,8 @@ Expected node data (N nodes):
 
 =============  =====================================================
 ``feat``       ``(N, F)`` floating point (stored as float32)
-``label``      ``(N,)`` integer class IDs, or ``(N, T)`` 0/1 targets (multi-label)
+``label``      ``(N,)`` or ``(N, 1)`` integer class IDs (OGB's shape), or ``(N, T)``
+               0/1 targets (multi-label; ``T = 1`` only as floating point)
 ``train_mask`` ``(N,)`` bool (or integer 0/1)
 ``val_mask``   ``(N,)`` bool (or integer 0/1)
 ``test_mask``  ``(N,)`` bool (or integer 0/1)
@@ -31,7 +32,7 @@ __all__ = ["REQUIRED_FIELDS", "DGL_FILE_MAGIC", "is_dgl_file", "load_dgl_file"]
 
 REQUIRED_FIELDS = {
     "feat": "(N, F) floating point",
-    "label": "(N,) integer or (N, T) 0/1",
+    "label": "(N,) or (N, 1) integer, or (N, T) 0/1",
     "train_mask": "(N,) bool or 0/1 integer",
     "val_mask": "(N,) bool or 0/1 integer",
     "test_mask": "(N,) bool or 0/1 integer",
@@ -46,6 +47,12 @@ def _is_binary(t: torch.Tensor) -> bool:
     return t.numel() == 0 or bool(((t == 0) | (t == 1)).all())
 
 
+def _class_column(t: torch.Tensor) -> bool:
+    """An ``(N, 1)`` integer label: one class ID per node, as OGB stores them (a single
+    0/1 target column is multi-label only when it is floating point)."""
+    return t.dim() == 2 and t.shape[1] == 1 and not t.is_floating_point() and t.dtype != torch.bool
+
+
 def _field_problems(ndata, n: int) -> list[str]:
     problems = []
     for field, expected in REQUIRED_FIELDS.items():
@@ -57,7 +64,7 @@ def _field_problems(ndata, n: int) -> list[str]:
         if field == "feat":
             ok = t.dim() == 2 and t.shape[0] == n and t.is_floating_point()
         elif field == "label":
-            single = t.dim() == 1 and not t.is_floating_point() and t.dtype != torch.bool
+            single = (t.dim() == 1 or _class_column(t)) and not t.is_floating_point() and t.dtype != torch.bool
             multi = t.dim() == 2 and _is_binary(t)
             ok = t.dim() >= 1 and t.shape[0] == n and (single or multi)
         else:
@@ -118,6 +125,8 @@ def load_dgl_file(
         raise ValueError(f"dgl-file {path}: " + "; ".join(problems))
 
     label = g.ndata["label"]
+    if _class_column(label):  # OGB's (N, 1) class IDs
+        label = label.reshape(-1)
     multilabel = label.dim() == 2
     if multilabel:
         label = label.to(torch.float32)
