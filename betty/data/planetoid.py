@@ -58,7 +58,9 @@ def _dense(m) -> np.ndarray:
 def _row_normalize(feat: np.ndarray) -> np.ndarray:
     """``x_v * (1 / sum(x_v))`` per row (zero rows stay zero), in ``feat``'s dtype and
     with scipy's sparse row sums and product, the arithmetic DGL uses, so that the
-    float32 features are bit-equal to DGL's."""
+    float32 features are bit-equal to DGL's on its stack. The reciprocal is NumPy's
+    float32 ``power``, which NumPy 2 rounds correctly and NumPy 1 does not: on Cora the
+    two stacks' features differ by one float32 ulp in 9,266 values (492 rows)."""
     mat = sp.csr_matrix(feat)
     rowsum = np.asarray(mat.sum(1)).ravel()
     zero = rowsum == 0
