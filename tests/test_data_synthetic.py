@@ -232,3 +232,20 @@ def test_a_train_fraction_that_rounds_to_every_node_is_refused():
 
     with pytest.raises(ValueError, match="train_fraction=0.996 .*leaves a test node"):
         SyntheticConfig(num_nodes=100, avg_degree=4, train_fraction=0.996, valid_fraction=0.001)
+
+
+def test_a_density_the_communities_cannot_hold_is_warned_about():
+    """The generator makes exactly the target edge count where it can; where the options
+    ask for more edges than the communities hold, the graph says so instead of silently
+    having a fraction of them."""
+    import warnings
+
+    from betty.data import load_dataset
+
+    with pytest.warns(UserWarning, match=r"222 undirected edges, 22% of the 1,000 .*intra_community_fraction=1.0"):
+        short = load_dataset("synthetic", cache=False, num_nodes=100, avg_degree=20, intra_community_fraction=1.0)
+    assert short.graph.num_edges() == 2 * 222
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        full = load_dataset("synthetic", cache=False, num_nodes=100, avg_degree=20)
+    assert full.graph.num_edges() == 2 * 1000

@@ -49,6 +49,7 @@ in fixed-size chunks to bound temporary memory.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -287,6 +288,21 @@ def _split(
     return tuple(torch.from_numpy(np.sort(p).astype(np.int64)) for p in parts)  # type: ignore[return-value]
 
 
+def _warn_if_short(made: int, config: SyntheticConfig) -> None:
+    """Warn when the graph has fewer than 99% of its target edges: the options ask for
+    a density the communities cannot hold (each draw inside a community is one of its
+    few pairs, drawn again and again)."""
+    target = config.target_num_undirected_edges
+    if made < 0.99 * target:
+        warnings.warn(
+            f"the synthetic graph has {made:,} undirected edges, {made / target:.0%} of the "
+            f"{target:,} that avg_degree={config.avg_degree} asks for: that density is out of "
+            f"reach with intra_community_fraction={config.intra_community_fraction} and "
+            f"{config.scaled_num_communities:,} communities of about "
+            f"{config.scaled_num_nodes // config.scaled_num_communities:,} nodes; lower "
+            "avg_degree, intra_community_fraction or num_communities", stacklevel=3)
+
+
 def generate_synthetic(config: SyntheticConfig, name: str = "synthetic") -> GraphDataset:
     """Generate the dataset described in the module docstring.
 
@@ -313,6 +329,7 @@ def generate_synthetic(config: SyntheticConfig, name: str = "synthetic") -> Grap
         locality,
     )
     del sampler
+    _warn_if_short(keys.size, config)
     lo = torch.from_numpy(keys // n)
     hi = torch.from_numpy(keys % n)
     del keys
