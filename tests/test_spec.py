@@ -263,6 +263,31 @@ def test_stage_keys_follow_what_each_stage_reads():
         a.stage_sha("partition", stage_runtime("partition", "cuda:0", a))
 
 
+def test_the_stages_that_depend_on_the_framework_are_keyed_by_the_one_auto_resolves_to(monkeypatch):
+    """``model.backend: auto`` is DGL where it imports, else PyG: the same spec content
+    gives other estimates, K and floats, so the partition, train and evaluate keys hold
+    the framework ``auto`` resolved to and its and torch's versions."""
+    import betty.backends
+    from workflow import provenance
+    from workflow.reuse import stage_runtime
+
+    rspec = resolve_spec(apply_overrides(BASE, ["model.backend=auto"]))
+    here = {stage: stage_runtime(stage, "cpu", rspec) for stage in STAGES}
+    assert here["train"]["backend"] == provenance.backend_version("auto")
+    assert here["train"]["backend"].startswith(betty.backends.resolve_backend("auto") + " (")
+    assert "torch " in here["train"]["backend"]
+    provenance.backend_version.cache_clear()
+    monkeypatch.setattr(betty.backends, "resolve_backend", lambda name, **_: "pyg")
+    try:
+        there = {stage: stage_runtime(stage, "cpu", rspec) for stage in STAGES}
+    finally:
+        provenance.backend_version.cache_clear()
+    assert there["train"]["backend"].startswith("pyg (torch_geometric ")
+    changed = [s for s in STAGES if rspec.stage_sha(s, here[s]) != rspec.stage_sha(s, there[s])]
+    assert changed == (["partition", "train", "evaluate"] if here["train"]["backend"].startswith("dgl")
+                       else [])
+
+
 def test_calibrated_constants_change_the_keys_of_the_stages_that_estimate(tmp_path, monkeypatch):
     """``betty calibrate`` writes constants the partition stage sizes its split with: its
     reuse key changes with them (train follows through its upstream partition run), the

@@ -13,7 +13,7 @@ from test_workflow_support import metric_names, runs_of
 from betty.batchfile import load_batch
 from workflow.components import first_batch, load_data
 from workflow.mlproject import parse_args
-from workflow.provenance import git_commit
+from workflow.provenance import backend_version, git_commit
 from workflow.pipeline import run_pipeline, run_stage
 from workflow.runs import decode_upstream, encode_upstream
 from workflow.specfile import STAGES, load_spec
@@ -44,6 +44,7 @@ def test_pipeline_logs_contract_and_reuses_by_content(tracking, tmp_path):
         assert tags["mlflow.parentRunId"] == parent.info.run_id
         assert tags["stage"] == stage and tags["spec_sha"] == rspec.sha
         assert tags["dataset"] == "synthetic" and tags["device"] == "cpu"
+        assert tags["backend"] == parent.data.tags["backend"] == backend_version(rspec.spec.model.backend)
         assert tags.get("mlflow.source.git.commit") == git_commit()  # MLflow's own provenance tag
         assert tags["code_version"].split("+")[0] == (git_commit() or "nogit")[:12]
         assert run.data.params["spec.train.epochs"] == "2"

@@ -70,6 +70,22 @@ def test_a_pipeline_run_that_reused_the_training_repeats_nothing(store):
     assert rep["n"] == 2 and set(rep["run_ids"]) == {store[0], store[2]}
 
 
+def test_runs_on_another_backend_are_not_repeats(store):
+    """The same spec content on DGL and on PyG (``model.backend: auto`` in two
+    environments) is two configurations, not repeats of one."""
+    client = MlflowClient()
+    exp = client.get_run(store[0]).info.experiment_id
+    for i, backend in enumerate(["pyg (torch_geometric 2.8.0, torch 2.13.0)"] * 2):
+        run = client.create_run(exp, run_name=f"a-pyg-{i}", tags={
+            "run_kind": "main", "spec_name": "a", "spec_sha": "s1", "stage_run.train": f"pyg-{i}",
+            "backend": backend})
+        client.log_metric(run.info.run_id, "test_acc", 0.5)
+        client.set_terminated(run.info.run_id, "FINISHED")
+    reps = json.loads(invoke("--json").stdout)["repeats"]
+    assert sorted((rep["n"], rep["mean"]["test"]) for rep in reps) == [(2, pytest.approx(0.5)),
+                                                                       (2, pytest.approx(0.85))]
+
+
 def test_filters_last_and_spec(store):
     last = json.loads(invoke("--json", "--last", "2").stdout)
     assert [r["run_id"] for r in last["runs"]] == [store[2], store[1]] and last["repeats"] == []

@@ -1,4 +1,5 @@
-"""Which code produced a run: git commit plus a hash of the sources as they are on disk.
+"""Which code produced a run: git commit plus a hash of the sources as they are on disk,
+and the GNN framework a spec's model runs on (:func:`backend_version`).
 
 The source hash covers every ``*.py`` file under ``betty/`` and ``workflow/`` (relative
 path and bytes), so uncommitted edits change the code version even when the commit does
@@ -11,7 +12,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-__all__ = ["package_roots", "source_hash", "git_commit", "code_version"]
+__all__ = ["package_roots", "source_hash", "git_commit", "backend_version", "code_version"]
 
 
 def package_roots() -> list[Path]:
@@ -46,6 +47,18 @@ def git_commit() -> str | None:
     from mlflow.utils.git_utils import get_git_commit
 
     return get_git_commit(str(package_roots()[0].parent))
+
+
+@functools.lru_cache(maxsize=None)
+def backend_version(backend: str) -> str:
+    """What a spec's ``model.backend`` (``auto``, ``dgl``, ``pyg``) runs on here: the
+    backend it resolves to and the versions of its framework and torch, e.g.
+    ``"dgl (dgl 2.1.0, torch 2.2.1)"``. ``auto`` picks the first framework that imports,
+    so the answer depends on the environment, not on the spec."""
+    from betty.backends import library_versions, resolve_backend
+
+    name = resolve_backend(backend)
+    return f"{name} ({library_versions(name)})"
 
 
 @functools.lru_cache(maxsize=1)

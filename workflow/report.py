@@ -1,10 +1,11 @@
 """The rows of ``betty compare``: one per pipeline run, plus mean ± std over repeats.
 
 A *row* maps each column header of :data:`COLUMNS` to a raw value (``None`` when the run
-lacks it), plus ``run_id`` and the hidden ``spec_sha`` and ``train_run`` (its train
-stage's run). Runs with the same ``spec_sha`` (identical resolved spec content) that
-trained apart (not one reusing another's train run) are *repeats*; for every group of
-two or more FINISHED repeats :func:`repeat_summaries` gives, per numeric column c,
+lacks it), plus ``run_id`` and the hidden ``spec_sha``, ``backend`` and ``train_run`` (its
+train stage's run). Runs with the same ``spec_sha`` (identical resolved spec content) and
+``backend`` tag (the framework and versions it ran on) that trained apart (not one
+reusing another's train run) are *repeats*; for every group of two or more FINISHED
+repeats :func:`repeat_summaries` gives, per numeric column c,
 
     mean_c = (1/n) Σ_i x_i,   std_c = sqrt((1/n) Σ_i (x_i - mean_c)²)
 
@@ -66,12 +67,14 @@ def _value(run, source: str, key: str):
 
 
 def rows_for(runs) -> list[dict]:
-    """One dict per run: header -> raw value, plus ``run_id`` and ``spec_sha``."""
+    """One dict per run: header -> raw value, plus ``run_id``, ``spec_sha``, ``backend``
+    and ``train_run``."""
     out = []
     for run in runs:
         row = {header: _value(run, source, key) for header, source, key in COLUMNS}
         row["run_id"] = run.info.run_id
         row["spec_sha"] = run.data.tags.get("spec_sha")
+        row["backend"] = run.data.tags.get("backend")
         row["train_run"] = run.data.tags.get("stage_run.train")
         if row.get("arch") == "revgnn":  # no aggregator: show the convolution of the blocks
             row["aggr"] = run.data.params.get("spec.model.conv")
@@ -80,7 +83,7 @@ def rows_for(runs) -> list[dict]:
 
 
 def repeat_summaries(rows: list[dict]) -> list[dict]:
-    """For each ``spec_sha`` with >= 2 FINISHED runs that trained apart (in order of
+    """For each ``spec_sha`` and ``backend`` with >= 2 FINISHED runs that trained apart (in order of
     first appearance; a pipeline run that reused an earlier one's train run repeats
     nothing and is left out): ``{"spec", "spec_sha", "n", "run_ids", "mean": {col: m},
     "std": {col: s}}``."""
@@ -91,9 +94,9 @@ def repeat_summaries(rows: list[dict]) -> list[dict]:
     groups: dict[str, list[dict]] = {}
     for row in finished:
         if row.get("train_run") is None or trained[row["train_run"]] is row:
-            groups.setdefault(row["spec_sha"], []).append(row)
+            groups.setdefault((row["spec_sha"], row.get("backend")), []).append(row)
     out = []
-    for sha, members in groups.items():
+    for (sha, _), members in groups.items():
         if len(members) < 2:
             continue
         mean, std = {}, {}

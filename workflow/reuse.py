@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from workflow.provenance import code_version
+from workflow.provenance import backend_version, code_version
 from workflow.specfile import ResolvedSpec, content_hash
 
 __all__ = ["DEVICE_DEPENDENT", "stage_runtime", "stage_key", "find_reusable"]
@@ -22,21 +22,25 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
     """The runtime facts that enter ``stage``'s ``stage_sha``: for ``sample``, the digest
     of the dataset's content (its source files' sizes and times: a file replaced under
     the same spec is new data; the stages after follow through their upstream runs);
-    the device, for :data:`DEVICE_DEPENDENT` stages; and for ``partition``, which sizes
-    the split with the memory model, a hash of its constants in effect there (shipped,
-    or as ``betty calibrate`` left them). The train stage follows through its upstream
-    partition run; its model does not depend on K."""
+    the device and the GNN framework with its and torch's versions
+    (:func:`workflow.provenance.backend_version`: ``model.backend: auto`` is DGL where
+    it imports, else PyG, and the two give other estimates, K and floats), for
+    :data:`DEVICE_DEPENDENT` stages; and for ``partition``, which sizes the split with
+    the memory model, a hash of its constants in effect there (shipped, or as ``betty
+    calibrate`` left them). The train stage follows through its upstream partition
+    run; its model does not depend on K."""
     if stage == "sample":
         from workflow.components import dataset_digest
 
         return {"dataset": dataset_digest(rspec)}
     if stage not in DEVICE_DEPENDENT:
         return {}
+    runtime = {"device": device, "backend": backend_version(rspec.spec.model.backend)}
     if stage != "partition":
-        return {"device": device}
+        return runtime
     from betty.memory.constants import default_backend, load_constants
 
-    return {"device": device, "memory_constants": content_hash(load_constants(default_backend(device)).to_dict())}
+    return {**runtime, "memory_constants": content_hash(load_constants(default_backend(device)).to_dict())}
 
 
 def stage_key(rspec: ResolvedSpec, stage: str, upstream_run_id: str | None, device: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ from workflow import env as _env  # noqa: F401  (before MLflow is imported)
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from workflow.provenance import code_version, git_commit
+from workflow.provenance import backend_version, code_version, git_commit
 from workflow.signals import check, shield
 from workflow.spec import short_text
 from workflow.specfile import ResolvedSpec
@@ -147,6 +147,7 @@ def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,
         "spec_sha": rspec.sha,
         "dataset": rspec.spec.dataset.name,
         "code_version": code_version(),
+        "backend": backend_version(rspec.spec.model.backend),
         "betty.host": socket.gethostname(),
         "betty.pid": str(os.getpid()),
     }

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 from betty.backends.base import Backend
 
-__all__ = ["Backend", "BACKENDS", "BACKEND_CHOICES", "INSTALL", "BackendUnavailable",
+__all__ = ["Backend", "BACKENDS", "BACKEND_CHOICES", "INSTALL", "BackendUnavailable", "library_versions",
            "available", "resolve_backend", "get_backend", "backend_of", "backend_of_graph"]
 
 BACKENDS = ("dgl", "pyg")
@@ -73,6 +73,15 @@ def resolve_backend(name: str = "auto", *, import_check: bool = True) -> str:
             f"backend {name!r} is not installed ({_FRAMEWORK[name]} does not import); "
             f"install it with: {INSTALL[name]}")
     return name
+
+
+def library_versions(name: str) -> str:
+    """Backend ``name``'s framework and torch with their installed versions, e.g.
+    ``"dgl 2.1.0, torch 2.2.1"`` (read from the package metadata, nothing imported)."""
+    from importlib import metadata
+
+    _check_name(name)
+    return ", ".join(f"{dist} {metadata.version(dist)}" for dist in (_FRAMEWORK[name], "torch"))
 
 
 @lru_cache(maxsize=None)
