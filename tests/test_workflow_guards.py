@@ -47,6 +47,34 @@ def test_upstream_is_checked_before_a_run_exists(tracking):
            "-s", "partition.sweep.methods=[range]")
 
 
+def test_evaluate_keys_that_picked_the_trained_weights_are_compared(tracking):
+    """An evaluate stage may score a train run with other inference settings, but not
+    claim another weight selection: ``evaluate.select`` always counts, and every
+    ``evaluate`` key counts when validation picked the weights."""
+    from workflow.lineage import UpstreamMismatch, check_upstream
+    from workflow.specfile import load_spec
+
+    uri, exp = tracking
+    client = MlflowClient(uri)
+
+    def train_run(*overrides: str) -> str:
+        run = client.create_run(exp, tags={"run_kind": "stage", "stage": "train", "spec_name": "tiny"})
+        for key, value in load_spec("tiny", list(overrides)).params().items():
+            client.log_param(run.info.run_id, key, value)
+        client.set_terminated(run.info.run_id, "FINISHED")
+        return run.info.run_id
+
+    last = train_run()
+    check_upstream(load_spec("tiny", ["evaluate.inference=sampled"]), "evaluate", {"train": last})
+    with pytest.raises(UpstreamMismatch, match="spec.evaluate.select = last there, best_valid here"):
+        check_upstream(load_spec("tiny", ["evaluate.select=best_valid"]), "evaluate", {"train": last})
+    best = train_run("evaluate.select=best_valid")
+    check_upstream(load_spec("tiny", ["evaluate.select=best_valid"]), "evaluate", {"train": best})
+    with pytest.raises(UpstreamMismatch, match="spec.evaluate.inference = full there, sampled here"):
+        check_upstream(load_spec("tiny", ["evaluate.select=best_valid", "evaluate.inference=sampled"]),
+                       "evaluate", {"train": best})
+
+
 def test_upstream_may_differ_where_nothing_computed_changes(tracking):
     """A train run feeds an evaluate stage that runs on another device, with other
     threads or preparation settings; another learning rate is refused."""

@@ -31,6 +31,19 @@ changes the trained model. Nor are the keys the spec's architecture never reads
 (:attr:`workflow.specfile.ResolvedSpec.unread_keys`)."""
 
 
+def _own_section_keys(rspec: ResolvedSpec, stage: str) -> set[str]:
+    """Params of ``stage``'s own section that its upstream train run depended on too:
+    ``evaluate.select`` (which weights the train run logged) and, when validation picks
+    them (``select: best_valid`` or ``train.early_stopping``), every ``evaluate`` key
+    (how validation was scored)."""
+    if stage != "evaluate":
+        return set()
+    spec = rspec.spec
+    if spec.evaluate.select == "best_valid" or spec.train.early_stopping is not None:
+        return {k for k in rspec.params() if k.startswith("spec.evaluate.")}
+    return {"spec.evaluate.select"}
+
+
 def _settings(params: Mapping[str, str], sections: list[str], keys: set[str]) -> dict[str, str]:
     """The ``spec.<section>.*`` params of ``sections`` and the params ``keys``, less
     :data:`NOT_COMPARED`."""
@@ -43,7 +56,8 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
     """Raise :class:`UpstreamMismatch` unless every ``upstream`` run can feed ``stage``
     of ``rspec``: it exists, is a ``FINISHED`` stage run of an earlier stage, and its
     spec params equal ``rspec``'s on the sections and keys that stage depends on
-    (:data:`STAGE_SECTIONS`, :data:`STAGE_KEYS`), less the section of ``stage`` itself and
+    (:data:`STAGE_SECTIONS`, :data:`STAGE_KEYS`), less the section of ``stage`` itself but
+    for the keys the upstream run read from it (:func:`_own_section_keys`) and less
     :data:`NOT_COMPARED` (a model trained on one device may be scored on another)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -72,6 +86,8 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
         sections = [s for s in STAGE_SECTIONS[ustage] if s != stage]
         keys = {f"spec.{section}.{key}" for section, names in STAGE_KEYS.get(ustage, {}).items()
                 if section != stage for key in names}
+        if stage in STAGE_SECTIONS[ustage]:
+            keys |= _own_section_keys(rspec, stage)
         want, have = _settings(rspec.params(), sections, keys), _settings(run.data.params, sections, keys)
         for key in rspec.unread_keys:
             want.pop(f"spec.{key}", None)
