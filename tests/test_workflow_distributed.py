@@ -170,3 +170,26 @@ def test_successful_multi_rank_run_prints_no_warning(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "WARNING" not in out.stderr, out.stderr[-3000:]
+
+
+def test_a_failing_rank_is_one_line_on_stderr_not_its_traceback(tmp_path):
+    """``betty run --nproc 2`` with a failing rank prints the rank's error once, as the
+    command's own message; the rank's traceback (torch elastic logs dozens of lines of
+    it) is left to ``BETTY_TRACEBACK=1``."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_workflow_support import PROJECT
+
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1", "BETTY_FAULT": "raise@1",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    for var in ("BETTY_TRACEBACK", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+        env.pop(var, None)
+    out = subprocess.run([str(Path(sys.executable).parent / "betty"), "run", "tiny", "--nproc", "2",
+                          "-s", "train.epochs=1", "-s", "partition.sweep.k=[]", "-s", f"dataset.root={tmp_path}"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "betty: RankFailed: rank 1 failed: RuntimeError: injected failure on rank 1" in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]

@@ -348,7 +348,10 @@ def _loopback_store() -> Iterator[int]:
 
 
 class _HeldRecords(logging.Filter):
-    """Holds back torch elastic's "Closing process N via signal SIGTERM" records."""
+    """Holds back torch elastic's "Closing process N via signal SIGTERM" records and
+    drops its "failed (exitcode: ...)" ones: a failed rank's traceback, dozens of lines,
+    that :class:`RankFailed` names in one (and chains, with the traceback, as its
+    cause)."""
 
     def __init__(self, logger: logging.Logger) -> None:
         super().__init__()
@@ -359,7 +362,7 @@ class _HeldRecords(logging.Filter):
         if str(record.msg).startswith("Closing process"):
             self.records.append(record)
             return False
-        return True
+        return not str(record.msg).startswith("failed (exitcode")
 
     def release(self) -> None:
         """Emit the held records (the launch failed: they tell which ranks were stopped)."""
