@@ -294,8 +294,9 @@ def test_usage_errors_exit_2_before_any_run_exists(tracking, tmp_path, monkeypat
         assert res.exit_code == 2 and words in res.stderr, (args, res.output)
     assert mlflow.search_runs([exp]).empty
     monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "999")
-    res = invoke("compare")
-    assert res.exit_code == 2 and "no MLflow experiment with ID '999'" in res.stderr, res.output
+    for args in (("compare",), ("run", "tiny"), ("stage", "download", "tiny")):
+        res = invoke(*args)
+        assert res.exit_code == 2 and "no MLflow experiment with ID '999'" in res.stderr, (args, res.output)
 
 
 def test_specs_lists_the_readable_ones_when_one_is_not(tmp_path, monkeypatch):

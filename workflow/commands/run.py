@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from workflow.commands._common import (ExperimentOpt, JsonOpt, NnodesOpt, NodeRankOpt, NprocOpt, RdzvOpt, SetOpt,
-                                       SpecArg, cli_errors, distributed_overrides, emit_json, load)
+                                       SpecArg, cli_errors, distributed_overrides, emit_json, experiment_id, load)
 
 SUMMARY_KEYS = ("k", "redundancy", "edges_kept_fraction", "peak_mem_estimated_bytes", "peak_mem_measured_bytes",
                 "mem_estimate_error", "epoch_time_s", "loss", "train_acc", "valid_acc", "test_acc",
@@ -37,7 +37,7 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
 
         train_distributed(rspec)  # this machine's ranks; node 0 holds the runs
         return
-    use_spec_experiment(rspec, experiment)
+    use_spec_experiment(rspec, experiment) or experiment_id(experiment)  # the environment's: it must exist
     with make_reporter() as reporter:
         outcomes = run_pipeline(rspec, reuse=reuse, reporter=reporter)
     parent = MlflowClient().get_run(outcomes["main"]["run_id"])
