@@ -228,6 +228,10 @@ def test_mlproject_arguments():
     assert decode_upstream(encode_upstream({"download": "a1", "sample": "b2"})) == {"download": "a1", "sample": "b2"}
     with pytest.raises(ValueError, match="stage=RUN_ID"):
         decode_upstream("download")
+    assert parse_args(["main", "--spec", "tiny"])[0].reuse is True
+    assert parse_args(["main", "--spec", "tiny", "--reuse", " Off"])[0].reuse is False
+    with pytest.raises(SystemExit):  # a typo is a usage error, not "reuse"
+        parse_args(["main", "--spec", "tiny", "--reuse", "flase"])
 
 
 def test_full_and_sampled_inference_scores(tmp_path, monkeypatch):

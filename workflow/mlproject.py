@@ -36,11 +36,15 @@ import sys  # noqa: E402
 __all__ = ["main", "parse_args"]
 
 ENTRIES = ("main", "download", "sample", "partition", "train", "evaluate")
+REUSE_ANSWERS = {"true": True, "1": True, "yes": True, "on": True,
+                 "false": False, "0": False, "no": False, "off": False}
+"""The spellings ``-P reuse=...`` takes (a typo must not mean reuse)."""
 """``main`` and :data:`workflow.specfile.STAGES` (spelled out: that module is not light)."""
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """``(args, overrides)``; unknown ``--key.path value`` pairs become overrides."""
+    """``(args, overrides)``; unknown ``--key.path value`` pairs become overrides,
+    ``args.reuse`` a bool (:data:`REUSE_ANSWERS`)."""
     parser = argparse.ArgumentParser(prog="python -m workflow.mlproject")
     parser.add_argument("entry", choices=ENTRIES)
     parser.add_argument("--spec", required=True)
@@ -49,6 +53,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--reuse", default="true")
     parser.add_argument("--nproc", default="", help="ranks (-P nproc=N): train.world_size=N")
     args, extra = parser.parse_known_args(argv)
+    answer = str(args.reuse).strip().lower()
+    if answer not in REUSE_ANSWERS:
+        parser.error(f"reuse must be one of {', '.join(sorted(REUSE_ANSWERS))}, got {args.reuse!r}")
+    args.reuse = REUSE_ANSWERS[answer]
     overrides = [args.set_] if args.set_ else []
     if str(args.nproc).strip():
         if not str(args.nproc).strip().isdigit() or int(args.nproc) < 1:
@@ -134,8 +142,7 @@ def _main(args: argparse.Namespace, overrides: list[str]) -> int:
         if args.entry == "main":
             from workflow.pipeline import run_pipeline
 
-            reuse = str(args.reuse).strip().lower() not in ("false", "0", "no", "off")
-            run_pipeline(rspec, reuse=reuse, reporter=reporter)
+            run_pipeline(rspec, reuse=args.reuse, reporter=reporter)
         else:
             from workflow.pipeline import run_stage
             from workflow.runs import decode_upstream
