@@ -91,8 +91,9 @@ def load_planetoid(folder: str | Path, name: str, *, stem: str | None = None) ->
     if missing:
         raise DatasetNotFoundError(
             f"dataset {name!r} is not available offline: missing {', '.join(missing)}. Place "
-            f"the Planetoid files ind.{name}.{{{','.join(PLANETOID_SUFFIXES)}}} there "
-            "(betty.data.stage_planetoid links them into place; nothing is downloaded)."
+            f"the Planetoid files there as ind.{stem}.{{{','.join(PLANETOID_SUFFIXES)}}}"
+            + (f" (the ind.{name}.* files, renamed)" if stem != name else "")
+            + " (betty.data.stage_planetoid links them into place; nothing is downloaded)."
         )
     x, y, tx, ty, allx, ally, adjacency = (_unpickle(paths[s]) for s in PLANETOID_SUFFIXES[:7])
     test_ids = np.array([int(line) for line in paths["test.index"].read_text().split()], dtype=np.int64)
