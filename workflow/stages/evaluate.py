@@ -1,5 +1,6 @@
 """Stage ``evaluate``: rebuild each model the ``train`` run lists in ``models.json`` and
-score it on the validation and test splits (:func:`workflow.evaluation.evaluate_model`: the
+score it on the validation and test splits (each repeat's as ``<metric>.repeat<r>``,
+their mean and population std as ``<metric>``, ``<metric>_mean``, ``<metric>_std``) (:func:`workflow.evaluation.evaluate_model`: the
 spec's options to :func:`betty.evaluation.evaluate_model`).
 
 Metrics and repeats: docs/workflow.md, *Stages* and *Repeats*.
@@ -12,7 +13,6 @@ import pickle
 import time
 
 import torch
-from mlflow.tracking import MlflowClient
 
 from betty.fit import summarize_repeats
 
@@ -20,7 +20,7 @@ from workflow.artifacts import write_json
 from workflow.checksums import fetch, log_artifact
 from workflow.components import build_model
 from workflow.evaluation import evaluate_model
-from workflow.runs import clean_metrics, log_metrics
+from workflow.runs import log_metrics
 from workflow.stages.base import StageContext
 
 __all__ = ["UnsafeModelFile", "load_state_dict", "run"]
@@ -60,7 +60,6 @@ def run(ctx: StageContext) -> dict[str, float]:
     entries = json.loads(models_json.read_text())
     ds = ctx.dataset()
     device = ctx.device
-    client = MlflowClient()
     results = []
     advance = ctx.reporter.steps("models", len(entries))
     start = time.perf_counter()
@@ -70,10 +69,8 @@ def run(ctx: StageContext) -> dict[str, float]:
         model = model.to(device)
         scores = evaluate_model(model, ds, ctx.rspec, device, train_k=entry.get("k"))
         results.append({**entry, **scores})
-        if len(entries) > 1:
-            clean = clean_metrics(scores)
-            for key, value in clean.items():
-                client.log_metric(entry["run_id"], key, value)
+        if len(entries) > 1:  # on this run: a repeat run holds its training, not every later scoring
+            log_metrics({f"{key}.repeat{entry['repeat']}": value for key, value in scores.items()})
         advance(1, **scores)
     took = time.perf_counter() - start
     scores = [{k: v for k, v in r.items() if k.endswith(("_acc", "_rocauc"))} for r in results]
