@@ -324,3 +324,22 @@ def test_a_cuda_index_this_machine_lacks_is_named_before_a_stage_runs(monkeypatc
         resolve_device("cuda:5")
     res = invoke("validate", "tiny", "-s", "train.device=cuda:5", "--strict")
     assert res.exit_code == 2 and "this machine has 1 CUDA device(s)" in res.stderr, res.output
+
+
+def test_small_usage_errors_are_named_not_raised(tmp_path, monkeypatch):
+    """A --save path that is a file, a specs folder that does not exist and two runs of
+    one stage in --upstream each exit 2 with a message, not a traceback or a silent
+    choice."""
+    from workflow.runs import decode_upstream
+
+    file = tmp_path / "taken"
+    file.write_text("")
+    res = invoke("partition", "tiny", "--save", str(file))
+    assert res.exit_code == 2 and "is a file; give a folder" in res.stderr, res.output
+    monkeypatch.setenv("BETTY_SPECS_DIR", str(tmp_path / "nowhere"))
+    res = invoke("specs")
+    assert res.exit_code == 2 and "does not exist" in res.stderr and "nowhere" in res.stderr, res.output
+    monkeypatch.delenv("BETTY_SPECS_DIR")
+    res = invoke("stage", "partition", "tiny", "-u", "sample=abc", "-u", "sample=def")
+    assert res.exit_code == 2 and "upstream names two sample runs (abc and def)" in res.stderr, res.output
+    assert decode_upstream("sample=abc;sample=abc") == {"sample": "abc"}

@@ -54,6 +54,8 @@ def test_estimate_prints_a_summary_and_micro_batches_only_on_request():
     listed = invoke(*args, "--micro-batches").stdout.splitlines()
     assert [line.split()[1] for line in listed if line.lstrip().startswith("micro-batch ")] == [
         str(i) for i in range(out["k"])]
+    pointer = f"(--micro-batches lists all {out['k']} micro-batches)"
+    assert pointer in text and pointer not in "\n".join(listed)  # no pointer to what is listed
 
 
 def test_estimate_refuses_bad_k():

@@ -71,6 +71,7 @@ def test_verify_nproc_passes_and_fails_beyond_tolerance(tmp_path, monkeypatch):
     bad = invoke("verify", "tiny", "--nproc", "2", "--k", "2", "--dtype", "float64",
                   "--set", "model.dropout_mode=standard")
     assert bad.exit_code == 1 and "BEYOND TOLERANCE" in bad.output
+    assert "K=2    FAIL" in bad.stdout and bad.stdout.splitlines()[-1] == "FAIL"  # per K and in all, as without --nproc
 
 
 def test_verify_ranks_build_their_trainers_on_the_shared_dataset(tmp_path, monkeypatch):

@@ -69,7 +69,8 @@ def encode_upstream(upstream: Mapping[str, str]) -> str:
 
 
 def decode_upstream(text: str | None) -> dict[str, str]:
-    """Inverse of :func:`encode_upstream`; also accepts ``,`` as separator."""
+    """Inverse of :func:`encode_upstream`; also accepts ``,`` as separator. A stage named
+    twice with two runs is refused (``ValueError``)."""
     out = {}
     for part in (text or "").replace(",", ";").split(";"):
         part = part.strip()
@@ -78,7 +79,10 @@ def decode_upstream(text: str | None) -> dict[str, str]:
         stage, sep, run_id = part.partition("=")
         if not sep or not stage.strip() or not run_id.strip():
             raise ValueError(f"upstream entry {part!r} must look like stage=RUN_ID")
-        out[stage.strip()] = run_id.strip()
+        stage, run_id = stage.strip(), run_id.strip()
+        if out.get(stage, run_id) != run_id:
+            raise ValueError(f"upstream names two {stage} runs ({out[stage]} and {run_id}); give one per stage")
+        out[stage] = run_id
     return out
 
 

@@ -54,7 +54,7 @@ def estimate(spec: SpecArg,
     if json_:
         emit_json(out)
         return
-    for line in summary_lines(out):
+    for line in summary_lines(out, listed=micro_batches):
         typer.echo(line)
     if micro_batches:
         for line in micro_batch_lines(out):
@@ -78,10 +78,10 @@ def _unit(out: dict) -> tuple[str, str]:
     return name, name + ("es" if name.endswith("h") else "s")
 
 
-def summary_lines(out: dict) -> list[str]:
-    """What ``betty estimate`` prints without ``--micro-batches``: method and K, the budget and
-    how the K search went, the largest micro-batch (measured too with ``--measure``) and its
-    components."""
+def summary_lines(out: dict, *, listed: bool = False) -> list[str]:
+    """What ``betty estimate`` prints first: method and K, the budget and how the K search
+    went, the largest micro-batch (measured too with ``--measure``) and its components;
+    unless ``listed`` (``--micro-batches``), a pointer to the per-micro-batch lines."""
     lines = [f"{out['spec']}: {out['method']} K={out['k']} ({out['backend']} constants)"]
     budget = out.get("memory_budget_bytes")
     if budget:
@@ -103,7 +103,7 @@ def summary_lines(out: dict) -> list[str]:
     parts = ", ".join(f"{c} {b / 2**20:.1f}" for c, b in
                       sorted(worst["components"].items(), key=lambda kv: -kv[1]) if b)
     lines.append(f"  largest {one} by component (MiB): {parts}")
-    if len(rows) > 1:
+    if len(rows) > 1 and not listed:
         lines.append(f"  (--micro-batches lists all {len(rows)} {many})")
     return lines
 

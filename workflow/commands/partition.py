@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, cli_errors, emit_fields, load
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, cli_errors, emit_fields, fail, load
 from workflow.progress import format_number
 
 
@@ -32,6 +32,8 @@ def partition(spec: SpecArg,
         overrides.append(f"partition.method={method}")
     if k is not None:
         overrides.append(f"partition.k={k}")
+    if save is not None and save.exists() and not save.is_dir():
+        raise fail(f"--save {str(save)!r} is a file; give a folder (created if missing) for the split", 2)
     rspec = load(spec, overrides)
     trainer, _, _ = make_trainer(rspec, load_data(rspec), resolve_device(rspec.spec.train.device))
     if k is not None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from workflow.commands._common import JsonOpt, cli_errors, emit_json
+from workflow.commands._common import JsonOpt, cli_errors, emit_json, fail
 
 
 def describe(path: Path) -> str:
@@ -35,6 +35,9 @@ def specs(json_: JsonOpt = False) -> None:
     """List the shipped specs (use a name with run/validate/stage)."""
     from workflow.specfile import shipped_specs, specs_dir
 
+    if not specs_dir().is_dir():
+        raise fail(f"the specs folder {str(specs_dir())!r} does not exist (BETTY_SPECS_DIR, else the "
+                   "project's specs/)", 2)
     rows = [{"name": p.stem, "path": str(p), "description": describe(p)} for p in shipped_specs()]
     if json_:
         emit_json({"specs_dir": str(specs_dir()), "specs": rows})

@@ -123,8 +123,9 @@ def _verify_ranks(rspec, dataset, ks: list[int], nproc: int, json_: bool, tol: f
         typer.echo(f"{rspec.name}: {nproc} ranks against one process, {result['dtype']}, "
                    f"tolerance {result['tolerance']:.0e}")
         for row in result["results"]:
-            typer.echo(f"  K={row['k']:<4} max relative update difference "
-                       f"{row['max_rel_update_diff']:.3e}  {'ok' if row['ok'] else 'BEYOND TOLERANCE'}")
+            typer.echo(f"  K={row['k']:<4} {'PASS' if row['ok'] else 'FAIL'}  max relative update difference "
+                       f"{row['max_rel_update_diff']:.3e}{'' if row['ok'] else '  BEYOND TOLERANCE'}")
+        typer.echo("PASS" if result["ok"] else "FAIL")
     if not result["ok"]:
         raise typer.Exit(1)
 
