@@ -4,6 +4,7 @@ that validating a spec needs neither numpy nor torch."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import asdict, dataclass, fields
 
@@ -96,13 +97,15 @@ def _config_problems(c: SyntheticConfig) -> list[str]:
 
     def need(ok: bool, name: str, allowed: str) -> None:
         if not ok:
-            out.append(f"{name}={getattr(c, name)!r} (allowed: {allowed})")
+            value = getattr(c, name)
+            finite = "finite " if isinstance(value, float) and not math.isfinite(value) else ""
+            out.append(f"{name}={value!r} (allowed: {finite}{allowed})")
 
     def is_int(v) -> bool:
         return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
-    def is_num(v) -> bool:
-        return isinstance(v, numbers.Real) and not isinstance(v, bool)
+    def is_num(v) -> bool:  # a finite real number
+        return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
     need(is_int(c.num_nodes) and c.num_nodes >= 2, "num_nodes", "integer >= 2")
     need(is_num(c.avg_degree) and c.avg_degree >= 1, "avg_degree", "number >= 1")
