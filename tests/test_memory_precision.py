@@ -31,6 +31,12 @@ With 112 multi-label targets (:data:`MULTILABEL_MODELS`, K = 1, 4 and 16), each 
 8-byte miss: SAGE-mean 0.006% (L=2 n=300 h=16 K=16, both backends), GAT 0.003%
 (L=1 n=300 h=16 K=16, both backends).
 
+With host features in bfloat16 or float16 (:data:`FEATURE_DTYPE_CASES`: bf16-mixed on both
+backends, 16-mixed on PyG; the step through ``accumulate_gradients(precision=...)``, which
+keeps features in the compute dtype and casts others to float32) the same grid is held to
+the bytes: every micro-batch's estimate equals the measured peak or misses it by the
+loss's two 0-d float32 tensors (:data:`LOSS_SCALARS_BYTES`), which the replay leaves out.
+
 :func:`test_covered_models_are_those_tested` ties the models the replay claims to cover
 (:func:`betty.memory.replay.replays_mixed_precision`) to this list.
 """
@@ -66,13 +72,15 @@ LABEL_COLUMNS = 112
 MULTILABEL_KS = (1, 4, 16)
 
 
-def _setup(arch, agg, layers, n, hidden, backend, label_columns=0):
+def _setup(arch, agg, layers, n, hidden, backend, label_columns=0, feat_dtype=torch.float32):
     """One graph, batch, model (``label_columns`` T > 0: T outputs and ``(N, T)`` float32
-    0/1 targets, else CLASSES classes), Adam after one step and a meter tracking both."""
+    0/1 targets, else CLASSES classes), host features in ``feat_dtype``, Adam after one
+    step and a meter tracking both."""
     if backend == "pyg":
         pytest.importorskip("torch_geometric")
     g, feat, label, train = power_law_graph(num_nodes=n, avg_degree=8, num_feats=FEATS,
                                             num_classes=CLASSES, seed=n)
+    feat = feat.to(feat_dtype)
     if label_columns:
         gen = torch.Generator().manual_seed(n)
         label = (torch.rand(n, label_columns, generator=gen) > 0.5).float()
@@ -91,30 +99,47 @@ def _setup(arch, agg, layers, n, hidden, backend, label_columns=0):
     return batch, feat, label, model, opt, meter
 
 
-def _errors(arch: str, agg: str, precision_estimated: str,
-            backend: str, label_columns: int = 0, ks=(1, 4)) -> list[tuple[float, str]]:
-    """``(|estimate - meter| / meter, where)`` of every micro-batch of the grid, measured
+def _peaks(arch: str, agg: str, precision_estimated: str,
+           backend: str, label_columns: int = 0, ks=(1, 4),
+           feat_dtype: torch.dtype | None = None) -> list[tuple[int, int, str]]:
+    """``(estimated, measured, where)`` peak bytes of every micro-batch of the grid, measured
     in bf16-mixed and estimated in ``precision_estimated`` (``label_columns``: see
-    :func:`_setup`; ``ks``: the splits of each batch)."""
+    :func:`_setup`; ``ks``: the splits of each batch). ``feat_dtype``: host features in
+    that dtype, and the step measured in ``precision_estimated`` through the trainer's
+    own path (``accumulate_gradients(precision=...)``, which casts features not in the
+    compute dtype to float32 first) instead of bf16-mixed around float32 features."""
     out = []
     for layers in (1, 2):
         for n, hidden in SIZES:
             batch, feat, label, model, opt, meter = _setup(arch, agg, layers, n, hidden, backend,
-                                                           label_columns)
+                                                           label_columns,
+                                                           feat_dtype or torch.float32)
             for k in ks:
                 groups = partition_batch(batch, k, "random", seed=3).groups
                 opt.zero_grad(set_to_none=True)
-                with autocast_step(model, "bf16-mixed") as stepped:
-                    res = accumulate_gradients(stepped, batch, groups, feat, label, k=k,
+                if feat_dtype is None:
+                    with autocast_step(model, "bf16-mixed") as stepped:
+                        res = accumulate_gradients(stepped, batch, groups, feat, label, k=k,
+                                                   meter=meter, dropout_key=11,
+                                                   multilabel=label_columns > 0)
+                else:
+                    res = accumulate_gradients(model, batch, groups, feat, label, k=k,
                                                meter=meter, dropout_key=11,
-                                               multilabel=label_columns > 0)
+                                               multilabel=label_columns > 0,
+                                               precision=precision_estimated)
                 ests = estimate_micro_batches(batch, groups, k, model, opt, precision=precision_estimated,
-                                              label_columns=label_columns)
+                                              label_columns=label_columns,
+                                              feature_dtype=feat_dtype)
                 for i, (e, m) in enumerate(zip(ests, res.micro)):
-                    out.append((abs(e.peak - m.peak_bytes) / m.peak_bytes,
+                    out.append((e.peak, m.peak_bytes,
                                 f"L={layers} n={n} h={hidden} K={k} micro-batch {i}: estimated "
                                 f"{e.peak}, measured {m.peak_bytes}"))
     return out
+
+
+def _errors(*args, **kwargs) -> list[tuple[float, str]]:
+    """``(|estimate - meter| / meter, where)`` of every micro-batch of :func:`_peaks`."""
+    return [(abs(est - meas) / meas, where) for est, meas, where in _peaks(*args, **kwargs)]
 
 
 @pytest.mark.parametrize("arch,agg", MODELS, ids=MODEL_IDS)
@@ -135,6 +160,35 @@ def test_bf16_mixed_multilabel_estimate_matches_meter(backend, arch, agg):
     errors = _errors(arch, agg, "bf16-mixed", backend, LABEL_COLUMNS, MULTILABEL_KS)
     bad = [f"{w} ({err:.3%})" for err, w in errors if err > tol]
     assert not bad, "\n".join(bad)
+
+
+# 16-bit host features: in the compute dtype they reach the model as they are, in the other
+# 16-bit dtype the trainer casts them to float32 first (16-mixed on the host: PyG only)
+FEATURE_DTYPE_CASES = [
+    pytest.param("dgl", torch.bfloat16, "bf16-mixed", marks=pytest.mark.dgl, id="dgl-bf16-bf16mixed"),
+    pytest.param("dgl", torch.float16, "bf16-mixed", marks=pytest.mark.dgl, id="dgl-fp16-bf16mixed"),
+    pytest.param("pyg", torch.bfloat16, "bf16-mixed", marks=pytest.mark.pyg, id="pyg-bf16-bf16mixed"),
+    pytest.param("pyg", torch.float16, "16-mixed", marks=pytest.mark.pyg, id="pyg-fp16-16mixed"),
+]
+
+
+# what the replay leaves out of a step: the loss (``loss_sum / N``) and the backward's
+# root gradient (``ones_like``), two 0-d float32 tensors alive through the whole backward
+LOSS_SCALARS_BYTES = 8
+
+
+@pytest.mark.parametrize("arch,agg", MODELS, ids=MODEL_IDS)
+@pytest.mark.parametrize("backend,feat_dtype,precision", FEATURE_DTYPE_CASES)
+def test_low_precision_features_estimate_matches_meter(backend, feat_dtype, precision, arch, agg):
+    """The grid with host features in a 16-bit dtype, measured and estimated in
+    ``precision``: every micro-batch's estimate is the measured peak, or (where the peak
+    falls in the backward) short of it by exactly the loss's two 0-d tensors. Measured
+    with torch 2.2.1: a 0 or 8-byte miss in every micro-batch of every row, up to 0.052%
+    (DGL SAGE-gcn, bfloat16 features, L=1 n=300 h=16 K=4, a 15 KiB peak)."""
+    off = [f"{where} ({meas - est:+d} bytes)"
+           for est, meas, where in _peaks(arch, agg, precision, backend, feat_dtype=feat_dtype)
+           if not 0 <= meas - est <= LOSS_SCALARS_BYTES]
+    assert not off, "\n".join(off)
 
 
 @pytest.mark.dgl

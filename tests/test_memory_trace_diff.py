@@ -1,41 +1,57 @@
 """The replays' event sequences against the allocation recorder, op by op.
 
-For each model and backend, one float32 training micro-batch runs under
+For each model and backend, one training micro-batch runs under
 :class:`betty.memory.trace.AllocationTrace` and the same micro-batch is replayed
-(:func:`betty.memory.replay.replay` with ``record=True``). Normalized form: the
+(:func:`betty.memory.replay.replay`, configured by
+:func:`betty.memory.estimator.replay_config` as the estimator does). Normalized form: the
 allocations of at least ``MIN_BYTES`` (tiny 0-d and per-bucket tensors are below it),
-as ``(op or label, bytes)`` in order. Two checks, each naming the first op that breaks
-it, so that a library upgrade that adds, drops or resizes an op shows up by name:
+as ``(op or label, bytes)`` in order, each with the position of its free. Three checks,
+each naming the first op that breaks it, so that a library upgrade that adds, drops,
+resizes or keeps an op longer shows up by name:
 
 * every floating-point allocation of the trace is, in order, an allocation of the
   replay with the same bytes (a replay that leaves an op out fails here);
 * every allocation of the replay, except the block structures and dropout IDs built
   before the model runs (the replay keeps them as one buffer per layer), is, in order,
   an allocation of the trace with the same bytes (a replay that invents an op or gets
-  its size wrong fails here).
+  its size wrong fails here);
+* each floating-point allocation paired by the first check is freed, in the replay as
+  in the trace, before the same next paired allocation (or lives to the end in both):
+  a replay that frees a tensor late or early fails here, which the first two checks
+  cannot see (a layer's dropped input kept past the node that last saved it).
 
-The same two checks hold under bf16-mixed (the forward pass and the loss under
-``torch.autocast(cpu, bfloat16)``, :func:`autocast_step.autocast_step`; the replay with
-``autocast_elt=2``) for every model the replay covers under autocast
+The same checks hold under bf16-mixed (the step's forward pass and loss under
+``torch.autocast(cpu, bfloat16)``: ``accumulate_gradients(precision=...)``; the replay
+with ``autocast_elt=2``) for every model the replay covers under autocast
 (:data:`test_memory_precision.MODELS`), at depth 2 and 3: autocast's weight and input
 copies, the ops that promote back to float32 and the casts' backward are each an event;
 for SAGE-LSTM also ``AutocastLSTM``'s float32 copies of a bfloat16 mailbox and of the
-initial states, and the cast of the input's gradient back to bfloat16.
+initial states, and the cast of the input's gradient back to bfloat16. With host
+features in bfloat16 or float16 (bf16-mixed on both backends; 16-mixed on PyG, whose CPU
+kernels take float16): features in the compute dtype reach the first layer as they are
+(its degrees, sums and norms in that dtype, the ops meeting a float32 parameter
+promoting to float32), features in the other 16-bit dtype are first cast to float32
+(:func:`betty.precision.input_dtype`). With input dropout, on the second micro-batch of
+a split, in float32 and bf16-mixed.
 """
 
 from __future__ import annotations
+
+import bisect
+import itertools
 
 import numpy as np
 import pytest
 import torch
 
-from autocast_step import autocast_step
 from betty.memory.constants import load_constants
-from betty.memory.replay import ReplayConfig, replay
+from betty.memory.estimator import replay_config
+from betty.memory.replay import replay
 from betty.memory.sizes import split_sizes
-from betty.memory.spec import as_model_spec, as_optimizer_spec
+from betty.memory.timeline import Buffer, Timeline
 from betty.memory.trace import AllocationTrace
 from betty.models import build_model
+from betty.partition import partition_batch
 from betty.sampling import sample_full_batch
 from betty.train import accumulate_gradients, build_optimizer, train_step
 from graphs import power_law_graph
@@ -53,13 +69,20 @@ LABEL_COLUMNS = 7
 
 
 def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
-            precision: str = "32", label_columns: int = 0):
+            precision: str = "32", label_columns: int = 0,
+            feat_dtype: torch.dtype = torch.float32, dropout: float = 0.0, k: int = 1):
     """``(traced, replayed)`` allocations of one micro-batch; ``label_columns`` T > 0:
-    multi-label ``(N, T)`` float32 0/1 targets and the BCE loss, else 5 classes."""
+    multi-label ``(N, T)`` float32 0/1 targets and the BCE loss, else 5 classes. The host
+    features are ``feat_dtype``; the step runs in ``precision`` (the trainer's own path:
+    :func:`betty.precision.input_dtype` decides the features' cast, autocast covers each
+    forward and loss). ``k`` > 1: a random K-way split, and the micro-batch traced is the
+    last one (it starts with ``.grad`` from the others, where the one of ``k = 1`` starts
+    with that of a previous step)."""
     if backend == "pyg":
         pytest.importorskip("torch_geometric")
     g, feat, label, train = power_law_graph(num_nodes=300, avg_degree=8, num_feats=40,
                                             num_classes=5, seed=300)
+    feat = feat.to(feat_dtype)
     multilabel = label_columns > 0
     if multilabel:
         gen = torch.Generator().manual_seed(300)
@@ -67,43 +90,126 @@ def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
     batch = sample_full_batch(g, train, [4, 6, 3][:layers], seed=1)
     torch.manual_seed(0)
     model = build_model(arch, 40, label_columns or 5, hidden=hidden, layers=layers,
-                        aggregator=agg, heads=2, backend=backend).train()
+                        aggregator=agg, heads=2, dropout=dropout, backend=backend).train()
     opt = build_optimizer("adam", model.parameters(), 1e-3)
     groups = torch.zeros(batch.num_outputs, dtype=torch.int64)
     train_step(model, opt, batch, groups, feat, label, dropout_key=1,  # .grad and Adam state
                multilabel=multilabel)
-    with autocast_step(model, precision) as stepped, AllocationTrace("cpu") as trace:
-        accumulate_gradients(stepped, batch, groups, feat, label, k=1, dropout_key=2,
-                             multilabel=multilabel)
-    cfg = ReplayConfig(model=as_model_spec(model), optimizer=as_optimizer_spec(opt), elt=4,
-                       feat_elt=4, constants=load_constants("cpu"), fresh_grads=np.array([False]),
-                       label_columns=label_columns,
-                       autocast_elt=2 if precision == "bf16-mixed" else 0)
-    tl = replay(split_sizes(batch, groups, 1), cfg, record=True)
-    traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
-    replayed = [(name, int(size[0]), comp) for kind, name, comp, size in tl.log
-                if kind == "alloc" and size[0] >= MIN_BYTES]
-    return traced, replayed
+    if k > 1:
+        groups = partition_batch(batch, k, "random", seed=3).groups
+        opt.zero_grad(set_to_none=True)
+        accumulate_gradients(model, batch, groups, feat, label, k=k, indices=range(k - 1),
+                             dropout_key=2, multilabel=multilabel, precision=precision)
+    with AllocationTrace("cpu") as trace:
+        accumulate_gradients(model, batch, groups, feat, label, k=k, indices=[k - 1],
+                             dropout_key=2, multilabel=multilabel, precision=precision)
+    sizes = split_sizes(batch, groups, k)
+    cfg = replay_config(model, opt, precision=precision, feature_dtype=feat_dtype,
+                        fresh_grads=np.zeros(k, dtype=bool), num_micro_batches=k,
+                        label_columns=label_columns, constants=load_constants("cpu"))
+    return _traced(trace), _replayed(sizes, cfg, k - 1)
+
+
+def _traced(trace: AllocationTrace) -> list[tuple]:
+    """The trace's allocations of at least MIN_BYTES, ``(op, bytes, dtype, position,
+    position of its free)`` (positions in ``trace.events``; None: alive at the end)."""
+    freed = {e.storage: t for t, e in enumerate(trace.events) if e.kind == "free"}
+    return [(e.op_name, e.nbytes, e.dtype, t, freed.get(e.storage))
+            for t, e in enumerate(trace.events) if e.kind == "alloc" and e.nbytes >= MIN_BYTES]
+
+
+def _replayed(sizes, cfg, col: int) -> list[tuple]:
+    """The replay's allocations of at least MIN_BYTES in micro-batch ``col``, ``(name,
+    bytes, component, position, position of its free)`` (positions in the replay's
+    sequence of allocations and frees; None: alive at the end). A buffer is freed when
+    its last holder lets go (:meth:`Timeline.release`) or where ``release_where`` /
+    ``free_where`` free it in micro-batch ``col``; a merged buffer stands for its parts."""
+    rows: list[list] = []
+    parts: dict[int, tuple[Buffer, list[int]]] = {}  # id(buffer) -> (buffer, its rows)
+    clock = itertools.count()
+    original = {name: getattr(Timeline, name)
+                for name in ("alloc", "release", "release_where", "free_where", "merge")}
+
+    def freed(buf: Buffer) -> None:
+        entry = parts.get(id(buf))
+        if entry is None:
+            return
+        t = next(clock)
+        for r in entry[1]:
+            if rows[r][4] is None:
+                rows[r][4] = t
+
+    def alloc(self, nbytes, component, name):
+        buf = original["alloc"](self, nbytes, component, name)
+        rows.append([name, int(buf.size[col]), component, next(clock), None])
+        parts[id(buf)] = (buf, [len(rows) - 1])
+        return buf
+
+    def release(self, *bufs):
+        original["release"](self, *bufs)
+        for buf in bufs:
+            if buf is not None and buf.holders == 0:
+                freed(buf)
+
+    def where(name):
+        def wrapped(self, buf, mask):
+            original[name](self, buf, mask)
+            if np.broadcast_to(np.asarray(mask, dtype=bool), (self.num_micro_batches,))[col]:
+                freed(buf)
+        return wrapped
+
+    def merge(self, *bufs):
+        out = original["merge"](self, *bufs)
+        parts[id(out)] = (out, [r for b in bufs for r in parts.get(id(b), (None, []))[1]])
+        return out
+
+    patched = {"alloc": alloc, "release": release, "release_where": where("release_where"),
+               "free_where": where("free_where"), "merge": merge}
+    try:
+        for name, fn in patched.items():
+            setattr(Timeline, name, fn)
+        replay(sizes, cfg)
+    finally:
+        for name, fn in original.items():
+            setattr(Timeline, name, fn)
+    return [tuple(r) for r in rows if r[1] >= MIN_BYTES]
+
+
+def _match(needles, haystack) -> tuple[list[int], int | None]:
+    """Greedy subsequence match on bytes: the ``haystack`` index of each ``needles``
+    entry, in order, up to the first one not found, and that one's index (None when all
+    are found)."""
+    j, found = 0, []
+    for i, needle in enumerate(needles):
+        while j < len(haystack) and haystack[j][1] != needle[1]:
+            j += 1
+        if j == len(haystack):
+            return found, i
+        found.append(j)
+        j += 1
+    return found, None
 
 
 def _first_unmatched(needles, haystack) -> int | None:
     """Index of the first ``needles`` entry whose bytes are not found, in order, in
-    ``haystack`` (greedy subsequence match on bytes); None when all are."""
-    j = 0
-    for i, (_, nbytes, _) in enumerate(needles):
-        while j < len(haystack) and haystack[j][1] != nbytes:
-            j += 1
-        if j == len(haystack):
-            return i
-        j += 1
-    return None
+    ``haystack``; None when all are."""
+    return _match(needles, haystack)[1]
+
+
+def _freed_before(allocs: list[int], free: int | None) -> int:
+    """How many of the positions ``allocs`` (ascending) come before ``free`` (all of
+    them where it is None: alive to the end)."""
+    return len(allocs) if free is None else bisect.bisect_left(allocs, free)
 
 
 def diff(traced, replayed) -> list[str]:
-    """The two checks of the module docstring; a message per failed check."""
+    """The three checks of the module docstring, on ``(op or label, bytes, dtype or
+    component, position, position of its free)`` rows (:func:`_traced`,
+    :func:`_replayed`; rows of three: the first two checks only); a message per failed
+    check."""
     out = []
     floats = [e for e in traced if "float" in e[2]]
-    i = _first_unmatched(floats, replayed)
+    pairs, i = _match(floats, replayed)
     if i is not None:
         out.append(f"traced op {floats[i][0]} ({floats[i][1]} bytes, {floats[i][2]}, float "
                    f"allocation {i}) has no replay event; replay around it: "
@@ -113,6 +219,20 @@ def diff(traced, replayed) -> list[str]:
     if i is not None:
         out.append(f"replay event {own[i][0]!r} ({own[i][1]} bytes, allocation {i}) has no "
                    f"traced op")
+    if not pairs or len(floats[0]) < 5 or len(replayed[0]) < 5:
+        return out  # no free positions (the RevGNN replay's events): the first two checks
+    t_at = [floats[i][3] for i in range(len(pairs))]
+    r_at = [replayed[j][3] for j in pairs]
+    for i, j in enumerate(pairs):
+        t_free = _freed_before(t_at, floats[i][4])
+        r_free = _freed_before(r_at, replayed[j][4])
+        if t_free != r_free:
+            def when(n: int, side) -> str:
+                return "at the end" if n == len(pairs) else f"before {side[n][0]!r} (float allocation {n})"
+            out.append(f"traced op {floats[i][0]} ({floats[i][1]} bytes, float allocation {i}, "
+                       f"replay event {replayed[j][0]!r}) is freed {when(t_free, floats)} in the "
+                       f"trace but {when(r_free, [replayed[p] for p in pairs])} in the replay")
+            break
     return out
 
 
@@ -152,3 +272,48 @@ def test_mixed_precision_multilabel_replay_follows_the_trace(backend, arch, agg)
                                    label_columns=LABEL_COLUMNS)
         problems = diff(traced, replayed)
         assert not problems, f"hidden {hidden}: " + "\n".join(problems)
+
+
+# host features in a 16-bit dtype under a mixed precision: in the autocast dtype they reach
+# the model as they are; in the other one the trainer casts them to float32 first
+FEATURE_DTYPE_CASES = [
+    pytest.param("dgl", torch.bfloat16, "bf16-mixed", marks=pytest.mark.dgl, id="dgl-bf16-bf16mixed"),
+    pytest.param("dgl", torch.float16, "bf16-mixed", marks=pytest.mark.dgl, id="dgl-fp16-bf16mixed"),
+    pytest.param("pyg", torch.bfloat16, "bf16-mixed", marks=pytest.mark.pyg, id="pyg-bf16-bf16mixed"),
+    pytest.param("pyg", torch.float16, "bf16-mixed", marks=pytest.mark.pyg, id="pyg-fp16-bf16mixed"),
+    pytest.param("pyg", torch.float16, "16-mixed", marks=pytest.mark.pyg, id="pyg-fp16-16mixed"),
+    pytest.param("pyg", torch.bfloat16, "16-mixed", marks=pytest.mark.pyg, id="pyg-bf16-16mixed"),
+]
+
+
+@pytest.mark.parametrize("arch,agg", MIXED_MODELS, ids=[f"{a}-{g}" for a, g in MIXED_MODELS])
+@pytest.mark.parametrize("backend,feat_dtype,precision", FEATURE_DTYPE_CASES)
+def test_low_precision_features_replay_follows_the_trace(backend, feat_dtype, precision, arch, agg):
+    """16-bit host features under autocast: in the compute dtype the first layer's
+    non-product ops (degrees, sums, norms, dropout) run in it and the ops that meet a
+    float32 parameter promote to float32; in the other 16-bit dtype the features are
+    first cast to float32 on the device, and that copy is what every layer sees."""
+    for layers in (2, 3):
+        for hidden in (16, 64):
+            traced, replayed = _events(arch, agg, backend, hidden, layers, precision,
+                                       feat_dtype=feat_dtype)
+            problems = diff(traced, replayed)
+            assert not problems, f"L={layers} hidden {hidden}: " + "\n".join(problems)
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+@pytest.mark.parametrize("arch,agg", MODELS, ids=[f"{a}-{g}" for a, g in MODELS])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dropout_replay_follows_the_trace(backend, arch, agg, precision):
+    """Input dropout 0.5 on every layer, the second micro-batch of a K = 2 split (it
+    starts with the first one's ``.grad``): a layer's input is then the dropout's output,
+    which only the layer's own products keep (SAGE's ``fc_self`` and the sources'
+    ``fc_neigh``, GAT's ``fc``; the backends' aggregations keep none), so it is freed
+    by the last of those nodes, before ``AccumulateGrad`` and autocast's float32
+    gradient casts run."""
+    for layers in (2, 3):  # depth 3: a middle layer whose dropped input needs a gradient
+        for hidden in (16, 64):
+            traced, replayed = _events(arch, agg, backend, hidden, layers, precision,
+                                       dropout=0.5, k=2)
+            problems = diff(traced, replayed)
+            assert not problems, f"L={layers} hidden {hidden}: " + "\n".join(problems)

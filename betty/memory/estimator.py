@@ -34,9 +34,10 @@ from betty.memory.ops import itemsize
 from betty.memory.replay import ReplayConfig, input_bytes, replay
 from betty.memory.sizes import MicroBatchSizes, micro_batch_sizes, split_sizes
 from betty.memory.spec import as_model_spec, as_optimizer_spec
-from betty.precision import Precision
+from betty.precision import Precision, input_dtype
 
-__all__ = ["MemoryEstimate", "estimate_micro_batch", "estimate_micro_batches", "estimate_sizes", "persistent_bytes"]
+__all__ = ["MemoryEstimate", "estimate_micro_batch", "estimate_micro_batches", "estimate_sizes", "persistent_bytes",
+           "replay_config"]
 
 
 @dataclass
@@ -91,6 +92,53 @@ def _constants(backend: str, constants: BackendConstants | None) -> BackendConst
     return constants if constants is not None else load_constants(backend)
 
 
+def replay_config(model, optimizer="adam", dtype: torch.dtype | None = None, backend: str = "cpu",
+                  *, feat_dtype: torch.dtype | None = torch.float32,
+                  feature_dtype: torch.dtype | None = None, fresh_grads=False,
+                  num_micro_batches: int = 1, label_columns: int = 0,
+                  label_dtype: torch.dtype = torch.float32,
+                  constants: BackendConstants | None = None,
+                  precision: "str | Precision" = "32", device_store: float = 0.0,
+                  carved=0.0) -> ReplayConfig:
+    """The :class:`~betty.memory.replay.ReplayConfig` of a step of ``model`` on
+    ``num_micro_batches`` micro-batches (arguments as in :func:`estimate_sizes`).
+
+    Element sizes, in bytes: ``feat_elt`` of the host feature matrix; ``elt`` of the
+    features the model receives. Without autocast that is ``dtype`` (``None``: the
+    host's). Under a mixed precision it is what
+    :func:`betty.precision.input_dtype` gives the trainer: features already in the
+    compute dtype stay in it (``elt = feat_elt = autocast_elt``), any other dtype (float32, or
+    float16 under ``bf16-mixed``, bfloat16 under ``16-mixed``) is cast to the parameters'
+    dtype on the device, a copy the replay counts (``elt = 4``). So every 2-byte tensor
+    the replay sees under autocast is in the compute dtype, and comparing bytes per element
+    tells a tensor autocast must cast from one it takes as it is."""
+    spec = as_model_spec(model)
+    opt = as_optimizer_spec(optimizer)
+    prec = Precision.parse(precision)
+    if feature_dtype is not None:
+        feat_dtype = feature_dtype
+    feat_elt = _itemsize(feat_dtype, "feature_dtype")
+    if prec.mixed and dtype is not None:
+        raise ValueError(f"dtype must be None under precision {prec.name!r} (autocast casts "
+                         f"the features); got dtype={dtype}")
+    autocast_elt = prec.compute_bytes if prec.mixed else 0
+    if prec.mixed:
+        cast = input_dtype(feat_dtype if feat_dtype is not None else torch.float32, prec,
+                           spec.param_dtype)
+        elt = _itemsize(cast, "dtype") if cast is not None else feat_elt
+    else:
+        elt = _itemsize(dtype, "dtype") if dtype is not None else feat_elt
+    consts = _constants(backend, constants)
+    p = int(num_micro_batches)
+    fresh = np.broadcast_to(np.asarray(fresh_grads, dtype=bool), (p,)).copy()
+    return ReplayConfig(model=spec, optimizer=opt, elt=elt, feat_elt=feat_elt, constants=consts,
+                        fresh_grads=fresh, label_columns=int(label_columns),
+                        label_elt=_itemsize(label_dtype, "label_dtype"),
+                        autocast_elt=autocast_elt, host=not backend.startswith("cuda"),
+                        device_store=float(device_store),
+                        carved=np.broadcast_to(np.asarray(carved, dtype=np.float64), (p,)).copy())
+
+
 def estimate_sizes(sizes: MicroBatchSizes, model, optimizer="adam", dtype: torch.dtype | None = None,
                    backend: str = "cpu", *, feat_dtype: torch.dtype | None = torch.float32,
                    fresh_grads=False, label_columns: int = 0,
@@ -118,8 +166,10 @@ def estimate_sizes(sizes: MicroBatchSizes, model, optimizer="adam", dtype: torch
             name). ``"32"`` / ``"64"``: the step runs in ``dtype``. A mixed precision
             (``"bf16-mixed"``, ``"16-mixed"``): the forward pass and the loss run under
             ``torch.autocast`` in the precision's compute dtype, parameters, gradients
-            and optimizer state stay in the model's parameter dtype (float32), the
-            features are not cast before the model (``dtype`` must be None).
+            and optimizer state stay in the model's parameter dtype (float32); features
+            already in the compute dtype reach the model as they are, others are cast to
+            the parameter dtype first (:func:`betty.precision.input_dtype`; ``dtype``
+            must be None).
         feature_dtype: dtype of the host feature matrix (overrides ``feat_dtype``;
             None: ``feat_dtype``, float32 by default).
         device_store, carved: bytes preparation on the device keeps there beside each
@@ -132,26 +182,12 @@ def estimate_sizes(sizes: MicroBatchSizes, model, optimizer="adam", dtype: torch
             (:func:`betty.memory.replay.input_bytes`; none for the last micro-batch), the
             ``next_inputs`` component.
     """
-    spec = as_model_spec(model)
-    opt = as_optimizer_spec(optimizer)
-    prec = Precision.parse(precision)
-    if feature_dtype is not None:
-        feat_dtype = feature_dtype
-    feat_elt = _itemsize(feat_dtype, "feature_dtype")
-    if prec.mixed and dtype is not None:
-        raise ValueError(f"dtype must be None under precision {prec.name!r} (autocast casts "
-                         f"the features); got dtype={dtype}")
-    autocast_elt = prec.compute_bytes if prec.mixed else 0
-    elt = _itemsize(dtype, "dtype") if dtype is not None else feat_elt
-    consts = _constants(backend, constants)
     p = sizes.num_micro_batches
-    fresh = np.broadcast_to(np.asarray(fresh_grads, dtype=bool), (p,)).copy()
-    cfg = ReplayConfig(model=spec, optimizer=opt, elt=elt, feat_elt=feat_elt, constants=consts,
-                       fresh_grads=fresh, label_columns=int(label_columns),
-                       label_elt=_itemsize(label_dtype, "label_dtype"),
-                       autocast_elt=autocast_elt, host=not backend.startswith("cuda"),
-                       device_store=float(device_store),
-                       carved=np.broadcast_to(np.asarray(carved, dtype=np.float64), (p,)).copy())
+    cfg = replay_config(model, optimizer, dtype, backend, feat_dtype=feat_dtype,
+                        feature_dtype=feature_dtype, fresh_grads=fresh_grads,
+                        num_micro_batches=p, label_columns=label_columns,
+                        label_dtype=label_dtype, constants=constants, precision=precision,
+                        device_store=device_store, carved=carved)
     if copy_ahead:  # micro-batch i holds micro-batch i + 1's inputs; the last micro-batch holds none
         cfg.next_inputs = np.append(input_bytes(sizes, cfg)[1:], 0.0)
     tl = replay(sizes, cfg)
@@ -182,31 +218,42 @@ def persistent_bytes(model, optimizer="adam", backend: str = "cpu") -> int:
 def step_bytes(model, optimizer="adam", backend: str = "cpu") -> int:
     """The temporaries of one ``optimizer.step()`` beyond :func:`persistent_bytes` (the
     step runs once every micro-batch's activations are freed: its peak is
-    ``persistent_bytes + step_bytes``). Measured on the host with torch 2.2 and 2.13 for
-    parameters of sizes ``s_1..s_P`` (bytes, in ``parameters()`` order):
+    ``persistent_bytes + step_bytes``). The step updates one parameter group at a time
+    (``OptimizerSpec.groups``; one group of the model's parameters for a spec made by
+    name) and frees a group's temporaries before the next; the peak is the largest
+    group's. Measured on the host with torch 2.2 and 2.13 for a group's parameters of
+    sizes ``s_1..s_P`` (bytes, in the group's order), ``d`` = 1 where the group adds
+    weight decay to the gradient (Adam's, not AdamW's; SGD's), else 0:
 
     * Adam, one tensor at a time (the host's default): ``sqrt(v)`` and the denominator of
-      parameter ``i`` beside the previous denominator, ``max_i (s_{i-1} + 2 s_i)``, plus
-      ``s_i`` for the gradient with weight decay added (Adam's, not AdamW's);
+      parameter ``i`` beside the previous denominator, ``max_i (s_{i-1} + (2 + d) s_i)``
+      (``s_0 = 0``: a group starts with none), the ``d s_i`` the gradient with weight
+      decay added;
     * Adam, multi-tensor (CUDA's default): one list of ``sqrt(v)``, ``Σ s_i``;
-    * SGD: in place, except the gradient with weight decay added (``max s_i``, or
-      ``Σ s_i`` multi-tensor)."""
+    * SGD: in place, except the gradient with weight decay added (``d max s_i``, or
+      ``d Σ s_i`` multi-tensor)."""
     from betty.memory.spec import parameter_shapes
 
     spec = as_model_spec(model)
     opt = as_optimizer_spec(optimizer)
     elt = _itemsize(spec.param_dtype, "param_dtype")
-    sizes = [int(np.prod(s)) * elt for layer in parameter_shapes(spec) for s in layer]
-    if not sizes:
-        return 0
+    groups = opt.groups
+    if groups is None:
+        groups = ((tuple(int(np.prod(s)) for layer in parameter_shapes(spec) for s in layer), opt.decay),)
     foreach = opt.foreach if opt.foreach is not None else backend.startswith("cuda")
-    if opt.name == "adam":
-        if foreach:
-            return sum(sizes)
-        return max(sizes[i - 1] * (i > 0) + (2 + opt.decay) * sizes[i] for i in range(len(sizes)))
-    if not opt.decay:
-        return 0
-    return sum(sizes) if foreach else max(sizes)
+
+    def group_bytes(sizes: list[int], decay: bool) -> int:
+        if not sizes:
+            return 0
+        if opt.name == "adam":
+            if foreach:
+                return sum(sizes)
+            return max(sizes[i - 1] * (i > 0) + (2 + decay) * sizes[i] for i in range(len(sizes)))
+        if not decay:
+            return 0
+        return sum(sizes) if foreach else max(sizes)
+
+    return max((group_bytes([n * elt for n in numels], decay) for numels, decay in groups), default=0)
 
 
 def estimate_micro_batch(mb_or_sizes: MicroBatch | SampledBatch | MicroBatchSizes, model,

@@ -15,7 +15,9 @@ storage as it is created and when its last holder lets go of it:
 3. **Features** ``n_in·F`` elements and **labels** (``n_out`` int64 or ``n_out·T``
    multi-label targets); with copy-ahead (``StepConfig.next_inputs``) the next micro-batch's
    blocks, IDs, features and labels, copied while this micro-batch computes; then a cast copy
-   of the features if the compute dtype differs.
+   of the features where the model takes another dtype (``StepConfig.elt`` against
+   ``feat_elt``: :func:`betty.precision.input_dtype`; under autocast, features not in the
+   compute dtype are cast to float32).
 4. **Forward**, layer by layer: input dropout (hash dropout keeps no mask, only
    bounded chunk buffers; standard dropout keeps a bool mask), the convolution with
    every intermediate DGL and autograd create, and the activation. What autograd saves
@@ -39,18 +41,25 @@ dispatch-mode trace (:class:`betty.memory.trace.AllocationTrace`;
 
 **Mixed precision** (``StepConfig.autocast_elt``; the models of
 :func:`replays_mixed_precision`): the forward pass and the loss run under
-``torch.autocast``. Each matrix product (``addmm``/``mm``) casts its parameters (the
+``torch.autocast``. The features reach the first layer in the compute dtype (host
+features already in it) or in float32 (the trainer's cast of any other dtype), so every
+2-byte tensor of the step is in the compute dtype and bytes per element tell the two
+dtypes apart. Each matrix product (``addmm``/``mm``) casts its parameters (the
 copies stay in autocast's cache until the region ends after the loss, a weight's copy
 until its backward where the product's input needs a gradient) and, where its input is
 not in the compute dtype (float32 features; GCN's float32 ``h * src_norm`` or
 aggregation), the input: that copy is saved instead of the input. The product's output
-is in the compute dtype, and so is what follows it until an op meets a float32 operand:
+is in the compute dtype, and so is what follows it until an op meets a float32 operand
+(type promotion: the wider of the two, :meth:`_Replayer.wide`):
 SAGE mean's and pool's layers stay in the compute dtype from their first product on,
-while SAGE gcn's ``/ (deg + 1)`` and ``+ bias``, GCN's ``* dst_norm`` (degrees and norms
-in the layer input's dtype, a float32 bias) and GAT's ``z * attn_l`` / ``z * attn_r``
-(float32 attention vectors) promote back to float32, so those layers, activations and
-logits are float32 (GAT's DGL aggregation casts ``z`` to float32 to meet the
-attention). ``cross_entropy`` runs in float32 (on a float32 copy of logits in the
+while SAGE gcn's ``/ (deg + 1)`` (degrees in the layer input's dtype) and ``+ bias``,
+GCN's ``* dst_norm`` (norms in the layer input's dtype) and ``+ b`` (a float32 bias) and
+GAT's ``z * attn_l`` / ``z * attn_r`` (float32 attention vectors) promote back to
+float32, so those layers' outputs, activations and logits are float32 (GAT's DGL
+aggregation casts ``z`` to float32 to meet the attention). With features in the compute
+dtype, the first layer's degrees, norms and non-product ops before such an op run in
+the compute dtype too (SAGE gcn's ``/ (deg + 1)``, GCN's ``h * src_norm`` and
+``* dst_norm``). ``cross_entropy`` runs in float32 (on a float32 copy of logits in the
 compute dtype), and so does ``binary_cross_entropy_with_logits``: where the logits are
 in the compute dtype, ``target.to(logits.dtype)`` makes a compute-dtype copy of the
 float32 targets and autocast casts both to float32 (:meth:`_Replayer.bce_forward`).
@@ -81,8 +90,11 @@ aggregation is a ``scatter_reduce_`` that autograd saves with a clone of its zer
 LSTM gathers a ``(B, d, W)`` mailbox per in-degree bucket and shares one zero state for
 ``h0`` and ``c0``; its GAT gathers ``el[src]``, ``er[dst]`` and ``z[src]`` and runs
 ``torch_geometric.utils.softmax`` (max, ``exp``, sum, gathered denominator, division).
-Where only ``fc_self`` keeps a layer's input (mean without ``lin_before_mp``, LSTM) the
-input is freed with ``fc_self``'s backward, since a gather keeps only its index. The peak is therefore the maximum over the whole timeline (end of
+Neither backend's aggregation keeps a copy of its input (DGL's sparse sum keeps the
+graph, PyG's gather its index): where only ``fc_self`` keeps a layer's input (mean
+without ``lin_before_mp``, LSTM) a dropped input (held by nothing else) is freed by
+``fc_self``'s node, before ``AccumulateGrad`` and autocast's gradient casts run. The
+peak is therefore the maximum over the whole timeline (end of
 forward, the widest layer's transient, inside the backward where gradients of one
 layer coexist with saved activations of the layers below), not a sum of parts.
 
@@ -167,6 +179,9 @@ class _Replayer:
         self.dropout_on = cfg.training and cfg.model.dropout > 0  # feature dropout in the forward
         self.ce = int(cfg.autocast_elt)  # autocast's compute bytes (0: no autocast)
         self._region_casts: list[Buffer] = []  # autocast's cached copies, freed at its exit
+        # a layer whose output is not in the dtype its ops left in self.e sets it here
+        # (under autocast: a float32 parameter added last promotes the output)
+        self.out_e: int | None = None
         if self.ce and not replays_mixed_precision(cfg.model, cfg.host):
             raise NotImplementedError(
                 "the memory replay under a mixed precision covers SAGE with the mean, "
@@ -258,12 +273,21 @@ class _Replayer:
         return gx
 
     # ------------------------------------------------------------------ autocast
-    def cast_grad(self, g: Buffer, nelem, elt: int, tag: str) -> Buffer:
-        """The engine's cast of a gradient ``g`` (``nelem`` elements of ``self.e``
-        bytes, released) to ``elt`` bytes, the dtype of the tensor it is the gradient
-        of, where they differ (a compute-dtype tensor that met a float32 operand);
-        ``g`` itself otherwise."""
-        if elt == self.e:
+    def wide(self, elt: int | None = None) -> int:
+        """Bytes per element of an op's result on a tensor of ``elt`` bytes (default
+        ``self.e``) and a parameter (``param_dtype``): under autocast, where every 2-byte
+        tensor is in the compute dtype and parameters are float32, type promotion gives
+        the wider of the two (a compute-dtype tensor meeting a float32 parameter becomes
+        float32); without autocast the step runs in one dtype, ``elt``."""
+        elt = self.e if elt is None else elt
+        return max(elt, self.pelt) if self.ce else elt
+
+    def cast_grad(self, g: Buffer, nelem, elt: int, tag: str, src: int | None = None) -> Buffer:
+        """The engine's cast of a gradient ``g`` (``nelem`` elements of ``src`` bytes,
+        default ``self.e``; released) to ``elt`` bytes, the dtype of the tensor it is
+        the gradient of, where they differ (a compute-dtype tensor that met a float32
+        operand, or the reverse); ``g`` itself otherwise."""
+        if elt == (self.e if src is None else src):
             return g
         gc = self.tl.alloc(nelem * elt, BWD, f"{tag} (cast)")
         self.tl.release(g)
@@ -424,13 +448,22 @@ class _Replayer:
         tl.release(f, mm)
         return out
 
-    def _fc_self_bwd(self, tag, fc_self, n_dst, wi, h_grad: bool, casts=None) -> Buffer | None:
+    def _fc_self_bwd(self, tag, fc_self, n_dst, wi, h_grad: bool, casts=None,
+                     saved: Buffer | None = None) -> Buffer | None:
         """Backward of ``fc_self(h[:n_dst])`` (the first node the gradient of ``out``
-        reaches): the ``(n_dst, wi)`` gradient of ``h[:n_dst]`` (``mm``) where ``h``
-        needs one, then ``fc_self``'s weight and bias gradients (``casts``: its saved
-        autocast copies). Returns the former."""
+        reaches): the ``(n_dst, wi)`` gradient of ``h[:n_dst]`` (``addmm``: the input's
+        first) where ``h`` needs one, then ``fc_self``'s weight and bias gradients; the
+        node then lets go of ``saved`` (``h``, where it saved ``h[:n_dst]`` itself;
+        ``casts``: its saved autocast copies) before ``AccumulateGrad`` takes the
+        gradients (:meth:`held_param_grads`; under autocast, before the casts' backward:
+        :meth:`autocast_mm_bwd`). Returns the former."""
         gs = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad h_dst") if h_grad else None
-        self.param_grads(fc_self, f"{tag} fc_self", casts)
+        if self.ce:
+            self.autocast_mm_bwd(fc_self, casts or [], [saved], None, 0, f"{tag} fc_self")
+            return gs
+        held = self.held_param_grads(fc_self, f"{tag} fc_self")
+        self.tl.release(saved)
+        self.tl.release(*held)
         return gs
 
     # ------------------------------------------------------------------ aggregations
@@ -490,17 +523,20 @@ class _Replayer:
         return self.tl.alloc(n_src * wo * (elt or self.e), AGG, f"{tag} fc_neigh(src)"), wo
 
     def _lin_before_mp_bwd(self, g: Buffer, fc_neigh, n_src, wi, h_grad: bool, tag,
-                           casts=None, x_elt: int | None = None) -> Buffer | None:
-        """Backward of the sources' ``fc_neigh(h)`` from its gradient ``g`` (released):
-        its weight gradient, then the ``(n_src, wi)`` gradient of ``h`` where ``h``
-        needs one (returned). Under autocast (``casts``: its saved autocast copies;
-        ``x_elt``: ``h``'s bytes per element) :meth:`autocast_mm_bwd`."""
+                           casts=None, x_elt: int | None = None,
+                           saved: Buffer | None = None) -> Buffer | None:
+        """Backward of the sources' ``fc_neigh(h)`` from its gradient ``g`` (released
+        with ``saved``, ``h`` where the product saved it itself): its weight gradient,
+        then the ``(n_src, wi)`` gradient of ``h`` where ``h`` needs one (returned).
+        Under autocast (``casts``: its saved autocast copies; ``x_elt``: ``h``'s bytes
+        per element) :meth:`autocast_mm_bwd`."""
         if self.ce:
-            return self.autocast_mm_bwd(fc_neigh, casts or [], [g], n_src * wi if h_grad else None,
-                                        x_elt or self.e, f"{tag} fc_neigh")
+            return self.autocast_mm_bwd(fc_neigh, casts or [], [g, saved],
+                                        n_src * wi if h_grad else None, x_elt or self.e,
+                                        f"{tag} fc_neigh")
         held = self.held_param_grads(fc_neigh, f"{tag} fc_neigh")
         gh = self.tl.alloc(n_src * wi * self.e, BWD, f"{tag} grad h") if h_grad else None
-        self.tl.release(g)
+        self.tl.release(g, saved)
         self.tl.release(*held)
         return gh
 
@@ -583,34 +619,31 @@ class _Replayer:
             if copies.get("fc_neigh") is not None:  # fc_neigh saved the copy; q goes
                 tl.release(*pending)
                 q = copies["fc_neigh"]
+        # fc_self saves h[:n_dst], and fc_neigh(h) on the sources (lbm) saves h, each
+        # unless it saved autocast's copy instead; the mean's sparse sum (DGL) and gather
+        # (PyG) keep no copy of h
         hh = None if copies.get("fc_self") is not None else h
-        tl.hold(hh)  # fc_self saves h[:n_dst] (or autocast's copy of it)
+        hn = h if lbm and copies.get("fc_neigh") is None else None
+        tl.hold(hh, hn)
         self_casts = casts["fc_self"] + [c for c in [copies.get("fc_self")] if c is not None]
         neigh_casts = casts["fc_neigh"]
         if lbm and copies.get("fc_neigh") is not None:
             neigh_casts = neigh_casts + [copies["fc_neigh"]]
 
         def backward(g: Buffer) -> Buffer | None:
-            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad, self_casts)
-            h_kept = hh
-            if self.pyg and not lbm:  # only fc_self kept h (the gather keeps its index)
-                tl.release(hh)
-                h_kept = None
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad, self_casts, hh)
             if lbm:
                 gd = self._div_bwd(g, deg, n_dst, wo, tag, "mean")
                 gz = self._copy_u_sum_bwd(gd, n_src, n_e, wo, tag)
                 gh = self._lin_before_mp_bwd(gz, fc_neigh, n_src, wi, h_grad, tag, neigh_casts,
-                                             in_e)
-                tl.release(hh)
+                                             in_e, hn)
                 return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
             gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "mean", neigh_casts,
                                     in_e)
             if not h_grad:
-                tl.release(h_kept)
                 return None
             gd = self._div_bwd(gq, deg, n_dst, wi, tag, "sum")
             gz = self._copy_u_sum_bwd(gd, n_src, n_e, wi, tag)
-            tl.release(h_kept)
             return self.accumulate_src_grad(gz, gs, n_src, wi, tag)
 
         return out, backward
@@ -620,11 +653,11 @@ class _Replayer:
         (``lbm``: ``fc_neigh`` applied to the sources first); the sum is the backend's
         (:meth:`_gcn_aggregate`).
 
-        Under autocast ``fc_neigh`` casts its weight and its input (the copy is saved
-        instead of the input) and gives the compute dtype; the aggregation of its
-        output (``lbm``) stays in it up to ``/ (deg + 1)``, whose float32 degrees (in
-        the layer input's dtype) promote back to float32, as does ``+ bias`` after
-        ``fc_neigh`` otherwise: the layer's output is float32."""
+        Under autocast ``fc_neigh`` casts its weight and, where it is not in the compute
+        dtype, its input (the copy is saved instead of the input) and gives the compute
+        dtype; the aggregation of its output (``lbm``) stays in it up to ``/ (deg +
+        1)``, whose degrees (in the layer input's dtype) give the wider of the two; ``+
+        bias`` (float32) then makes the layer's output float32 (:meth:`wide`)."""
         tl, e = self.tl, self.e
         lo = self.ce or e  # fc_neigh's output dtype
         fc_neigh, bias = [shp[0]], [shp[1]]
@@ -637,12 +670,15 @@ class _Replayer:
             if x_copy is not None:
                 casts.append(x_copy)  # saved instead of h
         m, w = self._lin_before_mp(tag, n_src, wi, wo, lbm, elt=lo)
-        z, deg, deg1, q = self._gcn_aggregate(tag, n_dst, n_e, w, lo if lbm else e)
+        we = lo if lbm else e  # the aggregated tensor's dtype
+        q_e = max(we, e)  # / (deg + 1), deg in the input's dtype
+        z, deg, deg1, q = self._gcn_aggregate(tag, n_dst, n_e, w, we)
+        out_e = self.out_e = self.wide(lo if not lbm else q_e)  # + bias
         if not agg_grad:
             tl.release(deg1)
             deg1 = None
         if lbm:
-            out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+            out = tl.alloc(n_dst * wo * out_e, ACT, f"{tag} out")
             tl.release(z, m, q, deg)
         else:
             casts = self.cast_params(fc_neigh, h_grad, f"{tag} fc_neigh")
@@ -651,14 +687,14 @@ class _Replayer:
             if q_copy is not None:  # fc_neigh saved the copy; q goes
                 tl.release(q)
                 q = q_copy
-            out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+            out = tl.alloc(n_dst * wo * out_e, ACT, f"{tag} out")
             tl.release(z, mm, deg)
         h_saved = lbm and x_copy is None
         if h_saved:
             tl.hold(h)  # fc_neigh(feat_src) saves its input
 
         def backward(g: Buffer) -> Buffer | None:
-            if not lbm and lo != e:  # + bias: the engine casts fc_neigh's gradient first
+            if not lbm and lo != out_e:  # + bias: the engine casts fc_neigh's gradient first
                 g_mm = tl.alloc(n_dst * wo * lo, BWD, f"{tag} grad fc_neigh (cast)")
                 self.param_grads(bias, f"{tag} bias", cast=False)
                 tl.release(g)
@@ -666,13 +702,13 @@ class _Replayer:
             else:
                 self.param_grads(bias, f"{tag} bias", cast=False)
             if lbm:
-                gd = self._div_bwd(g, deg1, n_dst, wo, tag, "normalized", lo)
+                g = self.cast_grad(g, n_dst * wo, q_e, f"{tag} grad normalized", src=out_e)
+                with self.elt(q_e):
+                    gd = self._div_bwd(g, deg1, n_dst, wo, tag, "normalized", lo)
                 with self.elt(lo):
                     acc = self._gcn_neigh_bwd(gd, n_src, n_e, wo, tag)
-                gh = self._lin_before_mp_bwd(acc, fc_neigh, n_src, wi, h_grad, tag, casts, e)
-                if h_saved:
-                    tl.release(h)
-                return gh
+                return self._lin_before_mp_bwd(acc, fc_neigh, n_src, wi, h_grad, tag, casts, e,
+                                               h if h_saved else None)
             gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "normalized",
                                     casts, e)
             if not h_grad:
@@ -686,7 +722,7 @@ class _Replayer:
         """``(sum_{in-edges} x_src + x_dst) / (deg + 1)``: the ``(sum, degrees,
         degrees + 1, normalized)`` buffers (``sum`` None where it is already freed).
         ``we``: bytes per element of ``x`` and the sums (default ``self.e``, the dtype
-        of the degrees and, by promotion, of the normalized result)."""
+        of the degrees); the normalized result is in the wider of the two."""
         tl, e = self.tl, self.e
         we = we or e
         if self.pyg:  # in_degrees() (bincount, cast), scatter(x[src], dst, reduce="sum")
@@ -702,7 +738,7 @@ class _Replayer:
             deg = self._degrees(n_dst, tag, clamp=False)
             sm = tl.alloc(n_dst * w * we, AGG, f"{tag} sum + self")
         deg1 = tl.alloc(n_dst * e, AGG, f"{tag} degrees + 1")
-        q = tl.alloc(n_dst * w * e, AGG, f"{tag} normalized")
+        q = tl.alloc(n_dst * w * max(we, e), AGG, f"{tag} normalized")
         tl.release(sm)
         return z, deg, deg1, q
 
@@ -762,23 +798,21 @@ class _Replayer:
                 gm = self.autocast_mm_bwd(fc_neigh, casts["fc_neigh"], [g, *mm_saved],
                                           n_dst * wi, e, f"{tag} fc_neigh")
             else:
-                self.param_grads(fc_neigh, f"{tag} fc_neigh")
-                gm = tl.alloc(n_dst * wi * e, BWD, f"{tag} grad max (filled)" if not self.pyg
-                              else f"{tag} grad max")
-                tl.release(g, *mm_saved)
+                gm = self._product_bwd(fc_neigh, [], [g, *mm_saved], n_dst * wi, e, f"{tag} fc_neigh",
+                                       "grad max (filled)" if not self.pyg else "grad max")
             gp = max_backward(gm)
             tb = tl.alloc(n_src * wi * e, BWD, f"{tag} grad fc_pool")
             tl.release(gp, p2)
+            h_last = h if h_saved else None  # fc_pool's node is the last holder of h
             if self.ce:
-                gh = self.autocast_mm_bwd(fc_pool, pool_casts, [tb],
+                gh = self.autocast_mm_bwd(fc_pool, pool_casts, [tb, h_last],
                                           n_src * wi if h_grad else None, in_e,
                                           f"{tag} fc_pool", weight_first=False)
             else:
                 gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
-                self.param_grads(fc_pool, f"{tag} fc_pool")
-                tl.release(tb)
-            if h_saved:
-                tl.release(h)
+                held = self.held_param_grads(fc_pool, f"{tag} fc_pool")
+                tl.release(tb, h_last)
+                tl.release(*held)
             return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
 
         return out, backward
@@ -1000,15 +1034,13 @@ class _Replayer:
         results (the gradient of ``neigh`` and ``saved`` released). Returns
         ``(grad h_dst, grad results)``."""
         tl, le = self.tl, self._lstm_elt()
-        gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad, self_casts)
-        tl.release(h_kept)
+        gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad, self_casts, h_kept)
         if self.ce:
             gn = self.autocast_mm_bwd(fc_neigh, neigh_casts, [g, neigh_kept], n_dst * wi, le,
                                       f"{tag} fc_neigh")
         else:
-            self.param_grads(fc_neigh, f"{tag} fc_neigh")
-            gn = tl.alloc(n_dst * wi * le, BWD, f"{tag} grad neigh")
-            tl.release(g, neigh_kept)
+            gn = self._product_bwd(fc_neigh, [], [g, neigh_kept], n_dst * wi, le, f"{tag} fc_neigh",
+                                   "grad neigh")
         gc = tl.alloc(n_rows * wi * le, BWD, f"{tag} grad bucket results")
         tl.release(gn, *saved)
         return gs, gc
@@ -1267,13 +1299,14 @@ class _Replayer:
         locals (``hs``, ``agg``, the norms) live until it returns.
 
         Under autocast only the product runs in the compute dtype: autocast casts ``W``
-        and the product's input (the copy is saved instead of the input, which goes
-        when its variable is reassigned); the aggregation of a projected ``hs`` stays in
-        the compute dtype, and ``* dst_norm`` (``dst_norm`` in the layer input's dtype)
-        promotes back to it, so the layer's output, the activation and the next layer
-        are in the input's dtype. In backward the gradient of ``* dst_norm`` is cast to
-        the product side's dtype, and the product's gradients go through the casts'
-        backward (:meth:`autocast_mm_bwd`)."""
+        and, where it is not in the compute dtype, the product's input (the copy is
+        saved instead of the input, which goes when its variable is reassigned); the
+        aggregation of a projected ``hs`` stays in the compute dtype, ``* dst_norm``
+        (``dst_norm`` in the layer input's dtype) gives the wider of the two, and ``+
+        b`` (float32) makes the layer's output float32 (:meth:`wide`). In backward the
+        engine casts the gradient of each of those ops to its input's dtype where they
+        differ, and the product's gradients go through the casts' backward
+        (:meth:`autocast_mm_bwd`)."""
         s, tl, e = self.s, self.tl, self.e
         wi, wo = self.cfg.model.widths[l], self.cfg.model.widths[l + 1]
         n_src, n_dst, n_e = s.n_src[l], s.n_dst[l], s.num_edges[l]
@@ -1314,8 +1347,10 @@ class _Replayer:
             if x_copy is not None:
                 tl.release(agg_in)
                 agg_in = x_copy
-        scaled = tl.alloc(n_dst * wo * e, ACT, f"{tag} * dst_norm")
-        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+        scaled_e = max(lo, e)  # agg (lo) * dst_norm (the input's dtype)
+        self.out_e = self.wide(scaled_e)  # + b
+        scaled = tl.alloc(n_dst * wo * scaled_e, ACT, f"{tag} * dst_norm")
+        out = tl.alloc(n_dst * wo * self.out_e, ACT, f"{tag} out")
         tl.release(scaled)
         # the function returns: its locals go, except what autograd saved
         tl.release(agg)
@@ -1329,8 +1364,9 @@ class _Replayer:
 
         def backward(g: Buffer) -> Buffer | None:
             self.param_grads(bias, f"{tag} bias", cast=False)
-            gm = tl.alloc(n_dst * wo * e, BWD, f"{tag} grad * dst_norm")
-            gm = self.cast_grad(gm, n_dst * wo, lo, f"{tag} grad * dst_norm")
+            g = self.cast_grad(g, n_dst * wo, scaled_e, f"{tag} grad + b", src=self.wide(scaled_e))
+            gm = tl.alloc(n_dst * wo * scaled_e, BWD, f"{tag} grad * dst_norm")
+            gm = self.cast_grad(gm, n_dst * wo, lo, f"{tag} grad * dst_norm", src=scaled_e)
             tl.release(g, dst_norm)
             if not pf:
                 ga = self._product_bwd(weight, w_casts, [gm, agg_in], n_dst * wi if h_grad else None,
@@ -1366,8 +1402,12 @@ class _Replayer:
         ``er``) come out in float32 and are cast to the compute dtype (:meth:`cast_grad`)
         where they are summed, then ``fc``'s node and the casts' backward
         (:meth:`autocast_mm_bwd`)."""
-        s, tl, e, cfg = self.s, self.tl, self.e, self.cfg
-        lo = self.ce or e  # fc's output dtype
+        s, tl, cfg = self.s, self.tl, self.cfg
+        ein = self.e  # h's dtype
+        lo = self.ce or ein  # fc's output dtype
+        # the scores, the softmax, the aggregation and the output: z meets the attention
+        # vectors and the bias in the parameters' dtype
+        e = self.e = self.wide(ein)
         heads = cfg.model.layer_heads(l)
         wi, wo = cfg.model.widths[l], cfg.model.widths[l + 1]
         f = wo if last else wo // heads
@@ -1378,15 +1418,18 @@ class _Replayer:
         fc_casts: list[Buffer] = []
         if self.ce:
             fc_casts = self.cast_params([fc_w], h_grad, f"{tag} fc")
-            fc_casts += [c for c in [self.cast_input(n_src * wi, e, f"{tag} fc")] if c]
+            fc_casts += [c for c in [self.cast_input(n_src * wi, ein, f"{tag} fc")] if c]
         z = tl.alloc(n_src * hf * lo, ACT, f"{tag} fc")
-        h_saved = not self.ce or e == lo
+        h_saved = not self.ce or ein == lo
         if h_saved:
             tl.hold(h)  # fc saves its input
-        tl.temp(n_src * hf * e, ATT, f"{tag} z*attn_l")
+        # (z * attn).sum(-1): the product is freed once the sum exists
+        zl = tl.alloc(n_src * hf * e, ATT, f"{tag} z*attn_l")
         el = tl.alloc(n_src * heads * e, ATT, f"{tag} el")
-        tl.temp(n_dst * hf * e, ATT, f"{tag} z*attn_r")
+        tl.release(zl)
+        zr = tl.alloc(n_dst * hf * e, ATT, f"{tag} z*attn_r")
         er = tl.alloc(n_dst * heads * e, ATT, f"{tag} er")
+        tl.release(zr)
         if self.pyg:  # el[src] + er[dst]: two gathers
             uav = pyg_edge_scores(tl, n_e * heads * e, tag)
         else:
@@ -1425,17 +1468,14 @@ class _Replayer:
 
         def attention_param_grad(g_attn: Buffer, rows, param, name: str) -> Buffer:
             """Backward of ``z_rows * attn`` from the score gradient ``g_attn``
-            (released): the ``(rows, H, F)`` gradient of ``z_rows`` (cast to ``z``'s
-            dtype) and the attention vector's."""
+            (released): the node computes the attention vector's ``(rows, H, F)``
+            gradient, then that of ``z_rows``; the engine casts the latter to ``z``'s
+            dtype, then sums the former to ``attn``'s ``(1, H, F)`` and frees it."""
+            t = tl.alloc(rows * hf * e, BWD, f"{tag} grad attn_{name}")
             gz = tl.alloc(rows * hf * e, BWD, f"{tag} grad z ({name})")
-            if lo == e:
-                tl.temp(rows * hf * e, BWD, f"{tag} grad attn_{name}")
-                self.param_grads([param], f"{tag} attn_{name}")
-            else:
-                t = tl.alloc(rows * hf * e, BWD, f"{tag} grad attn_{name}")
-                gz = self.cast_grad(gz, rows * hf, lo, f"{tag} grad z ({name})")
-                self.param_grads([param], f"{tag} attn_{name}", cast=False)
-                tl.release(t)
+            gz = self.cast_grad(gz, rows * hf, lo, f"{tag} grad z ({name})")
+            self.param_grads([param], f"{tag} attn_{name}", cast=False)
+            tl.release(t)
             tl.release(g_attn)
             return gz
 
@@ -1468,13 +1508,8 @@ class _Replayer:
             tl.release(z)
             acc2 = tl.alloc(n_src * hf * lo, BWD, f"{tag} grad z")
             tl.release(acc, gzl)
-            if self.ce:
-                return self.autocast_mm_bwd([fc_w], fc_casts, [acc2] + ([h] if h_saved else []),
-                                            n_src * wi if h_grad else None, e, f"{tag} fc")
-            self.param_grads([fc_w], f"{tag} fc")
-            gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
-            tl.release(acc2, h)
-            return gh
+            return self._product_bwd([fc_w], fc_casts, [acc2, h if h_saved else None],
+                                     n_src * wi if h_grad else None, ein, f"{tag} fc", "grad h")
 
         return out, backward, o
 
@@ -1489,8 +1524,10 @@ class _Replayer:
         eh = n_e * heads * e
         ge = tl.alloc(n_e * hf * e, BWD, f"{tag} grad messages (gather)")
         tl.release(g)
-        gzs = tl.alloc(n_e * hf * e, BWD, f"{tag} grad z[src]")
+        # the product's node: a's gradient, then z[src]'s; the engine casts z[src]'s,
+        # then sums a's over the broadcast F
         gaf = tl.alloc(n_e * hf * e, BWD, f"{tag} grad a (broadcast)")
+        gzs = tl.alloc(n_e * hf * e, BWD, f"{tag} grad z[src]")
         gzs = self.cast_grad(gzs, n_e * hf, lo, f"{tag} grad z[src]")
         ga = tl.alloc(eh, BWD, f"{tag} grad attention")
         tl.release(gaf, ge)
@@ -1611,9 +1648,7 @@ class _Replayer:
         if np.any(cfg.next_inputs):  # copy-ahead: the next micro-batch's inputs, live to the end
             tl.alloc(cfg.next_inputs, NEXT_INPUTS, "next micro-batch's inputs")
         f_in = spec.widths[0]
-        if self.ce:  # autocast: the features stay in their dtype, the linear layers cast
-            self.e = cfg.feat_elt
-        elif cfg.feat_elt != e:
+        if cfg.feat_elt != e:  # betty.precision.input_dtype's cast (under autocast: to float32)
             x2 = tl.alloc(s.n_src[0] * f_in * e, FEATS, "input features (cast)")
             tl.release(x)
             x = x2
@@ -1626,6 +1661,7 @@ class _Replayer:
             tl.phase = f"forward layer {l}"
             last = l == L - 1
             inp = h
+            in_e = self.e  # the layer input's dtype
             conv_in, conv_grad = inp, h_grad
             drop = None
             if self.dropout_on:
@@ -1640,7 +1676,9 @@ class _Replayer:
                 out, conv_bwd, _ = self.gat_layer(l, conv_in, conv_grad, last)
             if conv_in is not inp:
                 tl.release(conv_in)  # forward_layer's variable moves on
-            e = self.e  # a layer's output dtype (under autocast: SAGE's in the compute dtype)
+            work_e = self.e  # what the layer's ops ran in, and its backward runs in
+            e, self.out_e = self.out_e or work_e, None  # the layer's output dtype
+            self.e = e
             act = pre_act = None
             if not last:
                 wo = spec.widths[l + 1]
@@ -1654,7 +1692,7 @@ class _Replayer:
             else:
                 new_h = out
             tl.release(inp)  # the loop variable moves on (x itself stays held by the caller)
-            backwards.append((l, conv_bwd, act, pre_act, drop, last))
+            backwards.append((l, conv_bwd, act, pre_act, drop, last, in_e, work_e, e))
             h, h_grad = new_h, True  # new_h's one holder is now the loop variable
         logits = h  # the loop variable becomes accumulate_gradients' `logits`
 
@@ -1686,21 +1724,23 @@ class _Replayer:
             g = tl.alloc(n_out * n_cls * e, BWD, "grad logits")
             tl.release(g1, *saved)
 
-        for l, conv_bwd, act, pre_act, drop, last in reversed(backwards):
+        for l, conv_bwd, act, pre_act, drop, last, in_e, work_e, out_e in reversed(backwards):
             tl.phase = f"backward layer {l}"
             if not last:
                 wo = spec.widths[l + 1]
-                ga = tl.alloc(s.n_dst[l] * wo * e, BWD, f"layer {l} activation grad")
+                ga = tl.alloc(s.n_dst[l] * wo * out_e, BWD, f"layer {l} activation grad")
                 tl.release(g)
                 if spec.activation_saves_result:
                     tl.release(act)  # relu's saved result
                 else:
                     tl.release(pre_act)  # the saved input
                 g = ga
-            g = conv_bwd(g)
+            with self.elt(work_e):
+                g = conv_bwd(g)
             if drop is not None and g is not None:
                 n, width, needs, mask = drop
-                g = self.dropout_bwd(g, n, width, f"layer {l}", mask)
+                with self.elt(in_e):
+                    g = self.dropout_bwd(g, n, width, f"layer {l}", mask)
             if g is None:
                 break
         if cfg.label_columns:
