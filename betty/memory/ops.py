@@ -19,12 +19,9 @@ Kept apart because the code paths differ:
 * **optimizer step**: only RevGNN's replay includes it (the sampled replay covers one
   micro-batch; the step follows the last one);
 * **GAT scores and products**: the same ops (``el = (z * attn_l).sum(-1)``, likewise
-  ``er``; PyG's message product ``z[src] * a``), modelled in two orders. The sampled
-  replay frees ``z * attn_l`` before ``el`` exists (RevGNN's: after, so its transient
-  is larger by ``el``'s bytes); in the backwards of the score products and of PyG's
-  message product it computes ``z``'s gradient before the other factor's (RevGNN's:
-  after; the same bytes are live at the maximum, the labels differ). Unifying them
-  changes a trace: one order is to be chosen against a dispatch-mode trace.
+  ``er``; PyG's message product ``z[src] * a``), in the recorder's order in both
+  replays: ``z * attn_l`` is freed once ``el`` exists, and the backwards of the score
+  products and of PyG's message product compute the other factor's gradient first.
 
 Labels: each shared op has one name in both replays' traces (the names reach
 ``MemoryEstimate.peak_at``).

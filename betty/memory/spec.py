@@ -177,6 +177,12 @@ class OptimizerSpec:
     ``AdamW``'s, which scales the parameters in place); ``foreach``: the multi-tensor
     step (``None``: torch's default, multi-tensor on CUDA, one tensor at a time on the
     host). These two shape the step's temporaries (:func:`betty.memory.estimator.step_bytes`).
+
+    ``groups``: the optimizer's parameter groups, read off a torch optimizer
+    (:func:`as_optimizer_spec`), in the order its step visits them: per group the
+    element counts of its parameters, in order, and whether weight decay is added to
+    their gradients (``decay`` then says whether any group's is). ``None`` (a spec made
+    by name): one group of the model's parameters, all decayed where ``decay``.
     """
 
     name: str = "adam"
@@ -185,6 +191,7 @@ class OptimizerSpec:
     amsgrad: bool = False
     decay: bool = False
     foreach: bool | None = None
+    groups: tuple[tuple[tuple[int, ...], bool], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZER_NAMES:
@@ -206,22 +213,51 @@ def as_model_spec(model) -> ModelSpec:
     raise TypeError(f"model must be a ModelSpec or a betty model, got {type(model).__name__}")
 
 
+# the group keys that decide which state a parameter gets and how the step runs: the
+# memory model takes one value of each for the whole optimizer
+_UNIFORM_KEYS = {"adam": ("amsgrad", "foreach", "capturable", "fused", "decoupled_weight_decay"),
+                 "sgd": ("momentum", "foreach")}
+
+
+def _param_groups(optimizer: torch.optim.Optimizer, name: str, decoupled: bool):
+    """``(first group, OptimizerSpec.groups)`` of a torch ``optimizer`` (empty groups left
+    out): per group its parameters' element counts and whether weight decay is added to
+    their gradients (a nonzero ``weight_decay``, unless ``decoupled``).
+
+    Raises:
+        ValueError: the groups differ in a key of :data:`_UNIFORM_KEYS` (named)."""
+    groups = [g for g in optimizer.param_groups if g["params"]] or optimizer.param_groups[:1]
+    first = groups[0]
+    for key in _UNIFORM_KEYS[name]:
+        values = [g.get(key) for g in groups]
+        if any(v != values[0] for v in values):
+            raise ValueError(
+                f"the memory model takes one {key!r} for all of the optimizer's parameter groups "
+                f"(it sizes every parameter's state and step alike); got {values} across "
+                f"{len(groups)} groups: give every group the same {key!r}")
+    return first, tuple((tuple(int(p.numel()) for p in g["params"]),
+                         bool(g.get("weight_decay", 0)) and not decoupled) for g in groups)
+
+
 def as_optimizer_spec(optimizer) -> OptimizerSpec:
-    """An :class:`OptimizerSpec` from a spec, a name or a torch optimizer."""
+    """An :class:`OptimizerSpec` from a spec, a name or a torch optimizer (its parameter
+    groups recorded in ``groups``; groups that differ in a key deciding the state or the
+    step's variant are refused with a ``ValueError`` naming the key)."""
     if isinstance(optimizer, OptimizerSpec):
         return optimizer
     if isinstance(optimizer, str):
         return OptimizerSpec(optimizer)
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        group = optimizer.param_groups[0]
-        decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
+        decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(
+            optimizer.param_groups[0].get("decoupled_weight_decay"))
+        group, groups = _param_groups(optimizer, "adam", decoupled)
         return OptimizerSpec("adam", 0.0, bool(group.get("capturable") or group.get("fused")),
                              amsgrad=bool(group.get("amsgrad")), foreach=group.get("foreach"),
-                             decay=not decoupled and any(g.get("weight_decay", 0) for g in optimizer.param_groups))
+                             decay=any(d for _, d in groups), groups=groups)
     if isinstance(optimizer, torch.optim.SGD):
-        group = optimizer.param_groups[0]
+        group, groups = _param_groups(optimizer, "sgd", False)
         return OptimizerSpec("sgd", float(group.get("momentum", 0.0)), foreach=group.get("foreach"),
-                             decay=any(g.get("weight_decay", 0) for g in optimizer.param_groups))
+                             decay=any(d for _, d in groups), groups=groups)
     raise TypeError(
         f"the memory model knows the state of torch.optim.Adam, AdamW and SGD (or an OptimizerSpec, "
         f"or one of {OPTIMIZER_NAMES}), not {type(optimizer).__name__}; to train with it, turn the "
