@@ -84,6 +84,12 @@ def test_runs_on_another_backend_are_not_repeats(store):
     reps = json.loads(invoke("--json").stdout)["repeats"]
     assert sorted((rep["n"], rep["mean"]["test"]) for rep in reps) == [(2, pytest.approx(0.5)),
                                                                        (2, pytest.approx(0.85))]
+    assert {rep["backend"] for rep in reps} == {None, "pyg (torch_geometric 2.8.0, torch 2.13.0)"}
+    table = invoke("--wide").stdout
+    assert "mean ± std (n=2, pyg)" in table and "mean ± std (n=2)" in table  # the groups told apart
+    rows = list(csv.reader(io.StringIO(invoke("--csv").stdout)))
+    assert rows[0][-2:] == ["spec_sha", "backend"]
+    assert {r[-1] for r in rows[1:] if r[0] == "mean"} == {"", "pyg (torch_geometric 2.8.0, torch 2.13.0)"}
 
 
 def test_filters_last_and_spec(store):

@@ -85,8 +85,8 @@ def rows_for(runs) -> list[dict]:
 def repeat_summaries(rows: list[dict]) -> list[dict]:
     """For each ``spec_sha`` and ``backend`` with >= 2 FINISHED runs that trained apart (in order of
     first appearance; a pipeline run that reused an earlier one's train run repeats
-    nothing and is left out): ``{"spec", "spec_sha", "n", "run_ids", "mean": {col: m},
-    "std": {col: s}}``."""
+    nothing and is left out): ``{"spec", "spec_sha", "backend", "n", "run_ids", "mean":
+    {col: m}, "std": {col: s}}``."""
     finished = [row for row in rows if row["status"] == "FINISHED" and row.get("spec_sha")]
     trained: dict[str, dict] = {}  # train run -> the first pipeline run that had it
     for row in sorted(finished, key=lambda r: r["start (UTC)"] or 0):
@@ -96,7 +96,7 @@ def repeat_summaries(rows: list[dict]) -> list[dict]:
         if row.get("train_run") is None or trained[row["train_run"]] is row:
             groups.setdefault((row["spec_sha"], row.get("backend")), []).append(row)
     out = []
-    for (sha, _), members in groups.items():
+    for (sha, backend), members in groups.items():
         if len(members) < 2:
             continue
         mean, std = {}, {}
@@ -105,7 +105,7 @@ def repeat_summaries(rows: list[dict]) -> list[dict]:
             if values:
                 mean[col] = statistics.fmean(values)
                 std[col] = statistics.pstdev(values)
-        out.append({"spec": members[0]["spec"], "spec_sha": sha, "n": len(members),
+        out.append({"spec": members[0]["spec"], "spec_sha": sha, "backend": backend, "n": len(members),
                     "run_ids": [r["run_id"] for r in members], "mean": mean, "std": std})
     return out
 
@@ -128,6 +128,13 @@ def _fmt(header: str, value) -> str:
     return str(value)
 
 
+def _group(summary: dict) -> str:
+    """How a summary row names its group: ``n=2``, with the backend (``n=2, dgl``) where
+    the runs were tagged with one."""
+    backend = summary.get("backend")
+    return f"n={summary['n']}" + (f", {backend.split(' (')[0]}" if backend else "")
+
+
 def formatted(rows: list[dict], summaries: list[dict]) -> list[list[str]]:
     """Display cells, one list per row in :data:`HEADERS` order: the runs, then one
     ``mean ± std`` row per summary."""
@@ -136,7 +143,7 @@ def formatted(rows: list[dict], summaries: list[dict]) -> list[list[str]]:
         cells = []
         for h in HEADERS:
             if h == "run":
-                cells.append(f"mean ± std (n={s['n']})")
+                cells.append(f"mean ± std ({_group(s)})")
             elif h == "spec":
                 cells.append(str(s["spec"]))
             elif h in s["mean"]:
@@ -149,17 +156,18 @@ def formatted(rows: list[dict], summaries: list[dict]) -> list[list[str]]:
 
 def to_csv(rows: list[dict], summaries: list[dict]) -> str:
     """CSV with a ``row`` column (``run``, ``mean``, ``std``), raw numbers, times in
-    milliseconds since the epoch (``start (UTC)``)."""
+    milliseconds since the epoch (``start (UTC)``), then ``spec_sha`` and ``backend``."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["row", *HEADERS, "spec_sha"])
+    writer.writerow(["row", *HEADERS, "spec_sha", "backend"])
     for row in rows:
-        writer.writerow(["run", *("" if row[h] is None else row[h] for h in HEADERS), row.get("spec_sha") or ""])
+        writer.writerow(["run", *("" if row[h] is None else row[h] for h in HEADERS), row.get("spec_sha") or "",
+                         row.get("backend") or ""])
     for s in summaries:
         for kind in ("mean", "std"):
             cells = [s["spec"] if h == "spec" else s[kind].get(h, "") for h in HEADERS]
-            cells[HEADERS.index("run")] = f"{kind} (n={s['n']})"
-            writer.writerow([kind, *cells, s["spec_sha"]])
+            cells[HEADERS.index("run")] = f"{kind} ({_group(s)})"
+            writer.writerow([kind, *cells, s["spec_sha"], s.get("backend") or ""])
     return buf.getvalue()
 
 
