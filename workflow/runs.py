@@ -21,6 +21,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from workflow.provenance import backend_version, code_version, git_commit
+from workflow.reuse import DEVICE_DEPENDENT
 from workflow.signals import check, shield
 from workflow.spec import short_text
 from workflow.specfile import ResolvedSpec
@@ -151,10 +152,11 @@ def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,
         "spec_sha": rspec.sha,
         "dataset": rspec.spec.dataset.name,
         "code_version": code_version(),
-        "backend": backend_version(rspec.spec.model.backend),
         "betty.host": socket.gethostname(),
         "betty.pid": str(os.getpid()),
     }
+    if kind != "stage" or stage in DEVICE_DEPENDENT:  # the others never import a GNN framework
+        tags["backend"] = backend_version(rspec.spec.model.backend)
     commit = git_commit()
     if commit:  # MLflow sets it only when the entry script lies in a repository
         tags["mlflow.source.git.commit"] = commit

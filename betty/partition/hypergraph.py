@@ -144,6 +144,7 @@ def _run_with_deadline(args: tuple, time_limit_s: float):
     """:func:`run_mtkahypar` in a child interpreter (:data:`_CHILD`); ``None`` if it
     missed the deadline (it is killed then)."""
     import json
+    import os
     import pickle
     import subprocess
     import sys
@@ -154,7 +155,8 @@ def _run_with_deadline(args: tuple, time_limit_s: float):
     with tempfile.TemporaryDirectory(prefix="betty-mtkahypar-") as folder:
         with open(Path(folder) / "args.pkl", "wb") as fh:
             pickle.dump(args, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(sys.path), folder],
+        path = [os.fspath(p) for p in sys.path if isinstance(p, (str, os.PathLike))]  # import skips others
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(path), folder],
                                 stdin=subprocess.DEVNULL)
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
