@@ -45,7 +45,7 @@ def test_a_generated_graph_larger_than_memory_is_refused_before_generating():
 @pytest.mark.parametrize("name, options, key, words", [
     ("synthetic-papers", {"self_loops": True}, "self_loops", "(allowed: false)"),
     ("synthetic", {"max_degree": 5}, "max_degree", "allowed: None or a number > avg_degree = 20.0"),
-    ("synthetic-papers", {"scale": 100.0}, "scale", "fewer than 2^31 nodes"),
+    ("synthetic-papers", {"scale": 100.0}, "scale", "fewer than 2^31 nodes, int32 indices: at most 19.33)"),
 ])
 def test_what_loading_would_refuse_is_a_problem_before_loading(name, options, key, words, tmp_path):
     """Options the loader or generator refuses are found by the check a spec runs, so

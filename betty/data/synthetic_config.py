@@ -97,9 +97,7 @@ def _config_problems(c: SyntheticConfig) -> list[str]:
 
     def need(ok: bool, name: str, allowed: str) -> None:
         if not ok:
-            value = getattr(c, name)
-            finite = "finite " if isinstance(value, float) and not math.isfinite(value) else ""
-            out.append(f"{name}={value!r} (allowed: {finite}{allowed})")
+            out.append(f"{name}={getattr(c, name)!r} (allowed: {allowed})")
 
     def is_int(v) -> bool:
         return isinstance(v, numbers.Integral) and not isinstance(v, bool)
@@ -108,15 +106,15 @@ def _config_problems(c: SyntheticConfig) -> list[str]:
         return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
     need(is_int(c.num_nodes) and c.num_nodes >= 2, "num_nodes", "integer >= 2")
-    need(is_num(c.avg_degree) and c.avg_degree >= 1, "avg_degree", "number >= 1")
+    need(is_num(c.avg_degree) and c.avg_degree >= 1, "avg_degree", "a finite number >= 1")
     need(is_int(c.num_features) and c.num_features >= 1, "num_features", "integer >= 1")
     need(is_int(c.num_classes) and c.num_classes >= 2, "num_classes", "integer >= 2")
     need(is_int(c.num_communities) and c.num_communities >= 1, "num_communities", "integer >= 1")
-    need(is_num(c.degree_exponent) and c.degree_exponent > 2, "degree_exponent", "number > 2")
+    need(is_num(c.degree_exponent) and c.degree_exponent > 2, "degree_exponent", "a finite number > 2")
     need(
         c.max_degree is None or (is_num(c.max_degree) and c.max_degree >= 1),
         "max_degree",
-        "None or number >= 1",
+        "None or a finite number >= 1",
     )
     need(
         is_num(c.intra_community_fraction) and 0 <= c.intra_community_fraction <= 1,
@@ -128,7 +126,7 @@ def _config_problems(c: SyntheticConfig) -> list[str]:
         "cross_community_locality",
         "number in [0, 1]",
     )
-    need(is_num(c.feature_snr) and c.feature_snr >= 0, "feature_snr", "number >= 0")
+    need(is_num(c.feature_snr) and c.feature_snr >= 0, "feature_snr", "a finite number >= 0")
     need(is_num(c.train_fraction) and 0 < c.train_fraction < 1, "train_fraction", "number in (0, 1)")
     need(is_num(c.valid_fraction) and 0 <= c.valid_fraction < 1, "valid_fraction", "number in [0, 1)")
     if is_num(c.train_fraction) and is_num(c.valid_fraction) and c.train_fraction + c.valid_fraction >= 1:
@@ -138,7 +136,7 @@ def _config_problems(c: SyntheticConfig) -> list[str]:
         )
     need(c.split_by in ("popularity", "random"), "split_by", "'popularity' or 'random'")
     need(is_int(c.seed) and c.seed >= 0, "seed", "integer >= 0")
-    need(is_num(c.scale) and c.scale > 0, "scale", "number > 0")
+    need(is_num(c.scale) and c.scale > 0, "scale", "a finite number > 0")
     if not out and c.max_degree is not None and c.avg_degree >= c.max_degree:
         out.append(f"max_degree={c.max_degree!r} (allowed: None or a number > avg_degree = {c.avg_degree})")
     if not out and c.avg_degree >= c.scaled_num_nodes - 1:

@@ -73,8 +73,9 @@ def normalize_papers_options(opts: dict) -> dict:
     out["feature_snr"] = float(snr)
     n = papers_counts(out["scale"])["num_nodes"]
     if n >= 2**31:
+        largest = math.floor(2**31 / PAPERS_SHAPE["num_nodes"] * 100) / 100  # rounded down: allowed
         raise ValueError(f"scale={scale!r} gives {n:,} nodes (allowed: a scale giving fewer than 2^31 "
-                         f"nodes, int32 indices: scale < {2**31 / PAPERS_SHAPE['num_nodes']:.2f})")
+                         f"nodes, int32 indices: at most {largest})")
     return out
 
 
