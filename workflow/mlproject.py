@@ -36,10 +36,10 @@ import sys  # noqa: E402
 __all__ = ["main", "parse_args"]
 
 ENTRIES = ("main", "download", "sample", "partition", "train", "evaluate")
+"""``main`` and :data:`workflow.specfile.STAGES` (spelled out: that module is not light)."""
 REUSE_ANSWERS = {"true": True, "1": True, "yes": True, "on": True,
                  "false": False, "0": False, "no": False, "off": False}
 """The spellings ``-P reuse=...`` takes (a typo must not mean reuse)."""
-"""``main`` and :data:`workflow.specfile.STAGES` (spelled out: that module is not light)."""
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
