@@ -112,7 +112,7 @@ def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int],
                                      f"validate returns")
             stop = due and selector.should_stop()
             if due and parallel is not None:
-                stop = bool(parallel.agree(stop))  # rank 0's decision: every rank leaves together
+                stop = parallel.decide(stop)  # rank 0's decision: every rank leaves together
             if rank == 0:
                 result.history.append({"epoch": epoch, **metrics})
                 result.rows.extend(rows)

@@ -128,6 +128,63 @@ def rank_per_process_split(k: int, prefetch: int) -> dict[str, torch.Tensor]:
                           prefetch=prefetch, method=PER_PROCESS)
 
 
+SLOW = "slow-random"
+SLOW_SPLIT_S, SLOW_VALIDATE_S = 0.3, 0.6
+
+
+def slow_partition(batch, k: int, *, seed: int = 0, weights=None, graph=None):
+    """A random split that takes :data:`SLOW_SPLIT_S` (a partitioner slower than a step)."""
+    from betty.partition.baselines import random_partition
+
+    time.sleep(SLOW_SPLIT_S)
+    return random_partition(batch, k, seed=seed)
+
+
+def fit_while_splitting(parallel=None, prefetch: int = 0, epochs: int = 2) -> list[float] | None:
+    """:func:`betty.fit.fit` of the sage-mean case (K=2) re-split every epoch by
+    :func:`slow_partition` while rank 0 validates for :data:`SLOW_VALIDATE_S` after every
+    epoch: with ``prefetch`` the next epoch's split is agreed on a preparation thread
+    while the ranks agree whether to stop. Returns rank 0's epoch losses (``None`` elsewhere)."""
+    from betty.engine import PartitionPlan, Trainer
+    from betty.fit import fit
+    from betty.models import build_model
+    from betty.partition.base import PARTITION_OPTIONS, PARTITIONERS, register
+    from betty.selection import BestValidation
+
+    def validate(epoch: int, k: int) -> dict[str, float]:
+        time.sleep(SLOW_VALIDATE_S)
+        return {"valid_acc": 0.5}
+
+    register(SLOW)(slow_partition)
+    try:
+        torch.manual_seed(0)
+        model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2).double()
+        trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), dataset(), [4, 6],
+                          PartitionPlan(SLOW, 2, reuse=1), seed=1, dtype=torch.float64,
+                          estimate_memory=False, parallel=parallel, prefetch=prefetch)
+        result = fit(trainer, epochs, validate=validate, every=1, selector=BestValidation("last", 5),
+                     score_key="valid_acc")
+    finally:
+        PARTITIONERS.pop(SLOW, None)
+        PARTITION_OPTIONS.pop(SLOW, None)
+    return None if result is None else [entry["loss"] for entry in result.history]
+
+
+def rank_fit_while_splitting() -> list[float] | None:
+    """On one rank: :func:`fit_while_splitting` with the split prepared ahead; a rank
+    still at it after a minute (agreements paired across ranks deadlock) exits with its
+    stack on stderr, and the launch fails instead of hanging."""
+    import faulthandler
+
+    from betty.distributed import DataParallel
+
+    faulthandler.dump_traceback_later(60, exit=True)
+    try:
+        return fit_while_splitting(DataParallel(), prefetch=1)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def rank_subgroup_agree() -> object:
     """On one of 3 ranks: ranks 1 and 2 form a subgroup with a DataParallel of their own
     (rank 0 takes no part in it) and agree on rank 1's value."""

@@ -86,6 +86,18 @@ def test_ranks_take_rank_0s_split_when_processes_split_differently(prefetch):
         assert err < TOL, f"rank {rank}: relative parameter error {err:.3e}"
 
 
+def test_a_split_agreed_ahead_while_the_ranks_agree_to_stop():
+    """The preparation thread agrees on the next epoch's split while rank 0 validates and
+    the training threads agree whether to stop: the two agreements never pair across
+    ranks (a split sent where a stop flag is expected aborts the job), and the ranks
+    train what one process trains."""
+    from distributed_cases import fit_while_splitting, rank_fit_while_splitting
+
+    results = launch(rank_fit_while_splitting, nproc=2)
+    assert results[1] is None
+    assert results[0] == pytest.approx(fit_while_splitting(), rel=TOL, abs=0)
+
+
 def _parse(name):
     for c in CASES + PYG_CASES:
         if case_name(*c) == name:

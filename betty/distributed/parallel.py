@@ -119,13 +119,26 @@ class DataParallel:
         self.reduce_wait_s += stats.wait_s
         return result
 
+    @property
+    def _source(self) -> int:
+        """The global rank of ``group``'s rank 0."""
+        return 0 if self.group is None else dist.get_process_group_ranks(self.group)[0]
+
     def agree(self, value: T) -> T:
         """Rank 0's ``value`` (any picklable object, e.g. a batch's partition) on every
-        rank; thread-safe beside :meth:`step` (a group of its own)."""
+        rank; for the preparation thread: thread-safe beside :meth:`step` (a group of its
+        own, which the training thread never uses)."""
         box = [value]
-        source = 0 if self.group is None else dist.get_process_group_ranks(self.group)[0]
-        dist.broadcast_object_list(box, src=source, group=self._agree_group)
+        dist.broadcast_object_list(box, src=self._source, group=self._agree_group)
         return box[0]
+
+    def decide(self, flag: bool) -> bool:
+        """Rank 0's ``flag`` on every rank, for the training thread (e.g. whether to stop):
+        on ``group``, in order with the step's collectives, so that it never pairs with a
+        preparation thread's :meth:`agree` on another rank."""
+        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+        dist.broadcast(t, src=self._source, group=self.group)
+        return bool(t.item())
 
     def sum_scalars(self, *values: float) -> list[float]:
         """Sum a few float64 scalars over the ranks (losses, correct counts)."""
