@@ -194,3 +194,62 @@ def test_a_failing_rank_is_one_line_on_stderr_not_its_traceback(tmp_path):
     assert out.returncode == 1, out.stderr[-3000:]
     assert "betty: RankFailed: rank 1 failed: RuntimeError: injected failure on rank 1" in out.stderr
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_machines_train_every_repeat_and_node_0_never_reuses_their_train_run(tracking, tmp_path, monkeypatch):
+    """``--nnodes 2`` with ``train.repeats: 2``: node 1 lends its rank to each of node 0's
+    launches (one per repeat), and a second run of both commands trains again instead of
+    reusing the first train run, which node 1's rank would wait for in vain."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from betty.distributed.launch import free_port
+    from test_workflow_support import PROJECT
+
+    uri, exp = tracking
+    for name in ("BETTY_NNODES", "BETTY_NODE_RANK", "BETTY_RDZV_ENDPOINT", "BETTY_RUN_ID"):
+        monkeypatch.setenv(name, "")  # node 0's command sets them in this process: undone after the test
+        monkeypatch.delenv(name)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
+    for attempt in range(2):
+        common = ["--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                  "-s", "train.repeats=2", "-s", "train.epochs=2", *FAST]
+        log_path = tmp_path / f"node1-{attempt}.log"
+        with open(log_path, "w") as log:
+            node1 = subprocess.Popen([str(Path(sys.executable).parent / "betty"), "run", "tiny", "--node-rank", "1",
+                                      *common], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                res = invoke("run", "tiny", "--node-rank", "0", *common)
+                assert node1.wait(timeout=240) == 0, log_path.read_text()[-3000:]
+            finally:
+                if node1.poll() is None:
+                    node1.kill()
+        assert res.exit_code == 0, res.output
+    runs = runs_of(uri, exp)
+    assert runs and all(r.info.status == "FINISHED" for r in runs)
+    trains = [r for r in runs if r.data.tags.get("stage") == "train" and r.data.tags.get("run_kind") == "stage"]
+    assert len(trains) == 2, "the second run trains again"
+    repeats = [r for r in runs if r.data.tags.get("run_kind") == "repeat"]
+    assert sorted(r.data.tags["repeat"] for r in repeats) == ["0", "0", "1", "1"]
+    assert all(r.data.metrics["world_size"] == 2.0 for r in repeats)
+    mains = [r for r in runs if r.data.tags.get("run_kind") == "main"]
+    assert all("train" not in r.data.tags.get("reused_stages", "") for r in mains)
+    assert any("sample" in r.data.tags.get("reused_stages", "") for r in mains), "other stages are still reused"
+
+
+@pytest.mark.parametrize("nnodes,node_rank,words", [("0", "0", "BETTY_NNODES must be an integer >= 1, got '0'"),
+                                                     ("two", "0", "BETTY_NNODES must be an integer >= 1, got 'two'"),
+                                                     ("2", "-1", "BETTY_NODE_RANK must be an integer >= 0, got '-1'")])
+def test_malformed_launch_variables_are_named(monkeypatch, nnodes, node_rank, words):
+    from workflow.training import launch_options
+
+    monkeypatch.setenv("BETTY_NNODES", nnodes)
+    monkeypatch.setenv("BETTY_NODE_RANK", node_rank)
+    with pytest.raises(ValueError, match=words):
+        launch_options()
+    monkeypatch.setenv("BETTY_NNODES", "2")
+    monkeypatch.setenv("BETTY_NODE_RANK", "1")
+    assert launch_options()["nnodes"] == 2 and launch_options()["node_rank"] == 1

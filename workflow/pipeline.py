@@ -134,10 +134,12 @@ def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
 
 
 def run_pipeline(rspec: ResolvedSpec, *, reuse: bool = True, reporter: Reporter | None = None,
-                 stages: tuple[str, ...] = STAGES, run_name: str | None = None) -> dict[str, dict]:
+                 stages: tuple[str, ...] = STAGES, run_name: str | None = None,
+                 rerun: tuple[str, ...] = ()) -> dict[str, dict]:
     """All ``stages`` as children of one parent run, each reused when a run with its key
-    is found intact (:func:`_intact`), else run; the parent gets the ``stage_run.*`` and
-    ``reused*`` tags and :func:`collect_summary`.
+    is found intact (:func:`_intact`), else run (always for the stages in ``rerun``:
+    the train stage of several machines, whose other machines' ranks wait for it); the
+    parent gets the ``stage_run.*`` and ``reused*`` tags and :func:`collect_summary`.
 
     Returns:
         ``{stage: {"run_id": ..., "reused": bool}}`` plus ``"main": {"run_id": ...}``.
@@ -154,7 +156,7 @@ def run_pipeline(rspec: ResolvedSpec, *, reuse: bool = True, reporter: Reporter 
         for stage in stages:
             signals.check()
             key = stage_key(rspec, stage, upstream.get(UPSTREAM[stage] or ""), device)
-            run_id = find_reusable(experiment_id, key) if reuse else None
+            run_id = find_reusable(experiment_id, key) if reuse and stage not in rerun else None
             if run_id is not None:
                 run_id = _intact(stage, run_id, reporter)
             reused = run_id is not None

@@ -38,11 +38,19 @@ def launch_options() -> dict[str, Any]:
     ``BETTY_RUN_ID`` (set by ``betty run --nnodes/--node-rank/--rdzv-endpoint``)."""
     out: dict[str, Any] = {}
     if "BETTY_NNODES" in os.environ:
-        out["nnodes"] = int(os.environ["BETTY_NNODES"])
-        out["node_rank"] = int(os.environ.get("BETTY_NODE_RANK", "0"))
+        out["nnodes"] = _env_int("BETTY_NNODES", None, 1)
+        out["node_rank"] = _env_int("BETTY_NODE_RANK", "0", 0)
         out["rdzv_endpoint"] = os.environ.get("BETTY_RDZV_ENDPOINT")
         out["run_id"] = os.environ.get("BETTY_RUN_ID", "betty")
     return out
+
+
+def _env_int(name: str, default: str | None, least: int) -> int:
+    """The environment variable ``name`` (else ``default``) as an integer >= ``least``."""
+    text = os.environ.get(name, default)
+    if text is None or not text.strip().isdigit() or int(text) < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {text!r}")
+    return int(text)
 
 
 def _inject_fault(rank: int, epoch: int) -> None:

@@ -23,7 +23,8 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     """Run download, sample, partition, train and evaluate as child runs of one parent
     run, with a live progress display (on stderr). ``--nproc N`` trains on N ranks per
     machine (``--nnodes M --node-rank i --rdzv-endpoint HOST:PORT`` for several
-    machines: node 0 runs the pipeline and logs, the others only lend their ranks)."""
+    machines: node 0 runs the pipeline and logs, never reusing a train run, the others
+    only lend their ranks, once per repeat)."""
     from mlflow.tracking import MlflowClient
 
     from workflow.pipeline import run_pipeline
@@ -35,11 +36,12 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
     if nnodes > 1 and node_rank > 0:
         from workflow.training import train_distributed
 
-        train_distributed(rspec)  # this machine's ranks; node 0 holds the runs
+        for repeat in range(rspec.spec.train.repeats):  # this machine's ranks; node 0 holds the runs
+            train_distributed(rspec, repeat)
         return
     use_spec_experiment(rspec, experiment) or experiment_id(experiment)  # the environment's: it must exist
-    with make_reporter() as reporter:
-        outcomes = run_pipeline(rspec, reuse=reuse, reporter=reporter)
+    with make_reporter() as reporter:  # several machines: train runs, the others' ranks wait for it
+        outcomes = run_pipeline(rspec, reuse=reuse, reporter=reporter, rerun=("train",) if nnodes > 1 else ())
     parent = MlflowClient().get_run(outcomes["main"]["run_id"])
     metrics = parent.data.metrics
     if json_:
