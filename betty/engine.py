@@ -167,6 +167,8 @@ class PreparedBatch:
         carve_batch: the batch the step carves its micro-batches from: with preparation
             on a device (``Trainer(sample_device=)``) the batch as sampled there, whose
             host copy is ``batch``; else ``batch`` itself (``None`` once the step took it).
+        search: the :class:`betty.memory.KSearchResult` of the K search that split it
+            (``None``: none ran), reported when the batch trains.
     """
 
     epoch: int
@@ -184,6 +186,7 @@ class PreparedBatch:
     time_metrics_s: float
     time_gather_s: float = 0.0
     carve_batch: SampledBatch | None = None
+    search: Any = None
 
 
 def _tensor_bytes(obj) -> int:
@@ -407,9 +410,10 @@ class Trainer:
             check_step_fits(persistent_bytes(model, optimizer, backend) + step_bytes(model, optimizer, backend),
                             plan.memory_budget, plan.safety_margin)
         self.search_result = None  # the default K chooser's latest KSearchResult
+        self._on_search, self._pending_search = on_search, None
         if k_chooser is None and plan.k == "auto":
             k_chooser = make_k_chooser(model, optimizer, graph=dataset.graph,
-                                       on_search=self._recording(on_search), **memory_kwargs)
+                                       on_search=self._recording(), **memory_kwargs)
         # Estimates drive K and re-partitioning with the optimizer's steady state (its
         # state tensors exist); before the first step they do not, so the estimate
         # logged next to the measurement then uses a state-free optimizer.
@@ -436,19 +440,34 @@ class Trainer:
             raise ValueError("gather_ahead=True gathers for batches prepared ahead: it needs prefetch >= 1")
         self.gather_ahead = bool(gather_ahead)
 
-    def _recording(self, on_search):
-        """``on_search`` that first keeps the result as :attr:`search_result` (through a
-        weak reference: the K chooser the trainer holds does not hold the trainer)."""
+    def _recording(self):
+        """The K chooser's ``on_search``: keeps the result until the split it made is
+        reported (through a weak reference: the K chooser the trainer holds does not
+        hold the trainer). A batch prepared ahead reports it when it trains
+        (:meth:`train_prepared`), so a batch that never trains (an early stop) reports
+        no search; :meth:`partition` reports it at once."""
         ref = weakref.ref(self)
 
         def record(result) -> None:
             trainer = ref()
             if trainer is not None:
-                trainer.search_result = result
-            if on_search is not None:
-                on_search(result)
+                trainer._pending_search = result
 
         return record
+
+    def _take_search(self):
+        """The K search of the split just made (``None``: none ran), taken from the
+        pending slot."""
+        search, self._pending_search = self._pending_search, None
+        return search
+
+    def _report_search(self, search) -> None:
+        """Make ``search`` the latest :attr:`search_result` and hand it to ``on_search``."""
+        if search is None:
+            return
+        self.search_result = search
+        if self._on_search is not None:
+            self._on_search(search)
 
     @staticmethod
     def _preparation_device(sample_device, device, prefetch: int) -> torch.device | None:
@@ -529,6 +548,7 @@ class Trainer:
     def partition(self, batch: SampledBatch, epoch: int, batch_index: int):
         """(partition, per-micro-batch estimates or None, whether it was recomputed)."""
         result, estimates, fresh, _, _, _ = self._partition_timed(batch, epoch, batch_index)
+        self._report_search(self._take_search())
         return result, estimates, fresh
 
     def _partition_timed(self, batch: SampledBatch, epoch: int, batch_index: int, carve_ahead: bool = False,
@@ -719,6 +739,7 @@ class Trainer:
         carve_ahead = carve and self.parallel is None  # under parallel the estimates pick the micro-batches
         result, estimates, fresh, t_estimate, micro, t_block = self._partition_timed(
             batch, epoch, batch_index, carve_ahead, carve_batch)
+        search = self._take_search()
         if estimates is None and self.estimator is not None:
             estimates, seconds = self._estimate(self.estimator, batch, result)
             t_estimate += seconds
@@ -740,7 +761,7 @@ class Trainer:
             fresh=fresh, redundancy=redundancy, micro_batches=micro, nbytes=0,
             time_sample_s=t1 - t0, time_partition_s=t2 - t1 - t_estimate - t_block,
             time_estimate_s=t_estimate, time_metrics_s=t3 - t2,
-            time_gather_s=t_gather, carve_batch=carve_batch)
+            time_gather_s=t_gather, carve_batch=carve_batch, search=search)
         prepared.nbytes = _tensor_bytes((batch, micro))
         return prepared
 
@@ -780,6 +801,7 @@ class Trainer:
     def train_prepared(self, prepared: PreparedBatch) -> BatchRecord:
         """One optimizer step over a :class:`PreparedBatch`."""
         batch, result, b, epoch = prepared.batch, prepared.partition, prepared.index, prepared.epoch
+        self._report_search(prepared.search)
         estimates = prepared.estimates
         logged, t_logged = estimates, 0.0
         if self._stateless_estimator is not None and not self.optimizer.state:

@@ -157,3 +157,26 @@ def test_a_model_in_another_dtype_than_the_trainers_is_refused_when_built():
         Trainer(model, torch.optim.Adam(model.parameters()), dataset(), [4, 6], PartitionPlan("random", 2))
     Trainer(model, torch.optim.Adam(model.parameters()), dataset(), [4, 6], PartitionPlan("random", 2),
             dtype=torch.float64)
+
+
+def test_an_early_stop_reports_the_k_searches_of_the_batches_trained_only():
+    """With the pipeline the next epoch's batch is split (its K searched) while the
+    current one is validated; when the run stops there that batch never trains, and its
+    search is not reported: the same searches as the serial loop."""
+    reported = {}
+    for prefetch in (0, 1):
+        torch.manual_seed(0)
+        ds = dataset()
+        model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2, dropout=0.5)
+        searches = []
+        trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), ds, [4, 6],
+                          PartitionPlan("reg", "auto", reuse=1, memory_budget=3 * 2**20), seed=1,
+                          prefetch=prefetch, on_search=searches.append)
+        scores = iter([0.5, 0.4, 0.4, 0.9, 0.9])
+        result = fit(trainer, 5, validate=lambda epoch, k: {"valid_acc": next(scores)}, every=1,
+                     selector=BestValidation("last", patience=2))
+        assert len(result.history) == 3  # stopped after epoch 2
+        assert trainer.search_result is searches[-1]
+        reported[prefetch] = [s.to_dict() for s in searches]
+    assert len(reported[0]) == 3, "one search per epoch (the split is re-made every epoch)"
+    assert reported[1] == reported[0]
