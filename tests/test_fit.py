@@ -134,6 +134,15 @@ def test_fit_refuses_validation_scores_without_the_score_key_the_selector_needs(
     ([4, 6], PartitionPlan("reg", 3, safety_margin="0.1"), "safety_margin must be a number in \\[0, 1\\)"),
     ([4, 6], PartitionPlan("reg", "auto", memory_budget=float("inf")), "memory_budget must be a finite number"),
     ([4, 6], PartitionPlan("reg", 3, options={"partitoner": "metis"}), "unknown partition option"),
+    ([4, 6], PartitionPlan("reg", 3, options={"partitioner": "kahip"}),
+     "partition option partitioner must be one of \\['metis', 'kaminpar'\\], got 'kahip'"),
+    ([4, 6], PartitionPlan("hypergraph", 3, options={"time_limit_s": "10"}),
+     "partition option time_limit_s must be > 0 seconds or None .*, got '10'"),
+    ([4, 6], PartitionPlan("hypergraph", 3, options={"time_limit_s": 0}), "time_limit_s must be > 0 seconds or None .*, got 0"),
+    ([4, 6], PartitionPlan("hypergraph", 3, options={"threads": 0}), "threads must be >= 1 or None .*, got 0"),
+    ([4, 6], PartitionPlan("reg", 3, options={"deterministic": "yes"}), "deterministic must be True or False, got 'yes'"),
+    ([4, 6], PartitionPlan("reg", 3, options={"max_hub_degree": 0}), "max_hub_degree must be >= 1 or None .*, got 0"),
+    ([4, 6], PartitionPlan("reg", 3, options={"hub_links": 0}), "hub_links must be >= 1 \\(an integer\\), got 0"),
 ])
 def test_the_trainer_refuses_what_would_fail_on_the_preparation_thread(fanouts, plan, words):
     model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2)

@@ -129,7 +129,7 @@ def test_kaminpar_cut_quality_is_metis_like_on_planted_communities(planted):
 
 def test_partitioner_choice_is_validated(planted):
     _, _, batch = planted
-    with pytest.raises(ValueError, match=r"partition.partitioner must be one of \['metis', 'kaminpar'\]"):
+    with pytest.raises(ValueError, match=r"partition option partitioner must be one of \['metis', 'kaminpar'\], got 'kahip'"):
         partition_batch(batch, 2, "reg", options={"partitioner": "kahip"})
     from pydantic import ValidationError
 

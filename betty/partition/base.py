@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -10,7 +11,8 @@ from dataclasses import dataclass, field
 import torch
 
 from betty.batch import SampledBatch
-from betty.checks import is_integer
+from betty.catalog import REG_PARTITIONERS
+from betty.checks import is_integer, is_number
 from betty.microbatch import validate_groups
 from betty.partition.balance import checked_weights
 
@@ -81,13 +83,43 @@ def c_int_seed(seed: int) -> int:
     return int(seed) % (1 << 31)
 
 
+def _count_or_none(value: Any) -> bool:
+    return value is None or (is_integer(value) and value >= 1)
+
+
+def _seconds_or_none(value: Any) -> bool:
+    return value is None or (is_number(value) and math.isfinite(value) and value > 0)
+
+
+#: What each option of :func:`partition_batch` may be: ``(check, allowed)``; options
+#: not listed here are checked by the method that declares them.
+OPTION_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "time_limit_s": (_seconds_or_none, "> 0 seconds or None (a finite number; None: no limit)"),
+    "threads": (_count_or_none, ">= 1 or None (an integer; None: the library's default)"),
+    "trainer_threads": (lambda value: value is None or (is_integer(value) and value >= 0),
+                        ">= 0 or None (an integer: the cores the trainer keeps)"),
+    "max_hub_degree": (_count_or_none, ">= 1 or None (an integer; None: no hub cap)"),
+    "hub_links": (lambda value: is_integer(value) and value >= 1, ">= 1 (an integer)"),
+    "deterministic": (lambda value: isinstance(value, bool), "True or False"),
+    "partitioner": (lambda value: value in REG_PARTITIONERS, f"one of {list(REG_PARTITIONERS)}"),
+}
+
+
 def check_options(options: Mapping[str, Any] | None) -> None:
     """Refuse an option of :func:`partition_batch` that no method declares (a misspelt key
-    would otherwise be dropped unseen)."""
+    would otherwise be dropped unseen) or a value :data:`OPTION_VALUES` does not allow
+    (which would otherwise fail only when a batch is split, on the preparation thread).
+    ``None`` is the method's default for every option but :data:`NONE_IS_A_VALUE`'s."""
     known = frozenset().union(*PARTITION_OPTIONS.values())
     unknown = sorted(set(options or {}) - known)
     if unknown:
         raise ValueError(f"unknown partition option(s) {unknown}; allowed: {sorted(known)}")
+    for name, value in (options or {}).items():
+        if value is None and name not in NONE_IS_A_VALUE:
+            continue
+        check, allowed = OPTION_VALUES.get(name, (lambda _: True, ""))
+        if not check(value):
+            raise ValueError(f"partition option {name} must be {allowed}, got {value!r}")
 
 
 def partition_batch(
