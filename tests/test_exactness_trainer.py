@@ -141,6 +141,37 @@ def _params(model) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_trainer_update_equals_reference(ds, backend, case):
     pytest.importorskip("dgl" if backend == "dgl" else "torch_geometric")
+    check_case(ds, backend, case)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_trainer_update_on_two_ranks_equals_reference(backend):
+    """Every case on 2 ranks (``DataParallel``: each rank runs its share of the K
+    micro-batches, the gradients all-reduced): every rank's update is the reference's."""
+    pytest.importorskip("dgl" if backend == "dgl" else "torch_geometric")
+    from betty.distributed.launch import launch
+
+    results = launch(rank_check_cases, (backend,), nproc=2)
+    assert results == {0: [c.name for c in CASES], 1: [c.name for c in CASES]}
+
+
+def rank_check_cases(backend: str) -> list[str]:
+    """On one rank: :func:`check_case` of every case with a ``DataParallel`` over the
+    launched ranks (without ``copy_ahead``, a single-process path); the names of the
+    cases checked."""
+    import dataclasses
+
+    from betty.distributed import DataParallel
+
+    ds = dataset()
+    for case in CASES:
+        check_case(ds, backend, dataclasses.replace(case, copy_ahead=False), DataParallel(check_every=1))
+    return [c.name for c in CASES]
+
+
+def check_case(ds, backend: str, case: Case, parallel=None) -> None:
+    """Train ``case`` with the Trainer (on ``parallel``'s ranks if given) and a twin with
+    the reference's gradients; assert that they agree."""
     model = _model(case, backend)
     twin = copy.deepcopy(model)
     plan = PartitionPlan(case.method, case.k, reuse=case.reuse, balance=case.balance,
@@ -148,7 +179,8 @@ def test_trainer_update_equals_reference(ds, backend, case):
                          memory_budget=None if case.budget is None else _memory_budget(case, ds, backend))
     trainer = Trainer(model, _optimizer(case, model), ds, FANOUTS, plan, batch_size=case.batch_size, seed=1,
                       dtype=DTYPE, estimate_memory=case.balance == "memory" or case.k == "auto",
-                      prefetch=case.prefetch, sample_device=case.sample_device, copy_ahead=case.copy_ahead)
+                      prefetch=case.prefetch, sample_device=case.sample_device, copy_ahead=case.copy_ahead,
+                      parallel=parallel)
     assert trainer.dropout_seed == 1  # the documented default: the Trainer's seed
     before = _params(model)
     assert max_relative_difference(_params(twin), before) == 0.0
