@@ -30,7 +30,7 @@ import torch
 
 from betty.batch import MicroBatch, SampledBatch
 from betty.memory.constants import BackendConstants, load_constants
-from betty.memory.ops import itemsize
+from betty.memory.ops import itemsize, step_temporaries
 from betty.memory.replay import ReplayConfig, input_bytes, replay
 from betty.memory.sizes import MicroBatchSizes, micro_batch_sizes, split_sizes
 from betty.memory.spec import as_model_spec, as_optimizer_spec
@@ -218,42 +218,16 @@ def persistent_bytes(model, optimizer="adam", backend: str = "cpu") -> int:
 def step_bytes(model, optimizer="adam", backend: str = "cpu") -> int:
     """The temporaries of one ``optimizer.step()`` beyond :func:`persistent_bytes` (the
     step runs once every micro-batch's activations are freed: its peak is
-    ``persistent_bytes + step_bytes``). The step updates one parameter group at a time
-    (``OptimizerSpec.groups``; one group of the model's parameters for a spec made by
-    name) and frees a group's temporaries before the next; the peak is the largest
-    group's. Measured on the host with torch 2.2 and 2.13 for a group's parameters of
-    sizes ``s_1..s_P`` (bytes, in the group's order), ``d`` = 1 where the group adds
-    weight decay to the gradient (Adam's, not AdamW's; SGD's), else 0:
-
-    * Adam, one tensor at a time (the host's default): ``sqrt(v)`` and the denominator of
-      parameter ``i`` beside the previous denominator, ``max_i (s_{i-1} + (2 + d) s_i)``
-      (``s_0 = 0``: a group starts with none), the ``d s_i`` the gradient with weight
-      decay added;
-    * Adam, multi-tensor (CUDA's default): one list of ``sqrt(v)``, ``Σ s_i``;
-    * SGD: in place, except the gradient with weight decay added (``d max s_i``, or
-      ``d Σ s_i`` multi-tensor)."""
+    ``persistent_bytes + step_bytes``): :func:`betty.memory.ops.step_temporaries` of the
+    model's parameters (the model in ``OptimizerSpec.groups``' order where the spec was
+    read off a torch optimizer), the same figure :mod:`betty.rev.replay` counts for a
+    RevGNN's step."""
     from betty.memory.spec import parameter_shapes
 
     spec = as_model_spec(model)
-    opt = as_optimizer_spec(optimizer)
-    elt = _itemsize(spec.param_dtype, "param_dtype")
-    groups = opt.groups
-    if groups is None:
-        groups = ((tuple(int(np.prod(s)) for layer in parameter_shapes(spec) for s in layer), opt.decay),)
-    foreach = opt.foreach if opt.foreach is not None else backend.startswith("cuda")
-
-    def group_bytes(sizes: list[int], decay: bool) -> int:
-        if not sizes:
-            return 0
-        if opt.name == "adam":
-            if foreach:
-                return sum(sizes)
-            return max(sizes[i - 1] * (i > 0) + (2 + decay) * sizes[i] for i in range(len(sizes)))
-        if not decay:
-            return 0
-        return sum(sizes) if foreach else max(sizes)
-
-    return max((group_bytes([n * elt for n in numels], decay) for numels, decay in groups), default=0)
+    numels = [int(np.prod(s)) for layer in parameter_shapes(spec) for s in layer]
+    return int(step_temporaries(as_optimizer_spec(optimizer), numels,
+                                _itemsize(spec.param_dtype, "param_dtype"), not backend.startswith("cuda")))
 
 
 def estimate_micro_batch(mb_or_sizes: MicroBatch | SampledBatch | MicroBatchSizes, model,

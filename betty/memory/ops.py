@@ -17,7 +17,8 @@ Kept apart because the code paths differ:
 * **dropout**: the sampled layers drop each layer's input (hash dropout's chunked
   SplitMix64, or a standard mask); RevGNN draws two ``(N, D)`` multipliers per forward;
 * **optimizer step**: only RevGNN's replay includes it (the sampled replay covers one
-  micro-batch; the step follows the last one);
+  micro-batch; the step follows the last one, :func:`betty.memory.estimator.step_bytes`);
+  both size its temporaries by :func:`step_temporaries`;
 * **GAT scores and products**: the same ops (``el = (z * attn_l).sum(-1)``, likewise
   ``er``; PyG's message product ``z[src] * a``), in the recorder's order in both
   replays: ``z * attn_l`` is freed once ``el`` exists, and the backwards of the score
@@ -29,7 +30,7 @@ Labels: each shared op has one name in both replays' traces (the names reach
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,11 +39,11 @@ import torch
 from betty.memory.spec import OptimizerSpec
 from betty.memory.timeline import Buffer, Timeline
 
-__all__ = ["StepConfig", "itemsize", "numel", "step_baseline", "param_grads", "through",
-           "edge_softmax_backward", "pyg_softmax_forward", "pyg_softmax_backward",
-           "pyg_edge_scores", "pyg_edge_scores_backward", "index_backward",
-           "pyg_scatter_mean", "hash_words", "hash_chunk_rows", "multilabel_correct", "INDEX_BYTES",
-           "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
+__all__ = ["StepConfig", "itemsize", "numel", "step_baseline", "optimizer_state_size", "step_groups",
+           "step_foreach", "step_temporaries", "param_grads", "through", "edge_softmax_backward",
+           "pyg_softmax_forward", "pyg_softmax_backward", "pyg_edge_scores", "pyg_edge_scores_backward",
+           "index_backward", "pyg_scatter_mean", "hash_words", "hash_chunk_rows", "multilabel_correct",
+           "INDEX_BYTES", "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
 
 INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
 
@@ -117,27 +118,84 @@ def numel(shape: Iterable[int]) -> int:
 
 
 def step_baseline(tl: Timeline, cfg: StepConfig, param_bytes, num_params: int,
-                  buffers=None) -> None:
+                  buffers=None, *, state: bool = True) -> None:
     """What lives through the whole step: the parameters (``param_bytes`` in all, in
     ``num_params`` tensors) and the model's ``buffers`` (bytes, e.g. batch-norm running
     statistics; None: none), the optimizer state (``n_state · param_bytes``, plus a
     4-byte ``step`` per parameter where it is counted: on the host or on the device
     with capturable/fused Adam) and, in the micro-batches that do not start fresh, the
     existing ``.grad`` (``param_bytes``); with preparation on the device, its store and
-    batch (``cfg.device_store``) and each carved micro-batch (``cfg.carved``)."""
+    batch (``cfg.device_store``) and each carved micro-batch (``cfg.carved``).
+    ``state=False``: the optimizer holds no state yet (before its first step)."""
     tl.add_baseline(param_bytes, PARAMS)
     if buffers is not None:
         tl.add_baseline(buffers, PARAMS)
-    n_state, has_step = cfg.optimizer.state_tensors()
-    state = n_state * param_bytes
-    if has_step and (cfg.host or cfg.optimizer.step_on_device):
-        state += 4 * num_params
-    tl.add_baseline(state, OPT)
+    tl.add_baseline(optimizer_state_size(cfg, param_bytes, num_params) if state else 0.0, OPT)
     tl.add_baseline(np.where(np.asarray(cfg.fresh_grads, dtype=bool), 0.0, param_bytes), GRADS)
     if cfg.device_store:
         tl.add_baseline(cfg.device_store, DEVICE_STORE)
     if np.any(cfg.carved):
         tl.add_baseline(cfg.carved, CARVED)
+
+
+def optimizer_state_size(cfg: StepConfig, param_bytes, num_params: int):
+    """Bytes of the optimizer state of parameters of ``param_bytes`` in ``num_params``
+    tensors: ``n_state · param_bytes`` (:meth:`OptimizerSpec.state_tensors`), plus a
+    4-byte ``step`` per parameter where it is counted (on the host, or on the device
+    with capturable/fused Adam)."""
+    n_state, has_step = cfg.optimizer.state_tensors()
+    state = n_state * param_bytes
+    if has_step and (cfg.host or cfg.optimizer.step_on_device):
+        state += 4 * num_params
+    return state
+
+
+def step_groups(optimizer: OptimizerSpec, numels: Sequence[int]) -> tuple[tuple[tuple[int, ...], bool], ...]:
+    """The parameter groups one ``optimizer.step()`` visits, in its order: per group the
+    element counts of its parameters and whether weight decay is added to their
+    gradients (``OptimizerSpec.groups``; a spec made by name: one group of ``numels``,
+    the model's parameters in order, decayed where ``optimizer.decay``)."""
+    if optimizer.groups is not None:
+        return optimizer.groups
+    return ((tuple(int(n) for n in numels), bool(optimizer.decay)),)
+
+
+def step_foreach(optimizer: OptimizerSpec, host: bool) -> bool:
+    """Whether the step runs multi-tensor (torch's default: on CUDA, not on the host)."""
+    return optimizer.foreach if optimizer.foreach is not None else not host
+
+
+def step_temporaries(optimizer: OptimizerSpec, numels: Sequence[int], elt: int, host: bool) -> int:
+    """Peak bytes of the temporaries of one ``optimizer.step()`` over parameters of
+    ``numels`` elements of ``elt`` bytes (beyond the parameters, gradients and state).
+    The step updates one parameter group at a time (:func:`step_groups`) and frees a
+    group's temporaries before the next; the peak is the largest group's. Measured on
+    the host with torch 2.2 and 2.13 for a group's parameters of sizes ``s_1..s_P``
+    (bytes, in the group's order), ``d`` = 1 where the group adds weight decay to the
+    gradient (Adam's, not AdamW's; SGD's), else 0:
+
+    * Adam, one tensor at a time (the host's default): ``sqrt(v)`` and the denominator of
+      parameter ``i`` beside the previous denominator, ``max_i (s_{i-1} + (2 + d) s_i)``
+      (``s_0 = 0``: a group starts with none), the ``d s_i`` the gradient with weight
+      decay added;
+    * Adam, multi-tensor (CUDA's default): one list of ``sqrt(v)``, ``Σ s_i``;
+    * SGD: in place, except the gradient with weight decay added (``d max s_i``, or
+      ``d Σ s_i`` multi-tensor)."""
+    foreach = step_foreach(optimizer, host)
+
+    def group_bytes(sizes: list[int], decay: bool) -> int:
+        if not sizes:
+            return 0
+        if optimizer.name == "adam":
+            if foreach:
+                return sum(sizes)
+            return max(sizes[i - 1] * (i > 0) + (2 + decay) * sizes[i] for i in range(len(sizes)))
+        if not decay:
+            return 0
+        return sum(sizes) if foreach else max(sizes)
+
+    groups = step_groups(optimizer, numels)
+    return max((group_bytes([n * elt for n in group], decay) for group, decay in groups), default=0)
 
 
 def param_grads(tl: Timeline, nbytes, keep, name: str, accumulated_name: str) -> None:

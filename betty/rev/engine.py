@@ -405,7 +405,7 @@ def estimate_parts(model: nn.Module, optimizer: torch.optim.Optimizer, parts: Se
                    train_mask: Tensor, **memory_kwargs: Any) -> list[int]:
     """Estimated peak bytes of every part's step (:func:`betty.rev.memory.estimate_rev_parts`;
     ``memory_kwargs``: ``dtype``, ``backend``, ``label_columns``, ``feat_dtype``,
-    ``masks_held``)."""
+    ``masks_held``, and ``first_step``, ``step_in_region`` for the optimizer's first step)."""
     from betty.rev.memory import estimate_rev_parts
 
     return [int(e.peak) for e in estimate_rev_parts(parts, model, train_mask=train_mask,
@@ -736,8 +736,12 @@ class RevTrainer:
         logged = estimates
         if estimates is not None and not had_state:
             # before the first step the optimizer holds no state: log the estimate of
-            # what actually ran (the K search keeps using the steady-state estimate)
-            logged = estimate_parts(self.model, "sgd", parts, self.train_mask, **self.memory_kwargs)
+            # what actually ran, the parts without the state and the one whose region
+            # holds the step (in one process: the last running part) with the state the
+            # step creates and its temporaries (the K search and the budget checks keep
+            # the steady-state estimate, which is never below it)
+            logged = estimate_parts(self.model, self.optimizer, parts, self.train_mask, first_step=True,
+                                    step_in_region=self.parallel is None, **self.memory_kwargs)
         if logged is not None:
             for rec in step.parts:
                 rec.estimated_bytes = logged[rec.index]

@@ -3,7 +3,8 @@
 What is estimated is the peak :class:`~betty.memory.meter.MemoryMeter` reads around one
 :func:`betty.rev.engine.train_step_parts` step with the model and the
 optimizer tracked (optimizer state assumed to exist: the steady state after the first
-step): the maximum over the step of
+step; ``first_step=True`` estimates that first step, whose last part's region creates the
+state): the maximum over the step of
 
     parameters + optimizer state + gradients + everything one part allocates
     (+ the optimizer's temporaries during its step),
@@ -243,8 +244,8 @@ def rev_replay_config(arch: Any, *,
                       num_parts: int = 1, label_columns: int = 0,
                       label_dtype: torch.dtype = torch.float32,
                       feat_dtype: Optional[torch.dtype] = None,
-                      constants: Optional[BackendConstants] = None,
-                      **shape_overrides: Any) -> tuple[RevReplayConfig, RevModelShape]:
+                      constants: Optional[BackendConstants] = None, first_step: bool = False,
+                      step_parts=None, **shape_overrides: Any) -> tuple[RevReplayConfig, RevModelShape]:
     """The replay's configuration of ``num_parts`` parts of ``arch`` (and its shape): what
     :func:`estimate_rev_sizes` replays, and what a trace diff replays with
     ``replay_rev(..., record=True)``. Arguments: see :func:`estimate_rev_sizes`."""
@@ -270,7 +271,9 @@ def rev_replay_config(arch: Any, *,
         fresh_grads=np.broadcast_to(np.asarray(fresh_grads, dtype=bool), (num_parts,)).copy(),
         label_columns=int(label_columns),
         label_elt=itemsize(label_dtype, "label_dtype"), host=not backend.startswith("cuda"),
-        granule=consts.granule_bytes)
+        granule=consts.granule_bytes, first_step=bool(first_step),
+        step_parts=None if step_parts is None else np.broadcast_to(
+            np.asarray(step_parts, dtype=bool), (num_parts,)).copy())
     return cfg, shape
 
 
@@ -280,8 +283,8 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
                        num_train=None, fresh_grads=True, label_columns: int = 0,
                        label_dtype: torch.dtype = torch.float32,
                        feat_dtype: Optional[torch.dtype] = None,
-                       constants: Optional[BackendConstants] = None,
-                       **shape_overrides: Any) -> list[MemoryEstimate]:
+                       constants: Optional[BackendConstants] = None, first_step: bool = False,
+                       step_parts=None, **shape_overrides: Any) -> list[MemoryEstimate]:
     """Estimate P parts at once from their sizes (one vectorized replay).
 
     Args:
@@ -289,7 +292,7 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
         arch: see :meth:`RevModelShape.of`; ``shape_overrides`` (e.g. ``dropout=``,
             ``in_feats=``, ``reversible=``) replace its fields.
         optimizer: ``"adam"``, ``"sgd"``, an :class:`~betty.memory.spec.OptimizerSpec`
-            or a torch optimizer (its state is assumed to exist).
+            or a torch optimizer (its state is assumed to exist, unless ``first_step``).
         dtype: compute dtype (default: the architecture's).
         backend: ``"cpu"``, ``"cuda"`` or ``"cuda-nocudnn"`` (allocation rounding; Adam
             variant: single-tensor on the host, foreach on CUDA).
@@ -301,6 +304,12 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
             indices (cross-entropy).
         feat_dtype: the features' dtype (default: ``dtype``).
         constants: override the backend's constants.
+        first_step: the optimizer's first step: no state exists while the parts run, the
+            step creates it (the parts of ``step_parts`` count it and the step's
+            temporaries; the others only what they allocate).
+        step_parts: ``(P,)`` bools: the parts whose meter region holds the optimizer step
+            (default: every part, each estimate covering the step whichever part runs
+            last).
     """
     n = _as_vector(num_nodes, "num_nodes")
     e = _as_vector(num_edges, "num_edges")
@@ -313,7 +322,8 @@ def estimate_rev_sizes(num_nodes, num_edges, arch: Any, *,
     cfg, shape = rev_replay_config(arch, optimizer=optimizer, dtype=dtype, backend=backend,
                                    fresh_grads=fresh_grads, num_parts=n.shape[0],
                                    label_columns=label_columns, label_dtype=label_dtype,
-                                   feat_dtype=feat_dtype, constants=constants, **shape_overrides)
+                                   feat_dtype=feat_dtype, constants=constants, first_step=first_step,
+                                   step_parts=step_parts, **shape_overrides)
     tl = replay_rev(n, e, nt, cfg)
     breakdown = tl.breakdown()
     where = tl.peak_event()
@@ -376,6 +386,7 @@ def _part_sizes(parts: Sequence[Any], train_mask: Optional[torch.Tensor]):
 
 def estimate_rev_parts(parts: Sequence[Any], arch: Any, *,
                        train_mask: Optional[torch.Tensor] = None, zeroed_grads: bool = True,
+                       first_step: bool = False, step_in_region: bool = True,
                        **kwargs: Any) -> list[MemoryEstimate]:
     """Estimate every part of a split as :func:`~betty.rev.engine.train_step_parts`
     runs it; the step's peak is the largest.
@@ -390,6 +401,13 @@ def estimate_rev_parts(parts: Sequence[Any], arch: Any, *,
         zeroed_grads: the step starts with ``zero_grad(set_to_none=True)`` (as
             ``train_step_parts`` does): the first part with training nodes
             creates the gradients, the others accumulate into them.
+        first_step: the optimizer has not stepped yet (no state: epoch 0). The parts
+            are estimated without its state, and the one whose meter region holds the
+            step (the last part with training nodes, where ``train_step_parts`` steps)
+            also with what the step creates: the state, then the step's temporaries.
+        step_in_region: whether the step runs inside the last part's region (one
+            process; under ``parallel`` it runs after the regions): with
+            ``first_step`` and ``False`` no part counts the step.
         Other keywords: see :func:`estimate_rev_sizes`.
     """
     if len(parts) == 0:
@@ -400,7 +418,13 @@ def estimate_rev_parts(parts: Sequence[Any], arch: Any, *,
     fresh = np.zeros(n.shape[0], dtype=bool)
     if zeroed_grads and (~skipped).any():
         fresh[int(np.argmax(~skipped))] = True
-    estimates = estimate_rev_sizes(n, e, arch, num_train=nt, fresh_grads=fresh, **kwargs)
+    step_parts = None
+    if first_step:
+        step_parts = np.zeros(n.shape[0], dtype=bool)
+        if step_in_region and (~skipped).any():
+            step_parts[n.shape[0] - 1 - int(np.argmax(~skipped[::-1]))] = True
+    estimates = estimate_rev_sizes(n, e, arch, num_train=nt, fresh_grads=fresh, first_step=first_step,
+                                   step_parts=step_parts, **kwargs)
     for est, s in zip(estimates, skipped):
         est.sizes["skipped"] = bool(s)
     return estimates

@@ -48,8 +48,15 @@ element):
    the labels, the argmax and its comparison (multi-label: the sign comparisons, their
    float32 copy, the per-row mean).
 7. **Optimizer step** once all parts ran: on the host Adam loops over the parameters
-   and allocates ``sqrt(v)`` and ``sqrt(v) / c`` per parameter (the previous
-   denominator is freed when the next one is assigned); SGD allocates nothing.
+   of each group and allocates ``sqrt(v)`` and ``sqrt(v) / c`` per parameter (the
+   previous denominator is freed when the next one is assigned; with weight decay also
+   the decayed gradient); SGD allocates nothing but, with weight decay, the decayed
+   gradient (peak: :func:`betty.memory.ops.step_temporaries`, as the sampled engine's
+   :func:`betty.memory.estimator.step_bytes`). Before the optimizer's first step
+   (``first_step``) its state does not exist during the parts: the step creates it
+   (Adam: ``exp_avg``, ``exp_avg_sq`` and the 0-d ``step`` of every parameter before
+   its loop; SGD: each momentum buffer as a copy of the gradient) and it stays. Only
+   the parts whose meter region holds the step (``step_parts``) replay it.
 
 The op sequences were read off the code of ``betty.rev.model*``, DGL 2.1's
 ``GraphConv`` (``norm='both'``), ``SAGEConv('mean')`` and ``GATConv``, betty's PyG
@@ -76,7 +83,8 @@ from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LA
                               PARAMS, StepConfig, edge_softmax_backward, hash_chunk_rows, hash_words,
                               multilabel_correct, numel, index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
-                              pyg_softmax_forward, step_baseline)
+                              pyg_softmax_forward, optimizer_state_size, step_baseline, step_foreach,
+                              step_groups, step_temporaries)
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
@@ -131,6 +139,11 @@ class RevReplayConfig(StepConfig):
             gathered ``(E, H)`` scores and ``(E, H, F)`` products, PyG's softmax).
         masks_held: the dropout masks live until the part ends (a per-part mask cache);
             else the residual network frees each with its last autograd holder.
+        first_step: the optimizer holds no state yet (before its first step): the
+            parts run without it and the step creates it (``optimizer`` says which).
+        step_parts: ``(P,)`` bools: the part's meter region holds the optimizer step
+            (``None``: every part's does, the steady-state convention: each estimate
+            covers the step's temporaries whichever part runs last).
     """
 
     hidden: int
@@ -149,6 +162,8 @@ class RevReplayConfig(StepConfig):
     granule: int = 1
     graph_backend: str = "dgl"
     masks_held: bool = False
+    first_step: bool = False
+    step_parts: np.ndarray | None = None
 
     @property
     def shapes(self) -> list[list[tuple[int, ...]]]:
@@ -215,7 +230,7 @@ class _RevReplayer:
             n_bn = (1 if cfg.weight_tied else cfg.num_layers) * cfg.num_groups
             bn_buffers = n_bn * (2 * self.w * cfg.elt + 8) + 2 * cfg.hidden * cfg.elt + 8
         step_baseline(self.tl, cfg, float(sum(self.pbytes)), sum(len(g) for g in self.shapes),
-                      bn_buffers)
+                      bn_buffers, state=not cfg.first_step)
 
     # ------------------------------------------------------------------ group function
     def group_forward(self, hin: Buffer, grad: bool, tag: str, stop_early: bool = False):
@@ -973,26 +988,43 @@ class _RevReplayer:
 
     # ------------------------------------------------------------------ optimizer
     def optimizer_step(self) -> None:
+        """The optimizer step in the parts whose region holds it (``cfg.step_parts``): on
+        the first step the state it creates (:func:`~betty.memory.ops.optimizer_state_size`),
+        then its temporaries, whose peak is :func:`~betty.memory.ops.step_temporaries`
+        (single-tensor Adam replayed op by op, the others as one transient)."""
         cfg, tl = self.cfg, self.tl
         tl.phase = "optimizer step"
         # gradients of the parts that did not create them exist from the baseline
-        if cfg.optimizer.name != "adam":
+        held = (np.ones(self.n.shape[0], dtype=bool) if cfg.step_parts is None
+                else np.broadcast_to(np.asarray(cfg.step_parts, dtype=bool), self.n.shape))
+        if cfg.first_step:  # created in the step (Adam: before its loop) and kept
+            state = optimizer_state_size(cfg, float(sum(self.pbytes)), sum(len(g) for g in self.shapes))
+            tl.alloc(np.where(held, state, 0.0), OPT, "optimizer state (first step)")
+        el, opt = cfg.elt, cfg.optimizer
+        numels = [numel(s) for group in self.shapes for s in group]
+        if opt.name == "adam" and not step_foreach(opt, cfg.host):
+            # single-tensor Adam, group by group: the gradient with weight decay added
+            # (freed when the next parameter's is taken), denom = sqrt(v) / c (the
+            # previous denominator freed once the next one is assigned)
+            for sizes, decay in step_groups(opt, numels):
+                prev = grad = None
+                for count in sizes:
+                    nb = np.where(held, count * el, 0.0)
+                    if grad is not None:
+                        tl.release(grad)
+                    grad = tl.alloc(nb, STEP, "adam grad + weight decay") if decay else None
+                    sq = tl.alloc(nb, STEP, "adam sqrt(v)")
+                    d = tl.alloc(nb, STEP, "adam denominator")
+                    tl.release(sq)
+                    if prev is not None:
+                        tl.release(prev)
+                    prev = d
+                tl.release(prev, grad)
             return
-        el = cfg.elt
-        sizes = [numel(s) * el for group in self.shapes for s in group]
-        if cfg.host:  # single-tensor Adam: denom = sqrt(v) / c, previous denom freed late
-            prev = None
-            for nb in sizes:
-                s = tl.alloc(nb, STEP, "adam sqrt(v)")
-                d = tl.alloc(nb, STEP, "adam denominator")
-                tl.release(s)
-                if prev is not None:
-                    tl.release(prev)
-                prev = d
-            if prev is not None:
-                tl.release(prev)
-        else:  # foreach Adam: one list of sqrt(v) for all parameters
-            tl.temp(float(sum(sizes)), STEP, "adam foreach sqrt(v)")
+        temporaries = step_temporaries(opt, numels, el, cfg.host)
+        if temporaries:  # foreach Adam's list of sqrt(v); SGD's gradient with weight decay added
+            tl.temp(np.where(held, temporaries, 0.0), STEP,
+                    "adam foreach sqrt(v)" if opt.name == "adam" else "sgd grad + weight decay")
 
 
 def replay_rev(num_nodes, num_edges, num_train, cfg: RevReplayConfig, *, record: bool = False) -> Timeline:
