@@ -42,7 +42,7 @@ full-graph autograd gradient is 1.0e-5 from the float64 one, and betty's K = 1 s
 the same whole graph 1.7e-5 from it, as are the K = 3 parts; 2 seeds of 8 exceed 1e-5;
 PyG: <= 4e-7), so no float32 comparison of them can hold 1e-5.
 
-Each test runs once per installed backend (``backend``: the DGL half is marked ``dgl``,
+On one process and on 2 ranks (``DataParallel``). Each test runs once per installed backend (``backend``: the DGL half is marked ``dgl``,
 the PyG half ``pyg``, each skipped where its framework is missing).
 """
 
@@ -166,20 +166,22 @@ def _accuracy(out, ds: GraphDataset, train: torch.Tensor) -> float:
     return float((out.argmax(1) == target).double().mean())
 
 
-def _trainer_step(model, ds: GraphDataset, dtype):
-    """One RevTrainer epoch (K = 3 METIS parts, one SGD step): the record, the parameters
-    before the step and the accumulated gradients the step used."""
+def _trainer_step(model, ds: GraphDataset, dtype, parallel=None):
+    """One RevTrainer epoch (K = 3 METIS parts, one SGD step; on ``parallel``'s ranks if
+    given): the record, the parameters before the step and the accumulated gradients the
+    step used (all-reduced over the ranks)."""
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     trainer = RevTrainer(model, torch.optim.SGD(model.parameters(), lr=LR), ds, RevPlan("metis", K),
-                         seed=SEED, dtype=dtype, estimate_memory=False)
+                         seed=SEED, dtype=dtype, estimate_memory=False, parallel=parallel)
     record = trainer.train_epoch(EPOCH)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     return record, before, grads
 
 
-def _check_step(model, record, before, grads, ref_loss, ref_acc, ref_grads, tol):
-    # the precondition: K parts that together keep every edge (each part ran)
-    assert record.k == K and len(record.parts) == K, record.parts
+def _check_step(model, record, before, grads, ref_loss, ref_acc, ref_grads, tol, ranks: bool = False):
+    # the precondition: K parts that together keep every edge (each part ran; on ranks
+    # each record lists this rank's parts, the test checks that they cover K)
+    assert record.k == K and (ranks or len(record.parts) == K), record.parts
     assert record.edges_kept_fraction == 1.0, "the split cuts edges: K-part training is another model"
     assert all(not p.skipped for p in record.parts)
     # the accumulated gradient is the whole graph's, parameter by parameter
@@ -204,7 +206,32 @@ def _check_step(model, record, before, grads, ref_loss, ref_acc, ref_grads, tol)
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.id)
 def test_k_part_step_equals_plain_autograd_on_the_whole_graph(backend, variant):
-    v = variant
+    check_variant(backend, variant)
+
+
+def test_k_parts_on_two_ranks_equal_plain_autograd_on_the_whole_graph(backend):
+    """Every variant on 2 ranks (``DataParallel``: each rank runs its share of the K
+    parts, the gradients all-reduced): every rank's step is plain autograd's, and the
+    ranks' parts cover the K parts once."""
+    from betty.distributed.launch import launch
+
+    results = launch(rank_check_variants, (backend,), nproc=2)
+    for v in VARIANTS:
+        ran = results[0][v.id] + results[1][v.id]
+        assert sorted(ran) == list(range(K)), f"{v.id}: parts {ran} do not cover K={K} once"
+
+
+def rank_check_variants(backend: str) -> dict[str, list[int]]:
+    """On one rank: :func:`check_variant` of every variant on a ``DataParallel``; the
+    parts each ran here."""
+    from betty.distributed import DataParallel
+
+    return {v.id: check_variant(backend, v, DataParallel(check_every=1)) for v in VARIANTS}
+
+
+def check_variant(backend: str, v: Variant, parallel=None) -> list[int]:
+    """One RevTrainer step of variant ``v`` (on ``parallel``'s ranks if given) against
+    plain autograd on the whole graph; the indices of the parts this process ran."""
     ds = _dataset(v.multilabel)
     torch.manual_seed(0)
     model = build_model("revgnn", FEATS, ds.num_classes, hidden=HIDDEN, layers=LAYERS, conv=v.conv,
@@ -215,7 +242,7 @@ def test_k_part_step_equals_plain_autograd_on_the_whole_graph(backend, variant):
         v.mode == "rev", v.mode == "ckpt", v.tied)
     reference = copy.deepcopy(model)
 
-    record, before, grads = _trainer_step(model, ds, v.dtype)
+    record, before, grads = _trainer_step(model, ds, v.dtype, parallel)
 
     # the reference: the same weights as a plain residual network (ordinary autograd),
     # one forward over the whole graph, the mean loss over the training nodes, .backward()
@@ -229,7 +256,8 @@ def test_k_part_step_equals_plain_autograd_on_the_whole_graph(backend, variant):
     loss.backward()
     ref_grads = {n: p.grad for n, p in reference.named_parameters()}
     _check_step(model, record, before, grads, loss.item(), _accuracy(out, ds, train), ref_grads,
-                TOL[v.dtype])
+                TOL[v.dtype], ranks=parallel is not None)
+    return [p.index for p in record.parts]
 
 
 DEQ_VARIANTS = [("gcn", "layer", False, F64), ("gat", "none", True, F64), ("sage", "none", False, F32)]
