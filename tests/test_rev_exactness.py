@@ -42,8 +42,10 @@ full-graph autograd gradient is 1.0e-5 from the float64 one, and betty's K = 1 s
 the same whole graph 1.7e-5 from it, as are the K = 3 parts; 2 seeds of 8 exceed 1e-5;
 PyG: <= 4e-7), so no float32 comparison of them can hold 1e-5.
 
-On one process and on 2 ranks (``DataParallel``). Each test runs once per installed backend (``backend``: the DGL half is marked ``dgl``,
-the PyG half ``pyg``, each skipped where its framework is missing).
+The variants run in one process and on 2 ranks (``DataParallel``: each rank runs its
+share of the parts, the gradients all-reduced). Each test runs once per installed backend
+(``backend``: the DGL half is marked ``dgl``, the PyG half ``pyg``, each skipped where
+its framework is missing).
 """
 
 from __future__ import annotations
