@@ -449,3 +449,30 @@ def test_error_summary_leaves_out_a_native_stack_trace():
                    "  [bt] (0) libdgl.so(+0x1)\n  [bt] (1) libdgl.so(+0x2)")
     assert error_summary(err) == "DGLError: [12:00:00] spmm.cc:40: Feature data can only be float32 on CPU"
     assert error_summary(ValueError("two\nlines")) == "ValueError: two\nlines"  # betty's own messages stay whole
+
+
+def test_runs_made_from_other_data_are_neither_given_nor_found_upstream(tracking, monkeypatch):
+    """A source file rewritten under the same spec is new data (another dataset digest):
+    a stage run made from the old files is refused as ``--upstream`` and is not what
+    ``betty stage evaluate`` looks up."""
+    import workflow.components as components
+
+    sample = _stage("sample", "tiny")
+    train = _stage("train", "tiny", "-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]")
+    with monkeypatch.context() as changed:
+        changed.setattr(components, "dataset_digest", lambda rspec: "0123456789abcdef")  # the file changed
+        res = invoke("stage", "partition", "tiny", "--upstream", f"sample={sample}", "--experiment", "guards-test")
+        assert res.exit_code == 2, res.output
+        assert f"--upstream sample={sample}" in res.stderr and "was made from other data" in res.stderr
+        assert "0123456789abcdef here" in res.stderr
+        res = invoke("stage", "evaluate", "tiny", "-s", "partition.sweep.k=[2]", "-s",
+                     "partition.sweep.methods=[range]", "--experiment", "guards-test")
+        assert res.exit_code == 2 and "needs a train run of this spec" in res.stderr, res.output
+    # the files as they were: both runs are taken again
+    _stage("partition", "tiny", "--upstream", f"sample={sample}", "-s", "partition.sweep.k=[2]",
+           "-s", "partition.sweep.methods=[range]")
+    res = invoke("stage", "evaluate", "tiny", "-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]",
+                 "--experiment", "guards-test", "--json")
+    assert res.exit_code == 0, res.output
+    evaluate = MlflowClient().get_run(json.loads(res.stdout)["run_id"])
+    assert f"train={train}" in evaluate.data.tags["upstream"]

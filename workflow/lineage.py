@@ -8,7 +8,11 @@ from collections.abc import Mapping
 
 from workflow.specfile import STAGE_KEYS, STAGE_SECTIONS, STAGES, ResolvedSpec
 
-__all__ = ["UpstreamMismatch", "check_upstream"]
+__all__ = ["UpstreamMismatch", "DIGEST_TAG", "check_upstream"]
+
+DIGEST_TAG = "dataset_digest"
+"""The tag of a stage run holding the digest of the data it was made from
+(:func:`workflow.components.dataset_digest`)."""
 
 
 class UpstreamMismatch(ValueError):
@@ -58,11 +62,16 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
     spec params equal ``rspec``'s on the sections and keys that stage depends on
     (:data:`STAGE_SECTIONS`, :data:`STAGE_KEYS`), less the section of ``stage`` itself but
     for the keys the upstream run read from it (:func:`_own_section_keys`) and less
-    :data:`NOT_COMPARED` (a model trained on one device may be scored on another)."""
+    :data:`NOT_COMPARED` (a model trained on one device may be scored on another), and
+    it was made from the dataset's present content (its :data:`DIGEST_TAG`, where it
+    has one)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    from workflow.components import dataset_digest
+
     client = MlflowClient()
+    digest = dataset_digest(rspec) if upstream else None
     here = f"spec {rspec.name!r}" + (f" from {rspec.source}" if rspec.source else "")
     earlier = STAGES[: STAGES.index(stage)] if stage in STAGES else STAGES
     for ustage, run_id in upstream.items():
@@ -100,3 +109,8 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
             raise UpstreamMismatch(
                 f"{what} was computed from other {ustage} settings than {here}: {shown}{more}; "
                 f"run the {ustage} stage for {rspec.name!r} or pass its run")
+        if tags.get(DIGEST_TAG, digest) != digest:  # the same settings, other source files
+            raise UpstreamMismatch(
+                f"{what} was made from other data than {rspec.spec.dataset.name!r} holds now "
+                f"(dataset digest {tags[DIGEST_TAG]} there, {digest} here: a source file changed); "
+                f"run the {ustage} stage again or pass a run made from the present files")

@@ -18,8 +18,9 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from workflow.checksums import ArtifactDamaged, damaged_artifacts, fetch
+from workflow import components
 from workflow.components import resolve_device
-from workflow.lineage import check_upstream
+from workflow.lineage import DIGEST_TAG, check_upstream
 from workflow.progress import Reporter
 from workflow.reuse import find_reusable, stage_key
 from workflow.runs import encode_upstream, log_metrics, tracked_run
@@ -47,7 +48,7 @@ def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None =
     device = str(resolve_device(rspec.spec.train.device))
     check_upstream(rspec, stage, upstream)  # before a run exists: a refused lineage leaves none
     key = stage_key(rspec, stage, upstream.get(UPSTREAM[stage] or ""), device)
-    tags = {**key, "upstream": encode_upstream(upstream) or "none"}
+    tags = {**key, "upstream": encode_upstream(upstream) or "none", DIGEST_TAG: components.dataset_digest(rspec)}
     with tempfile.TemporaryDirectory(prefix=f"betty-{stage}-") as tmp, \
             tracked_run("stage", stage, rspec, nested=nested, run_name=run_name or f"{rspec.name}/{stage}",
                         device=device, tags=tags) as run:

@@ -19,23 +19,23 @@ DEVICE_DEPENDENT = ("partition", "train", "evaluate")  # the memory model's cons
 
 
 def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str]:
-    """The runtime facts that enter ``stage``'s ``stage_sha``: for ``sample``, the digest
-    of the dataset's content (its source files' sizes and times: a file replaced under
-    the same spec is new data; the stages after follow through their upstream runs);
-    the device and the GNN framework with its and torch's versions
-    (:func:`workflow.provenance.backend_version`: ``model.backend: auto`` is DGL where
-    it imports, else PyG, and the two give other estimates, K and floats), for
+    """The runtime facts that enter ``stage``'s ``stage_sha``: for every stage, the digest
+    of the dataset's content (:func:`workflow.components.dataset_digest`: its source
+    files' sizes and times; a file replaced under the same spec is new data, and no
+    stage run made from the old data stands in for one, also where a stage is given its
+    upstream run or looks it up); the device and the GNN framework with its and torch's
+    versions (:func:`workflow.provenance.backend_version`: ``model.backend: auto`` is DGL
+    where it imports, else PyG, and the two give other estimates, K and floats), for
     :data:`DEVICE_DEPENDENT` stages; and for ``partition``, which sizes the split with
     the memory model, a hash of its constants in effect there (shipped, or as ``betty
     calibrate`` left them). The train stage follows through its upstream partition
     run; its model does not depend on K."""
-    if stage == "sample":
-        from workflow.components import dataset_digest
+    from workflow.components import dataset_digest
 
-        return {"dataset": dataset_digest(rspec)}
+    runtime = {"dataset": dataset_digest(rspec)}
     if stage not in DEVICE_DEPENDENT:
-        return {}
-    runtime = {"device": device, "backend": backend_version(rspec.spec.model.backend)}
+        return runtime
+    runtime.update(device=device, backend=backend_version(rspec.spec.model.backend))
     if stage != "partition":
         return runtime
     from betty.memory.constants import default_backend, load_constants
