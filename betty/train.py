@@ -770,11 +770,15 @@ def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """``max over parameters of ||a - b|| / max(||b||, tiny)`` (Frobenius norms)."""
+    """``max over parameters of ||a - b|| / max(||b||, tiny)`` (Frobenius norms); ``inf``
+    where either side holds a NaN or an infinity (never a difference that passes)."""
     worst = 0.0
     for name, ref in b.items():
         denom = max(float(ref.norm()), torch.finfo(ref.dtype).tiny)
-        worst = max(worst, float((a[name] - ref).norm()) / denom)
+        diff = float((a[name] - ref).norm()) / denom
+        if not math.isfinite(diff):
+            return math.inf
+        worst = max(worst, diff)
     return worst
 
 

@@ -185,6 +185,36 @@ def rank_fit_while_splitting() -> list[float] | None:
         faulthandler.cancel_dump_traceback_later()
 
 
+def scaled_gradient_trainer(scale: float):
+    """``(trainer, model)`` of the sage-mean case (Adam, float64, K from the caller) whose
+    all-reduced gradients are multiplied by ``scale`` on the ranks (in a process with
+    ``torch.distributed`` initialised; elsewhere untouched): a fault that Adam's first
+    update, about ``lr · sign(g)``, all but hides."""
+    import torch.distributed as dist
+
+    import betty.distributed.parallel as parallel_module
+    from betty.engine import PartitionPlan, Trainer
+    from betty.models import build_model
+
+    if dist.is_initialized() and not hasattr(parallel_module.allreduce_gradients, "scale"):
+        real = parallel_module.allreduce_gradients
+
+        def scaled(params, *args, **kwargs):
+            stats = real(params, *args, **kwargs)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+            return stats
+
+        scaled.scale = scale
+        parallel_module.allreduce_gradients = scaled
+    torch.manual_seed(0)
+    model = build_model("sage", FEATS, CLASSES, hidden=8, layers=2, dropout=DROPOUT).double()
+    trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), dataset(), [4, 6],
+                      PartitionPlan("random", 1), seed=1, dtype=torch.float64, estimate_memory=False)
+    return trainer, model
+
+
 def rank_subgroup_agree() -> object:
     """On one of 3 ranks: ranks 1 and 2 form a subgroup with a DataParallel of their own
     (rank 0 takes no part in it) and agree on rank 1's value."""

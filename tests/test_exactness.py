@@ -261,3 +261,14 @@ def test_a_micro_batch_without_edges_adds_the_full_batchs_gradient(graph_data, b
     accumulate_gradients(model, batch, groups, feat, label, k=4, dropout_key=dropout_key(0, 1), dtype=torch.float64)
     err = max_relative_difference(gradients(model), ref.grads)
     assert err < TOL[torch.float64], f"relative gradient error {err:.3e}"
+
+
+def test_a_nan_or_infinite_gradient_never_passes():
+    """``max_relative_difference`` is ``inf`` where either side is not finite (a NaN
+    must not vanish in ``max``)."""
+    ref = {"a": torch.ones(3), "b": torch.ones(2)}
+    for bad in (float("nan"), float("inf")):
+        got = {"a": torch.ones(3), "b": torch.tensor([1.0, bad])}
+        assert max_relative_difference(got, ref) == float("inf")
+        assert max_relative_difference(ref, got) == float("inf")
+    assert max_relative_difference(ref, ref) == 0.0

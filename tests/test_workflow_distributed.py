@@ -66,7 +66,7 @@ def test_verify_nproc_passes_and_fails_beyond_tolerance(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout[res.stdout.index("{"):])
     assert out["ok"] and out["world_size"] == 2 and [r["k"] for r in out["results"]] == [2, 3]
-    assert all(r["max_rel_update_diff"] < 1e-10 for r in out["results"])
+    assert all(r["max_rel_update_diff"] < 1e-10 and r["max_rel_grad_diff"] < 1e-10 for r in out["results"])
     # negative control: per-call dropout masks differ between K-way and full-batch runs
     bad = invoke("verify", "tiny", "--nproc", "2", "--k", "2", "--dtype", "float64",
                   "--set", "model.dropout_mode=standard")
@@ -253,3 +253,36 @@ def test_malformed_launch_variables_are_named(monkeypatch, nnodes, node_rank, wo
     monkeypatch.setenv("BETTY_NNODES", "2")
     monkeypatch.setenv("BETTY_NODE_RANK", "1")
     assert launch_options()["nnodes"] == 2 and launch_options()["node_rank"] == 1
+
+
+def test_verify_nproc_checks_the_gradients_adams_update_would_hide():
+    """The ranks' gradients 10% too large: Adam's first update is about ``lr · sign(g)``
+    and moves by far less than 10%, the gradient comparison shows the 10%."""
+    from functools import partial
+
+    from betty.distributed.verify import verify_ranks
+    from distributed_cases import scaled_gradient_trainer
+
+    out = verify_ranks(partial(scaled_gradient_trainer, 1.1), [2], 2, tol=1e-10)
+    row = out["results"][0]
+    assert not out["ok"] and not row["ok"]
+    assert row["max_rel_grad_diff"] == pytest.approx(0.1, rel=1e-6)
+    assert row["max_rel_update_diff"] < 1e-2  # what the update comparison alone saw
+    assert verify_ranks(partial(scaled_gradient_trainer, 1.0), [2], 2, tol=1e-10)["ok"]
+
+
+def test_verify_nproc_takes_the_single_process_tolerance_and_ignores_the_budget(tmp_path, monkeypatch):
+    """In float32 the ``--nproc`` verdict is held to the tolerance the single-process
+    verdict measures on the batch; a ``k: auto`` spec whose budget K=1 would not fit is
+    verified at the given K (the budget is the device's, the ranks run on the host)."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    auto = ["--set", "partition.k=auto", "--set", "partition.memory_budget=170KiB"]
+    one = invoke("verify", "tiny", "--k", "2", "--json", *auto)
+    assert one.exit_code == 0, one.output
+    ranks = invoke("verify", "tiny", "--nproc", "2", "--k", "2", "--json", *auto)
+    assert ranks.exit_code == 0, ranks.output
+    single = json.loads(one.stdout[one.stdout.index("{"):])
+    out = json.loads(ranks.stdout[ranks.stdout.index("{"):])
+    assert out["ok"] and out["tolerance"] == single["tol"] and "measured float32 rounding" in single["tol_basis"]

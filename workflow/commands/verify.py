@@ -36,12 +36,14 @@ def verify(spec: SpecArg,
                              "measured on this model and batch, within [1e-5, 1e-3]).")] = None,
            set_: SetOpt = None, json_: JsonOpt = False,
            nproc: Annotated[Optional[int], typer.Option(
-               "--nproc", min=1, help="Compare the update of N ranks (torch.distributed, K-way) with "
-                                      "the single-process full-batch update; exit 1 beyond --tol.")] = None) -> None:
+               "--nproc", min=1, help="Compare the update of N ranks (torch.distributed, K-way) and the "
+                                      "gradients of its step with the single-process full-batch ones; "
+                                      "exit 1 beyond --tol.")] = None) -> None:
     """Compare the K-way accumulated gradient (K=1 and each --k) with an independent
     full-batch reference on the spec's first sampled batch (betty.verify.verify_exactness);
     exit 1 when any K differs by more than --tol. With ``--nproc N``: the N-rank optimizer
-    update of the first epoch against the single-process full-batch one."""
+    update of the first epoch and the gradients of its step against the single-process
+    full-batch ones, at the same tolerance."""
     from betty.verify import verify_exactness
 
     from workflow.components import (load_data, make_trainer, resolve_device, spec_precision, torch_dtype,
@@ -65,10 +67,12 @@ def verify(spec: SpecArg,
     device = resolve_device(rspec.spec.train.device)
     trainer, model, _ = make_trainer(rspec, ds, device)
     check_k_fits(trainer, max(ks), f"--k {k}")
+    batch = trainer.sample(0, 0)
     if nproc is not None:
+        if tol is None:
+            tol = _ranks_tolerance(rspec, model, batch, ds, device)
         _verify_ranks(rspec, ds, ks, nproc, json_, tol)
         return
-    batch = trainer.sample(0, 0)
     result = verify_exactness(model, batch, ds.feat, ds.label, ks, method=rspec.spec.partition.method,
                               seed=rspec.spec.sampling.seed, device=device, dtype=torch_dtype(rspec),
                               multilabel=ds.multilabel, graph=ds.graph, tol=tol,
@@ -104,15 +108,32 @@ def fresh_trainer(rspec, shared) -> tuple:
     return trainer, model
 
 
-def _verify_ranks(rspec, dataset, ks: list[int], nproc: int, json_: bool, tol: float | None) -> None:
+def _ranks_tolerance(rspec, model, batch, dataset, device) -> float:
+    """The ``--nproc`` verdict's tolerance: the single-process rule
+    (:func:`betty.verify.exactness_tolerance`; in float32 scaled to the rounding measured
+    on the spec's model and first batch)."""
+    import torch
+
+    from betty.verify import exactness_tolerance, rounding_scale
+
+    from workflow.components import spec_precision, torch_dtype
+
+    dtype, precision = torch_dtype(rspec), spec_precision(rspec)
+    scale = None
+    if dtype == torch.float32 and not precision.mixed:
+        scale = rounding_scale(model, batch, dataset.feat, dataset.label, device=device,
+                               multilabel=dataset.multilabel)
+    return exactness_tolerance(dtype, scale, precision)[0]
+
+
+def _verify_ranks(rspec, dataset, ks: list[int], nproc: int, json_: bool, tol: float) -> None:
     from functools import partial
 
     from betty.distributed.shared import share_dataset
-    from betty.distributed.verify import update_tolerance, verify_ranks
+    from betty.distributed.verify import verify_ranks
 
-    from workflow.components import spec_precision, spec_threads, torch_dtype
+    from workflow.components import spec_threads
 
-    tol = update_tolerance(torch_dtype(rspec), spec_precision(rspec)) if tol is None else tol
     with share_dataset(dataset) as shared:  # loaded once, here: the ranks map its tensors
         threads = spec_threads(rspec, dataset.num_edges, ranks=nproc) or 1
         result = {"dtype": rspec.spec.train.dtype, "precision": rspec.spec.train.precision,
@@ -124,7 +145,8 @@ def _verify_ranks(rspec, dataset, ks: list[int], nproc: int, json_: bool, tol: f
                    f"tolerance {result['tolerance']:.0e}")
         for row in result["results"]:
             typer.echo(f"  K={row['k']:<4} {'PASS' if row['ok'] else 'FAIL'}  max relative update difference "
-                       f"{row['max_rel_update_diff']:.3e}{'' if row['ok'] else '  BEYOND TOLERANCE'}")
+                       f"{row['max_rel_update_diff']:.3e}  gradient difference {row['max_rel_grad_diff']:.3e}"
+                       f"{'' if row['ok'] else '  BEYOND TOLERANCE'}")
         typer.echo("PASS" if result["ok"] else "FAIL")
     if not result["ok"]:
         raise typer.Exit(1)
