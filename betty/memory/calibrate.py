@@ -28,6 +28,7 @@ development machine.
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 import time
 
@@ -43,7 +44,7 @@ from betty.memory.constants import (
 )
 from betty.memory.meter import MemoryMeter
 
-__all__ = ["calibrate", "measure_lstm_state", "measure_block_formats", "LSTM_GRID"]
+__all__ = ["calibrate", "block_constants", "measure_lstm_state", "measure_block_formats", "LSTM_GRID"]
 
 #: (steps, sequences, width) shapes measured for the LSTM fit.
 LSTM_GRID = tuple(
@@ -132,8 +133,24 @@ def _fit_lstm(rows, elt: int, width_multiple: int) -> tuple[float, float, float,
     return float(coef[0]), float(coef[1]), float(coef[2]), float(rel.max())
 
 
+def block_constants(dev: torch.device, block_formats: bool | None, base: BackendConstants) -> tuple[float, float]:
+    """``(block_bytes_per_edge, block_bytes_per_node)`` for :func:`calibrate`: 0 off CUDA
+    and with ``block_formats=False``; measured (:func:`measure_block_formats`) with
+    ``True``, or with ``None`` where DGL imports; ``None`` without DGL keeps ``base``'s
+    (the shipped values: a machine without DGL cannot measure them, and its
+    calibration must not zero them for a later install that has it)."""
+    if dev.type != "cuda" or block_formats is False:
+        return 0.0, 0.0
+    if block_formats is None and importlib.util.find_spec("dgl") is None:
+        return base.block_bytes_per_edge, base.block_bytes_per_node
+    small = measure_block_formats(dev, 2000, 1000, 20000)
+    large = measure_block_formats(dev, 4000, 2000, 80000)
+    per_edge = max(0.0, (large - small) / 60000.0)
+    return per_edge, max(0.0, (small - per_edge * 20000) / 3000.0)
+
+
 def calibrate(device: torch.device | str = "cpu", *, dtype: torch.dtype = torch.float32,
-              write: bool = True, lstm_grid=LSTM_GRID, block_formats: bool = True) -> dict:
+              write: bool = True, lstm_grid=LSTM_GRID, block_formats: bool | None = None) -> dict:
     """Measure this machine's constants for ``device``'s backend; see the module docstring.
 
     Args:
@@ -145,7 +162,8 @@ def calibrate(device: torch.device | str = "cpu", *, dtype: torch.dtype = torch.
         lstm_grid: ``(steps, sequences, width)`` shapes for the LSTM fit.
         block_formats: on CUDA, measure DGL's device graph formats (imports DGL);
             ``False`` leaves ``block_bytes_per_edge/node`` at 0 (a backend that builds
-            no formats beyond the edge index, or a machine without DGL).
+            no formats beyond the edge index); ``None`` (default): measure them where
+            DGL imports, else keep the shipped values (:func:`block_constants`).
 
     Returns:
         A JSON-ready dict: ``backend``, ``constants``, ``lstm_fit_max_rel_error``,
@@ -171,12 +189,7 @@ def calibrate(device: torch.device | str = "cpu", *, dtype: torch.dtype = torch.
         onednn_err = float(np.max(np.abs(pred - meas) / np.maximum(meas, 1.0)))
         if onednn_err < 1e-3:
             kernel = "onednn"
-    per_edge = per_node = 0.0
-    if dev.type == "cuda" and block_formats:
-        small = measure_block_formats(dev, 2000, 1000, 20000)
-        large = measure_block_formats(dev, 4000, 2000, 80000)
-        per_edge = max(0.0, (large - small) / 60000.0)
-        per_node = max(0.0, (small - per_edge * 20000) / 3000.0)
+    per_edge, per_node = block_constants(dev, block_formats, base)
     consts = BackendConstants(
         granule_bytes=base.granule_bytes,
         lstm_kernel=kernel,
