@@ -31,7 +31,8 @@ NOT_COMPARED = ("spec.partition.sweep.", "spec.train.device", "spec.train.thread
 """Params an upstream run may differ in: the partition sweep (a report), where it ran and
 how fast (the device, threads, the preparation pipeline; the device may change an
 ``auto`` K, which the update does not depend on) and whether memory was measured: none
-changes the trained model. Nor are the keys the spec's architecture never reads
+changes the trained model beyond floating-point rounding (the device and the thread
+count may change the order of a sum; the pipeline and measuring change nothing). Nor are the keys the spec's architecture never reads
 (:attr:`workflow.specfile.ResolvedSpec.unread_keys`)."""
 
 
