@@ -288,6 +288,20 @@ def test_the_stages_that_depend_on_the_framework_are_keyed_by_the_one_auto_resol
                        else [])
 
 
+def test_partitioner_library_versions_change_the_partition_key_only(monkeypatch):
+    """Another METIS, KaMinPar, Mt-KaHyPar, NumPy or SciPy may cut another split: the
+    partition stage's key holds their versions (train and evaluate follow through their
+    upstream partition run)."""
+    from workflow import provenance, reuse
+
+    rspec = resolve_spec(BASE)
+    here = {stage: rspec.stage_sha(stage, reuse.stage_runtime(stage, "cpu", rspec)) for stage in STAGES}
+    assert "pymetis " in provenance.partitioner_versions() and "mtkahypar " in provenance.partitioner_versions()
+    monkeypatch.setattr(reuse, "partitioner_versions", lambda: "pymetis 0.0")
+    there = {stage: rspec.stage_sha(stage, reuse.stage_runtime(stage, "cpu", rspec)) for stage in STAGES}
+    assert [s for s in STAGES if here[s] != there[s]] == ["partition"]
+
+
 def test_calibrated_constants_change_the_keys_of_the_stages_that_estimate(tmp_path, monkeypatch):
     """``betty calibrate`` writes constants the partition stage sizes its split with: its
     reuse key changes with them (train follows through its upstream partition run), the

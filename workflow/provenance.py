@@ -12,7 +12,12 @@ import functools
 import hashlib
 from pathlib import Path
 
-__all__ = ["package_roots", "source_hash", "git_commit", "backend_version", "code_version"]
+__all__ = ["package_roots", "source_hash", "git_commit", "backend_version", "partitioner_versions",
+           "code_version"]
+
+PARTITIONER_LIBRARIES = ("numpy", "scipy", "pymetis", "kaminpar", "mtkahypar")
+"""The libraries a split is computed with (the REG's sparse products, METIS, KaMinPar,
+Mt-KaHyPar; torch is in :func:`backend_version`)."""
 
 
 def package_roots() -> list[Path]:
@@ -59,6 +64,22 @@ def backend_version(backend: str) -> str:
 
     name = resolve_backend(backend)
     return f"{name} ({library_versions(name)})"
+
+
+@functools.lru_cache(maxsize=1)
+def partitioner_versions() -> str:
+    """The installed versions of :data:`PARTITIONER_LIBRARIES` (``"absent"`` where one is
+    not installed), e.g. ``"numpy 1.26.4, scipy 1.17.1, pymetis 2025.2.2, ..."``: another
+    version may cut another split (read from the package metadata, nothing imported)."""
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "absent"
+
+    return ", ".join(f"{dist} {version(dist)}" for dist in PARTITIONER_LIBRARIES)
 
 
 @functools.lru_cache(maxsize=1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from workflow.provenance import backend_version, code_version
+from workflow.provenance import backend_version, code_version, partitioner_versions
 from workflow.specfile import ResolvedSpec, content_hash
 
 __all__ = ["DEVICE_DEPENDENT", "stage_runtime", "stage_key", "find_reusable"]
@@ -28,8 +28,9 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
     where it imports, else PyG, and the two give other estimates, K and floats), for
     :data:`DEVICE_DEPENDENT` stages; and for ``partition``, which sizes the split with
     the memory model, a hash of its constants in effect there (shipped, or as ``betty
-    calibrate`` left them). The train stage follows through its upstream partition
-    run; its model does not depend on K."""
+    calibrate`` left them), and the versions of the libraries that cut the split
+    (:func:`workflow.provenance.partitioner_versions`). The train stage follows through
+    its upstream partition run; its model does not depend on K."""
     from workflow.components import dataset_digest
 
     runtime = {"dataset": dataset_digest(rspec)}
@@ -40,7 +41,8 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
         return runtime
     from betty.memory.constants import default_backend, load_constants
 
-    return {**runtime, "memory_constants": content_hash(load_constants(default_backend(device)).to_dict())}
+    return {**runtime, "memory_constants": content_hash(load_constants(default_backend(device)).to_dict()),
+            "partitioners": partitioner_versions()}
 
 
 def stage_key(rspec: ResolvedSpec, stage: str, upstream_run_id: str | None, device: str) -> dict[str, str]:
