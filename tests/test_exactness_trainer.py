@@ -16,7 +16,8 @@ autocast), and each batch's loss with the reference's.
 
 The cases are not a cross product: every model, partition method, optimizer and
 weight-decay setting, activation, ``balance="memory"``, partition ``reuse``, mini-batches
-(several steps per epoch, the last batch smaller than K), ``k="auto"`` and the
+(several steps per epoch, the last batch smaller than K), ``k="auto"``, multi-label
+targets and the
 preparation paths (``prefetch``, ``sample_device="cpu"``, ``copy_ahead``) appear at least
 once, on each backend (:func:`test_cases_cover_every_axis` keeps it so when a catalog grows).
 """
@@ -74,6 +75,7 @@ class Case:
     sample_device: str | None = None
     copy_ahead: bool = False
     precision: str = "64"
+    multilabel: bool = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -108,7 +110,12 @@ CASES = [
     Case("gat-random-sgd-wd-bf16", "gat", method="random", optimizer="sgd", weight_decay=WD,
          precision="bf16-mixed"),
     Case("gcn-reg-sgd-fp16", "gcn", method="reg", optimizer="sgd", precision="16-mixed"),
+    # multi-label targets (binary cross-entropy over T tasks)
+    Case("gat-reg-adam-multilabel", "gat", method="reg", multilabel=True),
+    Case("sage-lstm-random-sgd-bf16-multilabel", "sage", "lstm", method="random", optimizer="sgd",
+         precision="bf16-mixed", multilabel=True),
 ]
+TASKS = 3
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +123,21 @@ def ds():
     return dataset()
 
 
+def _labelled(ds, case: Case):
+    """``ds`` itself, or for a multi-label case the same graph with ``TASKS`` random
+    binary targets per node."""
+    if not case.multilabel:
+        return ds
+    import dataclasses
+
+    gen = torch.Generator().manual_seed(5)
+    targets = (torch.rand(ds.num_nodes, TASKS, generator=gen) < 0.4).float()
+    return dataclasses.replace(ds, label=targets, num_classes=TASKS, multilabel=True)
+
+
 def _model(case: Case, backend: str):
     torch.manual_seed(0)
-    model = build_model(case.arch, FEATS, CLASSES, hidden=8, layers=len(FANOUTS),
+    model = build_model(case.arch, FEATS, TASKS if case.multilabel else CLASSES, hidden=8, layers=len(FANOUTS),
                         aggregator=case.variant if case.arch == "sage" else "mean", heads=2,
                         output_heads=1 if case.variant == "1head" else None, dropout=DROPOUT,
                         attn_dropout=ATTN_DROPOUT if case.arch == "gat" else 0.0,
@@ -195,6 +214,7 @@ def rank_check_cases(backend: str) -> list[str]:
 def check_case(ds, backend: str, case: Case, parallel=None) -> None:
     """Train ``case`` with the Trainer (on ``parallel``'s ranks if given) and a twin with
     the reference's gradients; assert that they agree."""
+    ds = _labelled(ds, case)
     model = _model(case, backend)
     twin = copy.deepcopy(model)
     plan = PartitionPlan(case.method, case.k, reuse=case.reuse, balance=case.balance,
@@ -220,7 +240,7 @@ def check_case(ds, backend: str, case: Case, parallel=None) -> None:
         for b in order:
             batch = trainer.sample(epoch, b)
             assert torch.equal(batch.output_nid, trainer.batches[b])
-            ref = full_batch_reference(twin, batch, ds.feat, ds.label,
+            ref = full_batch_reference(twin, batch, ds.feat, ds.label, multilabel=ds.multilabel,
                                        dropout_key=dropout_key(trainer.dropout_seed, epoch, b), dtype=case.dtype,
                                        precision=case.precision)
             zero = [name for name, g in ref.grads.items() if not bool((g != 0).any())]
@@ -282,3 +302,4 @@ def test_cases_cover_every_axis():
     assert any(c.prefetch for c in CASES) and any(c.sample_device for c in CASES)
     assert any(c.copy_ahead for c in CASES)
     assert set(TOL) == {c.precision for c in CASES}
+    assert any(c.multilabel for c in CASES)
