@@ -189,3 +189,44 @@ def test_an_early_stop_reports_the_k_searches_of_the_batches_trained_only():
         reported[prefetch] = [s.to_dict() for s in searches]
     assert len(reported[0]) == 3, "one search per epoch (the split is re-made every epoch)"
     assert reported[1] == reported[0]
+
+
+def test_revgnn_early_stop_reports_the_k_searches_of_the_epochs_trained_only():
+    """RevGNN with ``k: auto`` and random parts searches K again for an epoch whose split
+    is estimated over the budget; with the pipeline that epoch is split while the one
+    before is validated. When the run stops there, its search is not reported: the same
+    searches as the serial loop."""
+    from betty.rev.engine import RevPlan, RevTrainer, cluster_seed, estimate_parts
+    from betty.rev.training import backend_graph, cluster_partition
+
+    ds = dataset(600)
+
+    def trainer(plan, prefetch=0, searches=None):
+        torch.manual_seed(0)
+        model = build_model("revgnn", FEATS, CLASSES, hidden=16, layers=3, conv="gat", heads=4, dropout=0.1)
+        return RevTrainer(model, torch.optim.Adam(model.parameters(), lr=0.01), ds, plan, prefetch=prefetch,
+                          on_search=None if searches is None else searches.append)
+
+    probe = trainer(RevPlan("random", 3))
+    graph = backend_graph(probe.model, ds.graph)
+    peaks = [max(estimate_parts(probe.model, probe.optimizer, cluster_partition(graph, 3, "random",
+                                                                             cluster_seed(probe.seed, e)),
+                                probe.train_mask, **probe.memory_kwargs)) for e in range(2)]
+    plan = RevPlan("random", "auto", memory_budget=int(max(peaks) / (1 - RevPlan().safety_margin)) + 1)
+    searches, searched_at = [], []
+    serial = trainer(plan, searches=searches)
+    for epoch in range(10):
+        serial.train_epoch(epoch)
+        if len(searches) > len(searched_at):
+            searched_at.append(epoch)
+    assert searched_at[0] == 0 and len(searched_at) > 1 and searched_at[1] >= 2, searched_at  # the precondition
+    stop = searched_at[1] - 1  # the run stops after this epoch, the one before a new search
+    reported = {}
+    for prefetch in (0, 1):
+        searches = []
+        scores = iter([0.5] + [0.4] * stop)
+        result = fit(trainer(plan, prefetch, searches), stop + 3, validate=lambda epoch, k: {"valid_acc": next(scores)},
+                     every=1, selector=BestValidation("last", patience=stop))
+        assert len(result.history) == stop + 1
+        reported[prefetch] = [s.k for s in searches]
+    assert len(reported[0]) == 1 and reported[1] == reported[0]

@@ -192,20 +192,18 @@ def test_calibration_keeps_the_shipped_graph_format_constants_where_dgl_is_missi
     """DGL's device graph formats are measured where DGL imports; without it the shipped
     values stay (not zeroed), off CUDA and with ``block_formats=False`` they are 0."""
     import importlib
-    import importlib.util
 
     cal = importlib.import_module("betty.memory.calibrate")  # the module (betty.memory exports the function)
 
     base = load_constants("cuda", use_user=False)
     assert base.block_bytes_per_edge > 0
     cuda = torch.device("cuda")
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "dgl" else real_find_spec(name, *a))
+    monkeypatch.setattr(cal, "available", lambda name: name != "dgl")  # DGL missing or broken
     monkeypatch.setattr(cal, "measure_block_formats", lambda *a, **k: pytest.fail("measured without DGL"))
     assert cal.block_constants(cuda, None, base) == (base.block_bytes_per_edge, base.block_bytes_per_node)
     assert cal.block_constants(cuda, False, base) == (0.0, 0.0)
     assert cal.block_constants(torch.device("cpu"), None, base) == (0.0, 0.0)
-    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    monkeypatch.setattr(cal, "available", lambda name: True)
     sizes = iter([20000 * 2.0, 80000 * 2.0])  # 2 bytes per edge, none per node
     monkeypatch.setattr(cal, "measure_block_formats", lambda *a, **k: next(sizes))
     assert cal.block_constants(cuda, True, base) == pytest.approx((2.0, 0.0))

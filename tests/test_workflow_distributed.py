@@ -286,3 +286,15 @@ def test_verify_nproc_takes_the_single_process_tolerance_and_ignores_the_budget(
     single = json.loads(one.stdout[one.stdout.index("{"):])
     out = json.loads(ranks.stdout[ranks.stdout.index("{"):])
     assert out["ok"] and out["tolerance"] == single["tol"] and "measured float32 rounding" in single["tol_basis"]
+
+
+def test_verify_nproc_counts_two_skipped_steps_as_the_same_step():
+    """A ``16-mixed`` step skipped on both sides (inf gradients) is compared by its
+    update; skipped on one side only, never passes."""
+    from betty.distributed.verify import gradient_difference
+
+    ok = {"w": torch.ones(2)}
+    inf = {"w": torch.tensor([1.0, float("inf")])}
+    assert gradient_difference(inf, {"w": torch.tensor([float("nan"), 1.0])}) == 0.0
+    assert gradient_difference(inf, ok) == float("inf") and gradient_difference(ok, inf) == float("inf")
+    assert gradient_difference({"w": torch.tensor([1.0, 1.1])}, ok) == pytest.approx(0.1 / 2 ** 0.5)

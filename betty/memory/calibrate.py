@@ -28,13 +28,13 @@ development machine.
 
 from __future__ import annotations
 
-import importlib.util
 import platform
 import time
 
 import numpy as np
 import torch
 
+from betty.backends import available
 from betty.memory.constants import (
     BackendConstants,
     default_backend,
@@ -141,7 +141,7 @@ def block_constants(dev: torch.device, block_formats: bool | None, base: Backend
     calibration must not zero them for a later install that has it)."""
     if dev.type != "cuda" or block_formats is False:
         return 0.0, 0.0
-    if block_formats is None and importlib.util.find_spec("dgl") is None:
+    if block_formats is None and not available("dgl"):  # not installed, or a broken install
         return base.block_bytes_per_edge, base.block_bytes_per_node
     small = measure_block_formats(dev, 2000, 1000, 20000)
     large = measure_block_formats(dev, 4000, 2000, 80000)

@@ -492,6 +492,7 @@ class RevTrainer:
                                   masks_held=dropout_mode == "deterministic")  # SharedHashMasks cache
         self.k: int | None = None if plan.k == "auto" else int(plan.k)
         self.search_result = None
+        self._pending_search = None  # the K search of the split just made, until it is reported
         self.last_split_times: dict[str, float | None] = {}
         self._fixed: tuple[list[GraphPart], list[int] | None] | None = None
         self._warned_idle = False
@@ -530,10 +531,22 @@ class RevTrainer:
                               train_mask=self.train_mask, safety_margin=self.plan.safety_margin,
                               optimizer=self.optimizer, **self.memory_kwargs)  # from K = 1 on any ranks:
         # K is part of the RevGNN model (edges between parts are dropped); ranks beyond K wait
-        self.k, self.search_result = result.k, result
-        if self.on_search is not None:
-            self.on_search(result)
+        self.k, self._pending_search = result.k, result
         return list(result.parts)
+
+    def _take_search(self):
+        """The K search of the split just made (``None``: none ran), taken from the
+        pending slot."""
+        search, self._pending_search = self._pending_search, None
+        return search
+
+    def _report_search(self, search) -> None:
+        """Make ``search`` the latest :attr:`search_result` and hand it to ``on_search``."""
+        if search is None:
+            return
+        self.search_result = search
+        if self.on_search is not None:
+            self.on_search(search)
 
     def _split_seed(self, epoch: int) -> int:
         if self.plan.method == "random":
@@ -547,10 +560,19 @@ class RevTrainer:
 
     def split(self, epoch: int) -> tuple[list[GraphPart], list[int] | None, bool]:
         """``(parts, per-part estimated bytes or None, whether the split is new)`` of
-        epoch ``epoch`` (the K search runs at the first call with ``k="auto"``).
+        epoch ``epoch`` (the K search runs at the first call with ``k="auto"``, and is
+        reported at once: :attr:`search_result`, ``on_search``).
         ``last_split_times`` then holds ``partition_s`` (the split), ``estimate_s`` (the
         memory estimates) and ``ksearch_s`` (the K search, which includes both; ``None``
         without one)."""
+        out = self._split(epoch)
+        self._report_search(self._take_search())
+        return out
+
+    def _split(self, epoch: int) -> tuple[list[GraphPart], list[int] | None, bool]:
+        """:meth:`split` with its K search left pending (:meth:`prepare` hands it to the
+        epoch it split, which reports it when it trains: an epoch prepared ahead that
+        never trains reports none)."""
         if self._fixed is not None and not self.repartitions:
             parts, estimates = self._fixed
             self.last_split_times = {"partition_s": 0.0, "estimate_s": 0.0, "ksearch_s": None}
@@ -562,7 +584,7 @@ class RevTrainer:
         else:
             parts = cluster_partition(backend_graph(self.model, self.dataset.graph), self.k, self.plan.method, self._split_seed(epoch))
         took = time.perf_counter() - start
-        estimates = self.search_result.estimates if searched else None
+        estimates = self._pending_search.estimates if searched else None
         if estimates:
             estimates = [int(e.peak) for e in estimates]
         elif self.plan.k == "auto":  # re-check every fresh split against the budget
@@ -573,7 +595,7 @@ class RevTrainer:
         estimate_s = time.perf_counter() - start - took
         if not searched and self.plan.k == "auto" and max(estimates) > self._usable_budget():
             parts = self._search(epoch)  # this epoch's split grew past the budget
-            estimates = [int(e.peak) for e in self.search_result.estimates]
+            estimates = [int(e.peak) for e in self._pending_search.estimates]
             searched, took = True, time.perf_counter() - start
         self.last_split_times = {"partition_s": 0.0 if searched else took,
                                  "estimate_s": 0.0 if searched else estimate_s,
@@ -669,9 +691,10 @@ class RevTrainer:
         return lambda: SharedHashMasks(p, key, head, dtype)
 
     # -- epochs ---------------------------------------------------------------------
-    def prepare(self, epoch: int) -> tuple[list[GraphPart], list[int] | None, bool, float]:
-        """``(parts, per-part estimates or None, whether the split is new, seconds)`` of
-        epoch ``epoch``: :meth:`split`, and the check of a fixed K against the budget.
+    def prepare(self, epoch: int) -> tuple[list[GraphPart], list[int] | None, bool, float, Any]:
+        """``(parts, per-part estimates or None, whether the split is new, seconds, the K
+        search or None)`` of epoch ``epoch``: :meth:`split` (its K search reported when
+        the epoch trains), and the check of a fixed K against the budget.
         Reads the graph and this trainer's split state, never the model's parameters;
         run in epoch order it gives the same parts at any time.
 
@@ -682,11 +705,12 @@ class RevTrainer:
         from betty.memory.ksearch import check_fixed_k
 
         start = time.perf_counter()
-        parts, estimates, fresh = self.split(epoch)
+        parts, estimates, fresh = self._split(epoch)
+        search = self._take_search()
         if estimates and self.plan.k != "auto" and self.plan.memory_budget is not None:
             check_fixed_k(estimates, len(parts), self.plan.memory_budget, self.plan.safety_margin,
                           micro_batch_name="part")
-        return parts, estimates, fresh, time.perf_counter() - start
+        return parts, estimates, fresh, time.perf_counter() - start, search
 
     def epochs(self, epochs: Iterable[int],
                progress: Optional[Callable[[int, int], None]] = None) -> Iterator[RevEpochRecord]:
@@ -718,7 +742,8 @@ class RevTrainer:
         the epoch's start on the clock; ``wait``: seconds spent waiting for the parts)."""
         from betty.memory import oom_guard
 
-        parts, estimates, fresh, t_split = prepared
+        parts, estimates, fresh, t_split, search = prepared
+        self._report_search(search)
         ds = self.dataset
         if self.parallel is not None and len(parts) < self.parallel.world_size and not self._warned_idle:
             self._warned_idle = True
