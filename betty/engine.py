@@ -43,7 +43,7 @@ from betty.partition.metrics import split_metrics
 from betty.partition.sweep import Split, measure_batch_split, sweep_batch
 from betty.pipeline import check_prefetch, preparation
 from betty.precision import LossScaler, Precision, check_parameter_dtype
-from betty.records import IdleTime, epoch_metrics, estimate_error
+from betty.records import IdleTime, SearchReports, epoch_metrics, estimate_error
 from betty.sampling import check_fanouts, sample_full_batch
 from betty.train import (MicroBatchRecord, accumulate_gradients, host_rows, locate_non_finite, same_device,
                          train_step)
@@ -312,7 +312,7 @@ Estimator = Callable[[SampledBatch, torch.Tensor, int], list[int]]
 """``(batch, groups, k) -> estimated peak bytes of every micro-batch``."""
 
 
-class Trainer:
+class Trainer(SearchReports):
     """Runs epochs of exact micro-batch training on one dataset.
 
     Args:
@@ -410,7 +410,7 @@ class Trainer:
             check_step_fits(persistent_bytes(model, optimizer, backend) + step_bytes(model, optimizer, backend),
                             plan.memory_budget, plan.safety_margin)
         self.search_result = None  # the default K chooser's latest KSearchResult
-        self._on_search, self._pending_search = on_search, None
+        self.on_search, self._pending_search = on_search, None
         if k_chooser is None and plan.k == "auto":
             k_chooser = make_k_chooser(model, optimizer, graph=dataset.graph,
                                        on_search=self._recording(), **memory_kwargs)
@@ -454,20 +454,6 @@ class Trainer:
                 trainer._pending_search = result
 
         return record
-
-    def _take_search(self):
-        """The K search of the split just made (``None``: none ran), taken from the
-        pending slot."""
-        search, self._pending_search = self._pending_search, None
-        return search
-
-    def _report_search(self, search) -> None:
-        """Make ``search`` the latest :attr:`search_result` and hand it to ``on_search``."""
-        if search is None:
-            return
-        self.search_result = search
-        if self._on_search is not None:
-            self._on_search(search)
 
     @staticmethod
     def _preparation_device(sample_device, device, prefetch: int) -> torch.device | None:

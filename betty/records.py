@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["SHARED_EPOCH_METRICS", "MEMORY_METRICS", "EpochRecordProtocol", "TrainerProtocol", "IdleTime",
-           "epoch_metrics", "estimate_error"]
+           "SearchReports", "epoch_metrics", "estimate_error"]
 
 
 @runtime_checkable
@@ -98,3 +98,30 @@ def epoch_metrics(record, own: Sequence[str] = ()) -> dict[str, float]:
         if value is not None:
             out[name] = float(value)
     return out
+
+
+class SearchReports:
+    """A trainer's K searches, kept from when a split is made (on a preparation thread,
+    maybe ahead of its step) until its batch or epoch trains, so that a split that never
+    trains (an early stop) reports none. Where it splits, a trainer sets
+    ``_pending_search``; it takes it with :meth:`_take_search` and reports it with
+    :meth:`_report_search`. ``search_result``: the latest reported; ``on_search``:
+    called with each."""
+
+    search_result: Any = None
+    on_search: Any = None
+    _pending_search: Any = None
+
+    def _take_search(self):
+        """The K search of the split just made (``None``: none ran), taken from the
+        pending slot."""
+        search, self._pending_search = self._pending_search, None
+        return search
+
+    def _report_search(self, search) -> None:
+        """Make ``search`` the latest ``search_result`` and hand it to ``on_search``."""
+        if search is None:
+            return
+        self.search_result = search
+        if self.on_search is not None:
+            self.on_search(search)

@@ -84,3 +84,22 @@ def rand_whole_graph(num_nodes: int, num_edges: int, backend: str):
     """``num_edges`` random edges from torch's global RNG (src drawn first), plus self-loops."""
     src, dst = torch.randint(num_nodes, (num_edges,)), torch.randint(num_nodes, (num_edges,))
     return whole_graph(src, dst, num_nodes, backend)
+
+
+def components_graph(sizes, edges_per_node: int = 4, seed: int = 0):
+    """Disjoint random clusters of ``sizes`` nodes (a ring plus ``edges_per_node`` random
+    edges per node each, so each is connected), then one self-loop per node:
+    ``(betty.graph.Graph, offsets)``, cluster ``c`` the nodes ``offsets[c]`` to
+    ``offsets[c + 1] - 1``."""
+    from betty.graph import Graph
+
+    gen = torch.Generator().manual_seed(seed)
+    offsets = np.cumsum([0] + list(sizes))
+    src, dst = [], []
+    for start, size in zip(offsets[:-1], sizes):
+        ring = torch.arange(size)
+        src += [ring + int(start), torch.randint(size, (edges_per_node * size,), generator=gen) + int(start)]
+        dst += [(ring + 1) % size + int(start), torch.randint(size, (edges_per_node * size,), generator=gen) + int(start)]
+    n = int(offsets[-1])
+    loops = torch.arange(n)
+    return Graph(torch.cat(src + [loops]), torch.cat(dst + [loops]), n), offsets

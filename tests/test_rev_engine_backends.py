@@ -4,7 +4,6 @@ with its K split and per-part memory records on the PyG backend as on DGL."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -15,22 +14,9 @@ from betty.memory import MemoryMeter
 from betty.models import build_model
 from betty.rev.training import GraphPart, backend_graph, cluster_partition
 from betty.rev.engine import RevPlan, RevTrainer, SharedHashMasks, backward_parts
+from graphs import components_graph
 
 FEATS, CLASSES, TASKS = 6, 4, 3
-
-
-def _components_graph(sizes, edges_per_node=4, seed=0) -> tuple[Graph, np.ndarray]:
-    """Disjoint random clusters (a ring plus random edges each, then self-loops)."""
-    gen = torch.Generator().manual_seed(seed)
-    offsets = np.cumsum([0] + list(sizes))
-    src, dst = [], []
-    for start, size in zip(offsets[:-1], sizes):
-        ring = torch.arange(size)
-        src += [ring + int(start), torch.randint(size, (edges_per_node * size,), generator=gen) + int(start)]
-        dst += [(ring + 1) % size + int(start), torch.randint(size, (edges_per_node * size,), generator=gen) + int(start)]
-    n = int(offsets[-1])
-    loops = torch.arange(n)
-    return Graph(torch.cat(src + [loops]), torch.cat(dst + [loops]), n), offsets
 
 
 def _grads(model, parts, feat, label, train, multilabel, p):
@@ -43,7 +29,7 @@ def _grads(model, parts, feat, label, train, multilabel, p):
 
 @pytest.mark.parametrize("conv,multilabel", [("gcn", False), ("sage", True), ("gat", False)])
 def test_parts_that_cut_no_edge_give_the_full_graph_gradient(backend, conv, multilabel):
-    g, off = _components_graph([9, 12, 7, 10])
+    g, off = components_graph([9, 12, 7, 10])
     n = g.num_nodes()
     gen = torch.Generator().manual_seed(0)
     feat = torch.randn(n, FEATS, generator=gen, dtype=torch.float64)
@@ -68,7 +54,7 @@ def test_parts_that_cut_no_edge_give_the_full_graph_gradient(backend, conv, mult
 
 
 def _dataset(n=240, seed=0, edges_per_node=3) -> GraphDataset:
-    g, _ = _components_graph([n // 3] * 3, edges_per_node=edges_per_node, seed=seed)
+    g, _ = components_graph([n // 3] * 3, edges_per_node=edges_per_node, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
     src = torch.cat([g.src, torch.randint(n, (n // 4,), generator=gen)])  # a few cross-cluster edges
     dst = torch.cat([g.dst, torch.randint(n, (n // 4,), generator=gen)])

@@ -53,17 +53,16 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from betty.backends import get_backend
 from betty.data.types import GraphDataset
-from betty.graph import Graph
 from betty.models import build_model
 from betty.models.dropout import dropout_key, hash_keep_mask
 from betty.rev.engine import RevPlan, RevTrainer
+from graphs import components_graph
 
 SIZES = (10, 13, 8, 11, 9, 12)  # METIS with K = 3 pairs them into unions of 21, 23, 19 nodes
 K = 3
@@ -77,24 +76,8 @@ DEQ_SETTLED = {torch.float64: 1e-14, torch.float32: 1e-6}
 DEQ_MAX_ITER, DEQ_UNROLL = 200, 150
 
 
-def _components_graph(sizes, edges_per_node=3, seed=0) -> Graph:
-    """Disjoint clusters (a ring plus random edges each, so each is connected), then one
-    self-loop per node."""
-    gen = torch.Generator().manual_seed(seed)
-    offsets = np.cumsum([0] + list(sizes))
-    src, dst = [], []
-    for start, size in zip(offsets[:-1], sizes):
-        ring = torch.arange(size)
-        src += [ring + int(start), torch.randint(size, (edges_per_node * size,), generator=gen) + int(start)]
-        dst += [(ring + 1) % size + int(start),
-                torch.randint(size, (edges_per_node * size,), generator=gen) + int(start)]
-    n = int(offsets[-1])
-    loops = torch.arange(n)
-    return Graph(torch.cat(src + [loops]), torch.cat(dst + [loops]), n)
-
-
 def _dataset(multilabel: bool, seed: int = 0) -> GraphDataset:
-    g = _components_graph(SIZES, seed=seed)
+    g, _ = components_graph(SIZES, edges_per_node=3, seed=seed)
     n = g.num_nodes()
     gen = torch.Generator().manual_seed(seed + 1)
     feat = torch.randn(n, FEATS, generator=gen)

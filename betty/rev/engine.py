@@ -56,7 +56,7 @@ from betty.checks import is_integer
 from betty.memory.ksearch import check_memory_budget, check_safety_margin
 from betty.memory.spec import as_optimizer_spec
 from betty.models.dropout import check_dropout, dropout_key, hash_keep_mask
-from betty.records import IdleTime, epoch_metrics, estimate_error
+from betty.records import IdleTime, SearchReports, epoch_metrics, estimate_error
 from betty.partition.sweep import Split
 from betty.rev.sweep import measure_cluster_split, sweep_clusters
 from betty.rev.training import GraphPart, backend_graph, cluster_partition, count_train_nodes, edges_kept_fraction
@@ -418,7 +418,7 @@ def _no_batch(batch: Any) -> None:
                          "leave batch out")
 
 
-class RevTrainer:
+class RevTrainer(SearchReports):
     """Epochs of RevGNN training on one dataset: one optimizer step per epoch,
     accumulated over the plan's K parts.
 
@@ -533,20 +533,6 @@ class RevTrainer:
         # K is part of the RevGNN model (edges between parts are dropped); ranks beyond K wait
         self.k, self._pending_search = result.k, result
         return list(result.parts)
-
-    def _take_search(self):
-        """The K search of the split just made (``None``: none ran), taken from the
-        pending slot."""
-        search, self._pending_search = self._pending_search, None
-        return search
-
-    def _report_search(self, search) -> None:
-        """Make ``search`` the latest :attr:`search_result` and hand it to ``on_search``."""
-        if search is None:
-            return
-        self.search_result = search
-        if self.on_search is not None:
-            self.on_search(search)
 
     def _split_seed(self, epoch: int) -> int:
         if self.plan.method == "random":
