@@ -337,8 +337,10 @@ class Trainer(SearchReports):
             decide when a reused partition must be recomputed; default:
             :func:`betty.memory.make_estimator` when ``estimate_memory`` is set.
         estimate_memory: build the default estimator (the analytic memory model).
-        on_search: called with every :class:`betty.memory.KSearchResult` (logging); the
-            default K chooser's latest is kept as ``search_result``.
+        on_search: called with the :class:`betty.memory.KSearchResult` of every batch's
+            K search when the batch trains (:class:`betty.records.SearchReports`: a batch
+            prepared ahead that never trains reports none); the latest is kept as
+            ``search_result``.
         parallel: a :class:`betty.distributed.DataParallel`: spread each batch's micro-batches
             over its ranks (longest estimated first) and all-reduce the gradients;
             every rank must build the Trainer identically (same seed).

@@ -436,8 +436,9 @@ class RevTrainer(SearchReports):
         dropout_mode: ``"deterministic"`` (:class:`SharedHashMasks`) or ``"standard"``.
         meter: optional :class:`betty.memory.MemoryMeter` (one region per part).
         estimate_memory: estimate every part (RevGNN only; ignored for the DEQ).
-        on_search: called with the :class:`betty.rev.memory.RevKSearchResult` of
-            ``k="auto"``.
+        on_search: called with the :class:`betty.rev.memory.RevKSearchResult` of every
+            K search of ``k="auto"`` when its epoch trains (:class:`betty.records.SearchReports`);
+            the latest is kept as ``search_result``.
         parallel: a :class:`betty.distributed.DataParallel`: spread the parts over its
             ranks and all-reduce the gradients (every rank builds the same trainer).
         prefetch: ``0`` (default): each epoch's parts are split when its step starts;
