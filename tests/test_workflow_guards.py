@@ -457,8 +457,12 @@ def test_runs_made_from_other_data_are_neither_given_nor_found_upstream(tracking
     ``betty stage evaluate`` looks up."""
     import workflow.components as components
 
+    from workflow.specfile import load_spec
+
     sample = _stage("sample", "tiny")
     train = _stage("train", "tiny", "-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]")
+    digest = components.dataset_digest(load_spec("tiny"))
+    assert {MlflowClient().get_run(run).data.tags["dataset_digest"] for run in (sample, train)} == {digest}
     with monkeypatch.context() as changed:
         changed.setattr(components, "dataset_digest", lambda rspec: "0123456789abcdef")  # the file changed
         res = invoke("stage", "partition", "tiny", "--upstream", f"sample={sample}", "--experiment", "guards-test")

@@ -48,7 +48,7 @@ def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None =
     device = str(resolve_device(rspec.spec.train.device))
     check_upstream(rspec, stage, upstream)  # before a run exists: a refused lineage leaves none
     key = stage_key(rspec, stage, upstream.get(UPSTREAM[stage] or ""), device)
-    tags = {**key, "upstream": encode_upstream(upstream) or "none", DIGEST_TAG: components.dataset_digest(rspec)}
+    tags = {**key, "upstream": encode_upstream(upstream) or "none"}
     with tempfile.TemporaryDirectory(prefix=f"betty-{stage}-") as tmp, \
             tracked_run("stage", stage, rspec, nested=nested, run_name=run_name or f"{rspec.name}/{stage}",
                         device=device, tags=tags) as run:
@@ -56,6 +56,7 @@ def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None =
         ctx = StageContext(rspec=rspec, upstream=upstream, reporter=reporter, workdir=Path(tmp),
                            shared=shared if shared is not None else {})
         metrics = stage_function(stage)(ctx)
+        mlflow.set_tag(DIGEST_TAG, components.dataset_digest(rspec))  # the data it was made from, once fetched
         signals.check()
     return run.info.run_id, metrics
 

@@ -19,11 +19,13 @@ DEVICE_DEPENDENT = ("partition", "train", "evaluate")  # the memory model's cons
 
 
 def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str]:
-    """The runtime facts that enter ``stage``'s ``stage_sha``: for every stage, the digest
-    of the dataset's content (:func:`workflow.components.dataset_digest`: its source
-    files' sizes and times; a file replaced under the same spec is new data, and no
-    stage run made from the old data stands in for one, also where a stage is given its
-    upstream run or looks it up); the device and the GNN framework with its and torch's
+    """The runtime facts that enter ``stage``'s ``stage_sha``: for every stage after
+    ``download``, the digest of the dataset's content
+    (:func:`workflow.components.dataset_digest`: its source files' sizes and times; a file
+    replaced under the same spec is new data, and no stage run made from the old data
+    stands in for one, also where a stage is given its upstream run or looks it up; the
+    download stage is keyed before it fetches the files, which would change its key);
+    the device and the GNN framework with its and torch's
     versions (:func:`workflow.provenance.backend_version`: ``model.backend: auto`` is DGL
     where it imports, else PyG, and the two give other estimates, K and floats), for
     :data:`DEVICE_DEPENDENT` stages; and for ``partition``, which sizes the split with
@@ -31,6 +33,8 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
     calibrate`` left them), and the versions of the libraries that cut the split
     (:func:`workflow.provenance.partitioner_versions`). The train stage follows through
     its upstream partition run; its model does not depend on K."""
+    if stage == "download":
+        return {}
     from workflow.components import dataset_digest
 
     runtime = {"dataset": dataset_digest(rspec)}
