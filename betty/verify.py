@@ -50,7 +50,7 @@ from betty.reference import full_batch_reference
 from betty.train import accumulate_gradients, gradients, max_relative_difference
 
 __all__ = ["verify_exactness", "DEFAULT_TOL", "MIXED_TOL", "default_tol", "ROUNDING_FACTOR", "MAX_SCALED_TOL",
-           "rounding_scale", "exactness_tolerance"]
+           "rounding_scale", "exactness_tolerance", "measured_tolerance"]
 
 DEFAULT_TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -120,6 +120,20 @@ def exactness_tolerance(dtype: torch.dtype, scale: float | None = None,
     return tol, why
 
 
+def measured_tolerance(model: torch.nn.Module, batch: SampledBatch, feat: torch.Tensor,
+                       label: torch.Tensor, dtype: torch.dtype, precision: Precision | str | None = None, *,
+                       device="cpu", multilabel: bool = False) -> tuple[float, str, float | None]:
+    """``(tolerance, why, rounding scale or None)``: :func:`exactness_tolerance` of
+    ``model`` on ``batch``, in float32 (not mixed) scaled to its measured
+    :func:`rounding_scale`."""
+    prec = Precision.parse(precision if precision is not None else "32")
+    scale = None
+    if dtype == torch.float32 and not prec.mixed:
+        scale = rounding_scale(model, batch, feat, label, device=device, multilabel=multilabel)
+    tol, why = exactness_tolerance(dtype, scale, prec)
+    return tol, why, scale
+
+
 def verify_exactness(model: torch.nn.Module, batch: SampledBatch, feat: torch.Tensor,
                      label: torch.Tensor, ks: Sequence[int], *, method: str = "random",
                      seed: int = 0, device="cpu", dtype: torch.dtype | None = None,
@@ -152,9 +166,8 @@ def verify_exactness(model: torch.nn.Module, batch: SampledBatch, feat: torch.Te
         raise ValueError(why)
     scale = None
     if tol is None:
-        if compute_dtype == torch.float32 and not prec.mixed:
-            scale = rounding_scale(model, batch, feat, label, device=device, multilabel=multilabel)
-        tol, basis = exactness_tolerance(compute_dtype, scale, prec)
+        tol, basis, scale = measured_tolerance(model, batch, feat, label, compute_dtype, prec, device=device,
+                                               multilabel=multilabel)
     else:
         tol, basis = float(tol), "given"
     if not tol > 0:

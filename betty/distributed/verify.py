@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from betty.train import max_relative_difference
+from betty.train import gradients, max_relative_difference
 
-__all__ = ["update_difference", "gradient_difference", "parameters", "gradients", "first_update", "verify_ranks"]
+__all__ = ["update_difference", "gradient_difference", "parameters", "first_update", "verify_ranks"]
 
 
 def update_difference(before: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor],
@@ -49,12 +49,6 @@ def gradient_difference(other: Mapping[str, torch.Tensor], reference: Mapping[st
 def parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """``name -> tensor``: a detached CPU copy of ``model``'s parameters."""
     return {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
-
-
-def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``name -> tensor``: a detached CPU copy of ``model``'s gradients (zeros where none)."""
-    return {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().clone()
-            for n, p in model.named_parameters()}
 
 
 def first_update(build: Callable[[], tuple], k: int, parallel=None) -> tuple[dict, dict, dict]:

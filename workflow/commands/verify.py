@@ -44,7 +44,7 @@ def verify(spec: SpecArg,
     exit 1 when any K differs by more than --tol. With ``--nproc N``: the N-rank optimizer
     update of the first epoch and the gradients of its step against the single-process
     full-batch ones, at the same tolerance."""
-    from betty.verify import verify_exactness
+    from betty.verify import measured_tolerance, verify_exactness
 
     from workflow.components import (load_data, make_trainer, resolve_device, spec_precision, torch_dtype,
                                      uses_revgnn)
@@ -69,8 +69,9 @@ def verify(spec: SpecArg,
     check_k_fits(trainer, max(ks), f"--k {k}")
     batch = trainer.sample(0, 0)
     if nproc is not None:
-        if tol is None:
-            tol = _ranks_tolerance(rspec, model, batch, ds, device)
+        if tol is None:  # the single-process rule, measured on this model and batch
+            tol = measured_tolerance(model, batch, ds.feat, ds.label, torch_dtype(rspec), spec_precision(rspec),
+                                     device=device, multilabel=ds.multilabel)[0]
         _verify_ranks(rspec, ds, ks, nproc, json_, tol)
         return
     result = verify_exactness(model, batch, ds.feat, ds.label, ks, method=rspec.spec.partition.method,
@@ -106,24 +107,6 @@ def fresh_trainer(rspec, shared) -> tuple:
     configure_threads(rspec, dataset.num_edges)
     trainer, model, _ = make_trainer(rspec, dataset, torch.device("cpu"))
     return trainer, model
-
-
-def _ranks_tolerance(rspec, model, batch, dataset, device) -> float:
-    """The ``--nproc`` verdict's tolerance: the single-process rule
-    (:func:`betty.verify.exactness_tolerance`; in float32 scaled to the rounding measured
-    on the spec's model and first batch)."""
-    import torch
-
-    from betty.verify import exactness_tolerance, rounding_scale
-
-    from workflow.components import spec_precision, torch_dtype
-
-    dtype, precision = torch_dtype(rspec), spec_precision(rspec)
-    scale = None
-    if dtype == torch.float32 and not precision.mixed:
-        scale = rounding_scale(model, batch, dataset.feat, dataset.label, device=device,
-                               multilabel=dataset.multilabel)
-    return exactness_tolerance(dtype, scale, precision)[0]
 
 
 def _verify_ranks(rspec, dataset, ks: list[int], nproc: int, json_: bool, tol: float) -> None:
