@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from distributed_cases import graph_server_pids
-from test_workflow_support import PROJECT, assert_runs_failed, invoke, runs_of
+from test_workflow_support import assert_runs_failed, invoke, run_on_two_machines, runs_of
 
 pytest.importorskip("dgl")
 # the graph servers' log folders (kept after the failures injected here) under tmp_path
@@ -88,16 +86,7 @@ def test_two_launchers_on_one_host_train_as_one_machine(tracking, tmp_path, monk
     ip_config = _ip_config(tmp_path, 2)
     common = ["--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
               *FAST, *_store(ip_config)]
-    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
-    with open(tmp_path / "node1.log", "w") as log:
-        node1 = subprocess.Popen([str(Path(sys.executable).parent / "betty"), "run", "tiny", "--node-rank", "1",
-                                  *common], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            res = invoke("run", "tiny", "--node-rank", "0", *common)
-            assert node1.wait(timeout=240) == 0, (tmp_path / "node1.log").read_text()[-3000:]
-        finally:
-            if node1.poll() is None:
-                node1.kill()
+    res = run_on_two_machines(common, tmp_path, tmp_path / "node1.log")
     assert res.exit_code == 0, res.output
     runs = runs_of(uri, exp)
     assert runs and all(r.info.status == "FINISHED" for r in runs)

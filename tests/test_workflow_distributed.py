@@ -201,32 +201,17 @@ def test_two_machines_train_every_repeat_and_node_0_never_reuses_their_train_run
     """``--nnodes 2`` with ``train.repeats: 2``: node 1 lends its rank to each of node 0's
     launches (one per repeat), and a second run of both commands trains again instead of
     reusing the first train run, which node 1's rank would wait for in vain."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from betty.distributed.launch import free_port
-    from test_workflow_support import PROJECT
+    from test_workflow_support import run_on_two_machines
 
     uri, exp = tracking
     for name in ("BETTY_NNODES", "BETTY_NODE_RANK", "BETTY_RDZV_ENDPOINT", "BETTY_RUN_ID"):
         monkeypatch.setenv(name, "")  # node 0's command sets them in this process: undone after the test
         monkeypatch.delenv(name)
-    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
     for attempt in range(2):
         common = ["--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                   "-s", "train.repeats=2", "-s", "train.epochs=2", *FAST]
-        log_path = tmp_path / f"node1-{attempt}.log"
-        with open(log_path, "w") as log:
-            node1 = subprocess.Popen([str(Path(sys.executable).parent / "betty"), "run", "tiny", "--node-rank", "1",
-                                      *common], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                res = invoke("run", "tiny", "--node-rank", "0", *common)
-                assert node1.wait(timeout=240) == 0, log_path.read_text()[-3000:]
-            finally:
-                if node1.poll() is None:
-                    node1.kill()
+        res = run_on_two_machines(common, tmp_path, tmp_path / f"node1-{attempt}.log")
         assert res.exit_code == 0, res.output
     runs = runs_of(uri, exp)
     assert runs and all(r.info.status == "FINISHED" for r in runs)

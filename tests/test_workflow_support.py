@@ -140,3 +140,24 @@ def test_tests_run_outside_the_checkout():
     cwd = Path.cwd().resolve()
     assert PROJECT not in (cwd, *cwd.parents)
     assert PROJECT not in cache_path("synthetic", num_nodes=50).resolve().parents
+
+
+def run_on_two_machines(common: list[str], folder: Path, log: Path):
+    """``betty run tiny`` as two machines on this host: node 1 in a process of its own
+    (output in ``log``), node 0 here (:func:`invoke`), both with the arguments
+    ``common`` (``--nnodes 2 ...``); returns node 0's result once node 1 ended with
+    exit code 0 (a failing node 1 fails the test with the end of its log)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        node1 = subprocess.Popen([str(Path(sys.executable).parent / "betty"), "run", "tiny", "--node-rank", "1",
+                                  *common], cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            res = invoke("run", "tiny", "--node-rank", "0", *common)
+            assert node1.wait(timeout=240) == 0, log.read_text()[-3000:]
+        finally:
+            if node1.poll() is None:
+                node1.kill()
+    return res
