@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from workflow.spec import weight_pickers
 from workflow.specfile import STAGE_KEYS, STAGE_SECTIONS, STAGES, ResolvedSpec
 
 __all__ = ["UpstreamMismatch", "DIGEST_TAG", "check_upstream"]
@@ -36,16 +37,15 @@ count may change the order of a sum; the pipeline and measuring change nothing).
 (:attr:`workflow.specfile.ResolvedSpec.unread_keys`)."""
 
 
-def _own_section_keys(rspec: ResolvedSpec, stage: str) -> set[str]:
+def _own_section_keys(rspec: ResolvedSpec, stage: str, params: Mapping[str, str]) -> set[str]:
     """Params of ``stage``'s own section that its upstream train run depended on too:
     ``evaluate.select`` (which weights the train run logged) and, when validation picks
-    them (``select: best_valid`` or ``train.early_stopping``), every ``evaluate`` key
-    (how validation was scored)."""
+    them (:func:`workflow.spec.weight_pickers`), every ``evaluate`` key (how validation
+    was scored). ``params``: ``rspec.params()``."""
     if stage != "evaluate":
         return set()
-    spec = rspec.spec
-    if spec.evaluate.select == "best_valid" or spec.train.early_stopping is not None:
-        return {k for k in rspec.params() if k.startswith("spec.evaluate.")}
+    if weight_pickers(rspec.spec):
+        return {k for k in params if k.startswith("spec.evaluate.")}
     return {"spec.evaluate.select"}
 
 
@@ -72,6 +72,7 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
     from workflow.components import dataset_digest
 
     client = MlflowClient()
+    params = rspec.params()
     digest = dataset_digest(rspec) if upstream else None
     here = f"spec {rspec.name!r}" + (f" from {rspec.source}" if rspec.source else "")
     earlier = STAGES[: STAGES.index(stage)] if stage in STAGES else STAGES
@@ -97,8 +98,8 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
         keys = {f"spec.{section}.{key}" for section, names in STAGE_KEYS.get(ustage, {}).items()
                 if section != stage for key in names}
         if stage in STAGE_SECTIONS[ustage]:
-            keys |= _own_section_keys(rspec, stage)
-        want, have = _settings(rspec.params(), sections, keys), _settings(run.data.params, sections, keys)
+            keys |= _own_section_keys(rspec, stage, params)
+        want, have = _settings(params, sections, keys), _settings(run.data.params, sections, keys)
         for key in rspec.unread_keys:
             want.pop(f"spec.{key}", None)
             have.pop(f"spec.{key}", None)

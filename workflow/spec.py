@@ -42,6 +42,7 @@ __all__ = [
     "check_device",
     "spec_notes",
     "with_arch_defaults",
+    "weight_pickers",
 ]
 
 DEFAULT_SWEEP_K = (2, 4, 8, 16, 32)
@@ -640,13 +641,20 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
     return out
 
 
+def weight_pickers(spec: Spec) -> list[str]:
+    """The keys by which validation scores decide the weights a run keeps:
+    ``evaluate.select best_valid`` (the best epoch's) and ``train.early_stopping`` (those
+    of the epoch it stops at); empty when the last epoch's weights are kept."""
+    return [what for what, on in (("evaluate.select best_valid", spec.evaluate.select == "best_valid"),
+                                  ("train.early_stopping", spec.train.early_stopping is not None)) if on]
+
+
 def _selection_problems(spec: Spec) -> list[Problem]:
     """Best-validation selection and early stopping need validation scores during
     training: ``evaluate.every`` from 1 to ``train.epochs`` (beyond it nothing is scored,
     and the run would silently keep the last weights)."""
     every, epochs = spec.evaluate.every, spec.train.epochs
-    needs = [what for what, on in (("evaluate.select best_valid", spec.evaluate.select == "best_valid"),
-                                   ("train.early_stopping", spec.train.early_stopping is not None)) if on]
+    needs = weight_pickers(spec)
     if needs and not 1 <= every <= epochs:
         return [Problem("evaluate.every", every, f"must be from 1 to train.epochs = {epochs} with "
                         f"{' and '.join(needs)} (validation is scored every evaluate.every epochs, "
