@@ -154,20 +154,28 @@ def test_damaged_or_missing_artifacts_rerun_the_stage(tracking, tmp_path):
     assert "Traceback" not in res.output
 
 
-def test_a_repeated_train_run_is_reused_and_its_repeat_runs_checked(tracking, tmp_path):
+def test_a_repeated_train_run_is_reused_and_its_repeat_runs_checked(tracking, tmp_path, monkeypatch):
     """``train.repeats > 1`` logs the models on the repeat runs: a rerun reuses the train
-    run (no warning), and one repeat run's damaged model.pt runs train again."""
+    run (no warning; its ``models.json`` read back once), and one repeat run's damaged
+    model.pt runs train again."""
     import warnings
+
+    import mlflow.artifacts
 
     from workflow.pipeline import run_pipeline
     from workflow.specfile import load_spec
 
     rspec = load_spec("tiny", ["train.repeats=2", "train.epochs=1", "partition.sweep.k=[]"])
     first = run_pipeline(rspec)
+    downloads, download = [], mlflow.artifacts.download_artifacts
+    monkeypatch.setattr(mlflow.artifacts, "download_artifacts",
+                        lambda *a, **kw: downloads.append(kw.get("artifact_path")) or download(*a, **kw))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         second = run_pipeline(rspec)
+    monkeypatch.setattr(mlflow.artifacts, "download_artifacts", download)
     assert all(second[s]["reused"] for s in second if s != "main")
+    assert downloads.count("models.json") == 1
     repeat = runs_of(*tracking, "tags.run_kind = 'repeat'")[1].info.run_id
     model = _artifact(tmp_path, repeat, "model.pt")
     model.write_bytes(model.read_bytes()[:-1] + b"x")
@@ -177,7 +185,7 @@ def test_a_repeated_train_run_is_reused_and_its_repeat_runs_checked(tracking, tm
     assert [s for s in third if s != "main" and third[s]["reused"]] == ["download", "sample", "partition"]
 
 
-def test_a_train_run_listing_a_gone_repeat_run_is_not_reused(tracking, tmp_path, monkeypatch):
+def test_a_train_run_listing_a_gone_repeat_run_is_not_reused(tracking, tmp_path):
     """``models.json`` naming a run that no longer exists, or an entry without a run:
     damaged (the stage runs again), not an error that stops the pipeline."""
     import json
@@ -185,9 +193,8 @@ def test_a_train_run_listing_a_gone_repeat_run_is_not_reused(tracking, tmp_path,
     import workflow.pipeline as pipeline
 
     listed = tmp_path / "models.json"
-    monkeypatch.setattr(pipeline, "fetch", lambda run_id, name, dst: listed)
     listed.write_text(json.dumps([{"run_id": "0" * 32, "repeat": 0}, {"repeat": 1}]))
-    damaged = pipeline._trained_models_damaged("f" * 32)
+    damaged = pipeline._trained_models_damaged("f" * 32, listed)
     assert [(d.run_id, d.artifact) for d in damaged] == [("0" * 32, "the run"), ("f" * 32, "models.json")]
     assert damaged[0].problem.startswith("missing")
 

@@ -64,15 +64,16 @@ def fetch(run_id: str, artifact: str, dst: str | Path, *, tags: dict | None = No
     return local
 
 
-def damaged_artifacts(run_id: str) -> list[ArtifactDamaged]:
-    """Every checksummed artifact of ``run_id`` that is missing or does not match."""
+def damaged_artifacts(run_id: str, dst: str | Path | None = None) -> list[ArtifactDamaged]:
+    """Every checksummed artifact of ``run_id`` that is missing or does not match.
+    ``dst``: the folder to leave the intact ones in (``None``: a temporary one)."""
     tags = MlflowClient().get_run(run_id).data.tags
     problems = []
     with tempfile.TemporaryDirectory(prefix="betty-verify-") as tmp:
         for key in sorted(tags):
             if key.startswith(TAG_PREFIX):
                 try:
-                    fetch(run_id, key[len(TAG_PREFIX):], tmp, tags=tags)
+                    fetch(run_id, key[len(TAG_PREFIX):], tmp if dst is None else dst, tags=tags)
                 except ArtifactDamaged as err:
                     problems.append(err)
     return problems

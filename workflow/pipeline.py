@@ -17,7 +17,7 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from workflow.checksums import ArtifactDamaged, damaged_artifacts, fetch
+from workflow.checksums import ArtifactDamaged, damaged_artifacts
 from workflow import components
 from workflow.components import resolve_device
 from workflow.lineage import DIGEST_TAG, check_upstream
@@ -87,16 +87,16 @@ def collect_summary(upstream: dict[str, str]) -> dict[str, float]:
     return out
 
 
-def _trained_models_damaged(run_id: str) -> list[ArtifactDamaged]:
+def _trained_models_damaged(run_id: str, listed: Path) -> list[ArtifactDamaged]:
     """What is wrong with the models train run ``run_id`` lists in ``models.json`` (its
-    own, or one per repeat run with ``train.repeats > 1``): each run's checksummed
-    artifacts and its logged MLflow model (``runs:/<id>/model``). A missing or damaged
-    ``models.json`` is :func:`damaged_artifacts`' to report."""
-    with tempfile.TemporaryDirectory(prefix="betty-models-") as tmp:
-        try:
-            entries = json.loads(fetch(run_id, "models.json", tmp).read_text())
-        except (ArtifactDamaged, ValueError):
-            return []
+    own, or one per repeat run with ``train.repeats > 1``; ``listed``: where
+    :func:`damaged_artifacts` left it): each run's checksummed artifacts and its logged
+    MLflow model (``runs:/<id>/model``). A missing or damaged ``models.json`` is
+    :func:`damaged_artifacts`' to report."""
+    try:
+        entries = json.loads(listed.read_text())
+    except (OSError, ValueError):
+        return []
     from mlflow.exceptions import MlflowException
 
     damaged = []
@@ -121,9 +121,10 @@ def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
     for a train run, the models it lists (:func:`_trained_models_damaged`) are present
     and intact, else ``None`` after a warning naming the run and each damaged file (the
     stage runs again)."""
-    damaged = damaged_artifacts(run_id)
-    if stage == "train":
-        damaged += _trained_models_damaged(run_id)
+    with tempfile.TemporaryDirectory(prefix="betty-verify-") as tmp:
+        damaged = damaged_artifacts(run_id, tmp)
+        if stage == "train":
+            damaged += _trained_models_damaged(run_id, Path(tmp) / "models.json")
     if not damaged:
         return run_id
     for err in damaged:
