@@ -411,8 +411,7 @@ class Trainer(SearchReports):
             backend = memory_kwargs["backend"]
             check_step_fits(persistent_bytes(model, optimizer, backend) + step_bytes(model, optimizer, backend),
                             plan.memory_budget, plan.safety_margin)
-        self.search_result = None  # the default K chooser's latest KSearchResult
-        self.on_search, self._pending_search = on_search, None
+        self.on_search = on_search  # with each KSearchResult of the default K chooser (SearchReports)
         if k_chooser is None and plan.k == "auto":
             k_chooser = make_k_chooser(model, optimizer, graph=dataset.graph,
                                        on_search=self._recording(), **memory_kwargs)

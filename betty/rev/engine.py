@@ -492,8 +492,6 @@ class RevTrainer(SearchReports):
                                   label_columns=dataset.num_classes if dataset.multilabel else 0,
                                   masks_held=dropout_mode == "deterministic")  # SharedHashMasks cache
         self.k: int | None = None if plan.k == "auto" else int(plan.k)
-        self.search_result = None
-        self._pending_search = None  # the K search of the split just made, until it is reported
         self.last_split_times: dict[str, float | None] = {}
         self._fixed: tuple[list[GraphPart], list[int] | None] | None = None
         self._warned_idle = False

@@ -995,8 +995,7 @@ class _RevReplayer:
         cfg, tl = self.cfg, self.tl
         tl.phase = "optimizer step"
         # gradients of the parts that did not create them exist from the baseline
-        held = (np.ones(self.n.shape[0], dtype=bool) if cfg.step_parts is None
-                else np.broadcast_to(np.asarray(cfg.step_parts, dtype=bool), self.n.shape))
+        held = np.ones(self.n.shape[0], dtype=bool) if cfg.step_parts is None else cfg.step_parts
         if cfg.first_step:  # created in the step (Adam: before its loop) and kept
             state = optimizer_state_size(cfg, float(sum(self.pbytes)), sum(len(g) for g in self.shapes))
             tl.alloc(np.where(held, state, 0.0), OPT, "optimizer state (first step)")
