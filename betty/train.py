@@ -120,9 +120,10 @@ def node_loss_sum(logits: torch.Tensor, target: torch.Tensor, multilabel: bool =
 def count_correct(logits: torch.Tensor, target: torch.Tensor, multilabel: bool = False) -> float:
     """Correct predictions summed over the ``n`` rows: single-label ``logits (n, C)``,
     ``target (n,)``: ``Σ [argmax logits = target]``; multi-label ``(n, T)``: the
-    fraction of the T tasks whose sign is right, summed over rows."""
+    fraction of the T tasks whose sign is right, summed over rows (counted as an integer
+    over the ``(n, T)`` entries, then divided by T: no float32 rounding)."""
     if multilabel:
-        return float(((logits > 0) == (target > 0.5)).float().mean(1).sum())
+        return int(((logits > 0) == (target > 0.5)).sum()) / target.shape[1]
     return float((logits.argmax(1) == target).sum())
 
 

@@ -1,7 +1,8 @@
 """The RevGNN replay's event sequence against the allocation recorder, op by op.
 
 One training step of a RevGNN on one whole-graph part (:func:`betty.rev.engine.train_step_parts`:
-forward, loss, backward, the correct count, the optimizer step: SGD, Adam for GAT) runs under
+forward, loss, backward, the correct count, the optimizer step: SGD, Adam for GAT; class or
+multi-label targets) runs under
 :class:`betty.memory.trace.AllocationTrace` after a first step, and the same part is
 replayed (:func:`betty.rev.replay.replay_rev` with ``record=True``). The two checks of
 :func:`test_memory_trace_diff.diff` must hold (every floating-point allocation of the
@@ -35,26 +36,30 @@ CASES = list(itertools.product(("gcn", "sage", "gat"), ("reversible", "residual"
 DROPOUT, LAYERS = 0.2, 3
 
 
-def _events(backend: str, conv: str, mode: str, norm: str, held: bool):
-    """``(traced, replayed)`` allocations of one step on one 300-node part."""
+def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: int = 0):
+    """``(traced, replayed)`` allocations of one step on one 300-node part (``tasks > 0``:
+    multi-label targets with that many tasks)."""
     from betty.backends import get_backend
 
     g, feat, label, train_idx = power_law_graph(num_nodes=300, avg_degree=6, num_feats=12,
                                                 num_classes=5, seed=300)
+    if tasks:
+        label = (torch.rand(300, tasks, generator=torch.Generator().manual_seed(1)) < 0.3).float()
     mask = torch.zeros(300, dtype=torch.bool)
     mask[train_idx] = True
     graph = get_backend(backend).full_graph(g)
     torch.manual_seed(0)
-    model = RevGNN(12, 16, 5, num_layers=LAYERS, num_groups=2, conv=conv, dropout=DROPOUT, heads=2,
+    model = RevGNN(12, 16, tasks or 5, num_layers=LAYERS, num_groups=2, conv=conv, dropout=DROPOUT, heads=2,
                    reversible=mode == "reversible", checkpoint=mode == "checkpoint", norm=norm,
                    backend=backend)
     opt = (torch.optim.Adam if conv == "gat" else torch.optim.SGD)(model.parameters(), lr=1e-3)
     parts = cluster_partition(graph, 1)
     kwargs = {"mask_factory": lambda: SharedHashMasks(DROPOUT, 7, LAYERS)} if held else {}
+    kwargs["multilabel"] = bool(tasks)
     train_step_parts(model, opt, parts, feat, label, mask, **kwargs)  # .grad and Adam's state exist
     with AllocationTrace("cpu") as trace:
         train_step_parts(model, opt, parts, feat, label, mask, **kwargs)
-    cfg, _ = rev_replay_config(model, optimizer=opt, masks_held=held, fresh_grads=True)
+    cfg, _ = rev_replay_config(model, optimizer=opt, masks_held=held, fresh_grads=True, label_columns=tasks)
     part = parts[0].graph
     tl = replay_rev([part.num_nodes()], [part.num_edges()], [int(mask.sum())], cfg, record=True)
     traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
@@ -70,4 +75,15 @@ def test_rev_replay_follows_the_trace(backend):
         problems = diff(*_events(backend, *case))
         if problems:
             failed.append(f"{case}: {problems[0]}")
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_rev_replay_of_multilabel_targets_follows_the_trace(backend):
+    """The BCE loss over 7 tasks and the correct count of multi-label targets."""
+    failed = []
+    for conv, mode in (("gcn", "reversible"), ("sage", "residual")):
+        problems = diff(*_events(backend, conv, mode, "layer", True, tasks=7))
+        if problems:
+            failed.append(f"{conv}, {mode}: {problems[0]}")
     assert not failed, "\n".join(failed)

@@ -9,11 +9,11 @@ replays model different op sequences they keep their own code (see their modules
 
 Kept apart because the code paths differ:
 
-* **loss**: the sampled replay's cross-entropy / mean-reduced BCE (with a cast of the
-  targets) runs on every output row, next to labels that live for the whole batch;
-  RevGNN's runs on the part's training rows (``output[train]``, ``labels[train]``,
-  released by the loss's backward, then an ``index_put`` back into ``(N, C)`` zeros)
-  with sum-reduced BCE (``sigmoid``, ``- target``, ``* grad``);
+* **loss inputs**: the sampled replay's loss runs on every output row, next to labels
+  that live for the whole batch; RevGNN's on the part's training rows
+  (``output[train]``, ``labels[train]``, released by the loss's backward, then an
+  ``index_put`` back into ``(N, C)`` zeros). The multi-label loss itself is shared
+  (:func:`bce_forward`, :func:`bce_backward`);
 * **dropout**: the sampled layers drop each layer's input (hash dropout's chunked
   SplitMix64, or a standard mask); RevGNN draws two ``(N, D)`` multipliers per forward;
 * **optimizer step**: only RevGNN's replay includes it (the sampled replay covers one
@@ -42,10 +42,11 @@ from betty.memory.timeline import Buffer, Timeline
 __all__ = ["StepConfig", "itemsize", "numel", "step_baseline", "optimizer_state_size", "step_groups",
            "step_foreach", "step_temporaries", "param_grads", "through", "edge_softmax_backward",
            "pyg_softmax_forward", "pyg_softmax_backward", "pyg_edge_scores", "pyg_edge_scores_backward",
-           "index_backward", "pyg_scatter_mean", "hash_words", "hash_chunk_rows", "multilabel_correct",
-           "INDEX_BYTES", "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
+           "index_backward", "pyg_scatter_mean", "hash_words", "hash_chunk_rows", "bce_forward", "bce_backward",
+           "multilabel_correct", "INDEX_BYTES", "FLOAT32_BYTES", "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
 
 INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
+FLOAT32_BYTES = 4  # what autocast computes losses in
 
 # components of the breakdown both replays report
 PARAMS, GRADS, OPT = "parameters", "gradients", "optimizer_state"
@@ -355,15 +356,68 @@ def hash_chunk_rows(n, width: int):
     return np.minimum(n, max(1, CHUNK_ELEMENTS // max(width, 1)))
 
 
+def bce_forward(tl: Timeline, labels: Buffer, rows, tasks: int, elt: int, label_elt: int,
+                autocast_elt: int = 0) -> list[Buffer]:
+    """Multi-label loss of :func:`betty.train.node_loss_sum`:
+    ``binary_cross_entropy_with_logits(logits, target.to(logits.dtype),
+    reduction="none").mean(1).sum()`` on ``(rows, tasks)`` logits of ``elt`` bytes and
+    targets of ``label_elt`` bytes (``labels``).
+
+    ``target.to`` copies the targets where their dtype differs from the logits' (told
+    apart by bytes per element). ``autocast_elt``: the logits are in autocast's compute
+    dtype of that many bytes (0: no autocast, or float32 logits); the loss then runs in
+    float32, autocast casting the logits and the targets' copy to it (the compute-dtype
+    copy is freed once the loss's output exists). The loss saves its two inputs; the
+    copies among them are returned, for :func:`bce_backward` to release (the logits and
+    the labels themselves are the caller's). Its ``(rows, tasks)`` per-element output and
+    the ``(rows,)`` row means are freed once the sum exists."""
+    target, copied = labels, label_elt != elt
+    if copied:
+        target = tl.alloc(rows * tasks * elt, LOSS, "targets cast")
+    logits = None  # the logits themselves: the caller's
+    loss_elt, low_target = elt, None
+    if autocast_elt:
+        loss_elt = FLOAT32_BYTES
+        logits = tl.alloc(rows * tasks * loss_elt, LOSS, "logits (autocast float32 copy)")
+        wide = tl.alloc(rows * tasks * loss_elt, LOSS, "targets (autocast float32 copy)")
+        low_target = target if copied else None
+        target, copied = wide, True
+    per_elem = tl.alloc(rows * tasks * loss_elt, LOSS, "bce per element")
+    if low_target is not None:
+        tl.release(low_target)
+    mean = tl.alloc(rows * loss_elt, LOSS, "bce mean over tasks")
+    tl.release(mean, per_elem)
+    return [b for b, own in ((logits, logits is not None), (target, copied)) if own]
+
+
+def bce_backward(tl: Timeline, saved: list[Buffer], rows, tasks: int, elt: int,
+                 autocast_elt: int = 0) -> Buffer:
+    """Backward of :func:`bce_forward` from the loss (no tensor of note): ``mean``'s
+    ``grad / T`` (a ``(rows, tasks)`` division), then ``(sigmoid(x) - target) * grad``
+    (``sigmoid``, ``sub``, ``mul``, each freed once the next exists), all in the loss's
+    dtype (float32 under autocast); the loss's node then lets go of its ``saved``
+    inputs. Under autocast (``autocast_elt``) the cast's backward turns the float32
+    gradient into a compute-dtype copy. Returns the logits' gradient."""
+    nbytes = rows * tasks * (FLOAT32_BYTES if autocast_elt else elt)
+    g_mean = tl.alloc(nbytes, BWD, "grad bce mean over tasks")
+    sig = tl.alloc(nbytes, BWD, "grad bce sigmoid")
+    diff = tl.alloc(nbytes, BWD, "grad bce sigmoid - target")
+    tl.release(sig)
+    g = tl.alloc(nbytes, BWD, "grad logits" + (" (float32)" if autocast_elt else ""))
+    tl.release(diff, g_mean, *saved)
+    if autocast_elt:
+        low = tl.alloc(rows * tasks * autocast_elt, BWD, "grad logits")
+        tl.release(g)
+        g = low
+    return g
+
+
 def multilabel_correct(tl: Timeline, rows, tasks: int, component: str) -> None:
     """``count_correct`` of multi-label targets (``betty.train.count_correct``):
     ``((logits > 0) == (target > 0.5))`` (three ``(rows, tasks)`` bool tensors, the two
-    comparisons freed once the third exists), ``.float()`` (float32), ``.mean(1)``
-    (``(rows,)`` float32), ``.sum()``."""
+    comparisons freed once the third exists), then its integer ``.sum()``."""
     pos = tl.alloc(rows * tasks, component, "logits > 0")
     truth = tl.alloc(rows * tasks, component, "target > 0.5")
     right = tl.alloc(rows * tasks, component, "correct tasks")
     tl.release(pos, truth)
-    right_f = tl.alloc(rows * tasks * 4, component, "correct tasks (float32)")
     tl.release(right)
-    tl.release(right_f, tl.alloc(rows * 4, component, "correct fraction per row"))

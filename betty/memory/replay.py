@@ -62,7 +62,7 @@ the compute dtype too (SAGE gcn's ``/ (deg + 1)``, GCN's ``h * src_norm`` and
 ``* dst_norm``). ``cross_entropy`` runs in float32 (on a float32 copy of logits in the
 compute dtype), and so does ``binary_cross_entropy_with_logits``: where the logits are
 in the compute dtype, ``target.to(logits.dtype)`` makes a compute-dtype copy of the
-float32 targets and autocast casts both to float32 (:meth:`_Replayer.bce_forward`).
+float32 targets and autocast casts both to float32 (:func:`betty.memory.ops.bce_forward`).
 In backward, a gradient that reaches a
 compute-dtype tensor from a float32 op is cast to the compute dtype; a product's node
 gives its gradients in the compute dtype, then the casts' backward nodes turn them into
@@ -115,8 +115,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.constants import BackendConstants
-from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS,
-                              NEXT_INPUTS, PARAMS, StepConfig, edge_softmax_backward, hash_chunk_rows,
+from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, FLOAT32_BYTES, GRADS, INDEX_BYTES, LABELS, LOSS,
+                              NEXT_INPUTS, PARAMS, StepConfig, bce_backward, bce_forward,
+                              edge_softmax_backward, hash_chunk_rows,
                               hash_words, multilabel_correct, numel, index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, step_baseline, through)
@@ -133,8 +134,6 @@ METRICS = "metrics"  # count_correct's tensors after the backward
 # dgl.create_block keeps a 2-element int64 tensor per block that PyTorch allocates on
 # the host (measured: 16 bytes per layer of DGL blocks on the host, none with PyG)
 DGL_BLOCK_HOST_BYTES = 16
-# autocast runs cross_entropy and binary_cross_entropy_with_logits in float32
-FLOAT32_BYTES = 4
 
 
 @dataclass
@@ -1542,60 +1541,10 @@ class _Replayer:
         return gza, gel, ger
 
     # ------------------------------------------------------------------ multi-label loss
-    def bce_forward(self, labels: Buffer, n_out, t: int) -> list[Buffer]:
-        """``binary_cross_entropy_with_logits(logits, target.to(logits.dtype),
-        reduction="none").mean(1).sum()`` on ``(n_out, T)`` logits of ``self.e`` bytes
-        and targets of ``label_elt`` bytes (``labels``).
-
-        ``target.to`` copies the targets where their dtype differs from the logits'
-        (told apart by bytes per element). Under autocast the loss runs in float32:
-        where the logits are in the compute dtype, autocast casts the logits and that
-        copy of the targets to float32 (the compute-dtype copy is freed once the loss's
-        output exists). The loss saves its two inputs; the copies among them are
-        returned, for :meth:`bce_backward` to release (the logits and the labels
-        themselves live to the end of the step). Its ``(n_out, T)`` per-element output
-        and the ``(n_out,)`` row means are freed once the sum exists."""
-        tl, e, cfg = self.tl, self.e, self.cfg
-        target, copied = labels, cfg.label_elt != e
-        if copied:
-            target = tl.alloc(n_out * t * e, LOSS, "targets cast")
-        logits = None  # the logits themselves: held by the step until its end
-        loss_elt, low_target = e, None
-        if self.ce and e != FLOAT32_BYTES:
-            loss_elt = FLOAT32_BYTES
-            logits = tl.alloc(n_out * t * loss_elt, LOSS, "logits (autocast float32 copy)")
-            wide = tl.alloc(n_out * t * loss_elt, LOSS, "targets (autocast float32 copy)")
-            low_target = target if copied else None
-            target, copied = wide, True
-        per_elem = tl.alloc(n_out * t * loss_elt, LOSS, "bce per element")
-        if low_target is not None:
-            tl.release(low_target)
-        mean = tl.alloc(n_out * loss_elt, LOSS, "bce mean over tasks")
-        tl.release(mean, per_elem)
-        return [b for b, own in ((logits, logits is not None), (target, copied)) if own]
-
-    def bce_backward(self, saved: list[Buffer], n_out, t: int) -> Buffer:
-        """Backward of :meth:`bce_forward` from the loss (no tensor of note): ``mean``'s
-        ``grad / T`` (a ``(n_out, T)`` division), then ``(sigmoid(x) - target) * grad``
-        (``sigmoid``, ``sub``, ``mul``, each freed once the next exists), all in the
-        loss's dtype (float32 under autocast); the loss's node then lets go of its
-        ``saved`` inputs. Where the logits are in autocast's compute dtype, the cast's
-        backward turns the float32 gradient into a compute-dtype copy. Returns the
-        logits' gradient."""
-        tl, e = self.tl, self.e
-        cast = self.ce and e != FLOAT32_BYTES
-        nbytes = n_out * t * (FLOAT32_BYTES if cast else e)
-        g_mean = tl.alloc(nbytes, BWD, "grad bce mean over tasks")
-        sig = tl.alloc(nbytes, BWD, "grad bce sigmoid")
-        diff = tl.alloc(nbytes, BWD, "grad bce sigmoid - target")
-        tl.release(sig)
-        g = tl.alloc(nbytes, BWD, "grad logits" + (" (float32)" if cast else ""))
-        tl.release(diff, g_mean, *saved)
-        if cast:
-            low = tl.alloc(n_out * t * self.ce, BWD, "grad logits")
-            tl.release(g)
-            g = low
-        return g
+    def bce_autocast(self) -> int:
+        """Autocast's compute bytes where the multi-label loss casts the logits to
+        float32 under it (:func:`~betty.memory.ops.bce_forward`), else 0."""
+        return self.ce if self.ce and self.e != FLOAT32_BYTES else 0
 
     def multilabel_metrics(self, n_out, t: int) -> None:
         """``count_correct`` after the backward (:func:`~betty.memory.ops.multilabel_correct`)."""
@@ -1699,7 +1648,7 @@ class _Replayer:
         tl.phase = "loss"
         n_cls = spec.widths[-1]
         if cfg.label_columns:
-            saved = self.bce_forward(labels, n_out, cfg.label_columns)
+            saved = bce_forward(tl, labels, n_out, cfg.label_columns, e, cfg.label_elt, self.bce_autocast())
         elif self.ce and e != FLOAT32_BYTES:  # cross_entropy on a float32 copy of the logits
             lsm = through(tl, LOSS, n_out * n_cls * FLOAT32_BYTES, "logits (autocast float32 copy)",
                           n_out * n_cls * FLOAT32_BYTES, "log_softmax")
@@ -1712,7 +1661,7 @@ class _Replayer:
 
         tl.phase = "backward loss"
         if cfg.label_columns:
-            g = self.bce_backward(saved, n_out, cfg.label_columns)
+            g = bce_backward(tl, saved, n_out, cfg.label_columns, e, self.bce_autocast())
         elif self.ce and e != FLOAT32_BYTES:  # float32 loss gradients, then the cast's backward
             g1 = tl.alloc(n_out * n_cls * FLOAT32_BYTES, BWD, "grad nll")
             g2 = tl.alloc(n_out * n_cls * FLOAT32_BYTES, BWD, "grad logits (float32)")

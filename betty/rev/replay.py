@@ -80,7 +80,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
-                              PARAMS, StepConfig, edge_softmax_backward, hash_chunk_rows, hash_words,
+                              PARAMS, StepConfig, bce_backward, bce_forward, edge_softmax_backward, hash_chunk_rows, hash_words,
                               multilabel_correct, numel, index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, optimizer_state_size, step_baseline, step_foreach,
@@ -847,7 +847,7 @@ class _RevReplayer:
         self.release(lab)
         oi = self.alloc(nt * cfg.out_feats * el, LOSS, "output[train]")
         if T:
-            saved = []
+            saved = bce_forward(tl, li, nt, T, el, cfg.label_elt)
         else:
             lsm = self.alloc(nt * cfg.out_feats * el, LOSS, "log_softmax")
             self.release(oi)
@@ -856,7 +856,8 @@ class _RevReplayer:
         tl.phase = "backward loss"
         C_out = cfg.out_feats
         if T:
-            g2 = self._bce_backward(oi, li, nt, T)
+            g2 = bce_backward(tl, saved, nt, T, el)
+            self.release(oi, li)  # the loss's saved inputs
         else:
             g1 = self.alloc(nt * C_out * el, BWD, "grad nll")
             self.release(li)
@@ -940,7 +941,7 @@ class _RevReplayer:
     def correct_count(self, out: Buffer) -> None:
         """``count_correct`` after the backward: the training rows of the output and of
         the labels, then (classes) the argmax and its comparison, or (multi-label) the
-        sign comparisons, their float32 copy and the per-row mean."""
+        sign comparisons and their count."""
         cfg, n, nt, T = self.cfg, self.n, self.nt, self.cfg.label_columns
         mask = self.alloc(n, LOSS, "training mask (metrics)")
         rows = self.alloc(nt * cfg.out_feats * self.el, LOSS, "output[train] (metrics)")
@@ -953,17 +954,6 @@ class _RevReplayer:
             pred = self.alloc(nt * INDEX_BYTES, LOSS, "argmax")
             self.release(self.alloc(nt, LOSS, "argmax == target"), pred)
         self.release(mask, rows, target)
-
-    def _bce_backward(self, oi: Buffer, li: Buffer, nt, T: int) -> Buffer:
-        """``binary_cross_entropy_with_logits`` (sum) saved its input and target:
-        its backward is ``(sigmoid(x) - y) * grad``, three ``(T_train, T)`` tensors."""
-        size = nt * T * self.el
-        s = self.alloc(size, BWD, "grad bce: sigmoid")
-        d = self.alloc(size, BWD, "grad bce: sigmoid - target")
-        self.release(s)
-        g = self.alloc(size, BWD, "grad bce")
-        self.release(d, oi, li)
-        return g
 
     def _reversible_block_backward(self, l: int, gy: Buffer, y: Buffer, tag: str):
         """One reversible block's backward: reconstruct, recompute with autograd, check,
