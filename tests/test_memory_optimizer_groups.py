@@ -6,11 +6,14 @@
 gradient copy only where a group has it (``train.weight_decay_first_layer_only``:
 the first layer's group), and single-tensor Adam's previous denominator not carried from
 one group into the next. The estimate must equal a step measured by the meter, byte for
-byte. Groups that differ in a key that decides the state or the step's variant
-(momentum, amsgrad, foreach, ...) are refused by name.
+byte, for SGD (momentum, Nesterov, maximize) and Adam (maximize), one tensor at a time
+and multi-tensor. Groups that differ in a key that decides the state or the step's
+variant (momentum, amsgrad, foreach, maximize, ...) are refused by name.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -22,8 +25,14 @@ from betty.models import build_model
 from betty.train import build_optimizer, parameter_groups
 
 OPTIMIZERS = [("adam", {}), ("sgd", {}), ("sgd", {"momentum": 0.9}), ("adam", {"foreach": True}),
-              ("sgd", {"foreach": True})]
-OPTIMIZER_IDS = ["adam", "sgd", "sgd-momentum", "adam-foreach", "sgd-foreach"]
+              ("sgd", {"foreach": True}), ("sgd", {"momentum": 0.9, "nesterov": True}),
+              ("sgd", {"maximize": True}), ("sgd", {"momentum": 0.9, "maximize": True}),
+              ("sgd", {"momentum": 0.9, "nesterov": True, "maximize": True}),
+              ("sgd", {"foreach": True, "maximize": True}), ("adam", {"maximize": True}),
+              ("adam", {"foreach": True, "maximize": True})]
+OPTIMIZER_IDS = ["adam", "sgd", "sgd-momentum", "adam-foreach", "sgd-foreach", "sgd-nesterov", "sgd-maximize",
+                 "sgd-momentum-maximize", "sgd-nesterov-maximize", "sgd-foreach-maximize", "adam-maximize",
+                 "adam-foreach-maximize"]
 
 
 def _measured_step(model, opt) -> int:
@@ -59,9 +68,9 @@ def test_weight_decay_on_the_first_layer_only_matches_a_measured_step(name, opti
     assert step_bytes(model, opt) == measured
     spec = as_optimizer_spec(opt)
     assert [d for _, d in spec.groups] == [True, False]
-    if not options.get("foreach") or name == "sgd":  # Adam's foreach step ignores decay
-        everywhere = type(spec)(spec.name, spec.momentum, spec.step_on_device, spec.amsgrad,
-                                True, spec.foreach)
+    if set(options) <= {"foreach", "momentum"} and (not options.get("foreach") or name == "sgd"):
+        # (Adam's foreach step ignores decay; maximize and nesterov copy every gradient anyway)
+        everywhere = dataclasses.replace(spec, decay=True, groups=None)
         assert step_bytes(model, everywhere) > measured
 
 
@@ -83,7 +92,9 @@ def test_each_group_starts_its_own_step(name):
 @pytest.mark.parametrize("name,key,values", [("sgd", "momentum", (0.9, 0.0)),
                                              ("adam", "amsgrad", (True, False)),
                                              ("sgd", "foreach", (True, False)),
-                                             ("adam", "foreach", (None, True))])
+                                             ("adam", "foreach", (None, True)),
+                                             ("sgd", "maximize", (True, False)),
+                                             ("adam", "maximize", (False, True))])
 def test_groups_that_differ_in_state_or_variant_are_refused(name, key, values):
     model = build_model("sage", 12, 5, hidden=16, layers=2)
     params = list(model.parameters())

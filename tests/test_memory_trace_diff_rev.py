@@ -36,9 +36,10 @@ CASES = list(itertools.product(("gcn", "sage", "gat"), ("reversible", "residual"
 DROPOUT, LAYERS = 0.2, 3
 
 
-def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: int = 0):
+def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: int = 0, make_opt=None):
     """``(traced, replayed)`` allocations of one step on one 300-node part (``tasks > 0``:
-    multi-label targets with that many tasks)."""
+    multi-label targets with that many tasks; ``make_opt``: the optimizer of the
+    parameters, else SGD, Adam for GAT)."""
     from betty.backends import get_backend
 
     g, feat, label, train_idx = power_law_graph(num_nodes=300, avg_degree=6, num_feats=12,
@@ -52,7 +53,7 @@ def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: in
     model = RevGNN(12, 16, tasks or 5, num_layers=LAYERS, num_groups=2, conv=conv, dropout=DROPOUT, heads=2,
                    reversible=mode == "reversible", checkpoint=mode == "checkpoint", norm=norm,
                    backend=backend)
-    opt = (torch.optim.Adam if conv == "gat" else torch.optim.SGD)(model.parameters(), lr=1e-3)
+    opt = (make_opt or (torch.optim.Adam if conv == "gat" else torch.optim.SGD))(model.parameters(), lr=1e-3)
     parts = cluster_partition(graph, 1)
     kwargs = {"mask_factory": lambda: SharedHashMasks(DROPOUT, 7, LAYERS)} if held else {}
     kwargs["multilabel"] = bool(tasks)
@@ -86,4 +87,25 @@ def test_rev_replay_of_multilabel_targets_follows_the_trace(backend):
         problems = diff(*_events(backend, conv, mode, "layer", True, tasks=7))
         if problems:
             failed.append(f"{conv}, {mode}: {problems[0]}")
+    assert not failed, "\n".join(failed)
+
+
+OPTIMIZER_VARIANTS = {
+    "adam-maximize": lambda p, lr: torch.optim.Adam(p, lr=lr, maximize=True),
+    "adam-maximize-decay": lambda p, lr: torch.optim.Adam(p, lr=lr, maximize=True, weight_decay=1e-4),
+    "adam-decay": lambda p, lr: torch.optim.Adam(p, lr=lr, weight_decay=1e-4),
+    "sgd-nesterov-maximize-decay": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, nesterov=True,
+                                                                 maximize=True, weight_decay=1e-4),
+}
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_rev_replay_of_the_optimizer_variants_follows_the_trace(backend):
+    """The step's gradient copies: Adam's negated (maximize) and decayed gradients, op
+    by op; SGD's (Nesterov, maximize, decay) as one transient of their peak."""
+    failed = []
+    for name, make in OPTIMIZER_VARIANTS.items():
+        problems = diff(*_events(backend, "gcn", "reversible", "layer", True, make_opt=make))
+        if problems:
+            failed.append(f"{name}: {problems[0]}")
     assert not failed, "\n".join(failed)

@@ -172,28 +172,43 @@ def step_temporaries(optimizer: OptimizerSpec, numels: Sequence[int], elt: int, 
     The step updates one parameter group at a time (:func:`step_groups`) and frees a
     group's temporaries before the next; the peak is the largest group's. Measured on
     the host with torch 2.2 and 2.13 for a group's parameters of sizes ``s_1..s_P``
-    (bytes, in the group's order), ``d`` = 1 where the group adds weight decay to the
-    gradient (Adam's, not AdamW's; SGD's), else 0:
+    (bytes, in the group's order; ``s_0 = 0``: a group starts with none), ``d`` = 1
+    where the group adds weight decay to the gradient (Adam's, not AdamW's; SGD's),
+    ``m`` = 1 with ``maximize`` (the negated gradient), ``n`` = 1 with SGD's
+    ``nesterov`` (the gradient plus the momentum term):
 
     * Adam, one tensor at a time (the host's default): ``sqrt(v)`` and the denominator of
-      parameter ``i`` beside the previous denominator, ``max_i (s_{i-1} + (2 + d) s_i)``
-      (``s_0 = 0``: a group starts with none), the ``d s_i`` the gradient with weight
-      decay added;
-    * Adam, multi-tensor (CUDA's default): one list of ``sqrt(v)``, ``Σ s_i``;
-    * SGD: in place, except the gradient with weight decay added (``d max s_i``, or
-      ``d Σ s_i`` multi-tensor)."""
+      parameter ``i`` beside the previous denominator, ``max_i (s_{i-1} + (2 + g) s_i)``
+      with ``g = max(d, m)``: the gradient with decay added or negated (the two are
+      never alive together beside the denominators);
+    * Adam, multi-tensor (CUDA's default): one list of ``sqrt(v)``, ``Σ s_i``; with
+      ``maximize`` the negated list, ``Σ s_i``, exists beside the 4-byte step increment
+      on the host (the decayed list is freed before the square roots);
+    * SGD, one tensor at a time: parameter ``i``'s gradient copies (``c = m + d + n`` of
+      them, each freed once the next exists) peak at ``min(c, 2) s_i``; the last one
+      stays until parameter ``i + 1`` rebinds it, which with ``maximize`` happens after
+      its negation exists: ``m s_{i-1} + m s_i`` where parameter ``i - 1`` kept a copy
+      (``c > 0``, unless momentum without Nesterov replaced it by the buffer);
+    * SGD, multi-tensor: one list of the negated or decayed gradients, ``Σ s_i`` where
+      ``max(d, m)`` (Nesterov adds in place)."""
     foreach = step_foreach(optimizer, host)
+    m = int(optimizer.maximize)
 
     def group_bytes(sizes: list[int], decay: bool) -> int:
         if not sizes:
             return 0
         if optimizer.name == "adam":
             if foreach:
-                return sum(sizes)
-            return max(sizes[i - 1] * (i > 0) + (2 + decay) * sizes[i] for i in range(len(sizes)))
-        if not decay:
-            return 0
-        return sum(sizes) if foreach else max(sizes)
+                return sum(sizes) + (4 if m and host and not optimizer.step_on_device else 0)
+            g = max(int(decay), m)
+            return max(sizes[i - 1] * (i > 0) + (2 + g) * sizes[i] for i in range(len(sizes)))
+        if foreach:
+            return sum(sizes) if decay or m else 0
+        copies = m + int(decay) + int(optimizer.nesterov and optimizer.momentum > 0)
+        kept = copies > 0 and not (optimizer.momentum > 0 and not optimizer.nesterov)
+        return max(max(min(copies, 2) * sizes[i],
+                       m * (sizes[i] + (sizes[i - 1] if kept and i > 0 else 0)))
+                   for i in range(len(sizes)))
 
     groups = step_groups(optimizer, numels)
     return max((group_bytes([n * elt for n in group], decay) for group, decay in groups), default=0)

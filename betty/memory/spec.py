@@ -178,6 +178,9 @@ class OptimizerSpec:
     step (``None``: torch's default, multi-tensor on CUDA, one tensor at a time on the
     host). These two shape the step's temporaries (:func:`betty.memory.estimator.step_bytes`).
 
+    ``nesterov`` (SGD with momentum) and ``maximize`` (both) add gradient-sized
+    temporaries to the step.
+
     ``groups``: the optimizer's parameter groups, read off a torch optimizer
     (:func:`as_optimizer_spec`), in the order its step visits them: per group the
     element counts of its parameters, in order, and whether weight decay is added to
@@ -191,6 +194,8 @@ class OptimizerSpec:
     amsgrad: bool = False
     decay: bool = False
     foreach: bool | None = None
+    nesterov: bool = False
+    maximize: bool = False
     groups: tuple[tuple[tuple[int, ...], bool], ...] | None = None
 
     def __post_init__(self) -> None:
@@ -215,8 +220,8 @@ def as_model_spec(model) -> ModelSpec:
 
 # the group keys that decide which state a parameter gets and how the step runs: the
 # memory model takes one value of each for the whole optimizer
-_UNIFORM_KEYS = {"adam": ("amsgrad", "foreach", "capturable", "fused", "decoupled_weight_decay"),
-                 "sgd": ("momentum", "foreach")}
+_UNIFORM_KEYS = {"adam": ("amsgrad", "foreach", "capturable", "fused", "decoupled_weight_decay", "maximize"),
+                 "sgd": ("momentum", "foreach", "nesterov", "maximize")}
 
 
 def _param_groups(optimizer: torch.optim.Optimizer, name: str, decoupled: bool):
@@ -253,10 +258,12 @@ def as_optimizer_spec(optimizer) -> OptimizerSpec:
         group, groups = _param_groups(optimizer, "adam", decoupled)
         return OptimizerSpec("adam", 0.0, bool(group.get("capturable") or group.get("fused")),
                              amsgrad=bool(group.get("amsgrad")), foreach=group.get("foreach"),
-                             decay=any(d for _, d in groups), groups=groups)
+                             maximize=bool(group.get("maximize")), decay=any(d for _, d in groups),
+                             groups=groups)
     if isinstance(optimizer, torch.optim.SGD):
         group, groups = _param_groups(optimizer, "sgd", False)
         return OptimizerSpec("sgd", float(group.get("momentum", 0.0)), foreach=group.get("foreach"),
+                             nesterov=bool(group.get("nesterov")), maximize=bool(group.get("maximize")),
                              decay=any(d for _, d in groups), groups=groups)
     raise TypeError(
         f"the memory model knows the state of torch.optim.Adam, AdamW and SGD (or an OptimizerSpec, "

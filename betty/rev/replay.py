@@ -981,7 +981,7 @@ class _RevReplayer:
         """The optimizer step in the parts whose region holds it (``cfg.step_parts``): on
         the first step the state it creates (:func:`~betty.memory.ops.optimizer_state_size`),
         then its temporaries, whose peak is :func:`~betty.memory.ops.step_temporaries`
-        (single-tensor Adam replayed op by op, the others as one transient)."""
+        (single-tensor steps replayed op by op, multi-tensor ones as one transient)."""
         cfg, tl = self.cfg, self.tl
         tl.phase = "optimizer step"
         # gradients of the parts that did not create them exist from the baseline
@@ -991,29 +991,48 @@ class _RevReplayer:
             tl.alloc(np.where(held, state, 0.0), OPT, "optimizer state (first step)")
         el, opt = cfg.elt, cfg.optimizer
         numels = [numel(s) for group in self.shapes for s in group]
-        if opt.name == "adam" and not step_foreach(opt, cfg.host):
-            # single-tensor Adam, group by group: the gradient with weight decay added
-            # (freed when the next parameter's is taken), denom = sqrt(v) / c (the
-            # previous denominator freed once the next one is assigned)
-            for sizes, decay in step_groups(opt, numels):
-                prev = grad = None
-                for count in sizes:
-                    nb = np.where(held, count * el, 0.0)
-                    if grad is not None:
-                        tl.release(grad)
-                    grad = tl.alloc(nb, STEP, "adam grad + weight decay") if decay else None
+        if step_foreach(opt, cfg.host):
+            temporaries = step_temporaries(opt, numels, el, cfg.host)
+            if temporaries:  # Adam's list of sqrt(v); SGD's list of gradient copies
+                tl.temp(np.where(held, temporaries, 0.0), STEP,
+                        "adam foreach sqrt(v)" if opt.name == "adam" else "sgd foreach gradient copies")
+            return
+        for sizes, decay in step_groups(opt, numels):
+            copy = denom = None  # the loop's gradient copy and (Adam) denominator
+            for count in sizes:
+                nb = np.where(held, count * el, 0.0)
+                copy = self._step_gradient(nb, copy, decay)
+                if opt.name == "adam":  # denom = sqrt(v) / c, the previous one freed once assigned
                     sq = tl.alloc(nb, STEP, "adam sqrt(v)")
                     d = tl.alloc(nb, STEP, "adam denominator")
-                    tl.release(sq)
-                    if prev is not None:
-                        tl.release(prev)
-                    prev = d
-                tl.release(prev, grad)
-            return
-        temporaries = step_temporaries(opt, numels, el, cfg.host)
-        if temporaries:  # foreach Adam's list of sqrt(v); SGD's gradient with weight decay added
-            tl.temp(np.where(held, temporaries, 0.0), STEP,
-                    "adam foreach sqrt(v)" if opt.name == "adam" else "sgd grad + weight decay")
+                    tl.release(sq, *[b for b in (denom,) if b is not None])
+                    denom = d
+            tl.release(*[b for b in (denom, copy) if b is not None])
+
+    def _step_gradient(self, nb, previous: Buffer | None, decay: bool) -> Buffer | None:
+        """One parameter's gradient in a single-tensor step: negated (``maximize``), with
+        weight decay added, then (SGD) with the Nesterov momentum term added, each copy
+        freed once the next exists; ``previous``, the last parameter's copy, is freed when
+        the loop variable is rebound (after the negation, before the rest). Returns the
+        copy the loop variable keeps (``None``: the ``.grad`` itself or SGD's momentum
+        buffer)."""
+        tl, opt = self.tl, self.cfg.optimizer
+        steps = [("-grad (maximize)", opt.maximize), ("grad + weight decay", decay),
+                 ("grad + momentum (nesterov)", opt.name == "sgd" and opt.nesterov and opt.momentum > 0)]
+        current = None
+        for i, (what, on) in enumerate(steps):
+            if i == 1 and previous is not None:  # `grad = grads[i]` (or its negation) rebinds
+                tl.release(previous)
+                previous = None
+            if on:
+                made = tl.alloc(nb, STEP, f"{opt.name} {what}")
+                if current is not None:
+                    tl.release(current)
+                current = made
+        if opt.name == "sgd" and opt.momentum > 0 and not opt.nesterov and current is not None:
+            tl.release(current)  # `grad = buf`
+            current = None
+        return current
 
 
 def replay_rev(num_nodes, num_edges, num_train, cfg: RevReplayConfig, *, record: bool = False) -> Timeline:
