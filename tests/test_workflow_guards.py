@@ -487,3 +487,24 @@ def test_runs_made_from_other_data_are_neither_given_nor_found_upstream(tracking
     assert res.exit_code == 0, res.output
     evaluate = MlflowClient().get_run(json.loads(res.stdout)["run_id"])
     assert f"train={train}" in evaluate.data.tags["upstream"]
+
+
+def test_stage_keys_name_the_kind_of_gpu_not_its_index(monkeypatch):
+    """``cuda`` and ``cuda:0`` (and a second GPU of the same kind) are one key for the
+    device-dependent stages; another kind of GPU is another key; cpu is unchanged."""
+    import torch
+
+    from workflow.reuse import device_identity, stage_key
+    from workflow.specfile import load_spec
+
+    names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H100 80GB HBM3", 2: "NVIDIA A100-SXM4-40GB"}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: names[index])
+    assert device_identity("cpu") == "cpu"
+    assert device_identity("cuda") == device_identity("cuda:0") == "cuda (NVIDIA H100 80GB HBM3)"
+    rspec = load_spec("tiny")
+    for stage in ("partition", "train", "evaluate"):
+        keys = {device: stage_key(rspec, stage, "u", device)["stage_sha"]
+                for device in ("cuda", "cuda:0", "cuda:1", "cuda:2", "cpu")}
+        assert keys["cuda"] == keys["cuda:0"] == keys["cuda:1"], stage
+        assert len({keys["cuda"], keys["cuda:2"], keys["cpu"]}) == 3, stage

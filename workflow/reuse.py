@@ -13,9 +13,22 @@ from mlflow.tracking import MlflowClient
 from workflow.provenance import backend_version, code_version, partitioner_versions
 from workflow.specfile import ResolvedSpec, content_hash
 
-__all__ = ["DEVICE_DEPENDENT", "stage_runtime", "stage_key", "find_reusable"]
+__all__ = ["DEVICE_DEPENDENT", "device_identity", "stage_runtime", "stage_key", "find_reusable"]
 
 DEVICE_DEPENDENT = ("partition", "train", "evaluate")  # the memory model's constants, the results
+
+
+def device_identity(device: str) -> str:
+    """What of ``device`` a result depends on: ``cpu``, or the kind of GPU (``cuda (NVIDIA
+    H100 80GB HBM3)``), whichever index names it (``cuda`` and ``cuda:0`` are one device;
+    two GPUs of one kind give the same results, two kinds may not)."""
+    import torch
+
+    where = torch.device(device)
+    if where.type != "cuda":
+        return where.type
+    index = where.index if where.index is not None else torch.cuda.current_device()
+    return f"cuda ({torch.cuda.get_device_name(index)})"
 
 
 def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str]:
@@ -25,7 +38,7 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
     replaced under the same spec is new data, and no stage run made from the old data
     stands in for one, also where a stage is given its upstream run or looks it up; the
     download stage is keyed before it fetches the files, which would change its key);
-    the device and the GNN framework with its and torch's
+    the device (:func:`device_identity`) and the GNN framework with its and torch's
     versions (:func:`workflow.provenance.backend_version`: ``model.backend: auto`` is DGL
     where it imports, else PyG, and the two give other estimates, K and floats), for
     :data:`DEVICE_DEPENDENT` stages; and for ``partition``, which sizes the split with
@@ -40,7 +53,7 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
     runtime = {"dataset": dataset_digest(rspec)}
     if stage not in DEVICE_DEPENDENT:
         return runtime
-    runtime.update(device=device, backend=backend_version(rspec.spec.model.backend))
+    runtime.update(device=device_identity(device), backend=backend_version(rspec.spec.model.backend))
     if stage != "partition":
         return runtime
     from betty.memory.constants import default_backend, load_constants
