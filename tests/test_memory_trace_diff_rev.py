@@ -36,10 +36,11 @@ CASES = list(itertools.product(("gcn", "sage", "gat"), ("reversible", "residual"
 DROPOUT, LAYERS = 0.2, 3
 
 
-def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: int = 0, make_opt=None):
+def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: int = 0, make_opt=None,
+            groups: int = 2, hidden: int = 16):
     """``(traced, replayed)`` allocations of one step on one 300-node part (``tasks > 0``:
     multi-label targets with that many tasks; ``make_opt``: the optimizer of the
-    parameters, else SGD, Adam for GAT)."""
+    parameters, else SGD, Adam for GAT; ``groups`` of ``hidden / groups`` channels)."""
     from betty.backends import get_backend
 
     g, feat, label, train_idx = power_law_graph(num_nodes=300, avg_degree=6, num_feats=12,
@@ -50,7 +51,7 @@ def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: in
     mask[train_idx] = True
     graph = get_backend(backend).full_graph(g)
     torch.manual_seed(0)
-    model = RevGNN(12, 16, tasks or 5, num_layers=LAYERS, num_groups=2, conv=conv, dropout=DROPOUT, heads=2,
+    model = RevGNN(12, hidden, tasks or 5, num_layers=LAYERS, num_groups=groups, conv=conv, dropout=DROPOUT, heads=2,
                    reversible=mode == "reversible", checkpoint=mode == "checkpoint", norm=norm,
                    backend=backend)
     opt = (make_opt or (torch.optim.Adam if conv == "gat" else torch.optim.SGD))(model.parameters(), lr=1e-3)
@@ -108,4 +109,17 @@ def test_rev_replay_of_the_optimizer_variants_follows_the_trace(backend):
         problems = diff(*_events(backend, "gcn", "reversible", "layer", True, make_opt=make))
         if problems:
             failed.append(f"{name}: {problems[0]}")
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_rev_replay_of_more_than_two_groups_follows_the_trace(backend):
+    """With C > 2 groups the gradient wrt ``X'_0`` is added out of place into every
+    group's slot, not only the one that is a view of the output's gradient (hidden 18:
+    every parameter gradient stays below ``MIN_BYTES``)."""
+    failed = []
+    for conv, mode in (("gcn", "reversible"), ("sage", "residual"), ("gcn", "checkpoint")):
+        problems = diff(*_events(backend, conv, mode, "layer", True, groups=3, hidden=18))
+        if problems:
+            failed.append(f"{conv}, {mode}: {problems[0]}")
     assert not failed, "\n".join(failed)

@@ -729,12 +729,12 @@ class _RevReplayer:
             if i > 0:
                 carry = gin
                 continue
-            # gradient wrt X'_0 reaches X_2 .. X_C
+            # gradient wrt X'_0 reaches X_2 .. X_C: an out-of-place sum into every slot
+            # (a view of gy, or a sum the group function's backward also took)
             for j in range(1, C):
-                if slots[j] is gy:  # a view of gy: out-of-place sum
-                    new = self.alloc(nw, BWD, f"{tag} grad X_{j + 1}")
-                    self.release(slots[j])
-                    slots[j] = new
+                new = self.alloc(nw, BWD, f"{tag} grad X_{j + 1}")
+                self.release(slots[j])
+                slots[j] = new
             self.release(gin)
         gx = self.alloc(self.n * cfg.hidden * self.el, BWD, f"{tag} grad input (cat)")
         self.release(*slots)
