@@ -70,7 +70,8 @@ LABEL_COLUMNS = 7
 
 def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
             precision: str = "32", label_columns: int = 0,
-            feat_dtype: torch.dtype = torch.float32, dropout: float = 0.0, k: int = 1):
+            feat_dtype: torch.dtype = torch.float32, dropout: float = 0.0, k: int = 1,
+            attn_dropout: float = 0.0, heads: int = 2):
     """``(traced, replayed)`` allocations of one micro-batch; ``label_columns`` T > 0:
     multi-label ``(N, T)`` float32 0/1 targets and the BCE loss, else 5 classes. The host
     features are ``feat_dtype``; the step runs in ``precision`` (the trainer's own path:
@@ -90,7 +91,8 @@ def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
     batch = sample_full_batch(g, train, [4, 6, 3][:layers], seed=1)
     torch.manual_seed(0)
     model = build_model(arch, 40, label_columns or 5, hidden=hidden, layers=layers,
-                        aggregator=agg, heads=2, dropout=dropout, backend=backend).train()
+                        aggregator=agg, heads=heads, dropout=dropout, backend=backend,
+                        **({"attn_dropout": attn_dropout} if attn_dropout else {})).train()
     opt = build_optimizer("adam", model.parameters(), 1e-3)
     groups = torch.zeros(batch.num_outputs, dtype=torch.int64)
     train_step(model, opt, batch, groups, feat, label, dropout_key=1,  # .grad and Adam state
@@ -317,3 +319,16 @@ def test_dropout_replay_follows_the_trace(backend, arch, agg, precision):
                                        dropout=0.5, k=2)
             problems = diff(traced, replayed)
             assert not problems, f"L={layers} hidden {hidden}: " + "\n".join(problems)
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gat_attention_dropout_replay_follows_the_trace(backend, precision):
+    """GAT's attention dropout (3 heads: an ``(E, H)`` float32 tensor is not mistaken for
+    an ``(E,)`` int64 one): the aggregation's node holds the dropped attention and lets
+    go of it when it ends, before the dropout's backward runs."""
+    for k in (1, 2):
+        traced, replayed = _events("gat", "mean", backend, 16, 2, precision, dropout=0.5, k=k,
+                                   attn_dropout=0.3, heads=3)
+        problems = diff(traced, replayed)
+        assert not problems, f"K={k}: " + "\n".join(problems)

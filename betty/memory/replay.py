@@ -1492,12 +1492,13 @@ class _Replayer:
                 gza = tl.alloc(n_src * hf * e, BWD, f"{tag} grad z (aggregation)")
                 ga = tl.alloc(n_e * heads * e, BWD, f"{tag} grad attention")
                 tl.release(g)
+                if attn_drop:  # the aggregation's node held the dropped attention
+                    tl.release(a_used)
                 if z_wide is not None:  # the aggregation's node ends, then the cast's backward
                     tl.release(z_wide)
                     gza = self.cast_grad(gza, n_src * hf, lo, f"{tag} grad z (aggregation)")
                 if attn_drop:
                     ga = self.dropout_bwd(ga, n_e, heads, f"{tag} attention", amask)
-                    tl.release(a_used)
                 gel, ger = edge_softmax_backward(tl, ga, a, uav, n_e * heads * e, n_src * heads * e,
                                                  n_dst * heads * e, tag)
             gzr = attention_param_grad(ger, n_dst, attn_r, "r")
