@@ -37,10 +37,11 @@ DROPOUT, LAYERS = 0.2, 3
 
 
 def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: int = 0, make_opt=None,
-            groups: int = 2, hidden: int = 16):
+            groups: int = 2, hidden: int = 16, first_step: bool = False):
     """``(traced, replayed)`` allocations of one step on one 300-node part (``tasks > 0``:
     multi-label targets with that many tasks; ``make_opt``: the optimizer of the
-    parameters, else SGD, Adam for GAT; ``groups`` of ``hidden / groups`` channels)."""
+    parameters, else SGD, Adam for GAT; ``groups`` of ``hidden / groups`` channels;
+    ``first_step``: the optimizer's first step, which creates its state)."""
     from betty.backends import get_backend
 
     g, feat, label, train_idx = power_law_graph(num_nodes=300, avg_degree=6, num_feats=12,
@@ -58,10 +59,12 @@ def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: in
     parts = cluster_partition(graph, 1)
     kwargs = {"mask_factory": lambda: SharedHashMasks(DROPOUT, 7, LAYERS)} if held else {}
     kwargs["multilabel"] = bool(tasks)
-    train_step_parts(model, opt, parts, feat, label, mask, **kwargs)  # .grad and Adam's state exist
+    if not first_step:
+        train_step_parts(model, opt, parts, feat, label, mask, **kwargs)  # the state exists
     with AllocationTrace("cpu") as trace:
         train_step_parts(model, opt, parts, feat, label, mask, **kwargs)
-    cfg, _ = rev_replay_config(model, optimizer=opt, masks_held=held, fresh_grads=True, label_columns=tasks)
+    cfg, _ = rev_replay_config(model, optimizer=opt, masks_held=held, fresh_grads=True, label_columns=tasks,
+                               first_step=first_step)
     part = parts[0].graph
     tl = replay_rev([part.num_nodes()], [part.num_edges()], [int(mask.sum())], cfg, record=True)
     traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
@@ -97,6 +100,7 @@ OPTIMIZER_VARIANTS = {
     "adam-decay": lambda p, lr: torch.optim.Adam(p, lr=lr, weight_decay=1e-4),
     "sgd-nesterov-maximize-decay": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, nesterov=True,
                                                                  maximize=True, weight_decay=1e-4),
+    "sgd-momentum-decay": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, weight_decay=1e-4),
 }
 
 
@@ -122,4 +126,17 @@ def test_rev_replay_of_more_than_two_groups_follows_the_trace(backend):
         problems = diff(*_events(backend, conv, mode, "layer", True, groups=3, hidden=18))
         if problems:
             failed.append(f"{conv}, {mode}: {problems[0]}")
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_rev_replay_of_sgd_first_step_follows_the_trace(backend):
+    """SGD's first step clones each gradient into its momentum buffer inside its loop,
+    one parameter at a time, beside that parameter's gradient copies."""
+    failed = []
+    for name in ("sgd-momentum-decay", "sgd-nesterov-maximize-decay"):
+        problems = diff(*_events(backend, "gcn", "reversible", "layer", True,
+                                 make_opt=OPTIMIZER_VARIANTS[name], first_step=True))
+        if problems:
+            failed.append(f"{name}: {problems[0]}")
     assert not failed, "\n".join(failed)

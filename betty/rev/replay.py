@@ -986,12 +986,17 @@ class _RevReplayer:
         tl.phase = "optimizer step"
         # gradients of the parts that did not create them exist from the baseline
         held = np.ones(self.n.shape[0], dtype=bool) if cfg.step_parts is None else cfg.step_parts
-        if cfg.first_step:  # created in the step (Adam: before its loop) and kept
+        el, opt = cfg.elt, cfg.optimizer
+        foreach = step_foreach(opt, cfg.host)
+        # the state the first step creates, kept: Adam's before its loop (and the
+        # multi-tensor steps', all of it beside their temporaries either way), single-
+        # tensor SGD's momentum buffers one parameter at a time in its loop
+        buffers_in_loop = cfg.first_step and opt.name == "sgd" and opt.momentum > 0 and not foreach
+        if cfg.first_step and not buffers_in_loop:
             state = optimizer_state_size(cfg, float(sum(self.pbytes)), sum(len(g) for g in self.shapes))
             tl.alloc(np.where(held, state, 0.0), OPT, "optimizer state (first step)")
-        el, opt = cfg.elt, cfg.optimizer
         numels = [numel(s) for group in self.shapes for s in group]
-        if step_foreach(opt, cfg.host):
+        if foreach:
             temporaries = step_temporaries(opt, numels, el, cfg.host)
             if temporaries:  # Adam's list of sqrt(v); SGD's list of gradient copies
                 tl.temp(np.where(held, temporaries, 0.0), STEP,
@@ -1001,7 +1006,7 @@ class _RevReplayer:
             copy = denom = None  # the loop's gradient copy and (Adam) denominator
             for count in sizes:
                 nb = np.where(held, count * el, 0.0)
-                copy = self._step_gradient(nb, copy, decay)
+                copy = self._step_gradient(nb, copy, decay, buffers_in_loop)
                 if opt.name == "adam":  # denom = sqrt(v) / c, the previous one freed once assigned
                     sq = tl.alloc(nb, STEP, "adam sqrt(v)")
                     d = tl.alloc(nb, STEP, "adam denominator")
@@ -1009,27 +1014,32 @@ class _RevReplayer:
                     denom = d
             tl.release(*[b for b in (denom, copy) if b is not None])
 
-    def _step_gradient(self, nb, previous: Buffer | None, decay: bool) -> Buffer | None:
+    def _step_gradient(self, nb, previous: Buffer | None, decay: bool, new_buffer: bool) -> Buffer | None:
         """One parameter's gradient in a single-tensor step: negated (``maximize``), with
         weight decay added, then (SGD) with the Nesterov momentum term added, each copy
         freed once the next exists; ``previous``, the last parameter's copy, is freed when
-        the loop variable is rebound (after the negation, before the rest). Returns the
-        copy the loop variable keeps (``None``: the ``.grad`` itself or SGD's momentum
-        buffer)."""
+        the loop variable is rebound (after the negation, before the rest).
+        ``new_buffer``: SGD's first step clones the gradient into the parameter's momentum
+        buffer (state, kept) before the Nesterov term. Returns the copy the loop variable
+        keeps (``None``: the ``.grad`` itself or SGD's momentum buffer)."""
         tl, opt = self.tl, self.cfg.optimizer
-        steps = [("-grad (maximize)", opt.maximize), ("grad + weight decay", decay),
-                 ("grad + momentum (nesterov)", opt.name == "sgd" and opt.nesterov and opt.momentum > 0)]
-        current = None
-        for i, (what, on) in enumerate(steps):
-            if i == 1 and previous is not None:  # `grad = grads[i]` (or its negation) rebinds
-                tl.release(previous)
-                previous = None
-            if on:
-                made = tl.alloc(nb, STEP, f"{opt.name} {what}")
-                if current is not None:
-                    tl.release(current)
-                current = made
-        if opt.name == "sgd" and opt.momentum > 0 and not opt.nesterov and current is not None:
+        momentum = opt.name == "sgd" and opt.momentum > 0
+        current = tl.alloc(nb, STEP, f"{opt.name} -grad (maximize)") if opt.maximize else None
+        if previous is not None:  # `grad = grads[i]` (or its negation) rebinds
+            tl.release(previous)
+        if decay:
+            made = tl.alloc(nb, STEP, f"{opt.name} grad + weight decay")
+            if current is not None:
+                tl.release(current)
+            current = made
+        if new_buffer:
+            tl.alloc(nb, OPT, "sgd momentum buffer (first step)")
+        if momentum and opt.nesterov:
+            made = tl.alloc(nb, STEP, "sgd grad + momentum (nesterov)")
+            if current is not None:
+                tl.release(current)
+            current = made
+        elif momentum and current is not None:
             tl.release(current)  # `grad = buf`
             current = None
         return current
