@@ -52,7 +52,7 @@ def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: in
     mask[train_idx] = True
     graph = get_backend(backend).full_graph(g)
     torch.manual_seed(0)
-    model = RevGNN(12, hidden, tasks or 5, num_layers=LAYERS, num_groups=groups, conv=conv, dropout=DROPOUT, heads=2,
+    model = RevGNN(12, hidden, tasks or 5, num_layers=LAYERS, num_groups=groups, conv=conv, dropout=DROPOUT, heads=3,
                    reversible=mode == "reversible", checkpoint=mode == "checkpoint", norm=norm,
                    backend=backend)
     opt = (make_opt or (torch.optim.Adam if conv == "gat" else torch.optim.SGD))(model.parameters(), lr=1e-3)
