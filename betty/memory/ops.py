@@ -43,7 +43,8 @@ __all__ = ["StepConfig", "itemsize", "numel", "step_baseline", "optimizer_state_
            "step_foreach", "step_temporaries", "param_grads", "through", "edge_softmax_backward",
            "pyg_softmax_forward", "pyg_softmax_backward", "pyg_edge_scores", "pyg_edge_scores_backward",
            "index_backward", "pyg_scatter_mean", "hash_words", "hash_chunk_rows", "bce_forward", "bce_backward",
-           "multilabel_correct", "INDEX_BYTES", "FLOAT32_BYTES", "PARAMS", "GRADS", "OPT", "FEATS", "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
+           "multilabel_correct", "INDEX_BYTES", "FLOAT32_BYTES", "PARAMS", "GRADS", "OPT", "FEATS",
+           "LABELS", "DROP", "ACT", "ATT", "LOSS", "BWD"]
 
 INDEX_BYTES = 8  # int64 indices, node IDs, degrees, class labels
 FLOAT32_BYTES = 4  # what autocast computes losses in

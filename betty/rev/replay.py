@@ -80,8 +80,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
-                              PARAMS, StepConfig, bce_backward, bce_forward, edge_softmax_backward, hash_chunk_rows, hash_words,
-                              multilabel_correct, numel, index_backward, param_grads, pyg_edge_scores,
+                              PARAMS, StepConfig, bce_backward, bce_forward, edge_softmax_backward,
+                              hash_chunk_rows, hash_words, multilabel_correct, numel, index_backward, param_grads, pyg_edge_scores,
                               pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
                               pyg_softmax_forward, optimizer_state_size, step_baseline, step_foreach,
                               step_groups, step_temporaries)
