@@ -36,12 +36,11 @@ CASES = list(itertools.product(("gcn", "sage", "gat"), ("reversible", "residual"
 DROPOUT, LAYERS = 0.2, 3
 
 
-def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: int = 0, make_opt=None,
-            groups: int = 2, hidden: int = 16, first_step: bool = False):
+def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: int = 0,
+            groups: int = 2, hidden: int = 16):
     """``(traced, replayed)`` allocations of one step on one 300-node part (``tasks > 0``:
-    multi-label targets with that many tasks; ``make_opt``: the optimizer of the
-    parameters, else SGD, Adam for GAT; ``groups`` of ``hidden / groups`` channels;
-    ``first_step``: the optimizer's first step, which creates its state)."""
+    multi-label targets with that many tasks; ``groups`` of ``hidden / groups``
+    channels)."""
     from betty.backends import get_backend
 
     g, feat, label, train_idx = power_law_graph(num_nodes=300, avg_degree=6, num_feats=12,
@@ -55,16 +54,14 @@ def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: in
     model = RevGNN(12, hidden, tasks or 5, num_layers=LAYERS, num_groups=groups, conv=conv, dropout=DROPOUT, heads=3,
                    reversible=mode == "reversible", checkpoint=mode == "checkpoint", norm=norm,
                    backend=backend)
-    opt = (make_opt or (torch.optim.Adam if conv == "gat" else torch.optim.SGD))(model.parameters(), lr=1e-3)
+    opt = (torch.optim.Adam if conv == "gat" else torch.optim.SGD)(model.parameters(), lr=1e-3)
     parts = cluster_partition(graph, 1)
     kwargs = {"mask_factory": lambda: SharedHashMasks(DROPOUT, 7, LAYERS)} if held else {}
     kwargs["multilabel"] = bool(tasks)
-    if not first_step:
-        train_step_parts(model, opt, parts, feat, label, mask, **kwargs)  # the state exists
+    train_step_parts(model, opt, parts, feat, label, mask, **kwargs)  # .grad and the state exist
     with AllocationTrace("cpu") as trace:
         train_step_parts(model, opt, parts, feat, label, mask, **kwargs)
-    cfg, _ = rev_replay_config(model, optimizer=opt, masks_held=held, fresh_grads=True, label_columns=tasks,
-                               first_step=first_step)
+    cfg, _ = rev_replay_config(model, optimizer=opt, masks_held=held, fresh_grads=True, label_columns=tasks)
     part = parts[0].graph
     tl = replay_rev([part.num_nodes()], [part.num_edges()], [int(mask.sum())], cfg, record=True)
     traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
@@ -94,28 +91,6 @@ def test_rev_replay_of_multilabel_targets_follows_the_trace(backend):
     assert not failed, "\n".join(failed)
 
 
-OPTIMIZER_VARIANTS = {
-    "adam-maximize": lambda p, lr: torch.optim.Adam(p, lr=lr, maximize=True),
-    "adam-maximize-decay": lambda p, lr: torch.optim.Adam(p, lr=lr, maximize=True, weight_decay=1e-4),
-    "adam-decay": lambda p, lr: torch.optim.Adam(p, lr=lr, weight_decay=1e-4),
-    "sgd-nesterov-maximize-decay": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, nesterov=True,
-                                                                 maximize=True, weight_decay=1e-4),
-    "sgd-momentum-decay": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, weight_decay=1e-4),
-}
-
-
-@pytest.mark.parametrize("backend", backend_params())
-def test_rev_replay_of_the_optimizer_variants_follows_the_trace(backend):
-    """The step's gradient copies: Adam's negated (maximize) and decayed gradients, op
-    by op; SGD's (Nesterov, maximize, decay) as one transient of their peak."""
-    failed = []
-    for name, make in OPTIMIZER_VARIANTS.items():
-        problems = diff(*_events(backend, "gcn", "reversible", "layer", True, make_opt=make))
-        if problems:
-            failed.append(f"{name}: {problems[0]}")
-    assert not failed, "\n".join(failed)
-
-
 @pytest.mark.parametrize("backend", backend_params())
 def test_rev_replay_of_more_than_two_groups_follows_the_trace(backend):
     """With C > 2 groups the gradient wrt ``X'_0`` is added out of place into every
@@ -129,14 +104,65 @@ def test_rev_replay_of_more_than_two_groups_follows_the_trace(backend):
     assert not failed, "\n".join(failed)
 
 
+OPTIMIZER_VARIANTS = {
+    "adam-maximize": (torch.optim.Adam, {"maximize": True}),
+    "adam-maximize-decay": (torch.optim.Adam, {"maximize": True, "weight_decay": 1e-4}),
+    "adam-decay": (torch.optim.Adam, {"weight_decay": 1e-4}),
+    "sgd-decay": (torch.optim.SGD, {"weight_decay": 1e-4}),
+    "sgd-momentum-decay": (torch.optim.SGD, {"momentum": 0.9, "weight_decay": 1e-4}),
+    "sgd-nesterov": (torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
+    "sgd-maximize": (torch.optim.SGD, {"maximize": True}),
+    "sgd-nesterov-maximize-decay": (torch.optim.SGD, {"momentum": 0.9, "nesterov": True, "maximize": True,
+                                                      "weight_decay": 1e-4}),
+}
+STEP_EVENTS = ("adam ", "sgd ")  # the replay's labels of the step's temporaries and SGD's new buffers
+
+
+def _step_events(backend: str, name: str, first_step: bool):
+    """``(traced, replayed)`` allocations of ``optimizer.step()`` alone (hidden 64: every
+    parameter is at least ``MIN_BYTES``), after the gradients of one whole-graph part;
+    ``first_step``: the optimizer has no state yet."""
+    from betty.backends import get_backend
+    from betty.rev.engine import backward_parts
+
+    g, feat, label, train_idx = power_law_graph(num_nodes=300, avg_degree=6, num_feats=32,
+                                                num_classes=5, seed=300)
+    mask = torch.zeros(300, dtype=torch.bool)
+    mask[train_idx] = True
+    graph = get_backend(backend).full_graph(g)
+    torch.manual_seed(0)
+    model = RevGNN(32, 64, 5, num_layers=LAYERS, num_groups=2, conv="gcn", backend=backend)
+    make, options = OPTIMIZER_VARIANTS[name]
+    opt = make(model.parameters(), lr=1e-3, **options)
+    parts = cluster_partition(graph, 1)
+    if not first_step:
+        train_step_parts(model, opt, parts, feat, label, mask)  # the state exists
+    opt.zero_grad(set_to_none=True)
+    backward_parts(model, parts, feat, label, mask)
+    with AllocationTrace("cpu") as trace:
+        opt.step()
+    cfg, _ = rev_replay_config(model, optimizer=opt, fresh_grads=True, first_step=first_step)
+    part = parts[0].graph
+    tl = replay_rev([part.num_nodes()], [part.num_edges()], [int(mask.sum())], cfg, record=True)
+    traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
+    replayed = [(label, int(size[0]), comp) for kind, label, comp, size in tl.log
+                if kind == "alloc" and size[0] >= MIN_BYTES and label.startswith(STEP_EVENTS)]
+    return traced, replayed
+
+
 @pytest.mark.parametrize("backend", backend_params())
-def test_rev_replay_of_sgd_first_step_follows_the_trace(backend):
-    """SGD's first step clones each gradient into its momentum buffer inside its loop,
-    one parameter at a time, beside that parameter's gradient copies."""
+def test_rev_replay_of_the_optimizer_step_follows_the_trace(backend):
+    """The single-tensor step op by op: Adam's negated (maximize) and decayed gradients
+    beside its square roots and denominators; SGD's gradient copies (decay, Nesterov,
+    maximize); on SGD's first step with momentum, each momentum buffer cloned inside
+    the loop. Every case holds a step allocation to compare."""
     failed = []
-    for name in ("sgd-momentum-decay", "sgd-nesterov-maximize-decay"):
-        problems = diff(*_events(backend, "gcn", "reversible", "layer", True,
-                                 make_opt=OPTIMIZER_VARIANTS[name], first_step=True))
+    cases = [(name, False) for name in OPTIMIZER_VARIANTS]
+    cases += [("sgd-momentum-decay", True), ("sgd-nesterov-maximize-decay", True)]
+    for name, first_step in cases:
+        traced, replayed = _step_events(backend, name, first_step)
+        assert traced and replayed, (name, first_step)
+        problems = diff(traced, replayed)
         if problems:
-            failed.append(f"{name}: {problems[0]}")
+            failed.append(f"{name}{' (first step)' if first_step else ''}: {problems[0]}")
     assert not failed, "\n".join(failed)

@@ -157,7 +157,7 @@ def test_damaged_or_missing_artifacts_rerun_the_stage(tracking, tmp_path):
 def test_a_repeated_train_run_is_reused_and_its_repeat_runs_checked(tracking, tmp_path, monkeypatch):
     """``train.repeats > 1`` logs the models on the repeat runs: a rerun reuses the train
     run (no warning; its ``models.json`` read back once), and one repeat run's damaged
-    model.pt runs train again."""
+    model.pt, or a damaged ``models.json``, runs train again."""
     import warnings
 
     import mlflow.artifacts
@@ -183,6 +183,13 @@ def test_a_repeated_train_run_is_reused_and_its_repeat_runs_checked(tracking, tm
                                          f"run {repeat} is damaged"):
         third = run_pipeline(rspec)
     assert [s for s in third if s != "main" and third[s]["reused"]] == ["download", "sample", "partition"]
+    # a damaged models.json is reported as such and not read (its entries are not checked)
+    train = third["train"]["run_id"]
+    _artifact(tmp_path, train, "models.json").write_text('[{"repeat": 0}]')
+    with pytest.warns(UserWarning, match=f"train run {train}: models.json is damaged"):
+        fourth = run_pipeline(rspec)
+    parent = MlflowClient(tracking[0]).get_run(fourth["main"]["run_id"])
+    assert parent.data.tags["reuse_refused.train"] == f"{train}: models.json"
 
 
 def test_a_train_run_listing_a_gone_repeat_run_is_not_reused(tracking, tmp_path):

@@ -66,7 +66,8 @@ def fetch(run_id: str, artifact: str, dst: str | Path, *, tags: dict | None = No
 
 def damaged_artifacts(run_id: str, dst: str | Path | None = None) -> list[ArtifactDamaged]:
     """Every checksummed artifact of ``run_id`` that is missing or does not match.
-    ``dst``: the folder to leave the intact ones in (``None``: a temporary one)."""
+    ``dst``: the folder to download them to, damaged ones included (``None``: a
+    temporary one)."""
     tags = MlflowClient().get_run(run_id).data.tags
     problems = []
     with tempfile.TemporaryDirectory(prefix="betty-verify-") as tmp:

@@ -90,9 +90,9 @@ def collect_summary(upstream: dict[str, str]) -> dict[str, float]:
 def _trained_models_damaged(run_id: str, listed: Path) -> list[ArtifactDamaged]:
     """What is wrong with the models train run ``run_id`` lists in ``models.json`` (its
     own, or one per repeat run with ``train.repeats > 1``; ``listed``: where
-    :func:`damaged_artifacts` left it): each run's checksummed artifacts and its logged
-    MLflow model (``runs:/<id>/model``). A missing or damaged ``models.json`` is
-    :func:`damaged_artifacts`' to report."""
+    :func:`damaged_artifacts` downloaded it, found intact): each run's checksummed
+    artifacts and its logged MLflow model (``runs:/<id>/model``). A missing or damaged
+    ``models.json`` is :func:`damaged_artifacts`' to report, and not read."""
     try:
         entries = json.loads(listed.read_text())
     except (OSError, ValueError):
@@ -123,7 +123,7 @@ def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
     stage runs again)."""
     with tempfile.TemporaryDirectory(prefix="betty-verify-") as tmp:
         damaged = damaged_artifacts(run_id, tmp)
-        if stage == "train":
+        if stage == "train" and not any(err.artifact == "models.json" for err in damaged):
             damaged += _trained_models_damaged(run_id, Path(tmp) / "models.json")
     if not damaged:
         return run_id

@@ -30,8 +30,8 @@ storage as it is created and when its last holder lets go of it:
    either created (the first micro-batch after ``zero_grad(set_to_none=True)``) or
    accumulated in place (the others: a transient copy of each).
 6. **Metrics** after the backward, for multi-label targets: ``count_correct``'s three
-   ``(n_out, T)`` bool comparisons, their float32 copy and its ``(n_out,)`` row means
-   (single-label: an ``(n_out,)`` argmax and comparison, left out as tiny).
+   ``(n_out, T)`` bool comparisons and their integer count (single-label: an
+   ``(n_out,)`` argmax and comparison, left out as tiny).
 
 The sequences were read off the code of DGL 2.1's ``SAGEConv`` (mean / gcn / pool /
 lstm, with ``lin_before_mp`` when ``in_feats > out_feats``), ``betty.models.gat``,

@@ -45,17 +45,20 @@ element):
    backward of all of it in reverse order, with the parameter gradients appearing
    (first part after ``zero_grad(set_to_none=True)``) or accumulated in place.
 6. **Correct count** after the backward: the part's training rows of the output and of
-   the labels, the argmax and its comparison (multi-label: the sign comparisons, their
-   float32 copy, the per-row mean).
-7. **Optimizer step** once all parts ran: on the host Adam loops over the parameters
-   of each group and allocates ``sqrt(v)`` and ``sqrt(v) / c`` per parameter (the
-   previous denominator is freed when the next one is assigned; with weight decay also
-   the decayed gradient); SGD allocates nothing but, with weight decay, the decayed
-   gradient (peak: :func:`betty.memory.ops.step_temporaries`, as the sampled engine's
+   the labels, the argmax and its comparison (multi-label: the sign comparisons and
+   their integer count).
+7. **Optimizer step** once all parts ran: on the host Adam and SGD loop over the
+   parameters of each group; per parameter Adam allocates the gradient's copies
+   (negated with ``maximize``, decayed with weight decay), ``sqrt(v)`` and
+   ``sqrt(v) / c`` (the previous denominator is freed when the next one is assigned),
+   SGD only the gradient's copies (negated, decayed, plus the Nesterov term); multi-
+   tensor steps (CUDA's default) are one transient (peak:
+   :func:`betty.memory.ops.step_temporaries`, as the sampled engine's
    :func:`betty.memory.estimator.step_bytes`). Before the optimizer's first step
    (``first_step``) its state does not exist during the parts: the step creates it
    (Adam: ``exp_avg``, ``exp_avg_sq`` and the 0-d ``step`` of every parameter before
-   its loop; SGD: each momentum buffer as a copy of the gradient) and it stays. Only
+   its loop; SGD: each momentum buffer as a copy of the gradient, inside its loop) and
+   it stays. Only
    the parts whose meter region holds the step (``step_parts``) replay it.
 
 The op sequences were read off the code of ``betty.rev.model*``, DGL 2.1's
@@ -81,10 +84,10 @@ import numpy as np
 
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
                               PARAMS, StepConfig, bce_backward, bce_forward, edge_softmax_backward,
-                              hash_chunk_rows, hash_words, multilabel_correct, numel, index_backward, param_grads, pyg_edge_scores,
-                              pyg_edge_scores_backward, pyg_scatter_mean, pyg_softmax_backward,
-                              pyg_softmax_forward, optimizer_state_size, step_baseline, step_foreach,
-                              step_groups, step_temporaries)
+                              hash_chunk_rows, hash_words, index_backward, multilabel_correct, numel,
+                              optimizer_state_size, param_grads, pyg_edge_scores, pyg_edge_scores_backward,
+                              pyg_scatter_mean, pyg_softmax_backward, pyg_softmax_forward, step_baseline,
+                              step_foreach, step_groups, step_temporaries)
 from betty.memory.timeline import Buffer, Timeline
 
 __all__ = ["RevReplayConfig", "replay_rev", "rev_parameter_shapes", "COMPONENTS"]
