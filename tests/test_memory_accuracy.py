@@ -242,3 +242,42 @@ def test_lstm_micro_batches_without_some_degree_bucket(backend):
     assert any(((c == 0) & (c.sum(0) > 0)).any() for c in counts), "tests nothing"
     _, bad = _failures(model, opt, meter, batch, feat, label, k, "L=2 n=300 h=64")
     assert not bad, bad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lstm_float64_estimate_matches_meter(backend):
+    """SAGE-LSTM in float64 (``precision="64"``) on the host: torch has no oneDNN LSTM for
+    float64 and runs its native per-step LSTM (gates, cell and hidden state per step),
+    which the replay follows op by op; every micro-batch's estimate is within
+    :data:`TOLERANCE` of the meter (with the constants fitted to oneDNN's float32
+    workspace, 1.7-2.9x over it, torch 2.2.1 and 2.13, 2026-12-06)."""
+    tol = TOLERANCE[backend]["sage-lstm"]
+    bad = []
+    for layers, (n, hidden) in [(1, SIZES[0]), (2, SIZES[0]), (2, SIZES[1])]:
+        if backend == "pyg":
+            pytest.importorskip("torch_geometric")
+        g, feat, label, train = _graph(n)
+        feat = feat.double()
+        batch = sample_full_batch(g, train, FANOUTS[:layers], seed=1)
+        torch.manual_seed(0)
+        model = build_model("sage", FEATS, CLASSES, hidden=hidden, layers=layers, aggregator="lstm",
+                            backend=backend).double().train()
+        opt = build_optimizer("adam", model.parameters(), 1e-3)
+        ones = torch.zeros(batch.num_outputs, dtype=torch.int64)
+        train_step(model, opt, batch, ones, feat, label, dropout_key=7, precision="64",
+                   dtype=torch.float64)  # Adam state exists
+        meter = MemoryMeter("cpu")
+        meter.track(model, opt)
+        for k in (1, 4):
+            groups = partition_batch(batch, k, "random", seed=3).groups
+            opt.zero_grad(set_to_none=True)
+            res = accumulate_gradients(model, batch, groups, feat, label, k=k, meter=meter,
+                                       dropout_key=11, precision="64", dtype=torch.float64)
+            ests = estimate_micro_batches(batch, groups, k, model, opt, precision="64",
+                                          dtype=torch.float64)
+            for i, (e, m) in enumerate(zip(ests, res.micro)):
+                err = abs(e.peak - m.peak_bytes) / m.peak_bytes
+                if err > tol:
+                    bad.append(f"L={layers} n={n} h={hidden} K={k} micro-batch {i}: estimated "
+                               f"{e.peak}, measured {m.peak_bytes} ({err:+.3%})")
+    assert not bad, "\n".join(bad)

@@ -10,9 +10,14 @@ replay cannot derive from shapes:
   T > 1, output ``(T, B, W)``, final states ``2·(B, W)``, returned ``h_n, c_n``), is the
   kernel's saved state ``S(T, B, W)``. A weighted least-squares fit of
   ``S = (a·T·B·Ŵ + b·B·Ŵ)·elt + c`` gives ``lstm_step_words = a``,
-  ``lstm_seq_words = b``, ``lstm_call_bytes = c``. On a float32 host LSTM the exact
-  oneDNN workspace formula (:func:`~betty.memory.constants.onednn_lstm_workspace_bytes`)
-  is checked too and selected (``lstm_kernel = "onednn"``) when it matches every shape.
+  ``lstm_seq_words = b``, ``lstm_call_bytes = c``. On the host both LSTM paths are
+  measured: float32 (oneDNN), whose exact workspace formula
+  (:func:`~betty.memory.constants.onednn_lstm_workspace_bytes`) is selected
+  (``lstm_kernel = "onednn"``) when it matches every shape, and float64, torch's
+  native per-step LSTM, checked against
+  :func:`~betty.memory.constants.native_lstm_saved_bytes` (the replay follows it op by
+  op). The linear model, the host's fallback for other dtypes (which run the native
+  LSTM too), is fitted on the float64 measurements; elsewhere on ``dtype``'s.
   The backward's extra transient tensors give ``lstm_backward_step_words``.
 * **Device graph formats.** A block is built with ``dgl.create_block`` inside a meter
   region and one message pass (forward and backward) runs on it; the bytes beyond the
@@ -39,6 +44,7 @@ from betty.memory.constants import (
     BackendConstants,
     default_backend,
     load_constants,
+    native_lstm_saved_bytes,
     onednn_lstm_workspace_bytes,
     save_user_constants,
 )
@@ -66,9 +72,10 @@ def measure_lstm_state(device, steps: int, seqs: int, width: int,
                        dtype: torch.dtype = torch.float32) -> tuple[int, int]:
     """``(saved state bytes S, backward transient bytes)`` of one LSTM call, measured.
 
-    S excludes the tensors the replay counts explicitly (see the module docstring); the
-    transient excludes the input gradient, the weight gradients and the ``h0``/``c0``
-    gradients.
+    S excludes the tensors the replay counts explicitly (see the module docstring; the
+    host's float64 LSTM, torch's native one, has no separate ``(B, W)`` final states
+    besides ``h_n, c_n``); the transient excludes the input gradient, the weight
+    gradients and the ``h0``/``c0`` gradients.
     """
     dev = torch.device(device)
     lstm = torch.nn.LSTM(width, width, batch_first=True).to(dev, dtype)
@@ -80,7 +87,8 @@ def measure_lstm_state(device, steps: int, seqs: int, width: int,
     elt = x.element_size()
     with meter.measure() as fwd:
         _, (hn, cn) = lstm(x, (h0, c0))
-    explicit = elt * (steps * seqs * width * (2 if steps > 1 else 1) + 4 * seqs * width)
+    states = 2 if dev.type == "cpu" and elt == 8 else 4  # native LSTM: h_n, c_n only
+    explicit = elt * (steps * seqs * width * (2 if steps > 1 else 1) + states * seqs * width)
     saved = fwd.end_bytes - fwd.baseline_bytes - explicit
     grad_out = torch.ones_like(hn)
     params = sum(p.numel() for p in lstm.parameters()) * elt
@@ -157,7 +165,9 @@ def calibrate(device: torch.device | str = "cpu", *, dtype: torch.dtype = torch.
         device: where to measure (its backend: :func:`~betty.memory.constants.
             default_backend`; on CUDA, ``torch.backends.cudnn.enabled`` selects
             ``cuda`` or ``cuda-nocudnn``).
-        dtype: LSTM dtype measured (the compute dtype of the runs to estimate).
+        dtype: LSTM dtype measured (the compute dtype of the runs to estimate); on the
+            host float32 and float64 are both measured and the linear fallback is fitted
+            on float64 (see the module docstring), whatever ``dtype``.
         write: save to the user constants file.
         lstm_grid: ``(steps, sequences, width)`` shapes for the LSTM fit.
         block_formats: on CUDA, measure DGL's device graph formats (imports DGL);
@@ -167,26 +177,39 @@ def calibrate(device: torch.device | str = "cpu", *, dtype: torch.dtype = torch.
 
     Returns:
         A JSON-ready dict: ``backend``, ``constants``, ``lstm_fit_max_rel_error``,
-        ``onednn_formula_max_rel_error`` (host float32 only), ``path`` (or None),
+        ``onednn_formula_max_rel_error`` (host float32) and
+        ``native_formula_max_rel_error`` (host float64; both None elsewhere), ``path``
+        (or None),
         ``seconds``, ``environment``.
     """
     start = time.perf_counter()
     dev = torch.device(device)
     backend = default_backend(dev)
     base = load_constants(backend, use_user=False)
-    elt = torch.empty((), dtype=dtype).element_size()
-    rows, bwd = [], []
-    for t, b, w in lstm_grid:
-        saved, extra = measure_lstm_state(dev, t, b, w, dtype)
-        rows.append((t, b, w, saved))
-        bwd.append(extra / (t * b * w * elt))
-    a, bb, c, fit_err = _fit_lstm(rows, elt, base.lstm_width_multiple)
-    onednn_err = None
-    kernel = "linear"
-    if dev.type == "cpu" and elt == 4:
-        pred = np.array([float(onednn_lstm_workspace_bytes(t, b, w)) for t, b, w, _ in rows])
+    host = dev.type == "cpu"
+    fit_dtype = torch.float64 if host else dtype
+    elt = torch.empty((), dtype=fit_dtype).element_size()
+
+    def measure(dt: torch.dtype) -> tuple[list, list]:
+        rows, bwd = [], []
+        for t, b, w in lstm_grid:
+            saved, extra = measure_lstm_state(dev, t, b, w, dt)
+            rows.append((t, b, w, saved))
+            bwd.append(extra / (t * b * w * torch.empty((), dtype=dt).element_size()))
+        return rows, bwd
+
+    def max_rel_error(formula, rows) -> float:
+        pred = np.array([float(formula(t, b, w)) for t, b, w, _ in rows])
         meas = np.array([s for *_, s in rows], dtype=np.float64)
-        onednn_err = float(np.max(np.abs(pred - meas) / np.maximum(meas, 1.0)))
+        return float(np.max(np.abs(pred - meas) / np.maximum(meas, 1.0)))
+
+    rows, bwd = measure(fit_dtype)
+    a, bb, c, fit_err = _fit_lstm(rows, elt, base.lstm_width_multiple)
+    onednn_err = native_err = None
+    kernel = "linear"
+    if host:
+        native_err = max_rel_error(lambda t, b, w: native_lstm_saved_bytes(t, b, w, 8), rows)
+        onednn_err = max_rel_error(onednn_lstm_workspace_bytes, measure(torch.float32)[0])
         if onednn_err < 1e-3:
             kernel = "onednn"
     per_edge, per_node = block_constants(dev, block_formats, base)
@@ -202,7 +225,7 @@ def calibrate(device: torch.device | str = "cpu", *, dtype: torch.dtype = torch.
         lstm_backward_step_words=round(float(np.median(bwd)), 4),
         source="calibrated",
         note=(f"betty.memory.calibrate on {platform.node() or 'unknown host'}, torch "
-              f"{torch.__version__}, {dtype}, device {dev}"),
+              f"{torch.__version__}, {fit_dtype}, device {dev}"),
     )
     path = save_user_constants(backend, consts) if write else None
     return {
@@ -210,6 +233,7 @@ def calibrate(device: torch.device | str = "cpu", *, dtype: torch.dtype = torch.
         "constants": consts.to_dict(),
         "lstm_fit_max_rel_error": fit_err,
         "onednn_formula_max_rel_error": onednn_err,
+        "native_formula_max_rel_error": native_err,
         "path": None if path is None else str(path),
         "seconds": time.perf_counter() - start,
         "environment": {"torch": torch.__version__, "python": platform.python_version(),

@@ -5,7 +5,8 @@ Most of a micro-batch's memory is exact arithmetic on tensor shapes (see
 constants here, one set per backend:
 
 ``cpu``
-    PyTorch on the host (the float32 LSTM runs through oneDNN).
+    PyTorch on the host (the float32 LSTM runs through oneDNN, the float64 one as
+    torch's native per-step LSTM).
 ``cuda``
     CUDA with cuDNN enabled (the default).
 ``cuda-nocudnn``
@@ -41,6 +42,7 @@ __all__ = [
     "save_user_constants",
     "onednn_lstm_workspace_bytes",
     "onednn_lstm_state_arrays",
+    "native_lstm_saved_bytes",
 ]
 
 BACKENDS = ("cpu", "cuda", "cuda-nocudnn")
@@ -62,11 +64,15 @@ class BackendConstants:
         block_bytes_per_node: same, per source plus destination node (CSR/CSC row
             pointers).
         lstm_kernel: how the LSTM keeps its state for backward. ``"onednn"``: PyTorch's
-            float32 host LSTM (``mkldnn_rnn_layer``), whose workspace layout is known
-            exactly (see :func:`onednn_lstm_workspace_bytes`); other dtypes fall back to
-            the linear model. ``"linear"``: the linear model below.
+            host LSTM: float32 runs oneDNN (``mkldnn_rnn_layer``), whose workspace
+            layout is known exactly (see :func:`onednn_lstm_workspace_bytes`); float64
+            runs torch's native per-step LSTM, which the replay follows op by op
+            (:meth:`lstm_native`, :func:`native_lstm_saved_bytes`); other dtypes fall
+            back to the linear model. ``"linear"``: the linear model below.
         lstm_width_multiple: the LSTM kernel pads the feature width W to a multiple of
-            this many elements (oneDNN: 64 bytes = 16 float32 values); ``Ŵ`` below.
+            this many elements in the linear model; ``Ŵ`` below (1 on the host, whose
+            fallback dtypes run the unpadded native LSTM; the oneDNN formula pads by
+            itself).
         lstm_step_words: saved LSTM state per time step and sequence, in elements of
             the compute dtype per padded width: one call over a degree bucket of ``B``
             destinations with in-degree ``T`` keeps
@@ -101,14 +107,32 @@ class BackendConstants:
         m = max(1, int(self.lstm_width_multiple))
         return int(math.ceil(width / m) * m)
 
+    def lstm_native(self, elt: int) -> bool:
+        """Whether an LSTM computing in ``elt``-byte elements runs torch's native per-step
+        LSTM, which the replay follows op by op: the host's (``lstm_kernel ==
+        "onednn"``) float64, for which torch has no oneDNN LSTM."""
+        return self.lstm_kernel == "onednn" and elt == 8
+
+    def lstm_backward_words(self, elt: int) -> float:
+        """``lstm_backward_step_words`` for an LSTM computing in ``elt``-byte elements: 0
+        for the host's float32 oneDNN LSTM, whose backward scratch is not a tensor (the
+        field is the linear model's, fitted on the host's native float64 LSTM)."""
+        return 0.0 if self.lstm_kernel == "onednn" and elt == 4 else self.lstm_backward_step_words
+
     def lstm_saved_bytes(self, steps, seqs, width: int, elt: int):
         """Bytes one LSTM call over ``seqs`` sequences of ``steps`` steps keeps for its
-        backward (array-friendly; 0 where ``seqs == 0``)."""
+        backward (array-friendly; 0 where ``seqs == 0``): the oneDNN workspace for the
+        host's float32; for its float64 (:meth:`lstm_native`) the native LSTM's per-step
+        tensors ``(7T - 2)·B·W·elt`` (gates ``4BW``, ``c_t``, ``tanh(c_t)`` and ``h_t``
+        per step; the last step's ``c_T`` and ``h_T`` are not saved); else the linear
+        model."""
         import numpy as np
 
         seqs = np.asarray(seqs, dtype=np.float64)
         if self.lstm_kernel == "onednn" and elt == 4:
             return np.where(seqs > 0, onednn_lstm_workspace_bytes(steps, seqs, width), 0.0)
+        if self.lstm_native(elt):
+            return np.where(seqs > 0, native_lstm_saved_bytes(steps, seqs, width, elt), 0.0)
         w = self.padded_width(width)
         words = self.lstm_step_words * steps * seqs * w + self.lstm_seq_words * seqs * w
         return np.where(seqs > 0, words * elt + self.lstm_call_bytes, 0.0)
@@ -193,6 +217,21 @@ def onednn_lstm_workspace_bytes(steps, seqs, width: int, state_arrays: int | Non
     total = (pages(t * b * _onednn_ld(4 * w) * 4.0) + pages(t * b * _onednn_ld(w) * 4.0)
              + n_ld * pages(state * _onednn_ld(w)) + 2.0 * pages(state * w))
     return total * ONEDNN_PAGE_BYTES
+
+
+def native_lstm_saved_bytes(steps, seqs, width: int, elt: int):
+    """Bytes torch's native (non-oneDNN) LSTM keeps for the backward of one single-layer,
+    unidirectional call over ``seqs`` sequences of ``steps`` steps with input and hidden
+    width ``width``, besides its input, output and final states:
+    ``(7T - 2)·B·W·elt``. Per step ``t`` autograd saves the gates
+    ``h_{t-1} W_hhᵀ + b_hh + x_t W_ihᵀ + b_ih`` (``(B, 4W)``, activated in place), ``c_t``,
+    ``tanh(c_t)`` and ``h_t`` (``(B, W)`` each); ``c_T`` and ``h_T`` feed no later step.
+    Measured on the host in float64 (torch 2.2.1 and 2.13, 2026-12-06), byte for byte, on
+    :data:`betty.memory.calibrate.LSTM_GRID`."""
+    import numpy as np
+
+    t = np.asarray(steps, dtype=np.float64)
+    return (7.0 * t - 2.0) * np.asarray(seqs, dtype=np.float64) * int(width) * int(elt)
 
 
 def shipped_constants_path() -> Path:

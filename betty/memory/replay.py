@@ -927,6 +927,8 @@ class _Replayer:
         """
         tl, c = self.tl, self.cfg.constants
         le = self._lstm_elt()
+        if c.lstm_native(le):
+            return self._native_lstm_call(tag, t, b, w, mb)
         cast = le != self.e
         copies = [tl.alloc(b * w * le, LSTM, f"{tag} {name} (float32 copy) deg {t}")
                   for name in ("h0", "c0")] if cast else []
@@ -944,16 +946,156 @@ class _Replayer:
         ws = tl.alloc(c.lstm_saved_bytes(t, b, w, le), LSTM, f"{tag} lstm state deg {t}")
         return [*copies, x_in, o, hy, cy, ws], dropped, not cast
 
+    def _native_lstm_call(self, tag, t: int, b, w: int, mb: Buffer):
+        """:meth:`_lstm_call` where torch runs its native per-step LSTM (the host's
+        float64: :meth:`~betty.memory.constants.BackendConstants.lstm_native`), op by
+        op, with ``u = B·w·elt``: for ``t > 1`` the time-major copy of the input
+        (``t·u``, saved), the input projection ``x W_ihᵀ`` (``4t·u``) and its bias sum
+        (``4t·u``; the product freed); for ``t = 1`` one ``addmm`` on the mailbox itself
+        (``4u``, the mailbox saved). Then per step ``s`` the gates ``h_{s-1} W_hhᵀ +
+        b_hh`` (``4u``, activated in place and saved), ``c_s = f·c_{s-1} + i·g``
+        (``u``, with an ``i·g`` temporary of ``u``), ``tanh(c_s)`` (``u``, saved) and
+        ``h_s = o·tanh(c_s)`` (``u``); then the stacked ``(t, B, w)`` output and the
+        projection freed. ``c_s`` and ``h_s`` are saved by step ``s + 1``, so the call
+        keeps ``(7t - 2)·u`` besides its input and the caller's states
+        (:meth:`~betty.memory.constants.BackendConstants.lstm_saved_bytes`); ``c_T``,
+        ``h_T`` and the output go once the caller has stacked ``h_n`` and ``c_n``.
+
+        Returns ``(saved, dropped, True)`` as :meth:`_lstm_call`: ``saved`` is the
+        input, then per step gates, ``c_s``, ``tanh(c_s)``, ``h_s`` (the last step's
+        gates and ``tanh(c_T)`` only), the order :meth:`_native_lstm_bwd` reads."""
+        tl = self.tl
+        u = b * w * self._lstm_elt()
+        if t > 1:
+            x_in = tl.alloc(t * u, LSTM, f"{tag} time-major input deg {t}")
+            prod = tl.alloc(4 * t * u, LSTM, f"{tag} lstm input product deg {t}")
+            proj = tl.alloc(4 * t * u, LSTM, f"{tag} lstm input projection deg {t}")
+            tl.release(prod)
+        else:
+            x_in = mb  # (B, 1, W) is already time-major: saved as is
+            proj = tl.alloc(4 * u, LSTM, f"{tag} lstm input projection deg {t}")
+        saved: list[Buffer] = [x_in]
+        for s in range(1, t + 1):
+            gates = tl.alloc(4 * u, LSTM, f"{tag} lstm gates deg {t} step {s}")
+            c_s = tl.alloc(u, LSTM, f"{tag} lstm c deg {t} step {s}")
+            tl.temp(u, LSTM, f"{tag} lstm i*g deg {t} step {s}")
+            tanh_c = tl.alloc(u, LSTM, f"{tag} lstm tanh(c) deg {t} step {s}")
+            h_s = tl.alloc(u, LSTM, f"{tag} lstm h deg {t} step {s}")
+            saved += [gates, c_s, tanh_c, h_s] if s < t else [gates, tanh_c]
+        out = tl.alloc(t * u, LSTM, f"{tag} lstm output deg {t}")
+        tl.release(proj)
+        return saved, [c_s, h_s, out], True
+
+    def _native_lstm_bwd(self, tag, t: int, b, w: int, m, bufs: list[Buffer], n_states: int,
+                         gc: Buffer, last, lstm_params, sums: list,
+                         input_grad: bool) -> Buffer | None:
+        """Backward of :meth:`_native_lstm_call`, node by node, steps ``s = t … 1``
+        (``u = B·w·elt``): ``h_s = o·tanh(c_s)``'s gradients (``2u``; ``gc``, whose
+        slice is ``h_t``'s gradient, freed after step ``t``'s in the micro-batches
+        ``last``; else the incoming ``h_s`` gradient), ``tanh``'s (``u``; ``tanh(c_s)``
+        freed) plus the incoming ``c_s`` gradient (``u``, ``s < t``), the four (three
+        at ``s = 1``: ``c_0`` needs none) gradients of ``f·c_{s-1} + i·g`` (``c_{s-1}``
+        freed), the gate activations' (``4u``; the gates freed) concatenated (``4u``,
+        kept until the input projection's backward), then ``addmm``'s: ``h_{s-1}``'s
+        gradient (``u``, ``s > 1``) and ``W_hh``'s and ``b_hh``'s (summed into their
+        running sums as they come; ``h_{s-1}`` freed). Then the ``(t, B, 4w)`` stack of
+        the gate gradients, ``b_ih``'s and ``W_ih``'s gradients and the input's
+        (``t·u``, only where ``input_grad``); the stack and the input freed.
+
+        ``bufs``: the caller's ``n_states`` saved initial states (``h0``, ``c0``; PyG's one
+        zero state), then :meth:`_native_lstm_call`'s ``saved``; all released here.
+        ``sums``: per LSTM parameter (``W_ih``, ``W_hh``, ``b_ih``, ``b_hh``) ``[run,
+        have]`` of :meth:`bucket_sum`, updated in place; a parameter's sum is settled
+        (:meth:`_settle_summed_grads`) in ``last`` after its last gradient. Returns the
+        input's gradient (None without ``input_grad``)."""
+        tl, le = self.tl, self._lstm_elt()
+        u = b * w * le
+        states, x_in, rest = bufs[:n_states], bufs[n_states], bufs[n_states + 1:]
+        steps = [rest[4 * i:4 * i + 4] for i in range(t - 1)] + [[rest[-2], None, rest[-1], None]]
+        shapes = lstm_params
+
+        def add(j: int, grad: Buffer, final: bool) -> None:
+            run, have = sums[j]
+            run, have = self.bucket_sum(run, have, [grad], m, f"{tag} lstm weight grads")
+            sums[j][:] = [run, have]
+            if final:
+                self._settle_summed_grads(run, last)
+
+        def grad(j: int, name: str) -> Buffer:
+            return tl.alloc(np.where(m, numel(shapes[j]) * self.pelt, 0), GRADS,
+                            f"{tag} lstm {name} grad deg {t}")
+
+        gh = gcs = None
+        cats = []
+        for s in range(t, 0, -1):
+            gates, _, tanh_c, _ = steps[s - 1]
+            c_prev = steps[s - 2][1] if s > 1 else None
+            h_prev = steps[s - 2][3] if s > 1 else None
+            g_tanh = tl.alloc(u, BWD, f"{tag} lstm grad tanh(c) deg {t} step {s}")
+            g_o = tl.alloc(u, BWD, f"{tag} lstm grad o deg {t} step {s}")
+            if s == t:
+                tl.free_where(gc, last)  # h_t's gradient is a slice of it
+            else:
+                tl.release(gh)
+            g_c = tl.alloc(u, BWD, f"{tag} lstm grad c (tanh) deg {t} step {s}")
+            tl.release(g_tanh, tanh_c)
+            if gcs is not None:
+                g_sum = tl.alloc(u, BWD, f"{tag} lstm grad c deg {t} step {s}")
+                tl.release(gcs, g_c)
+                g_c = g_sum
+            # the two products' gradients: two gate gradients, c_{s-1}'s (s > 1), a gate's
+            g_1 = tl.alloc(u, BWD, f"{tag} lstm grad gate product deg {t} step {s}")
+            g_2 = tl.alloc(u, BWD, f"{tag} lstm grad gate product deg {t} step {s}")
+            gcs = tl.alloc(u, BWD, f"{tag} lstm grad c_prev deg {t} step {s}") if s > 1 else None
+            g_3 = tl.alloc(u, BWD, f"{tag} lstm grad gate product deg {t} step {s}")
+            tl.release(g_c)
+            if s > 1:
+                tl.release(c_prev)
+            elif len(states) == 2:
+                tl.release(states[1])  # c0
+            acts = []
+            for g in (g_o, g_1, g_3, g_2):
+                acts.append(tl.alloc(u, BWD, f"{tag} lstm grad gate deg {t} step {s}"))
+                tl.release(g)
+            tl.release(gates)
+            cats.append(tl.alloc(4 * u, BWD, f"{tag} lstm grad gates deg {t} step {s}"))
+            tl.release(*acts)
+            gh = tl.alloc(u, BWD, f"{tag} lstm grad h deg {t} step {s}") if s > 1 else None
+            w_hh, b_hh = grad(1, "W_hh"), grad(3, "b_hh")
+            tl.release(h_prev if s > 1 else states[0])
+            add(3, b_hh, s == 1)
+            add(1, w_hh, s == 1)
+        stacked = tl.alloc(4 * t * u, BWD, f"{tag} lstm grad projection deg {t}")
+        tl.release(*reversed(cats))
+        gx = None
+        if t > 1:
+            b_ih = grad(2, "b_ih")
+            add(2, b_ih, True)
+            w_ih = grad(0, "W_ih")
+            if input_grad:
+                gx = tl.alloc(t * u, BWD, f"{tag} lstm grad input deg {t}")
+            tl.release(stacked, x_in)
+            add(0, w_ih, True)
+        else:
+            if input_grad:
+                gx = tl.alloc(t * u, BWD, f"{tag} lstm grad input deg {t}")
+            w_ih, b_ih = grad(0, "W_ih"), grad(2, "b_ih")
+            tl.release(stacked, x_in)
+            add(2, b_ih, True)
+            add(0, w_ih, True)
+        return gx
+
     def _lstm_call_bwd(self, tag, t: int, b, w: int, m, lstm_params, input_grad: bool):
         """The LSTM call's backward node: the ``(t, B, w)`` input gradient, the kernel's
-        transient scratch (``lstm_backward_step_words``), one gradient per LSTM
+        transient scratch (``lstm_backward_step_words``: :meth:`~betty.memory.constants.
+        BackendConstants.lstm_backward_words`), one gradient per LSTM
         parameter (in the micro-batches ``m`` that have the bucket) and the ``(B, w)``
         gradients of ``h0`` and ``c0`` (dropped: the zero states need none), all in the
         LSTM's dtype but the parameters'. Returns ``(grad input, parameter grads)``; the
         input's gradient is dropped too (None) where ``input_grad`` is False."""
         tl, le, c = self.tl, self._lstm_elt(), self.cfg.constants
         gx = tl.alloc(t * b * w * le, BWD, f"{tag} lstm grad input deg {t}")
-        tl.temp(b * t * w * le * c.lstm_backward_step_words, LSTM, f"{tag} lstm backward deg {t}")
+        tl.temp(b * t * w * le * c.lstm_backward_words(le), LSTM, f"{tag} lstm backward deg {t}")
         new = [tl.alloc(np.where(m, numel(s) * self.pelt, 0), GRADS, f"{tag} lstm weight grad")
                for s in lstm_params]
         state_grads = [tl.alloc(b * w * le, BWD, f"{tag} lstm grad {name} deg {t}")
@@ -1045,7 +1187,7 @@ class _Replayer:
         return gs, gc
 
     def _lstm_buckets_bwd(self, tag, l: int, saved, gc: Buffer, h_grad: bool, lstm_params,
-                          w: int, scatter):
+                          w: int, scatter, n_states: int):
         """Backward of the buckets' LSTM calls, largest degree first, from ``gc``, the
         gradient of the concatenated results (released with the last bucket's node of
         each micro-batch). Per bucket: its node (:meth:`_lstm_call_bwd`), its saved tensors
@@ -1055,21 +1197,30 @@ class _Replayer:
         LSTM ran in float32, then ``scatter(t, b, m, g_input, index)`` (the backend's
         backward of building the mailbox: releases ``g_input`` and ``index``, returns
         the ``(P,)`` gradient to sum). Returns the running sum and the micro-batches that have
-        one, ``(acc, have_acc)`` (None, all False without ``h_grad``)."""
+        one, ``(acc, have_acc)`` (None, all False without ``h_grad``). Where torch runs its
+        native per-step LSTM, each bucket's backward is :meth:`_native_lstm_bwd`
+        (``n_states``: how many initial states the caller saved before the call's
+        buffers)."""
         tl, in_e, le = self.tl, self.e, self._lstm_elt()
         acc = lstm_grad = None
         have_acc = have_grad = np.zeros(self.s.num_micro_batches, dtype=bool)
         smallest = self._smallest_buckets(l)
+        native = self.cfg.constants.lstm_native(le)
+        sums = [[None, have_grad] for _ in lstm_params]  # native: per parameter
         for (t, b, bufs, index), last in reversed(list(zip(saved, smallest))):
             m = b > 0  # the micro-batches that have this bucket
-            gx, new = self._lstm_call_bwd(tag, t, b, w, m, lstm_params, h_grad)
-            tl.free_where(gc, last)  # the results' gradient goes with their last consumer
-            tl.release(*bufs)  # the node's saved tensors go before its outputs are summed
-            # the engine sums each parameter's gradients out of place, one parameter at a
-            # time, then drops the bucket's own gradients
-            lstm_grad, have_grad = self.bucket_sum(lstm_grad, have_grad, new, m,
-                                                   f"{tag} lstm weight grads")
-            self._settle_summed_grads(lstm_grad, last)
+            if native:
+                gx = self._native_lstm_bwd(tag, t, b, w, m, bufs, n_states, gc, last,
+                                           lstm_params, sums, h_grad)
+            else:
+                gx, new = self._lstm_call_bwd(tag, t, b, w, m, lstm_params, h_grad)
+                tl.free_where(gc, last)  # the results' gradient goes with their last consumer
+                tl.release(*bufs)  # the node's saved tensors go before its outputs are summed
+                # the engine sums each parameter's gradients out of place, one parameter at
+                # a time, then drops the bucket's own gradients
+                lstm_grad, have_grad = self.bucket_sum(lstm_grad, have_grad, new, m,
+                                                       f"{tag} lstm weight grads")
+                self._settle_summed_grads(lstm_grad, last)
             if gx is None:
                 continue
             if in_e != le:  # the backward of AutocastLSTM's input.float()
@@ -1133,6 +1284,7 @@ class _Replayer:
         states, its ``h_T`` the bucket's result, the results concatenated and put into
         zeros; then :meth:`_lstm_fc`."""
         tl, in_e, le = self.tl, self.e, self._lstm_elt()
+        native = self.cfg.constants.lstm_native(le)
         lstm_params, fc_neigh, fc_self = shp[0:4], [shp[4]], shp[5:]
         w = wi
         msg = tl.alloc(n_e * w * in_e, AGG, f"{tag} messages")
@@ -1151,9 +1303,14 @@ class _Replayer:
             h0 = tl.alloc(b * w * in_e, LSTM, f"{tag} h0 deg {t}")
             c0 = tl.alloc(b * w * in_e, LSTM, f"{tag} c0 deg {t}")
             call_saved, dropped, inputs_saved = self._lstm_call(tag, t, b, w, mb)
-            st = tl.alloc(b * w * le, LSTM, f"{tag} result deg {t}")
-            tl.temp(b * w * le, LSTM, f"{tag} c stack deg {t}")
-            tl.release(*dropped)
+            if native:  # torch's native LSTM stacks c_n before h_n
+                cs = tl.alloc(b * w * le, LSTM, f"{tag} c stack deg {t}")
+                st = tl.alloc(b * w * le, LSTM, f"{tag} result deg {t}")
+                tl.release(*dropped, cs)
+            else:
+                st = tl.alloc(b * w * le, LSTM, f"{tag} result deg {t}")
+                tl.temp(b * w * le, LSTM, f"{tag} c stack deg {t}")
+                tl.release(*dropped)
             states = [h0, c0]
             if not inputs_saved:
                 tl.release(h0, c0)
@@ -1189,7 +1346,7 @@ class _Replayer:
                                              self_casts, h_kept, h_grad, n_dst, n_nonzero, wi,
                                              cat_idx, cat)
                 acc, _ = self._lstm_buckets_bwd(tag, l, saved, gc, h_grad, lstm_params, w,
-                                                scatter)
+                                                scatter, 2)
                 if not h_grad:
                     return None
                 gsrc = tl.alloc(n_src * w * in_e, BWD, f"{tag} grad h (copy_u)")
@@ -1206,6 +1363,7 @@ class _Replayer:
         from one zero state for ``h0`` and ``c0``, the buckets' last hidden states
         concatenated and put into zeros; then :meth:`_lstm_fc`."""
         tl, in_e, le = self.tl, self.e, self._lstm_elt()
+        native = self.cfg.constants.lstm_native(le)
         lstm_params, fc_neigh, fc_self = shp[0:4], [shp[4]], shp[5:]
         w = wi
         n_nonzero = self._bucket_rows(l)
@@ -1237,8 +1395,12 @@ class _Replayer:
             z0 = tl.alloc(b * w * in_e, LSTM, f"{tag} h0 = c0 deg {t}")
             tl.release(zeros)  # the previous zero state, where the LSTM did not save it
             call_saved, dropped, inputs_saved = self._lstm_call(tag, t, b, w, mb)
-            results.append(tl.alloc(b * w * le, LSTM, f"{tag} h_n deg {t}"))
-            c_new = tl.alloc(b * w * le, LSTM, f"{tag} c_n deg {t}")
+            if native:  # torch's native LSTM stacks c_n before h_n
+                c_new = tl.alloc(b * w * le, LSTM, f"{tag} c_n deg {t}")
+                results.append(tl.alloc(b * w * le, LSTM, f"{tag} h_n deg {t}"))
+            else:
+                results.append(tl.alloc(b * w * le, LSTM, f"{tag} h_n deg {t}"))
+                c_new = tl.alloc(b * w * le, LSTM, f"{tag} c_n deg {t}")
             tl.release(*dropped, c_last)
             c_last = c_new
             zeros = None if inputs_saved else z0
@@ -1265,7 +1427,7 @@ class _Replayer:
                                              self_casts, h_kept, h_grad, n_dst, n_nonzero, wi,
                                              cat_idx)
                 acc, have_acc = self._lstm_buckets_bwd(tag, l, saved, gc, h_grad, lstm_params,
-                                                       w, scatter)
+                                                       w, scatter, 1)
                 if not h_grad:
                     return None
                 acc = tl.merge(*acc[0]) if acc is not None else None
