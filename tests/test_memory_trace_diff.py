@@ -71,7 +71,7 @@ LABEL_COLUMNS = 7
 def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
             precision: str = "32", label_columns: int = 0,
             feat_dtype: torch.dtype = torch.float32, dropout: float = 0.0, k: int = 1,
-            attn_dropout: float = 0.0, heads: int = 3):
+            attn_dropout: float = 0.0, heads: int = 3, dtype: torch.dtype | None = None):
     """``(traced, replayed)`` allocations of one micro-batch; ``label_columns`` T > 0:
     multi-label ``(N, T)`` float32 0/1 targets and the BCE loss, else 5 classes. The host
     features are ``feat_dtype``; the step runs in ``precision`` (the trainer's own path:
@@ -94,20 +94,23 @@ def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
     model = build_model(arch, 40, label_columns or 5, hidden=hidden, layers=layers,
                         aggregator=agg, heads=heads, dropout=dropout, backend=backend,
                         **({"attn_dropout": attn_dropout} if attn_dropout else {})).train()
+    step = {"dtype": dtype} if dtype is not None else {}  # precision "64": the model in float64
+    if dtype is not None:
+        model = model.to(dtype)
     opt = build_optimizer("adam", model.parameters(), 1e-3)
     groups = torch.zeros(batch.num_outputs, dtype=torch.int64)
     train_step(model, opt, batch, groups, feat, label, dropout_key=1,  # .grad and Adam state
-               multilabel=multilabel)
+               multilabel=multilabel, **step)
     if k > 1:
         groups = partition_batch(batch, k, "random", seed=3).groups
         opt.zero_grad(set_to_none=True)
         accumulate_gradients(model, batch, groups, feat, label, k=k, indices=range(k - 1),
-                             dropout_key=2, multilabel=multilabel, precision=precision)
+                             dropout_key=2, multilabel=multilabel, precision=precision, **step)
     with AllocationTrace("cpu") as trace:
         accumulate_gradients(model, batch, groups, feat, label, k=k, indices=[k - 1],
-                             dropout_key=2, multilabel=multilabel, precision=precision)
+                             dropout_key=2, multilabel=multilabel, precision=precision, **step)
     sizes = split_sizes(batch, groups, k)
-    cfg = replay_config(model, opt, precision=precision, feature_dtype=feat_dtype,
+    cfg = replay_config(model, opt, dtype=dtype, precision=precision, feature_dtype=feat_dtype,
                         fresh_grads=np.zeros(k, dtype=bool), num_micro_batches=k,
                         label_columns=label_columns, constants=load_constants("cpu"))
     return _traced(trace), _replayed(sizes, cfg, k - 1)
@@ -332,3 +335,13 @@ def test_gat_attention_dropout_replay_follows_the_trace(backend, precision):
                                    attn_dropout=0.3)
         problems = diff(traced, replayed)
         assert not problems, f"K={k}: " + "\n".join(problems)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float64_lstm_replay_follows_the_trace(backend):
+    """Precision 64 on the host: torch runs its native per-step LSTM (no oneDNN kernel
+    for float64), which the replay follows step by step, forward and backward."""
+    for layers, k in ((2, 1), (3, 2)):
+        traced, replayed = _events("sage", "lstm", backend, 16, layers, "64", k=k, dtype=torch.float64)
+        problems = diff(traced, replayed)
+        assert not problems, f"L={layers} K={k}: " + "\n".join(problems)
