@@ -42,8 +42,12 @@ element):
 
 5. **Head**: norm, ReLU, dropout, decoder; **loss** (cross-entropy on the part's
    training rows, or BCE with logits for ``T``-column multi-label targets) and the
-   backward of all of it in reverse order, with the parameter gradients appearing
-   (first part after ``zero_grad(set_to_none=True)``) or accumulated in place.
+   backward of all of it in reverse order. Each parameter's gradient appears at the
+   op that makes it (:meth:`_RevReplayer.param_grads`) and becomes ``.grad`` (the first
+   part after ``zero_grad(set_to_none=True)``) or, on the others, is added in place and
+   freed once its node's outputs are delivered; a reversible block's come back from its
+   ``torch.autograd.grad`` together, when the block's node returns; weight-tied ones
+   are summed over the blocks first.
 6. **Correct count** after the backward: the part's training rows of the output and of
    the labels, the argmax and its comparison (multi-label: the sign comparisons and
    their integer count).
@@ -85,7 +89,7 @@ import numpy as np
 from betty.memory.ops import (ACT, ATT, BWD, DROP, FEATS, GRADS, INDEX_BYTES, LABELS, LOSS, OPT,
                               PARAMS, StepConfig, bce_backward, bce_forward, edge_softmax_backward,
                               hash_chunk_rows, hash_words, index_backward, multilabel_correct, numel,
-                              optimizer_state_size, param_grads, pyg_edge_scores, pyg_edge_scores_backward,
+                              optimizer_state_size, pyg_edge_scores, pyg_edge_scores_backward,
                               pyg_scatter_mean, pyg_softmax_backward, pyg_softmax_forward, step_baseline,
                               step_foreach, step_groups, step_temporaries)
 from betty.memory.timeline import Buffer, Timeline
@@ -191,8 +195,18 @@ class _RevReplayer:
         self.hf = cfg.heads * f  # GAT projected width
         self.shapes = cfg.shapes
         self.pbytes = [sum(numel(s) for s in group) * cfg.elt for group in self.shapes]
+        group = self.shapes[1][:len(self.shapes[1]) // cfg.num_groups]  # one group function's
+        n_norm = 2 if cfg.norm in ("layer", "batch") else 0
+        self.norm_shapes, self.conv_shapes = group[:n_norm], group[n_norm:]
         self._pre_mean: Buffer | None = None  # see _gat's backward
         self._grad_is_view = False  # the gradient reaching a group function is a slice
+        self._pending_grads: list[Buffer] = []  # see settle_pending
+        self._bias_ran = False  # see run's checkpoint branch
+        self._deferred: list[Buffer] | None = None  # see settle
+        self._block = 0  # the block whose backward runs
+        self._tied_new: set[int] = set()  # weight-tied gradients not settled yet
+        self._tied_sums: list[Buffer] = []  # their running sums over the blocks
+        self._tied_index = 0  # the next one a block settles
 
     # ------------------------------------------------------------------ helpers
     def alloc(self, nbytes, comp: str, name: str) -> Buffer:
@@ -218,12 +232,63 @@ class _RevReplayer:
         self.release(*freed)
         return out
 
-    def param_grads(self, group_index: int, tag: str, first_use: bool = True) -> None:
-        """Gradients of parameter group ``group_index`` produced by a backward node
-        (:func:`~betty.memory.ops.param_grads`; ``first_use``: no earlier node of this
-        part produced them)."""
-        param_grads(self.tl, self.pbytes[group_index], self.fresh & first_use,
-                    f"{tag} parameter grads", f"{tag} parameter grads (accumulated)")
+    def param_grads(self, shapes, tag: str, block: bool = False) -> list[Buffer]:
+        """The gradients of parameters of ``shapes``, in that order, as a backward node
+        produces them. ``AccumulateGrad`` keeps each as ``.grad`` on a fresh part; on the
+        others it adds it in place into ``.grad`` once the node has finished and its
+        outputs have been delivered (an out-of-place sum where a tensor's gradient
+        arrives twice): pass the returned buffers to :meth:`settle` there. ``block``: a
+        block's parameters (weight-tied: one set for every block, see :meth:`settle`)."""
+        grads = [self.alloc(numel(shape) * self.el, GRADS, f"{tag} grad {shape}") for shape in shapes]
+        if block and self.cfg.weight_tied:
+            self._tied_new.update(id(g) for g in grads)
+        return grads
+
+    def settle(self, *grads: Buffer) -> None:
+        """``AccumulateGrad`` of ``grads`` (:meth:`param_grads`): freed on the parts that
+        had ``.grad`` already, kept as ``.grad`` on a fresh one. Inside a reversible
+        block's backward (``_deferred`` is a list) the block's ``torch.autograd.grad``
+        returns them instead, all at its end (:meth:`_reversible_block_backward`)."""
+        if self._deferred is not None:
+            self._deferred += grads
+            return
+        for g in grads:
+            if id(g) in self._tied_new:
+                self._settle_tied(g)
+            else:
+                self.tl.release_where(g, ~self.fresh)
+
+    def _settle_tied(self, g: Buffer) -> None:
+        """A weight-tied parameter's gradient from block ``self._block`` (the blocks run
+        backward from the last): the engine sums the blocks' contributions out of place
+        in the parameter's input buffer (the ``k``-th gradient a block settles is the
+        ``k``-th of every block); ``AccumulateGrad`` runs once block 0's has arrived."""
+        self._tied_new.discard(id(g))
+        k = self._tied_index
+        self._tied_index += 1
+        if self._block == self.cfg.num_layers - 1:
+            self._tied_sums.append(g)
+        else:
+            total = self.alloc(g.size, GRADS, "tied parameter grad (sum over blocks)")
+            self.release(self._tied_sums[k], g)
+            self._tied_sums[k] = total
+        if self._block == 0:
+            self.tl.release_where(self._tied_sums[k], ~self.fresh)
+
+    def bias_grad(self, shape, tag: str) -> None:
+        """The gradient of a group function's bias, added last in its forward (GCN, GAT):
+        its node saves nothing and ``AccumulateGrad`` follows at once; skipped where it
+        ran before a checkpoint recomputation (``_bias_ran``)."""
+        if self._bias_ran:
+            self._bias_ran = False
+            return
+        self.settle(*self.param_grads([shape], f"{tag} bias", block=True))
+
+    def settle_pending(self) -> None:
+        """:meth:`settle` the gradients a group function's last node (its norm) left for
+        the coupling, once the coupling has delivered that node's output."""
+        self.settle(*self._pending_grads)
+        self._pending_grads = []
 
     # ------------------------------------------------------------------ baseline
     def baseline(self) -> None:
@@ -282,7 +347,10 @@ class _RevReplayer:
                 gm = self.bwd(f"{tag} grad masked", gm)
             t = self.bwd(f"{tag} grad relu", gm, relu)
             if cfg.norm in ("layer", "batch"):
-                return self.bwd(f"{tag} grad norm", t, hin, *stats)
+                gn = self.alloc(self.node_bytes(), BWD, f"{tag} grad norm")
+                self._pending_grads += self.param_grads(self.norm_shapes, f"{tag} norm", block=True)
+                self.release(t, hin, *stats)
+                return gn
             return t
 
         return out, backward
@@ -337,9 +405,14 @@ class _RevReplayer:
         """Backward of GraphConv's dense ops around the aggregation: ``* norm_dst``
         (``mul``), ``@ W`` (``mm``: grad ``@ W^T``), ``agg_backward`` (the backend's
         aggregation, releases its input), ``* norm_src`` (``mul``); releases ``g`` and
-        the saved ``nd``, ``agg``, ``ns``; returns ``(N, w)``."""
+        the saved ``nd``, ``agg``, ``ns``; returns ``(N, w)``. The bias's gradient comes
+        first, ``W``'s before the aggregate's."""
+        weight, bias = self.conv_shapes
+        self.bias_grad(bias, tag)
         g1 = self.bwd(f"{tag} grad * norm dst", g, nd)
+        w = self.param_grads([weight], f"{tag} W", block=True)
         g2 = self.bwd(f"{tag} grad aggregate", g1, agg)
+        self.settle(*w)
         return self.bwd(f"{tag} grad * norm src", agg_backward(g2, tag), ns)
 
     def _sage_fc(self, m: Buffer, q: Buffer, grad: bool, stop: bool, tag: str) -> Buffer | None:
@@ -366,9 +439,15 @@ class _RevReplayer:
         ``deg``), ``agg_backward`` (the backend's neighbour sum, releases its input),
         (``sliced``: the self features were the view ``h[:n_dst]``, whose
         ``slice_backward`` copies the self gradient into zeros) then the sum of the self
-        and neighbour gradients; returns ``(N, w)``."""
+        and neighbour gradients; returns ``(N, w)``. ``fc_self``'s weight, the bias and
+        ``fc_neigh``'s weight get their gradients between the self and mean gradients."""
         gs = self.bwd(f"{tag} grad self", m)
+        w_self, w_neigh, bias = self.conv_shapes
+        fc_self = self.param_grads([w_self], f"{tag} fc_self", block=True)
+        self.settle(*self.param_grads([bias], f"{tag} bias", block=True), *fc_self)
+        fc_neigh = self.param_grads([w_neigh], f"{tag} fc_neigh", block=True)
         gn = self.bwd(f"{tag} grad mean", g, q)
+        self.settle(*fc_neigh)
         gd = self.bwd(f"{tag} grad mean / degree", gn, deg)
         agg = agg_backward(gd, tag)
         if sliced:
@@ -501,21 +580,31 @@ class _RevReplayer:
         per score a ``mul`` for the attention vector's gradient and one for ``z``'s
         (``sliced``: ``er`` was computed on the view ``z[:n_dst]``, whose
         ``slice_backward`` copies into zeros), each added to ``z``'s gradient; then
-        ``fc``'s ``mm``. Releases all inputs; returns ``(N, w)``."""
+        ``fc``'s ``mm``. Releases all inputs; returns ``(N, w)``. Each attention vector's
+        gradient (the engine's sum to ``(1, H, F)``) comes while its two products exist,
+        ``fc``'s weight's before the input's."""
         nh = self.node_bytes(self.hf)
+        attn_l, attn_r, _, weight = self.conv_shapes
         t = self.alloc(nh, BWD, f"{tag} grad attn_r")
         gfd = self.alloc(nh, BWD, f"{tag} grad ft (er)")
+        ar = self.param_grads([attn_r], f"{tag} attn_r", block=True)  # the engine's sum over nodes
         self.release(t, ger)
         if sliced:
             gfd = self.bwd(f"{tag} grad ft (er) slice_backward", gfd, nbytes=nh)
         acc = self.alloc(nh, BWD, f"{tag} grad ft sum")
         self.release(gz, gfd)
+        self.settle(*ar)
         t = self.alloc(nh, BWD, f"{tag} grad attn_l")
         gfs = self.alloc(nh, BWD, f"{tag} grad ft (el)")
+        al = self.param_grads([attn_l], f"{tag} attn_l", block=True)
         self.release(t, gel, ft)
         acc2 = self.alloc(nh, BWD, f"{tag} grad ft")
         self.release(acc, gfs)
-        return self.bwd(f"{tag} grad input", acc2, m)
+        self.settle(*al)
+        w = self.param_grads([weight], f"{tag} fc", block=True)
+        gx = self.bwd(f"{tag} grad input", acc2, m)
+        self.settle(*w)
+        return gx
 
     def _gat_finish(self, rst: Buffer, stop: bool, tag: str, *local) -> Buffer | None:
         """``rst + bias`` (``add``), the layer's locals ``local`` go, then the heads
@@ -536,13 +625,16 @@ class _RevReplayer:
     def _gat_merge_backward(self, g: Buffer, tag: str) -> Buffer:
         """Backward of the head merge: ``mean`` allocates ``(N, H, F)`` (or takes the one
         that ran before a checkpoint recomputation) and releases ``g``; ``concat``
-        passes ``g`` on."""
+        passes ``g`` on; then the bias's gradient."""
+        bias = self.conv_shapes[2]
         if self.cfg.gat_merge != "mean":
+            self.bias_grad(bias, tag)
             return g
         if self._pre_mean is not None:  # ran before the checkpoint recomputation
             gm, self._pre_mean = self._pre_mean, None
         else:
             gm = self.alloc(self.node_bytes(self.hf), BWD, f"{tag} grad mean over heads")
+        self.bias_grad(bias, tag)
         self.release(g)
         return gm
 
@@ -724,6 +816,7 @@ class _RevReplayer:
             else:  # cat's view + what f_{i+1} sent back: an out-of-place sum
                 go = self.alloc(nw, BWD, f"{tag} grad X'_{i + 1}")
                 self.release(gy, carry)
+                self.settle_pending()  # f_{i+1}'s output delivered
             slots[i] = go
             self.hold(go)  # X'_i = f_i(.) + X_i: the same gradient goes to X_i
             self._grad_is_view = go is gy
@@ -732,6 +825,7 @@ class _RevReplayer:
             if i > 0:
                 carry = gin
                 continue
+            self.settle_pending()  # delivered to X'_0's sum, which has no other input
             # gradient wrt X'_0 reaches X_2 .. X_C: an out-of-place sum into every slot
             # (a view of gy, or a sum the group function's backward also took)
             for j in range(1, C):
@@ -742,22 +836,6 @@ class _RevReplayer:
         gx = self.alloc(self.n * cfg.hidden * self.el, BWD, f"{tag} grad input (cat)")
         self.release(*slots)
         return gx
-
-    def block_param_grads(self, l: int, tag: str) -> None:
-        """Gradients of block ``l``'s parameters. Weight-tied: the engine sums the ``L``
-        contributions in one buffer (the first one, kept until every application ran;
-        the others are added in place) and hands it to ``.grad`` at the end."""
-        cfg = self.cfg
-        if not cfg.weight_tied:
-            self.param_grads(1 + l, tag)
-            return
-        nbytes = self.pbytes[1]
-        if l == cfg.num_layers - 1:
-            self._tied_grads = self.tl.alloc(nbytes, GRADS, f"{tag} tied parameter grads")
-        else:
-            self.tl.temp(nbytes, GRADS, f"{tag} tied parameter grads (accumulated)")
-        if l == 0:  # AccumulateGrad: kept as .grad on a fresh part, else added in place
-            self.tl.release_where(self._tied_grads, ~self.fresh)
 
     # ------------------------------------------------------------------ whole step
     def run(self) -> Timeline:
@@ -871,10 +949,11 @@ class _RevReplayer:
         self.release(z, g2, local_train)  # out[local_train] saved the mask until its backward ran
 
         tl.phase = "backward head"
-        last = len(self.shapes) - 1
-        self.param_grads(last, "head")
+        head_norm, decoder = self.shapes[-1][:-2], self.shapes[-1][-2:]
         g = self.alloc(nd, BWD, "grad decoder input")
+        grads = self.param_grads(decoder, "decoder")
         self.release(g3, hm)
+        self.settle(*grads)
         if self.has_mask:
             g2 = self.alloc(nd, BWD, "grad head dropout")
             self.release(g)
@@ -886,7 +965,9 @@ class _RevReplayer:
         self.release(g, hr)
         if has_norm:
             g = self.alloc(nd, BWD, "grad head norm")
+            grads = self.param_grads(head_norm, "head norm")
             self.release(t, y_last, *hstats)
+            self.settle(*grads)
         else:
             g = t
 
@@ -894,28 +975,32 @@ class _RevReplayer:
         for l in range(L - 1, -1, -1):
             tl.phase = f"backward block {l}"
             tag = f"block {l}"
+            self._block, self._tied_index = l, 0
             if mode == "reversible":
                 g, y_block = self._reversible_block_backward(l, g, y_block, tag)
             elif mode == "residual":
                 g = self.coupling_backward(g, saved_backs[l], tag)
-                self.block_param_grads(l, tag)
             else:
                 xin = frames[l]
                 if cfg.conv == "gat" and cfg.gat_merge == "mean":
                     # the last group's mean-over-heads backward saves nothing: it runs
                     # before the first saved tensor is asked for (and recomputed)
                     self._pre_mean = self.alloc(self.node_bytes(self.hf), BWD, f"{tag} grad mean over heads")
+                if cfg.conv in ("gcn", "gat"):  # so does its bias's, the forward's last op
+                    self.bias_grad(self.conv_shapes[-1 if cfg.conv == "gcn" else 2],
+                                   f"{tag} group {cfg.num_groups - 1}")
+                    self._bias_ran = True
                 _, backs = self.coupling_forward(xin, True, f"{tag} recompute", stop_early=True)
                 g = self.coupling_backward(g, backs, tag)
                 self.release(xin)  # the checkpoint frame lets go of its input
-                self.block_param_grads(l, tag)
             if mode == "residual" and l == 0 and self.has_mask and not cfg.masks_held:
                 self.release(masks[0])
                 masks[0] = None
 
         tl.phase = "backward encoder"
-        self.param_grads(0, "encoder")
+        grads = self.param_grads(self.shapes[0], "encoder")
         self.release(g, feat)
+        self.settle(*grads)
         tl.phase = "metrics"  # count_correct(out[local_train], label[ids][local_train])
         self.correct_count(out)
         tl.phase = "end of part"
@@ -964,6 +1049,7 @@ class _RevReplayer:
         cfg = self.cfg
         nd = self.n * cfg.hidden * self.el
         x = self.coupling_inverse(y, tag)
+        self._deferred = []
         y_re, backs = self.coupling_forward(x, True, f"{tag} recompute")
         if cfg.check_consistency:
             self.tl.temp(nd, BWD, f"{tag} check |y|")
@@ -971,12 +1057,13 @@ class _RevReplayer:
             a = self.alloc(nd, BWD, f"{tag} check |y_re - y|")
             self.release(d, a)
         gx = self.coupling_backward(gy, backs, tag)
-        self.block_param_grads(l, tag)
         self.release(y_re)  # locals of the backward go
         if l < cfg.num_layers - 1:
             self.release(y)  # handed down by block l + 1; the last block's stays in its hand-off
         if l == 0:
             self.release(x)
+        grads, self._deferred = self._deferred, None
+        self.settle(*grads)  # the parameters' AccumulateGrad, once the block's node returned
         return gx, x
 
     # ------------------------------------------------------------------ optimizer
