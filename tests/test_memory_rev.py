@@ -6,10 +6,11 @@ a 1500-node graph with hidden 32 or 64; depths 2/8 for the residual modes, 8 and
 (GCN) or 16 (SAGE, GAT) for the reversible one; C = 2 groups, plus two C = 3 cases):
 train one step (so Adam's state exists), then measure one ``train_step_parts`` step
 with K = 1 and with K = 2 random parts (``MemoryMeter`` tracking model and optimizer)
-and compare with the estimate (for K = 2 the largest part's): |estimated - measured| <=
-5% of measured (the errors measured are below 0.2%). These run on DGL; GAT on the PyG
-backend (mean heads with C = 2, concatenated with C = 3, the three modes on the 600-node
-graph) is held to 0.1% (measured: below 0.05%), in ``.venv-pyg`` too.
+and compare with the estimate (for K = 2 the largest part's): the estimate is 0 to
+``MAX_MISS_BYTES`` under the measurement (measured: 8 to 12 bytes, the loss's 0-d
+tensors). These run on DGL; GAT on the PyG backend (mean heads with C = 2, concatenated
+with C = 3, the three modes on the 600-node graph) is held to the same, in ``.venv-pyg``
+too.
 Each configuration also checks that activations are a real share of the peak (at least
 30% is not parameters, gradients or optimizer state), so the comparison is not decided
 by the parameters alone.
@@ -39,8 +40,7 @@ from betty.rev.engine import train_step_parts
 from betty.rev.training import cluster_partition
 from graphs import backend_params, power_law_graph
 
-TOLERANCE = 0.05
-GAT_PYG_TOLERANCE = 0.001  # measured worst 0.049% here (torch 2.2.1 and 2.13.0, PyG 2.8.1)
+MAX_MISS_BYTES = 16  # the loss's 0-d tensors, which the replay leaves out (measured: 8 to 12)
 MIN_ACTIVATION_SHARE = 0.3
 FEATS, CLASSES, HEADS, DROPOUT = 12, 5, 2, 0.1
 MODES = ("reversible", "residual", "checkpoint")
@@ -86,8 +86,7 @@ def _measured_step(model, opt, parts, feat, label, mask) -> int:
     return reading.peak_bytes
 
 
-def _check_configuration(conv, mode, n, hidden, groups, depth, backend="dgl", tolerance=TOLERANCE,
-                         **kw):
+def _check_configuration(conv, mode, n, hidden, groups, depth, backend="dgl", **kw):
     g, feat, label, mask = _graph(n, backend)
     model = _model(conv, mode, hidden, groups, depth, backend=backend, **kw)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -105,7 +104,7 @@ def _check_configuration(conv, mode, n, hidden, groups, depth, backend="dgl", to
                       key=lambda e: e.peak)
         err = (est.peak - measured) / measured
         results.append((k, measured, est.peak, err))
-        assert abs(err) <= tolerance, (
+        assert 0 <= measured - est.peak <= MAX_MISS_BYTES, (
             f"{conv} {backend} {mode} N={n} hidden={hidden} C={groups} L={depth} K={k}: estimated "
             f"{est.peak} vs measured {measured} ({err:+.2%}), peak at {est.peak_at}")
         assert sum(est.breakdown.values()) == est.peak
@@ -145,10 +144,9 @@ def test_estimate_matches_meter_three_groups(conv, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_gat_on_pyg_estimate_matches_meter(mode, gat_merge, groups, hidden):
     """GAT on the PyG backend (betty.models.gat.gat_forward over PyG's gathers, softmax
-    and scatter), whose op sequence is replayed op by op: within GAT_PYG_TOLERANCE."""
+    and scatter), whose op sequence is replayed op by op."""
     n, _, _, depth = CONFIGS[mode][0]
-    _check_configuration("gat", mode, n, hidden, groups, depth, backend="pyg",
-                         tolerance=GAT_PYG_TOLERANCE, gat_merge=gat_merge)
+    _check_configuration("gat", mode, n, hidden, groups, depth, backend="pyg", gat_merge=gat_merge)
 
 
 @_on("dgl")

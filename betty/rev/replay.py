@@ -202,6 +202,7 @@ class _RevReplayer:
         self._grad_is_view = False  # the gradient reaching a group function is a slice
         self._pending_grads: list[Buffer] = []  # see settle_pending
         self._bias_ran = False  # see run's checkpoint branch
+        self._bias_pending: list[Buffer] = []  # see bias_grad
         self._deferred: list[Buffer] | None = None  # see settle
         self._block = 0  # the block whose backward runs
         self._tied_new: set[int] = set()  # weight-tied gradients not settled yet
@@ -277,12 +278,19 @@ class _RevReplayer:
 
     def bias_grad(self, shape, tag: str) -> None:
         """The gradient of a group function's bias, added last in its forward (GCN, GAT):
-        its node saves nothing and ``AccumulateGrad`` follows at once; skipped where it
-        ran before a checkpoint recomputation (``_bias_ran``)."""
+        its node saves nothing; skipped where it ran before a checkpoint recomputation
+        (``_bias_ran``). ``AccumulateGrad`` follows at once, except on PyG's GAT, whose
+        bias is viewed ``(H, F)`` before the layer runs: that view's backward node is
+        older than every node of the layer, so the engine runs it, and the parameter's
+        ``AccumulateGrad``, once the layer's backward is done (``_bias_pending``)."""
         if self._bias_ran:
             self._bias_ran = False
             return
-        self.settle(*self.param_grads([shape], f"{tag} bias", block=True))
+        grads = self.param_grads([shape], f"{tag} bias", block=True)
+        if self.cfg.graph_backend == "pyg" and self.cfg.conv == "gat":
+            self._bias_pending += grads
+        else:
+            self.settle(*grads)
 
     def settle_pending(self) -> None:
         """:meth:`settle` the gradients a group function's last node (its norm) left for
@@ -703,7 +711,10 @@ class _RevReplayer:
             glr = pyg_softmax_backward(self.tl, ga, ex, den, eh, self.node_bytes(heads), tag)
             n_h = self.node_bytes(heads)
             gel, ger = pyg_edge_scores_backward(self.tl, glr, ee, eh, n_h, n_h, tag)
-            return self._gat_scores_backward(gel, ger, gza, ft, m, tag, sliced=True)
+            gx = self._gat_scores_backward(gel, ger, gza, ft, m, tag, sliced=True)
+            self.settle(*self._bias_pending)  # the bias view's node (bias_grad)
+            self._bias_pending = []
+            return gx
 
         ft, el_, er = self._gat_scores(m, grad, tag)
         ee = pyg_edge_scores(self.tl, eh, tag)
