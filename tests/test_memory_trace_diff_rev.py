@@ -10,9 +10,8 @@ trace is, in order, one of the replay's with the same bytes; every allocation of
 replay is, in order, one of the trace's), for GCN, SAGE-mean and GAT couplings, the
 reversible, residual and checkpointed networks, layer norm and none, the masks of
 :class:`betty.rev.engine.SharedHashMasks` (the trainer's deterministic dropout) and the
-model's own Bernoulli masks, on both backends. A block's parameter gradients are one
-buffer of the replay (each tensor is below ``MIN_BYTES`` at these widths), so those
-events are left out of the second check.
+model's own Bernoulli masks, on both backends; at hidden 64 too, where the parameters'
+gradients are at least ``MIN_BYTES`` and so take part, each at the op that makes it.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: in
     tl = replay_rev([part.num_nodes()], [part.num_edges()], [int(mask.sum())], cfg, record=True)
     traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
     replayed = [(name, int(size[0]), comp) for kind, name, comp, size in tl.log
-                if kind == "alloc" and size[0] >= MIN_BYTES and "parameter grads" not in name]
+                if kind == "alloc" and size[0] >= MIN_BYTES]
     return traced, replayed
 
 
@@ -165,4 +164,16 @@ def test_rev_replay_of_the_optimizer_step_follows_the_trace(backend):
         problems = diff(traced, replayed)
         if problems:
             failed.append(f"{name}{' (first step)' if first_step else ''}: {problems[0]}")
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_rev_replay_of_parameter_gradients_follows_the_trace(backend):
+    """Hidden 64 (32 channels a group): every weight's gradient is an event of both
+    sides, at the op that makes it, in the three modes and the three couplings."""
+    failed = []
+    for conv, mode in itertools.product(("gcn", "sage", "gat"), ("reversible", "residual", "checkpoint")):
+        problems = diff(*_events(backend, conv, mode, "layer", True, hidden=64))
+        if problems:
+            failed.append(f"{conv}, {mode}: {problems[0]}")
     assert not failed, "\n".join(failed)
