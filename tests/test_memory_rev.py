@@ -358,14 +358,16 @@ def test_first_step_estimate_adds_the_state_only_where_the_step_runs(backend):
     assert [e.peak for e in outside] == free
 
 
-PARAMETER_GRAD_CASES = [("sage", "checkpoint", False), ("gcn", "checkpoint", False), ("gat", "reversible", False),
-                        ("gcn", "residual", False), ("sage", "checkpoint", True), ("gat", "checkpoint", True)]
+PARAMETER_GRAD_CASES = [("sage", "checkpoint", False, "layer"), ("gcn", "checkpoint", False, "layer"),
+                        ("gat", "reversible", False, "layer"), ("gcn", "residual", False, "layer"),
+                        ("sage", "checkpoint", True, "layer"), ("gat", "checkpoint", True, "layer"),
+                        ("gcn", "checkpoint", False, "batch"), ("sage", "residual", False, "batch")]
 
 
-@pytest.mark.parametrize("conv,mode,tied", PARAMETER_GRAD_CASES,
-                         ids=[f"{c}-{m}{'-tied' if t else ''}" for c, m, t in PARAMETER_GRAD_CASES])
+@pytest.mark.parametrize("conv,mode,tied,norm", PARAMETER_GRAD_CASES,
+                         ids=[f"{c}-{m}{'-tied' if t else ''}-{n}" for c, m, t, n in PARAMETER_GRAD_CASES])
 @pytest.mark.parametrize("backend", backend_params())
-def test_every_part_matches_the_meter_where_parameter_gradients_appear(backend, conv, mode, tied):
+def test_every_part_matches_the_meter_where_parameter_gradients_appear(backend, conv, mode, tied, norm):
     """The parameter gradients appear where each node makes them (a group function's
     bias, weights and norm; the decoder after its input's gradient; a checkpointed
     block's last bias before the recomputation) and, on the parts after the first, are
@@ -373,7 +375,8 @@ def test_every_part_matches_the_meter_where_parameter_gradients_appear(backend, 
     when its node returns; weight-tied ones: summed over the blocks first). Hidden 64 on a
     300-node graph, where they weigh: every part of epochs 0 and 1 at K = 3 is 0 to 16
     bytes under the meter (the loss's 0-d tensors); with the block's gradients counted
-    after its backward, the checkpointed SAGE part was 1.0% under."""
+    after its backward, the checkpointed SAGE part was 1.0% under. Batch norm: its saved
+    per-channel mean and inverse deviation are counted too."""
     from betty.data.types import GraphDataset
     from betty.rev.engine import RevPlan, RevTrainer
 
@@ -381,7 +384,7 @@ def test_every_part_matches_the_meter_where_parameter_gradients_appear(backend, 
                                                 num_classes=CLASSES, seed=300)
     ds = GraphDataset(name="t", graph=g, feat=feat, label=label, train_idx=train_idx,
                       valid_idx=train_idx[:5], test_idx=train_idx[5:10], num_classes=CLASSES)
-    model = _model(conv, mode, 64, 2, 3, backend=backend, weight_tied=tied)
+    model = _model(conv, mode, 64, 2, 3, backend=backend, weight_tied=tied, norm=norm)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     meter = MemoryMeter("cpu")
     meter.track(model, opt)

@@ -320,9 +320,9 @@ class _RevReplayer:
         stats: list[Buffer] = []
         if cfg.norm in ("layer", "batch"):
             z = self.alloc(nw, INT, f"{tag} norm")
-            if cfg.norm == "layer":
-                stats = [self.alloc(n * self.stat_el, INT, f"{tag} norm mean"),
-                         self.alloc(n * self.stat_el, INT, f"{tag} norm rstd")]
+            rows = n if cfg.norm == "layer" else self.w  # per node, or (batch norm) per channel
+            stats = [self.alloc(rows * self.stat_el, INT, f"{tag} norm mean"),
+                     self.alloc(rows * self.stat_el, INT, f"{tag} norm rstd")]
             if grad:
                 self.hold(hin)  # the norm saves its input
             else:
@@ -910,9 +910,9 @@ class _RevReplayer:
         hstats: list[Buffer] = []
         if has_norm:
             hz = self.alloc(nd, HEAD, "head norm")
-            if cfg.norm == "layer":
-                hstats = [self.alloc(n * self.stat_el, HEAD, "head norm mean"),
-                          self.alloc(n * self.stat_el, HEAD, "head norm rstd")]
+            rows = n if cfg.norm == "layer" else cfg.hidden  # per node, or per channel
+            hstats = [self.alloc(rows * self.stat_el, HEAD, "head norm mean"),
+                      self.alloc(rows * self.stat_el, HEAD, "head norm rstd")]
             self.hold(y_last)  # the norm saves its input
         else:
             hz = y_last
