@@ -174,3 +174,12 @@ def test_solvers_find_the_fixed_point_of_a_linear_contraction():
     _, picard = fixed_point_iteration(lambda z: a @ z + b, torch.zeros(20, dtype=torch.float64), tol=1e-12, max_iter=1000)
     _, anderson = anderson_iteration(lambda z: a @ z + b, torch.zeros(20, dtype=torch.float64), tol=1e-12, max_iter=1000)
     assert anderson.iterations < picard.iterations
+
+
+def test_the_memory_model_refuses_a_deq_by_name():
+    """The reversible memory model has no DEQ replay: asked for one, it says so (a
+    TypeError naming the model), before reading any attribute the DEQ lacks."""
+    from betty.rev.memory import RevModelShape
+
+    with pytest.raises(TypeError, match="RevGNNDEQ has no reversible block stack"):
+        RevModelShape.of(RevGNNDEQ(8, 16, 3, conv="gcn"))

@@ -188,6 +188,10 @@ class RevModelShape:
             if not hasattr(arch, "architecture"):
                 raise TypeError(f"arch must be a RevGNN (with .architecture()), "
                                 f"got {type(arch).__name__}")
+            if not hasattr(arch, "stack"):  # RevGNNDEQ: one cell solved to a fixed point
+                raise TypeError(f"{type(arch).__name__} has no reversible block stack; the memory "
+                                f"model estimates RevGNN only (train the DEQ with a fixed K and "
+                                f"no memory budget)")
             base = _architecture_fields(arch.architecture())
             base["dropout"] = float(getattr(arch, "dropout", 0.0))
             blocks = arch.stack.blocks
