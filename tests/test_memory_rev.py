@@ -361,7 +361,8 @@ def test_first_step_estimate_adds_the_state_only_where_the_step_runs(backend):
 PARAMETER_GRAD_CASES = [("sage", "checkpoint", False, "layer"), ("gcn", "checkpoint", False, "layer"),
                         ("gat", "reversible", False, "layer"), ("gcn", "residual", False, "layer"),
                         ("sage", "checkpoint", True, "layer"), ("gat", "checkpoint", True, "layer"),
-                        ("gcn", "checkpoint", False, "batch"), ("sage", "residual", False, "batch")]
+                        ("gcn", "checkpoint", False, "batch"), ("sage", "residual", False, "batch"),
+                        ("gcn", "residual", False, "none")]
 
 
 @pytest.mark.parametrize("conv,mode,tied,norm", PARAMETER_GRAD_CASES,
@@ -376,7 +377,8 @@ def test_every_part_matches_the_meter_where_parameter_gradients_appear(backend, 
     300-node graph, where they weigh: every part of epochs 0 and 1 at K = 3 is 0 to 16
     bytes under the meter (the loss's 0-d tensors); with the block's gradients counted
     after its backward, the checkpointed SAGE part was 1.0% under. Batch norm: its saved
-    per-channel mean and inverse deviation are counted too."""
+    per-channel mean and inverse deviation are counted too. No norm: the body's output
+    goes once the head's ReLU has run (nothing saves it)."""
     from betty.data.types import GraphDataset
     from betty.rev.engine import RevPlan, RevTrainer
 

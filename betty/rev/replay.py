@@ -389,12 +389,14 @@ class _RevReplayer:
         return self._gather_backward(self._scatter_backward(g, self.w, tag), self.w, tag)
 
     def _gcn_norm_dst_bias(self, mmo: Buffer, nd: Buffer, grad: bool, stop: bool, tag: str,
-                           early: tuple = (), late: tuple = ()) -> Buffer | None:
+                           early: tuple = (), late: tuple = (), product_late: bool = False) -> Buffer | None:
         """GraphConv's tail ``(aggregate @ W) * norm_dst + bias``: ``mul`` (saves
         ``norm_dst``) then ``add``. ``early`` go when the product exists, ``late``
-        when the sum does (the variants keep different locals alive). With ``stop``
-        (checkpoint recomputation): ``mul`` saves ``norm_dst`` before running and the
-        recomputation ends there: no output."""
+        when the sum does (the variants keep different locals alive); ``mmo`` with the
+        early ones, or last of the late ones with ``product_late`` (PyG's layer holds
+        it in a local until it returns). With ``stop`` (checkpoint recomputation):
+        ``mul`` saves ``norm_dst`` before running and the recomputation ends there: no
+        output."""
         nw = self.node_bytes()
         if stop:
             self.hold(nd)
@@ -403,9 +405,9 @@ class _RevReplayer:
         mo = self.alloc(nw, INT, f"{tag} * norm dst")
         if grad:
             self.hold(nd)
-        self.release(mmo, *early)
+        self.release(*(() if product_late else (mmo,)), *early)
         out = self.alloc(nw, INT, f"{tag} + bias")
-        self.release(mo, *late)
+        self.release(mo, *late, *((mmo,) if product_late else ()))
         return out
 
     def _gcn_backward(self, g: Buffer, nd: Buffer, agg: Buffer, ns: Buffer, agg_backward,
@@ -536,7 +538,7 @@ class _RevReplayer:
             self.hold(agg)
         self.release(agg)
         nd = self._pyg_degree_norm(tag, "in")
-        out = self._gcn_norm_dst_bias(mmo, nd, grad, stop, tag, early=(nd,), late=(fs,))
+        out = self._gcn_norm_dst_bias(mmo, nd, grad, stop, tag, early=(nd,), late=(fs,), product_late=True)
         return out, backward
 
     def _pyg_degree_norm(self, tag: str, which: str) -> Buffer:
@@ -919,6 +921,9 @@ class _RevReplayer:
             self.hold(hz)
         hr = self.alloc(nd, HEAD, "head relu")
         self.release(hz)
+        # the body's output is a temporary of relu(norm(body)): dropped here, kept only by
+        # what saved it (the norm) or holds it (a reversible body's hand-off)
+        self.release(y_last)
         self.hold(hr)  # relu saves its result
         if self.has_mask and cfg.masks_held:
             masks[1] = self.hash_mask(D, "head")
@@ -930,7 +935,6 @@ class _RevReplayer:
         out = self.alloc(n * cfg.out_feats * el, HEAD, "decoder output")
         self.hold(hm)  # the decoder saves its input
         self.release(hm)
-        self.release(y_last)  # RevGNN.forward returns: its variables go
 
         tl.phase = "loss"  # target = label[ids][local_train], then the loss of out[local_train]
         nt, T = self.nt, cfg.label_columns
