@@ -504,7 +504,10 @@ def test_stage_keys_name_the_kind_of_gpu_not_its_index(monkeypatch):
     from workflow.reuse import device_identity, stage_key
     from workflow.specfile import load_spec
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_identity("cuda:1") == "cuda"  # no CUDA to ask: the type alone
     names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H100 80GB HBM3", 2: "NVIDIA A100-SXM4-40GB"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: names[index])
     assert device_identity("cpu") == "cpu"

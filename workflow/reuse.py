@@ -21,11 +21,12 @@ DEVICE_DEPENDENT = ("partition", "train", "evaluate")  # the memory model's cons
 def device_identity(device: str) -> str:
     """What of ``device`` a result depends on: ``cpu``, or the kind of GPU (``cuda (NVIDIA
     H100 80GB HBM3)``), whichever index names it (``cuda`` and ``cuda:0`` are one device;
-    two GPUs of one kind give the same results, two kinds may not)."""
+    two GPUs of one kind give the same results, two kinds may not); ``cuda`` where this
+    machine has no CUDA to ask."""
     import torch
 
     where = torch.device(device)
-    if where.type != "cuda":
+    if where.type != "cuda" or not torch.cuda.is_available():
         return where.type
     index = where.index if where.index is not None else torch.cuda.current_device()
     return f"cuda ({torch.cuda.get_device_name(index)})"
