@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import mlflow
@@ -70,11 +71,11 @@ def damaged_artifacts(run_id: str, dst: str | Path | None = None) -> list[Artifa
     temporary one)."""
     tags = MlflowClient().get_run(run_id).data.tags
     problems = []
-    with tempfile.TemporaryDirectory(prefix="betty-verify-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="betty-verify-") if dst is None else nullcontext(dst) as folder:
         for key in sorted(tags):
             if key.startswith(TAG_PREFIX):
                 try:
-                    fetch(run_id, key[len(TAG_PREFIX):], tmp if dst is None else dst, tags=tags)
+                    fetch(run_id, key[len(TAG_PREFIX):], folder, tags=tags)
                 except ArtifactDamaged as err:
                     problems.append(err)
     return problems

@@ -107,6 +107,11 @@ class BackendConstants:
         m = max(1, int(self.lstm_width_multiple))
         return int(math.ceil(width / m) * m)
 
+    def lstm_onednn(self, elt: int) -> bool:
+        """Whether an LSTM computing in ``elt``-byte elements runs oneDNN's kernel: the
+        host's (``lstm_kernel == "onednn"``) float32, whose workspace layout is exact."""
+        return self.lstm_kernel == "onednn" and elt == 4
+
     def lstm_native(self, elt: int) -> bool:
         """Whether an LSTM computing in ``elt``-byte elements runs torch's native per-step
         LSTM, which the replay follows op by op: the host's (``lstm_kernel ==
@@ -117,7 +122,7 @@ class BackendConstants:
         """``lstm_backward_step_words`` for an LSTM computing in ``elt``-byte elements: 0
         for the host's float32 oneDNN LSTM, whose backward scratch is not a tensor (the
         field is the linear model's, fitted on the host's native float64 LSTM)."""
-        return 0.0 if self.lstm_kernel == "onednn" and elt == 4 else self.lstm_backward_step_words
+        return 0.0 if self.lstm_onednn(elt) else self.lstm_backward_step_words
 
     def lstm_saved_bytes(self, steps, seqs, width: int, elt: int):
         """Bytes one LSTM call over ``seqs`` sequences of ``steps`` steps keeps for its
@@ -129,7 +134,7 @@ class BackendConstants:
         import numpy as np
 
         seqs = np.asarray(seqs, dtype=np.float64)
-        if self.lstm_kernel == "onednn" and elt == 4:
+        if self.lstm_onednn(elt):
             return np.where(seqs > 0, onednn_lstm_workspace_bytes(steps, seqs, width), 0.0)
         if self.lstm_native(elt):
             return np.where(seqs > 0, native_lstm_saved_bytes(steps, seqs, width, elt), 0.0)

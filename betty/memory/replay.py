@@ -1012,7 +1012,6 @@ class _Replayer:
         u = b * w * le
         states, x_in, rest = bufs[:n_states], bufs[n_states], bufs[n_states + 1:]
         steps = [rest[4 * i:4 * i + 4] for i in range(t - 1)] + [[rest[-2], None, rest[-1], None]]
-        shapes = lstm_params
 
         def add(j: int, grad: Buffer, final: bool) -> None:
             run, have = sums[j]
@@ -1022,7 +1021,7 @@ class _Replayer:
                 self._settle_summed_grads(run, last)
 
         def grad(j: int, name: str) -> Buffer:
-            return tl.alloc(np.where(m, numel(shapes[j]) * self.pelt, 0), GRADS,
+            return tl.alloc(np.where(m, numel(lstm_params[j]) * self.pelt, 0), GRADS,
                             f"{tag} lstm {name} grad deg {t}")
 
         gh = gcs = None

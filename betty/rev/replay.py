@@ -101,6 +101,10 @@ ENC, INT, HEAD, STEP = "encoder", "block_internals", "head", "optimizer_step"
 COMPONENTS = (PARAMS, GRADS, OPT, FEATS, LABELS, DROP, ENC, ACT, INT, ATT, HEAD, LOSS, BWD, STEP)
 
 
+CONV_BIAS_INDEX = {"gcn": 1, "sage": 2, "gat": 2}
+"""Where the bias is among a group function's convolution shapes (:func:`rev_parameter_shapes`)."""
+
+
 def rev_parameter_shapes(in_feats: int, hidden: int, out_feats: int, num_groups: int,
                          num_distinct_blocks: int, conv: str, norm: str, heads: int,
                          gat_merge: str) -> list[list[tuple[int, ...]]]:
@@ -198,6 +202,7 @@ class _RevReplayer:
         group = self.shapes[1][:len(self.shapes[1]) // cfg.num_groups]  # one group function's
         n_norm = 2 if cfg.norm in ("layer", "batch") else 0
         self.norm_shapes, self.conv_shapes = group[:n_norm], group[n_norm:]
+        self.bias_shape = self.conv_shapes[CONV_BIAS_INDEX[cfg.conv]]
         self._pre_mean: Buffer | None = None  # see _gat's backward
         self._grad_is_view = False  # the gradient reaching a group function is a slice
         self._pending_grads: list[Buffer] = []  # see settle_pending
@@ -417,8 +422,8 @@ class _RevReplayer:
         aggregation, releases its input), ``* norm_src`` (``mul``); releases ``g`` and
         the saved ``nd``, ``agg``, ``ns``; returns ``(N, w)``. The bias's gradient comes
         first, ``W``'s before the aggregate's."""
-        weight, bias = self.conv_shapes
-        self.bias_grad(bias, tag)
+        weight, _ = self.conv_shapes
+        self.bias_grad(self.bias_shape, tag)
         g1 = self.bwd(f"{tag} grad * norm dst", g, nd)
         w = self.param_grads([weight], f"{tag} W", block=True)
         g2 = self.bwd(f"{tag} grad aggregate", g1, agg)
@@ -636,15 +641,14 @@ class _RevReplayer:
         """Backward of the head merge: ``mean`` allocates ``(N, H, F)`` (or takes the one
         that ran before a checkpoint recomputation) and releases ``g``; ``concat``
         passes ``g`` on; then the bias's gradient."""
-        bias = self.conv_shapes[2]
         if self.cfg.gat_merge != "mean":
-            self.bias_grad(bias, tag)
+            self.bias_grad(self.bias_shape, tag)
             return g
         if self._pre_mean is not None:  # ran before the checkpoint recomputation
             gm, self._pre_mean = self._pre_mean, None
         else:
             gm = self.alloc(self.node_bytes(self.hf), BWD, f"{tag} grad mean over heads")
-        self.bias_grad(bias, tag)
+        self.bias_grad(self.bias_shape, tag)
         self.release(g)
         return gm
 
@@ -1002,8 +1006,7 @@ class _RevReplayer:
                     # before the first saved tensor is asked for (and recomputed)
                     self._pre_mean = self.alloc(self.node_bytes(self.hf), BWD, f"{tag} grad mean over heads")
                 if cfg.conv in ("gcn", "gat"):  # so does its bias's, the forward's last op
-                    self.bias_grad(self.conv_shapes[-1 if cfg.conv == "gcn" else 2],
-                                   f"{tag} group {cfg.num_groups - 1}")
+                    self.bias_grad(self.bias_shape, f"{tag} group {cfg.num_groups - 1}")
                     self._bias_ran = True
                 _, backs = self.coupling_forward(xin, True, f"{tag} recompute", stop_early=True)
                 g = self.coupling_backward(g, backs, tag)
