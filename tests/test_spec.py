@@ -175,6 +175,15 @@ def test_overrides_are_yaml_and_create_sections():
     assert BASE["train"] == {"epochs": 1}  # the input is not modified
 
 
+def test_a_semicolon_separates_assignments_only_before_a_key_path():
+    """``;`` splits one ``--set`` into assignments where ``key.path=`` (or nothing)
+    follows it; elsewhere it belongs to the value."""
+    parsed = parse_overrides(["dataset.root=/data/a;b", "name='x;y'; train.epochs=2;;",
+                              "dataset.root=/d; model.layers=3"])
+    assert parsed == [(["dataset", "root"], "/data/a;b"), (["name"], "x;y"),
+                      (["train", "epochs"], 2), (["dataset", "root"], "/d"), (["model", "layers"], 3)]
+
+
 def test_override_errors_name_the_key():
     with pytest.raises(SpecError, match="key.path=value"):
         parse_overrides(["train.epochs"])

@@ -225,15 +225,20 @@ def _read_yaml(path: Path) -> dict:
     return raw
 
 
+_NEXT_ASSIGNMENT = re.compile(r";(?=[\s;]*(?:[A-Za-z_][\w-]*\.)*[A-Za-z_][\w-]*\s*=|[\s;]*$)")
+"""A ``;`` that separates assignments: one followed by ``key.path=`` or by nothing."""
+
+
 def parse_overrides(items: Iterable[str]) -> list[tuple[list[str], Any]]:
     """``["a.b=1", ...]`` as ``[(["a", "b"], 1), ...]``; values parsed as YAML.
 
     Items may also hold several assignments separated by ``;`` (the form the MLproject
-    ``set`` parameter uses); empty items are ignored.
+    ``set`` parameter uses): a ``;`` separates only where ``key.path=`` or the end follows
+    it, so ``dataset.root=/data/a;b`` keeps its ``;``. Empty items are ignored.
     """
     out = []
     for item in items:
-        for part in str(item).split(";"):
+        for part in _NEXT_ASSIGNMENT.split(str(item)):
             part = part.strip()
             if not part:
                 continue
