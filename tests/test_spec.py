@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -266,6 +267,15 @@ def test_stage_keys_follow_what_each_stage_reads():
         assert edited(change).stage_sha("sample") == a.stage_sha("sample"), change
     for change in ("train.lr=0.5", "train.epochs=3", "train.threads=1"):
         assert edited(change).stage_sha("partition") == a.stage_sha("partition"), change
+    # where the graph is held is read by the trainers alone; sampling on the CPU as torch
+    # ops gives the host's batches (sampling on CUDA draws others)
+    store_ip_config = Path(__file__).with_name("graphs.py")  # any existing file
+    for changes in (["dataset.store=distributed", "dataset.store_method=random",
+                     f"dataset.store_ip_config={store_ip_config}"], ["sampling.device=cpu"]):
+        changed = [s for s in STAGES if edited(*changes).stage_sha(s) != a.stage_sha(s)]
+        assert changed == ["train", "evaluate"], changes
+    cuda = edited("sampling.device=cuda", "train.device=auto", "train.pipeline=false")
+    assert cuda.stage_sha("sample") != a.stage_sha("sample")
     from workflow.reuse import stage_runtime  # the memory model's constants are the device's
 
     assert a.stage_sha("partition", stage_runtime("partition", "cpu", a)) != \

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -114,6 +115,23 @@ def test_upstream_may_differ_where_nothing_computed_changes(tracking):
                    {"sample": rev_sample.info.run_id})
     with pytest.raises(UpstreamMismatch, match="spec.sampling.fanouts"):
         check_upstream(load_spec("tiny", ["sampling.fanouts=[2, 3]"]), "partition", {"sample": sample.info.run_id})
+
+    # keys the stages before train do not read: where the graph is held, and sampling on
+    # the CPU as torch ops (the host's batches); a batch sampled on CUDA is another one
+    store = ["dataset.store=distributed", f"dataset.store_ip_config={Path(__file__)}"]
+    check_upstream(load_spec("tiny", store), "partition", {"sample": sample.info.run_id})
+    check_upstream(load_spec("tiny", ["sampling.device=cpu"]), "partition", {"sample": sample.info.run_id})
+    cpu_sample = client.create_run(exp, tags={"run_kind": "stage", "stage": "sample", "spec_name": "tiny"})
+    for key, value in load_spec("tiny", ["sampling.device=cpu"]).params().items():
+        client.log_param(cpu_sample.info.run_id, key, value)
+    client.set_terminated(cpu_sample.info.run_id, "FINISHED")
+    check_upstream(load_spec("tiny"), "partition", {"sample": cpu_sample.info.run_id})
+    cuda_sample = client.create_run(exp, tags={"run_kind": "stage", "stage": "sample", "spec_name": "tiny"})
+    for key, value in {**trained.params(), "spec.sampling.device": "cuda"}.items():
+        client.log_param(cuda_sample.info.run_id, key, value)
+    client.set_terminated(cuda_sample.info.run_id, "FINISHED")
+    with pytest.raises(UpstreamMismatch, match="spec.sampling.device = cuda there"):
+        check_upstream(load_spec("tiny", ["sampling.device=cpu"]), "partition", {"sample": cuda_sample.info.run_id})
 
 
 def _artifact(tmp_path, run_id: str, name: str):

@@ -33,8 +33,8 @@ NOT_COMPARED = ("spec.partition.sweep.", "spec.train.device", "spec.train.thread
 how fast (the device, threads, the preparation pipeline; the device may change an
 ``auto`` K, which the update does not depend on) and whether memory was measured: none
 changes the trained model beyond floating-point rounding (the device and the thread
-count may change the order of a sum; the pipeline and measuring change nothing). Nor are the keys the spec's architecture never reads
-(:attr:`workflow.specfile.ResolvedSpec.unread_keys`)."""
+count may change the order of a sum; the pipeline and measuring change nothing). Nor are the keys the upstream stage does not read
+(:meth:`workflow.specfile.ResolvedSpec.stage_reads`)."""
 
 
 def _own_section_keys(rspec: ResolvedSpec, stage: str, params: Mapping[str, str]) -> set[str]:
@@ -99,10 +99,9 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
                 if section != stage for key in names}
         if stage in STAGE_SECTIONS[ustage]:
             keys |= _own_section_keys(rspec, stage, params)
-        want, have = _settings(params, sections, keys), _settings(run.data.params, sections, keys)
-        for key in rspec.unread_keys:
-            want.pop(f"spec.{key}", None)
-            have.pop(f"spec.{key}", None)
+        want, have = ({k: v for k, v in _settings(p, sections, keys).items()
+                       if rspec.stage_reads(ustage, k.removeprefix("spec."), v)}
+                      for p in (params, run.data.params))
         differ = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
         if differ:
             shown = "; ".join(f"{k} = {have.get(k, '(unset)')} there, {want.get(k, '(unset)')} here"

@@ -67,6 +67,8 @@ STAGE_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
 #: never change a result) and the sampler's device (``host``).
 _UNHASHED_DEFAULTS = (("train", "prep_workers"), ("sampling", "device"))
 
+_STORE_PATHS = tuple(f"dataset.{key}" for key in STORE_KEYS)
+
 _SWEEP_ONLY = {"partition": ("sweep",)}  # affects the partition stage's report only
 
 _SPEC_SUFFIXES = (".yaml", ".yml")
@@ -387,17 +389,22 @@ class ResolvedSpec:
             out[section] = value
         for section, keys in STAGE_KEYS.get(stage, {}).items():
             out[section] = {k: self.data[section][k] for k in keys if k in self.data[section]}
-        for path in self.unread_keys:
-            section, key = path.split(".")
-            if section in out:
-                out[section] = {k: v for k, v in out[section].items() if k != key}
-        return out
+        return {section: value if section == "stage" else
+                {k: v for k, v in value.items() if self.stage_reads(stage, f"{section}.{k}", v)}
+                for section, value in out.items()}
 
-    @property
-    def unread_keys(self) -> tuple[str, ...]:
-        """Keys this spec's architecture never reads (``section.key``), left out of its
-        stage keys and of the ``--upstream`` check: revgnn samples nothing."""
-        return ("sampling.fanouts",) if self.spec.model.arch == "revgnn" else ()
+    def stage_reads(self, stage: str, path: str, value: Any) -> bool:
+        """Whether ``stage``'s output depends on the key ``path`` (``section.key``) being
+        ``value``; the keys it does not are left out of its stage key and of the
+        ``--upstream`` check of its runs. It does not on ``sampling.fanouts`` for revgnn
+        (which samples nothing), and before ``train`` not on the ``dataset.store*`` keys
+        (only the trainers hold the graph there) nor on ``sampling.device: cpu`` (the
+        torch-op path on the CPU gives the host's batches bit for bit)."""
+        if path == "sampling.fanouts" and self.spec.model.arch == "revgnn":
+            return False
+        if STAGES.index(stage) >= STAGES.index("train"):
+            return True
+        return path not in _STORE_PATHS and not (path == "sampling.device" and value == "cpu")
 
     def stage_sha(self, stage: str, runtime: dict | None = None) -> str:
         """Content hash of :meth:`stage_content` plus ``runtime`` facts that change the
