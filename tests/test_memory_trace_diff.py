@@ -71,15 +71,18 @@ LABEL_COLUMNS = 7
 def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
             precision: str = "32", label_columns: int = 0,
             feat_dtype: torch.dtype = torch.float32, dropout: float = 0.0, k: int = 1,
-            attn_dropout: float = 0.0, heads: int = 3, dtype: torch.dtype | None = None):
+            attn_dropout: float = 0.0, heads: int = 3, dtype: torch.dtype | None = None,
+            edgeless: bool = False):
     """``(traced, replayed)`` allocations of one micro-batch; ``label_columns`` T > 0:
     multi-label ``(N, T)`` float32 0/1 targets and the BCE loss, else 5 classes. The host
     features are ``feat_dtype``; the step runs in ``precision`` (the trainer's own path:
     :func:`betty.precision.input_dtype` decides the features' cast, autocast covers each
     forward and loss). ``k`` > 1: a random K-way split, and the micro-batch traced is the
     last one (it starts with ``.grad`` from the others, where the one of ``k = 1`` starts
-    with that of a previous step). GAT runs 3 heads: an ``(E, H)`` float32 tensor then has
-    another size than an ``(E,)`` int64 one (the diff pairs events by bytes)."""
+    with that of a previous step); with ``edgeless`` the outputs without in-edges are that
+    micro-batch, whose blocks then have no edges. GAT runs 3 heads: an ``(E, H)`` float32
+    tensor then has another size than an ``(E,)`` int64 one (the diff pairs events by
+    bytes)."""
     if backend == "pyg":
         pytest.importorskip("torch_geometric")
     g, feat, label, train = power_law_graph(num_nodes=300, avg_degree=8, num_feats=40,
@@ -103,6 +106,8 @@ def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
                multilabel=multilabel, **step)
     if k > 1:
         groups = partition_batch(batch, k, "random", seed=3).groups
+        if edgeless:
+            groups = torch.where(batch.layers[-1].in_degrees() == 0, k - 1, groups % (k - 1))
         opt.zero_grad(set_to_none=True)
         accumulate_gradients(model, batch, groups, feat, label, k=k, indices=range(k - 1),
                              dropout_key=2, multilabel=multilabel, precision=precision, **step)
@@ -110,6 +115,7 @@ def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
         accumulate_gradients(model, batch, groups, feat, label, k=k, indices=[k - 1],
                              dropout_key=2, multilabel=multilabel, precision=precision, **step)
     sizes = split_sizes(batch, groups, k)
+    assert not edgeless or all(e[k - 1] == 0 for e in sizes.num_edges), "tests nothing"
     cfg = replay_config(model, opt, dtype=dtype, precision=precision, feature_dtype=feat_dtype,
                         fresh_grads=np.zeros(k, dtype=bool), num_micro_batches=k,
                         label_columns=label_columns, constants=load_constants("cpu"))
@@ -345,3 +351,20 @@ def test_float64_lstm_replay_follows_the_trace(backend):
         traced, replayed = _events("sage", "lstm", backend, 16, layers, "64", k=k, dtype=torch.float64)
         problems = diff(traced, replayed)
         assert not problems, f"L={layers} K={k}: " + "\n".join(problems)
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pool_without_edges_replay_follows_the_trace(backend, precision):
+    """The second micro-batch of a K = 2 split holds the outputs without in-edges, so none
+    of its blocks has edges. On DGL betty's ``EdgelessPoolSAGEConv`` runs: float32
+    zeros (copied to the layer input's dtype where that differs, or cast by autocast),
+    ``fc_self`` then ``fc_neigh`` of the zeros, and in backward ``fc_neigh``'s weight
+    gradient first, then ``fc_self``'s node and ``slice_backward``; nothing of
+    ``fc_pool`` or the max. On PyG the pool aggregator's ops run on no messages."""
+    for layers in (2, 3):  # depth 3: a middle layer whose input needs a gradient
+        for hidden in (16, 64):
+            traced, replayed = _events("sage", "pool", backend, hidden, layers, precision, k=2,
+                                       edgeless=True)
+            problems = diff(traced, replayed)
+            assert not problems, f"L={layers} hidden {hidden}: " + "\n".join(problems)

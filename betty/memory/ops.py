@@ -120,20 +120,22 @@ def numel(shape: Iterable[int]) -> int:
 
 
 def step_baseline(tl: Timeline, cfg: StepConfig, param_bytes, num_params: int,
-                  buffers=None, *, state: bool = True) -> None:
+                  buffers=None, *, state: bool = True, grad_bytes=None) -> None:
     """What lives through the whole step: the parameters (``param_bytes`` in all, in
     ``num_params`` tensors) and the model's ``buffers`` (bytes, e.g. batch-norm running
     statistics; None: none), the optimizer state (``n_state · param_bytes``, plus a
     4-byte ``step`` per parameter where it is counted: on the host or on the device
     with capturable/fused Adam) and, in the micro-batches that do not start fresh, the
-    existing ``.grad`` (``param_bytes``); with preparation on the device, its store and
+    existing ``.grad`` (``grad_bytes``, scalar or ``(P,)``; default ``param_bytes``: every
+    parameter has one); with preparation on the device, its store and
     batch (``cfg.device_store``) and each carved micro-batch (``cfg.carved``).
     ``state=False``: the optimizer holds no state yet (before its first step)."""
     tl.add_baseline(param_bytes, PARAMS)
     if buffers is not None:
         tl.add_baseline(buffers, PARAMS)
     tl.add_baseline(optimizer_state_size(cfg, param_bytes, num_params) if state else 0.0, OPT)
-    tl.add_baseline(np.where(np.asarray(cfg.fresh_grads, dtype=bool), 0.0, param_bytes), GRADS)
+    grad_bytes = param_bytes if grad_bytes is None else grad_bytes
+    tl.add_baseline(np.where(np.asarray(cfg.fresh_grads, dtype=bool), 0.0, grad_bytes), GRADS)
     if cfg.device_store:
         tl.add_baseline(cfg.device_store, DEVICE_STORE)
     if np.any(cfg.carved):

@@ -27,14 +27,16 @@ storage as it is created and when its last holder lets go of it:
    per-element loss and row means, and in its backward ``grad / T``, ``sigmoid``,
    ``- target``, ``* grad``) and **backward** in reverse layer order: activation
    gradients appear, saved tensors are released node by node, parameter gradients are
-   either created (the first micro-batch after ``zero_grad(set_to_none=True)``) or
+   either created (the first micro-batch after ``zero_grad(set_to_none=True)``; a DGL
+   pool layer's ``fc_pool``, the first one whose block there has edges) or
    accumulated in place (the others: a transient copy of each).
 6. **Metrics** after the backward, for multi-label targets: ``count_correct``'s three
    ``(n_out, T)`` bool comparisons and their integer count (single-label: an
    ``(n_out,)`` argmax and comparison, left out as tiny).
 
 The sequences were read off the code of DGL 2.1's ``SAGEConv`` (mean / gcn / pool /
-lstm, with ``lin_before_mp`` when ``in_feats > out_feats``), ``betty.models.gat``,
+lstm, with ``lin_before_mp`` when ``in_feats > out_feats``; the pool aggregator on a
+block without edges is betty's ``EdgelessPoolSAGEConv``), ``betty.models.gat``,
 ``betty.models.dropout`` and PyTorch 2.2's autograd, and checked op by op against a
 dispatch-mode trace (:class:`betty.memory.trace.AllocationTrace`;
 ``tests/test_memory_trace_diff.py`` diffs the two event sequences).
@@ -181,6 +183,14 @@ class _Replayer:
         # a layer whose output is not in the dtype its ops left in self.e sets it here
         # (under autocast: a float32 parameter added last promotes the output)
         self.out_e: int | None = None
+        # DGL's pool layers, per layer: the micro-batches whose block has no edges (betty's
+        # EdgelessPoolSAGEConv runs there) and those that start without fc_pool's .grad
+        spec = cfg.model
+        dgl_pool = spec.arch == "sage" and spec.aggregator == "pool" and not self.pyg
+        self.edgeless = [np.asarray(sizes.num_edges[l]) == 0 if dgl_pool
+                         else np.zeros(sizes.num_micro_batches, dtype=bool)
+                         for l in range(spec.num_layers)]
+        self.pool_fresh = [self._pool_grads_fresh(edgeless) for edgeless in self.edgeless]
         if self.ce and not replays_mixed_precision(cfg.model, cfg.host):
             raise NotImplementedError(
                 "the memory replay under a mixed precision covers SAGE with the mean, "
@@ -236,7 +246,8 @@ class _Replayer:
         return gx
 
     def autocast_mm_bwd(self, shapes, casts: list[Buffer], node_inputs: list[Buffer],
-                        x_numel, x_elt: int, tag: str, weight_first: bool = True) -> Buffer | None:
+                        x_numel, x_elt: int, tag: str, weight_first: bool = True,
+                        meanwhile: Callable[[], None] | None = None) -> Buffer | None:
         """Backward of a product ``x @ W`` that ran under autocast (``W``: the parameters
         ``shapes``, cast to the compute dtype; ``x``: ``x_numel`` elements of ``x_elt``
         bytes, None where ``x`` needs no gradient).
@@ -247,7 +258,9 @@ class _Replayer:
         copy of ``x``) and of the saved ``casts``. Then the casts' backward nodes run,
         the latest cast first: ``x``'s gradient becomes an ``x_elt`` copy where ``x``
         was cast (returned), then each parameter's a ``param_dtype`` copy that goes into
-        ``AccumulateGrad`` (kept on a fresh micro-batch, added in place elsewhere)."""
+        ``AccumulateGrad`` (kept on a fresh micro-batch, added in place elsewhere).
+        ``meanwhile``: run once the node has let go of its inputs (what other
+        micro-batches run at that point, :meth:`_sage_pool_by_edges`)."""
         tl = self.tl
 
         def low_weights() -> list[Buffer]:
@@ -261,6 +274,8 @@ class _Replayer:
         if not weight_first:
             low = low_weights()
         tl.release(*node_inputs, *casts)
+        if meanwhile is not None:
+            meanwhile()
         if gx is not None and x_elt != self.ce:
             full = tl.alloc(x_numel * x_elt, BWD, f"{tag} grad input")
             tl.release(gx)
@@ -327,10 +342,41 @@ class _Replayer:
                 self._region_casts.append(b)
         return kept
 
+    def _pool_grads_fresh(self, edgeless: np.ndarray) -> np.ndarray:
+        """``(P,)``: the micro-batch starts without ``.grad`` of a pool layer's
+        ``fc_pool``, the layer's block having no edges in the micro-batches ``edgeless``.
+        The micro-batches run in order, each after the one before it in the same step
+        unless it starts fresh (``cfg.fresh_grads``). An edgeless micro-batch gives
+        ``fc_pool`` no gradient (:meth:`_sage_pool_edgeless`), so after a fresh start it
+        has none until a micro-batch with edges creates it."""
+        fresh = np.zeros_like(self.fresh)
+        absent = False
+        for p, starts in enumerate(self.fresh):
+            absent = absent or bool(starts)
+            fresh[p] = absent
+            absent = absent and bool(edgeless[p])
+        return fresh
+
+    @contextlib.contextmanager
+    def grads_fresh(self, fresh: np.ndarray) -> Iterator[None]:
+        """Create the parameter gradients of the backward nodes run inside where
+        ``fresh`` (``(P,)``: no ``.grad`` of those parameters yet), and accumulate them
+        elsewhere, instead of following ``cfg.fresh_grads``."""
+        saved, self.fresh = self.fresh, fresh
+        try:
+            yield
+        finally:
+            self.fresh = saved
+
     def baseline(self) -> None:
         all_shapes = [s for layer in self.shapes for s in layer]
         pbytes = sum(numel(s) for s in all_shapes) * self.pelt
-        step_baseline(self.tl, self.cfg, pbytes, len(all_shapes))
+        # fc_pool's .grad does not exist yet where only edgeless micro-batches ran since
+        # the step started
+        absent = sum(np.where(fresh & ~self.fresh, numel(shp[0]) + numel(shp[1]), 0)
+                     for shp, fresh in zip(self.shapes, self.pool_fresh))
+        step_baseline(self.tl, self.cfg, pbytes, len(all_shapes),
+                      grad_bytes=pbytes - absent * self.pelt)
 
     # ------------------------------------------------------------------ dropout
     def dropout_fwd(self, h: Buffer, n, width: int, needs_grad: bool, tag: str) -> Buffer:
@@ -426,7 +472,7 @@ class _Replayer:
         if agg == "gcn":
             return self._sage_gcn(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo, lbm)
         if agg == "pool":
-            return self._sage_pool(tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo)
+            return self._sage_pool_by_edges(tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo)
         lstm = self._pyg_sage_lstm if self.pyg else self._sage_lstm
         return lstm(tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo)
 
@@ -448,20 +494,26 @@ class _Replayer:
         return out
 
     def _fc_self_bwd(self, tag, fc_self, n_dst, wi, h_grad: bool, casts=None,
-                     saved: Buffer | None = None) -> Buffer | None:
+                     saved: Buffer | None = None, g: Buffer | None = None,
+                     meanwhile: Callable[[], None] | None = None) -> Buffer | None:
         """Backward of ``fc_self(h[:n_dst])`` (the first node the gradient of ``out``
-        reaches): the ``(n_dst, wi)`` gradient of ``h[:n_dst]`` (``addmm``: the input's
-        first) where ``h`` needs one, then ``fc_self``'s weight and bias gradients; the
-        node then lets go of ``saved`` (``h``, where it saved ``h[:n_dst]`` itself;
-        ``casts``: its saved autocast copies) before ``AccumulateGrad`` takes the
+        reaches, unless ``fc_self`` ran first): the ``(n_dst, wi)`` gradient of
+        ``h[:n_dst]`` (``addmm``: the input's first) where ``h`` needs one, then
+        ``fc_self``'s weight and bias gradients; the node then lets go of ``g`` (the
+        gradient of ``out``, where no node after it uses it) and ``saved`` (``h``, where
+        it saved ``h[:n_dst]`` itself; ``casts``: its saved autocast copies), and
+        ``meanwhile`` runs (:meth:`autocast_mm_bwd`), before ``AccumulateGrad`` takes the
         gradients (:meth:`held_param_grads`; under autocast, before the casts' backward:
         :meth:`autocast_mm_bwd`). Returns the former."""
         gs = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad h_dst") if h_grad else None
         if self.ce:
-            self.autocast_mm_bwd(fc_self, casts or [], [saved], None, 0, f"{tag} fc_self")
+            self.autocast_mm_bwd(fc_self, casts or [], [g, saved], None, 0, f"{tag} fc_self",
+                                 meanwhile=meanwhile)
             return gs
         held = self.held_param_grads(fc_self, f"{tag} fc_self")
-        self.tl.release(saved)
+        self.tl.release(g, saved)
+        if meanwhile is not None:
+            meanwhile()
         self.tl.release(*held)
         return gs
 
@@ -754,9 +806,115 @@ class _Replayer:
         tl.release(sb, gi)
         return acc
 
-    def _sage_pool(self, tag, shp, h, h_grad, n_src, n_dst, n_e, wi, wo):
+    def _sage_pool_by_edges(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
+        """SAGEConv pool: :meth:`_sage_pool`, and on DGL, in the micro-batches whose block
+        has no edges, :meth:`_sage_pool_edgeless` (betty's ``EdgelessPoolSAGEConv``).
+        Where a layer has both kinds, each sequence allocates :meth:`Timeline.within` its
+        own micro-batches, and the two outputs, like the two gradients of ``h``, are one
+        tensor (merged). Both backwards use the gradient of the output and ``h``: the
+        edgeless one lets go of them at ``fc_self``'s node and then the other one runs
+        (``meanwhile``), so that in each micro-batch they go where its own sequence frees
+        them."""
+        edgeless = self.edgeless[l]
+        if not edgeless.any():
+            return self._sage_pool(tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo)
+        if edgeless.all():
+            return self._sage_pool_edgeless(tag, shp, h, h_grad, n_src, n_dst, wi, wo)
+        tl, in_e = self.tl, self.e
+        with tl.within(~edgeless):
+            out, edges_bwd = self._sage_pool(tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo)
+        self.e = in_e  # the edgeless sequence starts from the layer's input too
+        with tl.within(edgeless):
+            out_edgeless, edgeless_bwd = self._sage_pool_edgeless(tag, shp, h, h_grad, n_src,
+                                                                  n_dst, wi, wo)
+        out = tl.merge(out, out_edgeless)
+
+        def backward(g: Buffer) -> Buffer | None:
+            tl.hold(g)  # each sequence lets go of it
+            edges_grad = []
+
+            def meanwhile() -> None:
+                with tl.within(~edgeless):
+                    edges_grad.append(edges_bwd(g))
+
+            with tl.within(edgeless):
+                gh = edgeless_bwd(g, meanwhile)
+            return None if gh is None else tl.merge(edges_grad[0], gh)
+
+        return out, backward
+
+    def _sage_pool_edgeless(self, tag, shp, h, h_grad, n_src, n_dst, wi, wo):
+        """betty's ``EdgelessPoolSAGEConv``, DGL's pool layer on a block without edges:
+        ``fc_self(h[:n_dst]) + fc_neigh(zeros)`` with ``(n_dst, wi)`` zeros
+        (:meth:`_edgeless_zeros`), ``(n_dst, wo)`` products and output; nothing runs
+        through ``fc_pool``, which gets no gradient. ``fc_neigh``'s input needs none: its
+        node, the first to run (the later product), gives the weight's gradient only,
+        from the saved zeros. ``fc_self``'s node then gives the ``(n_dst, wi)`` gradient
+        of ``h[:n_dst]``, and ``slice_backward`` pads it to ``h``'s ``(n_src, wi)``.
+
+        Under autocast ``fc_self`` casts its parameters and, where ``h`` is not in the
+        compute dtype, ``h[:n_dst]`` (the copy saved instead of ``h``); ``fc_neigh`` casts
+        its weight (a copy autocast's cache keeps: the product's input needs no gradient)
+        and float32 zeros (the copy saved instead); the output is in the compute dtype.
+
+        The backward takes ``meanwhile``: run once ``fc_self``'s node has let go of the
+        gradient of the output and ``h`` (:meth:`_sage_pool_by_edges`)."""
+        tl = self.tl
+        in_e = self.e
+        fc_neigh, fc_self = [shp[2]], shp[3:]
+        zeros = self._edgeless_zeros(tag, n_dst, wi, in_e)
+        self_casts = self.cast_params(fc_self, h_grad, f"{tag} fc_self")
+        h_copy = self.cast_input(n_dst * wi, in_e, f"{tag} fc_self")
+        if self.ce:
+            self.e = self.ce
+        e = self.e
+        f = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_self")
+        self.cast_params(fc_neigh, False, f"{tag} fc_neigh")
+        z_copy = self.cast_input(n_dst * wi, in_e, f"{tag} fc_neigh")
+        mm = tl.alloc(n_dst * wo * e, ACT, f"{tag} fc_neigh")
+        out = tl.alloc(n_dst * wo * e, ACT, f"{tag} out")
+        tl.release(f, mm)
+        if z_copy is not None:  # fc_neigh saved the copy; the forward's zeros go at its return
+            tl.release(zeros)
+            zeros = z_copy
+        saved = None  # fc_self saves h[:n_dst], or its copy
+        if h_copy is not None:
+            self_casts.append(h_copy)
+        else:
+            saved = h
+            tl.hold(h)
+
+        def backward(g: Buffer, meanwhile: Callable[[], None] | None = None) -> Buffer | None:
+            self._product_bwd(fc_neigh, [], [zeros], None, 0, f"{tag} fc_neigh", "grad zeros")
+            gs = self._fc_self_bwd(tag, fc_self, n_dst, wi, h_grad, self_casts, saved, g,
+                                   meanwhile)
+            if gs is None:
+                return None
+            sb = tl.alloc(n_src * wi * self.e, BWD, f"{tag} slice_backward")
+            tl.release(gs)
+            return sb
+
+        return out, backward
+
+    def _edgeless_zeros(self, tag, n_dst, wi, in_e: int) -> Buffer:
+        """``EdgelessPoolSAGEConv``'s ``torch.zeros(n_dst, wi).to(h)``: float32 zeros on
+        the host (not on the measured device where that is CUDA), then, where ``h``
+        (``in_e`` bytes per element) is in another dtype or on CUDA, their copy in ``h``'s
+        dtype on its device (the float32 zeros freed). Returns the zeros in ``h``'s
+        dtype, held once (the forward's local)."""
+        tl = self.tl
+        host = tl.alloc(n_dst * wi * FLOAT32_BYTES, AGG, f"{tag} zeros") if self.cfg.host else None
+        if host is not None and in_e == FLOAT32_BYTES:
+            return host
+        zeros = tl.alloc(n_dst * wi * in_e, AGG, f"{tag} zeros (to h)")
+        tl.release(host)
+        return zeros
+
+    def _sage_pool(self, tag, shp, l, h, h_grad, n_src, n_dst, n_e, wi, wo):
         """SAGEConv pool: ``fc_neigh(max_{in-edges} relu(fc_pool(h))) + fc_self(h[:n_dst])``;
         the max is the backend's (:meth:`_max_aggregate`), everything else is shared.
+        ``fc_pool``'s gradients are created where the micro-batch has none of them yet
+        (:meth:`_pool_grads_fresh`).
 
         Under autocast ``fc_pool`` and ``fc_self`` cast their parameters and, where ``h``
         is not in the compute dtype, ``h`` (each saves its copy instead of ``h``);
@@ -803,15 +961,16 @@ class _Replayer:
             tb = tl.alloc(n_src * wi * e, BWD, f"{tag} grad fc_pool")
             tl.release(gp, p2)
             h_last = h if h_saved else None  # fc_pool's node is the last holder of h
-            if self.ce:
-                gh = self.autocast_mm_bwd(fc_pool, pool_casts, [tb, h_last],
-                                          n_src * wi if h_grad else None, in_e,
-                                          f"{tag} fc_pool", weight_first=False)
-            else:
-                gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
-                held = self.held_param_grads(fc_pool, f"{tag} fc_pool")
-                tl.release(tb, h_last)
-                tl.release(*held)
+            with self.grads_fresh(self.pool_fresh[l]):
+                if self.ce:
+                    gh = self.autocast_mm_bwd(fc_pool, pool_casts, [tb, h_last],
+                                              n_src * wi if h_grad else None, in_e,
+                                              f"{tag} fc_pool", weight_first=False)
+                else:
+                    gh = tl.alloc(n_src * wi * e, BWD, f"{tag} grad h") if h_grad else None
+                    held = self.held_param_grads(fc_pool, f"{tag} fc_pool")
+                    tl.release(tb, h_last)
+                    tl.release(*held)
             return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
 
         return out, backward

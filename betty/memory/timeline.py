@@ -22,9 +22,16 @@ moment that micro-batch reached its peak (the components sum to the peak), and
 
 An optional ``granule`` rounds every allocation up to a multiple of that many bytes
 (CUDA's caching allocator counts 512-byte blocks); zero-byte allocations stay zero.
+
+Where the micro-batches of one replay run different op sequences (a layer whose block has
+edges in some of them and none in others), each sequence allocates inside
+:meth:`Timeline.within` its micro-batches: 0 bytes in the others.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -67,6 +74,7 @@ class Timeline:
         self.log: list[tuple[str, str, str, np.ndarray]] | None = None
         """Set to a list to record every ``("alloc" | "free", name, component, sizes)`` event in
         order (the replay's side of a trace diff, :mod:`betty.memory.trace`)."""
+        self._within: np.ndarray | None = None  # the micro-batches that allocate (None: all)
 
     # ------------------------------------------------------------------ sizes
     def _size(self, nbytes) -> np.ndarray:
@@ -102,9 +110,25 @@ class Timeline:
         self.live += size
         self._note("baseline")
 
+    @contextlib.contextmanager
+    def within(self, mask) -> Iterator[None]:
+        """Allocate in the micro-batches where ``mask`` (``(P,)`` bools) is True only, 0
+        bytes in the others, until the context ends: an op sequence that those
+        micro-batches run and the others do not. Replaces the mask of an enclosing
+        ``within`` (another sequence run in the middle of this one), restored at exit."""
+        saved = self._within
+        self._within = np.broadcast_to(np.asarray(mask, dtype=bool), (self.num_micro_batches,))
+        try:
+            yield
+        finally:
+            self._within = saved
+
     def alloc(self, nbytes, component: str, name: str) -> Buffer:
-        """A new buffer of ``nbytes`` (scalar or ``(P,)``), held once."""
+        """A new buffer of ``nbytes`` (scalar or ``(P,)``), held once (0 bytes outside
+        :meth:`within`'s micro-batches)."""
         size = self._size(nbytes)
+        if self._within is not None:
+            size = np.where(self._within, size, 0.0)
         buf = Buffer(size, component, name)
         self._component(component)[:] += size
         self.live += size
