@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -119,10 +120,10 @@ def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
     cfg = replay_config(model, opt, dtype=dtype, precision=precision, feature_dtype=feat_dtype,
                         fresh_grads=np.zeros(k, dtype=bool), num_micro_batches=k,
                         label_columns=label_columns, constants=load_constants("cpu"))
-    return _traced(trace), _replayed(sizes, cfg, k - 1)
+    return traced_rows(trace), _replayed(sizes, cfg, k - 1)
 
 
-def _traced(trace: AllocationTrace) -> list[tuple]:
+def traced_rows(trace: AllocationTrace) -> list[tuple]:
     """The trace's allocations of at least MIN_BYTES, ``(op, bytes, dtype, position,
     position of its free)`` (positions in ``trace.events``; None: alive at the end)."""
     freed = {e.storage: t for t, e in enumerate(trace.events) if e.kind == "free"}
@@ -131,11 +132,17 @@ def _traced(trace: AllocationTrace) -> list[tuple]:
 
 
 def _replayed(sizes, cfg, col: int) -> list[tuple]:
-    """The replay's allocations of at least MIN_BYTES in micro-batch ``col``, ``(name,
-    bytes, component, position, position of its free)`` (positions in the replay's
-    sequence of allocations and frees; None: alive at the end). A buffer is freed when
-    its last holder lets go (:meth:`Timeline.release`) or where ``release_where`` /
-    ``free_where`` free it in micro-batch ``col``; a merged buffer stands for its parts."""
+    """:func:`replayed_rows` of the sampled-block replay of ``sizes`` under ``cfg``."""
+    return replayed_rows(lambda: replay(sizes, cfg), col)
+
+
+def replayed_rows(run: Callable[[], object], col: int) -> list[tuple]:
+    """The allocations of at least MIN_BYTES in micro-batch ``col`` of the replay ``run``
+    runs, ``(name, bytes, component, position, position of its free)`` (positions in the
+    replay's sequence of allocations and frees; None: alive at the end). A buffer is
+    freed when its last holder lets go (:meth:`Timeline.release`) or where
+    ``release_where`` / ``free_where`` free it in micro-batch ``col``; a merged buffer
+    stands for its parts."""
     rows: list[list] = []
     parts: dict[int, tuple[Buffer, list[int]]] = {}  # id(buffer) -> (buffer, its rows)
     clock = itertools.count()
@@ -180,7 +187,7 @@ def _replayed(sizes, cfg, col: int) -> list[tuple]:
     try:
         for name, fn in patched.items():
             setattr(Timeline, name, fn)
-        replay(sizes, cfg)
+        run()
     finally:
         for name, fn in original.items():
             setattr(Timeline, name, fn)
@@ -214,11 +221,12 @@ def _freed_before(allocs: list[int], free: int | None) -> int:
     return len(allocs) if free is None else bisect.bisect_left(allocs, free)
 
 
-def diff(traced, replayed) -> list[str]:
+def diff(traced, replayed, freed_in_order: Callable[[str], bool] | None = None) -> list[str]:
     """The three checks of the module docstring, on ``(op or label, bytes, dtype or
-    component, position, position of its free)`` rows (:func:`_traced`,
+    component, position, position of its free)`` rows (:func:`traced_rows`,
     :func:`_replayed`; rows of three: the first two checks only); a message per failed
-    check."""
+    check. ``freed_in_order``: the replay labels whose frees the third check compares
+    (default: all)."""
     out = []
     floats = [e for e in traced if "float" in e[2]]
     pairs, i = _match(floats, replayed)
@@ -232,10 +240,12 @@ def diff(traced, replayed) -> list[str]:
         out.append(f"replay event {own[i][0]!r} ({own[i][1]} bytes, allocation {i}) has no "
                    f"traced op")
     if not pairs or len(floats[0]) < 5 or len(replayed[0]) < 5:
-        return out  # no free positions (the RevGNN replay's events): the first two checks
+        return out  # rows without free positions (the optimizer step alone): the first two checks
     t_at = [floats[i][3] for i in range(len(pairs))]
     r_at = [replayed[j][3] for j in pairs]
     for i, j in enumerate(pairs):
+        if freed_in_order is not None and not freed_in_order(replayed[j][0]):
+            continue
         t_free = _freed_before(t_at, floats[i][4])
         r_free = _freed_before(r_at, replayed[j][4])
         if t_free != r_free:

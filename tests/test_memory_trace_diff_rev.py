@@ -4,14 +4,18 @@ One training step of a RevGNN on one whole-graph part (:func:`betty.rev.engine.t
 forward, loss, backward, the correct count, the optimizer step: SGD, Adam for GAT; class or
 multi-label targets) runs under
 :class:`betty.memory.trace.AllocationTrace` after a first step, and the same part is
-replayed (:func:`betty.rev.replay.replay_rev` with ``record=True``). The two checks of
+replayed (:func:`betty.rev.replay.replay_rev`). The three checks of
 :func:`test_memory_trace_diff.diff` must hold (every floating-point allocation of the
 trace is, in order, one of the replay's with the same bytes; every allocation of the
-replay is, in order, one of the trace's), for GCN, SAGE-mean and GAT couplings, the
+replay is, in order, one of the trace's; each paired allocation is freed between the
+same two paired allocations on both sides), for GCN, SAGE-mean and GAT couplings, the
 reversible, residual and checkpointed networks, layer norm and none, the masks of
 :class:`betty.rev.engine.SharedHashMasks` (the trainer's deterministic dropout) and the
 model's own Bernoulli masks, on both backends; at hidden 64 too, where the parameters'
 gradients are at least ``MIN_BYTES`` and so take part, each at the op that makes it.
+The reversible network's encoder output is left out of the third check: the first
+block frees its storage with ``UntypedStorage.resize_(0)``, which the recorder does not
+see (it records the free when the tensor object goes, at the end of the forward).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from betty.rev.model import RevGNN
 from betty.rev.replay import replay_rev
 from betty.rev.training import cluster_partition
 from graphs import backend_params, power_law_graph
-from test_memory_trace_diff import MIN_BYTES, diff
+from test_memory_trace_diff import MIN_BYTES, traced_rows, diff, replayed_rows
 
 CASES = list(itertools.product(("gcn", "sage", "gat"), ("reversible", "residual", "checkpoint"),
                                ("layer", "none"), (True, False)))
@@ -62,18 +66,23 @@ def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: in
         train_step_parts(model, opt, parts, feat, label, mask, **kwargs)
     cfg, _ = rev_replay_config(model, optimizer=opt, masks_held=held, fresh_grads=True, label_columns=tasks)
     part = parts[0].graph
-    tl = replay_rev([part.num_nodes()], [part.num_edges()], [int(mask.sum())], cfg, record=True)
-    traced = [(e.op_name, e.nbytes, e.dtype) for e in trace.allocations(MIN_BYTES)]
-    replayed = [(name, int(size[0]), comp) for kind, name, comp, size in tl.log
-                if kind == "alloc" and size[0] >= MIN_BYTES]
-    return traced, replayed
+    replayed = replayed_rows(lambda: replay_rev([part.num_nodes()], [part.num_edges()], [int(mask.sum())], cfg), 0)
+    return traced_rows(trace), replayed
+
+
+def _diff(mode: str, traced, replayed) -> list[str]:
+    """:func:`test_memory_trace_diff.diff`, the reversible encoder output's free left out
+    (module docstring)."""
+    if mode != "reversible":
+        return diff(traced, replayed)
+    return diff(traced, replayed, freed_in_order=lambda name: name != "encoder output")
 
 
 @pytest.mark.parametrize("backend", backend_params())
 def test_rev_replay_follows_the_trace(backend):
     failed = []
     for case in CASES:
-        problems = diff(*_events(backend, *case))
+        problems = _diff(case[1], *_events(backend, *case))
         if problems:
             failed.append(f"{case}: {problems[0]}")
     assert not failed, "\n".join(failed)
@@ -84,7 +93,7 @@ def test_rev_replay_of_multilabel_targets_follows_the_trace(backend):
     """The BCE loss over 7 tasks and the correct count of multi-label targets."""
     failed = []
     for conv, mode in (("gcn", "reversible"), ("sage", "residual")):
-        problems = diff(*_events(backend, conv, mode, "layer", True, tasks=7))
+        problems = _diff(mode, *_events(backend, conv, mode, "layer", True, tasks=7))
         if problems:
             failed.append(f"{conv}, {mode}: {problems[0]}")
     assert not failed, "\n".join(failed)
@@ -97,7 +106,7 @@ def test_rev_replay_of_more_than_two_groups_follows_the_trace(backend):
     every parameter gradient stays below ``MIN_BYTES``)."""
     failed = []
     for conv, mode in (("gcn", "reversible"), ("sage", "residual"), ("gcn", "checkpoint")):
-        problems = diff(*_events(backend, conv, mode, "layer", True, groups=3, hidden=18))
+        problems = _diff(mode, *_events(backend, conv, mode, "layer", True, groups=3, hidden=18))
         if problems:
             failed.append(f"{conv}, {mode}: {problems[0]}")
     assert not failed, "\n".join(failed)
@@ -173,7 +182,7 @@ def test_rev_replay_of_parameter_gradients_follows_the_trace(backend):
     sides, at the op that makes it, in the three modes and the three couplings."""
     failed = []
     for conv, mode in itertools.product(("gcn", "sage", "gat"), ("reversible", "residual", "checkpoint")):
-        problems = diff(*_events(backend, conv, mode, "layer", True, hidden=64))
+        problems = _diff(mode, *_events(backend, conv, mode, "layer", True, hidden=64))
         if problems:
             failed.append(f"{conv}, {mode}: {problems[0]}")
     assert not failed, "\n".join(failed)

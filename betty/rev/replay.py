@@ -82,6 +82,7 @@ All sizes are ``(P,)`` vectors, so the parts of a K-way split are replayed at on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -209,6 +210,7 @@ class _RevReplayer:
         self._bias_ran = False  # see run's checkpoint branch
         self._bias_pending: list[Buffer] = []  # see bias_grad
         self._deferred: list[Buffer] | None = None  # see settle
+        self._masked_last: Buffer | None = None  # see coupling_backward
         self._block = 0  # the block whose backward runs
         self._tied_new: set[int] = set()  # weight-tied gradients not settled yet
         self._tied_sums: list[Buffer] = []  # their running sums over the blocks
@@ -358,6 +360,8 @@ class _RevReplayer:
             gm = conv_bwd(g)
             if self.has_mask:
                 gm = self.bwd(f"{tag} grad masked", gm)
+                self.release(self._masked_last)
+                self._masked_last = None
             t = self.bwd(f"{tag} grad relu", gm, relu)
             if cfg.norm in ("layer", "batch"):
                 gn = self.alloc(self.node_bytes(), BWD, f"{tag} grad norm")
@@ -432,13 +436,17 @@ class _RevReplayer:
 
     def _sage_fc(self, m: Buffer, q: Buffer, grad: bool, stop: bool, tag: str) -> Buffer | None:
         """SAGEConv's tail ``fc_neigh(mean) + fc_self(h)`` (``mm``, ``addmm``, ``add``):
-        ``fc_neigh`` saves the mean, ``fc_self`` its input; releases ``q``. With
+        ``fc_neigh`` saves the mean, ``fc_self`` its input; releases ``q`` (PyG: once
+        ``fc_neigh`` has run). With
         ``stop``: ``fc_self`` saves its input before running, the recomputation ends
         there: no output."""
         nw = self.node_bytes()
         mn = self.alloc(nw, INT, f"{tag} fc_neigh")
         if grad:
             self.hold(q, m)
+        if self.cfg.graph_backend == "pyg":  # the local is reassigned; DGL's dstdata keeps it
+            self.release(q)
+            q = None
         if stop:
             self.release(mn, q)
             return None
@@ -456,9 +464,10 @@ class _RevReplayer:
         ``slice_backward`` copies the self gradient into zeros) then the sum of the self
         and neighbour gradients; returns ``(N, w)``. ``fc_self``'s weight, the bias and
         ``fc_neigh``'s weight get their gradients between the self and mean gradients."""
-        gs = self.bwd(f"{tag} grad self", m)
+        gs = self.alloc(self.node_bytes(), BWD, f"{tag} grad self")
         w_self, w_neigh, bias = self.conv_shapes
         fc_self = self.param_grads([w_self], f"{tag} fc_self", block=True)
+        self.release(m)  # the node returns: its saved input goes
         self.settle(*self.param_grads([bias], f"{tag} bias", block=True), *fc_self)
         fc_neigh = self.param_grads([w_neigh], f"{tag} fc_neigh", block=True)
         gn = self.bwd(f"{tag} grad mean", g, q)
@@ -811,15 +820,24 @@ class _RevReplayer:
                     prev = nxt
             fo, _ = self.group_forward(prev, False, f"{tag} inverse group {i}")
             xi = self.alloc(nw, ACT, f"{tag} inverse X_{i + 1}")
-            self.release(fo, prev)
+            self.release(fo)
+            if i > 0 or C == 2:
+                self.release(prev)
             xs.append(xi)
         x = self.alloc(self.n * cfg.hidden * self.el, ACT, f"{tag} reconstructed input (cat)")
         self.release(*xs)
+        if C > 2:
+            self.release(prev)  # the sum X'_0 is a local until the function returns
         return x
 
-    def coupling_backward(self, gy: Buffer, backs, tag: str) -> Buffer:
+    def coupling_backward(self, gy: Buffer, backs, tag: str, frame: Sequence[Buffer] = (),
+                          masked_last: Buffer | None = None) -> Buffer:
         """Gradient wrt the coupling input from ``gy`` ``(N, D)`` (one engine holder),
-        through the saved group functions ``backs``; returns ``(N, D)``."""
+        through the saved group functions ``backs``; returns ``(N, D)``. ``frame``: what a
+        checkpoint's frame holds (its input; the first block's, the model's own masks too),
+        let go of once the first group function's backward, the last to use what the
+        recomputation saved, has run. ``masked_last``: a mask whose last holder is the
+        first group function's multiplication (freed after its backward)."""
         cfg = self.cfg
         nw = self.node_bytes()
         C = cfg.num_groups
@@ -837,11 +855,14 @@ class _RevReplayer:
             slots[i] = go
             self.hold(go)  # X'_i = f_i(.) + X_i: the same gradient goes to X_i
             self._grad_is_view = go is gy
+            if i == 0:
+                self._masked_last = masked_last
             gin = backs[i](go)
             self._grad_is_view = False
             if i > 0:
                 carry = gin
                 continue
+            self.release(*frame)
             self.settle_pending()  # delivered to X'_0's sum, which has no other input
             # gradient wrt X'_0 reaches X_2 .. X_C: an out-of-place sum into every slot
             # (a view of gy, or a sum the group function's backward also took)
@@ -998,7 +1019,11 @@ class _RevReplayer:
             if mode == "reversible":
                 g, y_block = self._reversible_block_backward(l, g, y_block, tag)
             elif mode == "residual":
-                g = self.coupling_backward(g, saved_backs[l], tag)
+                # the model's own blocks mask: the first group's multiplication is its last holder
+                own_mask = masks[0] if l == 0 and self.has_mask and not cfg.masks_held else None
+                g = self.coupling_backward(g, saved_backs[l], tag, masked_last=own_mask)
+                if own_mask is not None:
+                    masks[0] = None
             else:
                 xin = frames[l]
                 if cfg.conv == "gat" and cfg.gat_merge == "mean":
@@ -1009,20 +1034,20 @@ class _RevReplayer:
                     self.bias_grad(self.bias_shape, f"{tag} group {cfg.num_groups - 1}")
                     self._bias_ran = True
                 _, backs = self.coupling_forward(xin, True, f"{tag} recompute", stop_early=True)
-                g = self.coupling_backward(g, backs, tag)
-                self.release(xin)  # the checkpoint frame lets go of its input
-            if mode == "residual" and l == 0 and self.has_mask and not cfg.masks_held:
-                self.release(masks[0])
-                masks[0] = None
+                frame = [xin]
+                if l == 0 and self.has_mask and not cfg.masks_held:  # every frame holds the model's masks
+                    frame += masks
+                    masks = [None, None]
+                g = self.coupling_backward(g, backs, tag, frame=frame)
 
         tl.phase = "backward encoder"
         grads = self.param_grads(self.shapes[0], "encoder")
-        self.release(g, feat)
+        self.release(g)
         self.settle(*grads)
         tl.phase = "metrics"  # count_correct(out[local_train], label[ids][local_train])
         self.correct_count(out)
         tl.phase = "end of part"
-        self.release(out)  # del out, loss: the graph goes
+        self.release(out, feat)  # del fwd: the output, the kept features; the graph goes
         if handoff is not None:
             self.release(handoff)  # the last block's hand-off
         self.release(*[m for m in masks if m is not None])
@@ -1074,8 +1099,9 @@ class _RevReplayer:
             d = self.alloc(nd, BWD, f"{tag} check y_re - y")
             a = self.alloc(nd, BWD, f"{tag} check |y_re - y|")
             self.release(d, a)
+        self.hold(gy)  # the engine's input of the node, until the node returns
         gx = self.coupling_backward(gy, backs, tag)
-        self.release(y_re)  # locals of the backward go
+        self.release(y_re, gy)  # locals of the backward go, and the node returns
         if l < cfg.num_layers - 1:
             self.release(y)  # handed down by block l + 1; the last block's stays in its hand-off
         if l == 0:
