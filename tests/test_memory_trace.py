@@ -49,3 +49,26 @@ def test_autocast_casts_are_recorded_with_their_dtype():
     assert ("_to_copy", "torch.bfloat16", 100 * 32 * 2) in allocs
     assert ("_to_copy", "torch.bfloat16", 16 * 32 * 2) in allocs
     assert allocs[-1] == ("addmm", "torch.bfloat16", 100 * 16 * 2)
+
+
+def test_storage_resize_outside_the_dispatcher_is_recorded_beside_the_meter():
+    """``untyped_storage().resize_`` (how a reversible block frees its input and rebuilds
+    it) is a resize event of the storage, also with a meter region open inside the
+    trace (both hear it, and the original method is back once both have closed)."""
+    original = torch.UntypedStorage.resize_
+    n = 1 << 20
+    meter = MemoryMeter("cpu")
+    with AllocationTrace() as trace:
+        with meter.measure() as reading:
+            t = torch.empty(n, dtype=torch.uint8)
+            t.untyped_storage().resize_(0)
+            u = torch.empty(n, dtype=torch.uint8)
+            t.untyped_storage().resize_(2 * n)
+        del t, u
+    assert [(e.kind, e.op, e.nbytes) for e in trace.events] == [
+        ("alloc", "aten.empty.memory_format", n), ("resize", "UntypedStorage.resize_", 0),
+        ("alloc", "aten.empty.memory_format", n), ("resize", "UntypedStorage.resize_", 2 * n),
+        ("free", "aten.empty.memory_format", 2 * n), ("free", "aten.empty.memory_format", n)]
+    assert trace.live_bytes() == [n, 0, n, 3 * n, n, 0]
+    assert reading.peak_bytes == 3 * n and reading.end_bytes == 3 * n
+    assert torch.UntypedStorage.resize_ is original

@@ -125,8 +125,12 @@ def _events(arch: str, agg: str, backend: str, hidden: int, layers: int = 2,
 
 def traced_rows(trace: AllocationTrace) -> list[tuple]:
     """The trace's allocations of at least MIN_BYTES, ``(op, bytes, dtype, position,
-    position of its free)`` (positions in ``trace.events``; None: alive at the end)."""
-    freed = {e.storage: t for t, e in enumerate(trace.events) if e.kind == "free"}
+    position of its free)`` (positions in ``trace.events``; None: alive at the end; the
+    free is the first event that leaves the storage no bytes: a free or a resize to 0)."""
+    freed: dict[int, int] = {}
+    for t, e in enumerate(trace.events):
+        if e.kind == "free" or (e.kind == "resize" and e.nbytes == 0):
+            freed.setdefault(e.storage, t)
     return [(e.op_name, e.nbytes, e.dtype, t, freed.get(e.storage))
             for t, e in enumerate(trace.events) if e.kind == "alloc" and e.nbytes >= MIN_BYTES]
 
@@ -221,12 +225,11 @@ def _freed_before(allocs: list[int], free: int | None) -> int:
     return len(allocs) if free is None else bisect.bisect_left(allocs, free)
 
 
-def diff(traced, replayed, freed_in_order: Callable[[str], bool] | None = None) -> list[str]:
+def diff(traced, replayed) -> list[str]:
     """The three checks of the module docstring, on ``(op or label, bytes, dtype or
     component, position, position of its free)`` rows (:func:`traced_rows`,
     :func:`_replayed`; rows of three: the first two checks only); a message per failed
-    check. ``freed_in_order``: the replay labels whose frees the third check compares
-    (default: all)."""
+    check."""
     out = []
     floats = [e for e in traced if "float" in e[2]]
     pairs, i = _match(floats, replayed)
@@ -244,8 +247,6 @@ def diff(traced, replayed, freed_in_order: Callable[[str], bool] | None = None) 
     t_at = [floats[i][3] for i in range(len(pairs))]
     r_at = [replayed[j][3] for j in pairs]
     for i, j in enumerate(pairs):
-        if freed_in_order is not None and not freed_in_order(replayed[j][0]):
-            continue
         t_free = _freed_before(t_at, floats[i][4])
         r_free = _freed_before(r_at, replayed[j][4])
         if t_free != r_free:

@@ -13,9 +13,8 @@ reversible, residual and checkpointed networks, layer norm and none, the masks o
 :class:`betty.rev.engine.SharedHashMasks` (the trainer's deterministic dropout) and the
 model's own Bernoulli masks, on both backends; at hidden 64 too, where the parameters'
 gradients are at least ``MIN_BYTES`` and so take part, each at the op that makes it.
-The reversible network's encoder output is left out of the third check: the first
-block frees its storage with ``UntypedStorage.resize_(0)``, which the recorder does not
-see (it records the free when the tensor object goes, at the end of the forward).
+A reversible block frees its input's storage with ``UntypedStorage.resize_(0)``, which
+the recorder reports as a resize to 0 bytes: the free the third check compares.
 """
 
 from __future__ import annotations
@@ -70,19 +69,11 @@ def _events(backend: str, conv: str, mode: str, norm: str, held: bool, tasks: in
     return traced_rows(trace), replayed
 
 
-def _diff(mode: str, traced, replayed) -> list[str]:
-    """:func:`test_memory_trace_diff.diff`, the reversible encoder output's free left out
-    (module docstring)."""
-    if mode != "reversible":
-        return diff(traced, replayed)
-    return diff(traced, replayed, freed_in_order=lambda name: name != "encoder output")
-
-
 @pytest.mark.parametrize("backend", backend_params())
 def test_rev_replay_follows_the_trace(backend):
     failed = []
     for case in CASES:
-        problems = _diff(case[1], *_events(backend, *case))
+        problems = diff(*_events(backend, *case))
         if problems:
             failed.append(f"{case}: {problems[0]}")
     assert not failed, "\n".join(failed)
@@ -93,7 +84,7 @@ def test_rev_replay_of_multilabel_targets_follows_the_trace(backend):
     """The BCE loss over 7 tasks and the correct count of multi-label targets."""
     failed = []
     for conv, mode in (("gcn", "reversible"), ("sage", "residual")):
-        problems = _diff(mode, *_events(backend, conv, mode, "layer", True, tasks=7))
+        problems = diff(*_events(backend, conv, mode, "layer", True, tasks=7))
         if problems:
             failed.append(f"{conv}, {mode}: {problems[0]}")
     assert not failed, "\n".join(failed)
@@ -106,7 +97,7 @@ def test_rev_replay_of_more_than_two_groups_follows_the_trace(backend):
     every parameter gradient stays below ``MIN_BYTES``)."""
     failed = []
     for conv, mode in (("gcn", "reversible"), ("sage", "residual"), ("gcn", "checkpoint")):
-        problems = _diff(mode, *_events(backend, conv, mode, "layer", True, groups=3, hidden=18))
+        problems = diff(*_events(backend, conv, mode, "layer", True, groups=3, hidden=18))
         if problems:
             failed.append(f"{conv}, {mode}: {problems[0]}")
     assert not failed, "\n".join(failed)
@@ -182,7 +173,7 @@ def test_rev_replay_of_parameter_gradients_follows_the_trace(backend):
     sides, at the op that makes it, in the three modes and the three couplings."""
     failed = []
     for conv, mode in itertools.product(("gcn", "sage", "gat"), ("reversible", "residual", "checkpoint")):
-        problems = _diff(mode, *_events(backend, conv, mode, "layer", True, hidden=64))
+        problems = diff(*_events(backend, conv, mode, "layer", True, hidden=64))
         if problems:
             failed.append(f"{conv}, {mode}: {problems[0]}")
     assert not failed, "\n".join(failed)

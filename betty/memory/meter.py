@@ -30,9 +30,8 @@ Two backends:
     Size changes are followed: ``Tensor.resize_`` and ``out=`` ops are dispatched, so
     their effect on a counted storage is re-read after the op; ``UntypedStorage.resize_``
     (the reversible-GNN trick of freeing an input with ``resize_(0)`` and rebuilding it in
-    backward) is not an ATen op, so while a dispatch region is open the meter wraps
-    ``torch.UntypedStorage.resize_`` to re-read the size of counted storages (the
-    original method is restored when the last region closes).
+    backward) is not an ATen op, so while a dispatch region is open the meter listens to
+    it (:mod:`betty.memory.storage_resize`) to re-read the size of counted storages.
 
     The autograd engine runs backward on the calling thread for CPU tensors, and for
     device tensors on worker threads that install the caller's ``at::ThreadLocalState``,
@@ -84,6 +83,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from betty.memory import storage_resize
 
 __all__ = [
     "MemoryMeter",
@@ -260,6 +261,11 @@ class _Ledger:
             self.live += nbytes - entry[0]
             entry[0] = nbytes
 
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        """``UntypedStorage.resize_`` ran on ``storage`` (:mod:`betty.memory.storage_resize`)."""
+        self.refresh(storage)
+        self.note_peak()
+
     def note_peak(self) -> None:
         with self.lock:
             if self.live > self.peak:
@@ -274,35 +280,6 @@ class _Ledger:
             live = self.live
             self.entries.clear()
             return live
-
-
-# Ledgers of the dispatch regions open right now, for the UntypedStorage.resize_ hook.
-_OPEN_LEDGERS: list[_Ledger] = []
-_OPEN_LOCK = threading.Lock()
-_ORIGINAL_STORAGE_RESIZE = torch.UntypedStorage.resize_
-"""Saved once: a thread that entered the hook just as the last region closed still calls it."""
-
-
-def _storage_resize_hook(self, size):
-    result = _ORIGINAL_STORAGE_RESIZE(self, size)
-    for ledger in list(_OPEN_LEDGERS):
-        ledger.refresh(self)
-        ledger.note_peak()
-    return result
-
-
-def _open_ledger(ledger: _Ledger) -> None:
-    with _OPEN_LOCK:
-        if not _OPEN_LEDGERS:
-            torch.UntypedStorage.resize_ = _storage_resize_hook
-        _OPEN_LEDGERS.append(ledger)
-
-
-def _close_ledger(ledger: _Ledger) -> None:
-    with _OPEN_LOCK:
-        _OPEN_LEDGERS.remove(ledger)
-        if not _OPEN_LEDGERS:
-            torch.UntypedStorage.resize_ = _ORIGINAL_STORAGE_RESIZE
 
 
 def _storage_of(obj) -> torch.UntypedStorage | None:
@@ -476,14 +453,14 @@ class MemoryMeter:
         # or freeing it inside the region would go unnoticed
         any(map(ledger.add, self.tracked_storages()))
         reading.baseline_bytes = ledger.peak = ledger.live
-        _open_ledger(ledger)
+        storage_resize.listen(ledger.resized)
         self._open.append(ledger)
         try:
             with _LiveBytesMode(ledger, self.device):
                 yield reading
         finally:
             self._open.remove(ledger)
-            _close_ledger(ledger)
+            storage_resize.stop_listening(ledger.resized)
             ledger.note_peak()
             reading.peak_bytes = ledger.peak
             reading.end_bytes = ledger.close()

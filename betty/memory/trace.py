@@ -12,7 +12,9 @@ below autograd (forward and backward, autocast's casts included) and appends to
   tensor that first showed it;
 * a ``"free"`` event when that storage is freed (a ``weakref.finalize`` on it);
 * a ``"resize"`` event when an op changes the size of a recorded storage
-  (``Tensor.resize_``, ``out=``), with the new bytes.
+  (``Tensor.resize_``, ``out=``) or ``UntypedStorage.resize_`` does (op
+  ``"UntypedStorage.resize_"``; a reversible block frees its input's storage so), with
+  the new bytes.
 
 The live bytes after event ``t`` are ``Σ alloc - Σ free (+ resize deltas)`` up to ``t``
 (:meth:`AllocationTrace.live_bytes`), the region-local part of what
@@ -20,8 +22,9 @@ The live bytes after event ``t`` are ``Σ alloc - Σ free (+ resize deltas)`` up
 from Python data are counted at ``aten.lift_fresh``). Storages that existed before the
 region (parameters, ``.grad``, optimizer state) are not recorded, nor are their frees.
 
-Limitations: scratch memory freed inside a kernel, memory outside PyTorch tensors
-(DGL's C++ graph formats) and ``UntypedStorage.resize_`` (not an ATen op) are not seen.
+Limitations: scratch memory freed inside a kernel and memory outside PyTorch tensors
+(DGL's C++ graph formats) are not seen. ``UntypedStorage.resize_``, not an ATen op,
+reaches the trace through :mod:`betty.memory.storage_resize`.
 Works with torch 2.2 and later (``torch.utils._python_dispatch`` is a private module
 whose ``TorchDispatchMode`` has kept this interface).
 """
@@ -35,6 +38,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from betty.memory import storage_resize
 
 __all__ = ["TraceEvent", "AllocationTrace"]
 
@@ -117,9 +122,11 @@ class AllocationTrace:
         self._open = True
         self._mode = _RecordingMode(self)
         self._mode.__enter__()
+        storage_resize.listen(self._resized)
         return self
 
     def __exit__(self, *exc) -> None:
+        storage_resize.stop_listening(self._resized)
         self._mode.__exit__(*exc)
         self._mode = None
         with self._lock:
@@ -127,6 +134,17 @@ class AllocationTrace:
             for entry in self._live.values():
                 entry[3].detach()
             self._live.clear()
+
+    def _resized(self, storage) -> None:
+        """A ``"resize"`` event where ``UntypedStorage.resize_`` changed a recorded storage."""
+        with self._lock:
+            entry = self._live.get(storage._cdata) if self._open else None
+            if entry is None or storage.nbytes() == entry[1]:
+                return
+            entry[1] = storage.nbytes()
+            alloc = entry[2]
+            self.events.append(TraceEvent("resize", "UntypedStorage.resize_", entry[1], alloc.dtype,
+                                          alloc.shape, entry[0]))
 
     # ---------------------------------------------------------------- recording
     def _matches(self, device: torch.device) -> bool:
