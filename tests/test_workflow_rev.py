@@ -43,6 +43,11 @@ EXPERIMENT = "rev-test"  # the conftest tracking fixture's experiment
     (REV, ["model.norm=batch", "train.world_size=2"], "model.norm", "world_size 2"),
     (REV, ["model.deq=true", "partition.k=auto", "partition.memory_budget=1GB"], "partition.k", "deq"),
     (REV, ["model.deq=true", "partition.memory_budget=1GB"], "partition.memory_budget", "deq"),
+    (REV, ["model.deq_max_iter=200"], "model.deq_max_iter", "model.deq: true only"),
+    (REV, ["model.deq_tol=1e-8"], "model.deq_tol", "model.deq: true only"),
+    (REV, ["model.deq=true", "model.deq_max_iter=0"], "model.deq_max_iter", "greater than or equal to 1"),
+    (REV, ["model.deq=true", "model.deq_tol=1.5"], "model.deq_tol", "less than 1"),
+    ("tiny", ["model.deq_tol=1e-6"], "model.deq_tol", "revgnn"),
     (REV, ["model.hidden=33"], "model.hidden", "divisible by model.groups"),
     (REV, ["model.heads=2"], "model.heads", "conv gat"),
     (REV, ["partition.method=reg"], "partition.method", "random, metis"),
@@ -83,6 +88,24 @@ def test_revgnn_spec_shape_defaults_and_notes():
         resolve_spec(apply_overrides(raw, ["model.arch=sage", "model.conv=gcn"]))
     with pytest.raises(SpecError, match="sampling.fanouts: required key is missing"):
         resolve_spec(apply_overrides(raw, ["model.arch=sage", "model.conv=gcn", "sampling.seed=0"]))
+
+
+def test_deq_solver_keys_reach_the_model_and_leave_default_hashes_alone():
+    """``model.deq_max_iter`` / ``deq_tol`` set both solves of the built DEQ; at their
+    defaults they are not in the resolved content (the hashes specs had before them)."""
+    from types import SimpleNamespace
+
+    from workflow.components import build_model
+
+    deq = load_spec(REV, ["model.deq=true"])
+    assert "deq_max_iter" not in deq.data["model"] and "deq_tol" not in deq.data["model"]
+    tuned = load_spec(REV, ["model.deq=true", "model.deq_max_iter=200", "model.deq_tol=1e-8"])
+    assert tuned.sha != deq.sha
+    dataset = SimpleNamespace(num_features=5, num_classes=3)
+    model = build_model(tuned, dataset)
+    assert (model.max_iter, model.backward_max_iter, model.tol, model.backward_tol) == (200, 200, 1e-8, 1e-8)
+    default = build_model(deq, dataset)
+    assert (default.max_iter, default.tol) == (50, 1e-5)
 
 
 def test_evaluate_keys_map_to_the_library_arguments():

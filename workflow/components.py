@@ -120,7 +120,7 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
         attn_dropout=m.attn_dropout,
         dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
         reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq,
-        backend=m.backend, activation=m.activation)
+        deq_max_iter=m.deq_max_iter, deq_tol=m.deq_tol, backend=m.backend, activation=m.activation)
     return model.to(torch_dtype(rspec))
 
 

@@ -303,6 +303,8 @@ class ModelSection(_Section):
     checkpoint: bool = False
     weight_tied: bool = False
     deq: bool = False
+    deq_max_iter: int = Field(50, ge=1, le=100_000)
+    deq_tol: float = Field(1e-5, gt=0.0, lt=1.0, allow_inf_nan=False)
     backend: str = Field("auto", validate_default=True)
     activation: Activation | None = None
 
@@ -448,6 +450,8 @@ _ARCH_ONLY = {
     "checkpoint": ("revgnn",),
     "weight_tied": ("revgnn",),
     "deq": ("revgnn",),
+    "deq_max_iter": ("revgnn",),
+    "deq_tol": ("revgnn",),
     "activation": ("sage", "gat", "gcn"),
 }
 
@@ -605,7 +609,12 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
             out.append(Problem("partition.memory_budget", p.memory_budget, "needs the reversible "
                                "memory estimator (betty.rev.memory), which does not model model.deq: "
                                "true, so no split would be held to it; allowed: null"))
-    elif m.hidden % m.groups:
+    else:
+        for key in ("deq_max_iter", "deq_tol"):
+            if key in changed:
+                out.append(Problem(f"model.{key}", getattr(m, key), "applies to model.deq: true only "
+                                   "(the fixed-point solves)"))
+    if not m.deq and m.hidden % m.groups:
         out.append(Problem("model.hidden", m.hidden,
                            f"must be divisible by model.groups = {m.groups} (channels are split into groups)"))
     if "batch_size" in changed_keys(s):

@@ -64,8 +64,9 @@ STAGE_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
 
 #: keys added after specs were hashed, left out of a resolved spec's content (and so of
 #: its hashes and stage keys) while at their defaults: the preparation threads (which
-#: never change a result) and the sampler's device (``host``).
-_UNHASHED_DEFAULTS = (("train", "prep_workers"), ("sampling", "device"))
+#: never change a result), the sampler's device (``host``) and the DEQ's solver settings.
+_UNHASHED_DEFAULTS = (("train", "prep_workers"), ("sampling", "device"), ("model", "deq_max_iter"),
+                      ("model", "deq_tol"))
 
 _STORE_PATHS = tuple(f"dataset.{key}" for key in STORE_KEYS)
 

@@ -25,7 +25,8 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
                 output_heads: int | None = None, dropout: float = 0.0, attn_dropout: float = 0.0,
                 dropout_mode: str = "deterministic", groups: int = 2, conv: str = "gcn",
                 norm: str = "layer", reversible: bool = True, checkpoint: bool = False,
-                weight_tied: bool = False, deq: bool = False, backend: str = "auto",
+                weight_tied: bool = False, deq: bool = False, deq_max_iter: int = 50,
+                deq_tol: float = 1e-5, backend: str = "auto",
                 activation: str | None = None) -> nn.Module:
     """Build a model by name.
 
@@ -37,8 +38,9 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
     blocks of ``groups`` channel groups (``conv``, ``norm``, ``reversible``,
     ``checkpoint``, ``weight_tied``, ``heads`` for ``conv="gat"``), or with ``deq`` a
     :class:`betty.rev.deq.RevGNNDEQ` (one weight-tied cell solved to a fixed
-    point; ``layers``, ``groups``, ``reversible``, ``checkpoint``, ``weight_tied`` do not
-    apply). ``backend`` (``auto``/``dgl``/``pyg``, :mod:`betty.backends`) applies to
+    point, forward and backward, in at most ``deq_max_iter`` iterations to a relative
+    residual of ``deq_tol``; ``layers``, ``groups``, ``reversible``, ``checkpoint``,
+    ``weight_tied`` do not apply). ``backend`` (``auto``/``dgl``/``pyg``, :mod:`betty.backends`) applies to
     every arch. RevGNN's dropout masks come from its trainer (:mod:`betty.rev.engine`), so
     ``dropout_mode`` is the trainer's argument there. ``activation`` (``sage``/``gat``/``gcn``;
     one of :data:`ACTIVATIONS`, ``None``: :data:`DEFAULT_ACTIVATION`): the non-linearity
@@ -62,7 +64,8 @@ def build_model(arch: str, in_feats: int, out_feats: int, *, hidden: int = 256,
             from betty.rev.deq import RevGNNDEQ
 
             return RevGNNDEQ(in_feats, hidden, out_feats, conv=conv, dropout=dropout, norm=norm,
-                             heads=heads, backend=backend)
+                             heads=heads, backend=backend, max_iter=deq_max_iter, tol=deq_tol,
+                             backward_max_iter=deq_max_iter, backward_tol=deq_tol)
         from betty.rev.model import RevGNN
 
         return RevGNN(in_feats, hidden, out_feats, layers, num_groups=groups, conv=conv,
