@@ -292,9 +292,7 @@ def test_pool_micro_batches_without_edges(backend, precision):
     ``fc_pool``'s ``.grad`` does not exist until a micro-batch with edges creates it;
     PyG's pool runs as on any block. With those micro-batches first (two of them, the
     first one after ``zero_grad``) and last of K = 4, every micro-batch's estimate is
-    within :data:`RESIDUAL_BYTES` of the meter (a replay of DGL's pool with edges there
-    was 14% to 48% over on the edgeless ones, and 2% to 6% over on the first one after
-    them, torch 2.2.1, 2026-12-06)."""
+    within :data:`RESIDUAL_BYTES` of the meter."""
     from betty.memory.sizes import split_sizes
 
     k = 4

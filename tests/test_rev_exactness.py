@@ -31,8 +31,9 @@ step) must equal the step of plain torch autograd on the whole graph:
   node IDs, passed to the model's own forward as ``mask_fn``, so it sees the same masks
   with dropout on (p = 0.2); one variant per backend runs with p = 0 (no mask at all).
 
-Tolerances: relative to the largest entry of each gradient tensor, 1e-10 in float64 and
-1e-5 in float32 (the project's rule; never loosen them). Every axis value occurs at least
+Tolerances: relative to the largest entry of each gradient tensor (in float32, GAT's
+attention vectors excepted, below), 1e-10 in float64 and 1e-5 in float32 (the project's
+rule; never loosen them). Every axis value occurs at least
 once per backend (conv gcn/sage/gat; reversible, residual, residual + checkpoint; weight
 tied or not; norm layer/none; 2 or 3 groups; float64/float32; single-/multi-label), not
 their full product.

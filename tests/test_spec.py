@@ -271,7 +271,8 @@ def test_stage_keys_follow_what_each_stage_reads():
     # ops gives the host's batches (sampling on CUDA draws others)
     store_ip_config = Path(__file__).with_name("graphs.py")  # any existing file
     for changes in (["dataset.store=distributed", "dataset.store_method=random",
-                     f"dataset.store_ip_config={store_ip_config}"], ["sampling.device=cpu"]):
+                     f"dataset.store_ip_config={store_ip_config}"], ["sampling.device=cpu"],
+                    ["sampling.device=cpu:0"]):
         changed = [s for s in STAGES if edited(*changes).stage_sha(s) != a.stage_sha(s)]
         assert changed == ["train", "evaluate"], changes
     cuda = edited("sampling.device=cuda", "train.device=auto", "train.pipeline=false")

@@ -130,7 +130,7 @@ def test_upstream_may_differ_where_nothing_computed_changes(tracking):
     for key, value in {**trained.params(), "spec.sampling.device": "cuda"}.items():
         client.log_param(cuda_sample.info.run_id, key, value)
     client.set_terminated(cuda_sample.info.run_id, "FINISHED")
-    with pytest.raises(UpstreamMismatch, match="spec.sampling.device = cuda there"):
+    with pytest.raises(UpstreamMismatch, match="spec.sampling.device = cuda there, cpu here"):
         check_upstream(load_spec("tiny", ["sampling.device=cpu"]), "partition", {"sample": cuda_sample.info.run_id})
 
 

@@ -99,10 +99,10 @@ def check_upstream(rspec: ResolvedSpec, stage: str, upstream: Mapping[str, str])
                 if section != stage for key in names}
         if stage in STAGE_SECTIONS[ustage]:
             keys |= _own_section_keys(rspec, stage, params)
-        want, have = ({k: v for k, v in _settings(p, sections, keys).items()
-                       if rspec.stage_reads(ustage, k.removeprefix("spec."), v)}
-                      for p in (params, run.data.params))
-        differ = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
+        want, have = _settings(params, sections, keys), _settings(run.data.params, sections, keys)
+        read = [{k: v for k, v in side.items() if rspec.stage_reads(ustage, k.removeprefix("spec."), v)}
+                for side in (want, have)]
+        differ = sorted(k for k in read[0].keys() | read[1].keys() if read[0].get(k) != read[1].get(k))
         if differ:
             shown = "; ".join(f"{k} = {have.get(k, '(unset)')} there, {want.get(k, '(unset)')} here"
                               for k in differ[:3])

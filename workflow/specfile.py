@@ -399,13 +399,13 @@ class ResolvedSpec:
         ``value``; the keys it does not are left out of its stage key and of the
         ``--upstream`` check of its runs. It does not on ``sampling.fanouts`` for revgnn
         (which samples nothing), and before ``train`` not on the ``dataset.store*`` keys
-        (only the trainers hold the graph there) nor on ``sampling.device: cpu`` (the
-        torch-op path on the CPU gives the host's batches bit for bit)."""
+        (only the trainers hold the graph there) nor on ``sampling.device: cpu`` or
+        ``cpu:0`` (the torch-op path on the CPU gives the host's batches bit for bit)."""
         if path == "sampling.fanouts" and self.spec.model.arch == "revgnn":
             return False
         if STAGES.index(stage) >= STAGES.index("train"):
             return True
-        return path not in _STORE_PATHS and not (path == "sampling.device" and value == "cpu")
+        return path not in _STORE_PATHS and not (path == "sampling.device" and value in ("cpu", "cpu:0"))
 
     def stage_sha(self, stage: str, runtime: dict | None = None) -> str:
         """Content hash of :meth:`stage_content` plus ``runtime`` facts that change the
