@@ -50,7 +50,7 @@ therefore measured against the larger of their two largest entries, the scale of
 terms they sum (the gradients of ``W`` and ``a_l`` are left as they are); float64 keeps
 the per-tensor scale.
 
-The variants run in one process and on 2 ranks (``DataParallel``: each rank runs its
+The variants, DEQ ones included, run in one process and on 2 ranks (``DataParallel``: each rank runs its
 share of the parts, the gradients all-reduced). Each test runs once per installed backend
 (``backend``: the DGL half is marked ``dgl``, the PyG half ``pyg``, each skipped where
 its framework is missing).
@@ -274,16 +274,46 @@ def test_deq_k_part_step_equals_unrolled_autograd_on_the_whole_graph(backend, co
     """The DEQ's implicit gradient, accumulated over the parts, against plain autograd
     through the unrolled fixed-point iteration on the whole graph (both solves converged
     to :data:`DEQ_TOL`)."""
+    check_deq(backend, conv, norm, multilabel, dtype)
+
+
+def test_deq_k_parts_on_two_ranks_equal_unrolled_autograd_on_the_whole_graph(backend):
+    """Every DEQ variant on 2 ranks: each rank's step (its parts' implicit gradients,
+    all-reduced) is the unrolled whole-graph one, and the ranks' parts cover the K parts
+    once."""
+    from betty.distributed.launch import launch
+
+    results = launch(rank_check_deq, (backend,), nproc=2)
+    for variant in DEQ_VARIANTS:
+        ran = results[0][str(variant)] + results[1][str(variant)]
+        assert sorted(ran) == list(range(K)), f"{variant}: parts {ran} do not cover K={K} once"
+
+
+def rank_check_deq(backend: str) -> dict[str, list[int]]:
+    """On one rank: :func:`check_deq` of every DEQ variant on a ``DataParallel``, a solve
+    stopping at its cap an error; the parts each ran here."""
+    import warnings
+
+    from betty.distributed import DataParallel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        return {str(v): check_deq(backend, *v, DataParallel(check_every=1)) for v in DEQ_VARIANTS}
+
+
+def check_deq(backend: str, conv: str, norm: str, multilabel: bool, dtype, parallel=None) -> list[int]:
+    """One RevTrainer step of a DEQ (on ``parallel``'s ranks if given), both solves run to
+    :data:`DEQ_TOL`, against autograd through the unrolled iteration on the whole graph;
+    the indices of the parts this process ran."""
     p = 0.2
     ds = _dataset(multilabel)
     torch.manual_seed(0)
     model = build_model("revgnn", FEATS, ds.num_classes, hidden=HIDDEN, conv=conv, heads=2, dropout=p,
-                        norm=norm, deq=True, backend=backend).to(dtype)
-    model.tol = model.backward_tol = DEQ_TOL[dtype]
-    model.max_iter = model.backward_max_iter = DEQ_MAX_ITER
+                        norm=norm, deq=True, deq_max_iter=DEQ_MAX_ITER, deq_tol=DEQ_TOL[dtype],
+                        backend=backend).to(dtype)
     reference = copy.deepcopy(model)
 
-    record, before, grads = _trainer_step(model, ds, dtype)
+    record, before, grads = _trainer_step(model, ds, dtype, parallel)
     assert model.last_forward_stats.converged and model.last_backward_stats.converged
 
     reference.train()
@@ -307,4 +337,5 @@ def test_deq_k_part_step_equals_unrolled_autograd_on_the_whole_graph(backend, co
     loss.backward()
     ref_grads = {n: q.grad for n, q in reference.named_parameters()}
     _check_step(model, record, before, grads, loss.item(), _accuracy(out, ds, train), ref_grads,
-                TOL[dtype])
+                TOL[dtype], ranks=parallel is not None)
+    return [part.index for part in record.parts]
