@@ -114,6 +114,15 @@ CASES = [
     Case("gat-reg-adam-multilabel", "gat", method="reg", multilabel=True),
     Case("sage-lstm-random-sgd-bf16-multilabel", "sage", "lstm", method="random", optimizer="sgd",
          precision="bf16-mixed", multilabel=True),
+    # the preparation switches with other precisions, models and targets
+    Case("sage-pool-random-sgd-f32-prefetch-multilabel", "sage", "pool", method="random", optimizer="sgd",
+         precision="32", prefetch=1, multilabel=True),
+    Case("sage-gcn-reg-sgd-bf16-torchops-copyahead-multilabel", "sage", "gcn", method="reg", optimizer="sgd",
+         precision="bf16-mixed", sample_device="cpu", copy_ahead=True, multilabel=True),
+    Case("sage-mean-kauto-reg-sgd-f32-multilabel", "sage", "mean", method="reg", k="auto", budget=0.7,
+         optimizer="sgd", precision="32", multilabel=True),
+    Case("gcn-random-sgd-fp16-prefetch-torchops-multilabel", "gcn", method="random", optimizer="sgd",
+         precision="16-mixed", prefetch=1, sample_device="cpu", multilabel=True),
 ]
 TASKS = 3
 

@@ -129,6 +129,8 @@ VARIANTS = [
     Variant("gcn", "res", True, "layer", 3, F32, False, dropout=0.0),
     Variant("gat", "rev", False, "layer", 2, F32, False),
     Variant("gat", "ckpt", True, "none", 3, F32, True),
+    Variant("gat", "res", True, "layer", 3, F64, False),
+    Variant("sage", "rev", False, "none", 2, F64, False),
 ]
 
 
