@@ -108,24 +108,26 @@ class Variant:
     dtype: torch.dtype
     multilabel: bool
     dropout: float = 0.2
+    prefetch: int = 0  # the trainer's preparation thread (RevTrainer's default for specs is 1)
 
     @property
     def id(self) -> str:
         return "-".join([self.conv, self.mode, "tied" if self.tied else "untied", self.norm,
                          f"g{self.groups}", "f64" if self.dtype == torch.float64 else "f32",
-                         "multi" if self.multilabel else "single", f"p{self.dropout:g}"])
+                         "multi" if self.multilabel else "single", f"p{self.dropout:g}"]
+                        + ([f"prefetch{self.prefetch}"] if self.prefetch else []))
 
 
 F64, F32 = torch.float64, torch.float32
 VARIANTS = [
-    Variant("gcn", "rev", False, "layer", 2, F64, False),
+    Variant("gcn", "rev", False, "layer", 2, F64, False, prefetch=1),
     Variant("sage", "res", False, "none", 3, F64, True),
     Variant("gat", "ckpt", True, "layer", 2, F64, False),
     Variant("gcn", "ckpt", False, "none", 3, F64, True),
     Variant("gat", "rev", False, "none", 2, F64, True),
     Variant("sage", "rev", True, "layer", 3, F64, True),
     Variant("gcn", "rev", False, "layer", 2, F32, False),
-    Variant("sage", "ckpt", True, "none", 2, F32, True),
+    Variant("sage", "ckpt", True, "none", 2, F32, True, prefetch=1),
     Variant("gcn", "res", True, "layer", 3, F32, False, dropout=0.0),
     Variant("gat", "rev", False, "layer", 2, F32, False),
     Variant("gat", "ckpt", True, "none", 3, F32, True),
@@ -163,13 +165,13 @@ def _accuracy(out, ds: GraphDataset, train: torch.Tensor) -> float:
     return float((out.argmax(1) == target).double().mean())
 
 
-def _trainer_step(model, ds: GraphDataset, dtype, parallel=None):
+def _trainer_step(model, ds: GraphDataset, dtype, parallel=None, prefetch: int = 0):
     """One RevTrainer epoch (K = 3 METIS parts, one SGD step; on ``parallel``'s ranks if
-    given): the record, the parameters before the step and the accumulated gradients the
+    given; ``prefetch``: parts split on the preparation thread): the record, the parameters before the step and the accumulated gradients the
     step used (all-reduced over the ranks)."""
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     trainer = RevTrainer(model, torch.optim.SGD(model.parameters(), lr=LR), ds, RevPlan("metis", K),
-                         seed=SEED, dtype=dtype, estimate_memory=False, parallel=parallel)
+                         seed=SEED, dtype=dtype, estimate_memory=False, parallel=parallel, prefetch=prefetch)
     record = trainer.train_epoch(EPOCH)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     return record, before, grads
@@ -247,7 +249,7 @@ def check_variant(backend: str, v: Variant, parallel=None) -> list[int]:
         v.mode == "rev", v.mode == "ckpt", v.tied)
     reference = copy.deepcopy(model)
 
-    record, before, grads = _trainer_step(model, ds, v.dtype, parallel)
+    record, before, grads = _trainer_step(model, ds, v.dtype, parallel, v.prefetch)
 
     # the reference: the same weights as a plain residual network (ordinary autograd),
     # one forward over the whole graph, the mean loss over the training nodes, .backward()
