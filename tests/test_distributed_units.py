@@ -169,17 +169,24 @@ def test_a_sigkilled_launchers_rank_folder_is_reclaimed_by_the_next_launch(temp_
 
 def test_two_machines_on_localhost_equal_single_process(tmp_path):
     """Two launchers with nnodes=2 (one rank each) meet through the rendezvous; machine
-    i holds global rank i even when machine 1 joins first."""
+    i holds global rank i even when machine 1 joins first. A second launch runs every
+    trainer exactness case (``test_exactness_trainer``: each rank's update against the
+    full-batch reference) across the two machines."""
     case = ("sage", "mean", 4)
-    port, run_id = free_port(), f"two-nodes-{uuid.uuid4().hex[:8]}"
+    ports, run_id = (free_port(), free_port()), f"two-nodes-{uuid.uuid4().hex[:8]}"
     script = (
         "import pickle, sys\n"
         f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "from betty.backends import resolve_backend\n"
         "from betty.distributed.launch import launch\n"
         "from distributed_cases import rank_all_cases\n"
-        f"res = launch(rank_all_cases, ([{case!r}],), nproc=1, nnodes=2, node_rank=int(sys.argv[1]),\n"
-        f"             rdzv_endpoint='127.0.0.1:{port}', run_id={run_id!r}, join_timeout_s=60)\n"
-        "pickle.dump(res, open(sys.argv[2], 'wb'))\n")
+        "from test_exactness_trainer import rank_check_cases\n"
+        "node = dict(nproc=1, nnodes=2, node_rank=int(sys.argv[1]), join_timeout_s=60)\n"
+        f"res = launch(rank_all_cases, ([{case!r}],), rdzv_endpoint='127.0.0.1:{ports[0]}',\n"
+        f"             run_id={run_id!r}, **node)\n"
+        f"checked = launch(rank_check_cases, (resolve_backend('auto'),), rdzv_endpoint='127.0.0.1:{ports[1]}',\n"
+        f"                 run_id={run_id + '-exact'!r}, **node)\n"
+        "pickle.dump((res, checked), open(sys.argv[2], 'wb'))\n")
     procs = []
     for i in (1, 0):  # machine 1 first: the rank order must not follow who came first
         procs.append(subprocess.Popen([sys.executable, "-c", script, str(i), str(tmp_path / f"node{i}.pkl")]))
@@ -191,11 +198,17 @@ def test_two_machines_on_localhost_equal_single_process(tmp_path):
             if p.poll() is None:
                 p.kill()
     assert codes == [0, 0]
-    results = {}
+    results, checked = {}, {}
     for i in (0, 1):
-        mine = pickle.loads((tmp_path / f"node{i}.pkl").read_bytes())
-        assert sorted(mine) == [i]
+        mine, exact = pickle.loads((tmp_path / f"node{i}.pkl").read_bytes())
+        assert sorted(mine) == [i] and sorted(exact) == [i]
         results.update(mine)
+        checked.update(exact)
+    from betty.backends import resolve_backend
+    from test_exactness_trainer import CASES, runs_on
+
+    names = [c.name for c in CASES if runs_on(resolve_backend("auto"), c)]
+    assert names and checked == {0: names, 1: names}
     assert sorted(results) == [0, 1]
     ref = train_case(dataset(), *case)
     name = case_name(*case)
