@@ -25,7 +25,8 @@ from betty.distributed.launch import free_port  # noqa: E402
 from distributed_cases import (case_name, dataset, graph_server_pids, rank_distdgl_cases,  # noqa: E402
                                rank_fail_on_one, rank_join_and_wait, train_case)
 
-CASES = [("sage", "mean", 3), ("sage", "lstm", 3), ("gat", None, 4)]
+CASES = [("sage", "mean", 3), ("sage", "gcn", 3), ("sage", "pool", 3), ("sage", "lstm", 3), ("gat", None, 4),
+         ("gcn", None, 3)]
 PIPELINED = [("sage", "mean", 3)]  # sampling on the preparation thread while the step reads features
 RELATIVE_TOLERANCE = 1e-10
 
