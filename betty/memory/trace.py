@@ -136,15 +136,17 @@ class AllocationTrace:
             self._live.clear()
 
     def _resized(self, storage) -> None:
-        """A ``"resize"`` event where ``UntypedStorage.resize_`` changed a recorded storage."""
+        """``UntypedStorage.resize_`` ran on ``storage``: :meth:`_note_size` where it is recorded."""
         with self._lock:
             entry = self._live.get(storage._cdata) if self._open else None
-            if entry is None or storage.nbytes() == entry[1]:
-                return
-            entry[1] = storage.nbytes()
-            alloc = entry[2]
-            self.events.append(TraceEvent("resize", "UntypedStorage.resize_", entry[1], alloc.dtype,
-                                          alloc.shape, entry[0]))
+            if entry is not None:
+                self._note_size(entry, storage.nbytes(), "UntypedStorage.resize_", entry[2].shape)
+
+    def _note_size(self, entry: list, nbytes: int, op: str, shape: tuple[int, ...]) -> None:
+        """A ``"resize"`` event where a recorded storage's size is no longer ``entry``'s."""
+        if nbytes != entry[1]:
+            entry[1] = nbytes
+            self.events.append(TraceEvent("resize", op, nbytes, entry[2].dtype, shape, entry[0]))
 
     # ---------------------------------------------------------------- recording
     def _matches(self, device: torch.device) -> bool:
@@ -167,11 +169,7 @@ class AllocationTrace:
                 key = storage._cdata
                 entry = self._live.get(key)
                 if entry is not None:
-                    nbytes = storage.nbytes()
-                    if nbytes != entry[1]:
-                        entry[1] = nbytes
-                        self.events.append(TraceEvent("resize", op, nbytes, entry[2].dtype,
-                                                      tuple(tensor.shape), entry[0]))
+                    self._note_size(entry, storage.nbytes(), op, tuple(tensor.shape))
                     continue
                 if not fresh_by_contract:
                     if input_keys is None:
