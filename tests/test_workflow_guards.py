@@ -427,6 +427,51 @@ def test_signal_handling_is_light_and_complete():
         signals.restore(previous)
 
 
+def _swallow_a_sigterm() -> None:
+    """Send this process ``SIGTERM`` from inside a ``weakref.finalize`` callback, where
+    Python reports the handler's ``KeyboardInterrupt`` as "Exception ignored" and drops
+    it (as it does in the memory meter's finalizers, which run on every freed tensor)."""
+    import signal as _signal
+    import weakref
+
+    class Dropped:
+        pass
+
+    def freed() -> None:
+        os.kill(os.getpid(), _signal.SIGTERM)
+        sum(i for i in range(1000))  # the handler runs here, inside the finalizer
+
+    dropped = Dropped()
+    weakref.finalize(dropped, freed)
+    del dropped
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_signal_a_finalizer_swallowed_still_ends_training(tracking, monkeypatch):
+    """A ``SIGTERM`` whose ``KeyboardInterrupt`` was dropped during an epoch stops the
+    training before the next epoch: the train and main runs end ``KILLED``, exit 130."""
+    from betty.engine import Trainer
+
+    uri, exp = tracking
+    epochs = Trainer.epochs
+
+    def epochs_dropping_a_signal(self, *args, **kwargs):
+        for i, record in enumerate(epochs(self, *args, **kwargs)):
+            if i == 1:
+                _swallow_a_sigterm()
+            yield record
+
+    monkeypatch.setattr(Trainer, "epochs", epochs_dropping_a_signal)
+    res = invoke("run", "tiny", "--experiment", EXPERIMENT, "-s", "train.epochs=20", "-s", "evaluate.every=0",
+                 "-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]")
+    assert res.exit_code == 130, res.output
+    runs = {r.data.tags.get("stage"): r for r in runs_of(uri, exp)}
+    assert runs["train"].info.status == "KILLED" and runs["main"].info.status == "KILLED"
+    assert "SIGTERM" in runs["train"].data.tags["error"]
+    losses = MlflowClient(uri).get_metric_history(runs["train"].info.run_id, "loss")
+    assert len(losses) == 2, [m.step for m in losses]  # epochs 0 and 1; epoch 2 never started
+
+
 def _gone_pid() -> str:
     import subprocess
     import sys

@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +58,12 @@ class Launch:
         self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.seen: dict[int, psutil.Process] = {}
+        self._lines: list[str] = []  # read as it comes: a full pipe would block a writer
+        self._reader = threading.Thread(target=self._lines.extend, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _output(self) -> str:
+        return "".join(self._lines)
 
     def _watch(self) -> list[psutil.Process]:
         try:
@@ -74,7 +81,7 @@ class Launch:
             self._watch()
             if ready():
                 return
-            assert self.proc.poll() is None, f"mlflow run ended before {what}:\n{self.proc.stdout.read()[-3000:]}"
+            assert self.proc.poll() is None, f"mlflow run ended before {what}:\n{self._output()[-3000:]}"
             time.sleep(0.2)
         self.proc.kill()
         raise AssertionError(f"timed out waiting for {what}")
@@ -118,7 +125,8 @@ class Launch:
         left = [(p.pid, command_line(p)) for p in alive]
         for p in alive:  # left running: stop them, or reading the output below never ends
             p.kill()
-        self.output = self.proc.stdout.read()
+        self._reader.join(timeout=10)  # the pipe's writers are gone: it ends
+        self.output = self._output()
         assert not hung, f"mlflow run still running after {timeout} s\n{self.output[-3000:]}"
         assert not left, f"still alive: {left}\n{self.output[-3000:]}"
         runs = runs_of(self.uri, self.exp)

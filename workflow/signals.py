@@ -5,7 +5,8 @@ After :func:`install`, ``SIGINT`` and ``SIGTERM`` raise :class:`KeyboardInterrup
 (the run in flight ends ``KILLED``), except where that would break off the work that
 ends a run: inside :func:`shield` they are only recorded, inside :func:`defer` (a
 tracking-store session) raised when it ends. :func:`check` raises one that a library
-swallowed (``import torch`` does). With ``die_with_parent`` (Linux) the death of the
+swallowed (``import torch`` does; so does any ``weakref.finalize`` callback the handler
+interrupts). With ``die_with_parent`` (Linux) the death of the
 launching process, also before this one could ask to be told, counts as a ``SIGTERM``.
 The details are in docs/workflow.md, "Interrupts and kills".
 """

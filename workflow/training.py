@@ -28,6 +28,7 @@ from betty.evaluation import metric_suffix
 
 from workflow.components import make_selector, make_trainer
 from workflow.evaluation import evaluate_model
+from workflow.signals import check as check_signals
 from workflow.specfile import ResolvedSpec
 
 __all__ = ["train_epochs", "train_distributed", "rank_train", "launch_options", "launched", "store_folder"]
@@ -103,10 +104,14 @@ def train_epochs(rspec: ResolvedSpec, dataset, device, repeat: int = 0, *, paral
     def validate(epoch: int, k: int) -> dict[str, float]:
         return evaluate_model(model, dataset, rspec, device, splits=("valid",), train_k=k)
 
-    faults = None if parallel is None else (lambda epoch: _inject_fault(parallel.rank, epoch))
+    def before_epoch(epoch: int) -> None:
+        check_signals()  # one whose KeyboardInterrupt a callback swallowed (a finalizer's)
+        if parallel is not None:
+            _inject_fault(parallel.rank, epoch)
+
     result = fit(trainer, spec.train.epochs, validate=validate, every=spec.evaluate.every,
                  selector=make_selector(rspec), score_key=f"valid_{metric_suffix(dataset)}",
-                 on_epoch=on_epoch, before_epoch=faults, row_labels={"repeat": repeat})
+                 on_epoch=on_epoch, before_epoch=before_epoch, row_labels={"repeat": repeat})
     if result is None:
         return None
     return {"history": result.history, "rows": result.rows, "searches": searches,
