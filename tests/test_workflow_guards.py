@@ -472,6 +472,59 @@ def test_a_signal_a_finalizer_swallowed_still_ends_training(tracking, monkeypatc
     assert len(losses) == 2, [m.step for m in losses]  # epochs 0 and 1; epoch 2 never started
 
 
+def test_ending_a_run_on_a_tracking_server_that_is_gone_takes_seconds(tracking, monkeypatch):
+    """An interrupted run whose tracking server is gone: :func:`mark_failed` gives up
+    within seconds (MLflow's own retries take minutes, with signals held meanwhile),
+    does not raise over the interrupt it reports, and leaves the request settings as
+    they were."""
+    import socket
+    import time
+
+    import mlflow
+
+    from workflow.runs import ENDING_REQUESTS, mark_failed
+
+    run = mlflow.start_run()
+    with socket.socket() as sock:  # a port nothing listens on: every request is refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")  # below the bound: kept
+    settings = {key: os.environ.get(key) for key in ENDING_REQUESTS}
+    start = time.monotonic()
+    mark_failed(run.info.run_id, KeyboardInterrupt("signal SIGINT"))
+    assert time.monotonic() - start < 30
+    assert {key: os.environ.get(key) for key in ENDING_REQUESTS} == settings
+    assert mlflow.active_run() is None  # off MLflow's stack; 'betty cleanup' ends it later
+
+
+def test_a_signal_recorded_before_the_ranks_start_launches_none(tmp_path, monkeypatch):
+    """A multi-rank train stage whose process recorded a signal (one a library swallowed)
+    raises it instead of launching ranks that would never see it."""
+    import signal as _signal
+
+    import betty.distributed.launch as launch_module
+    from workflow import signals
+    from workflow.specfile import load_spec
+    from workflow.training import train_distributed
+
+    def launch(*args, **kwargs):
+        raise AssertionError("ranks launched after a signal")
+
+    monkeypatch.setattr(launch_module, "launch", launch)
+    monkeypatch.chdir(tmp_path)  # the dataset's root
+    rspec = load_spec("tiny", ["train.world_size=2"])
+    previous = signals.install()
+    try:
+        with signals.shield():  # recorded only, as a swallowed one is
+            os.kill(os.getpid(), _signal.SIGTERM)
+            sum(i for i in range(1000))
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            train_distributed(rspec)
+    finally:
+        signals.restore(previous)
+
+
 def _gone_pid() -> str:
     import subprocess
     import sys

@@ -134,13 +134,52 @@ def record_failure(run_id: str, exc: BaseException) -> None:
         pass
 
 
+ENDING_REQUESTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": 1, "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": 1,
+                   "MLFLOW_HTTP_REQUEST_TIMEOUT": 10}
+"""The most a tracking server's requests may take while :func:`mark_failed` ends a run
+(one retry, 10 s an attempt; lower values the user set are kept). MLflow's defaults
+retry for minutes, and signals are held meanwhile: a server that is gone must not
+keep an interrupted process alive that long."""
+
+
 def mark_failed(run_id: str, exc: BaseException) -> None:
     """Record ``exc`` on ``run_id`` and end it ``FAILED`` (``KILLED`` for
     ``KeyboardInterrupt``) unless it has already ended. Signals meanwhile are held
-    back (:func:`workflow.signals.shield`): a second Ctrl-C must not leave it ``RUNNING``."""
-    with shield():
+    back (:func:`workflow.signals.shield`): a second Ctrl-C must not leave it ``RUNNING``.
+    Never raises: a store that cannot be reached leaves the run for ``betty cleanup``
+    (on a tracking server within :data:`ENDING_REQUESTS`' bounds), and ``exc`` is
+    what the caller reports."""
+    with shield(), _brief_requests():
         record_failure(run_id, exc)
-        _end(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        try:
+            _end(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        except Exception:  # noqa: BLE001  (reporting a failure must not hide it)
+            pass
+
+
+@contextmanager
+def _brief_requests() -> Iterator[None]:
+    """Bound a tracking server's requests by :data:`ENDING_REQUESTS` inside (MLflow
+    reads these variables on every request); a no-op on a local store."""
+    if _local_store():
+        yield
+        return
+    saved = {key: os.environ.get(key) for key in ENDING_REQUESTS}
+    for key, bound in ENDING_REQUESTS.items():
+        try:
+            keep = saved[key] is not None and float(saved[key]) <= bound
+        except ValueError:
+            keep = False
+        if not keep:
+            os.environ[key] = str(bound)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,

@@ -179,6 +179,7 @@ def _launch_on_store(rspec: ResolvedSpec, repeat: int, dataset, nproc: int, opti
                                store_folder(rspec, nnodes), nnodes, method=ds.store_method,
                                write=node_rank == 0, dataset=ds.name)
     threads = spec_threads(rspec, layout.num_edges, ranks=nproc) or 1
+    check_signals()  # the ranks never see a signal this process recorded
     return launch(rank_train, (rspec, repeat, None, str(layout.folder)), layout=layout,
                   ip_config=ds.store_ip_config, nproc=nproc, threads=threads, **options)
 
@@ -204,5 +205,6 @@ def train_distributed(rspec: ResolvedSpec, repeat: int = 0, dataset=None) -> dic
         dataset = dataset if dataset is not None else load_data(rspec)
         with share_dataset(dataset) as shared:
             threads = spec_threads(rspec, dataset.num_edges, ranks=nproc) or 1
+            check_signals()  # the ranks never see a signal this process recorded
             results = launch(rank_train, (rspec, repeat, shared), nproc=nproc, threads=threads, **options)
     return results.get(0)
