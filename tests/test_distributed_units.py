@@ -213,6 +213,44 @@ def test_two_machines_on_localhost_equal_single_process(tmp_path):
     assert sorted(results[0][name]["_indices"].tolist() + results[1][name]["_indices"].tolist()) == [0, 1, 2, 3]
 
 
+def test_a_machine_that_meets_a_closing_store_joins_the_next_one(tmp_path):
+    """Machine 1 reaches the endpoint while a store of an earlier launch still listens
+    there and is closed under it (node 0 ending the previous repeat): it joins node 0's
+    new store instead of failing with ``DistNetworkError``, and both machines run."""
+    import datetime
+
+    import torch.distributed as dist
+
+    port, run_id = free_port(), f"closing-{uuid.uuid4().hex[:8]}"
+    script = (
+        "import pickle, sys\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "from betty.distributed.launch import launch\n"
+        "from distributed_cases import rank_raise_on\n"
+        f"res = launch(rank_raise_on, (-1,), nproc=1, nnodes=2, node_rank=int(sys.argv[1]),\n"
+        f"             rdzv_endpoint='127.0.0.1:{port}', run_id={run_id!r}, join_timeout_s=30)\n"
+        "pickle.dump(res, open(sys.argv[2], 'wb'))\n")
+    earlier = dist.TCPStore("127.0.0.1", port, 2, True, datetime.timedelta(seconds=60), wait_for_workers=False)
+    keys = earlier.num_keys()
+    node1 = subprocess.Popen([sys.executable, "-c", script, "1", str(tmp_path / "node1.pkl")])
+    procs = [node1]
+    try:
+        deadline = time.monotonic() + 120
+        while earlier.num_keys() <= keys and time.monotonic() < deadline and node1.poll() is None:
+            time.sleep(0.1)  # machine 1 has written its part of the rendezvous there
+        assert earlier.num_keys() > keys, "machine 1 never reached the earlier store"
+        del earlier  # closed: machine 1's connection breaks
+        procs.append(subprocess.Popen([sys.executable, "-c", script, "0", str(tmp_path / "node0.pkl")]))
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0, 0]
+    for i in (0, 1):
+        assert pickle.loads((tmp_path / f"node{i}.pkl").read_bytes()) == {i: i}
+
+
 def rank_case_and_exactness(case: tuple) -> tuple[dict, list[str]]:
     """On one rank: :func:`distributed_cases.rank_all_cases` of ``case``, then every
     trainer exactness case (:func:`test_exactness_trainer.rank_check_cases`) on the

@@ -525,6 +525,27 @@ def test_a_signal_recorded_before_the_ranks_start_launches_none(tmp_path, monkey
         signals.restore(previous)
 
 
+def test_each_repeat_of_a_multi_machine_stage_has_a_rendezvous_of_its_own(tmp_path, monkeypatch):
+    """Every machine gives repeat r's launch the run ID ``<BETTY_RUN_ID>-repeat<r>``: a
+    machine that meets the store of the previous repeat (still open on node 0) finds
+    none of its keys there."""
+    import betty.distributed.launch as launch_module
+    from workflow.specfile import load_spec
+    from workflow.training import train_distributed
+
+    seen = []
+    monkeypatch.setattr(launch_module, "launch", lambda *args, **options: seen.append(options["run_id"]) or {})
+    monkeypatch.chdir(tmp_path)  # the dataset's root
+    monkeypatch.setenv("BETTY_NNODES", "2")
+    monkeypatch.setenv("BETTY_NODE_RANK", "1")
+    monkeypatch.setenv("BETTY_RDZV_ENDPOINT", "127.0.0.1:29400")
+    monkeypatch.setenv("BETTY_RUN_ID", "job")
+    rspec = load_spec("tiny", ["train.world_size=2"])
+    for repeat in (0, 1):
+        train_distributed(rspec, repeat)
+    assert seen == ["job-repeat0", "job-repeat1"]
+
+
 def _gone_pid() -> str:
     import subprocess
     import sys

@@ -194,6 +194,8 @@ def train_distributed(rspec: ResolvedSpec, repeat: int = 0, dataset=None) -> dic
     from workflow.components import load_data, spec_threads
 
     options = launch_options()
+    if "run_id" in options:  # one rendezvous per repeat: a store of the last one may linger
+        options["run_id"] = f"{options['run_id']}-repeat{repeat}"
     nnodes = options.get("nnodes", 1)
     world = rspec.spec.train.world_size
     if world % nnodes:

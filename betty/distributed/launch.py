@@ -221,8 +221,10 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
             **_log_folder(stack.enter_context(_ranks_folder())))
         held = stack.enter_context(_closing_notes_held())
         stack.enter_context(_signal_handlers_kept())
+        start = elastic_launch(config, _rank_main)
         try:
-            results = elastic_launch(config, _rank_main)(fn, backend, threads, os.getpid(), local_store, *args)
+            results = _rejoining(lambda: start(fn, backend, threads, os.getpid(), local_store, *args),
+                                 rejoin=node_rank > 0, within_s=join_timeout_s)
         except BaseException as exc:
             held.release()
             if isinstance(exc, ChildFailedError):
@@ -231,6 +233,26 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, nproc: int = 1, nnodes: 
                 raise KeyboardInterrupt(f"signal {exc.sigval.name}") from exc  # what the caller handles
             raise
     return {rank: pickle.loads(blob) for rank, blob in results.items()}
+
+
+def _rejoining(start: Callable[[], Any], *, rejoin: bool, within_s: float) -> Any:
+    """``start()``; with ``rejoin`` (a machine other than node 0) ``start()`` again, for
+    ``within_s`` seconds at most, while its connection to node 0's rendezvous store
+    breaks (``DistNetworkError``). Node 0 hosts one store per launch: a machine that
+    ends a launch before node 0 and starts the next one (the next repeat) can meet the
+    previous launch's store just before node 0 closes it. The ranks start after the
+    rendezvous, so a broken one has started none. (The launches meeting there must
+    differ in ``run_id``: the old store may still hold the previous launch's keys.)"""
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return start()
+        except dist.DistNetworkError:
+            if not rejoin or time.monotonic() >= deadline:
+                raise
+            time.sleep(1.0)
 
 
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM)

@@ -22,7 +22,7 @@ ExperimentOpt = Annotated[Optional[str], typer.Option(
     "--experiment", "-e", help="MLflow experiment name (default: $MLFLOW_EXPERIMENT_NAME; run/stage: else the spec's experiment key or its name).")]
 NprocOpt = Annotated[Optional[int], typer.Option(
     "--nproc", min=1, help="Ranks on this machine (torch.distributed; sets train.world_size = nproc x nnodes).")]
-NnodesOpt = Annotated[int, typer.Option("--nnodes", min=1, help="Machines taking part (c10d rendezvous).")]
+NnodesOpt = Annotated[int, typer.Option("--nnodes", min=1, help="Machines taking part (node 0 hosts the rendezvous).")]
 NodeRankOpt = Annotated[int, typer.Option("--node-rank", min=0, help="This machine's index; 0 logs the runs.")]
 RdzvOpt = Annotated[Optional[str], typer.Option(
     "--rdzv-endpoint", help="HOST:PORT of node 0's rendezvous (needed with --nnodes > 1).")]
