@@ -42,8 +42,13 @@ def _ip_config(tmp_path: Path, machines: int = 2) -> Path:
     return path
 
 
-def _our_shared_memory(before: set[str]) -> list[str]:
-    return sorted(n for n in set(os.listdir("/dev/shm")) - before if "kvdata" in n)
+def _our_shared_memory(ip_config: Path, machines: int = 2) -> set[str]:
+    """The shared-memory objects of the cluster of ``ip_config`` (other clusters on this
+    host, such as another test process's, have other names)."""
+    from betty.backends.distdgl.shm import prefix
+
+    ours = tuple(prefix(m, ip_config) for m in range(machines))
+    return {n for n in os.listdir("/dev/shm") if n.startswith(ours) and "kvdata" in n}
 
 
 def test_the_partitions_keep_the_original_ids(layout):
@@ -104,7 +109,6 @@ def test_two_servers_and_two_trainers_train_as_one_process(tmp_path, layout):
     update of one process with the whole graph (3 steps, float64, dropout 0.5): the same
     samples, micro-batches and gradients; pipelined too (the preparation thread and the step
     both ask the servers)."""
-    shm_before = set(os.listdir("/dev/shm"))
     ip_config = _ip_config(tmp_path)
     results = launch(rank_distdgl_cases, (str(layout.folder), CASES, PIPELINED), layout=layout,
                      ip_config=ip_config, nproc=2, machines=[0, 1], log_dir=tmp_path / "logs")
@@ -121,16 +125,36 @@ def test_two_servers_and_two_trainers_train_as_one_process(tmp_path, layout):
                 err = float((got[name] - want).norm() / want.norm().clamp_min(1e-300))
                 assert err <= RELATIVE_TOLERANCE, (run, rank, name, err)
     assert not graph_server_pids(str(ip_config))
-    assert not _our_shared_memory(shm_before)
+    assert not _our_shared_memory(ip_config)
     for machine in (0, 1):
         assert "shutdown" in (tmp_path / "logs" / f"server{machine}.log").read_text()
 
+
+def test_two_clusters_on_one_host_keep_their_shared_memory_apart(tmp_path, layout):
+    """Two clusters on one host (two jobs; each its own ports) serving the same
+    partitioning at once: each server puts its tensors in shared-memory objects of its
+    own, and a cluster that stops removes its objects and leaves the other's alone."""
+    from betty.backends.distdgl import GraphServers
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    configs = [_ip_config(tmp_path / name) for name in ("a", "b")]
+    with GraphServers(layout, [0, 1], configs[0], clients=1, log_dir=tmp_path / "a" / "logs") as first:
+        first_names = _our_shared_memory(configs[0])
+        with GraphServers(layout, [0, 1], configs[1], clients=1, log_dir=tmp_path / "b" / "logs") as second:
+            second_names = _our_shared_memory(configs[1])
+            second.stop()
+        assert first_names and first_names.isdisjoint(second_names), (first_names, second_names)
+        tensors = {n.split("_", 2)[2] for n in first_names}
+        assert tensors == {n.split("_", 2)[2] for n in second_names}  # each cluster its own copy
+        assert not _our_shared_memory(configs[1]) and _our_shared_memory(configs[0]) == first_names
+        first.stop()
+    assert not _our_shared_memory(configs[0])
 
 @pytest.mark.slow
 def test_a_dead_server_ends_the_launch_naming_it(tmp_path, layout):
     """DistDGL's requests have no timeout: the supervisor, not the trainers, notices a
     server that died, ends the launch and names the server."""
-    shm_before = set(os.listdir("/dev/shm"))
     ip_config = _ip_config(tmp_path)
 
     def kill_server_1():
@@ -152,21 +176,20 @@ def test_a_dead_server_ends_the_launch_naming_it(tmp_path, layout):
     killer.join()
     assert time.monotonic() - started < 60  # the trainers would have waited 120 s
     assert not graph_server_pids(str(ip_config))
-    assert not _our_shared_memory(shm_before)
+    assert not _our_shared_memory(ip_config)
 
 
 @pytest.mark.slow
 def test_a_failing_trainer_ends_the_launch_and_stops_the_servers(tmp_path, layout):
     from betty.distributed.launch import RankFailed
 
-    shm_before = set(os.listdir("/dev/shm"))
     ip_config = _ip_config(tmp_path)
     with pytest.raises(RankFailed) as err:
         launch(rank_fail_on_one, (str(layout.folder),), layout=layout, ip_config=ip_config,
                nproc=2, machines=[0, 1], log_dir=tmp_path / "logs")
     assert "rank 1 failed" in str(err.value) and "trainer 1 gave up" in str(err.value)
     assert not graph_server_pids(str(ip_config))
-    assert not _our_shared_memory(shm_before)
+    assert not _our_shared_memory(ip_config)
 
 
 def test_server_logs_in_a_folder_of_their_own_go_when_the_servers_end_cleanly(temp_in_tmp_path, layout):

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from betty.backends.distdgl.partition import PartitionLayout
+from betty.backends.distdgl.shm import prefix as shm_prefix
 
 __all__ = ["GraphServers", "GraphServerError", "read_ip_config", "client_environment", "launch",
            "START_TIMEOUT_S", "STOP_GRACE_S"]
@@ -223,7 +224,7 @@ class GraphServers:
     def _remove_shared_memory(self) -> None:
         if not _SHM.is_dir():
             return
-        ours = tuple(f"p{m}_" for m in self.machines)
+        ours = tuple(shm_prefix(m, self.ip_config) for m in self.machines)
         for name in set(os.listdir(_SHM)) - self._shm_before:
             if name.startswith(ours) and "kvdata" in name:
                 try:

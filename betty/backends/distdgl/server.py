@@ -33,7 +33,7 @@ def serve(config: str, machine: int, ip_config: str, clients: int) -> None:
 
     from betty.backends.distdgl import shm
 
-    shm.set_machine(machine)
+    shm.set_machine(machine, ip_config)
     shm.install()
     rpc.reset()
     server = DistGraphServer(machine, ip_config, 1, clients, config, disable_shared_mem=True,
