@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -167,31 +168,49 @@ def test_a_sigkilled_launchers_rank_folder_is_reclaimed_by_the_next_launch(temp_
     assert not stale[0].exists()
 
 
+def _machine_script(module: str, fn: str, args: tuple, port: int, join_timeout_s: int) -> str:
+    """A script that runs ``launch(module.fn, args)`` as machine ``sys.argv[1]`` of two
+    (one rank each, rendezvous at 127.0.0.1:``port``) and pickles its result to
+    ``sys.argv[2]``."""
+    return ("import pickle, sys\n"
+            f"sys.path.insert(0, {str(TESTS)!r})\n"
+            "from betty.distributed.launch import launch\n"
+            f"from {module} import {fn}\n"
+            f"res = launch({fn}, {args!r}, nproc=1, nnodes=2, node_rank=int(sys.argv[1]),\n"
+            f"             rdzv_endpoint='127.0.0.1:{port}', run_id={'m-' + uuid.uuid4().hex[:8]!r},\n"
+            f"             join_timeout_s={join_timeout_s})\n"
+            "pickle.dump(res, open(sys.argv[2], 'wb'))\n")
+
+
+def _start_machine(script: str, machine: int, folder: Path) -> subprocess.Popen:
+    """:func:`_machine_script`'s ``script`` as ``machine``, its result in ``folder/node<machine>.pkl``."""
+    return subprocess.Popen([sys.executable, "-c", script, str(machine), str(folder / f"node{machine}.pkl")])
+
+
+@contextmanager
+def _reaped(procs: list[subprocess.Popen]):
+    """Kill whatever of ``procs`` still runs when the block ends."""
+    try:
+        yield
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def test_two_machines_on_localhost_equal_single_process(tmp_path):
     """Two launchers with nnodes=2 (one rank each) meet through the rendezvous; machine
     i holds global rank i even when machine 1 joins first. A second launch runs every
     trainer exactness case (``test_exactness_trainer``: each rank's update against the
     full-batch reference) across the two machines."""
     case = ("sage", "mean", 4)
-    port, run_id = free_port(), f"two-nodes-{uuid.uuid4().hex[:8]}"
-    script = (
-        "import pickle, sys\n"
-        f"sys.path.insert(0, {str(TESTS)!r})\n"
-        "from betty.distributed.launch import launch\n"
-        "from test_distributed_units import rank_case_and_exactness\n"
-        f"res = launch(rank_case_and_exactness, ({case!r},), nproc=1, nnodes=2, node_rank=int(sys.argv[1]),\n"
-        f"             rdzv_endpoint='127.0.0.1:{port}', run_id={run_id!r}, join_timeout_s=60)\n"
-        "pickle.dump(res, open(sys.argv[2], 'wb'))\n")
+    script = _machine_script("test_distributed_units", "rank_case_and_exactness", (case,), free_port(), 60)
     procs = []
-    for i in (1, 0):  # machine 1 first: the rank order must not follow who came first
-        procs.append(subprocess.Popen([sys.executable, "-c", script, str(i), str(tmp_path / f"node{i}.pkl")]))
-        time.sleep(3)
-    try:
+    with _reaped(procs):
+        for i in (1, 0):  # machine 1 first: the rank order must not follow who came first
+            procs.append(_start_machine(script, i, tmp_path))
+            time.sleep(3)
         codes = [p.wait(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
     assert codes == [0, 0]
     results, checked = {}, {}
     for i in (0, 1):
@@ -221,31 +240,21 @@ def test_a_machine_that_meets_a_closing_store_joins_the_next_one(tmp_path):
 
     import torch.distributed as dist
 
-    port, run_id = free_port(), f"closing-{uuid.uuid4().hex[:8]}"
-    script = (
-        "import pickle, sys\n"
-        f"sys.path.insert(0, {str(TESTS)!r})\n"
-        "from betty.distributed.launch import launch\n"
-        "from distributed_cases import rank_raise_on\n"
-        f"res = launch(rank_raise_on, (-1,), nproc=1, nnodes=2, node_rank=int(sys.argv[1]),\n"
-        f"             rdzv_endpoint='127.0.0.1:{port}', run_id={run_id!r}, join_timeout_s=30)\n"
-        "pickle.dump(res, open(sys.argv[2], 'wb'))\n")
+    port = free_port()
+    script = _machine_script("distributed_cases", "rank_raise_on", (-1,), port, 30)
     earlier = dist.TCPStore("127.0.0.1", port, 2, True, datetime.timedelta(seconds=60), wait_for_workers=False)
     keys = earlier.num_keys()
-    node1 = subprocess.Popen([sys.executable, "-c", script, "1", str(tmp_path / "node1.pkl")])
-    procs = [node1]
-    try:
+    procs = []
+    with _reaped(procs):
+        node1 = _start_machine(script, 1, tmp_path)
+        procs.append(node1)
         deadline = time.monotonic() + 120
         while earlier.num_keys() <= keys and time.monotonic() < deadline and node1.poll() is None:
             time.sleep(0.1)  # machine 1 has written its part of the rendezvous there
         assert earlier.num_keys() > keys, "machine 1 never reached the earlier store"
         del earlier  # closed: machine 1's connection breaks
-        procs.append(subprocess.Popen([sys.executable, "-c", script, "0", str(tmp_path / "node0.pkl")]))
+        procs.append(_start_machine(script, 0, tmp_path))
         codes = [p.wait(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
     assert codes == [0, 0]
     for i in (0, 1):
         assert pickle.loads((tmp_path / f"node{i}.pkl").read_bytes()) == {i: i}

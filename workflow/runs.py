@@ -20,6 +20,7 @@ from workflow import env as _env  # noqa: F401  (before MLflow is imported)
 import mlflow
 from mlflow.tracking import MlflowClient
 
+from betty.environment import environ
 from workflow.provenance import backend_version, code_version, git_commit
 from workflow.reuse import DEVICE_DEPENDENT
 from workflow.signals import check, shield
@@ -157,29 +158,20 @@ def mark_failed(run_id: str, exc: BaseException) -> None:
             pass
 
 
-@contextmanager
-def _brief_requests() -> Iterator[None]:
+def _brief_requests() -> contextlib.AbstractContextManager:
     """Bound a tracking server's requests by :data:`ENDING_REQUESTS` inside (MLflow
     reads these variables on every request); a no-op on a local store."""
     if _local_store():
-        yield
-        return
-    saved = {key: os.environ.get(key) for key in ENDING_REQUESTS}
-    for key, bound in ENDING_REQUESTS.items():
-        try:
-            keep = saved[key] is not None and float(saved[key]) <= bound
-        except ValueError:
-            keep = False
-        if not keep:
-            os.environ[key] = str(bound)
+        return contextlib.nullcontext()
+    return environ(**{key: str(bound) for key, bound in ENDING_REQUESTS.items()
+                      if not _at_most(os.environ.get(key), bound)})
+
+
+def _at_most(text: str | None, bound: float) -> bool:
     try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        return text is not None and float(text) <= bound
+    except ValueError:
+        return False
 
 
 def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,

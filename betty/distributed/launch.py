@@ -32,8 +32,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["launch", "RankFailed", "describe_failures", "free_port", "rank_device", "default_backend", "BACKENDS",
-           "environ"]
+from betty.environment import environ
+
+__all__ = ["launch", "RankFailed", "describe_failures", "free_port", "rank_device", "default_backend", "BACKENDS"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -327,21 +328,6 @@ def describe_failures(exc) -> str:
             message = str(message or f"exit code {failure.exitcode}").strip()
             parts.append(f"rank {rank} failed: {message.splitlines()[0]}")
     return "; ".join(parts) or str(exc)
-
-
-@contextmanager
-def environ(**values: str) -> Iterator[None]:
-    """``os.environ`` with ``values`` set for the duration (restored afterwards)."""
-    before = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextmanager

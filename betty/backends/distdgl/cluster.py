@@ -261,7 +261,8 @@ def launch(fn: Callable[..., Any], args: tuple = (), *, layout: PartitionLayout,
         GraphServerError: a server failed to start or exited while the ranks ran.
         RankFailed: a rank failed (:func:`betty.distributed.launch.launch`).
     """
-    from betty.distributed.launch import environ, launch as launch_ranks
+    from betty.distributed.launch import launch as launch_ranks
+    from betty.environment import environ
 
     machines = [node_rank] if machines is None else list(machines)
     servers = GraphServers(layout, machines, ip_config, clients=nproc * nnodes, log_dir=log_dir)
