@@ -128,6 +128,7 @@ class GraphServers:
         self.failure: str | None = None
         self._stopping = threading.Event()
         self._shm_before: set[str] = set()
+        self._shm_prefixes: tuple[str, ...] = ()
 
     def log(self, machine: int) -> Path:
         return self.log_dir / f"server{machine}.log"
@@ -144,6 +145,7 @@ class GraphServers:
 
     def __enter__(self) -> "GraphServers":
         self._shm_before = set(os.listdir(_SHM)) if _SHM.is_dir() else set()
+        self._shm_prefixes = tuple(shm_prefix(m, self.ip_config) for m in self.machines)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         root = str(Path(__file__).resolve().parents[3])
         env = {**os.environ, "DGLBACKEND": "pytorch", "OMP_NUM_THREADS": "1",
@@ -224,7 +226,7 @@ class GraphServers:
     def _remove_shared_memory(self) -> None:
         if not _SHM.is_dir():
             return
-        ours = tuple(shm_prefix(m, self.ip_config) for m in self.machines)
+        ours = self._shm_prefixes
         for name in set(os.listdir(_SHM)) - self._shm_before:
             if name.startswith(ours) and "kvdata" in name:
                 try:

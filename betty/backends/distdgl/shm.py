@@ -54,10 +54,8 @@ def _prefix() -> str:
     if _STATE["machine"] is None:  # a trainer: its machine and cluster as DGL sees them
         from dgl.distributed import rpc
 
-        _STATE["machine"], _STATE["ip_config"] = rpc.get_machine_id(), os.environ["DGL_IP_CONFIG"]
-    if "prefix" not in _STATE:
-        _STATE["prefix"] = prefix(_STATE["machine"], _STATE["ip_config"])
-    return _STATE["prefix"]
+        return prefix(rpc.get_machine_id(), os.environ["DGL_IP_CONFIG"])
+    return prefix(_STATE["machine"], _STATE["ip_config"])
 
 
 def install() -> None:
