@@ -151,6 +151,7 @@ def test_two_clusters_on_one_host_keep_their_shared_memory_apart(tmp_path, layou
         first.stop()
     assert not _our_shared_memory(configs[0])
 
+
 @pytest.mark.slow
 def test_a_dead_server_ends_the_launch_naming_it(tmp_path, layout):
     """DistDGL's requests have no timeout: the supervisor, not the trainers, notices a
