@@ -472,6 +472,22 @@ def test_a_signal_a_finalizer_swallowed_still_ends_training(tracking, monkeypatc
     assert len(losses) == 2, [m.step for m in losses]  # epochs 0 and 1; epoch 2 never started
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_command_without_a_run_exits_130_after_a_swallowed_signal(monkeypatch):
+    """A command that tracks no run (``betty calibrate``) and whose ``SIGTERM`` a
+    finalizer swallowed exits 130 ("interrupted"), not 0, once its work returns."""
+    import betty.memory
+
+    def calibration_dropping_a_signal(device, write=True):
+        _swallow_a_sigterm()
+        return {"device": str(device)}
+
+    monkeypatch.setattr(betty.memory, "calibrate", calibration_dropping_a_signal)
+    res = invoke("calibrate", "--device", "cpu", "--no-write")
+    assert res.exit_code == 130, res.output
+    assert "betty: interrupted" in res.output
+
+
 def test_ending_a_run_on_a_tracking_server_that_is_gone_takes_seconds(tracking, monkeypatch):
     """An interrupted run whose tracking server is gone: :func:`mark_failed` gives up
     within seconds (MLflow's own retries take minutes, with signals held meanwhile),

@@ -55,7 +55,8 @@ def fail(message: str, code: int) -> typer.Exit:
 
 def cli_errors(fn):
     """Turn exceptions into exit codes: 2 for spec errors and bad arguments (a refused
-    ``--upstream`` run included), 130 for Ctrl-C, 1 otherwise (the traceback only with
+    ``--upstream`` run included), 130 for Ctrl-C (also one whose ``KeyboardInterrupt`` a
+    library swallowed while the command ran), 1 otherwise (the traceback only with
     ``BETTY_TRACEBACK=1``)."""
 
     @functools.wraps(fn)
@@ -69,7 +70,9 @@ def cli_errors(fn):
         signals.release_hold()  # the betty command's start-up (workflow.cli)
         try:
             signals.check()  # one that came while the command was starting
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            signals.check()  # one a library swallowed while the command ran (a finalizer)
+            return result
         except (typer.Exit, typer.Abort):
             raise
         except (SpecError, UpstreamMismatch) as err:  # the spec, or the --upstream runs given
