@@ -119,16 +119,15 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_k(value: Any) -> int | str:
-    if value == "auto" or (_int(value) and value >= 1):
-        return value
-    raise ValueError("allowed: an integer >= 1 or 'auto' (search K with the memory model)")
+def _count_or(word: str, allowed: str) -> PlainValidator:
+    """The check of a field that is an integer >= 1 or ``word``; ``allowed`` says so."""
 
+    def check(value: Any) -> int | str:
+        if value == word or (_int(value) and value >= 1):
+            return value
+        raise ValueError(allowed)
 
-def _check_batch_size(value: Any) -> int | str:
-    if value == "full" or (_int(value) and value >= 1):
-        return value
-    raise ValueError("allowed: 'full' (every training node in one batch) or an integer >= 1")
+    return PlainValidator(check)
 
 
 def _check_budget(value: Any) -> int | None:
@@ -153,13 +152,6 @@ def _check_threads(value: Any) -> int | str | None:
         return value
     raise ValueError(f"allowed: 'auto' (the idle cores, betty.threads), null (the libraries' default) "
                      f"or an integer from 1 to {cores} (the CPU cores available to this process)")
-
-
-def _check_prep_workers(value: Any) -> int | str:
-    if value == "auto" or (_int(value) and value >= 1):
-        return value
-    raise ValueError("allowed: 'auto' (the cores the trainer's threads leave, betty.workers) "
-                     "or an integer >= 1 (1: preparation in one thread)")
 
 
 def _check_probability(value: Any) -> float:
@@ -208,15 +200,18 @@ def _check_sample_device(value: Any) -> str:
 
 Fanout = Annotated[int, PlainValidator(_check_fanout)]
 SampleDevice = Annotated[str, PlainValidator(_check_sample_device)]
-KValue = Annotated[int | str, PlainValidator(_check_k)]
-BatchSize = Annotated[int | str, PlainValidator(_check_batch_size)]
+KValue = Annotated[int | str, _count_or("auto", "allowed: an integer >= 1 or 'auto' (search K with the memory model)")]
+BatchSize = Annotated[int | str, _count_or("full", "allowed: 'full' (every training node in one batch) "
+                                                   "or an integer >= 1")]
 ByteBudget = Annotated[int | None, PlainValidator(_check_budget)]
 Device = Annotated[str, PlainValidator(check_device)]
 Probability = Annotated[float, PlainValidator(_check_probability)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Threads = Annotated[int | str | None, PlainValidator(_check_threads)]
-PrepWorkers = Annotated[int | str, PlainValidator(_check_prep_workers)]
+PrepWorkers = Annotated[int | str, _count_or("auto", "allowed: 'auto' (the cores the trainer's threads leave, "
+                                                     "betty.workers) or an integer >= 1 (1: preparation in one "
+                                                     "thread)")]
 # model.arch: sampled blocks (betty.engine) or revgnn (betty.rev.engine)
 Arch = Annotated[str, _one_of("architecture", lambda: catalog.ARCHS)]
 Aggregator = Annotated[str, _one_of("aggregator", lambda: catalog.SAGE_AGGREGATORS)]
@@ -527,21 +522,20 @@ def changed_keys(section: BaseModel) -> set[str]:
             if k in fields and getattr(section, k) != fields[k].get_default(call_default_factory=True)}
 
 
-def _gcn_problems(spec: Spec) -> list[Problem]:
-    """Rules of ``gcn``: no graph self-loops (the layer adds its own)."""
-    out = []
-    if spec.dataset.options.get("self_loops") is True:
-        out.append(Problem("dataset.self_loops", True,
-                           "is not allowed with model.arch gcn: the GCN layer adds every node's "
-                           "self term itself (a self-loop edge would count it twice); allowed: false"))
-    return out
+def _given(path: str, section: BaseModel, keys: Sequence[str], message: str) -> list[Problem]:
+    """A problem saying ``message`` for each of ``keys`` that ``section`` (at ``path``)
+    gives a value other than its default (:func:`changed_keys`), in the order of ``keys``."""
+    changed = changed_keys(section)
+    return [Problem(f"{path}.{key}", getattr(section, key), message) for key in keys if key in changed]
 
 
 def _sampled_problems(spec: Spec) -> list[Problem]:
     """Rules of the sampled-block archs (``sage``, ``gat``, ``gcn``)."""
     m, ev, out = spec.model, spec.evaluate, []
-    if m.arch == "gcn":
-        out.extend(_gcn_problems(spec))
+    if m.arch == "gcn" and spec.dataset.options.get("self_loops") is True:  # the layer adds its own
+        out.append(Problem("dataset.self_loops", True,
+                           "is not allowed with model.arch gcn: the GCN layer adds every node's "
+                           "self term itself (a self-loop edge would count it twice); allowed: false"))
     if "heads" in changed_keys(m) and m.arch != "gat":
         out.append(Problem("model.heads", m.heads,
                            "applies to model.arch gat (or revgnn with conv gat) only"))
@@ -569,10 +563,8 @@ def _sampled_problems(spec: Spec) -> list[Problem]:
     if ev.inference == "multiview":
         out.append(Problem("evaluate.inference", ev.inference, "applies to model.arch revgnn only; "
                            "allowed here: full, sampled"))
-    for key in ("views", "parts"):
-        if key in changed_keys(ev):
-            out.append(Problem(f"evaluate.{key}", getattr(ev, key),
-                               "applies to evaluate.inference multiview (model.arch revgnn) only"))
+    out += _given("evaluate", ev, ("views", "parts"), "applies to evaluate.inference multiview "
+                  "(model.arch revgnn) only")
     return out
 
 
@@ -595,10 +587,8 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
         out.append(Problem("model.checkpoint", m.checkpoint, "applies to model.reversible: false "
                            "(the residual network); reversible blocks keep no activations"))
     if m.deq:
-        for key in ("reversible", "checkpoint", "weight_tied"):
-            if key in changed:
-                out.append(Problem(f"model.{key}", getattr(m, key), "does not apply with model.deq: "
-                                   "true (one weight-tied cell solved to a fixed point)"))
+        out += _given("model", m, ("reversible", "checkpoint", "weight_tied"), "does not apply with model.deq: "
+                      "true (one weight-tied cell solved to a fixed point)")
         if m.norm == "batch":
             out.append(Problem("model.norm", m.norm, "allowed with model.deq: true: layer, none"))
         if p.k == "auto":
@@ -610,25 +600,20 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
                                "memory estimator (betty.rev.memory), which does not model model.deq: "
                                "true, so no split would be held to it; allowed: null"))
     else:
-        for key in ("deq_max_iter", "deq_tol"):
-            if key in changed:
-                out.append(Problem(f"model.{key}", getattr(m, key), "applies to model.deq: true only "
-                                   "(the fixed-point solves)"))
+        out += _given("model", m, ("deq_max_iter", "deq_tol"), "applies to model.deq: true only "
+                      "(the fixed-point solves)")
     if not m.deq and m.hidden % m.groups:
         out.append(Problem("model.hidden", m.hidden,
                            f"must be divisible by model.groups = {m.groups} (channels are split into groups)"))
-    if "batch_size" in changed_keys(s):
-        out.append(Problem("sampling.batch_size", s.batch_size, f"applies to sage/gat/gcn only "
-                           f"({_REVGNN_NOT_SAMPLED}); allowed: full"))
+    out += _given("sampling", s, ("batch_size",), f"applies to sage/gat/gcn only ({_REVGNN_NOT_SAMPLED}); "
+                  "allowed: full")
     allowed = ", ".join(catalog.CLUSTER_METHODS)
     if "method" in p.model_fields_set and p.method not in catalog.CLUSTER_METHODS:
         out.append(Problem("partition.method", p.method, "revgnn splits the graph into induced "
                            f"subgraphs; allowed: {allowed} (random is re-drawn every epoch)"))
-    for key in ("balance", "reuse", "time_limit_s", "deterministic", "partitioner"):
-        if key in changed_keys(p):
-            out.append(Problem(f"partition.{key}", getattr(p, key), "applies to sage/gat/gcn "
-                               "micro-batches only; revgnn re-draws random clusters every epoch "
-                               "and keeps METIS clusters for the run"))
+    out += _given("partition", p, ("balance", "reuse", "time_limit_s", "deterministic", "partitioner"),
+                  "applies to sage/gat/gcn micro-batches only; revgnn re-draws random clusters every "
+                  "epoch and keeps METIS clusters for the run")
     for i, method in enumerate(p.sweep.methods or []):
         if method not in catalog.CLUSTER_METHODS:
             out.append(Problem(f"partition.sweep.methods[{i}]", method, f"allowed for revgnn: {allowed}"))
@@ -639,14 +624,10 @@ def _revgnn_problems(spec: Spec) -> list[Problem]:
         out.append(Problem("train.precision", spec.train.precision, "is not supported for model.arch "
                            "revgnn: its backward rebuilds each block's input by inverting the "
                            "coupling, exact only in the forward's own dtype; allowed: 32, 64"))
-    if "chunk_size" in changed_keys(ev):
-        out.append(Problem("evaluate.chunk_size", ev.chunk_size, "applies to sage/gat/gcn (layer-wise "
-                           "inference); revgnn runs the whole graph (full) or whole parts (multiview)"))
+    out += _given("evaluate", ev, ("chunk_size",), "applies to sage/gat/gcn (layer-wise inference); "
+                  "revgnn runs the whole graph (full) or whole parts (multiview)")
     if ev.inference != "multiview":
-        for key in ("views", "parts"):
-            if key in changed_keys(ev):
-                out.append(Problem(f"evaluate.{key}", getattr(ev, key),
-                                   "applies to evaluate.inference multiview only"))
+        out += _given("evaluate", ev, ("views", "parts"), "applies to evaluate.inference multiview only")
     return out
 
 
@@ -682,24 +663,12 @@ def _precision_problems(spec: Spec) -> list[Problem]:
     return []
 
 
-def _weight_decay_problems(spec: Spec) -> list[Problem]:
-    t = spec.train
-    if t.weight_decay_first_layer_only and t.weight_decay == 0:
-        return [Problem("train.weight_decay_first_layer_only", True, "needs train.weight_decay > 0 "
-                        "(the decay it restricts to the first layer)")]
-    return []
-
-
 def _store_problems(spec: Spec) -> list[Problem]:
     """Rules of ``dataset.store``: the DistDGL store serves sampled batches to DGL
     models, its keys apply to it alone."""
     ds, out = spec.dataset, []
     if ds.store == "local":
-        for key in STORE_KEYS[1:]:
-            if key in changed_keys(ds):
-                out.append(Problem(f"dataset.{key}", getattr(ds, key),
-                                   "applies to dataset.store distributed only"))
-        return out
+        return _given("dataset", ds, STORE_KEYS[1:], "applies to dataset.store distributed only")
     if ds.store_ip_config is None:
         out.append(Problem("dataset.store_ip_config", None, "is required with dataset.store distributed: "
                            "a file with one line 'HOST PORT' per machine (the graph server of "
@@ -741,7 +710,9 @@ def check_spec(spec: Spec) -> list[Problem]:
                            f"into K >= N micro-batches so that every rank has one; allowed: an integer "
                            f">= {world}, or 'auto' (the K search then starts at K = {world})"))
     out.extend(_selection_problems(spec))
-    out.extend(_weight_decay_problems(spec))
+    if spec.train.weight_decay_first_layer_only and spec.train.weight_decay == 0:
+        out.append(Problem("train.weight_decay_first_layer_only", True, "needs train.weight_decay > 0 "
+                           "(the decay it restricts to the first layer)"))
     out.extend(_precision_problems(spec))
     if not dataset_problems:  # the dataset's size is known only from valid options
         out.extend(_k_size_problems(spec))
