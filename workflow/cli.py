@@ -1,7 +1,7 @@
 """The ``betty`` command line (Typer).
 
 Commands live one per module in :mod:`workflow.commands` and are discovered
-automatically: adding a command is adding a module with a ``register(app)`` function.
+automatically: adding a command is adding a module with a function of its name.
 
 Exit codes: 0 success, 2 invalid spec or arguments (message, no traceback), 1 any other
 failure (message; set ``BETTY_TRACEBACK=1`` for the traceback), 130 interrupted.

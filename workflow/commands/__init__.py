@@ -1,8 +1,8 @@
 """CLI commands, one module each.
 
-Every public module here (name not starting with ``_``) defines ``register(app)``,
-which adds its command(s) to the Typer app; :func:`register_all` imports them in
-alphabetical order. To add ``betty estimate``, add ``estimate.py`` with a ``register``.
+Every public module here (name not starting with ``_``) defines the function of its
+name, the command; :func:`register_all` adds them to the Typer app in alphabetical order.
+To add ``betty estimate``, add ``estimate.py`` with a function ``estimate``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ def command_modules() -> list[str]:
 
 
 def register_all(app) -> None:
-    """Register every command module's commands, each with :class:`PlainUsageCommand`."""
+    """Register every command module's command, its exceptions turned into exit codes
+    (:func:`workflow.commands._common.cli_errors`), with :class:`PlainUsageCommand`."""
+    from workflow.commands._common import cli_errors
+
     for name in command_modules():
-        importlib.import_module(f"{__name__}.{name}").register(app)
-    for info in app.registered_commands:
-        if info.cls in (None, TyperCommand):
-            info.cls = PlainUsageCommand
+        command = getattr(importlib.import_module(f"{__name__}.{name}"), name)
+        app.command(name, cls=PlainUsageCommand)(cli_errors(command))
 
 
 class PlainUsageCommand(TyperCommand):

@@ -28,8 +28,7 @@ RdzvOpt = Annotated[Optional[str], typer.Option(
     "--rdzv-endpoint", help="HOST:PORT of node 0's rendezvous (needed with --nnodes > 1).")]
 
 
-def distributed_overrides(nproc: int | None, nnodes: int, node_rank: int, rdzv_endpoint: str | None,
-                          run_id: str = "betty") -> list[str]:
+def distributed_overrides(nproc: int | None, nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> list[str]:
     """``--nproc/--nnodes/--node-rank/--rdzv-endpoint`` -> spec overrides
     (``train.world_size``) and, for several machines, the ``BETTY_*`` launch variables
     read by :func:`workflow.training.launch_options`."""
@@ -43,7 +42,7 @@ def distributed_overrides(nproc: int | None, nnodes: int, node_rank: int, rdzv_e
         if not rdzv_endpoint:
             raise typer.BadParameter("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address)")
         os.environ.update(BETTY_NNODES=str(nnodes), BETTY_NODE_RANK=str(node_rank),
-                          BETTY_RDZV_ENDPOINT=rdzv_endpoint, BETTY_RUN_ID=run_id)
+                          BETTY_RDZV_ENDPOINT=rdzv_endpoint, BETTY_RUN_ID="betty")
     return [f"train.world_size={nproc * nnodes}"]
 
 
@@ -95,10 +94,13 @@ def cli_errors(fn):
     return wrapper
 
 
-def load(spec: str, overrides: list[str] | None):
+def load(spec: str, overrides: list[str] | None, options: dict | None = None):
+    """``spec`` with the ``--set`` ``overrides``, then ``key.path=value`` for each of the
+    command's own ``options`` given (``{"partition.k": k}``; ``None`` or empty: not given)."""
     from workflow.specfile import load_spec
 
-    return load_spec(spec, overrides or [])
+    given = [f"{key}={value}" for key, value in (options or {}).items() if value]
+    return load_spec(spec, [*(overrides or []), *given])
 
 
 def emit_json(obj) -> None:

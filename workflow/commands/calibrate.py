@@ -6,10 +6,9 @@ from typing import Annotated
 
 import typer
 
-from workflow.commands._common import JsonOpt, cli_errors, emit_fields
+from workflow.commands._common import JsonOpt, emit_fields
 
 
-@cli_errors
 def calibrate(device: Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ... or auto.")] = "auto",
               write: Annotated[bool, typer.Option("--write/--no-write", help="Save the constants where the estimator reads them.")] = True,
               json_: JsonOpt = False) -> None:
@@ -28,7 +27,3 @@ def calibrate(device: Annotated[str, typer.Option("--device", help="cpu, cuda, c
     except (ValueError, RuntimeError) as err:  # not such a device, or not on this machine
         raise fail(f"--device {device!r}: {str(err).replace('train.device is', 'it is')}", 2) from None
     emit_fields(run_calibration(where, write=write), json_, width=28)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("calibrate")(calibrate)

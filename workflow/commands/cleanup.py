@@ -15,7 +15,7 @@ import typer
 
 from betty.owner import pid_exists
 
-from workflow.commands._common import ExperimentOpt, JsonOpt, cli_errors, emit_json, experiment_id
+from workflow.commands._common import ExperimentOpt, JsonOpt, emit_json, experiment_id
 
 REASON = ("never started: the project environment could not be created (no conda?); "
           "run the project with --env-manager local")
@@ -87,7 +87,6 @@ def stale_runs(exp: str | None, min_age_s: float) -> list[tuple]:
     return out
 
 
-@cli_errors
 def cleanup(experiment: ExperimentOpt = None,
             fail: Annotated[bool, typer.Option("--fail", help="End the listed runs (FAILED or KILLED, see the docs).")] = False,
             min_age: Annotated[float, typer.Option("--min-age", min=0, help="Project runs betty never started: only those started at least this many seconds ago.")] = 60.0,
@@ -119,7 +118,3 @@ def cleanup(experiment: ExperimentOpt = None,
         typer.echo("(run again with --fail to end them)")
     if not rows:
         typer.echo("no stuck runs")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("cleanup")(cleanup)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import ExperimentOpt, JsonOpt, cli_errors, emit_json, experiment_id, fail
+from workflow.commands._common import ExperimentOpt, JsonOpt, emit_json, experiment_id, fail
 
 
 def _experiments(name: str | None) -> list[str]:
@@ -21,7 +21,6 @@ def _experiments(name: str | None) -> list[str]:
     return [e.experiment_id for e in MlflowClient().search_experiments()]
 
 
-@cli_errors
 def compare(experiment: ExperimentOpt = None,
             spec: Annotated[Optional[str], typer.Option("--spec", help="Only runs of this spec name.")] = None,
             last: Annotated[int, typer.Option("--last", "--limit", "-n", min=1, help="The newest N runs.")] = 50,
@@ -108,7 +107,3 @@ def _print_table(cells: list[list[str]], n_runs: int, has_summaries: bool, exps:
     hidden = [HEADERS[i] for i in range(len(HEADERS)) if i not in keep]
     if hidden:
         console.print(f"(not shown to fit {console.width} columns: {', '.join(hidden)}; --wide shows them)")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("compare")(compare)

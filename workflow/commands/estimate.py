@@ -6,13 +6,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, cli_errors, emit_json, fail, load
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, emit_json, fail, load
 
 
 def _parse_k(text: str | None) -> str | None:
-    if text is None:
-        return None
-    if text == "auto":
+    if text in (None, "auto"):
         return text
     try:
         k = int(text)
@@ -23,7 +21,6 @@ def _parse_k(text: str | None) -> str | None:
     return str(k)
 
 
-@cli_errors
 def estimate(spec: SpecArg,
              k: Annotated[Optional[str], typer.Option("--k", help="Micro-batches, an integer or 'auto' (default: the spec's).")] = None,
              measure: Annotated[bool, typer.Option("--measure", help="Also run forward+backward of every micro-batch once and report the measured peak and the relative error.")] = False,
@@ -39,11 +36,8 @@ def estimate(spec: SpecArg,
     --micro-batches adds one line per micro-batch, --json gives everything."""
     from workflow.components import load_data, make_trainer, resolve_device
 
-    overrides = list(set_ or [])
     k_value = _parse_k(k)
-    if k_value is not None:
-        overrides.append(f"partition.k={k_value}")
-    rspec = load(spec, overrides)
+    rspec = load(spec, set_, {"partition.k": k_value})
     if rspec.spec.model.arch == "revgnn" and rspec.spec.model.deq:
         raise fail("the memory model does not cover model.deq: true (one weight-tied "
                    "cell solved to a fixed point); it estimates the other revgnn variants", 2)
@@ -119,7 +113,3 @@ def micro_batch_lines(out: dict) -> list[str]:
                      f"  error {100 * row['relative_error']:+.2f}%")
         lines.append(line)
     return lines
-
-
-def register(app: typer.Typer) -> None:
-    app.command("estimate")(estimate)

@@ -7,11 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, cli_errors, emit_fields, fail, load
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, emit_fields, fail, load
 from workflow.progress import format_number
 
 
-@cli_errors
 def partition(spec: SpecArg,
               k: Annotated[Optional[int], typer.Option("--k", min=1, help="Number of micro-batches (default: the spec's).")] = None,
               method: Annotated[Optional[str], typer.Option("--method", help="Partition method (default: the spec's).")] = None,
@@ -27,14 +26,9 @@ def partition(spec: SpecArg,
     from betty.batchfile import save_batch
     from workflow.components import load_data, make_trainer, resolve_device
 
-    overrides = list(set_ or [])
-    if method:
-        overrides.append(f"partition.method={method}")
-    if k is not None:
-        overrides.append(f"partition.k={k}")
     if save is not None and save.exists() and not save.is_dir():
         raise fail(f"--save {str(save)!r} is a file; give a folder (created if missing) for the split", 2)
-    rspec = load(spec, overrides)
+    rspec = load(spec, set_, {"partition.method": method, "partition.k": k})
     trainer, _, _ = make_trainer(rspec, load_data(rspec), resolve_device(rspec.spec.train.device))
     if k is not None:
         check_k_fits(trainer, k, f"--k {k}")
@@ -47,7 +41,3 @@ def partition(spec: SpecArg,
         np.savez_compressed(Path(save) / "parts.npz", **split.arrays)
         out["saved"] = str(Path(save) / "parts.npz")
     emit_fields(out, json_, width=22, show=format_number)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("partition")(partition)

@@ -7,14 +7,13 @@ from typing import Annotated
 import typer
 
 from workflow.commands._common import (ExperimentOpt, JsonOpt, NnodesOpt, NodeRankOpt, NprocOpt, RdzvOpt, SetOpt,
-                                       SpecArg, cli_errors, distributed_overrides, emit_json, experiment_id, load)
+                                       SpecArg, distributed_overrides, emit_json, experiment_id, load)
 
 SUMMARY_KEYS = ("k", "redundancy", "edges_kept_fraction", "peak_mem_estimated_bytes", "peak_mem_measured_bytes",
                 "mem_estimate_error", "epoch_time_s", "loss", "train_acc", "valid_acc", "test_acc",
                 "valid_rocauc", "test_rocauc")
 
 
-@cli_errors
 def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
         reuse: Annotated[bool, typer.Option("--reuse/--no-reuse",
                                             help="Reuse finished stages with the same key.")] = True,
@@ -63,7 +62,3 @@ def run(spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
             value = format_bytes(metrics[key]) if key.endswith("_bytes") else format_number(metrics[key])
             table.add_row(key, value)
     Console().print(table)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("run")(run)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from workflow.commands._common import JsonOpt, cli_errors, emit_json, fail
+from workflow.commands._common import JsonOpt, emit_json, fail
 
 
 def describe(path: Path) -> str:
@@ -30,7 +30,6 @@ def describe(path: Path) -> str:
     return ""
 
 
-@cli_errors
 def specs(json_: JsonOpt = False) -> None:
     """List the shipped specs (use a name with run/validate/stage)."""
     from workflow.specfile import shipped_specs, specs_dir
@@ -45,7 +44,3 @@ def specs(json_: JsonOpt = False) -> None:
     width = max((len(r["name"]) for r in rows), default=0)
     for r in rows:
         typer.echo(f"{r['name']:<{width}}  {r['description']}")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("specs")(specs)

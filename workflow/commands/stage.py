@@ -6,7 +6,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from workflow.commands._common import ExperimentOpt, JsonOpt, SetOpt, SpecArg, cli_errors, emit_json, experiment_id, fail, load
+from workflow.commands._common import ExperimentOpt, JsonOpt, SetOpt, SpecArg, emit_json, experiment_id, fail, load
 from workflow.specfile import STAGES
 
 
@@ -25,7 +25,6 @@ def _auto_upstream(rspec, stage: str, upstream: dict[str, str], exp: str) -> dic
     return {**upstream, "train": run_id} if run_id else upstream
 
 
-@cli_errors
 def stage(name: Annotated[str, typer.Argument(metavar="STAGE", help=f"One of: {', '.join(STAGES)}.")],
           spec: SpecArg, set_: SetOpt = None, experiment: ExperimentOpt = None,
           upstream: Annotated[Optional[List[str]], typer.Option(
@@ -65,7 +64,3 @@ def stage(name: Annotated[str, typer.Argument(metavar="STAGE", help=f"One of: {'
         emit_json({"stage": name, "run_id": run_id, "metrics": metrics})
     else:
         typer.echo(f"{name}: run {run_id} {format_metrics(metrics)}")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("stage")(stage)

@@ -8,7 +8,7 @@ from typing import Annotated, List
 
 import typer
 
-from workflow.commands._common import JsonOpt, SetOpt, cli_errors, emit_json
+from workflow.commands._common import JsonOpt, SetOpt, emit_json
 
 
 def environment_problems(rspec) -> list[str]:
@@ -20,35 +20,28 @@ def environment_problems(rspec) -> list[str]:
     from betty.data import DatasetNotFoundError, check_available
 
     problems = []
-    ds = rspec.spec.dataset
+    ds, train = rspec.spec.dataset, rspec.spec.train
     try:
         check_available(ds.name, ds.root, **rspec.dataset_options)
     except DatasetNotFoundError as err:
         problems.append(f"data files missing: {err}")
-    if rspec.spec.train.device not in ("auto", "cpu"):
+    mixed16 = train.precision == "16-mixed" and rspec.spec.model.arch != "revgnn"
+    if train.device not in ("auto", "cpu") or mixed16:
         from workflow.components import resolve_device
 
         try:
-            resolve_device(rspec.spec.train.device)
+            device = resolve_device(train.device).type  # raises for no device but auto and cpu
         except RuntimeError as err:
-            problems.append(str(err))
-    if rspec.spec.train.precision == "16-mixed" and rspec.spec.model.arch != "revgnn":
-        from betty.backends import resolve_backend
-        from betty.precision import Precision
+            return [*problems, str(err)]
+        if mixed16:
+            from betty.backends import resolve_backend
+            from betty.precision import Precision
 
-        from workflow.components import resolve_device
-
-        try:
-            device = resolve_device(rspec.spec.train.device).type
-        except RuntimeError:
-            device = None  # reported above
-        why = Precision.parse("16-mixed").unsupported(resolve_backend(rspec.spec.model.backend), device)
-        if device is not None and why is not None:
-            problems.append(why)
+            why = Precision.parse("16-mixed").unsupported(resolve_backend(rspec.spec.model.backend), device)
+            problems += [why] if why is not None else []
     return problems
 
 
-@cli_errors
 def validate(specs: Annotated[List[str], typer.Argument(metavar="SPEC", help="Specs: paths, file names in specs/ or stems.")],
              set_: SetOpt = None, json_: JsonOpt = False,
              strict: Annotated[bool, typer.Option("--strict", help="Treat warnings (missing data files, an unavailable train.device) as errors.")] = False) -> None:
@@ -85,7 +78,3 @@ def validate(specs: Annotated[List[str], typer.Argument(metavar="SPEC", help="Sp
                 typer.echo(f"        note: {note}", err=True)
     if not all(r["valid"] for r in results):
         raise typer.Exit(2)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("validate")(validate)

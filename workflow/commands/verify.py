@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, cli_errors, emit_json, fail, load
+from workflow.commands._common import JsonOpt, SetOpt, SpecArg, check_k_fits, emit_json, fail, load
 
 
 def parse_ks(text: str) -> list[int]:
@@ -25,7 +25,6 @@ def parse_ks(text: str) -> list[int]:
     return ks
 
 
-@cli_errors
 def verify(spec: SpecArg,
            k: Annotated[str, typer.Option("--k", help="Comma-separated K values, e.g. 2,4,8.")] = "2,4,8",
            method: Annotated[Optional[str], typer.Option("--method", help="Partition method (default: the spec's).")] = None,
@@ -52,12 +51,7 @@ def verify(spec: SpecArg,
     ks = parse_ks(k)
     if tol is not None and not tol > 0:
         raise fail(f"--tol must be > 0, got {tol}", 2)
-    overrides = list(set_ or [])
-    if method:
-        overrides.append(f"partition.method={method}")
-    if dtype:
-        overrides.append(f"train.dtype={dtype}")
-    rspec = load(spec, overrides)
+    rspec = load(spec, set_, {"partition.method": method, "train.dtype": dtype})
     if uses_revgnn(rspec):
         raise fail("betty verify checks K-way micro-batch training on a sampled batch (sage, gat, gcn); "
                    "model.arch revgnn trains on cluster parts whose dropped edges change the "
@@ -133,7 +127,3 @@ def _verify_ranks(rspec, dataset, ks: list[int], nproc: int, json_: bool, tol: f
         typer.echo("PASS" if result["ok"] else "FAIL")
     if not result["ok"]:
         raise typer.Exit(1)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("verify")(verify)
