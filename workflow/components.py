@@ -114,13 +114,8 @@ def build_model(rspec: ResolvedSpec, dataset, *, seed: int | None = None) -> tor
 
     m = rspec.spec.model
     torch.manual_seed(rspec.spec.train.seed if seed is None else seed)
-    model = models.build_model(
-        m.arch, dataset.num_features, dataset.num_classes, hidden=m.hidden, layers=m.layers,
-        aggregator=m.aggregator, heads=m.heads, output_heads=m.output_heads, dropout=m.dropout,
-        attn_dropout=m.attn_dropout,
-        dropout_mode=m.dropout_mode, groups=m.groups, conv=m.conv, norm=m.norm,
-        reversible=m.reversible, checkpoint=m.checkpoint, weight_tied=m.weight_tied, deq=m.deq,
-        deq_max_iter=m.deq_max_iter, deq_tol=m.deq_tol, backend=m.backend, activation=m.activation)
+    model = models.build_model(m.arch, dataset.num_features, dataset.num_classes,
+                               **m.model_dump(exclude={"arch"}))  # every other model key is an argument
     return model.to(torch_dtype(rspec))
 
 
@@ -186,14 +181,13 @@ def sample_device(rspec: ResolvedSpec) -> str | None:
     return None if device == "host" else device
 
 
-def first_batch(rspec: ResolvedSpec, dataset, *, repeat: int = 0, device=None):
+def first_batch(rspec: ResolvedSpec, dataset):
     """The full batch the trainer samples first (epoch 0, batch 0): a ``SampledBatch``
     (``sage``/``gat`` only: ``revgnn`` samples nothing)."""
     if uses_revgnn(rspec):
         raise ValueError("model.arch revgnn samples no batches: it trains on the whole graph or "
                          "on partition.k cluster parts (betty.rev.engine.RevTrainer.split)")
-    device = device or resolve_device(rspec.spec.train.device)
-    trainer, _, _ = make_trainer(rspec, dataset, device, repeat=repeat)
+    trainer, _, _ = make_trainer(rspec, dataset, resolve_device(rspec.spec.train.device))
     return trainer.sample(0, 0)
 
 

@@ -34,8 +34,7 @@ __all__ = ["run_stage", "run_pipeline", "collect_summary"]
 
 
 def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None = None, *,
-              reporter: Reporter | None = None, nested: bool = False, shared: dict | None = None,
-              run_name: str | None = None) -> tuple[str, dict]:
+              reporter: Reporter | None = None, nested: bool = False, shared: dict | None = None) -> tuple[str, dict]:
     """Run one stage in its own run (nested under the active run if ``nested``).
 
     ``upstream`` runs are checked first (:func:`workflow.lineage.check_upstream`).
@@ -50,7 +49,7 @@ def run_stage(stage: str, rspec: ResolvedSpec, upstream: dict[str, str] | None =
     key = stage_key(rspec, stage, upstream.get(UPSTREAM[stage] or ""), device)
     tags = {**key, "upstream": encode_upstream(upstream) or "none"}
     with tempfile.TemporaryDirectory(prefix=f"betty-{stage}-") as tmp, \
-            tracked_run("stage", stage, rspec, nested=nested, run_name=run_name or f"{rspec.name}/{stage}",
+            tracked_run("stage", stage, rspec, nested=nested, run_name=f"{rspec.name}/{stage}",
                         device=device, tags=tags) as run:
         signals.check()  # a signal swallowed by a library (importing torch) ends the run here
         ctx = StageContext(rspec=rspec, upstream=upstream, reporter=reporter, workdir=Path(tmp),
@@ -137,8 +136,7 @@ def _intact(stage: str, run_id: str, reporter: Reporter) -> str | None:
 
 
 def run_pipeline(rspec: ResolvedSpec, *, reuse: bool = True, reporter: Reporter | None = None,
-                 stages: tuple[str, ...] = STAGES, run_name: str | None = None,
-                 rerun: tuple[str, ...] = ()) -> dict[str, dict]:
+                 stages: tuple[str, ...] = STAGES, rerun: tuple[str, ...] = ()) -> dict[str, dict]:
     """All ``stages`` as children of one parent run, each reused when a run with its key
     is found intact (:func:`_intact`), else run (always for the stages in ``rerun``:
     the train stage of several machines, whose other machines' ranks wait for it); the
@@ -151,7 +149,7 @@ def run_pipeline(rspec: ResolvedSpec, *, reuse: bool = True, reporter: Reporter 
     device = str(resolve_device(rspec.spec.train.device))
     outcomes: dict[str, dict] = {}
     shared: dict = {}  # what one stage loaded for the next (the dataset)
-    with tracked_run("main", "main", rspec, run_name=run_name or rspec.name, device=device) as parent:
+    with tracked_run("main", "main", rspec, run_name=rspec.name, device=device) as parent:
         experiment_id = parent.info.experiment_id
         log_dataset_input(rspec)
         outcomes["main"] = {"run_id": parent.info.run_id}

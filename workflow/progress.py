@@ -37,10 +37,9 @@ def format_number(value) -> str:
     return f"{value:.4g}" if abs(value) >= 1e-3 else f"{value:.6f}".rstrip("0")
 
 
-def format_metrics(metrics: dict, keys: tuple[str, ...] | None = None) -> str:
-    """``loss=0.4123 train_acc=0.812 num_nodes=10,000`` (the given keys, those present)."""
-    items = metrics.items() if keys is None else ((k, metrics[k]) for k in keys if k in metrics)
-    return " ".join(f"{key}={format_number(value)}" for key, value in items if value is not None)
+def format_metrics(metrics: dict) -> str:
+    """``loss=0.4123 train_acc=0.812 num_nodes=10,000`` (``None`` values left out)."""
+    return " ".join(f"{key}={format_number(value)}" for key, value in metrics.items() if value is not None)
 
 
 def _seconds(s: float) -> str:
@@ -155,11 +154,10 @@ class RichReporter(Reporter):
         self.progress.console.print(f"  {text}")
 
 
-def make_reporter(stream=None) -> Reporter:
-    """:class:`RichReporter` when ``stream`` (default stderr) is a terminal, else
-    :class:`LogReporter` (plain flushed lines). Both are context managers."""
-    stream = stream or sys.stderr
-    isatty = getattr(stream, "isatty", None)
+def make_reporter() -> Reporter:
+    """:class:`RichReporter` when stderr is a terminal, else :class:`LogReporter` (plain
+    flushed lines). Both are context managers."""
+    isatty = getattr(sys.stderr, "isatty", None)
     if isatty is not None and isatty():
         return RichReporter()
-    return LogReporter(stream)
+    return LogReporter(sys.stderr)
