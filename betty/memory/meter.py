@@ -20,10 +20,10 @@ Two backends:
     the tensor's ``untyped_storage()``; a storage the region has not seen, that no input
     of the op shares (so not a view, an in-place or an ``out=`` result) and that lives on
     the meter's device is *allocated in the region*: its ``nbytes()`` is added once and a
-    ``weakref.finalize`` on the storage subtracts it when the storage is freed. Storages
+    weak reference to the storage has it subtracted once the storage is freed. Storages
     are identified by their ``StorageImpl`` (``storage._cdata``), which, unlike
     ``data_ptr()``, stays the same when the storage is resized and is distinct for
-    zero-byte storages. Tracked storages get the same finalizer at region start, so
+    zero-byte storages. Tracked storages get the same reference at region start, so
     freeing a gradient inside the region (``zero_grad(set_to_none=True)``) lowers the
     live count.
 
@@ -36,7 +36,7 @@ Two backends:
     The autograd engine runs backward on the calling thread for CPU tensors, and for
     device tensors on worker threads that install the caller's ``at::ThreadLocalState``,
     which carries the dispatch-mode stack; backward allocations are therefore seen
-    (tested on CPU). Finalizers may run on those threads: the ledger is locked.
+    (tested on CPU). Storages may be freed on those threads: the ledger is locked.
 
     Not counted (limitations):
 
@@ -223,37 +223,54 @@ class MemoryReading:
 class _Ledger:
     """Live bytes of the storages one dispatch region counts, and their running max.
 
-    ``entries[key] = [nbytes, finalizer]`` with ``key = storage._cdata`` (the
-    StorageImpl address; stable across resizes, unique among live storages).
+    ``entries[key] = [nbytes, ref]`` with ``key = storage._cdata`` (the StorageImpl
+    address; stable across resizes, unique among live storages) and ``ref`` a weak
+    reference to the storage whose callback is ``freed.append``. That callback is C code:
+    a freed storage runs no Python, so no signal handler can run inside it. (Python drops
+    whatever a callback written in Python raises, the ``KeyboardInterrupt`` of a Ctrl-C
+    included: with one per storage, a Ctrl-C in a metered loop would often be lost.)
+    :meth:`settle` subtracts the freed storages; every other method settles first, so
+    the ledger reads as if each storage were subtracted the moment it was freed.
     """
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.entries: dict[int, list] = {}
+        self.keys: dict[int, int] = {}  # id(ref) -> key, for the refs in entries
+        self.freed: list[weakref.ref] = []  # refs whose storage was freed, not yet settled
         self.live = 0
         self.peak = 0
         self.open = True
+
+    def settle(self) -> None:
+        """Subtract the storages freed since the last call."""
+        with self.lock:
+            while self.freed:
+                entry = self.entries.pop(self.keys.pop(id(self.freed.pop()), None), None)
+                if entry is not None:
+                    self.live -= entry[0]
+
+    def counts(self, storage: torch.UntypedStorage) -> bool:
+        """Whether ``storage`` is counted (allocated in the region, or tracked)."""
+        self.settle()
+        return storage._cdata in self.entries
 
     def add(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
         nbytes = storage.nbytes()
         with self.lock:
+            self.settle()  # a freed storage's key may be this one's
             if key in self.entries or not self.open:
                 return
-            finalizer = weakref.finalize(storage, self._freed, key)
-            finalizer.atexit = False
-            self.entries[key] = [nbytes, finalizer]
+            ref = weakref.ref(storage, self.freed.append)
+            self.entries[key] = [nbytes, ref]
+            self.keys[id(ref)] = key
             self.live += nbytes
-
-    def _freed(self, key: int) -> None:
-        with self.lock:
-            entry = self.entries.pop(key, None)
-            if entry is not None:
-                self.live -= entry[0]
 
     def refresh(self, storage: torch.UntypedStorage) -> None:
         """Re-read the size of a counted storage (after a resize)."""
         with self.lock:
+            self.settle()
             entry = self.entries.get(storage._cdata)
             if entry is None:
                 return
@@ -268,17 +285,19 @@ class _Ledger:
 
     def note_peak(self) -> None:
         with self.lock:
+            self.settle()
             if self.live > self.peak:
                 self.peak = self.live
 
     def close(self) -> int:
-        """Stop counting, detach every finalizer and return the live bytes."""
+        """Stop counting, drop every weak reference (their callbacks never run) and
+        return the live bytes."""
         with self.lock:
+            self.settle()
             self.open = False
-            for _, finalizer in self.entries.values():
-                finalizer.detach()
             live = self.live
             self.entries.clear()
+            self.keys.clear()
             return live
 
 
@@ -312,7 +331,7 @@ class _LiveBytesMode(TorchDispatchMode):
         for storage in outputs:
             if not self.match(storage.device):
                 continue
-            if storage._cdata in ledger.entries:
+            if ledger.counts(storage):
                 ledger.refresh(storage)  # in-place, view or out=: size may have changed
                 continue
             if not fresh_by_contract:
@@ -452,6 +471,7 @@ class MemoryMeter:
         # added in one expression: no loop variable may keep a tracked storage alive,
         # or freeing it inside the region would go unnoticed
         any(map(ledger.add, self.tracked_storages()))
+        ledger.settle()
         reading.baseline_bytes = ledger.peak = ledger.live
         storage_resize.listen(ledger.resized)
         self._open.append(ledger)
