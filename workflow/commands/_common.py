@@ -54,9 +54,9 @@ def fail(message: str, code: int) -> typer.Exit:
 
 def cli_errors(fn):
     """Turn exceptions into exit codes: 2 for spec errors and bad arguments (a refused
-    ``--upstream`` run included), 130 for Ctrl-C (also one whose ``KeyboardInterrupt`` a
-    library swallowed while the command ran), 1 otherwise (the traceback only with
-    ``BETTY_TRACEBACK=1``)."""
+    ``--upstream`` run included), 130 for Ctrl-C (also, once the command returns, one
+    whose ``KeyboardInterrupt`` a library swallowed while it ran), 1 otherwise (the
+    traceback only with ``BETTY_TRACEBACK=1``)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -96,10 +96,10 @@ def cli_errors(fn):
 
 def load(spec: str, overrides: list[str] | None, options: dict | None = None):
     """``spec`` with the ``--set`` ``overrides``, then ``key.path=value`` for each of the
-    command's own ``options`` given (``{"partition.k": k}``; ``None`` or empty: not given)."""
+    command's own ``options`` given (``{"partition.k": k}``; ``None``: not given)."""
     from workflow.specfile import load_spec
 
-    given = [f"{key}={value}" for key, value in (options or {}).items() if value]
+    given = [f"{key}={value}" for key, value in (options or {}).items() if value is not None]
     return load_spec(spec, [*(overrides or []), *given])
 
 
