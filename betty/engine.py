@@ -32,7 +32,7 @@ from betty.memory import (DEFAULT_SAFETY_MARGIN, MemoryMeter, OptimizerSpec, app
                           estimate_micro_batches, make_estimator, make_k_chooser, memory_balance_weights, oom_guard,
                           split_report)
 from betty.memory.estimator import persistent_bytes, step_bytes
-from betty.memory.ksearch import check_fixed_k, check_memory_budget, check_safety_margin, check_step_fits
+from betty.memory.ksearch import check_fixed_k, check_k, check_safety_margin, check_step_fits
 from betty.memory.replay import replays_mixed_precision
 from betty.memory.spec import ModelSpec
 from betty.memory.sizes import carved_split_sizes
@@ -98,12 +98,7 @@ def check_plan(plan: PartitionPlan) -> None:
 
     if plan.method not in PARTITIONERS:
         raise ValueError(f"unknown partition method {plan.method!r}; allowed: {sorted(PARTITIONERS)}")
-    if plan.k != "auto" and not (is_integer(plan.k) and plan.k >= 1):
-        raise ValueError(f"k must be an integer >= 1 or 'auto', got {plan.k!r}")
-    if plan.k == "auto" and plan.memory_budget is None:
-        raise ValueError("k='auto' needs a memory_budget")
-    if plan.memory_budget is not None:
-        check_memory_budget(plan.memory_budget)
+    check_k(plan.k, plan.memory_budget)
     if plan.reuse is not None and not (is_integer(plan.reuse) and plan.reuse >= 1):
         raise ValueError(f"reuse must be an integer >= 1 (epochs) or None, got {plan.reuse!r}")
     if not (is_integer(plan.min_k) and plan.min_k >= 1):

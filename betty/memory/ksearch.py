@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from betty.batch import SampledBatch
-from betty.checks import is_number
+from betty.checks import is_integer, is_number
 from betty.memory.estimator import MemoryEstimate, estimate_micro_batches, persistent_bytes, step_bytes
 from betty.memory.spec import as_model_spec, as_optimizer_spec
 from betty.precision import Precision
@@ -206,6 +206,18 @@ def smallest_budget(peak: float, safety_margin: float) -> int:
     while usable_budget(need, safety_margin) < peak:
         need += 1
     return need
+
+
+def check_k(k, memory_budget) -> None:
+    """Refuse a ``k`` that is neither an integer >= 1 nor ``"auto"``, ``"auto"`` without a
+    ``memory_budget`` (the K search needs one), and a budget :func:`check_memory_budget`
+    refuses."""
+    if k != "auto" and not (is_integer(k) and k >= 1):
+        raise ValueError(f"k must be an integer >= 1 or 'auto', got {k!r}")
+    if k == "auto" and memory_budget is None:
+        raise ValueError("k='auto' needs a memory_budget (bytes)")
+    if memory_budget is not None:
+        check_memory_budget(memory_budget)
 
 
 def check_memory_budget(memory_budget) -> None:

@@ -52,8 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from betty.catalog import CLUSTER_METHODS
-from betty.checks import is_integer
-from betty.memory.ksearch import check_memory_budget, check_safety_margin
+from betty.memory.ksearch import check_k, check_safety_margin
 from betty.memory.spec import as_optimizer_spec
 from betty.models.dropout import check_dropout, dropout_key, hash_keep_mask
 from betty.records import IdleTime, SearchReports, epoch_metrics, estimate_error
@@ -109,12 +108,7 @@ class RevPlan:
     def __post_init__(self) -> None:
         if self.method not in CLUSTER_METHODS:
             raise ValueError(f"method must be one of {CLUSTER_METHODS}, got {self.method!r}")
-        if self.k != "auto" and not (is_integer(self.k) and self.k >= 1):
-            raise ValueError(f"k must be an integer >= 1 or 'auto', got {self.k!r}")
-        if self.k == "auto" and self.memory_budget is None:
-            raise ValueError("k='auto' needs a memory_budget (bytes)")
-        if self.memory_budget is not None:
-            check_memory_budget(self.memory_budget)
+        check_k(self.k, self.memory_budget)
         check_safety_margin(self.safety_margin)
 
 
