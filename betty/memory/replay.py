@@ -573,37 +573,20 @@ class _Replayer:
             autocast("fc_neigh")
         return self.tl.alloc(n_src * wo * (elt or self.e), AGG, f"{tag} fc_neigh(src)"), wo
 
-    def _lin_before_mp_bwd(self, g: Buffer, fc_neigh, n_src, wi, h_grad: bool, tag,
-                           casts=None, x_elt: int | None = None,
-                           saved: Buffer | None = None) -> Buffer | None:
-        """Backward of the sources' ``fc_neigh(h)`` from its gradient ``g`` (released
-        with ``saved``, ``h`` where the product saved it itself): its weight gradient,
-        then the ``(n_src, wi)`` gradient of ``h`` where ``h`` needs one (returned).
-        Under autocast (``casts``: its saved autocast copies; ``x_elt``: ``h``'s bytes
-        per element) :meth:`autocast_mm_bwd`."""
-        if self.ce:
-            return self.autocast_mm_bwd(fc_neigh, casts or [], [g, saved],
-                                        n_src * wi if h_grad else None, x_elt or self.e,
-                                        f"{tag} fc_neigh")
-        held = self.held_param_grads(fc_neigh, f"{tag} fc_neigh")
-        gh = self.tl.alloc(n_src * wi * self.e, BWD, f"{tag} grad h") if h_grad else None
-        self.tl.release(g, saved)
-        self.tl.release(*held)
-        return gh
-
-    def _fc_neigh_bwd(self, g: Buffer, q: Buffer, fc_neigh, n_dst, wi, h_grad: bool, tag,
+    def _fc_neigh_bwd(self, g: Buffer, q: Buffer | None, fc_neigh, rows, wi, h_grad: bool, tag,
                       name: str, casts=None, x_elt: int | None = None) -> Buffer | None:
-        """Backward of ``fc_neigh(q)`` on the aggregated ``(n_dst, wi)`` ``q`` (saved):
-        the weight gradient, then ``q``'s gradient (``grad {name}``) where ``h`` needs
-        one; ``g`` and ``q`` released. Under autocast (``casts``: its saved autocast
-        copies; ``x_elt``: ``q``'s bytes per element) :meth:`autocast_mm_bwd`. Returns
-        ``q``'s gradient."""
+        """Backward of ``fc_neigh(q)`` on the ``(rows, wi)`` ``q``: the destinations'
+        aggregate, or the sources' ``h`` where the linear map comes before message passing
+        (``name`` ``h``). ``g`` and ``q`` are released (``q`` is ``None`` where the product
+        saved its input itself); returned: ``q``'s gradient (``grad {name}``) where ``h``
+        needs one, after the weight gradient. Under autocast (``casts``: its saved autocast
+        copies; ``x_elt``: ``q``'s bytes per element) :meth:`autocast_mm_bwd`."""
         if self.ce:
             return self.autocast_mm_bwd(fc_neigh, casts or [], [g, q],
-                                        n_dst * wi if h_grad else None, x_elt or self.e,
+                                        rows * wi if h_grad else None, x_elt or self.e,
                                         f"{tag} fc_neigh")
         held = self.held_param_grads(fc_neigh, f"{tag} fc_neigh")
-        gq = self.tl.alloc(n_dst * wi * self.e, BWD, f"{tag} grad {name}") if h_grad else None
+        gq = self.tl.alloc(rows * wi * self.e, BWD, f"{tag} grad {name}") if h_grad else None
         self.tl.release(g, q)
         self.tl.release(*held)
         return gq
@@ -686,8 +669,7 @@ class _Replayer:
             if lbm:
                 gd = self._div_bwd(g, deg, n_dst, wo, tag, "mean")
                 gz = self._copy_u_sum_bwd(gd, n_src, n_e, wo, tag)
-                gh = self._lin_before_mp_bwd(gz, fc_neigh, n_src, wi, h_grad, tag, neigh_casts,
-                                             in_e, hn)
+                gh = self._fc_neigh_bwd(gz, hn, fc_neigh, n_src, wi, h_grad, tag, "h", neigh_casts, in_e)
                 return self.accumulate_src_grad(gh, gs, n_src, wi, tag) if h_grad else None
             gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "mean", neigh_casts,
                                     in_e)
@@ -758,8 +740,8 @@ class _Replayer:
                     gd = self._div_bwd(g, deg1, n_dst, wo, tag, "normalized", lo)
                 with self.elt(lo):
                     acc = self._gcn_neigh_bwd(gd, n_src, n_e, wo, tag)
-                return self._lin_before_mp_bwd(acc, fc_neigh, n_src, wi, h_grad, tag, casts, e,
-                                               h if h_saved else None)
+                return self._fc_neigh_bwd(acc, h if h_saved else None, fc_neigh, n_src, wi, h_grad, tag,
+                                          "h", casts, e)
             gq = self._fc_neigh_bwd(g, q, fc_neigh, n_dst, wi, h_grad, tag, "normalized",
                                     casts, e)
             if not h_grad:
