@@ -38,7 +38,8 @@ def environment_problems(rspec) -> list[str]:
             from betty.precision import Precision
 
             why = Precision.parse("16-mixed").unsupported(resolve_backend(rspec.spec.model.backend), device)
-            problems += [why] if why is not None else []
+            if why is not None:
+                problems.append(why)
     return problems
 
 
