@@ -308,10 +308,11 @@ def test_the_stages_that_depend_on_the_framework_are_keyed_by_the_one_auto_resol
                        else [])
 
 
-def test_partitioner_library_versions_change_the_partition_key_only(monkeypatch):
-    """Another METIS, KaMinPar, Mt-KaHyPar, NumPy or SciPy may cut another split: the
-    partition stage's key holds their versions (train and evaluate follow through their
-    upstream partition run)."""
+def test_partitioner_library_versions_change_the_keys_of_the_stages_that_split(monkeypatch):
+    """Another METIS, KaMinPar, Mt-KaHyPar, NumPy or SciPy may cut another split: the keys
+    of the partition stage and of the train stage, which trains on the split (and is
+    looked up by ``betty stage evaluate`` whatever its upstream), hold their versions;
+    evaluate follows through its upstream train run."""
     from workflow import provenance, reuse
 
     rspec = resolve_spec(BASE)
@@ -319,13 +320,13 @@ def test_partitioner_library_versions_change_the_partition_key_only(monkeypatch)
     assert "pymetis " in provenance.partitioner_versions() and "mtkahypar " in provenance.partitioner_versions()
     monkeypatch.setattr(reuse, "partitioner_versions", lambda: "pymetis 0.0")
     there = {stage: rspec.stage_sha(stage, reuse.stage_runtime(stage, "cpu", rspec)) for stage in STAGES}
-    assert [s for s in STAGES if here[s] != there[s]] == ["partition"]
+    assert [s for s in STAGES if here[s] != there[s]] == ["partition", "train"]
 
 
-def test_calibrated_constants_change_the_keys_of_the_stages_that_estimate(tmp_path, monkeypatch):
+def test_calibrated_constants_change_the_keys_of_the_stages_that_split(tmp_path, monkeypatch):
     """``betty calibrate`` writes constants the partition stage sizes its split with: its
-    reuse key changes with them (train follows through its upstream partition run), the
-    others' do not."""
+    reuse key and the train stage's change with them (evaluate follows through its
+    upstream train run), the others' do not."""
     import json
 
     from betty.memory.constants import default_backend
@@ -336,7 +337,7 @@ def test_calibrated_constants_change_the_keys_of_the_stages_that_estimate(tmp_pa
     before = {stage: stage_runtime(stage, "cpu", rspec) for stage in STAGES}
     (tmp_path / "constants.json").write_text(json.dumps({default_backend("cpu"): {"granule_bytes": 4096}}))
     after = {stage: stage_runtime(stage, "cpu", rspec) for stage in STAGES}
-    assert [stage for stage in STAGES if before[stage] != after[stage]] == ["partition"]
+    assert [stage for stage in STAGES if before[stage] != after[stage]] == ["partition", "train"]
 
 
 def test_params_are_flat_with_prefix():

@@ -649,6 +649,24 @@ def test_runs_made_from_other_data_are_neither_given_nor_found_upstream(tracking
     assert f"train={train}" in evaluate.data.tags["upstream"]
 
 
+def test_a_lone_evaluate_does_not_take_a_train_run_split_by_other_partitioners(tracking, monkeypatch):
+    """``betty stage evaluate`` looks up a train run whatever its upstream: one whose
+    split was cut by other partitioner versions (or sized with other memory constants)
+    is not found, since the model was trained on that split."""
+    import workflow.reuse as reuse
+
+    sweep = ("-s", "partition.sweep.k=[2]", "-s", "partition.sweep.methods=[range]")
+    train = _stage("train", "tiny", *sweep)
+    with monkeypatch.context() as upgraded:
+        upgraded.setattr(reuse, "partitioner_versions", lambda: "pymetis 0.0")
+        res = invoke("stage", "evaluate", "tiny", *sweep, "--experiment", "guards-test")
+        assert res.exit_code == 2 and "needs a train run of this spec" in res.stderr, res.output
+    res = invoke("stage", "evaluate", "tiny", *sweep, "--experiment", "guards-test", "--json")
+    assert res.exit_code == 0, res.output
+    evaluate = MlflowClient().get_run(json.loads(res.stdout)["run_id"])
+    assert f"train={train}" in evaluate.data.tags["upstream"]
+
+
 def test_stage_keys_name_the_kind_of_gpu_not_its_index(monkeypatch):
     """``cuda`` and ``cuda:0`` (and a second GPU of the same kind) are one key for the
     device-dependent stages; another kind of GPU is another key; cpu is unchanged."""

@@ -13,9 +13,10 @@ from mlflow.tracking import MlflowClient
 from workflow.provenance import backend_version, code_version, partitioner_versions
 from workflow.specfile import ResolvedSpec, content_hash
 
-__all__ = ["DEVICE_DEPENDENT", "device_identity", "stage_runtime", "stage_key", "find_reusable"]
+__all__ = ["DEVICE_DEPENDENT", "SPLIT_DEPENDENT", "device_identity", "stage_runtime", "stage_key", "find_reusable"]
 
 DEVICE_DEPENDENT = ("partition", "train", "evaluate")  # the memory model's constants, the results
+SPLIT_DEPENDENT = ("partition", "train")  # the split: its K search and cut, the model trained on it
 
 
 def device_identity(device: str) -> str:
@@ -42,11 +43,13 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
     the device (:func:`device_identity`) and the GNN framework with its and torch's
     versions (:func:`workflow.provenance.backend_version`: ``model.backend: auto`` is DGL
     where it imports, else PyG, and the two give other estimates, K and floats), for
-    :data:`DEVICE_DEPENDENT` stages; and for ``partition``, which sizes the split with
-    the memory model, a hash of its constants in effect there (shipped, or as ``betty
-    calibrate`` left them), and the versions of the libraries that cut the split
-    (:func:`workflow.provenance.partitioner_versions`). The train stage follows through
-    its upstream partition run; its model does not depend on K."""
+    :data:`DEVICE_DEPENDENT` stages; and for :data:`SPLIT_DEPENDENT` stages, which size
+    the split with the memory model or train on it, a hash of its constants in effect
+    there (shipped, or as ``betty calibrate`` left them) and the versions of the
+    libraries that cut the split (:func:`workflow.provenance.partitioner_versions`). The
+    train stage holds them itself, not only through its upstream partition run: its
+    trainer cuts the split it trains on (a revgnn model depends on it), and ``betty
+    stage evaluate`` looks up a train run whatever its upstream."""
     if stage == "download":
         return {}
     from workflow.components import dataset_digest
@@ -55,7 +58,7 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
     if stage not in DEVICE_DEPENDENT:
         return runtime
     runtime.update(device=device_identity(device), backend=backend_version(rspec.spec.model.backend))
-    if stage != "partition":
+    if stage not in SPLIT_DEPENDENT:
         return runtime
     from betty.memory.constants import default_backend, load_constants
 
