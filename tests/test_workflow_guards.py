@@ -689,3 +689,24 @@ def test_stage_keys_name_the_kind_of_gpu_not_its_index(monkeypatch):
                 for device in ("cuda", "cuda:0", "cuda:1", "cuda:2", "cpu")}
         assert keys["cuda"] == keys["cuda:0"] == keys["cuda:1"], stage
         assert len({keys["cuda"], keys["cuda:2"], keys["cpu"]}) == 3, stage
+
+
+def test_a_batch_sampled_on_a_gpu_is_keyed_by_its_kind(monkeypatch):
+    """With ``sampling.device: cuda`` the sample stage's key names the kind of GPU (and
+    torch's version) that drew the batch; on the host it names none."""
+    import torch
+
+    from workflow.reuse import stage_key
+    from workflow.specfile import load_spec
+
+    names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA A100-SXM4-40GB"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: names[index])
+    on_gpu = load_spec("tiny", ["sampling.device=cuda", "train.pipeline=false"])
+    on_host = load_spec("tiny")
+    keys = {}
+    for current in names:
+        monkeypatch.setattr(torch.cuda, "current_device", lambda current=current: current)
+        keys[current] = [stage_key(rspec, "sample", "u", "cuda")["stage_sha"] for rspec in (on_gpu, on_host)]
+    assert keys[0][0] != keys[1][0]  # another kind of GPU: another key
+    assert keys[0][1] == keys[1][1]  # host sampling: whichever GPU trains

@@ -40,7 +40,8 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
     replaced under the same spec is new data, and no stage run made from the old data
     stands in for one, also where a stage is given its upstream run or looks it up; the
     download stage is keyed before it fetches the files, which would change its key);
-    the device (:func:`device_identity`) and the GNN framework with its and torch's
+    for ``sample`` with ``sampling.device`` on a GPU, that GPU's kind and torch's version
+    (the CUDA generator's numbers for a seed may differ between them); the device (:func:`device_identity`) and the GNN framework with its and torch's
     versions (:func:`workflow.provenance.backend_version`: ``model.backend: auto`` is DGL
     where it imports, else PyG, and the two give other estimates, K and floats), for
     :data:`DEVICE_DEPENDENT` stages; and for :data:`SPLIT_DEPENDENT` stages, which size
@@ -55,6 +56,11 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
     from workflow.components import dataset_digest
 
     runtime = {"dataset": dataset_digest(rspec)}
+    on = rspec.spec.sampling.device
+    if stage == "sample" and on.startswith("cuda"):  # another GPU or torch may draw other numbers
+        import torch
+
+        runtime["sampling_device"] = f"{device_identity(on)}, torch {torch.__version__}"
     if stage not in DEVICE_DEPENDENT:
         return runtime
     runtime.update(device=device_identity(device), backend=backend_version(rspec.spec.model.backend))
