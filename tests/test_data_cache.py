@@ -150,6 +150,67 @@ def test_cache_without_manifest_is_rebuilt(tmp_path, generator_calls, damage):
     assert len(generator_calls) == 2
 
 
+@pytest.mark.parametrize("key, value", [("num_classes", 5), ("name", "synthetic-products")])
+def test_damaged_manifest_scalars_are_rebuilt(tmp_path, generator_calls, key, value):
+    """A scalar of the manifest changed (no file's hash covers it: the output width, the
+    dataset's name) fails its recorded SHA-256: the entry is rebuilt, not served."""
+    first = load_dataset("synthetic", root=tmp_path, **OPTS)
+    manifest = cache_path("synthetic", tmp_path, **OPTS) / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["scalars"][key] = value
+    _replace(manifest, json.dumps(data).encode())
+    with pytest.warns(UserWarning, match="scalars that do not match their recorded SHA-256"):
+        again = load_dataset("synthetic", root=tmp_path, verify=False, **OPTS)
+    assert len(generator_calls) == 2
+    _same(first, again)
+
+
+def test_an_entry_copied_under_another_key_is_rebuilt(tmp_path, generator_calls):
+    """Another seed's entry copied over this key's folder is intact but not this
+    dataset: its manifest names the entry it was written as, so it is refused."""
+    first = load_dataset("synthetic", root=tmp_path, **OPTS)
+    other = {**OPTS, "seed": 1}
+    load_dataset("synthetic", root=tmp_path, **other)
+    here = cache_path("synthetic", tmp_path, **OPTS)
+    shutil.rmtree(here)
+    shutil.copytree(cache_path("synthetic", tmp_path, **other), here)
+    with pytest.warns(UserWarning, match=f"was written as entry .*, not '{here.name}'"):
+        again = load_dataset("synthetic", root=tmp_path, verify="full", **OPTS)
+    assert len(generator_calls) == 3
+    _same(first, again)
+
+
+def _after_tick(ctime_ns: int, where: Path) -> None:
+    """Wait until the file system's clock (a new file's ctime under ``where``) is past
+    ``ctime_ns``."""
+    probe = where / "probe"
+    while True:
+        probe.write_bytes(b"")
+        now = probe.stat().st_ctime_ns
+        probe.unlink()
+        if now > ctime_ns:
+            return
+
+
+def test_a_writer_keeps_the_entry_another_one_finished_after_it_began(tmp_path):
+    """Two processes building one entry: the one done second does not replace the
+    entry the first moved into place meanwhile (the first may be mapping it already);
+    an entry that was there before it began (damaged, superseded) it replaces."""
+    from betty.data import store
+
+    folder = tmp_path / "entry"
+    store.write_store(folder, {"x": torch.arange(4)}, {"who": "before"})
+    with store.StoreWriter(folder, {"who": "second"}) as second:
+        second.put("x", torch.arange(4))
+        _after_tick(second._began, tmp_path)  # the other writer's manifest: a later tick
+        store.write_store(folder, {"x": torch.arange(4)}, {"who": "first"})
+        first = store.open_store(folder)[0]["x"]
+    assert store.open_store(folder)[1]["who"] == "first" and torch.equal(first, torch.arange(4))
+    assert [p.name for p in tmp_path.iterdir()] == ["entry"]  # no temporary folder left
+    store.write_store(folder, {"x": torch.arange(4)}, {"who": "later"})
+    assert store.open_store(folder)[1]["who"] == "later"
+
+
 @pytest.mark.parametrize("victim", ["indptr.bin", "indices.bin", "eid.bin"])
 def test_truncated_csr_is_detected_and_rebuilt(tmp_path, generator_calls, victim):
     """A CSR file cut short (a full disk, a killed copy) is caught by its size, before

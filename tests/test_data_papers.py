@@ -174,3 +174,19 @@ def test_gather_rows_into_pinned_memory_for_a_device_copy():
     rows = gather_rows(table, ids, pin=True)
     assert rows.is_pinned() and torch.equal(rows, table[ids])
     assert torch.equal(rows.to("cuda", non_blocking=True).cpu(), table[ids])
+
+
+def test_a_root_that_cannot_be_written_is_named(tmp_path, monkeypatch):
+    """synthetic-papers is generated straight into the cache: where that cannot be
+    written the error says so (an OSError keeping its errno), not a bare traceback."""
+    import errno
+
+    import betty.data.synthetic_papers as papers
+
+    def refuse(folder, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(folder))
+
+    monkeypatch.setattr(papers, "write_synthetic_papers", refuse)
+    with pytest.raises(OSError, match="generated straight into betty's cache and could not be written") as err:
+        load_dataset("synthetic-papers", tmp_path, **OPTS)
+    assert err.value.errno == errno.EACCES

@@ -245,6 +245,8 @@ def _edit_manifest(folder, edit) -> None:
     (lambda m: m["arrays"]["a"].update(bytes="8000"), "is not a count"),
     (lambda m: m.update(arrays=[]), "arrays and scalars are not objects"),
     (lambda m: m.pop("scalars"), "not an object with store_format, arrays and scalars"),
+    (lambda m: m["scalars"].update(k=2), "scalars that do not match their recorded SHA-256"),
+    (lambda m: m.pop("scalars_sha256"), "scalars that do not match their recorded SHA-256"),
 ])
 def test_a_malformed_manifest_is_refused_before_hashing(tmp_path, hashed, edit, why):
     folder = _store(tmp_path)
@@ -275,3 +277,32 @@ def test_an_array_larger_than_memory_and_swap_maps_copy_on_write(tmp_path):
     with path.open("rb") as fh:
         fh.seek(numel * 4 - 4)
         assert fh.read(4) == b"\0\0\0\0"
+
+
+@pytest.mark.parametrize("name", [MANIFEST, STAMP])
+def test_a_manifest_or_stamp_that_is_no_file_does_not_block(tmp_path, name):
+    """A FIFO at ``manifest.json`` (refused) or ``verified.json`` (vouches for nothing,
+    replaced by the new stamp) is not read: opening it would wait for a writer forever."""
+    import threading
+
+    folder = _store(tmp_path)
+    (folder / name).unlink()
+    os.mkfifo(folder / name)
+    outcome = []
+
+    def load():
+        try:
+            outcome.append(open_store(folder)[1])
+        except StoreError as err:
+            outcome.append(err)
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(20)
+    if reader.is_alive():  # unblock the reader, then fail
+        os.close(os.open(folder / name, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"open_store blocked on a FIFO at {name}")
+    if name == MANIFEST:
+        assert isinstance(outcome[0], StoreError) and "has no readable manifest" in str(outcome[0])
+    else:
+        assert outcome == [{"k": 1}] and (folder / STAMP).is_file()

@@ -15,8 +15,9 @@ and every size, hashes the files not stamped as verified since they last changed
 (:func:`betty.data.store.open_store`: the first load after a build hashes them once,
 later loads none), and memory-maps every array (nothing is read into memory but what
 is touched): an entry that is not a folder, lacks or cannot read its manifest, has a
-missing, truncated or changed file, is ignored with a warning and rebuilt, never
-crashed on.
+missing, truncated or changed file, damaged scalars, or the content of another key
+(its manifest names the entry it was written as), is ignored with a warning and
+rebuilt, never crashed on.
 """
 
 from __future__ import annotations
@@ -82,11 +83,13 @@ def lean_csr(graph: Graph) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | N
     return indptr.to(torch.int64), indices, eid
 
 
-def entry_scalars(name: str, num_nodes: int, num_classes: int, *, multilabel: bool = False,
+def entry_scalars(path: str | Path, name: str, num_nodes: int, num_classes: int, *, multilabel: bool = False,
                   is_ogb: bool = False, ogb_name: str | None = None) -> dict:
-    """The manifest scalars of a cache entry (what a generator writing an entry itself
-    passes to :class:`betty.data.store.StoreWriter`)."""
-    return {"cache_format": CACHE_FORMAT, "name": name, "num_nodes": int(num_nodes),
+    """The manifest scalars of the cache entry at ``path`` (what a generator writing an
+    entry itself passes to :class:`betty.data.store.StoreWriter`); ``entry``, the
+    folder's name (``<name>-<key>``), ties the content to its key: a folder copied or
+    moved under another key is refused (:func:`load_cached`)."""
+    return {"cache_format": CACHE_FORMAT, "entry": Path(path).name, "name": name, "num_nodes": int(num_nodes),
             "num_classes": int(num_classes), "multilabel": bool(multilabel),
             "is_ogb": bool(is_ogb), "ogb_name": ogb_name}
 
@@ -100,7 +103,7 @@ def save_cached(ds: GraphDataset, path: str | Path, *, feature_dtype: torch.dtyp
     for :func:`remove_superseded`."""
     path = Path(path)
     indptr, indices, eid = lean_csr(ds.graph)
-    scalars = entry_scalars(ds.name, ds.num_nodes, ds.num_classes, multilabel=ds.multilabel,
+    scalars = entry_scalars(path, ds.name, ds.num_nodes, ds.num_classes, multilabel=ds.multilabel,
                             is_ogb=ds.is_ogb, ogb_name=ds.ogb_name)
     if lineage is not None:
         scalars["lineage"] = lineage
@@ -165,6 +168,9 @@ def load_cached(path: str | Path, *, verify: bool | str = True) -> GraphDataset 
         arrays, scalars = open_store(path, verify=verify)
         if scalars.get("cache_format") != CACHE_FORMAT:
             raise StoreError(f"has cache format {scalars.get('cache_format')!r}, this betty writes {CACHE_FORMAT}")
+        if scalars.get("entry") != path.name:
+            raise StoreError(f"was written as entry {scalars.get('entry')!r}, not {path.name!r} (a folder "
+                             "copied or moved under another key)")
         return dataset_from_store(arrays, scalars)
     except StoreError as err:
         warnings.warn(f"ignoring dataset cache {path}: it {err}; rebuilding it", stacklevel=2)

@@ -147,7 +147,7 @@ def _papers_normalize(opts: dict) -> dict:
 
 def _papers_write(name: str, root: Path, opts: dict, folder: Path, feature_dtype) -> None:
     papers = _module("synthetic_papers")
-    scalars = _module("cache").entry_scalars(name, papers.papers_counts(opts["scale"])["num_nodes"],
+    scalars = _module("cache").entry_scalars(folder, name, papers.papers_counts(opts["scale"])["num_nodes"],
                                              papers.PAPERS_SHAPE["num_classes"])
     papers.write_synthetic_papers(folder, opts, name=name, scalars=scalars, feature_dtype=feature_dtype)
 
@@ -381,7 +381,11 @@ def _load_written_store(spec: DatasetSpec, name: str, root: Path, opts: dict, pa
     if hit is None:
         import torch
 
-        spec.writes_store(name, root, _own_options(opts), path, _feature_torch_dtype(opts) or torch.float32)
+        try:
+            spec.writes_store(name, root, _own_options(opts), path, _feature_torch_dtype(opts) or torch.float32)
+        except OSError as err:  # a read-only root, a full disk, a quota: there is nowhere else to put it
+            raise OSError(err.errno, f"dataset {name!r} is generated straight into betty's cache and could "
+                          f"not be written at {path} ({err}); give a root that can be written") from err
         hit = cache.load_cached(path, verify=False)
     if hit is None:
         raise RuntimeError(f"dataset {name!r}: the folder just written at {path} does not load")

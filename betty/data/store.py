@@ -6,17 +6,21 @@ in C order, native little-endian, no header) and ``manifest.json``::
     {"store_format": 1,
      "arrays": {"<name>": {"file": "<name>.bin", "dtype": "int32", "shape": [E],
                            "bytes": 4E, "sha256": "<hex>"}, ...},
-     "scalars": {...}}
+     "scalars": {...}, "scalars_sha256": "<hex>"}
+
+(``scalars_sha256``: of the scalars as sorted-key compact JSON, :func:`scalars_digest`.)
 
 Arrays are written in chunks (:class:`StoreWriter`, :meth:`StoreWriter.array`), so a
 producer never needs a whole array in memory, and hashed as they are written. The
 folder is built under a temporary name beside its final place and moved there with
 ``os.replace`` once the manifest is written: an interrupted write leaves no store, only
 a temporary folder that is removed; one a killed writer left is removed by the next
-writer in that place (it is named after its owner, :mod:`betty.owner`).
+writer in that place (it is named after its owner, :mod:`betty.owner`). A store another
+writer moved into that place after this one began stands: two writers of one place
+write the same content, and the one done first may already be mapped.
 
-:func:`open_store` always checks that the manifest is complete and consistent and every
-file's size against it (a truncated file is caught without reading it). It hashes a
+:func:`open_store` always checks that the manifest is complete and consistent (its
+scalars against their SHA-256 too) and every file's size against it (a truncated file is caught without reading it). It hashes a
 file (SHA-256, one sequential read) only when the folder's stamp, ``verified.json``,
 does not vouch for it::
 
@@ -65,7 +69,7 @@ from betty.pages import prefetch_rows, release_rows
 from betty.workers import parallel_map
 
 __all__ = ["STORE_FORMAT", "MANIFEST", "STAMP", "StoreError", "StoreWriter", "ArrayWriter", "write_store",
-           "verify_mode", "open_store", "clear_path", "gather_rows"]
+           "verify_mode", "scalars_digest", "open_store", "clear_path", "gather_rows"]
 
 STORE_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -76,6 +80,12 @@ _WRITE_CHUNK = 1 << 26  # bytes per write/hash step
 
 class StoreError(Exception):
     """A store that must not be used; the message says why."""
+
+
+def scalars_digest(scalars: dict) -> str:
+    """SHA-256 (hex) of ``scalars`` as sorted-key compact JSON: what the manifest records
+    of its scalars, which no file's hash covers."""
+    return hashlib.sha256(json.dumps(scalars, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -138,8 +148,10 @@ def clear_path(path: Path) -> None:
 class StoreWriter:
     """Builds a store at ``folder`` (a context manager): :meth:`array` opens one array's
     writer, :meth:`put` writes a whole tensor; leaving the ``with`` block without an
-    error writes the manifest and moves the folder into place (replacing what was
-    there); an error removes the temporary folder and leaves ``folder`` untouched."""
+    error writes the manifest and moves the folder into place, replacing what was there
+    unless another writer finished a store there after this one began (that store
+    stands: see the module docstring); an error removes the temporary folder and leaves
+    ``folder`` untouched."""
 
     def __init__(self, folder: str | Path, scalars: dict | None = None) -> None:
         self.folder = Path(folder)
@@ -155,6 +167,7 @@ class StoreWriter:
         reclaim_stale_folders(str(self.folder.parent), this_boot_only=True)
         self._tmp = Path(tempfile.mkdtemp(dir=self.folder.parent, prefix=Owner.current().prefix(self.folder.name),
                                           suffix=".tmp"))
+        self._began = self._tmp.stat().st_ctime_ns  # the file system's clock, as the manifests'
         return self
 
     def array(self, name: str, dtype: torch.dtype, row_shape: tuple[int, ...] = ()) -> ArrayWriter:
@@ -180,7 +193,8 @@ class StoreWriter:
                 return
             for name, writer in self._writers.items():
                 self._entries[name] = writer.close()
-            manifest = {"store_format": STORE_FORMAT, "arrays": self._entries, "scalars": self.scalars}
+            manifest = {"store_format": STORE_FORMAT, "arrays": self._entries, "scalars": self.scalars,
+                        "scalars_sha256": scalars_digest(self.scalars)}
             with (self._tmp / MANIFEST).open("w", encoding="utf-8") as fh:
                 json.dump(manifest, fh, indent=1, sort_keys=True)
                 fh.flush()
@@ -188,6 +202,8 @@ class StoreWriter:
             for entry in [*self._tmp.iterdir()]:
                 os.chmod(entry, 0o644)
             os.chmod(self._tmp, 0o755)
+            if self._finished_meanwhile():
+                return
             clear_path(self.folder)
             try:
                 os.replace(self._tmp, self.folder)
@@ -200,6 +216,19 @@ class StoreWriter:
                     writer._fh.close()
             if self._tmp is not None and self._tmp.exists():
                 shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+    def _finished_meanwhile(self) -> bool:
+        """Whether another writer moved a store into ``folder`` after this one began:
+        its manifest was written in a later tick of the file system's clock (a store that
+        was there before, damaged or superseded, is replaced, as is one written in the
+        very tick this writer began: a writer that began then has yet to write all of
+        its arrays, long after the other's store has been loaded)."""
+        try:
+            written = (self.folder / MANIFEST).stat().st_mtime_ns
+        except OSError:
+            return False
+        return self.folder.is_dir() and not self.folder.is_symlink() and written > self._began
 
 
 def write_store(folder: str | Path, arrays: dict[str, torch.Tensor], scalars: dict) -> None:
@@ -268,6 +297,9 @@ def _checked_entries(manifest) -> tuple[dict[str, dict], dict]:
     entries, scalars = manifest["arrays"], manifest["scalars"]
     if not isinstance(entries, dict) or not isinstance(scalars, dict):
         raise StoreError(f"has no readable manifest ({MANIFEST}: arrays and scalars are not objects)")
+    if manifest.get("scalars_sha256") != scalars_digest(scalars):
+        raise StoreError(f"has scalars that do not match their recorded SHA-256 ({MANIFEST}: damaged, or "
+                         "written without scalars_sha256)")
     files: set[str] = set()
     for name, entry in entries.items():
         def bad(why: str) -> StoreError:
@@ -305,6 +337,8 @@ def _file_identity(st: os.stat_result) -> dict:
 def _read_stamp(folder: Path) -> dict:
     """``file name -> record`` of the folder's stamp; ``{}`` when it is absent or unreadable."""
     try:
+        if not (folder / STAMP).is_file():  # absent, or no file to read (a FIFO would block)
+            return {}
         stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
         if not isinstance(stamp, dict) or stamp.get("stamp_format") != STAMP_FORMAT:
             return {}
@@ -389,6 +423,8 @@ def open_store(folder: str | Path, *, verify: bool | str = True) -> tuple[dict[s
     if not folder.is_dir() or folder.is_symlink():
         raise StoreError("is not a store folder")
     try:
+        if not (folder / MANIFEST).is_file():  # reading a FIFO or a device would block or never end
+            raise OSError(f"{MANIFEST} is missing or not a regular file")
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise StoreError(f"has no readable manifest ({MANIFEST}: {err})") from None
