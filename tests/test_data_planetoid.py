@@ -121,6 +121,27 @@ def test_stage_planetoid_rejects_bad_input(tmp_path, planetoid_dir):
         stage_planetoid(tmp_path, tmp_path, "cora")
 
 
+@pytest.mark.parametrize("victim, why", [("x", "not a readable Planetoid file"),
+                                         ("graph", "not a readable Planetoid file"),
+                                         ("test.index", "500 test node IDs for the 1000 rows")])
+def test_a_damaged_raw_file_is_named(tmp_path, planetoid_dir, victim, why):
+    """A raw file cut short (a broken download) is an error naming it, never a bare
+    unpickling error nor, for ``test.index``, a dataset with half its test split."""
+    import shutil
+
+    for path in planetoid_dir.glob("ind.cora.*"):
+        shutil.copy(path, tmp_path / path.name)
+    damaged = tmp_path / f"ind.cora.{victim}"
+    data = damaged.read_bytes()
+    if victim == "test.index":  # its first 500 lines
+        damaged.write_bytes(b"".join(data.splitlines(keepends=True)[:500]))
+    else:
+        damaged.write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError, match=why) as err:
+        load_planetoid(tmp_path, "cora")
+    assert str(damaged) in str(err.value)
+
+
 def test_reads_the_unstaged_files_directly(planetoid_dir, staged_root):
     a = load_planetoid(planetoid_dir, "cora")
     b = load_dataset("cora", root=staged_root)

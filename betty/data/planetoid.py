@@ -46,9 +46,29 @@ _NUM_VALID = 500
 
 
 def _unpickle(path: Path):
-    with open(path, "rb") as f, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # old scipy pickles warn about moved modules
-        return pickle.load(f, encoding="latin1")
+    """The object pickled in ``path``; ``ValueError`` naming the file when it cannot be
+    read back (a truncated or damaged download)."""
+    try:
+        with open(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # old scipy pickles warn about moved modules
+            return pickle.load(f, encoding="latin1")
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
+            IndexError, KeyError) as err:
+        raise ValueError(f"{path}: not a readable Planetoid file ({type(err).__name__}: {err}); "
+                         "replace it with the original") from None
+
+
+def _test_ids(path: Path, count: int) -> np.ndarray:
+    """The node IDs of ``test.index``, one per line; ``ValueError`` naming the file unless
+    there are ``count`` of them (the rows of ``tx``) and each is an integer."""
+    try:
+        ids = np.array([int(line) for line in path.read_text().split()], dtype=np.int64)
+    except ValueError as err:
+        raise ValueError(f"{path}: not a list of node IDs ({err}); replace it with the original") from None
+    if ids.size != count:
+        raise ValueError(f"{path}: {ids.size} test node IDs for the {count} rows of the test features "
+                         "(a truncated or damaged file); replace it with the original")
+    return ids
 
 
 def _dense(m) -> np.ndarray:
@@ -81,7 +101,8 @@ def load_planetoid(folder: str | Path, name: str, *, stem: str | None = None) ->
             Cora's files ``ind.cora_v2.*``).
 
     Raises:
-        ValueError: unknown ``name``. DatasetNotFoundError: files missing (all named).
+        ValueError: unknown ``name``, or a file that cannot be read back (named).
+        DatasetNotFoundError: files missing (all named).
     """
     if name not in PLANETOID_NAMES:
         raise ValueError(f"name={name!r} is not a Planetoid dataset; allowed: {list(PLANETOID_NAMES)}")
@@ -96,9 +117,9 @@ def load_planetoid(folder: str | Path, name: str, *, stem: str | None = None) ->
             + " (betty.data.stage_planetoid links them into place; nothing is downloaded)."
         )
     x, y, tx, ty, allx, ally, adjacency = (_unpickle(paths[s]) for s in PLANETOID_SUFFIXES[:7])
-    test_ids = np.array([int(line) for line in paths["test.index"].read_text().split()], dtype=np.int64)
-    test_sorted = np.sort(test_ids)
     tx, ty = _dense(tx), _dense(ty)
+    test_ids = _test_ids(paths["test.index"], tx.shape[0])
+    test_sorted = np.sort(test_ids)
     if name == "citeseer":  # isolated test nodes: zero rows at the missing IDs
         span = int(test_ids.max() - test_ids.min()) + 1
         wide_x = np.zeros((span, tx.shape[1]), dtype=np.float64)  # DGL widens in float64
