@@ -41,9 +41,10 @@ def stage_runtime(stage: str, device: str, rspec: ResolvedSpec) -> dict[str, str
     stands in for one, also where a stage is given its upstream run or looks it up; the
     download stage is keyed before it fetches the files, which would change its key);
     for ``sample`` with ``sampling.device`` on a GPU, that GPU's kind and torch's version
-    (the CUDA generator's numbers for a seed may differ between them); the device (:func:`device_identity`) and the GNN framework with its and torch's
-    versions (:func:`workflow.provenance.backend_version`: ``model.backend: auto`` is DGL
-    where it imports, else PyG, and the two give other estimates, K and floats), for
+    (the CUDA generator's numbers for a seed may differ between them); the device
+    (:func:`device_identity`) and the GNN framework with its and torch's versions
+    (:func:`workflow.provenance.backend_version`: ``model.backend: auto`` is DGL where it
+    imports, else PyG, and the two give other estimates, K and floats), for
     :data:`DEVICE_DEPENDENT` stages; and for :data:`SPLIT_DEPENDENT` stages, which size
     the split with the memory model or train on it, a hash of its constants in effect
     there (shipped, or as ``betty calibrate`` left them) and the versions of the

@@ -20,9 +20,9 @@ writer moved into that place after this one began stands: two writers of one pla
 write the same content, and the one done first may already be mapped.
 
 :func:`open_store` always checks that the manifest is complete and consistent (its
-scalars against their SHA-256 too) and every file's size against it (a truncated file is caught without reading it). It hashes a
-file (SHA-256, one sequential read) only when the folder's stamp, ``verified.json``,
-does not vouch for it::
+scalars against their SHA-256 too) and every file's size against it (a truncated file
+is caught without reading it). It hashes a file (SHA-256, one sequential read) only
+when the folder's stamp, ``verified.json``, does not vouch for it::
 
     {"stamp_format": 1,
      "files": {"<name>.bin": {"sha256": "<hex>", "bytes": n, "mtime_ns": m,
@@ -216,7 +216,6 @@ class StoreWriter:
                     writer._fh.close()
             if self._tmp is not None and self._tmp.exists():
                 shutil.rmtree(self._tmp, ignore_errors=True)
-
 
     def _finished_meanwhile(self) -> bool:
         """Whether another writer moved a store into ``folder`` after this one began:
