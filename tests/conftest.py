@@ -7,7 +7,7 @@ os.environ.setdefault("DGLBACKEND", "pytorch")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("OUTDATED_IGNORE", "1")  # ogb checks PyPI for updates on import
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see betty/__init__.py
-sys.path.insert(0, os.path.dirname(__file__))  # tests/graphs.py helpers
+sys.path.insert(0, os.path.dirname(__file__))  # the helper modules beside the tests (graphs.py, fsclock.py, ...)
 
 # Tests never read or write the user's calibrated memory constants
 # (~/.cache/betty/memory_constants.json or a $BETTY_MEMORY_CONSTANTS of their own): they

@@ -17,6 +17,8 @@ from betty.data import store as store_module
 from betty.data.store import STAMP
 from betty.sampling import sample_full_batch
 
+from fsclock import wait_past
+
 OPTS = dict(num_nodes=600, avg_degree=6.0, num_communities=10, num_classes=4)
 
 
@@ -180,18 +182,6 @@ def test_an_entry_copied_under_another_key_is_rebuilt(tmp_path, generator_calls)
     _same(first, again)
 
 
-def _after_tick(ctime_ns: int, where: Path) -> None:
-    """Wait until the file system's clock (a new file's ctime under ``where``) is past
-    ``ctime_ns``."""
-    probe = where / "probe"
-    while True:
-        probe.write_bytes(b"")
-        now = probe.stat().st_ctime_ns
-        probe.unlink()
-        if now > ctime_ns:
-            return
-
-
 def test_a_writer_keeps_the_entry_another_one_finished_after_it_began(tmp_path):
     """Two processes building one entry: the one done second does not replace the
     entry the first moved into place meanwhile (the first may be mapping it already);
@@ -202,7 +192,7 @@ def test_a_writer_keeps_the_entry_another_one_finished_after_it_began(tmp_path):
     store.write_store(folder, {"x": torch.arange(4)}, {"who": "before"})
     with store.StoreWriter(folder, {"who": "second"}) as second:
         second.put("x", torch.arange(4))
-        _after_tick(second._began, tmp_path)  # the other writer's manifest: a later tick
+        wait_past(second._began, tmp_path)  # the other writer's manifest: a later tick
         store.write_store(folder, {"x": torch.arange(4)}, {"who": "first"})
         first = store.open_store(folder)[0]["x"]
     assert store.open_store(folder)[1]["who"] == "first" and torch.equal(first, torch.arange(4))

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import pytest
 import torch
 
 from betty.data import store as store_module
 from betty.data.store import MANIFEST, STAMP, StoreError, open_store, write_store
+
+from fsclock import wait_past
 
 ARRAYS = {"a": torch.arange(1000, dtype=torch.int64), "b": torch.linspace(0, 1, 3000).reshape(1000, 3),
           "c": torch.tensor([7, -1, 3], dtype=torch.int32)}
@@ -36,15 +37,7 @@ def hashed(monkeypatch):
 def _settle(folder) -> None:
     """Wait until the file system's clock has passed the last change in ``folder`` (a file
     changed in the clock tick its hashing began in is not stamped)."""
-    newest = max(p.stat().st_ctime_ns for p in folder.iterdir())
-    probe = folder.parent / ".probe"
-    while True:
-        probe.write_bytes(b"")
-        now = probe.stat().st_ctime_ns
-        probe.unlink()
-        if now > newest:
-            return
-        time.sleep(0.001)
+    wait_past(max(p.stat().st_ctime_ns for p in folder.iterdir()), folder.parent)
 
 
 def _store(tmp_path, stamped: bool = True):
