@@ -726,7 +726,7 @@ def test_feature_dtype_keys_bfloat16_runs_and_leaves_float32_hashes(tmp_path):
     from workflow.components import load_data
 
     pinned = ("fa679da340e80686",
-              ["573c0e1e9a9123db", "e48453b797af3ad3", "04e3794b30af705b", "f5c610e873149b95", "7e9ae929dc896eab"])
+              ["573c0e1e9a9123db", "e48453b797af3ad3", "04e3794b30af705b", "ffac4a0d180ac12a", "dc4758a758716b81"])
     stages = ("download", "sample", "partition", "train", "evaluate")
     plain = resolve_spec(apply_overrides(BASE, []))
     f32 = resolve_spec(apply_overrides(BASE, ["dataset.feature_dtype=float32"]))

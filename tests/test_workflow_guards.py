@@ -710,3 +710,25 @@ def test_a_batch_sampled_on_a_gpu_is_keyed_by_its_kind(monkeypatch):
         keys[current] = [stage_key(rspec, "sample", "u", "cuda")["stage_sha"] for rspec in (on_gpu, on_host)]
     assert keys[0][0] != keys[1][0]  # another kind of GPU: another key
     assert keys[0][1] == keys[1][1]  # host sampling: whichever GPU trains
+
+
+def test_how_train_device_is_spelled_is_not_in_the_keys(monkeypatch):
+    """``train.device: auto`` that resolves to the CPU and ``cpu`` are one key, as are
+    ``cuda`` and ``cuda:0``: the device the spec resolves to is in the stage's runtime
+    facts; a device of another kind is another key."""
+    import torch
+
+    from workflow.reuse import stage_key
+    from workflow.specfile import load_spec
+
+    def keys(*devices: str, resolved: str) -> set[tuple[str, str]]:
+        """The train and evaluate keys of the spec with each of ``devices``."""
+        return {tuple(stage_key(load_spec("tiny", [f"train.device={d}"]), stage, "u", resolved)["stage_sha"]
+                      for stage in ("train", "evaluate")) for d in devices}
+
+    assert len(keys("auto", "cpu", resolved="cpu")) == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H100 80GB HBM3")
+    on_gpu = keys("cuda", "cuda:0", "auto", resolved="cuda:0")
+    assert len(on_gpu) == 1 and on_gpu != keys("cpu", resolved="cpu")

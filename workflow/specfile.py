@@ -398,10 +398,13 @@ class ResolvedSpec:
         """Whether ``stage``'s output depends on the key ``path`` (``section.key``) being
         ``value``; the keys it does not are left out of its stage key and of the
         ``--upstream`` check of its runs. It does not on ``sampling.fanouts`` for revgnn
-        (which samples nothing), and before ``train`` not on the ``dataset.store*`` keys
-        (only the trainers hold the graph there) nor on ``sampling.device: cpu`` or
-        ``cpu:0`` (the torch-op path on the CPU gives the host's batches bit for bit)."""
-        if path == "sampling.fanouts" and self.spec.model.arch == "revgnn":
+        (which samples nothing), nor on how ``train.device`` is spelled (the device it
+        resolves to is in the stage's runtime facts, :func:`workflow.reuse.stage_runtime`:
+        ``auto`` on a CPU machine is ``cpu``, ``cuda`` is ``cuda:0``), and before ``train``
+        not on the ``dataset.store*`` keys (only the trainers hold the graph there) nor on
+        ``sampling.device: cpu`` or ``cpu:0`` (the torch-op path on the CPU gives the
+        host's batches bit for bit)."""
+        if path == "train.device" or (path == "sampling.fanouts" and self.spec.model.arch == "revgnn"):
             return False
         if STAGES.index(stage) >= STAGES.index("train"):
             return True
