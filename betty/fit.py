@@ -19,14 +19,14 @@ Example (one process)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
 from betty.records import TrainerProtocol
 
-__all__ = ["FitResult", "fit", "summarize_repeats"]
+__all__ = ["FitResult", "fit", "mean_std", "summarize_repeats"]
 
 
 @dataclass
@@ -127,20 +127,33 @@ def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int],
     return result
 
 
-def summarize_repeats(finals: list[Mapping[str, float]]) -> dict[str, float]:
-    """The final metrics of R repeats (e.g. :func:`fit` with R seeds) as one summary: for
-    every metric ``m`` present in all of them, with values x_1 .. x_R,
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and the population std of ``values`` x_1 .. x_R,
 
-        m_mean = m = (1/R) Σ_r x_r,   m_std = sqrt((1/R) Σ_r (x_r - m_mean)²)
+        mean = (1/R) Σ_r x_r,   std = sqrt((1/R) Σ_r (x_r - mean)²);
 
-    (the population std). Metrics missing from some repeat are left out."""
+    with a NaN or infinite value among them the mean is their plain IEEE sum over R
+    (NaN or infinite) and the std NaN: a diverged repeat shows in the summary."""
+    import math
     import statistics
 
+    if not values:
+        raise ValueError("mean_std needs at least one value")
+    if not all(math.isfinite(v) for v in values):
+        return sum(values) / len(values), math.nan
+    return statistics.fmean(values), statistics.pstdev(values)
+
+
+def summarize_repeats(finals: list[Mapping[str, float]]) -> dict[str, float]:
+    """The final metrics of R repeats (e.g. :func:`fit` with R seeds) as one summary: for
+    every metric ``m`` present in all of them, ``m`` and ``m_mean`` their mean and
+    ``m_std`` their population std (:func:`mean_std`). Metrics missing from some repeat
+    are left out."""
     if not finals:
         raise ValueError("summarize_repeats needs the metrics of at least one repeat")
     out = {}
     for key in [k for k in finals[0] if all(k in f for f in finals)]:
-        values = [float(f[key]) for f in finals]
-        out[key] = out[f"{key}_mean"] = statistics.fmean(values)
-        out[f"{key}_std"] = statistics.pstdev(values)
+        mean, std = mean_std([float(f[key]) for f in finals])
+        out[key] = out[f"{key}_mean"] = mean
+        out[f"{key}_std"] = std
     return out

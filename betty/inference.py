@@ -113,6 +113,9 @@ def evaluate_predictions(logits: torch.Tensor, label: torch.Tensor, *, multilabe
 
     Single-label: ``{"acc": ...}`` (through OGB's ``Evaluator`` when ``ogb_name`` is
     given). Multi-label: ``{"rocauc": ...}`` (mean ROC-AUC over tasks, OGB's definition).
+    Scores with a NaN or infinite entry (a diverged model) score NaN, which never counts
+    as an improvement (:class:`betty.selection.BestValidation`): an argmax over NaN
+    would name a class, and the accuracy would look like the share of that class.
 
     Args:
         logits: ``(n, C)`` or ``(n, T)`` scores.
@@ -131,6 +134,8 @@ def evaluate_predictions(logits: torch.Tensor, label: torch.Tensor, *, multilabe
         raise ValueError(f"{logits.shape[0]} predictions for {label.shape[0]} labels")
     if logits.shape[0] == 0:
         raise ValueError("nothing to evaluate: no nodes in this split")
+    if not bool(torch.isfinite(logits).all()):
+        return {"rocauc" if multilabel else "acc": float("nan")}
     if ogb_name is not None:
         from ogb.nodeproppred import Evaluator
 

@@ -156,3 +156,18 @@ def test_predictions_are_scored_against_labels_of_their_own_shape():
         evaluate_predictions(torch.rand(6, 3), torch.ones(6, 2), multilabel=True)
     with pytest.raises(ValueError, match=r"logits must be \(n, C\)"):
         evaluate_predictions(torch.rand(6), label)
+
+
+@pytest.mark.parametrize("multilabel", [False, True])
+def test_scores_of_a_diverged_model_are_nan(multilabel):
+    """Logits with a NaN (or infinite) entry score NaN: an argmax over NaN rows names
+    class 0, which would pass off the share of class 0 as the model's accuracy and let
+    best-validation selection keep NaN weights."""
+    import math
+
+    label = torch.tensor([[0, 1], [1, 0], [1, 1]]) if multilabel else torch.tensor([0, 0, 1])
+    logits = torch.full((3, 2), float("nan"))
+    key, score = next(iter(evaluate_predictions(logits, label, multilabel=multilabel).items()))
+    assert key == ("rocauc" if multilabel else "acc") and math.isnan(score)
+    logits = torch.tensor([[float("inf"), 0.0], [1.0, 0.0], [0.0, 1.0]])
+    assert math.isnan(next(iter(evaluate_predictions(logits, label, multilabel=multilabel).values())))

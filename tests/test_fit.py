@@ -110,6 +110,20 @@ def test_summarize_repeats_gives_mean_and_population_std_of_common_metrics():
         summarize_repeats([])
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_diverged_repeat_shows_in_the_summary(bad):
+    """A NaN or infinite final metric of one repeat (a diverged run) gives a NaN std and
+    a non-finite mean, not a crash after every repeat has trained; the others' metrics
+    are summarized as usual."""
+    import math
+
+    from betty.fit import summarize_repeats
+
+    out = summarize_repeats([{"valid_rocauc": bad, "k": 4}, {"valid_rocauc": 0.7, "k": 4}])
+    assert not math.isfinite(out["valid_rocauc_mean"]) and math.isnan(out["valid_rocauc_std"])
+    assert (out["k_mean"], out["k_std"]) == (4.0, 0.0)
+
+
 @pytest.mark.parametrize("selector", [BestValidation("best_valid"), BestValidation("last", patience=2)])
 def test_fit_refuses_validation_scores_without_the_score_key_the_selector_needs(selector):
     trainer = _trainer("sage")

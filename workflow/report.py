@@ -9,8 +9,8 @@ repeats :func:`repeat_summaries` gives, per numeric column c,
 
     mean_c = (1/n) Σ_i x_i,   std_c = sqrt((1/n) Σ_i (x_i - mean_c)²)
 
-(the population std, the same convention as ``train.repeats``) over the n runs that
-have c. Renderers: :func:`to_csv` (raw numbers; a summary is two rows, ``mean`` and
+(the population std, :func:`betty.fit.mean_std`, as for ``train.repeats``) over the n
+runs that have c. Renderers: :func:`to_csv` (raw numbers; a summary is two rows, ``mean`` and
 ``std``), :func:`to_markdown` and :func:`formatted` (display strings, a summary is one
 ``mean ± std`` row).
 """
@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import csv
 import io
-import statistics
 from datetime import datetime, timezone
+
+from betty.fit import mean_std
 
 __all__ = ["COLUMNS", "NUMERIC", "rows_for", "repeat_summaries", "formatted", "to_csv", "to_markdown"]
 
@@ -103,8 +104,7 @@ def repeat_summaries(rows: list[dict]) -> list[dict]:
         for col in NUMERIC:
             values = [float(r[col]) for r in members if r[col] is not None]
             if values:
-                mean[col] = statistics.fmean(values)
-                std[col] = statistics.pstdev(values)
+                mean[col], std[col] = mean_std(values)
         out.append({"spec": members[0]["spec"], "spec_sha": sha, "backend": backend, "n": len(members),
                     "run_ids": [r["run_id"] for r in members], "mean": mean, "std": std})
     return out
