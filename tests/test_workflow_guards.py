@@ -589,6 +589,84 @@ def test_cleanup_looks_at_every_experiment_in_one_pass(tracking, monkeypatch):
     assert client.get_run(stage).info.status == "KILLED"
 
 
+def test_cleanup_judges_a_runs_process_by_its_owner(tracking):
+    """``betty.owner`` names the process for sure: a live pid now held by a later
+    process (another start time) is gone, a pid of another PID namespace (a container
+    sharing the host's name) is not judged, nor is a ``betty.pid`` no system could hold;
+    ``--fail`` keeps the failure recorded before in the ``error`` tag."""
+    import dataclasses
+    import socket
+
+    from betty.owner import Owner
+
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    here = Owner.current()
+
+    def run(owner: Owner | None, pid: str, **tags) -> str:
+        tags = {"run_kind": "stage", "stage": "train", "betty.host": socket.gethostname(), "betty.pid": pid,
+                **({"betty.owner": owner.prefix() + "run"} if owner else {}), **tags}
+        return client.create_run(exp, tags=tags).info.run_id
+
+    reused = run(dataclasses.replace(here, start=here.start + 1), str(here.pid), error="NonFiniteLoss: nan")
+    container = run(dataclasses.replace(here, pid=int(_gone_pid()), pidns=here.pidns + 1), "1")
+    alive = run(here, str(here.pid))
+    garbled = run(None, "99999999999999999999")
+    res = invoke("cleanup", "--experiment", "guards-test", "--json")
+    assert res.exit_code == 0, res.output
+    assert [r["run_id"] for r in json.loads(res.stdout)["stale"]] == [reused]
+    assert invoke("cleanup", "--experiment", "guards-test", "--fail").exit_code == 0
+    ended = client.get_run(reused)
+    assert ended.info.status == "KILLED" and ended.data.tags["error"].startswith("NonFiniteLoss: nan; then stuck")
+    for left in (container, alive, garbled):
+        assert client.get_run(left).info.status == "RUNNING"
+        client.set_terminated(left, "FINISHED")
+
+
+def test_cleanup_pages_through_every_experiment(tracking, monkeypatch):
+    """MLflow answers a bounded number of experiments a request: cleanup and compare
+    follow the pages (here one experiment a page) to the last one."""
+    import socket
+
+    from mlflow.tracking import MlflowClient as Client
+
+    uri, exp = tracking
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    client = MlflowClient(uri)
+    first = client.create_experiment("paged-first")
+    for i in range(3):
+        client.create_experiment(f"paged-{i}")
+    stuck = client.create_run(first, tags={"run_kind": "main", "stage": "main", "betty.host": socket.gethostname(),
+                                           "betty.pid": _gone_pid()}).info.run_id
+    real = Client.search_experiments
+    monkeypatch.setattr(Client, "search_experiments",
+                        lambda self, *a, **k: real(self, *a, **{**k, "max_results": 1}))
+    listed = json.loads(invoke("cleanup", "--json").stdout)["stale"]
+    assert [r["run_id"] for r in listed] == [stuck]
+    client.set_terminated(stuck, "KILLED")
+
+
+def test_cleanup_leaves_conda_project_runs_of_a_shared_server_alone(tracking, monkeypatch):
+    """On a tracking server other machines share, a conda project run may be another
+    machine's, still building its environment: no conda here says nothing about it."""
+    import time
+
+    import workflow.runs as runs
+
+    uri, exp = tracking
+    client = MlflowClient(uri)
+    old = int((time.time() - 3600) * 1000)
+    conda = client.create_run(exp, start_time=old, tags={"mlflow.project.entryPoint": "main",
+                                                         "mlflow.project.env": "conda"}).info.run_id
+    monkeypatch.setattr(runs, "local_store", lambda: False)
+    monkeypatch.setattr("workflow.commands.cleanup._conda_missing", lambda: True)
+    assert json.loads(invoke("cleanup", "--experiment", "guards-test", "--json").stdout)["stale"] == []
+    monkeypatch.setattr(runs, "local_store", lambda: True)
+    assert [r["run_id"] for r in json.loads(invoke("cleanup", "--experiment", "guards-test", "--json").stdout)["stale"]] \
+        == [conda]
+    client.set_terminated(conda, "FINISHED")
+
+
 def test_cleanup_leaves_runs_without_betty_tags_alone(tracking):
     """An old RUNNING project run without betty's tags whose process may live (another
     project's ``mlflow run``, local environment) is neither listed nor ended."""

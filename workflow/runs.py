@@ -21,6 +21,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from betty.environment import environ
+from betty.owner import Owner
 from workflow.provenance import backend_version, code_version, git_commit
 from workflow.reuse import DEVICE_DEPENDENT
 from workflow.signals import check, shield
@@ -37,6 +38,7 @@ __all__ = [
     "mark_failed",
     "log_metrics",
     "clean_metrics",
+    "local_store",
     "encode_upstream",
     "decode_upstream",
 ]
@@ -161,7 +163,7 @@ def mark_failed(run_id: str, exc: BaseException) -> None:
 def _brief_requests() -> contextlib.AbstractContextManager:
     """Bound a tracking server's requests by :data:`ENDING_REQUESTS` inside (MLflow
     reads these variables on every request); a no-op on a local store."""
-    if _local_store():
+    if local_store():
         return contextlib.nullcontext()
     return environ(**{key: str(bound) for key, bound in ENDING_REQUESTS.items()
                       if not _at_most(os.environ.get(key), bound)})
@@ -185,6 +187,7 @@ def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,
         "code_version": code_version(),
         "betty.host": socket.gethostname(),
         "betty.pid": str(os.getpid()),
+        "betty.owner": Owner.current().prefix() + "run",  # pid, start time, PID namespace, boot
     }
     if kind != "stage" or stage in DEVICE_DEPENDENT:  # the others never import a GNN framework
         tags["backend"] = backend_version(rspec.spec.model.backend)
@@ -218,7 +221,7 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
     # minutes when the server is gone: there Ctrl-C must stay at once.
     run = None
     try:
-        with shield() if _local_store() else contextlib.nullcontext():
+        with shield() if local_store() else contextlib.nullcontext():
             run = mlflow.start_run(nested=nested, run_name=run_name,
                                    tags=_run_tags(kind, stage, rspec, device, tags))
         check()
@@ -235,7 +238,7 @@ def tracked_run(kind: str, stage: str, rspec: ResolvedSpec, *, nested: bool = Fa
         _end(run.info.run_id, "FINISHED")
 
 
-def _local_store() -> bool:
+def local_store() -> bool:
     """Whether the tracking store is a database or folder this process writes itself
     (not a tracking server reached over HTTP)."""
     from urllib.parse import urlparse

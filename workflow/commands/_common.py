@@ -12,7 +12,7 @@ import typer
 
 __all__ = ["SpecArg", "SetOpt", "JsonOpt", "ExperimentOpt", "NprocOpt", "NnodesOpt", "NodeRankOpt",
            "RdzvOpt", "distributed_overrides", "cli_errors", "load", "emit_json", "emit_fields",
-           "experiment_id", "fail", "check_k_fits"]
+           "active_experiment_ids", "experiment_id", "fail", "check_k_fits"]
 
 SpecArg = Annotated[str, typer.Argument(metavar="SPEC", help="Spec: a path, a file name in specs/ or its stem (e.g. synthetic).")]
 SetOpt = Annotated[Optional[List[str]], typer.Option(
@@ -116,6 +116,20 @@ def emit_fields(out: dict, json_: bool, *, width: int, show=str) -> None:
         return
     for key, value in out.items():
         typer.echo(f"{key:>{width}}: {show(value)}")
+
+
+def active_experiment_ids() -> list[str]:
+    """The IDs of every active experiment of the tracking store, page by page (MLflow
+    answers at most 1,000 a request)."""
+    from mlflow.tracking import MlflowClient
+
+    client, ids, token = MlflowClient(), [], None
+    while True:
+        page = client.search_experiments(max_results=1000, page_token=token)
+        ids += [e.experiment_id for e in page]
+        token = page.token
+        if not token:
+            return ids
 
 
 def experiment_id(name: str | None) -> str:

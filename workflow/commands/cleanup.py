@@ -13,9 +13,9 @@ from typing import Annotated
 
 import typer
 
-from betty.owner import pid_exists
+from betty.owner import Owner, pid_exists
 
-from workflow.commands._common import ExperimentOpt, JsonOpt, emit_json, experiment_id
+from workflow.commands._common import ExperimentOpt, JsonOpt, active_experiment_ids, emit_json, experiment_id
 
 REASON = ("never started: the project environment could not be created (no conda?); "
           "run the project with --env-manager local")
@@ -26,13 +26,28 @@ def _conda_missing() -> bool:
     return shutil.which("conda") is None and not os.environ.get("MLFLOW_CONDA_HOME")
 
 
+def _process_gone(tags: dict) -> bool:
+    """Whether the process of a betty run of this host has surely ended: its
+    ``betty.owner`` (:class:`betty.owner.Owner`: pid, start time, PID namespace, boot)
+    is gone, judged as for folders: a pid now held by a later process, or one of an
+    earlier boot, is gone; one of another PID namespace (a container sharing the host's
+    name) cannot be judged. A run without that tag (made by hand, or by an older betty)
+    is judged by ``betty.pid`` alone, and only a pid this system could hold."""
+    owner = Owner.of(tags.get("betty.owner", ""))
+    if owner is not None:
+        return owner.is_gone()
+    pid = tags.get("betty.pid", "")
+    return pid.isdigit() and 0 < int(pid) < 2**31 and not pid_exists(int(pid))
+
+
 def stuck_reason(run, client, min_age_s: float, host: str | None = None,
-                 ending: dict[str, str] | None = None) -> tuple[str, str] | None:
+                 ending: dict[str, str] | None = None, *, local_store: bool = True) -> tuple[str, str] | None:
     """``(status to end it with, reason)`` if ``run`` (RUNNING) is provably stuck, else
-    ``None``: its parent ended (``KILLED``); a project run without betty's tags, a conda
-    environment and no conda here, started ``min_age_s`` ago (``FAILED``); a betty run
-    whose process on this host is gone (``KILLED``). ``ending``: runs already found
-    stuck in this pass (ID -> status)."""
+    ``None``: its parent ended (``KILLED``); on a ``local_store`` (a database or folder,
+    not a tracking server other machines share) a project run without betty's tags, a
+    conda environment and no conda here, started ``min_age_s`` ago (``FAILED``); a betty
+    run whose process on this host is gone (:func:`_process_gone`, ``KILLED``).
+    ``ending``: runs already found stuck in this pass (ID -> status)."""
     tags = run.data.tags
     parent_id = tags.get("mlflow.parentRunId")
     if parent_id:
@@ -52,13 +67,12 @@ def stuck_reason(run, client, min_age_s: float, host: str | None = None,
             return "KILLED", f"stuck: its parent run {parent_id} ended {parent_status}"
     if "run_kind" not in tags:
         cutoff = (time.time() - min_age_s) * 1000
-        if "mlflow.project.entryPoint" in tags and tags.get("mlflow.project.env") == "conda" \
+        if local_store and "mlflow.project.entryPoint" in tags and tags.get("mlflow.project.env") == "conda" \
                 and _conda_missing() and (run.info.start_time or 0) <= cutoff:
             return "FAILED", REASON
         return None
-    pid = tags.get("betty.pid", "")
-    if tags.get("betty.host") == (host or socket.gethostname()) and pid.isdigit() and not pid_exists(int(pid)):
-        return "KILLED", f"stuck: its process {pid} on {tags['betty.host']} is gone"
+    if tags.get("betty.host") == (host or socket.gethostname()) and _process_gone(tags):
+        return "KILLED", f"stuck: its process {tags.get('betty.pid')} on {tags['betty.host']} is gone"
     return None
 
 
@@ -68,8 +82,10 @@ def stale_runs(exp: str | None, min_age_s: float) -> list[tuple]:
     stuck is stuck too)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient()
-    exps = [exp] if exp is not None else [e.experiment_id for e in client.search_experiments()]
+    from workflow.runs import local_store
+
+    client, local = MlflowClient(), local_store()
+    exps = [exp] if exp is not None else active_experiment_ids()
     runs = client.search_runs(exps, "attributes.status = 'RUNNING'", max_results=50000) if exps else []
     ending: dict[str, str] = {}
     out = []
@@ -79,7 +95,7 @@ def stale_runs(exp: str | None, min_age_s: float) -> list[tuple]:
         for run in runs:
             if run.info.run_id in ending:
                 continue
-            verdict = stuck_reason(run, client, min_age_s, ending=ending)
+            verdict = stuck_reason(run, client, min_age_s, ending=ending, local_store=local)
             if verdict is not None:
                 ending[run.info.run_id] = verdict[0]
                 out.append((run, *verdict))
@@ -105,8 +121,13 @@ def cleanup(experiment: ExperimentOpt = None,
              "environment": r.data.tags.get("mlflow.project.env"), "end_as": status, "reason": reason}
             for r, status, reason in stuck]
     if fail:
-        for r, status, reason in stuck:
-            client.set_tag(r.info.run_id, "error", reason)
+        from workflow.runs import ERROR_TAG_LIMIT
+        from workflow.spec import short_text
+
+        for r, status, reason in stuck:  # the failure recorded before, if any, stays first
+            earlier = r.data.tags.get("error")
+            client.set_tag(r.info.run_id, "error",
+                           short_text(f"{earlier}; then {reason}" if earlier else reason, ERROR_TAG_LIMIT))
             client.set_terminated(r.info.run_id, status)
     if json_:
         emit_json({"stale": rows, "ended": fail})

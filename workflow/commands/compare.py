@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from workflow.commands._common import ExperimentOpt, JsonOpt, emit_json, experiment_id, fail
+from workflow.commands._common import ExperimentOpt, JsonOpt, active_experiment_ids, emit_json, experiment_id, fail
 
 
 def _experiments(name: str | None) -> list[str]:
@@ -16,9 +16,7 @@ def _experiments(name: str | None) -> list[str]:
     spec writes to its own experiment by default)."""
     if name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or os.environ.get("MLFLOW_EXPERIMENT_ID"):
         return [experiment_id(name)]
-    from mlflow.tracking import MlflowClient
-
-    return [e.experiment_id for e in MlflowClient().search_experiments()]
+    return active_experiment_ids()
 
 
 def compare(experiment: ExperimentOpt = None,
