@@ -34,7 +34,7 @@ from betty.memory import (DEFAULT_SAFETY_MARGIN, MemoryMeter, OptimizerSpec, app
 from betty.memory.estimator import persistent_bytes, step_bytes
 from betty.memory.ksearch import check_fixed_k, check_k, check_safety_margin, check_step_fits
 from betty.memory.replay import replays_mixed_precision
-from betty.memory.spec import ModelSpec
+from betty.memory.spec import ModelSpec, report_optimizer_spec
 from betty.memory.sizes import carved_split_sizes
 from betty.models.dropout import dropout_key
 from betty.partition import PartitionResult, partition_batch
@@ -630,6 +630,7 @@ class Trainer(SearchReports):
             ``max_measured_peak_bytes`` and ``max_abs_relative_error``, and ``k_tried``
             when this call ran the K search (``KSearchResult.to_dict()["tried"]``).
         """
+        report_optimizer_spec(self.optimizer)
         searched = self.search_result
         batch = self.sample(0, 0)
         result, _, _ = self.partition(batch, 0, 0)

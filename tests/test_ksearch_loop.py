@@ -93,6 +93,15 @@ def test_errors_name_the_cause_and_a_budget_that_works():
     assert smallest_fitting_k(_model(100_000), memory_budget=2 * worst, safety_margin=0.5,
                               fixed=FIXED, k_max=8).k == 8
 
+    # every K >= 2 costs more than the whole batch (a second gradient while accumulating):
+    # the advice is the budget of K = 1, and that budget then fits
+    dearer = _model(500, bumps={k: 800 - math.ceil(500 / k) for k in range(2, 9)})
+    with pytest.raises(KSearchError, match="one output node per micro-batch") as err:
+        smallest_fitting_k(dearer, memory_budget=FIXED + 400, safety_margin=0.0, fixed=FIXED, k_max=8)
+    assert err.value.smallest_budget == FIXED + 500 and "at K = 1 " in str(err.value)
+    assert smallest_fitting_k(dearer, memory_budget=err.value.smallest_budget, safety_margin=0.0,
+                              fixed=FIXED, k_max=8).k == 1
+
     class Custom(KSearchError):
         pass
 

@@ -1,4 +1,4 @@
-"""Choose K from the memory model: the smallest K whose largest micro-batch fits.
+"""Choose K from the memory model: a small K whose largest micro-batch fits.
 
 With usable budget ``U = memory_budget · (1 − safety_margin)`` and ``M(K)`` the largest
 estimated peak over the micro-batches of the K-way partition (:func:`~betty.memory.estimator.
@@ -17,7 +17,8 @@ trains: it only partitions and estimates.
    removes, the jumps alone would creep up by 5% a step). If even one output per
    micro-batch does not fit, one output's sampled neighbourhood alone exceeds the budget:
    :class:`KSearchError` names the largest component of the worst micro-batch and the
-   smallest budget that would work.
+   smallest budget that would work, that of the cheapest K tried (which may be K = 1:
+   every micro-batch after the first holds a second gradient while it accumulates).
 3. **Refine.** Binary search between the largest K tried that failed and the smallest
    that fit, down to adjacent integers.
 
@@ -26,7 +27,8 @@ from ``K_lo = min(min_k, outputs)`` instead of 1, so the K returned is ``>= K_lo
 rank gets a micro-batch. The start estimate is ``M(K_lo)``; when it is over budget the first jump
 is ``K ← max(K_lo + 1, ceil(K_lo · (M(K_lo) − F) / (U − F)))`` (step 1 for ``K_lo = 1``).
 Each rank runs its micro-batches one after another, so its peak is its largest micro-batch's: a K
-whose every micro-batch fits ``U`` fits every rank (all ranks have the same budget).
+whose every micro-batch fits ``U`` fits every rank (all ranks have the same budget); the
+all-reduce's gradient bucket is left to the safety margin (docs/distributed.md).
 
 Non-monotonicity rule: a K-way partition's largest micro-batch is not always smaller than a
 (K − 1)-way one (partitioners are heuristics, balance is in output nodes, redundancy
@@ -396,14 +398,17 @@ def smallest_fitting_k(split_and_estimate: SplitAndEstimate, *, memory_budget: f
         k_fail, misses = k, misses + 1
         if k >= k_max:
             worst = max(evaluate(k)[1], key=lambda e: e.peak)
+            # the cheapest split tried, not always the finest: with many parameters every
+            # micro-batch after the first holds a second gradient while it accumulates
+            cheapest = min(cache, key=peak)
             raise error_cls(
                 f"even K = {k} ({limit}) leaves a micro-batch of {worst.peak} bytes over the "
                 f"usable budget {int(usable)} bytes; its largest component is "
                 f"{worst.dominant!r} ({worst.breakdown.get(worst.dominant, 0)} bytes). "
-                f"Smallest memory_budget that would work: {need(worst.peak)} bytes "
-                f"(safety_margin {safety_margin})",
+                f"Smallest memory_budget that would work: {need(peak(cheapest))} bytes, at K = "
+                f"{cheapest} (safety_margin {safety_margin})",
                 budget=memory_budget, usable=usable, dominant=worst.dominant,
-                smallest_budget=need(worst.peak), tried=record)
+                smallest_budget=need(peak(cheapest)), tried=record)
         k = _next_k(k, m, fixed, usable, k_max)
         if start_k is None and misses >= 2:  # the jumps keep falling short: gallop, then bisect
             k = max(k, min(k_max, 2 * k_fail))

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ModelSpec", "OptimizerSpec", "parameter_shapes", "as_model_spec", "as_optimizer_spec"]
+__all__ = ["ModelSpec", "OptimizerSpec", "parameter_shapes", "as_model_spec", "as_optimizer_spec",
+           "report_optimizer_spec"]
 
 ARCHS = ("sage", "gat", "gcn")
 AGGREGATORS = ("mean", "gcn", "pool", "lstm")
@@ -242,6 +243,17 @@ def _param_groups(optimizer: torch.optim.Optimizer, name: str, decoupled: bool):
                 f"{len(groups)} groups: give every group the same {key!r}")
     return first, tuple((tuple(int(p.numel()) for p in g["params"]),
                          bool(g.get("weight_decay", 0)) and not decoupled) for g in groups)
+
+
+def report_optimizer_spec(optimizer) -> OptimizerSpec:
+    """:func:`as_optimizer_spec` for a memory report, which estimates whatever the
+    trainer's ``estimate_memory``: an optimizer the model does not know is a
+    ``TypeError`` saying that, not how to train without estimates."""
+    try:
+        return as_optimizer_spec(optimizer)
+    except TypeError:
+        raise TypeError(f"memory_report needs the memory model, which knows the state of torch.optim.Adam, "
+                        f"AdamW and SGD, not {type(optimizer).__name__}") from None
 
 
 def as_optimizer_spec(optimizer) -> OptimizerSpec:

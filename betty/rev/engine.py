@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from betty.catalog import CLUSTER_METHODS
 from betty.memory.ksearch import check_k, check_safety_margin
-from betty.memory.spec import as_optimizer_spec
+from betty.memory.spec import as_optimizer_spec, report_optimizer_spec
 from betty.models.dropout import check_dropout, dropout_key, hash_keep_mask
 from betty.records import IdleTime, SearchReports, epoch_metrics, estimate_error
 from betty.partition.sweep import Split
@@ -642,6 +642,7 @@ class RevTrainer(SearchReports):
         if not supports_estimate(self.model):
             raise ValueError("the memory model does not cover this reversible variant "
                              "(model.deq: true has no estimator)")
+        report_optimizer_spec(self.optimizer)
         searched = self.search_result
         parts, _, _ = self.split(0)
         estimates = estimate_rev_parts(parts, self.model, train_mask=self.train_mask,
