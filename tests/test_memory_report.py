@@ -151,14 +151,14 @@ def test_later_micro_batches_hold_the_accumulated_weight_gradient_beside_the_inp
     assert len(rows) == 2 and all(abs(r["relative_error"]) < 1e-3 for r in rows), rows
 
 
+@pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("arch", ["sage", "revgnn"])
-def test_a_report_for_an_optimizer_the_model_does_not_know_says_so(arch):
+def test_a_report_for_an_optimizer_the_model_does_not_know_says_so(arch, backend):
     """A trainer built without estimates (``estimate_memory=False``) trains with any
     optimizer; its report, which needs the estimates, names the optimizer it cannot
     model instead of advising to turn the estimates off."""
     from betty.rev.engine import RevPlan, RevTrainer
 
-    backend = backend_params()[0].values[0]
     model = build_model(arch, FEATS, CLASSES, hidden=8, layers=2, backend=backend)
     rms = torch.optim.RMSprop(model.parameters(), lr=0.01)
     trainer = (Trainer(model, rms, dataset(), [4, 6], PartitionPlan("random", 3), seed=1, estimate_memory=False)
