@@ -92,6 +92,23 @@ def test_runs_on_another_backend_are_not_repeats(store):
     assert {r[-1] for r in rows[1:] if r[0] == "mean"} == {"", "pyg (torch_geometric 2.8.0, torch 2.13.0)"}
 
 
+def test_runs_on_another_device_are_not_repeats(store):
+    """The same spec content on the CPU and on a GPU (``train.device: auto`` on two
+    machines) is two groups: their times and peaks are not one experiment's spread."""
+    client = MlflowClient()
+    exp = client.get_run(store[0]).info.experiment_id
+    for i, device in enumerate(["cpu", "cpu", "cuda (NVIDIA H100 80GB HBM3)", "cuda (NVIDIA H100 80GB HBM3)"]):
+        run = client.create_run(exp, run_name=f"c-{i}", tags={
+            "run_kind": "main", "spec_name": "c", "spec_sha": "s3", "stage_run.train": f"c-{i}",
+            "backend": "dgl (dgl 2.1.0, torch 2.2.1)", "device_identity": device})
+        client.log_metric(run.info.run_id, "epoch_time_s", 10.0 if device == "cpu" else 1.0)
+        client.set_terminated(run.info.run_id, "FINISHED")
+    reps = [r for r in json.loads(invoke("--json").stdout)["repeats"] if r["spec_sha"] == "s3"]
+    assert sorted((r["device"], r["n"], r["std"]["epoch s"]) for r in reps) == [
+        ("cpu", 2, 0.0), ("cuda (NVIDIA H100 80GB HBM3)", 2, 0.0)]
+    assert "mean ± std (n=2, dgl, cpu)" in invoke("--wide").stdout
+
+
 def test_filters_last_and_spec(store):
     last = json.loads(invoke("--json", "--last", "2").stdout)
     assert [r["run_id"] for r in last["runs"]] == [store[2], store[1]] and last["repeats"] == []

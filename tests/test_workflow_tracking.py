@@ -238,12 +238,12 @@ def test_signal_while_a_run_is_created_ends_it_killed(tmp_path):
 def test_run_creation_holds_signals_only_where_it_cannot_hang(monkeypatch):
     """Signals are held while a run is created on a database or file store, not against a
     tracking server (whose client retries for minutes when the server is gone)."""
-    from workflow.runs import _local_store
+    from workflow.runs import local_store
 
     for uri, local in [("sqlite:////tmp/x.db", True), ("postgresql://u@h/db", True), ("file:///tmp/mlruns", True),
                        ("http://127.0.0.1:5000", False), ("https://mlflow.example", False)]:
         monkeypatch.setattr(mlflow, "get_tracking_uri", lambda uri=uri: uri)
-        assert _local_store() is local, uri
+        assert local_store() is local, uri
 
 
 CREATE_STORE = """\

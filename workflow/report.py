@@ -1,9 +1,10 @@
 """The rows of ``betty compare``: one per pipeline run, plus mean ± std over repeats.
 
 A *row* maps each column header of :data:`COLUMNS` to a raw value (``None`` when the run
-lacks it), plus ``run_id`` and the hidden ``spec_sha``, ``backend`` and ``train_run`` (its
-train stage's run). Runs with the same ``spec_sha`` (identical resolved spec content) and
-``backend`` tag (the framework and versions it ran on) that trained apart (not one
+lacks it), plus ``run_id`` and the hidden ``spec_sha``, ``backend``, ``device`` and
+``train_run`` (its train stage's run). Runs with the same ``spec_sha`` (identical resolved
+spec content), ``backend`` tag (the framework and versions it ran on) and device (cpu, or
+the kind of GPU: its times and peaks are another machine's) that trained apart (not one
 reusing another's train run) are *repeats*; for every group of two or more FINISHED
 repeats :func:`repeat_summaries` gives, per numeric column c,
 
@@ -76,6 +77,7 @@ def rows_for(runs) -> list[dict]:
         row["run_id"] = run.info.run_id
         row["spec_sha"] = run.data.tags.get("spec_sha")
         row["backend"] = run.data.tags.get("backend")
+        row["device"] = run.data.tags.get("device_identity") or run.data.tags.get("device")
         row["train_run"] = run.data.tags.get("stage_run.train")
         if row.get("arch") == "revgnn":  # no aggregator: show the convolution of the blocks
             row["aggr"] = run.data.params.get("spec.model.conv")
@@ -84,10 +86,10 @@ def rows_for(runs) -> list[dict]:
 
 
 def repeat_summaries(rows: list[dict]) -> list[dict]:
-    """For each ``spec_sha`` and ``backend`` with >= 2 FINISHED runs that trained apart (in order of
-    first appearance; a pipeline run that reused an earlier one's train run repeats
-    nothing and is left out): ``{"spec", "spec_sha", "backend", "n", "run_ids", "mean":
-    {col: m}, "std": {col: s}}``."""
+    """For each ``spec_sha``, ``backend`` and ``device`` with >= 2 FINISHED runs that trained
+    apart (in order of first appearance; a pipeline run that reused an earlier one's train
+    run repeats nothing and is left out): ``{"spec", "spec_sha", "backend", "device", "n",
+    "run_ids", "mean": {col: m}, "std": {col: s}}``."""
     finished = [row for row in rows if row["status"] == "FINISHED" and row.get("spec_sha")]
     trained: dict[str, dict] = {}  # train run -> the first pipeline run that had it
     for row in sorted(finished, key=lambda r: r["start (UTC)"] or 0):
@@ -95,9 +97,9 @@ def repeat_summaries(rows: list[dict]) -> list[dict]:
     groups: dict[str, list[dict]] = {}
     for row in finished:
         if row.get("train_run") is None or trained[row["train_run"]] is row:
-            groups.setdefault((row["spec_sha"], row.get("backend")), []).append(row)
+            groups.setdefault((row["spec_sha"], row.get("backend"), row.get("device")), []).append(row)
     out = []
-    for (sha, backend), members in groups.items():
+    for (sha, backend, device), members in groups.items():
         if len(members) < 2:
             continue
         mean, std = {}, {}
@@ -105,7 +107,8 @@ def repeat_summaries(rows: list[dict]) -> list[dict]:
             values = [float(r[col]) for r in members if r[col] is not None]
             if values:
                 mean[col], std[col] = mean_std(values)
-        out.append({"spec": members[0]["spec"], "spec_sha": sha, "backend": backend, "n": len(members),
+        out.append({"spec": members[0]["spec"], "spec_sha": sha, "backend": backend, "device": device,
+                    "n": len(members),
                     "run_ids": [r["run_id"] for r in members], "mean": mean, "std": std})
     return out
 
@@ -129,10 +132,11 @@ def _fmt(header: str, value) -> str:
 
 
 def _group(summary: dict) -> str:
-    """How a summary row names its group: ``n=2``, with the backend (``n=2, dgl``) where
-    the runs were tagged with one."""
-    backend = summary.get("backend")
-    return f"n={summary['n']}" + (f", {backend.split(' (')[0]}" if backend else "")
+    """How a summary row names its group: ``n=2``, with the backend and the device
+    (``n=2, dgl, cpu``) where the runs were tagged with them."""
+    backend, device = summary.get("backend"), summary.get("device")
+    return (f"n={summary['n']}" + (f", {backend.split(' (')[0]}" if backend else "")
+            + (f", {device}" if device else ""))
 
 
 def formatted(rows: list[dict], summaries: list[dict]) -> list[list[str]]:

@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from betty.environment import environ
 from betty.owner import Owner
 from workflow.provenance import backend_version, code_version, git_commit
-from workflow.reuse import DEVICE_DEPENDENT
+from workflow.reuse import DEVICE_DEPENDENT, device_identity
 from workflow.signals import check, shield
 from workflow.spec import short_text
 from workflow.specfile import ResolvedSpec
@@ -200,6 +200,7 @@ def _run_tags(kind: str, stage: str, rspec: ResolvedSpec, device: str | None,
         tags["spec_overrides"] = "; ".join(rspec.overrides)[:ERROR_TAG_LIMIT]
     if device is not None:
         tags["device"] = device
+        tags["device_identity"] = device_identity(device)  # cpu, or the kind of GPU
     tags.update(extra or {})
     return tags
 
