@@ -133,10 +133,8 @@ def test_prefetch_reads_the_pages_of_the_rows_asked_for(tmp_path, monkeypatch):
     assert prefetch_rows(table, ids) == ids.numel()  # each row on a page of its own
     wanted = np.zeros(n_rows * width * 8 // PAGE, dtype=bool)
     wanted[ids.numpy() * width * 8 // PAGE] = True
-    for _ in range(100):  # the reads are queued, not waited for
-        cached = _cached_pages(table)
-        if cached[wanted].all():
-            break
+    deadline = time.monotonic() + 10  # the reads are queued, not waited for (a loaded disk takes seconds)
+    while not (cached := _cached_pages(table))[wanted].all() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert cached[wanted].all()
     assert cached.sum() <= 2 * wanted.sum()
