@@ -7,8 +7,9 @@ scores validation (``validate``), a :class:`betty.selection.BestValidation` keep
 best weights and decides an early stop. On N ranks (``trainer.parallel``, a
 :class:`betty.distributed.DataParallel`) every rank calls :func:`fit` with the same
 trainer; after each epoch the ranks' figures are gathered on rank 0
-(:func:`betty.distributed.gather.gather_epoch`) and rank 0's stop decision is shared, so
-all ranks leave after the same epoch.
+(:func:`betty.distributed.gather.gather_epoch`) and rank 0's validation score is shared,
+so every rank's selector keeps the same epoch's weights and all ranks leave after the same
+epoch.
 
 Example (one process)::
 
@@ -19,6 +20,7 @@ Example (one process)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -65,7 +67,9 @@ def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int],
             ``None`` or ``every = 0``: no scoring.
         selector: a :class:`betty.selection.BestValidation` fed ``score_key`` of each
             scored epoch (default: one with ``select="last"``, no early stop); its weights
-            are loaded into ``trainer.model`` at the end. A scored epoch without
+            are loaded into ``trainer.model`` at the end, on every rank (each rank's
+            selector is fed rank 0's scores, so all keep the same epoch's weights and stop
+            after the same epoch). A scored epoch without
             ``score_key`` is an error when the selector needs it (``best_valid``, or a
             patience).
         on_epoch: called on rank 0 with each history entry and whether it is the last
@@ -100,19 +104,23 @@ def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int],
 
                 metrics, rows = gather_epoch(record, parallel, reduced_before, metrics, rows)
             due = validate is not None and bool(every) and (epoch + 1) % every == 0
+            score = None
             if due and rank == 0:
                 validated = validate(epoch, record.k)
                 metrics.update(validated)
                 if score_key in metrics:
-                    selector.update(epoch, metrics[score_key], trainer.model)
+                    score = float(metrics[score_key])
                 elif selector.select == "best_valid" or selector.patience is not None:
                     raise ValueError(f"validate returned {sorted(validated)} without score_key "
                                      f"{score_key!r}, which the selector's select={selector.select!r}"
                                      f"/patience={selector.patience!r} needs; pass the score_key "
                                      f"validate returns")
+            if due and parallel is not None:  # rank 0's score on every rank: every selector
+                scored, value = parallel.share_scalars(score is not None, math.nan if score is None else score)
+                score = value if scored else None  # keeps the same weights and stops with it
+            if score is not None:
+                selector.update(epoch, score, trainer.model)
             stop = due and selector.should_stop()
-            if due and parallel is not None:
-                stop = parallel.decide(stop)  # rank 0's decision: every rank leaves together
             if rank == 0:
                 result.history.append({"epoch": epoch, **metrics})
                 result.rows.extend(rows)
@@ -120,9 +128,9 @@ def fit(trainer: TrainerProtocol, epochs: int, *, validate: Callable[[int, int],
                     on_epoch(result.history[-1], stop or epoch + 1 == epochs)
             if stop:
                 break
+    selector.apply(trainer.model)  # on every rank: the weights are the same everywhere
     if rank != 0:
         return None
-    selector.apply(trainer.model)
     result.selection = selector.metrics(score_key)
     return result
 
@@ -134,7 +142,6 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
     with a NaN or infinite value among them the mean is their plain IEEE sum over R
     (NaN or infinite) and the std NaN: a diverged repeat shows in the summary."""
-    import math
     import statistics
 
     if not values:

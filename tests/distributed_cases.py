@@ -185,6 +185,34 @@ def rank_fit_while_splitting() -> list[float] | None:
         faulthandler.cancel_dump_traceback_later()
 
 
+def rank_fit_best_valid(arch: str) -> tuple[int, int]:
+    """On one rank: :func:`betty.fit.fit` with ``best_valid`` and patience 1, rank 0's
+    validation scores falling after epoch 0 (so epoch 0's weights are the best and epoch
+    1 stops). Returns ``(checksum of the weights after fit, checksum of epoch 0's)``."""
+    from betty.distributed import DataParallel
+    from betty.distributed.collective import parameter_checksum
+    from betty.engine import PartitionPlan, Trainer
+    from betty.fit import fit
+    from betty.models import build_model
+    from betty.rev.engine import RevPlan, RevTrainer
+    from betty.selection import BestValidation
+
+    torch.manual_seed(0)
+    model = build_model(arch, FEATS, CLASSES, hidden=8, layers=2).double()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    common = dict(seed=1, dtype=torch.float64, estimate_memory=False, parallel=DataParallel())
+    trainer = (Trainer(model, optimizer, dataset(), [4, 6], PartitionPlan("random", 2), **common)
+               if arch == "sage" else RevTrainer(model, optimizer, dataset(), RevPlan("random", 2), **common))
+    before = {}  # the weights each epoch starts from: those after the epoch before
+
+    def remember(epoch: int) -> None:
+        before[epoch] = parameter_checksum(model.parameters())
+
+    fit(trainer, 5, validate=lambda epoch, k: {"valid_acc": 0.9 - 0.1 * epoch}, every=1,
+        selector=BestValidation("best_valid", 1), score_key="valid_acc", before_epoch=remember)
+    return parameter_checksum(model.parameters()), before[1]
+
+
 def scaled_gradient_trainer(scale: float):
     """``(trainer, model)`` of the sage-mean case (Adam, float64, K from the caller) whose
     all-reduced gradients are multiplied by ``scale`` on the ranks (in a process with

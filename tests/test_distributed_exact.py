@@ -98,6 +98,18 @@ def test_a_split_agreed_ahead_while_the_ranks_agree_to_stop():
     assert results[0] == pytest.approx(fit_while_splitting(), rel=TOL, abs=0)
 
 
+@pytest.mark.parametrize("arch", ["sage", "revgnn"])
+def test_best_valid_weights_are_kept_on_every_rank(arch):
+    """``fit`` with ``best_valid`` on 2 ranks: every rank ends with the best epoch's
+    weights (rank 0's scores reach every rank's selector), not only rank 0; ranks that
+    kept the last epoch's would fail the next step's parameter check."""
+    from distributed_cases import rank_fit_best_valid
+
+    results = launch(rank_fit_best_valid, (arch,), nproc=2)
+    (final0, best0), (final1, best1) = results[0], results[1]
+    assert final0 == best0 and final1 == best1 and final0 == final1
+
+
 def _parse(name):
     for c in CASES + PYG_CASES:
         if case_name(*c) == name:

@@ -134,11 +134,16 @@ class DataParallel:
 
     def decide(self, flag: bool) -> bool:
         """Rank 0's ``flag`` on every rank, for the training thread (e.g. whether to stop):
-        on ``group``, in order with the step's collectives, so that it never pairs with a
-        preparation thread's :meth:`agree` on another rank."""
-        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+        :meth:`share_scalars`."""
+        return bool(self.share_scalars(1.0 if flag else 0.0)[0])
+
+    def share_scalars(self, *values: float) -> list[float]:
+        """Rank 0's float64 scalars on every rank, for the training thread (e.g. a
+        validation score): on ``group``, in order with the step's collectives, so that it
+        never pairs with a preparation thread's :meth:`agree` on another rank."""
+        t = torch.tensor(values, dtype=torch.float64)
         dist.broadcast(t, src=self._source, group=self.group)
-        return bool(t.item())
+        return t.tolist()
 
     def sum_scalars(self, *values: float) -> list[float]:
         """Sum a few float64 scalars over the ranks (losses, correct counts)."""
