@@ -132,11 +132,6 @@ class DataParallel:
         dist.broadcast_object_list(box, src=self._source, group=self._agree_group)
         return box[0]
 
-    def decide(self, flag: bool) -> bool:
-        """Rank 0's ``flag`` on every rank, for the training thread (e.g. whether to stop):
-        :meth:`share_scalars`."""
-        return bool(self.share_scalars(1.0 if flag else 0.0)[0])
-
     def share_scalars(self, *values: float) -> list[float]:
         """Rank 0's float64 scalars on every rank, for the training thread (e.g. a
         validation score): on ``group``, in order with the step's collectives, so that it
